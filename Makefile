@@ -1,0 +1,49 @@
+# The README's two commands: `make demo` and `make test`. Both set up .venv from scratch.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+NP ?= 2
+EPOCHS ?= 2
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: demo test test-fast setup data bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch is pinned and installed first: an unpinned `torch` would pull a multi-GB CUDA build
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet "$(TORCH_PIN)"
+	$(BIN)/pip install --quiet -e ".[test,plot,progress]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# the real Fashion-MNIST files (Debian/Ubuntu package); without them the demo says so and
+# trains on a synthetic stand-in
+data:
+	@if [ -d /usr/share/datasets/fashion-mnist ]; then \
+	  echo "Fashion-MNIST found in /usr/share/datasets/fashion-mnist"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -q && apt-get install -y -q dataset-fashion-mnist) >/dev/null \
+	    || echo "could not install dataset-fashion-mnist; the demo will use synthetic data"; \
+	else \
+	  echo "Fashion-MNIST missing: run 'sudo apt-get install -y dataset-fashion-mnist' for the real data set"; \
+	fi
+
+demo: setup data
+	$(BIN)/taiji run -np $(NP) python examples/fashion_mnist.py --epochs $(EPOCHS)
+
+test: setup
+	$(BIN)/python -m pytest -q -rs
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: setup
+	$(BIN)/python benchmarks/allreduce.py --quick
+	$(BIN)/python benchmarks/throughput.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Control plane: who is in the job, at which version."""

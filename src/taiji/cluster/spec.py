@@ -1,0 +1,97 @@
+"""Cluster membership as immutable data, and the pure transitions between versions.
+
+A worker's rank is its index in ``ClusterConfig.workers``. Joiners are appended and
+shrinks drop the newest workers, so rank 0 is always the oldest survivor: the worker
+that certainly holds the current training state.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    id: str
+    host: str = "127.0.0.1"
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "host": self.host}
+
+    @staticmethod
+    def from_dict(data: dict) -> "WorkerSpec":
+        return WorkerSpec(id=str(data["id"]), host=str(data.get("host", "127.0.0.1")))
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    version: int
+    workers: tuple[WorkerSpec, ...]
+
+    def __post_init__(self) -> None:
+        ids = [w.id for w in self.workers]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"cluster v{self.version} lists a worker twice: {ids}")
+        if self.version < 0:
+            raise ConfigError(f"cluster version must be >= 0, got {self.version}")
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(w.id for w in self.workers)
+
+    def rank_of(self, worker_id: str) -> int | None:
+        """This worker's rank in this version, or None if it is not a member."""
+        for rank, worker in enumerate(self.workers):
+            if worker.id == worker_id:
+                return rank
+        return None
+
+    def to_json(self) -> str:
+        return json.dumps({"version": self.version, "workers": [w.to_dict() for w in self.workers]},
+                          sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str | bytes) -> "ClusterConfig":
+        data = json.loads(text)
+        return ClusterConfig(version=int(data["version"]),
+                             workers=tuple(WorkerSpec.from_dict(w) for w in data["workers"]))
+
+
+def initial(workers: Sequence[WorkerSpec], version: int = 1) -> ClusterConfig:
+    if not workers:
+        raise ConfigError("a cluster needs at least one worker")
+    return ClusterConfig(version=version, workers=tuple(workers))
+
+
+def grow(config: ClusterConfig, joiners: Iterable[WorkerSpec]) -> ClusterConfig:
+    """Next version with ``joiners`` appended after every current worker."""
+    joiners = tuple(joiners)
+    if not joiners:
+        raise ConfigError("grow needs at least one joiner")
+    return ClusterConfig(version=config.version + 1, workers=config.workers + joiners)
+
+
+def shrink(config: ClusterConfig, size: int) -> ClusterConfig:
+    """Next version keeping the ``size`` oldest workers."""
+    if not 1 <= size < config.size:
+        raise ConfigError(f"cannot shrink a cluster of {config.size} to {size}")
+    return ClusterConfig(version=config.version + 1, workers=config.workers[:size])
+
+
+def remove(config: ClusterConfig, ids: Iterable[str]) -> ClusterConfig:
+    """Next version without the workers ``ids``; survivors keep their relative order."""
+    gone = set(ids)
+    unknown = gone - set(config.ids)
+    if unknown:
+        raise ConfigError(f"cannot remove workers {sorted(unknown)}: not in cluster v{config.version}")
+    survivors = tuple(w for w in config.workers if w.id not in gone)
+    if not survivors:
+        raise ConfigError(f"removing {sorted(gone)} would leave cluster v{config.version} empty")
+    return ClusterConfig(version=config.version + 1, workers=survivors)

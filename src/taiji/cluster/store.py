@@ -1,0 +1,193 @@
+"""The job's versioned key-value store.
+
+The launcher hosts a ``torch.distributed.TCPStore``; everything taiji keeps there lives
+under a per-job prefix. Config versions are published with compare-and-set, so two
+writers can never both publish ``v{N}``. ``FakeStore`` has the same semantics in memory
+(plus fault injection) for unit tests of control-plane logic.
+"""
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+import uuid
+from typing import Protocol
+
+import torch.distributed as dist
+
+from ..errors import StoreError
+from .spec import ClusterConfig
+
+LATEST_KEY = "config/latest"
+
+
+def config_key(version: int) -> str:
+    return f"config/v{version}"
+
+
+class KeyValue(Protocol):
+    """The subset of ``torch.distributed.Store`` taiji relies on."""
+
+    def set(self, key: str, value: str | bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes: ...
+    def add(self, key: str, amount: int) -> int: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def set_timeout(self, timeout: datetime.timedelta) -> None: ...
+
+
+def _as_bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class FakeStore:
+    """In-memory store with TCPStore's semantics; ``drop()`` makes every call fail."""
+
+    def __init__(self, timeout: float = 5.0):
+        self._data: dict[str, bytes] = {}
+        self._cond = threading.Condition()
+        self._timeout = timeout
+        self._dropped = False
+
+    def drop(self) -> None:
+        with self._cond:
+            self._dropped = True
+            self._cond.notify_all()
+
+    def _check_alive(self) -> None:
+        if self._dropped:
+            raise StoreError("fake store dropped (injected fault)")
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._timeout = timeout.total_seconds()
+
+    def set(self, key: str, value: str | bytes) -> None:
+        with self._cond:
+            self._check_alive()
+            self._data[key] = _as_bytes(value)
+            self._cond.notify_all()
+
+    def get(self, key: str) -> bytes:
+        deadline = time.monotonic() + self._timeout
+        with self._cond:
+            while True:
+                self._check_alive()
+                if key in self._data:
+                    return self._data[key]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StoreError(f"fake store: wait timeout for key {key!r}")
+                self._cond.wait(remaining)
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        expected, desired = _as_bytes(expected), _as_bytes(desired)
+        with self._cond:
+            self._check_alive()
+            current = self._data.get(key)
+            if current is None:
+                if expected == b"":
+                    self._data[key] = desired
+                    self._cond.notify_all()
+                    return desired
+                return expected
+            if current == expected:
+                self._data[key] = desired
+                self._cond.notify_all()
+                return desired
+            return current
+
+    def add(self, key: str, amount: int) -> int:
+        with self._cond:
+            self._check_alive()
+            value = int(self._data.get(key, b"0")) + amount
+            self._data[key] = str(value).encode()
+            self._cond.notify_all()
+            return value
+
+    def check(self, keys: list[str]) -> bool:
+        with self._cond:
+            self._check_alive()
+            return all(k in self._data for k in keys)
+
+
+class JobStore:
+    """Typed access to one job's keys in a store (real TCPStore or FakeStore)."""
+
+    def __init__(self, kv: KeyValue, job_id: str):
+        self.kv = kv
+        self.job_id = job_id
+        self._prefix = f"taiji/{job_id}/"
+
+    def key(self, name: str) -> str:
+        return self._prefix + name
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except StoreError:
+            raise
+        except (dist.DistError, RuntimeError, ConnectionError, OSError) as exc:
+            raise StoreError(f"job {self.job_id}: store {what} failed: {exc}. "
+                             "Is the launcher (which hosts the store) still running?") from exc
+
+    def set(self, name: str, value: str | bytes) -> None:
+        self._call(f"set {name}", self.kv.set, self.key(name), value)
+
+    def get(self, name: str) -> bytes:
+        return self._call(f"get {name}", self.kv.get, self.key(name))
+
+    def has(self, name: str) -> bool:
+        return self._call(f"check {name}", self.kv.check, [self.key(name)])
+
+    def add(self, name: str, amount: int) -> int:
+        return self._call(f"add {name}", self.kv.add, self.key(name), amount)
+
+    def latest_version(self) -> int:
+        """The newest published config version, or 0 if none is published yet."""
+        if not self.has(LATEST_KEY):
+            return 0
+        return int(self.get(LATEST_KEY))
+
+    def read_config(self, version: int | None = None) -> ClusterConfig:
+        if version is None:
+            version = self.latest_version()
+            if version == 0:
+                raise StoreError(f"job {self.job_id}: no cluster config is published yet")
+        return ClusterConfig.from_json(self.get(config_key(version)))
+
+    def publish(self, config: ClusterConfig) -> bool:
+        """Publish ``config`` as the next version; False if another writer got there first.
+
+        A writer first claims ``config/v{N}/owner`` with a unique token (CAS against absent);
+        only the owner writes ``config/v{N}`` and then moves ``config/latest`` from ``N-1`` to
+        ``N`` (CAS). Readers follow ``latest``, so they never see a rival or missing version.
+        """
+        token = uuid.uuid4().hex.encode()
+        owner = self._call("publish", self.kv.compare_set,
+                           self.key(config_key(config.version) + "/owner"), b"", token)
+        if owner != token:
+            return False
+        self.set(config_key(config.version), config.to_json())
+        previous = b"" if config.version == 1 else str(config.version - 1).encode()
+        desired = str(config.version).encode()
+        current = self._call("publish", self.kv.compare_set, self.key(LATEST_KEY), previous, desired)
+        return current == desired
+
+
+def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> dist.TCPStore:
+    """Start the embedded TCPStore server (the launcher's side). Port 0 picks a free port."""
+    try:
+        return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=timeout), use_libuv=True)
+    except (RuntimeError, OSError) as exc:
+        raise StoreError(f"cannot start the job store on {host}:{port}: {exc}") from exc
+
+
+def connect_store(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
+    """Connect to the job's TCPStore (a worker's side)."""
+    try:
+        return dist.TCPStore(host, port, is_master=False,
+                             timeout=datetime.timedelta(seconds=timeout), use_libuv=True)
+    except (RuntimeError, OSError) as exc:
+        raise StoreError(f"cannot reach the job store at {host}:{port} within {timeout:.0f}s: {exc}. "
+                         "Was this worker started by `taiji run`, and is the launcher still running?") from exc

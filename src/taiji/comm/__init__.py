@@ -1,0 +1,1 @@
+"""Data plane: collectives between workers of one cluster version."""

@@ -1,0 +1,287 @@
+"""One set of process groups per cluster version, one group per channel.
+
+Each channel (``grad``, ``ctrl``, ...) is its own torch process group, built directly
+from a ``PrefixStore("pg/v{N}/{channel}/")`` and never registered as the global default
+group, so moving to a new cluster version is just building new objects. Traffic on
+different channels never queues behind each other (KungFu's named asynchronous
+collectives). Every collective has a timeout; failures become ``PeerLost`` or
+``CollectiveTimeout``, never a hang or a silently wrong result.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from ..errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
+                      PeerLost)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CHANNELS = ("grad", "ctrl")
+_DEBUG_CHANNEL = "debug"
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "avg": dist.ReduceOp.SUM,  # gloo has no AVG: sum, then divide by the live size
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+}
+_OP_CODES = {"allreduce": 1, "broadcast": 2, "allgather": 3, "barrier": 4, "consensus": 5}
+_DTYPE_CODES = {dt: i for i, dt in enumerate((
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool), start=1)}
+_SIGNATURE_LEN = 16  # op, dtype, device, ndim, extra, shape[:11]
+
+
+def _describe_failure(exc: BaseException) -> type[CommError]:
+    text = str(exc).lower()
+    if "timed out" in text or "timeout" in text:
+        return CollectiveTimeout
+    return PeerLost
+
+
+class Handle(Generic[T]):
+    """An asynchronous collective in flight. ``wait()`` returns its result or raises CommError."""
+
+    def __init__(self, work: Any, finish: Callable[[], T], comm: "Communicator", op: str, channel: str):
+        self._work = work
+        self._finish = finish
+        self._comm = comm
+        self._op = op
+        self._channel = channel
+        self._result: T | None = None
+        self._done = False
+
+    def wait(self) -> T:
+        if not self._done:
+            if self._work is not None:
+                try:
+                    self._work.wait()
+                except RuntimeError as exc:
+                    raise self._comm._error(exc, self._op, self._channel) from exc
+            self._result = self._finish()
+            self._done = True
+        return self._result  # type: ignore[return-value]
+
+    def is_completed(self) -> bool:
+        return self._done or self._work is None or self._work.is_completed()
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    timeout: float = 60.0
+    debug: bool = False
+    host: str = "127.0.0.1"
+
+
+class Communicator:
+    """Collectives among the ``size`` workers of one cluster version."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, version: int,
+                 options: CommOptions = CommOptions()):
+        if not 0 <= rank < size:
+            raise ConfigError(f"rank {rank} is outside a cluster of size {size}")
+        if options.timeout <= 0:
+            raise ConfigError(f"collective timeout must be positive, got {options.timeout}")
+        self.store = store
+        self.rank = rank
+        self.size = size
+        self.version = version
+        self.options = options
+        self._groups: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- process groups ---------------------------------------------------------------
+
+    def _group(self, channel: str, device: torch.device, op: str = "connect") -> Any:
+        key = f"{channel}-nccl" if device.type == "cuda" else channel
+        with self._lock:
+            if self._closed:
+                raise CommError(f"{self._where()} communicator of version {self.version} is closed",
+                                channel=channel, version=self.version)
+            group = self._groups.get(key)
+            if group is None:
+                group = self._build_group(key, device, op)
+                self._groups[key] = group
+            return group
+
+    def _build_group(self, key: str, device: torch.device, op: str) -> Any:
+        prefixed = dist.PrefixStore(f"pg/v{self.version}/{key}", self.store)
+        timeout = datetime.timedelta(seconds=self.options.timeout)
+        try:
+            if device.type == "cuda":
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = timeout
+                return dist.ProcessGroupNCCL(prefixed, self.rank, self.size, opts)
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.options.host)]
+            return dist.ProcessGroupGloo(prefixed, self.rank, self.size, opts)
+        except RuntimeError as exc:
+            raise self._error(exc, f"{op} (connecting the group)", key) from exc
+
+    def connect(self, channels: Sequence[str] = CHANNELS) -> None:
+        """Build the CPU groups of ``channels`` now rather than on first use."""
+        if self.size > 1:
+            for channel in channels:
+                self._group(channel, torch.device("cpu"))
+
+    def close(self) -> None:
+        """Tear down this version's groups; later collectives on it raise CommError."""
+        with self._lock:
+            self._closed = True
+            groups, self._groups = self._groups, {}
+        for group in groups.values():
+            try:
+                group.abort()
+            except RuntimeError:  # already broken: nothing left to release
+                pass
+
+    # -- errors -----------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"[rank {self.rank} v={self.version}]"
+
+    def _error(self, exc: BaseException, op: str, channel: str) -> CommError:
+        kind = _describe_failure(exc)
+        what = "timed out" if kind is CollectiveTimeout else "lost a peer"
+        message = (f"{self._where()} {op} on channel '{channel}' {what} "
+                   f"(cluster of {self.size}, timeout {self.options.timeout:g}s): {exc}. "
+                   "A peer died, hangs or left; check the other workers' output.")
+        return kind(message, channel=channel, op=op, version=self.version)
+
+    # -- debug-mode signature check ---------------------------------------------------
+
+    def _signature(self, op: str, tensor: torch.Tensor | None, extra: int) -> torch.Tensor:
+        sig = torch.zeros(_SIGNATURE_LEN, dtype=torch.int64)
+        sig[0] = _OP_CODES[op]
+        sig[4] = extra
+        if tensor is not None:
+            sig[1] = _DTYPE_CODES.get(tensor.dtype, 99)
+            sig[2] = 1 if tensor.is_cuda else 0
+            shape = list(tensor.shape)[: _SIGNATURE_LEN - 5]
+            sig[3] = tensor.dim()
+            sig[5:5 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
+        return sig
+
+    def _check_signature(self, op: str, tensor: torch.Tensor | None, extra: int = 0) -> None:
+        mine = self._signature(op, tensor, extra)
+        rows = self._allgather_raw(mine, _DEBUG_CHANNEL)
+        reference = rows[0]
+        bad = [r for r, row in enumerate(rows) if not torch.equal(row, reference)]
+        if bad:
+            def show(row: torch.Tensor) -> str:
+                names = {v: k for k, v in _OP_CODES.items()}
+                dtypes = {v: k for k, v in _DTYPE_CODES.items()}
+                ndim = int(row[3])
+                return (f"{names.get(int(row[0]), '?')}(dtype={dtypes.get(int(row[1]), '?')}, "
+                        f"shape={tuple(int(x) for x in row[5:5 + ndim])}, arg={int(row[4])})")
+            detail = "; ".join(f"rank {r}: {show(rows[r])}" for r in bad)
+            raise MismatchError(
+                f"{self._where()} collective mismatch: rank 0 called {show(reference)} but {detail}. "
+                "Every worker must issue the same collectives in the same order.",
+                op=op, channel=_DEBUG_CHANNEL, version=self.version)
+
+    # -- collectives ------------------------------------------------------------------
+
+    def _run(self, op: str, channel: str, tensor: torch.Tensor, submit: Callable[[Any], Any],
+             finish: Callable[[], T], async_op: bool, extra: int = 0) -> T | Handle[T]:
+        if self.options.debug and self.size > 1:
+            self._check_signature(op, tensor, extra)
+        if self.size == 1:
+            handle: Handle[T] = Handle(None, finish, self, op, channel)
+        else:
+            group = self._group(channel, tensor.device, op)
+            try:
+                work = submit(group)
+            except RuntimeError as exc:
+                raise self._error(exc, op, channel) from exc
+            handle = Handle(work, finish, self, op, channel)
+        return handle if async_op else handle.wait()
+
+    def allreduce(self, tensor: torch.Tensor, op: str = "sum", *, channel: str = "grad",
+                  async_op: bool = False) -> torch.Tensor | Handle[torch.Tensor]:
+        """Reduce ``tensor`` in place across all workers (``sum``, ``avg``, ``min``, ``max``)."""
+        if op not in _REDUCE_OPS:
+            raise ConfigError(f"unknown reduce op {op!r}; use one of {sorted(_REDUCE_OPS)}")
+        if op == "avg" and not tensor.is_floating_point():
+            raise ConfigError(f"allreduce avg needs a floating tensor, got {tensor.dtype}")
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _REDUCE_OPS[op]
+        size = self.size
+
+        def finish() -> torch.Tensor:
+            if op == "avg" and size > 1:
+                tensor.div_(size)
+            return tensor
+        return self._run("allreduce", channel, tensor, lambda g: g.allreduce([tensor], opts),
+                         finish, async_op, extra=list(_REDUCE_OPS).index(op))
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, *, channel: str = "ctrl",
+                  async_op: bool = False) -> torch.Tensor | Handle[torch.Tensor]:
+        """Overwrite ``tensor`` on every worker with rank ``src``'s."""
+        if not 0 <= src < self.size:
+            raise ConfigError(f"broadcast source rank {src} is outside a cluster of size {self.size}")
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        return self._run("broadcast", channel, tensor, lambda g: g.broadcast([tensor], opts),
+                         lambda: tensor, async_op, extra=src)
+
+    def allgather(self, tensor: torch.Tensor, *, channel: str = "ctrl",
+                  async_op: bool = False) -> list[torch.Tensor] | Handle[list[torch.Tensor]]:
+        """Every worker's ``tensor`` (all of equal shape), in rank order."""
+        outputs = [torch.empty_like(tensor) for _ in range(self.size)]
+
+        def finish() -> list[torch.Tensor]:
+            if self.size == 1:
+                outputs[0].copy_(tensor)
+            return outputs
+        return self._run("allgather", channel, tensor, lambda g: g.allgather([outputs], [tensor]),
+                         finish, async_op)
+
+    def _allgather_raw(self, tensor: torch.Tensor, channel: str) -> list[torch.Tensor]:
+        outputs = [torch.empty_like(tensor) for _ in range(self.size)]
+        group = self._group(channel, tensor.device, "allgather")
+        try:
+            group.allgather([outputs], [tensor]).wait()
+        except RuntimeError as exc:
+            raise self._error(exc, "allgather", channel) from exc
+        return outputs
+
+    def barrier(self, *, channel: str = "ctrl", async_op: bool = False) -> None | Handle[None]:
+        """Return once every worker reached this barrier (or raise on timeout / peer loss)."""
+        token = torch.zeros(1)
+        return self._run("barrier", channel, token,
+                         lambda g: g.allreduce([token], dist.AllreduceOptions()),
+                         lambda: None, async_op)
+
+    def consensus(self, value: torch.Tensor | bytes | str | int | float, name: str = "value", *,
+                  channel: str = "ctrl") -> None:
+        """Raise ConsensusError naming the ranks whose ``value`` differs from rank 0's."""
+        if isinstance(value, torch.Tensor):
+            data = value.detach().cpu().contiguous()
+            digest = hashlib.sha256(str((data.dtype, tuple(data.shape))).encode()
+                                    + data.reshape(-1).view(torch.uint8).numpy().tobytes()).digest()
+        else:
+            raw = value if isinstance(value, bytes) else repr(value).encode()
+            digest = hashlib.sha256(raw).digest()
+        mine = torch.frombuffer(bytearray(digest), dtype=torch.int64).clone()
+        rows = self.allgather(mine, channel=channel)
+        assert isinstance(rows, list)
+        bad = [r for r, row in enumerate(rows) if not torch.equal(row, rows[0])]
+        if bad:
+            raise ConsensusError(
+                f"{self._where()} workers disagree on {name}: ranks {bad} differ from rank 0 "
+                f"(cluster of {self.size}). This is a bug in code that must run identically "
+                "on every worker (a policy, a seed, or data-dependent control flow).",
+                op="consensus", channel=channel, version=self.version)

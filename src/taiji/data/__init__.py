@@ -1,0 +1,1 @@
+"""Exactly-once elastic sampling and real data sets."""

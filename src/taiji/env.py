@@ -1,0 +1,66 @@
+"""Every TAIJI_* environment variable: its name, default and typed accessor.
+
+The launcher writes these into each worker's environment; workers read them only
+through this module, so the contract between the two lives in one place.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, Mapping, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {raw!r}")
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    help: str
+
+    def get(self, environ: Mapping[str, str] | None = None) -> T:
+        source = os.environ if environ is None else environ
+        raw = source.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"environment variable {self.name}={raw!r} is invalid: {exc}") from None
+
+    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
+        source = os.environ if environ is None else environ
+        return bool(source.get(self.name))
+
+
+JOB_ID = EnvVar("TAIJI_JOB_ID", "", str, "id of the job this worker belongs to")
+WORKER_ID = EnvVar("TAIJI_WORKER_ID", "", str, "stable id of this worker across cluster versions")
+STORE_HOST = EnvVar("TAIJI_STORE_HOST", "127.0.0.1", str, "host of the job's TCPStore")
+STORE_PORT = EnvVar("TAIJI_STORE_PORT", 0, int, "port of the job's TCPStore; 0 = not launched by taiji")
+SECRET = EnvVar("TAIJI_SECRET", "", str, "job secret authenticating control and peer traffic")
+LAUNCHER_PID = EnvVar("TAIJI_LAUNCHER_PID", 0, int, "pid of the launcher; workers exit when it dies")
+TIMEOUT = EnvVar("TAIJI_TIMEOUT", 60.0, float, "seconds any collective or store wait may take")
+BUCKET_MB = EnvVar("TAIJI_BUCKET_MB", 25.0, float, "SyncSGD gradient bucket size in MB")
+DEBUG_COLLECTIVES = EnvVar(
+    "TAIJI_DEBUG_COLLECTIVES", False, _parse_bool,
+    "check shapes and dtypes across ranks before each collective and name mismatching ranks",
+)
+LOG_LEVEL = EnvVar("TAIJI_LOG_LEVEL", "", str, "level for the 'taiji' logger set up by taiji.init()")
+RUN_DIR = EnvVar("TAIJI_RUN_DIR", "", str, "directory for this job's logs and metrics")
+
+ALL: tuple[EnvVar, ...] = (
+    JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
+    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR,
+)

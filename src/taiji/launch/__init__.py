@@ -1,0 +1,1 @@
+"""Processes: the `taiji` command and the supervisor of local workers."""

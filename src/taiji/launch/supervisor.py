@@ -1,0 +1,187 @@
+"""Spawns, watches, signals and reaps this host's worker processes.
+
+Each worker runs in its own session (so a signal can reach its whole process tree) with
+a parent-death signal, so it dies with the launcher even if the launcher is SIGKILLed.
+Exits are observed through pidfds and signals through a wakeup fd, in one ``select``:
+no polling loops.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Sequence
+
+from ..errors import LaunchError
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_prctl = _libc.prctl
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: keep it tiny
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclass
+class WorkerProcess:
+    worker_id: str
+    rank: int
+    popen: subprocess.Popen
+    pidfd: int
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
+    reader: threading.Thread | None = None
+    exit_code: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def running(self) -> bool:
+        return self.exit_code is None
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Supervisor:
+    """Local worker processes with rank-prefixed output and a tail of each one's output."""
+
+    def __init__(self, output: IO[str] | None = None, tail_lines: int = 40):
+        self.output = output or sys.stdout
+        self.tail_lines = tail_lines
+        self.workers: dict[str, WorkerProcess] = {}
+        self._write_lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.signals: list[int] = []
+        self._old_handlers: dict[int, object] = {}
+        self._old_wakeup: int | None = None
+
+    # -- signals ----------------------------------------------------------------------
+
+    def install_signal_handlers(self, signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        def handler(signum, _frame):
+            self.signals.append(signum)
+        self._old_wakeup = signal.set_wakeup_fd(self._wake_w)
+        for signum in signums:
+            self._old_handlers[signum] = signal.signal(signum, handler)
+
+    def restore_signal_handlers(self) -> None:
+        for signum, old in self._old_handlers.items():
+            signal.signal(signum, old)  # type: ignore[arg-type]
+        self._old_handlers.clear()
+        if self._old_wakeup is not None:
+            signal.set_wakeup_fd(self._old_wakeup)
+            self._old_wakeup = None
+
+    # -- processes --------------------------------------------------------------------
+
+    def spawn(self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str]) -> WorkerProcess:
+        try:
+            popen = subprocess.Popen(
+                list(command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+        except FileNotFoundError:
+            raise LaunchError(f"cannot start worker {worker_id}: command not found: {command[0]!r}") from None
+        except PermissionError:
+            raise LaunchError(f"cannot start worker {worker_id}: {command[0]!r} is not executable") from None
+        except OSError as exc:
+            raise LaunchError(f"cannot start worker {worker_id} ({command[0]!r}): {exc}") from None
+        worker = WorkerProcess(worker_id, rank, popen, os.pidfd_open(popen.pid),
+                               collections.deque(maxlen=self.tail_lines))
+        worker.reader = threading.Thread(target=self._pump, args=(worker,), name=f"taiji-out-{worker_id}",
+                                         daemon=True)
+        worker.reader.start()
+        self.workers[worker_id] = worker
+        log.debug("spawned worker %s (rank %d) as pid %d", worker_id, rank, popen.pid)
+        return worker
+
+    def _pump(self, worker: WorkerProcess) -> None:
+        assert worker.popen.stdout is not None
+        for raw in iter(worker.popen.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            worker.tail.append(line)
+            with self._write_lock:
+                self.output.write(f"rank {worker.rank} | {line}\n")
+                self.output.flush()
+        worker.popen.stdout.close()
+
+    def running(self) -> list[WorkerProcess]:
+        return [w for w in self.workers.values() if w.running]
+
+    def wait(self, timeout: float | None = None) -> tuple[list[WorkerProcess], list[int]]:
+        """Block until a worker exits or a signal arrives; returns (exited workers, signals)."""
+        alive = self.running()
+        fds = [w.pidfd for w in alive] + [self._wake_r]
+        readable, _, _ = select.select(fds, [], [], timeout)
+        exited = []
+        for worker in alive:
+            if worker.pidfd in readable:
+                self._reap(worker)
+                exited.append(worker)
+        if self._wake_r in readable:
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        received, self.signals = self.signals, []
+        return exited, received
+
+    def _reap(self, worker: WorkerProcess) -> None:
+        worker.exit_code = worker.popen.wait()
+        os.close(worker.pidfd)
+        if worker.reader is not None:
+            worker.reader.join(timeout=5.0)  # drain the last lines before anyone reports them
+
+    def signal_all(self, signum: int) -> None:
+        for worker in self.running():
+            try:
+                os.killpg(worker.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def stop_all(self, grace: float = 5.0) -> None:
+        """SIGTERM every running worker's process group; SIGKILL what is left after ``grace``."""
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.running():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.signal_all(signal.SIGKILL)
+                deadline = time.monotonic() + 10.0
+                remaining = 10.0
+            self.wait(timeout=remaining)
+
+    def close(self) -> None:
+        self.restore_signal_handlers()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def write(self, text: str) -> None:
+        with self._write_lock:
+            self.output.write(text)
+            self.output.flush()

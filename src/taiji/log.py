@@ -1,0 +1,34 @@
+"""Rank-aware log prefix ``[rank r v=version step=s]``. Nothing is configured on import."""
+from __future__ import annotations
+
+import logging
+import sys
+
+
+class RankPrefixFilter(logging.Filter):
+    """Adds ``record.taiji`` = ``[rank r v=version step=s]`` from the default peer."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from .runtime.peer import current_peer
+        peer = current_peer()
+        if peer is None:
+            record.taiji = "[taiji]"
+        else:
+            record.taiji = f"[rank {peer.rank} v={peer.version} step={peer.step}]"
+        return True
+
+
+def configure_logging(level: str | int = "INFO", stream=None) -> logging.Handler:
+    """For applications (examples, scripts): send log records to ``stream`` with the rank prefix.
+
+    Libraries must not call this; taiji itself never does on import.
+    """
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.addFilter(RankPrefixFilter())
+    handler.setFormatter(logging.Formatter("%(taiji)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if any(isinstance(f, RankPrefixFilter) for f in h.filters)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level if isinstance(level, int) else level.upper())
+    return handler

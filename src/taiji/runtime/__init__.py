@@ -1,0 +1,1 @@
+"""Inside a worker: membership, state, and the training loop."""

@@ -1,0 +1,46 @@
+"""What every synchronisation strategy provides to the training loop."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable
+
+import torch
+
+from ..comm.communicator import Communicator
+
+CommSource = Callable[[], Communicator]
+
+
+class Strategy(ABC):
+    """How replicas agree. The loop calls ``begin_step`` before backward and
+    ``synchronize`` after it; only when ``synchronize`` returns may the step commit."""
+
+    name: str = "strategy"
+
+    @abstractmethod
+    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "Strategy":
+        """Bind to ``model``; ``comm`` gives the communicator of the current cluster version."""
+
+    @abstractmethod
+    def begin_step(self, weight: float) -> None:
+        """Start a step in which this worker's gradient carries ``weight`` (its share b_r/B)."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Finish the step's communication; raises CommError if any collective failed."""
+
+    @abstractmethod
+    def abort_step(self) -> None:
+        """Forget the step in flight (after a failure), leaving the strategy ready for a retry."""
+
+    def detach(self) -> None:
+        """Remove whatever the strategy installed on the model."""
+
+
+def resolve_comm_source(comm: CommSource | Communicator | None) -> CommSource:
+    if comm is None:
+        from ..runtime.peer import default_peer
+        return lambda: default_peer().comm
+    if isinstance(comm, Communicator):
+        return lambda: comm
+    return comm

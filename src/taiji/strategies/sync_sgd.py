@@ -1,0 +1,224 @@
+"""Synchronous SGD: gradients averaged across workers while backward still runs.
+
+Parameters are grouped into buckets in reverse registration order (roughly the order
+autograd produces their gradients). A post-accumulate-grad hook copies each gradient,
+pre-scaled by this worker's share ``b_r / B`` of the global batch, into its bucket; the
+bucket's ``sum`` allreduce starts as soon as it is full, overlapping the rest of backward.
+Buckets are launched strictly in index order so every rank issues the same collectives in
+the same sequence, whatever order its hooks fire in. After the wait, ``param.grad`` is a
+view into the reduced bucket: no copy back.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .. import env
+from ..comm.communicator import Communicator, Handle
+from ..errors import ConfigError, TaijiError
+from .base import CommSource, Strategy, resolve_comm_source
+
+log = logging.getLogger(__name__)
+
+FIRST_BUCKET_MB = 1.0  # small first bucket so communication starts early (as DDP does)
+
+# two strategies hooked onto one model would each send every gradient
+_attached_models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+@dataclass
+class _Bucket:
+    params: list[torch.nn.Parameter]
+    buffer: torch.Tensor
+    slices: list[torch.Tensor]           # views of ``buffer``, one per param, param-shaped
+    ready: list[bool] = field(default_factory=list)
+    ready_count: int = 0
+    handle: Handle | None = None
+
+    def reset(self) -> None:
+        self.ready = [False] * len(self.params)
+        self.ready_count = 0
+        self.handle = None
+
+
+def plan_buckets(sizes_bytes: list[int], cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
+    """Group consecutive items into buckets of at most ``cap_bytes`` (the first at most
+    ``first_cap_bytes``); an item larger than the cap gets a bucket of its own."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i, size in enumerate(sizes_bytes):
+        cap = first_cap_bytes if not buckets else cap_bytes
+        if current and used + size > cap:
+            buckets.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += size
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class SyncSGD(Strategy):
+    """Exact data-parallel SGD with bucketed, overlapped gradient allreduce."""
+
+    name = "sync_sgd"
+
+    def __init__(self, bucket_mb: float | None = None, first_bucket_mb: float = FIRST_BUCKET_MB):
+        self.bucket_mb = env.BUCKET_MB.get() if bucket_mb is None else float(bucket_mb)
+        if self.bucket_mb <= 0 or first_bucket_mb <= 0:
+            raise ConfigError(f"bucket sizes must be positive (bucket_mb={self.bucket_mb}, "
+                              f"first_bucket_mb={first_bucket_mb})")
+        self.first_bucket_mb = min(first_bucket_mb, self.bucket_mb)
+        self._buckets: list[_Bucket] = []
+        self._where: dict[torch.nn.Parameter, tuple[int, int]] = {}
+        self._hooks: list = []
+        self._comm_source: CommSource | None = None
+        self._comm: Communicator | None = None
+        self._weight = 1.0
+        self._active = False
+        self._next_launch = 0
+        self._sync_enabled = True
+        self._param_names: dict[torch.nn.Parameter, str] = {}
+        self._model: torch.nn.Module | None = None
+
+    # -- setup ------------------------------------------------------------------------
+
+    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "SyncSGD":
+        if self._hooks:
+            raise TaijiError("this SyncSGD is already attached to a model; create one per model")
+        if model in _attached_models:
+            raise TaijiError("this model already has a taiji strategy attached (another Job or SyncSGD); "
+                             "call .detach() on the old one first")
+        self._comm_source = resolve_comm_source(comm)
+        self._param_names = {p: n for n, p in model.named_parameters()}
+        params = [p for p in reversed(list(model.parameters())) if p.requires_grad]
+        if not params:
+            raise ConfigError("SyncSGD: the model has no parameters that require gradients")
+        cap = int(self.bucket_mb * 2**20)
+        first_cap = int(self.first_bucket_mb * 2**20)
+        # one bucket holds one (device, dtype); keep reverse order within each group
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+        for p in params:
+            if not p.is_floating_point():
+                raise ConfigError(f"SyncSGD: parameter {self._param_names.get(p, '?')} has "
+                                  f"non-floating dtype {p.dtype}")
+            groups.setdefault((p.device, p.dtype), []).append(p)
+        for (device, dtype), group in groups.items():
+            plan = plan_buckets([p.numel() * p.element_size() for p in group], cap, first_cap)
+            for member_ids in plan:
+                members = [group[i] for i in member_ids]
+                total = sum(p.numel() for p in members)
+                buffer = torch.zeros(total, dtype=dtype, device=device)
+                slices, offset = [], 0
+                for p in members:
+                    slices.append(buffer[offset:offset + p.numel()].view(p.shape))
+                    offset += p.numel()
+                bucket = _Bucket(members, buffer, slices)
+                bucket.reset()
+                for j, p in enumerate(members):
+                    self._where[p] = (len(self._buckets), j)
+                self._buckets.append(bucket)
+        for p in params:
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+        self._model = model
+        _attached_models.add(model)
+        log.debug("SyncSGD: %d parameters in %d buckets", len(params), len(self._buckets))
+        return self
+
+    def detach(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        if self._model is not None:
+            _attached_models.discard(self._model)
+            self._model = None
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self._buckets)
+
+    # -- one step ---------------------------------------------------------------------
+
+    def begin_step(self, weight: float) -> None:
+        if self._comm_source is None:
+            raise TaijiError("SyncSGD.begin_step() before attach(model)")
+        if self._active:
+            self.abort_step()
+        self._comm = self._comm_source()
+        self._weight = float(weight)
+        self._next_launch = 0
+        for bucket in self._buckets:
+            bucket.reset()
+        self._active = True
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (for all but the last micro-batch)."""
+        previous, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def _on_grad_ready(self, param: torch.nn.Parameter) -> None:
+        if not self._sync_enabled:
+            return
+        if not self._active:  # used piecewise: a plain loss.backward() starts an equal-share step
+            comm = self._comm_source() if self._comm_source else None
+            self.begin_step(1.0 / (comm.size if comm else 1))
+        b, j = self._where[param]
+        bucket = self._buckets[b]
+        if bucket.ready[j]:
+            raise TaijiError(
+                f"SyncSGD: parameter {self._param_names.get(param, '?')} received a second gradient "
+                "in one step. Wrap all but the last backward of an accumulation in `with sync.no_sync():`.")
+        if bucket.handle is not None:
+            raise TaijiError("SyncSGD: a gradient arrived for a bucket already sent")
+        slot = bucket.slices[j]
+        assert param.grad is not None
+        torch.mul(param.grad, self._weight, out=slot)
+        bucket.ready[j] = True
+        bucket.ready_count += 1
+        if bucket.ready_count == len(bucket.params) and b == self._next_launch:
+            self._launch_ready()
+
+    def _launch(self, bucket: _Bucket) -> None:
+        assert self._comm is not None
+        bucket.handle = self._comm.allreduce(bucket.buffer, "sum", channel="grad", async_op=True)
+
+    def _launch_ready(self) -> None:
+        while (self._next_launch < len(self._buckets)
+               and self._buckets[self._next_launch].ready_count == len(self._buckets[self._next_launch].params)):
+            self._launch(self._buckets[self._next_launch])
+            self._next_launch += 1
+
+    def synchronize(self) -> None:
+        if not self._active:  # no gradient and no begin_step: contribute zeros so peers don't wait
+            self.begin_step(0.0)
+        try:
+            for bucket in self._buckets[self._next_launch:]:
+                for j, ready in enumerate(bucket.ready):
+                    if not ready:  # unused here (or an empty local batch): contribute zero
+                        bucket.slices[j].zero_()
+                self._launch(bucket)
+            self._next_launch = len(self._buckets)
+            for bucket in self._buckets:
+                assert bucket.handle is not None
+                bucket.handle.wait()
+                for p, slot in zip(bucket.params, bucket.slices):
+                    if p.grad is not slot:
+                        p.grad = slot
+        finally:
+            self._active = False
+
+    def abort_step(self) -> None:
+        self._active = False
+        self._next_launch = 0
+        for bucket in self._buckets:
+            bucket.reset()

@@ -1,0 +1,177 @@
+"""Collectives on 1-4 ranks (threads against a real TCPStore), async handles, timeouts,
+peer loss, the debug-mode shape check and consensus."""
+import threading
+import time
+
+import pytest
+import torch
+
+from taiji.errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
+                          PeerLost)
+from taiji.comm.communicator import CommOptions, Communicator
+from _harness import run_threads
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_allreduce_ops_broadcast_allgather_barrier(n):
+    def body(peer):
+        c, r = peer.comm, peer.rank
+        out = {}
+        for op in ("sum", "avg", "min", "max"):
+            t = torch.tensor([r + 1.0, -r, 2.0 * r], dtype=torch.float64)
+            c.allreduce(t, op)
+            out[op] = t.tolist()
+        ints = torch.tensor([r + 1], dtype=torch.int64)
+        c.allreduce(ints, "sum")
+        out["int_sum"] = ints.item()
+        b = torch.full((3,), float(r))
+        c.broadcast(b, src=n - 1)
+        out["bcast"] = b.tolist()
+        out["gather"] = [x.item() for x in c.allgather(torch.tensor([r * 10]))]
+        c.barrier()
+        return out
+
+    results = run_threads(n, body)
+    ranks = range(n)
+    expected = {
+        "sum": [sum(r + 1.0 for r in ranks), -sum(ranks), 2.0 * sum(ranks)],
+        "avg": [sum(r + 1.0 for r in ranks) / n, -sum(ranks) / n, 2.0 * sum(ranks) / n],
+        "min": [1.0, -(n - 1), 0.0],
+        "max": [float(n), 0.0, 2.0 * (n - 1)],
+    }
+    for res in results:
+        for op, values in expected.items():
+            assert res[op] == pytest.approx(values), op
+        assert res["int_sum"] == n * (n + 1) // 2
+        assert res["bcast"] == [float(n - 1)] * 3
+        assert res["gather"] == [r * 10 for r in ranks]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_allreduce_floating_dtypes(dtype):
+    def body(peer):
+        t = torch.full((5,), peer.rank + 1.0, dtype=dtype)
+        peer.comm.allreduce(t, "avg")
+        return t
+    for t in run_threads(2, body):
+        assert t.dtype == dtype and torch.equal(t, torch.full((5,), 1.5, dtype=dtype))
+
+
+def test_async_handles_on_independent_channels():
+    def body(peer):
+        c = peer.comm
+        handles = [c.allreduce(torch.full((1000,), float(i)), "sum", async_op=True) for i in range(5)]
+        ctrl = c.allreduce(torch.tensor([1.0]), "sum", channel="ctrl", async_op=True)
+        gathered = c.allgather(torch.tensor([peer.rank]), async_op=True)
+        return ([h.wait()[0].item() for h in handles], ctrl.wait().item(),
+                [g.item() for g in gathered.wait()], all(h.is_completed() for h in handles))
+    for sums, ctrl, gathered, completed in run_threads(3, body):
+        assert sums == [0.0, 3.0, 6.0, 9.0, 12.0] and ctrl == 3.0 and gathered == [0, 1, 2] and completed
+
+
+def test_rank_that_never_joins_times_out_with_a_clear_error():
+    release = threading.Event()
+
+    def body(peer):
+        peer.comm.connect()
+        if peer.rank == 2:
+            release.wait(30)  # connected, then absent from the collective, but alive
+            return None
+        started = time.monotonic()
+        try:
+            peer.comm.allreduce(torch.ones(4), "sum")
+        except CollectiveTimeout as exc:
+            return time.monotonic() - started, str(exc)
+        finally:
+            if peer.rank == 0:
+                release.set()
+        return "no error"
+
+    results = run_threads(3, body, timeout=1.5)
+    for rank in (0, 1):
+        elapsed, message = results[rank]
+        assert 1.0 < elapsed < 10.0
+        assert f"rank {rank}" in message and "allreduce" in message and "'grad'" in message
+
+
+def test_rank_that_never_connects_times_out_naming_the_op():
+    release = threading.Event()
+
+    def body(peer):
+        if peer.rank == 1:
+            release.wait(30)
+            return None
+        try:
+            with pytest.raises(CollectiveTimeout) as info:
+                peer.comm.broadcast(torch.ones(2), src=0)
+        finally:
+            release.set()
+        return str(info.value)
+    message = run_threads(2, body, timeout=1)[0]
+    assert "broadcast (connecting the group)" in message and "timeout 1s" in message
+
+
+def test_peer_that_leaves_mid_job_surfaces_as_comm_error():
+    def body(peer):
+        peer.comm.allreduce(torch.ones(2), "sum")
+        if peer.rank == 1:
+            peer.close()  # tears its connections down, like a crashed process
+            return None
+        with pytest.raises((PeerLost, CollectiveTimeout)) as info:
+            for _ in range(3):
+                peer.comm.allreduce(torch.ones(2), "sum")
+        return type(info.value).__name__
+    results = run_threads(2, body, timeout=3)
+    assert results[0] in ("PeerLost", "CollectiveTimeout")
+
+
+def test_debug_mode_names_mismatching_ranks():
+    def body(peer):
+        peer.comm.options = CommOptions(timeout=5, debug=True)
+        shape = (3,) if peer.rank != 1 else (4,)
+        with pytest.raises(MismatchError) as info:
+            peer.comm.allreduce(torch.ones(shape), "sum")
+        return str(info.value)
+    for message in run_threads(3, body):
+        assert "rank 1" in message and "(4,)" in message and "(3,)" in message
+        assert "rank 2" not in message.split("but", 1)[1]
+
+
+def test_consensus_names_the_ranks_that_differ():
+    def body(peer):
+        peer.comm.consensus(torch.arange(4.0), "weights")  # agreed: no error
+        peer.comm.consensus(b"decision:resize(4)", "decision")
+        value = 1.0 if peer.rank in (0, 1) else 2.0
+        with pytest.raises(ConsensusError) as info:
+            peer.comm.consensus(torch.tensor([value]), "lr")
+        return str(info.value)
+    for message in run_threads(4, body):
+        assert "ranks [2, 3]" in message and "lr" in message
+
+
+def test_closed_communicator_and_bad_arguments():
+    def body(peer):
+        with pytest.raises(ConfigError):
+            peer.comm.allreduce(torch.ones(1), "prod")
+        with pytest.raises(ConfigError):
+            peer.comm.allreduce(torch.ones(1, dtype=torch.int64), "avg")
+        with pytest.raises(ConfigError):
+            peer.comm.broadcast(torch.ones(1), src=5)
+        peer.comm.barrier()
+        peer.comm.close()
+        with pytest.raises(CommError, match="closed"):
+            peer.comm.allreduce(torch.ones(1), "sum")
+    run_threads(2, body)
+
+
+def test_size_one_needs_no_network():
+    import torch.distributed as dist
+    c = Communicator(dist.HashStore(), 0, 1, 1)
+    t = torch.tensor([3.0])
+    assert c.allreduce(t, "avg").item() == 3.0
+    assert [x.item() for x in c.allgather(torch.tensor([7]))] == [7]
+    c.barrier()
+    with pytest.raises(ConfigError):
+        Communicator(dist.HashStore(), 1, 1, 1)

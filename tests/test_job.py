@@ -1,0 +1,92 @@
+"""The Job loop on one worker (no launcher) and its edge cases."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, TensorDataset
+
+import taiji
+from taiji.errors import ConfigError
+from taiji.runtime.peer import Peer
+
+
+class ListDataset(Dataset):
+    def __init__(self, n):
+        self.items = [(torch.full((2,), float(i)), i % 2) for i in range(n)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def make(dataset, batch, **kw):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, opt, taiji.Job(model, opt, dataset, batch, peer=Peer.solo(), log_every=0, **kw)
+
+
+def test_epochs_consume_every_sample_once_with_generic_dataset():
+    model, _, job = make(ListDataset(11), 4, epochs=2)
+    seen = {0: [], 1: []}
+    for step in job:
+        x, y = step.batch
+        assert x.shape == (len(step.indices), 2) and torch.equal(x[:, 0].long(), step.indices)
+        seen[step.epoch] += step.indices.tolist()
+        step.backward(F.cross_entropy(model(x), y))
+    assert sorted(seen[0]) == sorted(seen[1]) == list(range(11))
+    assert seen[0] != seen[1], "each epoch is reshuffled"
+    assert job.progress.step == 6 and job.progress.epoch == 2
+
+
+def test_user_may_call_loss_backward_directly_and_scheduler_steps_after_optimizer():
+    data = TensorDataset(torch.randn(16, 2), torch.randint(0, 2, (16,)))
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    job = taiji.Job(model, opt, data, 4, peer=Peer.solo(), lr_scheduler=sched, log_every=0)
+    before = model.weight.detach().clone()
+    for step in job:
+        x, y = step.batch
+        F.cross_entropy(model(x), y).backward()
+    assert not torch.equal(before, model.weight)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 4)
+
+
+def test_breaking_out_does_not_commit_the_unfinished_step():
+    data = TensorDataset(torch.randn(16, 2), torch.randint(0, 2, (16,)))
+    model, _, job = make(data, 4)
+    for step in job:
+        if step.index == 2:
+            break
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+    assert job.progress.step == 2 and job.progress.sampler.cursor == 8
+    with pytest.raises(ConfigError, match="iterated once"):
+        next(iter(job))
+
+
+def test_max_steps_and_invalid_arguments():
+    data = TensorDataset(torch.randn(8, 2), torch.zeros(8, dtype=torch.long))
+    _, _, job = make(data, 3, max_steps=2)
+    assert sum(1 for step in job if step.backward(torch.zeros((), requires_grad=True)) is None) == 2
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError):
+        taiji.Job(model, opt, data, 0, peer=Peer.solo())
+    with pytest.raises(ConfigError):
+        taiji.Job(torch.nn.Linear(2, 2), opt, data, 2, epochs=0, peer=Peer.solo())
+
+
+def test_solo_init_outside_a_launcher(monkeypatch):
+    monkeypatch.delenv("TAIJI_STORE_PORT", raising=False)
+    taiji.shutdown()
+    peer = taiji.init()
+    try:
+        assert (taiji.rank(), taiji.size(), taiji.version()) == (0, 1, 1)
+        assert taiji.init() is peer
+        t = torch.tensor([2.0])
+        assert taiji.allreduce(t, "avg").item() == 2.0
+    finally:
+        taiji.shutdown()

@@ -1,0 +1,136 @@
+"""SyncSGD: bucketing, exact averaging with unequal slices, and equivalence with 1 worker."""
+import sys
+
+import pytest
+import torch
+
+import taiji
+from taiji.errors import ConfigError, TaijiError
+from taiji.runtime.peer import Peer
+from taiji.strategies.sync_sgd import plan_buckets
+from _harness import SCRIPTS, run_threads, taiji_run
+
+sys.path.insert(0, str(SCRIPTS))
+import train_equiv  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_plan_buckets_respects_caps_and_order():
+    assert plan_buckets([4, 4, 4, 4], cap_bytes=8, first_cap_bytes=4) == [[0], [1, 2], [3]]
+    assert plan_buckets([100, 1, 1], cap_bytes=8, first_cap_bytes=8) == [[0], [1, 2]]
+    assert plan_buckets([], 8, 8) == []
+    flat = [i for b in plan_buckets(list(range(1, 30)), 20, 5) for i in b]
+    assert flat == list(range(29))
+
+
+def reference(steps, batch, dtype=torch.float64):
+    return train_equiv.train(Peer.solo(), steps, batch, dtype)
+
+
+def assert_close_to_reference(results, ref, rtol, atol):
+    ref_params, ref_momenta, _ = ref
+    first = results[0]
+    for params, momenta, _ in results:
+        for a, b in zip(params + momenta, first[0] + first[1]):
+            assert torch.equal(a, b), "replicas are not bitwise identical"
+        for a, b in zip(params, ref_params):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+        for a, b in zip(momenta, ref_momenta):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_threads_match_one_worker_with_indivisible_global_batch(n):
+    steps, batch = 20, 10  # 10 is not divisible by 3 or 4; 97 samples: an epoch ends mid-run
+    ref = reference(steps, batch)
+    results = run_threads(n, lambda peer: train_equiv.train(peer, steps, batch), timeout=20)
+    assert_close_to_reference(results, ref, rtol=1e-9, atol=1e-11)
+    # exactly-once: each step's slices tile the reference step's global batch
+    for step in range(steps):
+        union = sorted(i for r in range(n) for i in results[r][2][step])
+        assert union == sorted(ref[2][step])
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2)])
+def test_lower_precision_dtypes_train_consistently(dtype, tol):
+    ref = reference(8, 12, dtype)
+    results = run_threads(2, lambda peer: train_equiv.train(peer, 8, 12, dtype), timeout=20)
+    assert_close_to_reference(results, ref, rtol=tol, atol=tol)
+
+
+def test_global_batch_smaller_than_cluster_gives_empty_slices():
+    ref = reference(6, 2)
+    results = run_threads(3, lambda peer: train_equiv.train(peer, 6, 2), timeout=20)
+    assert_close_to_reference(results, ref, rtol=1e-9, atol=1e-11)
+
+
+def test_unused_parameter_on_some_ranks_is_averaged_not_hung():
+    def body(peer):
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+        model = torch.nn.ModuleList([a, b])
+        sync = taiji.SyncSGD(bucket_mb=1e-5, first_bucket_mb=1e-5).attach(model, peer.comm)
+        sync.begin_step(0.5)
+        x = torch.ones(2, 3)
+        out = a(x) if peer.rank == 0 else b(a(x))  # rank 0 never uses b
+        out.sum().backward()
+        sync.synchronize()
+        return [p.grad.clone() for p in model.parameters()]
+    g0, g1 = run_threads(2, body)
+    for x, y in zip(g0, g1):
+        assert torch.equal(x, y)
+    assert g0[2].abs().sum() > 0  # b's gradient: rank 1's half
+
+
+def test_piecewise_use_with_no_sync_accumulation():
+    def body(peer):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        sync = taiji.SyncSGD().attach(model, peer.comm)
+        x = torch.full((2, 4), float(peer.rank + 1))
+        with sync.no_sync():
+            model(x).sum().backward()
+        model(x).sum().backward()  # a plain backward starts an equal-share step
+        sync.synchronize()
+        return model.weight.grad.clone()
+    g0, g1 = run_threads(2, body)
+    assert torch.equal(g0, g1)
+    # mean over ranks of 2 micro-batches x 2 rows x value (1 or 2) = 2*2*1.5
+    torch.testing.assert_close(g0, torch.full((2, 4), 6.0))
+
+
+def test_second_gradient_in_one_step_is_a_clear_error():
+    model = torch.nn.Linear(2, 1)
+    sync = taiji.SyncSGD().attach(model, Peer.solo().comm)
+    sync.begin_step(1.0)
+    model(torch.ones(1, 2)).sum().backward()
+    with pytest.raises(TaijiError, match="no_sync"):
+        model(torch.ones(1, 2)).sum().backward()
+
+
+def test_bad_configuration():
+    with pytest.raises(ConfigError):
+        taiji.SyncSGD(bucket_mb=0)
+    with pytest.raises(ConfigError, match="no parameters"):
+        taiji.SyncSGD().attach(torch.nn.ReLU(), Peer.solo().comm)
+    model = torch.nn.Linear(1, 1)
+    sync = taiji.SyncSGD().attach(model, Peer.solo().comm)
+    with pytest.raises(TaijiError, match="already attached"):
+        sync.attach(torch.nn.Linear(1, 1), Peer.solo().comm)
+    with pytest.raises(TaijiError, match="already has a taiji strategy"):
+        taiji.SyncSGD().attach(model, Peer.solo().comm)
+    sync.detach()
+    taiji.SyncSGD().attach(model, Peer.solo().comm)  # fine once the first is detached
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_launched_processes_match_one_worker(tmp_path, n):
+    steps, batch = 20, 10
+    proc = taiji_run(n, [sys.executable, str(SCRIPTS / "train_equiv.py"), str(tmp_path), str(steps),
+                         str(batch), "float64"], extra=["--timeout", "30"], timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    saved = [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]
+    results = [(s["params"], s["momenta"], s["consumed"]) for s in saved]
+    assert_close_to_reference(results, reference(steps, batch), rtol=1e-9, atol=1e-11)
