@@ -72,9 +72,6 @@ class Proc:
         readable, _, _ = select.select([self.pidfd], [], [], timeout)
         return bool(readable)
 
-    def alive(self) -> bool:
-        return not self.wait_dead(0)
-
     def kill(self) -> None:
         if self.pidfd is not None:
             try:
@@ -377,15 +374,18 @@ def test_worker_killed_by_signal_exits_128_plus_signal(procs):
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
-@pytest.mark.xfail(strict=True, reason="BUG: the launcher signals only the process groups of workers that are "
-                                       "still running, so what an exited worker leaves behind is orphaned")
-def test_a_failed_workers_grandchild_is_not_orphaned(procs):
+@pytest.mark.parametrize("how, worker_args, returncode", [
+    ("failed", ["--exit", "0=5", "--block"], 5),  # rank 0 exits 5, the launcher stops rank 1
+    ("succeeded", [], 0),                         # both ranks exit 0
+], ids=["failed", "succeeded"])
+def test_an_exited_workers_grandchild_is_not_orphaned(procs, how, worker_args, returncode):
+    """Rank 0 starts a grandchild (a DataLoader worker, say) and exits without stopping it."""
     launcher = procs.launch(["-np", "2", "--", "python", str(WORKER), "--pid-dir", str(procs.pid_dir()),
-                             "--barrier", "--grandchild", "0", "--grandchild-stdout", "devnull",
-                             "--exit", "0=5", "--block"])
+                             "--barrier", "--grandchild", "0", "--grandchild-stdout", "devnull", *worker_args])
     running = procs.wait_for_pids(launcher, ["worker-0", "worker-1", "grandchild-0"])
-    assert launcher.wait() == 5, launcher.describe()
-    assert_all_dead(launcher, running, "no process of the job may outlive the launcher", timeout=2.0)
+    assert launcher.wait() == returncode, launcher.describe()
+    assert_all_dead(launcher, running, f"no process of a job whose worker {how} may outlive the launcher",
+                    timeout=2.0)
 
 
 # -- the launcher is stopped ----------------------------------------------------------------
@@ -420,14 +420,35 @@ def test_signal_to_launcher_stops_all_workers(procs, signum):
 def test_workers_die_when_the_launcher_is_sigkilled(procs):
     """Nothing the launcher can catch: rank 0 (plain Python) dies through PR_SET_PDEATHSIG;
     rank 1 clears its parent-death signal and then calls taiji.init(), so only the pidfd
-    watchdog of taiji.init() can stop it."""
+    watchdog of taiji.init() can stop it; the watchdog also takes rank 1's own child down."""
     launcher = procs.launch(["-np", "2", "--", "python", str(WORKER), "--pid-dir", str(procs.pid_dir()),
-                             "--no-pdeathsig", "1", "--taiji-init", "1", "--block"])
+                             "--no-pdeathsig", "1", "--taiji-init", "1", "--grandchild", "1",
+                             "--grandchild-stdout", "devnull", "--block"])
     # rank 1 writes its pid file only once taiji.init() has returned
-    running = procs.wait_for_pids(launcher, ["worker-0", "worker-1"])
+    running = procs.wait_for_pids(launcher, ["worker-0", "worker-1", "grandchild-1"])
     launcher.popen.kill()
     assert launcher.wait() == -signal.SIGKILL
     assert running["worker-0"].wait_dead(DEATH_WAIT), \
         f"rank 0 outlived the SIGKILLed launcher: PR_SET_PDEATHSIG did not fire\n{launcher.describe()}"
     assert running["worker-1"].wait_dead(DEATH_WAIT), \
         f"rank 1 outlived the SIGKILLed launcher: taiji.init()'s launcher watchdog did not fire\n{launcher.describe()}"
+    assert running["grandchild-1"].wait_dead(DEATH_WAIT), \
+        f"rank 1's child outlived the SIGKILLed launcher\n{launcher.describe()}"
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_closed_launcher_output_does_not_block_workers():
+    """`taiji run ... | head -1`: once the reader is gone, the launcher keeps draining the
+    workers' pipes (which would otherwise fill and block them) and the job still ends."""
+    args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--", "python", str(WORKER),
+            "--lines", "0=20000", "--lines", "1=20000"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=SCRIPTS.parent.parent,
+                            start_new_session=True)
+    try:
+        proc.stdout.readline()
+        proc.stdout.close()  # like `head -1` exiting
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.timeout(180)
 def test_plan_buckets_respects_caps_and_order():
     assert plan_buckets([4, 4, 4, 4], cap_bytes=8, first_cap_bytes=4) == [[0], [1, 2], [3]]
     assert plan_buckets([100, 1, 1], cap_bytes=8, first_cap_bytes=8) == [[0], [1, 2]]
+    # a large item joins the small first bucket rather than starting a huge second one
+    assert plan_buckets([1, 50, 50, 1], cap_bytes=60, first_cap_bytes=10) == [[0, 1], [2, 3]]
     assert plan_buckets([], 8, 8) == []
     flat = [i for b in plan_buckets(list(range(1, 30)), 20, 5) for i in b]
     assert flat == list(range(29))
@@ -57,6 +59,13 @@ def test_lower_precision_dtypes_train_consistently(dtype, tol):
     ref = reference(8, 12, dtype)
     results = run_threads(2, lambda peer: train_equiv.train(peer, 8, 12, dtype), timeout=20)
     assert_close_to_reference(results, ref, rtol=tol, atol=tol)
+
+
+def test_adam_state_matches_one_worker():
+    ref = train_equiv.train(Peer.solo(), 10, 9, optimizer="adam")
+    results = run_threads(3, lambda peer: train_equiv.train(peer, 10, 9, optimizer="adam"), timeout=20)
+    assert len(ref[1]) == 2 * len(ref[0])  # exp_avg and exp_avg_sq per parameter
+    assert_close_to_reference(results, ref, rtol=1e-7, atol=1e-9)
 
 
 def test_global_batch_smaller_than_cluster_gives_empty_slices():

@@ -30,14 +30,17 @@ def make_data(n=97, dtype=torch.float64):
     return TensorDataset(x, y)
 
 
-def train(peer, steps, batch, dtype=torch.float64, bucket_mb=0.0005):
+def train(peer, steps, batch, dtype=torch.float64, bucket_mb=0.0005, optimizer="sgd"):
     """Returns (parameters, optimizer state tensors, consumed indices by step)."""
     model = make_model(dtype)
     if peer.rank != 0:  # replicas start different: the Job must sync them from rank 0
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.5)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # a tiny bucket size gives several buckets, exercising ordered launches
     job = taiji.Job(model, opt, make_data(dtype=dtype), batch_size=batch, max_steps=steps, epochs=100,
                     strategy=taiji.SyncSGD(bucket_mb=bucket_mb, first_bucket_mb=bucket_mb), seed=3,
@@ -49,7 +52,8 @@ def train(peer, steps, batch, dtype=torch.float64, bucket_mb=0.0005):
         step.backward(loss)
         consumed.append(step.indices.tolist())
     params = [p.detach().clone() for p in model.parameters()]
-    momenta = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    momenta = [v.clone() for p in model.parameters() for k, v in sorted(opt.state[p].items())
+               if torch.is_tensor(v) and v.dim() > 0]
     return params, momenta, consumed
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
+from .digest import tensor_digest
 from ..errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
                       PeerLost)
 
@@ -143,7 +144,7 @@ class Communicator:
         for group in groups.values():
             try:
                 group.abort()
-            except RuntimeError:  # already broken: nothing left to release
+            except (RuntimeError, AttributeError):  # already broken, or a torch without abort()
                 pass
 
     # -- errors -----------------------------------------------------------------------
@@ -269,9 +270,7 @@ class Communicator:
                   channel: str = "ctrl") -> None:
         """Raise ConsensusError naming the ranks whose ``value`` differs from rank 0's."""
         if isinstance(value, torch.Tensor):
-            data = value.detach().cpu().contiguous()
-            digest = hashlib.sha256(str((data.dtype, tuple(data.shape))).encode()
-                                    + data.reshape(-1).view(torch.uint8).numpy().tobytes()).digest()
+            digest = tensor_digest([value])
         else:
             raw = value if isinstance(value, bytes) else repr(value).encode()
             digest = hashlib.sha256(raw).digest()

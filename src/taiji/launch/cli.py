@@ -93,6 +93,8 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
         raise ConfigError(f"-np must be at least 1, got {args.nproc}")
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
+    if args.grace < 0:
+        raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace}")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if command and command[0] in ("python", "python3"):

@@ -14,6 +14,7 @@ import logging
 import os
 import select
 import signal
+import functools
 import subprocess
 import sys
 import threading
@@ -30,8 +31,10 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _prctl = _libc.prctl
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec: keep it tiny
+def _die_with_parent(parent_pid: int) -> None:  # runs between fork and exec: keep it tiny
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+        os._exit(1)
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Supervisor:
         self.signals: list[int] = []
         self._old_handlers: dict[int, object] = {}
         self._old_wakeup: int | None = None
+        self._output_broken = False
 
     # -- signals ----------------------------------------------------------------------
 
@@ -100,7 +104,8 @@ class Supervisor:
         try:
             popen = subprocess.Popen(
                 list(command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()))
         except FileNotFoundError:
             raise LaunchError(f"cannot start worker {worker_id}: command not found: {command[0]!r}") from None
         except PermissionError:
@@ -121,9 +126,7 @@ class Supervisor:
         for raw in iter(worker.popen.stdout.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             worker.tail.append(line)
-            with self._write_lock:
-                self.output.write(f"rank {worker.rank} | {line}\n")
-                self.output.flush()
+            self.write(f"rank {worker.rank} | {line}\n")
         worker.popen.stdout.close()
 
     def running(self) -> list[WorkerProcess]:
@@ -149,6 +152,12 @@ class Supervisor:
         return exited, received
 
     def _reap(self, worker: WorkerProcess) -> None:
+        # Not reaped yet, so its pid (= its process group id) cannot have been reused: kill
+        # whatever it left behind in its group (e.g. data-loader processes) before reaping.
+        try:
+            os.killpg(worker.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         worker.exit_code = worker.popen.wait()
         os.close(worker.pidfd)
         if worker.reader is not None:
@@ -182,6 +191,13 @@ class Supervisor:
                 pass
 
     def write(self, text: str) -> None:
+        """Write to the launcher's output; if that is gone (e.g. `| head`), keep supervising
+        and keep draining workers' pipes, so nothing blocks on a full pipe."""
         with self._write_lock:
-            self.output.write(text)
-            self.output.flush()
+            if self._output_broken:
+                return
+            try:
+                self.output.write(text)
+                self.output.flush()
+            except (OSError, ValueError):
+                self._output_broken = True

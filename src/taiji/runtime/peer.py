@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import select
+import signal
 import threading
 from dataclasses import dataclass
 
@@ -107,8 +108,16 @@ def default_peer() -> Peer:
     return _default if _default is not None else init()
 
 
+def _exit_with_own_children() -> None:
+    # the launcher starts each worker as the leader of its own process group: take the
+    # worker's children (data-loader processes, ...) down with it
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os._exit(1)
+
+
 def _watch_launcher(pid: int) -> None:
-    """Exit this worker when the launcher dies, so no worker outlives its job."""
+    """Exit this worker (and its children) when the launcher dies: nothing outlives its job."""
     try:
         fd = os.pidfd_open(pid)
     except (OSError, AttributeError):
@@ -117,13 +126,13 @@ def _watch_launcher(pid: int) -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            os._exit(1)
+            _exit_with_own_children()
         return  # no pidfd support: rely on the launcher's parent-death signal
 
     def wait() -> None:
         select.select([fd], [], [])
         log.error("the launcher (pid %d) died; this worker exits so that nothing is orphaned", pid)
-        os._exit(1)
+        _exit_with_own_children()
     threading.Thread(target=wait, name="taiji-launcher-watch", daemon=True).start()
 
 

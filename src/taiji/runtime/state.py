@@ -8,6 +8,7 @@ from typing import Iterable
 import torch
 
 from ..comm.communicator import Communicator
+from ..comm.digest import tensor_digest
 
 
 def _groups(tensors: list[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], list[int]]:
@@ -46,11 +47,5 @@ def broadcast_module(model: torch.nn.Module, comm: Communicator, src: int = 0) -
 
 
 def digest(tensors: Iterable[torch.Tensor]) -> str:
-    """A hash of the exact bytes of ``tensors`` (to compare replicas bitwise)."""
-    import hashlib
-    h = hashlib.sha256()
-    for t in tensors:
-        data = t.detach().cpu().contiguous().reshape(-1)
-        h.update(str((data.dtype, tuple(t.shape))).encode())
-        h.update(data.view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    """A hex hash of the exact bytes of ``tensors`` (to compare replicas bitwise)."""
+    return tensor_digest(tensors).hex()

@@ -47,18 +47,22 @@ class _Bucket:
 
 
 def plan_buckets(sizes_bytes: list[int], cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
-    """Group consecutive items into buckets of at most ``cap_bytes`` (the first at most
-    ``first_cap_bytes``); an item larger than the cap gets a bucket of its own."""
+    """Group consecutive items into buckets, closing a bucket once it holds ``cap_bytes``
+    (the first once it holds ``first_cap_bytes``).
+
+    Closing *after* the item that reaches the cap (as DDP does) keeps large gradients in
+    early buckets, so their allreduce overlaps the rest of backward; closing before it
+    would push them into one big bucket that is only sent when backward ends.
+    """
     buckets: list[list[int]] = []
     current: list[int] = []
     used = 0
     for i, size in enumerate(sizes_bytes):
-        cap = first_cap_bytes if not buckets else cap_bytes
-        if current and used + size > cap:
-            buckets.append(current)
-            current, used = [], 0
         current.append(i)
         used += size
+        if used >= (first_cap_bytes if not buckets else cap_bytes):
+            buckets.append(current)
+            current, used = [], 0
     if current:
         buckets.append(current)
     return buckets

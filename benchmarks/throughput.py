@@ -1,0 +1,209 @@
+"""taiji SyncSGD vs torch DistributedDataParallel: training samples/s, side by side.
+
+Two worker processes (one compute thread each, gloo over loopback). Every worker builds,
+from one seeded initialisation, a DDP-wrapped model (its default 25 MiB buckets with a 1 MiB
+first bucket, on the raw default group) and a taiji copy synchronised by ``SyncSGD(bucket_mb=25)`` (on a taiji
+Communicator), each with its own plain SGD optimizer, and alternates timed blocks of K steps between them
+(taiji first on even repetitions, DDP first on odd ones). Both see the same synthetic batches
+in the same order. Reported per model: median global samples/s of each, and as ``ratio`` the
+median over repetitions of the paired ratio ddp_time/taiji_time of adjacent blocks (robust to
+drifting machine load; ``ratio_of_medians`` is reported too). At the end it checks that the
+taiji replicas are bitwise identical across workers and that training changed them, so the
+benchmark cannot be timing a no-op.
+
+    .venv/bin/python benchmarks/throughput.py --quick      # <= 90 s
+    .venv/bin/python benchmarks/throughput.py              # more repetitions
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (connect_store, median, print_result, run_workers,  # noqa: E402
+                     watch_parent, worker_arguments)
+
+BUCKET_MB = 25
+NPROC = 2
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (<= 90 s in all)")
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
+    parser.add_argument("--reps", type=int, default=None,
+                        help="timed blocks per side and model (default: 8 quick, 20 full)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per timed block (default: 4 quick, 8 full)")
+    parser.add_argument("--ddp-bucket-view", action="store_true",
+                        help="run DDP with gradient_as_bucket_view=True (no copy back from its "
+                             "buckets, as taiji does); the default is DDP's default")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="hard limit for the worker group in seconds (default: 85 quick, 600 full)")
+    worker_arguments(parser)
+    args = parser.parse_args(argv)
+    args.reps = args.reps or (8 if args.quick else 20)
+    args.steps = args.steps or (4 if args.quick else 8)
+    args.timeout = args.timeout or (85.0 if args.quick else 600.0)
+    return args
+
+
+def build_model(name: str):
+    """(model, per-sample input shape, per-worker batch size)."""
+    from torch import nn
+    if name == "mlp":  # ~6.3M parameters, ~25 MB of fp32 gradients: two buckets
+        model = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+                              nn.Linear(2048, 10))
+        return model, (1024,), 64
+    # a small CIFAR-sized conv net, ~1.1M parameters: compute-bound rather than comm-bound
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10))
+    return model, (3, 32, 32), 32
+
+
+def bench_model(name: str, args, comm) -> dict:
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import taiji
+
+    rank, n = args.rank, args.world_size
+    torch.manual_seed(0)  # same initial weights on every worker and for both sides
+    base, shape, batch = build_model(name)
+    initial = [p.detach().clone() for p in base.parameters()]
+    taiji_model = copy.deepcopy(base)
+    sync = taiji.SyncSGD(bucket_mb=BUCKET_MB).attach(taiji_model, comm)
+    # DDP's default bucket_cap_mb IS 25 MiB; leaving it unset matters: in torch 2.13 an explicit
+    # bucket_cap_mb also turns off DDP's small (1 MiB) first bucket, which taiji does have
+    ddp_model = DDP(copy.deepcopy(base), gradient_as_bucket_view=args.ddp_bucket_view)
+    assert ddp_model.bucket_bytes_cap == BUCKET_MB * 2**20, ddp_model.bucket_bytes_cap
+    opts = {"taiji": torch.optim.SGD(taiji_model.parameters(), lr=0.01),
+            "anchor": torch.optim.SGD(ddp_model.parameters(), lr=0.01)}
+
+    gen = torch.Generator().manual_seed(1000 + rank)  # each worker its own slice of the data
+    batches = [(torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen))
+               for _ in range(4)]
+    cursor = {"taiji": 0, "anchor": 0}  # both sides walk the same batch sequence
+
+    def taiji_step(x, y) -> None:
+        sync.begin_step(1.0 / n)  # equal shares of the global batch
+        F.cross_entropy(taiji_model(x), y).backward()
+        sync.synchronize()
+        opts["taiji"].step()
+        opts["taiji"].zero_grad()
+
+    def ddp_step(x, y) -> None:
+        F.cross_entropy(ddp_model(x), y).backward()
+        opts["anchor"].step()
+        opts["anchor"].zero_grad()
+
+    sides = {"taiji": taiji_step, "anchor": ddp_step}
+    line_up = torch.zeros(1)
+    cpu_times: dict[str, list[float]] = {side: [] for side in sides}
+
+    def time_block(side: str, steps: int) -> float:
+        """Seconds for ``steps`` steps on the slowest worker. Also records the CPU seconds
+        per step of all workers together (comm threads included), a figure far less
+        sensitive than wall time to other jobs sharing the machine."""
+        dist.all_reduce(line_up)  # start both workers together (untimed)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            sides[side](*batches[cursor[side] % len(batches)])
+            cursor[side] += 1
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(cpu)
+        cpu_times[side].append(cpu.item() / steps)
+        return elapsed.item()
+
+    for side in sides:  # warm-up: allocator, gloo buffers, autograd graph caches
+        time_block(side, 2)
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for cpu_list in cpu_times.values():
+        cpu_list.clear()
+    for rep in range(args.reps):
+        for side in (list(sides) if rep % 2 == 0 else list(reversed(sides))):
+            times[side].append(time_block(side, args.steps))
+
+    # invariant 1 of DESIGN.md §6: the taiji replicas must be bitwise identical after each step
+    flat = torch.cat([p.detach().reshape(-1) for p in taiji_model.parameters()])
+    reference = flat.clone()
+    dist.broadcast(reference, src=0)
+    same = torch.tensor([1 if torch.equal(flat, reference) else 0])
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    changed = any(not torch.equal(p.detach(), p0) for p, p0 in zip(taiji_model.parameters(), initial))
+    drift = max((a.detach() - b.detach()).abs().max().item()
+                for a, b in zip(taiji_model.parameters(), ddp_model.module.parameters()))
+    try:  # private API (DDP's buckets after its rebuild), only to show how each side buckets
+        ddp_buckets = ", ".join(str(b.buffer().numel() * b.buffer().element_size())
+                                for b in ddp_model.reducer._get_zeros_like_grad_buckets())
+    except Exception:  # noqa: BLE001
+        ddp_buckets = "?"
+    taiji_buckets = ", ".join(str(b.buffer.numel() * b.buffer.element_size()) for b in sync._buckets)
+    sync.detach()
+
+    samples = args.steps * batch * n
+    rate = {side: samples / median(times[side]) for side in sides}
+    params = sum(p.numel() for p in base.parameters())
+    return {
+        "case": f"{name} {params / 1e6:.1f}M params, batch {batch}/worker x{n}, samples/s",
+        "taiji": round(rate["taiji"], 1), "anchor": round(rate["anchor"], 1),
+        "ratio": round(median([a / t for t, a in zip(times["taiji"], times["anchor"])]), 3),
+        "ratio_of_medians": round(rate["taiji"] / rate["anchor"], 3),
+        "taiji_cpu_ms_per_step": round(median(cpu_times["taiji"]) * 1e3, 2),
+        "anchor_cpu_ms_per_step": round(median(cpu_times["anchor"]) * 1e3, 2),
+        "params": params, "taiji_bucket_bytes": taiji_buckets, "ddp_bucket_bytes": ddp_buckets,
+        "reps": args.reps, "steps_per_rep": args.steps,
+        "taiji_replicas_identical": bool(same.item()), "taiji_params_changed": changed,
+        "max_abs_diff_taiji_vs_ddp": drift,
+    }
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from taiji.comm.communicator import CommOptions, Communicator
+
+    torch.set_num_threads(1)
+    watch_parent(args.parent_pid)
+    store = connect_store(args.port, args.timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore("raw", store), rank=args.rank,
+                            world_size=args.world_size, timeout=datetime.timedelta(seconds=args.timeout))
+    comm = Communicator(dist.PrefixStore("taiji", store), args.rank, args.world_size, version=1,
+                        options=CommOptions(timeout=args.timeout))
+    comm.connect()
+    rows = [bench_model(name, args, comm) for name in args.models]
+    comm.close()
+    dist.destroy_process_group()
+    print_result("throughput", rows)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return
+    passthrough = ["--reps", str(args.reps), "--steps", str(args.steps),
+                   "--timeout", str(args.timeout), "--models", *args.models]
+    passthrough += ["--ddp-bucket-view"] * args.ddp_bucket_view
+    started = time.monotonic()
+    result = run_workers(os.path.abspath(__file__), NPROC, passthrough, args.timeout)
+    print(f"# {NPROC} processes: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+    print_result("throughput", result["rows"], backend="gloo", nproc=NPROC, bucket_mb=BUCKET_MB,
+                 ddp_gradient_as_bucket_view=args.ddp_bucket_view,
+                 cpus=os.cpu_count(),
+                 quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
