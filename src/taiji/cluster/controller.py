@@ -1,0 +1,368 @@
+"""The membership state machine, as a pure function: ``decide(state, event, now)``.
+
+The launcher's driver feeds it events (a resize proposal, a joiner ready, a worker exit, a
+failure report, the job done, a clock tick) and carries out the actions it returns (spawn,
+kill, publish a config, log, finish). Nothing here touches processes, sockets or clocks.
+
+Rules (DESIGN §3):
+- grow: spawn joiners; publish ``v+1`` with them only once *all* are ready (or, after the
+  join timeout, with those that are), so running workers never wait for a process to boot;
+- shrink: publish ``v+1`` at once; the newest workers leave and exit 0;
+- failure: a worker exits non-zero (or is suspected and killed): publish ``v+1`` without it;
+  with ``replace`` spawn a replacement through the grow path. If removing it would leave
+  fewer than ``min_np``, survivors wait and one config is published with the failed worker
+  removed and its replacements added, or the job fails after the join timeout;
+- a worker that exits 0 while its peers train is treated as leaving (no replacement);
+- the job ends when every worker of the latest config has exited 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Union
+
+from . import spec
+
+
+# -- events -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Proposal:
+    size: int
+    source: str = "user"
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    id: str
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    id: str
+    code: int
+
+
+@dataclass(frozen=True)
+class FailureReported:
+    """A worker's collective failed in ``version``; it waits for a newer config."""
+    id: str
+    version: int
+
+
+@dataclass(frozen=True)
+class JobDone:
+    """Rank 0 finished the training loop: exits from now on are the job ending."""
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+Event = Union[Proposal, WorkerReady, WorkerExited, FailureReported, JobDone, Tick]
+
+
+# -- actions ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Spawn:
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Kill:
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Publish:
+    config: spec.ClusterConfig
+    reason: str
+
+
+@dataclass(frozen=True)
+class Log:
+    level: str  # "info" | "warning" | "error"
+    message: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    code: int
+    reason: str
+    failed_worker: str | None = None
+
+
+Action = Union[Spawn, Kill, Publish, Log, Finish]
+
+
+# -- state ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Bounds:
+    min_np: int = 1
+    max_np: int = 1 << 30
+    replace: bool = False
+    join_timeout: float = 60.0
+    suspect_window: float = 5.0   # after a failure report, how long to wait for the others'
+    max_failures: int = 3
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_np <= self.max_np:
+            raise ValueError(f"need 1 <= min_np <= max_np, got {self.min_np}, {self.max_np}")
+
+
+@dataclass(frozen=True)
+class Joiner:
+    id: str
+    spawned_at: float
+    ready: bool = False
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    config: spec.ClusterConfig
+    bounds: Bounds
+    desired: int
+    host: str = "127.0.0.1"
+    joiners: tuple[Joiner, ...] = ()
+    next_index: int = 0
+    exited: frozenset[str] = frozenset()      # config members whose process is gone
+    killed: frozenset[str] = frozenset()      # processes we stopped on purpose
+    removed_pending: tuple[str, ...] = ()     # failed members to drop with the next grow
+    failures: int = 0
+    first_failure: tuple[str, int] | None = None
+    reports: frozenset[str] = frozenset()     # members that reported a failure in config.version
+    report_started: float | None = None
+    done: bool = False
+    finished: bool = False
+
+    @property
+    def alive_members(self) -> tuple[str, ...]:
+        return tuple(i for i in self.config.ids if i not in self.exited and i not in self.removed_pending)
+
+
+def initial_state(size: int, bounds: Bounds, host: str = "127.0.0.1") -> ControllerState:
+    workers = [spec.WorkerSpec(f"w{i}", host) for i in range(size)]
+    return ControllerState(config=spec.initial(workers), bounds=bounds, desired=size, host=host,
+                           next_index=size)
+
+
+Decision = tuple[ControllerState, list[Action]]
+
+
+def decide(state: ControllerState, event: Event, now: float) -> Decision:
+    if state.finished:
+        return state, []
+    if isinstance(event, Proposal):
+        return _on_proposal(state, event, now)
+    if isinstance(event, WorkerReady):
+        joiners = tuple(replace(j, ready=True) if j.id == event.id else j for j in state.joiners)
+        return _reconcile(replace(state, joiners=joiners), now, [])
+    if isinstance(event, WorkerExited):
+        return _on_exit(state, event, now)
+    if isinstance(event, FailureReported):
+        return _on_report(state, event, now)
+    if isinstance(event, JobDone):
+        state = replace(state, done=True)
+        kills = [Kill(j.id, "the job is done") for j in state.joiners]
+        state = replace(state, joiners=(), killed=state.killed | {j.id for j in state.joiners})
+        return _maybe_finish(state, kills)
+    if isinstance(event, Tick):
+        return _on_tick(state, now)
+    raise TypeError(f"unknown event {event!r}")
+
+
+# -- handlers ---------------------------------------------------------------------------
+
+def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Decision:
+    b = state.bounds
+    if state.done:
+        return state, [Log("warning", f"resize to {event.size} ignored: the job is finishing")]
+    if event.size < b.min_np:
+        return state, [Log("error", f"resize to {event.size} refused: below --min-np {b.min_np}")]
+    actions: list[Action] = []
+    size = event.size
+    if size > b.max_np:
+        actions.append(Log("warning", f"resize to {size} clamped to --max-np {b.max_np}"))
+        size = b.max_np
+    actions.append(Log("info", f"resize requested by {event.source}: {state.config.size} -> {size} workers"))
+    return _reconcile(replace(state, desired=size), now, actions)
+
+
+def _spawn(state: ControllerState, count: int, now: float) -> Decision:
+    ids = tuple(f"w{state.next_index + i}" for i in range(count))
+    joiners = state.joiners + tuple(Joiner(i, now) for i in ids)
+    return replace(state, joiners=joiners, next_index=state.next_index + count), [Spawn(ids)]
+
+
+def _publish(state: ControllerState, config: spec.ClusterConfig, reason: str) -> ControllerState:
+    return replace(state, config=config, reports=frozenset(), report_started=None)
+
+
+def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Decision:
+    """Move membership towards ``desired``: spawn or kill joiners, publish when possible."""
+    if state.done or state.finished:
+        return state, actions
+    alive = len(state.alive_members)
+    if state.desired < alive and not state.removed_pending:
+        kills = [Kill(j.id, "no longer needed") for j in state.joiners]
+        state = replace(state, joiners=(), killed=state.killed | {j.id for j in state.joiners})
+        config = spec.shrink(state.config, state.desired)
+        reason = f"shrink {alive} -> {state.desired}"
+        return _publish(state, config, reason), actions + kills + [Publish(config, reason)]
+    wanted_joiners = state.desired - alive
+    if wanted_joiners > len(state.joiners):
+        state, spawn = _spawn(state, wanted_joiners - len(state.joiners), now)
+        actions = actions + spawn
+    elif wanted_joiners < len(state.joiners):
+        extra = state.joiners[max(wanted_joiners, 0):]
+        state = replace(state, joiners=state.joiners[:max(wanted_joiners, 0)],
+                        killed=state.killed | {j.id for j in extra})
+        actions = actions + [Kill(j.id, "no longer needed") for j in extra]
+    if state.joiners and all(j.ready for j in state.joiners):
+        return _admit(state, state.joiners, actions)
+    return state, actions
+
+
+def _admit(state: ControllerState, ready: tuple[Joiner, ...], actions: list[Action]) -> Decision:
+    """Publish one config: failed members removed, ``ready`` joiners appended."""
+    survivors = tuple(w for w in state.config.workers if w.id not in state.removed_pending)
+    config = spec.ClusterConfig(state.config.version + 1,
+                                survivors + tuple(spec.WorkerSpec(j.id, state.host) for j in ready))
+    admitted = {j.id for j in ready}
+    reason = f"grow to {config.size}: admit {sorted(admitted)}"
+    if state.removed_pending:
+        reason += f", drop failed {list(state.removed_pending)}"
+    state = replace(state, joiners=tuple(j for j in state.joiners if j.id not in admitted),
+                    removed_pending=(), exited=state.exited - set(state.removed_pending))
+    return _publish(state, config, reason), actions + [Publish(config, reason)]
+
+
+def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Decision:
+    wid, code = event.id, event.code
+    if wid in state.killed and wid not in state.config.ids:
+        return replace(state, killed=state.killed - {wid}), []
+    joiner = next((j for j in state.joiners if j.id == wid), None)
+    if joiner is not None:  # a joiner died while booting: count it, then try again
+        state = replace(state, joiners=tuple(j for j in state.joiners if j.id != wid))
+        return _count_failure(state, wid, code, now, f"joiner {wid} failed while booting")
+    if wid not in state.config.ids:
+        return state, []  # a worker that left in a shrink
+    state = replace(state, exited=state.exited | {wid})
+    if code == 0 and (state.done or not _others_running(state, wid)):
+        return _maybe_finish(state, [])
+    if code == 0 and wid not in state.killed:  # leaving of its own accord: no replacement
+        config = spec.remove(state.config, [wid])
+        state = replace(state, desired=min(state.desired, config.size), exited=state.exited - {wid})
+        reason = f"worker {wid} exited 0 and leaves"
+        return _reconcile(_publish(state, config, reason), now, [Publish(config, reason)])
+    reason = "was stopped as a suspected hang" if wid in state.killed else "failed"
+    return _count_failure(replace(state, killed=state.killed - {wid}), wid, code, now, f"worker {wid} {reason}")
+
+
+def _others_running(state: ControllerState, wid: str) -> bool:
+    return any(i not in state.exited for i in state.config.ids if i != wid)
+
+
+def _count_failure(state: ControllerState, wid: str, code: int, now: float, what: str) -> Decision:
+    first = state.first_failure or (wid, code)
+    state = replace(state, failures=state.failures + 1, first_failure=first)
+    actions: list[Action] = [Log("warning", f"{what} (exit {code}); failure {state.failures} of "
+                                            f"at most {state.bounds.max_failures}")]
+    if state.failures > state.bounds.max_failures:
+        return _finish(state, actions, f"{state.failures} failures exceed --max-failures "
+                                       f"{state.bounds.max_failures}")
+    if wid not in state.config.ids:
+        return _reconcile(state, now, actions)
+    if state.done:
+        return _maybe_finish(state, actions)
+    survivors = [i for i in state.alive_members if i != wid]
+    if not survivors:
+        return _finish(state, actions, "no worker is left")
+    if state.bounds.replace or len(survivors) < state.bounds.min_np:
+        # keep the failed member out of training, but publish only with its replacement(s)
+        if len(survivors) >= state.bounds.min_np:
+            config = spec.remove(state.config, [wid])
+            reason = f"drop failed {wid}"
+            state = _publish(replace(state, exited=state.exited - {wid}), config, reason)
+            actions.append(Publish(config, reason))
+        else:
+            state = replace(state, removed_pending=state.removed_pending + (wid,),
+                            exited=state.exited - {wid})
+            actions.append(Log("warning", f"{len(survivors)} worker(s) left, below --min-np "
+                                          f"{state.bounds.min_np}: waiting for replacements"))
+        return _reconcile(state, now, actions)
+    config = spec.remove(state.config, [wid])
+    reason = f"drop failed {wid}"
+    state = _publish(replace(state, exited=state.exited - {wid}, desired=min(state.desired, config.size)),
+                     config, reason)
+    return _reconcile(state, now, actions + [Publish(config, reason)])
+
+
+def _on_report(state: ControllerState, event: FailureReported, now: float) -> Decision:
+    if event.version != state.config.version or event.id not in state.config.ids:
+        return state, []  # stale: a newer config is already out
+    state = replace(state, reports=state.reports | {event.id},
+                    report_started=state.report_started if state.report_started is not None else now)
+    return _judge_suspects(state, now, final=False)
+
+
+def _judge_suspects(state: ControllerState, now: float, final: bool) -> Decision:
+    """Workers that did not report a failure when their peers did are likely hung: kill them."""
+    if state.report_started is None:
+        return state, []
+    silent = [i for i in state.alive_members if i not in state.reports and i not in state.killed]
+    if not silent:
+        if state.removed_pending or state.joiners:
+            return state, []  # a config is coming anyway
+        # everyone failed and nobody is gone (e.g. timeouts under load): same members, new groups
+        config = spec.ClusterConfig(state.config.version + 1, state.config.workers)
+        reason = "every worker reported a failure: rebuild the groups"
+        return _publish(state, config, reason), [Publish(config, reason)]
+    if len(silent) == 1 or final:
+        kills = [Kill(i, "suspected hang: its peers' collectives failed and it did not report")
+                 for i in silent]
+        return replace(state, killed=state.killed | set(silent)), kills
+    return state, []
+
+
+def _on_tick(state: ControllerState, now: float) -> Decision:
+    actions: list[Action] = []
+    late = [j for j in state.joiners if not j.ready and now - j.spawned_at > state.bounds.join_timeout]
+    if late:
+        ready = tuple(j for j in state.joiners if j.ready)
+        late_ids = {j.id for j in late}
+        state = replace(state, joiners=tuple(j for j in state.joiners if j.id not in late_ids),
+                        killed=state.killed | late_ids)
+        actions += [Kill(j.id, f"not ready after {state.bounds.join_timeout:g}s") for j in late]
+        survivors = len(state.alive_members)
+        if survivors + len(ready) < state.bounds.min_np:
+            return _finish(state, actions, f"below --min-np {state.bounds.min_np}: no joiner became "
+                                           f"ready within {state.bounds.join_timeout:g}s")
+        state = replace(state, desired=survivors + len(ready))
+        if ready or state.removed_pending:
+            return _admit(state, ready, actions)
+    if state.report_started is not None and now - state.report_started > state.bounds.suspect_window:
+        state, more = _judge_suspects(state, now, final=True)
+        actions += more
+    return state, actions
+
+
+def _maybe_finish(state: ControllerState, actions: list[Action]) -> Decision:
+    if all(i in state.exited for i in state.config.ids):
+        if state.first_failure is not None and not state.done:
+            return _finish(state, actions, "the job failed")
+        return replace(state, finished=True), actions + [Finish(0, "every worker exited 0")]
+    return state, actions
+
+
+def _finish(state: ControllerState, actions: list[Action], reason: str) -> Decision:
+    failed = state.first_failure
+    code = 1
+    if failed is not None:
+        code = failed[1] if failed[1] > 0 else 128 - failed[1]
+    kills = [Kill(i, "the job is stopping") for i in list(state.alive_members) + [j.id for j in state.joiners]]
+    state = replace(state, finished=True)
+    return state, actions + kills + [Finish(code, reason, failed[0] if failed else None)]

@@ -1,0 +1,159 @@
+"""The membership state machine, event by event, without processes."""
+import pytest
+
+from taiji.cluster.controller import (Bounds, FailureReported, Finish, JobDone, Kill, Log, Proposal,
+                                      Publish, Spawn, Tick, WorkerExited, WorkerReady, decide,
+                                      initial_state)
+
+
+def run(state, *events, now=0.0):
+    actions = []
+    for event in events:
+        state, more = decide(state, event, now)
+        actions += more
+    return state, actions
+
+
+def of(actions, kind):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_grow_spawns_then_publishes_only_when_all_joiners_are_ready():
+    s = initial_state(2, Bounds(max_np=8))
+    s, acts = run(s, Proposal(4))
+    assert of(acts, Spawn) == [Spawn(("w2", "w3"))] and not of(acts, Publish)
+    s, acts = run(s, WorkerReady("w2"))
+    assert not of(acts, Publish), "running workers must not wait for a booting joiner"
+    s, acts = run(s, WorkerReady("w3"))
+    [pub] = of(acts, Publish)
+    assert pub.config.version == 2 and pub.config.ids == ("w0", "w1", "w2", "w3")
+
+
+def test_shrink_publishes_at_once_dropping_the_newest():
+    s = initial_state(4, Bounds())
+    s, acts = run(s, Proposal(2))
+    [pub] = of(acts, Publish)
+    assert pub.config.ids == ("w0", "w1") and pub.config.version == 2
+    s, acts = run(s, WorkerExited("w3", 0), WorkerExited("w2", 0))
+    assert not of(acts, Publish) and not of(acts, Finish)
+
+
+def test_bounds_clamp_above_and_refuse_below():
+    s = initial_state(2, Bounds(min_np=2, max_np=3))
+    s, acts = run(s, Proposal(10))
+    assert any("clamped" in a.message for a in of(acts, Log)) and of(acts, Spawn) == [Spawn(("w2",))]
+    s2, acts = run(s, Proposal(1))
+    assert any("refused" in a.message for a in of(acts, Log)) and s2.desired == 3
+
+
+def test_crash_publishes_survivors_and_keeps_order():
+    s = initial_state(3, Bounds())
+    s, acts = run(s, WorkerExited("w1", -9))
+    [pub] = of(acts, Publish)
+    assert pub.config.ids == ("w0", "w2") and not of(acts, Spawn)
+
+
+def test_crash_with_replace_spawns_a_replacement_through_the_grow_path():
+    s = initial_state(2, Bounds(replace=True))
+    s, acts = run(s, WorkerExited("w0", 1))
+    assert of(acts, Publish)[0].config.ids == ("w1",)
+    assert of(acts, Spawn) == [Spawn(("w2",))]
+    s, acts = run(s, WorkerReady("w2"))
+    assert of(acts, Publish)[0].config.ids == ("w1", "w2")
+
+
+def test_below_min_survivors_wait_for_one_config_with_the_replacement():
+    s = initial_state(2, Bounds(min_np=2))
+    s, acts = run(s, WorkerExited("w1", -9))
+    assert not of(acts, Publish) and of(acts, Spawn) == [Spawn(("w2",))]
+    s, acts = run(s, WorkerReady("w2"))
+    [pub] = of(acts, Publish)
+    assert pub.config.ids == ("w0", "w2") and pub.config.version == 2
+
+
+def test_below_min_with_no_joiner_fails_clearly_after_the_join_timeout():
+    s = initial_state(2, Bounds(min_np=2, join_timeout=10))
+    s, _ = run(s, WorkerExited("w1", -9), now=0)
+    s, acts = run(s, Tick(), now=5)
+    assert not of(acts, Finish)
+    s, acts = run(s, Tick(), now=11)
+    [fin] = of(acts, Finish)
+    assert fin.code == 137 and "min-np" in fin.reason and fin.failed_worker == "w1"
+    assert Kill("w2", "not ready after 10s") in acts
+
+
+def test_hung_worker_is_killed_when_its_peers_report():
+    s = initial_state(3, Bounds())
+    s, acts = run(s, FailureReported("w0", 1), FailureReported("w2", 1))
+    assert [k.id for k in of(acts, Kill)] == ["w1"]
+    s, acts = run(s, WorkerExited("w1", -9))
+    assert of(acts, Publish)[0].config.ids == ("w0", "w2")
+
+
+def test_two_silent_workers_are_killed_after_the_suspect_window():
+    s = initial_state(4, Bounds(suspect_window=2))
+    s, acts = run(s, FailureReported("w0", 1), FailureReported("w1", 1), now=0)
+    assert not of(acts, Kill)
+    s, acts = run(s, Tick(), now=3)
+    assert sorted(k.id for k in of(acts, Kill)) == ["w2", "w3"]
+
+
+def test_everyone_reporting_rebuilds_the_groups_with_the_same_members():
+    s = initial_state(2, Bounds())
+    s, acts = run(s, FailureReported("w0", 1), FailureReported("w1", 1))
+    [pub] = of(acts, Publish)
+    assert pub.config.version == 2 and pub.config.ids == ("w0", "w1")
+
+
+def test_stale_reports_are_ignored():
+    s = initial_state(2, Bounds())
+    s, _ = run(s, WorkerExited("w1", -9))
+    s, acts = run(s, FailureReported("w0", 1))
+    assert acts == []
+
+
+def test_exit_0_while_others_train_is_leaving_and_job_ends_when_all_exit_0():
+    s = initial_state(3, Bounds())
+    s, acts = run(s, WorkerExited("w2", 0))
+    assert of(acts, Publish)[0].config.ids == ("w0", "w1") and not of(acts, Spawn)
+    s, acts = run(s, JobDone(), WorkerExited("w1", 0))
+    assert not of(acts, Publish) and not of(acts, Finish)
+    s, acts = run(s, WorkerExited("w0", 0))
+    assert of(acts, Finish) == [Finish(0, "every worker exited 0")]
+
+
+def test_failures_beyond_the_budget_end_the_job_with_the_first_root_cause():
+    s = initial_state(2, Bounds(replace=True, max_failures=1))
+    s, _ = run(s, WorkerExited("w0", 3))
+    s, acts = run(s, WorkerExited("w2", 4))  # the replacement fails while booting
+    [fin] = of(acts, Finish)
+    assert fin.code == 3 and fin.failed_worker == "w0" and "max-failures" in fin.reason
+
+
+def test_last_worker_failing_ends_the_job():
+    s = initial_state(1, Bounds())
+    s, acts = run(s, WorkerExited("w0", 2))
+    assert of(acts, Finish)[0].code == 2
+
+
+def test_shrink_kills_joiners_that_are_no_longer_needed():
+    s = initial_state(2, Bounds())
+    s, _ = run(s, Proposal(4))
+    s, acts = run(s, Proposal(1))
+    assert sorted(k.id for k in of(acts, Kill)) == ["w2", "w3"]
+    assert of(acts, Publish)[0].config.ids == ("w0",)
+    s, acts = run(s, WorkerExited("w2", -9), WorkerExited("w3", -9))
+    assert acts == []
+
+
+def test_late_joiner_is_dropped_and_ready_ones_admitted():
+    s = initial_state(1, Bounds(join_timeout=5))
+    s, _ = run(s, Proposal(3), WorkerReady("w1"), now=0)
+    s, acts = run(s, Tick(), now=6)
+    assert Kill("w2", "not ready after 5s") in acts
+    assert of(acts, Publish)[0].config.ids == ("w0", "w1")
+
+
+def test_invalid_bounds():
+    with pytest.raises(ValueError):
+        Bounds(min_np=3, max_np=2)
