@@ -34,7 +34,7 @@ def test_shrink_publishes_at_once_dropping_the_newest():
     s, acts = run(s, Proposal(2))
     [pub] = of(acts, Publish)
     assert pub.config.ids == ("w0", "w1") and pub.config.version == 2
-    s, acts = run(s, WorkerExited("w3", 0), WorkerExited("w2", 0))
+    s, acts = run(s, WorkerExited("w3", 0, True), WorkerExited("w2", 0, True))
     assert not of(acts, Publish) and not of(acts, Finish)
 
 
@@ -48,14 +48,14 @@ def test_bounds_clamp_above_and_refuse_below():
 
 def test_crash_publishes_survivors_and_keeps_order():
     s = initial_state(3, Bounds())
-    s, acts = run(s, WorkerExited("w1", -9))
+    s, acts = run(s, WorkerExited("w1", -9, True))
     [pub] = of(acts, Publish)
     assert pub.config.ids == ("w0", "w2") and not of(acts, Spawn)
 
 
 def test_crash_with_replace_spawns_a_replacement_through_the_grow_path():
     s = initial_state(2, Bounds(replace=True))
-    s, acts = run(s, WorkerExited("w0", 1))
+    s, acts = run(s, WorkerExited("w0", 1, True))
     assert of(acts, Publish)[0].config.ids == ("w1",)
     assert of(acts, Spawn) == [Spawn(("w2",))]
     s, acts = run(s, WorkerReady("w2"))
@@ -64,7 +64,7 @@ def test_crash_with_replace_spawns_a_replacement_through_the_grow_path():
 
 def test_below_min_survivors_wait_for_one_config_with_the_replacement():
     s = initial_state(2, Bounds(min_np=2))
-    s, acts = run(s, WorkerExited("w1", -9))
+    s, acts = run(s, WorkerExited("w1", -9, True))
     assert not of(acts, Publish) and of(acts, Spawn) == [Spawn(("w2",))]
     s, acts = run(s, WorkerReady("w2"))
     [pub] = of(acts, Publish)
@@ -73,7 +73,7 @@ def test_below_min_survivors_wait_for_one_config_with_the_replacement():
 
 def test_below_min_with_no_joiner_fails_clearly_after_the_join_timeout():
     s = initial_state(2, Bounds(min_np=2, join_timeout=10))
-    s, _ = run(s, WorkerExited("w1", -9), now=0)
+    s, _ = run(s, WorkerExited("w1", -9, True), now=0)
     s, acts = run(s, Tick(), now=5)
     assert not of(acts, Finish)
     s, acts = run(s, Tick(), now=11)
@@ -86,7 +86,7 @@ def test_hung_worker_is_killed_when_its_peers_report():
     s = initial_state(3, Bounds())
     s, acts = run(s, FailureReported("w0", 1), FailureReported("w2", 1))
     assert [k.id for k in of(acts, Kill)] == ["w1"]
-    s, acts = run(s, WorkerExited("w1", -9))
+    s, acts = run(s, WorkerExited("w1", -9, True))
     assert of(acts, Publish)[0].config.ids == ("w0", "w2")
 
 
@@ -107,32 +107,40 @@ def test_everyone_reporting_rebuilds_the_groups_with_the_same_members():
 
 def test_stale_reports_are_ignored():
     s = initial_state(2, Bounds())
-    s, _ = run(s, WorkerExited("w1", -9))
+    s, _ = run(s, WorkerExited("w1", -9, True))
     s, acts = run(s, FailureReported("w0", 1))
     assert acts == []
 
 
+def test_exit_0_after_training_is_finishing_not_leaving():
+    s = initial_state(2, Bounds(min_np=2))
+    s, acts = run(s, WorkerExited("w1", 0))
+    assert acts == []
+    s, acts = run(s, WorkerExited("w0", 0))
+    assert of(acts, Finish) == [Finish(0, "every worker exited 0")]
+
+
 def test_exit_0_while_others_train_is_leaving_and_job_ends_when_all_exit_0():
     s = initial_state(3, Bounds())
-    s, acts = run(s, WorkerExited("w2", 0))
+    s, acts = run(s, WorkerExited("w2", 0, training=True))
     assert of(acts, Publish)[0].config.ids == ("w0", "w1") and not of(acts, Spawn)
-    s, acts = run(s, JobDone(), WorkerExited("w1", 0))
+    s, acts = run(s, JobDone(), WorkerExited("w1", 0, True))
     assert not of(acts, Publish) and not of(acts, Finish)
-    s, acts = run(s, WorkerExited("w0", 0))
+    s, acts = run(s, WorkerExited("w0", 0, True))
     assert of(acts, Finish) == [Finish(0, "every worker exited 0")]
 
 
 def test_failures_beyond_the_budget_end_the_job_with_the_first_root_cause():
     s = initial_state(2, Bounds(replace=True, max_failures=1))
-    s, _ = run(s, WorkerExited("w0", 3))
-    s, acts = run(s, WorkerExited("w2", 4))  # the replacement fails while booting
+    s, _ = run(s, WorkerExited("w0", 3, True))
+    s, acts = run(s, WorkerExited("w2", 4, True))  # the replacement fails while booting
     [fin] = of(acts, Finish)
     assert fin.code == 3 and fin.failed_worker == "w0" and "max-failures" in fin.reason
 
 
 def test_last_worker_failing_ends_the_job():
     s = initial_state(1, Bounds())
-    s, acts = run(s, WorkerExited("w0", 2))
+    s, acts = run(s, WorkerExited("w0", 2, True))
     assert of(acts, Finish)[0].code == 2
 
 
@@ -142,7 +150,7 @@ def test_shrink_kills_joiners_that_are_no_longer_needed():
     s, acts = run(s, Proposal(1))
     assert sorted(k.id for k in of(acts, Kill)) == ["w2", "w3"]
     assert of(acts, Publish)[0].config.ids == ("w0",)
-    s, acts = run(s, WorkerExited("w2", -9), WorkerExited("w3", -9))
+    s, acts = run(s, WorkerExited("w2", -9, True), WorkerExited("w3", -9, True))
     assert acts == []
 
 
@@ -152,6 +160,14 @@ def test_late_joiner_is_dropped_and_ready_ones_admitted():
     s, acts = run(s, Tick(), now=6)
     assert Kill("w2", "not ready after 5s") in acts
     assert of(acts, Publish)[0].config.ids == ("w0", "w1")
+
+
+def test_failure_outside_a_training_loop_stops_the_job():
+    s = initial_state(3, Bounds(replace=True))
+    s, acts = run(s, WorkerExited("w1", 3, training=False))
+    [fin] = of(acts, Finish)
+    assert fin.code == 3 and fin.failed_worker == "w1" and not of(acts, Spawn)
+    assert sorted(k.id for k in of(acts, Kill)) == ["w0", "w2"]
 
 
 def test_invalid_bounds():

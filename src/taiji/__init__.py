@@ -31,6 +31,13 @@ def version() -> int:
     return peer().version
 
 
+def resize(n: int) -> None:
+    """Ask the launcher for ``n`` workers; returns at once. The change lands at a later step
+    boundary of every worker's Job loop (``taiji.version()`` moves); joiners boot while the
+    others keep training. Above --max-np it is clamped, below --min-np refused (both logged)."""
+    peer().propose_size(n)
+
+
 def allreduce(tensor, op: str = "sum", *, async_op: bool = False):
     """Reduce ``tensor`` in place over the current cluster (sum, avg, min, max)."""
     return peer().comm.allreduce(tensor, op, channel="grad", async_op=async_op)
@@ -52,6 +59,6 @@ __all__ = [
     "CollectiveTimeout", "CommError", "Communicator", "ConfigError", "ConsensusError",
     "ElasticSampler", "Handle", "Job", "LaunchError", "MismatchError", "Peer", "PeerLost",
     "SamplerState", "Step", "StoreError", "Strategy", "SyncSGD", "TaijiError", "allgather",
-    "allreduce", "barrier", "broadcast", "configure_logging", "init", "load_fashion_mnist",
+    "allreduce", "barrier", "resize", "broadcast", "configure_logging", "init", "load_fashion_mnist",
     "load_idx_classification", "peer", "rank", "shutdown", "size", "version",
 ]

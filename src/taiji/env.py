@@ -59,8 +59,13 @@ DEBUG_COLLECTIVES = EnvVar(
 )
 LOG_LEVEL = EnvVar("TAIJI_LOG_LEVEL", "", str, "level for the 'taiji' logger set up by taiji.init()")
 RUN_DIR = EnvVar("TAIJI_RUN_DIR", "", str, "directory for this job's logs and metrics")
+FAULTS = EnvVar("TAIJI_FAULTS", "", str,
+                "JSON list of injected faults, e.g. [{\"action\": \"kill\", \"rank\": 1, \"step\": 5, "
+                "\"phase\": \"allreduce\"}] (tests only)")
+RECOVERY_TIMEOUT = EnvVar("TAIJI_RECOVERY_TIMEOUT", 120.0, float,
+                          "seconds a worker waits for a new cluster config after a failure")
 
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
-    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR,
+    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT,
 )

@@ -8,16 +8,20 @@ Rules (DESIGN §3):
 - grow: spawn joiners; publish ``v+1`` with them only once *all* are ready (or, after the
   join timeout, with those that are), so running workers never wait for a process to boot;
 - shrink: publish ``v+1`` at once; the newest workers leave and exit 0;
-- failure: a worker exits non-zero (or is suspected and killed): publish ``v+1`` without it;
+- failure: a worker exits non-zero inside its training loop (or is suspected and killed):
+  publish ``v+1`` without it;
   with ``replace`` spawn a replacement through the grow path. If removing it would leave
   fewer than ``min_np``, survivors wait and one config is published with the failed worker
   removed and its replacements added, or the job fails after the join timeout;
-- a worker that exits 0 while its peers train is treated as leaving (no replacement);
+- a worker that exits 0 from inside its training loop is treated as leaving (no
+  replacement); one that exits 0 after it (or without one) has finished;
+- a worker failing outside a training loop (before it, or a script without one) stops the
+  job: its peers have no way to recover, so its exit is reported as the root cause;
 - the job ends when every worker of the latest config has exited 0.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Union
 
 from . import spec
@@ -40,6 +44,7 @@ class WorkerReady:
 class WorkerExited:
     id: str
     code: int
+    training: bool = False  # it was inside an elastic training loop when it exited
 
 
 @dataclass(frozen=True)
@@ -251,13 +256,18 @@ def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Decisio
     if wid not in state.config.ids:
         return state, []  # a worker that left in a shrink
     state = replace(state, exited=state.exited | {wid})
-    if code == 0 and (state.done or not _others_running(state, wid)):
+    if code == 0 and (state.done or not event.training or not _others_running(state, wid)):
         return _maybe_finish(state, [])
-    if code == 0 and wid not in state.killed:  # leaving of its own accord: no replacement
+    if code == 0 and wid not in state.killed:  # left training of its own accord: no replacement
         config = spec.remove(state.config, [wid])
         state = replace(state, desired=min(state.desired, config.size), exited=state.exited - {wid})
         reason = f"worker {wid} exited 0 and leaves"
         return _reconcile(_publish(state, config, reason), now, [Publish(config, reason)])
+    if not event.training and wid not in state.killed:
+        # it never reached an elastic training loop (or had left it): its peers cannot recover
+        # without it, so the job stops with this failure as the root cause
+        state = replace(state, first_failure=state.first_failure or (wid, code))
+        return _finish(state, [], f"worker {wid} failed outside a training loop")
     reason = "was stopped as a suspected hang" if wid in state.killed else "failed"
     return _count_failure(replace(state, killed=state.killed - {wid}), wid, code, now, f"worker {wid} {reason}")
 

@@ -8,10 +8,11 @@ writers can never both publish ``v{N}``. ``FakeStore`` has the same semantics in
 from __future__ import annotations
 
 import datetime
+import json
 import threading
 import time
 import uuid
-from typing import Protocol
+from typing import Iterable, Protocol
 
 import torch.distributed as dist
 
@@ -34,6 +35,7 @@ class KeyValue(Protocol):
     def add(self, key: str, amount: int) -> int: ...
     def check(self, keys: list[str]) -> bool: ...
     def set_timeout(self, timeout: datetime.timedelta) -> None: ...
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None: ...
 
 
 def _as_bytes(value: str | bytes) -> bytes:
@@ -109,6 +111,18 @@ class FakeStore:
             self._check_alive()
             return all(k in self._data for k in keys)
 
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
+        deadline = time.monotonic() + timeout.total_seconds()
+        with self._cond:
+            while True:
+                self._check_alive()
+                if all(k in self._data for k in keys):
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StoreError(f"fake store: wait timeout for keys {keys}")
+                self._cond.wait(remaining)
+
 
 class JobStore:
     """Typed access to one job's keys in a store (real TCPStore or FakeStore)."""
@@ -172,6 +186,64 @@ class JobStore:
         desired = str(config.version).encode()
         current = self._call("publish", self.kv.compare_set, self.key(LATEST_KEY), previous, desired)
         return current == desired
+
+
+    # -- keys the launcher's driver watches (written by workers or `taiji resize`) -------
+
+    def propose(self, size: int, source: str) -> int:
+        """Ask for ``size`` workers; returns the proposal's sequence number."""
+        seq = self.add("proposal/seq", 1)
+        self.set(f"proposal/{seq}", json.dumps({"size": int(size), "source": source}))
+        return seq
+
+    def proposals_after(self, seen: int) -> tuple[int, list[dict]]:
+        """Proposals with sequence numbers above ``seen`` that are fully written."""
+        latest = self.add("proposal/seq", 0)
+        found = []
+        for seq in range(seen + 1, latest + 1):
+            if not self.has(f"proposal/{seq}"):
+                return seq - 1, found  # its writer has not set the value yet: next time
+            found.append(json.loads(self.get(f"proposal/{seq}")))
+        return latest, found
+
+    def mark_ready(self, worker_id: str) -> None:
+        self.set(f"worker/{worker_id}/ready", "1")
+
+    def is_ready(self, worker_id: str) -> bool:
+        return self.has(f"worker/{worker_id}/ready")
+
+    def set_training(self, worker_id: str, training: bool) -> None:
+        self.set(f"worker/{worker_id}/training", "1" if training else "0")
+
+    def is_training(self, worker_id: str) -> bool:
+        key = f"worker/{worker_id}/training"
+        return self.has(key) and self.get(key) == b"1"
+
+    def report_failure(self, version: int, worker_id: str) -> None:
+        self.set(f"failed/v{version}/{worker_id}", "1")
+        self.add(f"failed/v{version}/count", 1)
+
+    def failure_reports(self, version: int, members: Iterable[str]) -> list[str]:
+        if self.add(f"failed/v{version}/count", 0) == 0:
+            return []
+        return [m for m in members if self.has(f"failed/v{version}/{m}")]
+
+    def set_done(self) -> None:
+        self.set("done", "1")
+
+    def is_done(self) -> bool:
+        return self.has("done")
+
+    def write_status(self, status: dict) -> None:
+        self.set("status", json.dumps(status))
+
+    def read_status(self) -> dict | None:
+        return json.loads(self.get("status")) if self.has("status") else None
+
+    def wait_for_version(self, version: int, timeout: float) -> None:
+        """Block until config ``version`` is published (StoreError after ``timeout``)."""
+        key = self.key(config_key(version))
+        self._call(f"wait for config v{version}", self.kv.wait, [key], datetime.timedelta(seconds=timeout))
 
 
 def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> dist.TCPStore:

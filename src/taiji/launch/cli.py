@@ -10,7 +10,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -19,9 +18,10 @@ from typing import Sequence
 
 from .. import env
 from ..cluster import spec
-from ..cluster.store import JobStore, host_store
+from ..cluster import controller as ctl
+from ..cluster.store import JobStore, connect_store
 from ..errors import ConfigError, LaunchError, StoreError
-from .supervisor import Supervisor, WorkerProcess, describe_exit
+from .driver import Driver, DriverConfig, find_job
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,11 @@ class RunConfig:
     grace: float = 5.0
     job_id: str = ""
     debug_collectives: bool = False
+    min_np: int = 0
+    max_np: int = 0
+    replace: bool = False
+    join_timeout: float = 120.0
+    max_failures: int = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,6 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--job-id", default="", help="job id (default: generated)")
     run.add_argument("--debug-collectives", action="store_true",
                      help="check shapes/dtypes across ranks before each collective")
+    run.add_argument("--min-np", type=int, default=None, metavar="A",
+                     help="never train with fewer workers (default: 1)")
+    run.add_argument("--max-np", type=int, default=None, metavar="B",
+                     help="never grow beyond this many workers (default: -np)")
+    run.add_argument("--replace", action="store_true",
+                     help="spawn a replacement for every failed worker")
+    run.add_argument("--join-timeout", type=float, default=120.0,
+                     help="seconds a joiner may take to become ready (default: %(default)s)")
+    run.add_argument("--max-failures", type=int, default=3,
+                     help="worker failures the job survives before it stops (default: %(default)s)")
+    resize = sub.add_parser("resize", help="ask a running job for N workers",
+                            usage="taiji resize --job ID N")
+    resize.add_argument("--job", required=True, help="the job id `taiji run` printed")
+    resize.add_argument("size", type=int, metavar="N")
+    status = sub.add_parser("status", help="show a running job's cluster and progress",
+                            usage="taiji status --job ID")
+    status.add_argument("--job", required=True, help="the job id `taiji run` printed")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                      help="the worker command, e.g. `python train.py --lr 0.1`; a bare `python` "
                           "or a `.py` script runs with the launcher's own interpreter")
@@ -93,6 +115,14 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
         raise ConfigError(f"-np must be at least 1, got {args.nproc}")
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
+    min_np = 1 if args.min_np is None else args.min_np
+    max_np = max(args.nproc, min_np) if args.max_np is None else args.max_np
+    if min_np < 1:
+        raise ConfigError(f"--min-np must be at least 1, got {min_np}")
+    if not min_np <= args.nproc <= max_np:
+        raise ConfigError(f"need --min-np <= -np <= --max-np, got {min_np} <= {args.nproc} <= {max_np}")
+    if args.join_timeout <= 0 or args.max_failures < 0:
+        raise ConfigError("--join-timeout must be positive and --max-failures >= 0")
     if args.grace < 0:
         raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace}")
     if not 0 <= args.port < 65536:
@@ -105,7 +135,8 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
     return RunConfig(nproc=args.nproc, command=tuple(command), host=args.host, port=args.port,
                      timeout=args.timeout, grace=args.grace,
                      job_id=args.job_id or f"j{secrets.token_hex(4)}",
-                     debug_collectives=args.debug_collectives)
+                     debug_collectives=args.debug_collectives, min_np=min_np, max_np=max_np,
+                     replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures)
 
 
 def worker_env(cfg: RunConfig, worker: spec.WorkerSpec, rank: int, size: int, port: int,
@@ -132,57 +163,41 @@ def worker_env(cfg: RunConfig, worker: spec.WorkerSpec, rank: int, size: int, po
     return environ
 
 
-def _report_failure(sup: Supervisor, worker: WorkerProcess) -> None:
-    lines = "\n".join(f"    {line}" for line in list(worker.tail)[-20:]) or "    (no output)"
-    assert worker.exit_code is not None
-    sup.write(f"taiji: worker {worker.worker_id} (rank {worker.rank}, pid {worker.pid}) failed first: "
-              f"{describe_exit(worker.exit_code)}. Last lines of its output:\n{lines}\n")
-
-
 def run_job(cfg: RunConfig, output=None) -> int:
-    """Start the store and the workers, supervise them, and return the job's exit code."""
-    sup = Supervisor(output=output)
-    store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
-    job_store = JobStore(store, cfg.job_id)
-    workers = [spec.WorkerSpec(f"w{i}", cfg.host) for i in range(cfg.nproc)]
-    config = spec.initial(workers)
-    if not job_store.publish(config):
-        raise StoreError(f"job {cfg.job_id}: the store already holds a cluster config")
-    secret = secrets.token_hex(16)
-    sup.write(f"taiji: job {cfg.job_id}: {cfg.nproc} worker(s), store {cfg.host}:{store.port}, "
-              f"command: {' '.join(cfg.command)}\n")
-    started = time.monotonic()
-    sup.install_signal_handlers()
-    first_failure: WorkerProcess | None = None
-    try:
-        for rank, worker in enumerate(workers):
-            sup.spawn(worker.id, rank, cfg.command,
-                      worker_env(cfg, worker, rank, cfg.nproc, store.port, secret))
-        while sup.running():
-            exited, received = sup.wait()
-            if received:
-                name = signal.Signals(received[0]).name
-                sup.write(f"taiji: received {name}; stopping {len(sup.running())} worker(s)\n")
-                sup.stop_all(cfg.grace)
-                return 128 + received[0]
-            for worker in exited:
-                assert worker.exit_code is not None
-                if worker.exit_code != 0 and first_failure is None:
-                    first_failure = worker
-                    _report_failure(sup, worker)
-                    if sup.running():
-                        sup.write(f"taiji: stopping the other {len(sup.running())} worker(s)\n")
-                    sup.stop_all(cfg.grace)
-    except BaseException:
-        sup.stop_all(cfg.grace)
-        raise
-    finally:
-        sup.close()
-    if first_failure is not None:
-        code = first_failure.exit_code or 1
-        return code if code > 0 else 128 - code  # killed by signal s: 128 + s, as shells report
-    sup.write(f"taiji: job {cfg.job_id} finished: all {cfg.nproc} worker(s) exited 0 "
-              f"in {time.monotonic() - started:.1f}s\n")
+    """Host the store, start and supervise the workers; return the job's exit code."""
+    bounds = ctl.Bounds(min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc, replace=cfg.replace,
+                        join_timeout=cfg.join_timeout, suspect_window=min(cfg.timeout, 5.0),
+                        max_failures=cfg.max_failures)
+    driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=cfg.nproc, command=cfg.command, bounds=bounds,
+                              host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace)
+    return Driver(driver_cfg, lambda w, rank, size, port, secret: worker_env(cfg, w, rank, size, port, secret),
+                  output=output).run()
+
+
+def _connect_job(job_id: str) -> JobStore:
+    info = find_job(job_id)
+    return JobStore(connect_store(info["host"], int(info["port"]), timeout=10.0), job_id)
+
+
+def resize_job(job_id: str, size: int) -> int:
+    if size < 1:
+        raise ConfigError(f"cannot resize to {size} workers")
+    _connect_job(job_id).propose(size, "taiji resize")
+    print(f"taiji: asked job {job_id} for {size} worker(s); the launcher logs what it does")
+    return 0
+
+
+def job_status(job_id: str) -> int:
+    job = _connect_job(job_id)
+    config = job.read_config()
+    status = job.read_status() or {}
+    print(f"job {job_id}: cluster v{config.version}, {config.size} worker(s): {', '.join(config.ids)}")
+    if status:
+        age = time.time() - status.get("time", time.time())
+        print(f"  step {status['step']} (epoch {status['epoch']}), global batch {status['batch_size']}, "
+              f"{status['samples_per_s']:.0f} samples/s, reported by rank 0 at v{status['version']} {age:.0f}s ago")
+    else:
+        print("  no progress reported yet")
     return 0
 
 
@@ -192,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.subcommand == "run":
             return run_job(parse_run(args))
+        if args.subcommand == "resize":
+            return resize_job(args.job, args.size)
+        if args.subcommand == "status":
+            return job_status(args.job)
     except (ConfigError, LaunchError, StoreError) as exc:
         sys.stderr.write(f"taiji: error: {exc}\n")
         return 2 if isinstance(exc, ConfigError) else 1

@@ -163,6 +163,15 @@ class Supervisor:
         if worker.reader is not None:
             worker.reader.join(timeout=5.0)  # drain the last lines before anyone reports them
 
+    def kill(self, worker_id: str) -> None:
+        """SIGKILL one worker's process group (its exit is then observed by ``wait``)."""
+        worker = self.workers.get(worker_id)
+        if worker is not None and worker.running:
+            try:
+                os.killpg(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def signal_all(self, signum: int) -> None:
         for worker in self.running():
             try:

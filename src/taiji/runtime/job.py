@@ -1,26 +1,37 @@
-"""The training loop: step boundaries, commit, progress.
+"""The elastic training loop: step boundaries, commit or retry, membership transitions.
 
 ``for step in job:`` yields one Step per global batch. The user runs forward and
-``step.backward(loss)``; when the loop comes back for the next step, the Job commits the
-finished one (optimizer step, step counter, sampler cursor) only if every collective of
-the step succeeded. A step is applied wholly or not at all.
+``step.backward(loss)``; when the loop comes back, the Job finishes the step:
+
+1. the step's collectives are waited for, including the control message (one small
+   ``ctrl`` allreduce started when the step began, overlapping compute) that carries the
+   newest config version any worker has seen;
+2. **commit** only if all succeeded: optimizer step, step counter, sampler cursor;
+3. **transition** if the control message names a newer version: every worker switches at
+   this same boundary, then syncs state from the most advanced replica;
+4. on a failed collective nothing is committed: the worker reports it, waits for a newer
+   config (the launcher removes the dead or hung peer), transitions, syncs and **retries the
+   same step**, whose global batch is now split over the survivors.
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
+from .. import env
+from ..comm.communicator import Handle
 from ..data.sampler import ElasticSampler, SamplerState, advance, global_span
-from ..errors import CommError, ConfigError
+from ..errors import CommError, ConfigError, StoreError
 from ..strategies.base import Strategy
 from ..strategies.sync_sgd import SyncSGD
+from . import faults
 from .peer import Peer, default_peer
-from .state import broadcast_module
+from .state import sync_state
 
 log = logging.getLogger(__name__)
 
@@ -35,31 +46,52 @@ class Progress:
     def epoch(self) -> int:
         return self.sampler.epoch
 
+    def to_json(self) -> dict:
+        return {"step": self.step, **asdict(self.sampler)}
+
+    @staticmethod
+    def from_json(data: dict) -> "Progress":
+        return Progress(step=int(data["step"]), sampler=SamplerState(
+            epoch=int(data["epoch"]), cursor=int(data["cursor"]), batch_size=int(data["batch_size"])))
+
 
 class Step:
     """One global batch: this worker's slice of it, and the way to submit its loss."""
 
     def __init__(self, job: "Job", index: int, epoch: int, batch: Any, indices: torch.Tensor,
-                 global_batch_size: int):
+                 span: tuple[int, int], control: Handle | None):
         self.job = job
         self.index = index
         self.epoch = epoch
         self.batch = batch
         self.indices = indices
         self.local_batch_size = len(indices)
-        self.global_batch_size = global_batch_size
+        self.span = span  # positions [lo, hi) of the epoch's permutation this step consumes
+        self.global_batch_size = span[1] - span[0]
         self.loss: float | None = None
         self.synchronized = False
+        self.error: CommError | None = None
+        self.control = control
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` (the mean over this worker's slice) and synchronise gradients.
 
-        Afterwards every worker holds the gradient of the mean loss over the global batch.
+        Afterwards every worker holds the gradient of the mean loss over the global batch. If a
+        peer fails meanwhile this does not raise: the step is marked failed and the Job
+        retries it on the surviving workers.
         """
-        if self.local_batch_size > 0:
-            loss.backward()
-            self.loss = float(loss.detach())
-        self.job._synchronize(self)
+        try:
+            if self.local_batch_size > 0:
+                loss.backward()
+                self.loss = float(loss.detach())
+            self.job._fire("allreduce")
+            self.job._synchronize(self)
+        except CommError as exc:
+            self.error = self.error or exc
 
 
 class Job:
@@ -70,7 +102,8 @@ class Job:
                  max_steps: int | None = None, seed: int = 0, shuffle: bool = True,
                  lr_scheduler: Any = None, collate_fn: Callable[[list], Any] | None = None,
                  device: torch.device | str | None = None, log_every: int = 50,
-                 peer: Peer | None = None):
+                 peer: Peer | None = None, recovery_timeout: float | None = None,
+                 on_commit: Callable[["Step"], None] | None = None):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if epochs < 1 and max_steps is None:
@@ -88,17 +121,36 @@ class Job:
         self.collate_fn = collate_fn
         self.device = torch.device(device) if device is not None else None
         self.log_every = log_every
+        self.on_commit = on_commit
+        self.recovery_timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
         self.sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)  # type: ignore[arg-type]
         self.progress = Progress(sampler=SamplerState(batch_size=batch_size))
         self._started = False
+        self._stop_requested = False
+        self._stop_agreed = False
+        self._has_state = self.peer.joined  # a joiner gets its state from the others
         self._samples_since_log = 0
         self._time_of_log = 0.0
         self.samples_per_second = 0.0
+        self.transitions: list[dict] = []  # (for tests and benchmarks) what each change cost
+        store = self.peer.job_store
+        self._faults = faults.FaultPlan(
+            faults.parse(env.FAULTS.get()),
+            (lambda i: store.add(f"fault/{i}", 1) == 1) if store is not None else (lambda i: True))
 
     # -- loop -------------------------------------------------------------------------
 
+    def request_stop(self) -> None:
+        """Stop training after the current step, on every worker at the same step boundary
+        (the request rides the step's control message). Callable from any worker."""
+        self._stop_requested = True
+        if not self.peer.elastic or self.peer.size == 1:
+            self._stop_agreed = True
+
     @property
     def done(self) -> bool:
+        if self._stop_agreed:
+            return True
         if self.max_steps is not None and self.progress.step >= self.max_steps:
             return True
         return self.progress.epoch >= self.epochs
@@ -107,7 +159,15 @@ class Job:
         if self._started:
             raise ConfigError("a Job can be iterated once; create a new Job to train again")
         self._started = True
-        broadcast_module(self.model, self.peer.comm, src=0)
+        if not self.peer.joined:
+            self._fire("boot")
+            started = time.perf_counter()
+            self.peer.join(self.recovery_timeout)
+            log.info("joined the job as rank %d of %d (v%d) after %.2fs at the door",
+                     self.peer.rank, self.peer.size, self.peer.version, time.perf_counter() - started)
+        self._sync_until_consistent(first=True)
+        if self.peer.elastic:
+            self.peer.job_store.set_training(self.peer.worker_id, True)  # type: ignore[union-attr]
         self._time_of_log = time.perf_counter()
         while not self.done:
             step = self._make_step()
@@ -116,7 +176,22 @@ class Job:
             except GeneratorExit:
                 self.strategy.abort_step()
                 raise
-            self._commit(step)
+            newer = self._finish(step)
+            if step.failed:
+                self._recover(step.error)
+            elif newer > self.peer.version:
+                self._transition(self.peer.read_config(newer), reason="resize")
+        if self.peer.elastic:
+            store = self.peer.job_store
+            assert store is not None
+            store.set_training(self.peer.worker_id, False)
+            if self.peer.rank == 0:
+                store.set_done()
+                self._write_status()
+
+    def _fire(self, phase: str) -> None:
+        if self._faults.faults:
+            self._faults.fire(phase, self.peer.rank, self.progress.step, self.peer.worker_id)
 
     def _make_step(self) -> Step:
         progress = self.progress
@@ -124,9 +199,26 @@ class Job:
         lo, hi = global_span(progress.sampler, self.sampler.num_samples)
         indices = self.sampler.local_indices(progress.sampler, rank, size)
         batch = self._fetch(indices)
-        self.strategy.begin_step(len(indices) / (hi - lo))
         self.peer.step = progress.step
-        return Step(self, progress.step, progress.epoch, batch, indices, hi - lo)
+        control = None
+        error = None
+        try:
+            control = self._start_control_message()
+        except (CommError, StoreError) as exc:
+            error = exc if isinstance(exc, CommError) else CommError(str(exc))
+        self.strategy.begin_step(len(indices) / (hi - lo))
+        step = Step(self, progress.step, progress.epoch, batch, indices, (lo, hi), control)
+        step.error = error
+        self._fire("compute")
+        return step
+
+    def _start_control_message(self) -> Handle | None:
+        """Rank 0's view of the newest config rides a tiny allreduce that overlaps the step."""
+        if not self.peer.elastic:
+            return None
+        seen = self.peer.newer_version_published() if self.peer.rank == 0 else 0
+        message = torch.tensor([float(seen), float(self._stop_requested)], dtype=torch.float64)
+        return self.peer.comm.allreduce(message, "max", channel="ctrl", async_op=True)
 
     def _fetch(self, indices: torch.Tensor) -> Any:
         if isinstance(self.dataset, TensorDataset) and self.collate_fn is None:
@@ -148,8 +240,25 @@ class Job:
             raise
         step.synchronized = True
 
-    def _commit(self, step: Step) -> None:
-        self._synchronize(step)  # the user may have called loss.backward() directly
+    def _finish(self, step: Step) -> int:
+        """Wait for the step's collectives; commit if all succeeded. Returns the newest
+        config version the control message reported (our own if none)."""
+        newer = self.peer.version
+        if not step.failed:
+            try:
+                self._synchronize(step)  # the user may have called loss.backward() directly
+                if step.control is not None:
+                    message = step.control.wait()
+                    newer = int(message[0].item())
+                    self._stop_agreed = self._stop_agreed or bool(message[1].item())
+            except CommError as exc:
+                step.error = exc
+        if step.failed:
+            self.strategy.abort_step()
+            # the retry must start from clean gradients, not accumulate onto this attempt's
+            self.model.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
+            return newer
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.lr_scheduler is not None:
@@ -158,9 +267,70 @@ class Job:
             self.progress, step=self.progress.step + 1,
             sampler=advance(self.progress.sampler, step.global_batch_size, self.sampler.num_samples))
         self.peer.step = self.progress.step
+        if self.on_commit is not None:
+            self.on_commit(step)
         self._samples_since_log += step.global_batch_size
         if self.log_every and self.progress.step % self.log_every == 0:
             self._log_progress(step)
+        return newer
+
+    # -- membership changes -----------------------------------------------------------
+
+    def _recover(self, error: CommError | None) -> None:
+        """A collective failed: nothing was committed. Wait for the launcher's next config."""
+        log.warning("step %d failed (%s); waiting for a new cluster config", self.progress.step,
+                    str(error).split(". ")[0] if error else "collective failed")
+        started = time.perf_counter()
+        self.peer.report_failure()
+        config = self.peer.wait_for_newer_config(self.recovery_timeout)
+        self._transition(config, reason="failure", started=started)
+
+    def _transition(self, config, reason: str, started: float | None = None) -> None:
+        started = time.perf_counter() if started is None else started
+        old_size, old_version = self.peer.size, self.peer.version
+        if not self.peer.transition(config):
+            log.info("not a member of cluster v%d: leaving at step %d", config.version, self.progress.step)
+            self.strategy.detach()
+            raise SystemExit(0)
+        switched = time.perf_counter()
+        self._sync_until_consistent(first=False)
+        finished = time.perf_counter()
+        record = {"reason": reason, "from_version": old_version, "to_version": self.peer.version,
+                  "from_size": old_size, "to_size": self.peer.size, "step": self.progress.step,
+                  "switch_s": switched - started, "sync_s": finished - switched, "total_s": finished - started}
+        self.transitions.append(record)
+        log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs",
+                 old_version, self.peer.version, reason, old_size, self.peer.size, self.progress.step,
+                 finished - started)
+
+    def _sync_until_consistent(self, first: bool) -> None:
+        """Sync state on the current groups; if that fails too, recover and try again."""
+        while True:
+            try:
+                if not first:
+                    self._fire("sync")
+                self._sync(first)
+                return
+            except CommError as exc:
+                log.warning("state sync failed (%s); waiting for a new cluster config", str(exc).split(". ")[0])
+                self.peer.report_failure()
+                config = self.peer.wait_for_newer_config(self.recovery_timeout)
+                if not self.peer.transition(config):
+                    raise SystemExit(0)
+
+    def _sync(self, first: bool) -> None:
+        extra = {"lr_scheduler": self.lr_scheduler.state_dict()} if self.lr_scheduler is not None else {}
+        result = sync_state(self.peer.comm, self.model, self.optimizer,
+                            self.progress.step if self._has_state else -1,
+                            self.progress.to_json(), extra, force=first)
+        if result.meta is not None:
+            self.progress = Progress.from_json(result.meta)
+            if self.lr_scheduler is not None and "lr_scheduler" in result.meta["extra"]:
+                self.lr_scheduler.load_state_dict(result.meta["extra"]["lr_scheduler"])
+        self._has_state = True
+        self.peer.step = self.progress.step
+
+    # -- progress ---------------------------------------------------------------------
 
     def _log_progress(self, step: Step) -> None:
         now = time.perf_counter()
@@ -172,6 +342,15 @@ class Job:
             log.info("epoch %d step %d: loss %s, %.0f samples/s, global batch %d on %d workers",
                      step.epoch, self.progress.step, loss, self.samples_per_second,
                      step.global_batch_size, self.peer.size)
+            self._write_status()
+
+    def _write_status(self) -> None:
+        if self.peer.elastic and self.peer.rank == 0:
+            self.peer.job_store.write_status({  # type: ignore[union-attr]
+                "step": self.progress.step, "epoch": self.progress.epoch,
+                "batch_size": self.progress.sampler.batch_size, "version": self.peer.version,
+                "size": self.peer.size, "samples_per_s": round(self.samples_per_second, 1),
+                "time": time.time()})
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -32,45 +33,130 @@ class PeerOptions:
 
 
 class Peer:
-    """A worker: membership of the current cluster version and its communicator."""
+    """A worker: membership of the current cluster version and its communicator.
+
+    A worker spawned to grow the job starts *joining*: it is not in any published config
+    yet, so ``comm`` is None and ``rank``/``size`` are the launcher's provisional values
+    until ``join()`` returns.
+    """
 
     def __init__(self, raw_store: dist.Store, job_store: JobStore | None, worker_id: str,
-                 config: spec.ClusterConfig, options: PeerOptions = PeerOptions()):
-        rank = config.rank_of(worker_id)
-        if rank is None:
-            raise ConfigError(f"worker {worker_id} is not a member of cluster v{config.version} "
-                              f"(members: {list(config.ids)})")
+                 config: spec.ClusterConfig | None, options: PeerOptions = PeerOptions(),
+                 provisional: tuple[int, int] = (0, 1)):
         self.raw_store = raw_store
         self.job_store = job_store
         self.worker_id = worker_id
-        self.config = config
         self.options = options
         self.step = 0  # maintained by the training loop, for log prefixes
-        job_prefix = dist.PrefixStore(f"taiji/{job_store.job_id}" if job_store else "taiji/solo", raw_store)
-        self._comm_store = job_prefix
-        host = config.workers[rank].host
-        self.comm = Communicator(job_prefix, rank, config.size, config.version,
-                                 CommOptions(timeout=options.timeout, debug=options.debug_collectives,
-                                             host=host))
+        self._comm_store = dist.PrefixStore(f"taiji/{job_store.job_id}" if job_store else "taiji/solo",
+                                            raw_store)
+        self._provisional = provisional
+        self.config: spec.ClusterConfig | None = None
+        self.comm: Communicator = None  # type: ignore[assignment]
+        if config is not None:
+            if config.rank_of(worker_id) is None:
+                raise ConfigError(f"worker {worker_id} is not a member of cluster v{config.version} "
+                                  f"(members: {list(config.ids)})")
+            self.transition(config)
+
+    @property
+    def joined(self) -> bool:
+        """A member of the current config (False while joining and after leaving)."""
+        return self.comm is not None
+
+    @property
+    def left(self) -> bool:
+        return self.config is not None and self.comm is None
 
     @property
     def rank(self) -> int:
-        return self.comm.rank
+        if self.comm is not None:
+            return self.comm.rank
+        return -1 if self.left else self._provisional[0]
 
     @property
     def size(self) -> int:
-        return self.comm.size
+        if self.comm is not None:
+            return self.comm.size
+        return self.config.size if self.config is not None else self._provisional[1]
 
     @property
     def version(self) -> int:
-        return self.comm.version
+        return self.config.version if self.config is not None else 0
 
     @property
     def job_id(self) -> str:
         return self.job_store.job_id if self.job_store else "solo"
 
+    @property
+    def elastic(self) -> bool:
+        return self.job_store is not None
+
+    def transition(self, config: spec.ClusterConfig) -> bool:
+        """Switch to ``config``'s groups; False (and no communicator) if this worker left."""
+        if self.comm is not None:
+            self.comm.close()
+        rank = config.rank_of(self.worker_id)
+        self.config = config
+        if rank is None:
+            self.comm = None  # type: ignore[assignment]
+            return False
+        self.comm = Communicator(self._comm_store, rank, config.size, config.version,
+                                 CommOptions(timeout=self.options.timeout,
+                                             debug=self.options.debug_collectives,
+                                             host=config.workers[rank].host))
+        return True
+
+    def _store(self) -> JobStore:
+        if self.job_store is None:
+            raise ConfigError("this worker was not started by `taiji run`: there is no cluster to change")
+        return self.job_store
+
+    def newer_version_published(self) -> int:
+        """The latest published version if newer than ours, else our own (one store check)."""
+        store = self._store()
+        if not store.has(f"config/v{self.version + 1}"):
+            return self.version
+        return store.latest_version()
+
+    def read_config(self, version: int | None = None) -> spec.ClusterConfig:
+        return self._store().read_config(version)
+
+    def wait_for_newer_config(self, timeout: float) -> spec.ClusterConfig:
+        """Block until a config newer than ours is published; return the latest one."""
+        store = self._store()
+        try:
+            store.wait_for_version(self.version + 1, timeout)
+        except StoreError as exc:
+            raise StoreError(f"[rank {self.rank} v={self.version}] worker {self.worker_id}: no new cluster "
+                             f"config within {timeout:g}s after a failure ({exc}). Is the launcher alive?") from exc
+        return store.read_config()
+
+    def join(self, timeout: float) -> spec.ClusterConfig:
+        """A joiner: say ready, then wait until a published config includes this worker."""
+        store = self._store()
+        store.mark_ready(self.worker_id)
+        version = max(store.latest_version(), 1)
+        deadline = time.monotonic() + timeout
+        while True:
+            store.wait_for_version(version, max(deadline - time.monotonic(), 0.001))
+            config = store.read_config(version)
+            if config.rank_of(self.worker_id) is not None:
+                self.transition(config)
+                return config
+            version += 1
+
+    def report_failure(self) -> None:
+        self._store().report_failure(self.version, self.worker_id)
+
+    def propose_size(self, size: int, source: str = "training code") -> None:
+        if size < 1:
+            raise ConfigError(f"cannot resize to {size} workers")
+        self._store().propose(size, source)
+
     def close(self) -> None:
-        self.comm.close()
+        if self.comm is not None:
+            self.comm.close()
 
     @staticmethod
     def solo(options: PeerOptions = PeerOptions()) -> "Peer":
@@ -92,7 +178,9 @@ class Peer:
             config = job_store.read_config()
         except StoreError as exc:
             raise StoreError(f"worker {worker_id}: cannot read the cluster config of job {job_id}: {exc}") from exc
-        return Peer(raw, job_store, worker_id, config, options)
+        provisional = (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+        member = config if config.rank_of(worker_id) is not None else None
+        return Peer(raw, job_store, worker_id, member, options, provisional)
 
 
 _default: Peer | None = None

@@ -1,0 +1,190 @@
+"""The launcher's driver: feeds events to the pure controller and carries out its actions.
+
+Events come from worker exits (pidfds), signals, and a few store keys polled every tick
+(resize proposals, joiners ready, failure reports, job done); the store is hosted in this
+process, so a poll is a local round trip.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..cluster import controller as ctl
+from ..cluster import spec
+from ..cluster.store import JobStore, host_store
+from ..errors import StoreError
+from .supervisor import Supervisor, WorkerProcess, describe_exit
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    job_id: str
+    nproc: int
+    command: tuple[str, ...]
+    bounds: ctl.Bounds
+    host: str = "127.0.0.1"
+    port: int = 0
+    timeout: float = 60.0
+    grace: float = 5.0
+
+
+def jobs_dir() -> Path:
+    return Path(os.environ.get("TAIJI_HOME", Path.home() / ".taiji")) / "jobs"
+
+
+def job_file(job_id: str) -> Path:
+    return jobs_dir() / f"{job_id}.json"
+
+
+class Driver:
+    def __init__(self, cfg: DriverConfig, make_env: Callable[[spec.WorkerSpec, int, int, int, str], dict],
+                 output=None):
+        self.cfg = cfg
+        self.make_env = make_env
+        self.sup = Supervisor(output=output)
+        self.store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
+        self.job = JobStore(self.store, cfg.job_id)
+        self.secret = secrets.token_hex(16)
+        self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host)
+        self._proposal_seq = 0
+        self._done_seen = False
+        self._registry = job_file(cfg.job_id)
+
+    def say(self, text: str) -> None:
+        self.sup.write(f"taiji: {text}\n")
+
+    # -- actions ----------------------------------------------------------------------
+
+    def _spawn(self, ids: tuple[str, ...]) -> None:
+        joiner_ids = [j.id for j in self.state.joiners]
+        size = self.state.config.size + len(joiner_ids)
+        for wid in ids:  # a joiner's rank is provisional: where it will be appended
+            rank = self.state.config.rank_of(wid)
+            if rank is None:
+                rank = self.state.config.size + joiner_ids.index(wid)
+            worker = spec.WorkerSpec(wid, self.cfg.host)
+            self.sup.spawn(wid, rank, self.cfg.command,
+                           self.make_env(worker, rank, size, self.store.port, self.secret))
+
+    def _publish(self, config: spec.ClusterConfig, reason: str) -> None:
+        if not self.job.publish(config):
+            raise StoreError(f"job {self.cfg.job_id}: could not publish cluster v{config.version} "
+                             "(another writer published it); the job store is corrupt")
+        for wid, worker in self.sup.workers.items():
+            rank = config.rank_of(wid)
+            if rank is not None:
+                worker.rank = rank
+        self.say(f"cluster v{config.version}: {config.size} worker(s) {list(config.ids)} ({reason})")
+
+    def _report_root_cause(self, worker: WorkerProcess) -> None:
+        lines = "\n".join(f"    {line}" for line in list(worker.tail)[-20:]) or "    (no output)"
+        assert worker.exit_code is not None
+        self.say(f"worker {worker.worker_id} (rank {worker.rank}, pid {worker.pid}) failed first: "
+                 f"{describe_exit(worker.exit_code)}. Last lines of its output:\n{lines}")
+
+    def _apply(self, actions: list[ctl.Action]) -> int | None:
+        for action in actions:
+            if isinstance(action, ctl.Spawn):
+                self._spawn(action.ids)
+            elif isinstance(action, ctl.Kill):
+                if action.id in self.sup.workers and self.sup.workers[action.id].running:
+                    self.say(f"stopping worker {action.id}: {action.reason}")
+                self.sup.kill(action.id)
+            elif isinstance(action, ctl.Publish):
+                self._publish(action.config, action.reason)
+            elif isinstance(action, ctl.Log):
+                self.say(action.message)
+            elif isinstance(action, ctl.Finish):
+                if action.code != 0:
+                    failed = self.sup.workers.get(action.failed_worker or "")
+                    if failed is not None and failed.exit_code is not None:
+                        self._report_root_cause(failed)
+                    self.say(f"job {self.cfg.job_id} failed: {action.reason}")
+                return action.code
+        return None
+
+    def _feed(self, event: ctl.Event) -> int | None:
+        self.state, actions = ctl.decide(self.state, event, time.monotonic())
+        return self._apply(actions)
+
+    # -- events from the store ----------------------------------------------------------
+
+    def _store_events(self) -> list[ctl.Event]:
+        events: list[ctl.Event] = []
+        self._proposal_seq, proposals = self.job.proposals_after(self._proposal_seq)
+        events += [ctl.Proposal(int(p["size"]), str(p.get("source", "user"))) for p in proposals]
+        events += [ctl.WorkerReady(j.id) for j in self.state.joiners
+                   if not j.ready and self.job.is_ready(j.id)]
+        version = self.state.config.version
+        reported = self.job.failure_reports(version, self.state.config.ids)
+        events += [ctl.FailureReported(i, version) for i in reported if i not in self.state.reports]
+        if not self._done_seen and self.job.is_done():
+            self._done_seen = True
+            events.append(ctl.JobDone())
+        return events
+
+    # -- main loop ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg = self.cfg
+        self.say(f"job {cfg.job_id}: {cfg.nproc} worker(s) (min {cfg.bounds.min_np}, max "
+                 f"{cfg.bounds.max_np}), store {cfg.host}:{self.store.port}, command: {' '.join(cfg.command)}")
+        self.say(f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`")
+        self._publish(self.state.config, "start")
+        self._registry.parent.mkdir(parents=True, exist_ok=True)
+        self._registry.write_text(json.dumps({"job": cfg.job_id, "host": cfg.host, "port": self.store.port,
+                                              "pid": os.getpid(), "command": list(cfg.command)}))
+        started = time.monotonic()
+        self.sup.install_signal_handlers()
+        try:
+            self._spawn(self.state.config.ids)
+            while True:
+                exited, received = self.sup.wait(timeout=TICK_SECONDS)
+                if received:
+                    name = signal.Signals(received[0]).name
+                    self.say(f"received {name}; stopping {len(self.sup.running())} worker(s)")
+                    self.sup.stop_all(cfg.grace)
+                    return 128 + received[0]
+                events: list[ctl.Event] = []
+                for worker in exited:
+                    assert worker.exit_code is not None
+                    if worker.exit_code != 0 and worker.worker_id not in self.state.killed:
+                        self.say(f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}")
+                    training = self.job.is_training(worker.worker_id)
+                    events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
+                events += self._store_events()
+                events.append(ctl.Tick())
+                for event in events:
+                    code = self._feed(event)
+                    if code is not None:
+                        self.sup.stop_all(cfg.grace)
+                        if code == 0:
+                            self.say(f"job {cfg.job_id} finished: every worker exited 0 in "
+                                     f"{time.monotonic() - started:.1f}s")
+                        return code
+        except BaseException:
+            self.sup.stop_all(cfg.grace)
+            raise
+        finally:
+            self.sup.close()
+            self._registry.unlink(missing_ok=True)
+
+
+def find_job(job_id: str) -> dict:
+    path = job_file(job_id)
+    if not path.exists():
+        known = sorted(p.stem for p in jobs_dir().glob("*.json")) if jobs_dir().exists() else []
+        raise StoreError(f"no running job {job_id!r} (known: {known or 'none'}); job ids are printed "
+                         "by `taiji run` when it starts")
+    return json.loads(path.read_text())

@@ -1,0 +1,70 @@
+"""Declarative fault injection: "kill / hang rank r at step s in phase p".
+
+A plan comes from ``TAIJI_FAULTS`` (JSON list). Each fault fires at most once per job
+(claimed through the store), so a retried step or a replacement worker does not fire it
+again. Phases: ``compute`` (batch built, before forward), ``allreduce`` (backward done,
+gradients in flight), ``sync`` (state sync after a membership change), ``boot`` (a
+joiner before it reports ready).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PHASES = ("compute", "allreduce", "sync", "boot")
+ACTIONS = ("kill", "hang", "exit")
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    phase: str
+    step: int = -1          # -1: any step
+    rank: int = -1          # -1: any rank
+    worker: str = ""        # match by worker id instead of rank
+    code: int = 1           # for action "exit"
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS or self.phase not in PHASES:
+            raise ConfigError(f"bad fault {self}: action in {ACTIONS}, phase in {PHASES}")
+
+    def matches(self, phase: str, rank: int, step: int, worker: str) -> bool:
+        return (phase == self.phase and self.step in (-1, step)
+                and (self.worker == worker if self.worker else self.rank in (-1, rank)))
+
+
+def parse(text: str) -> tuple[Fault, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(Fault(**item) for item in json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"TAIJI_FAULTS is not a valid fault list: {exc}") from None
+
+
+class FaultPlan:
+    def __init__(self, faults: tuple[Fault, ...], claim: Callable[[int], bool]):
+        self.faults = faults
+        self._claim = claim  # claim(i) -> True for the one worker that may fire fault i
+
+    def fire(self, phase: str, rank: int, step: int, worker: str) -> None:
+        for i, fault in enumerate(self.faults):
+            if fault.matches(phase, rank, step, worker) and self._claim(i):
+                log.warning("injected fault: %s rank %d (worker %s) at step %d in phase %s",
+                            fault.action, rank, worker, step, phase)
+                for handler in logging.getLogger().handlers:
+                    handler.flush()
+                if fault.action == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                elif fault.action == "hang":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                else:
+                    os._exit(fault.code)

@@ -1,0 +1,92 @@
+"""Elastic training used by the invariant tests; logs every committed step as JSONL.
+
+    taiji run -np N ... -- python elastic_train.py OUT --steps S --batch B
+        [--resize STEP:SIZE ...] [--step-delay SECONDS]
+
+Each worker appends to OUT/<worker>.jsonl one line per committed step: step, epoch, global
+span, version, size, rank and a digest of the parameters and optimizer state after the
+commit. The worker that ends as rank 0 writes OUT/final.pt (parameters).
+"""
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+import taiji
+from taiji.runtime.state import digest
+
+
+def make_model():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).double()
+    g = torch.Generator().manual_seed(42)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3)
+    return model
+
+
+def make_data(n=203):
+    g = torch.Generator().manual_seed(5)
+    return TensorDataset(torch.randn(n, 8, generator=g, dtype=torch.float64), torch.randint(0, 4, (n,), generator=g))
+
+
+def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    pending = list(sizes)
+    next_at = every
+    log_file = open(log_path, "a") if log_path else None
+
+    def on_commit(step):
+        if log_file is not None:
+            state = [t for p in model.parameters() for t in (p, opt.state[p]["momentum_buffer"])]
+            log_file.write(json.dumps({"step": step.index, "epoch": step.epoch, "span": list(step.span),
+                                       "version": peer.version, "size": peer.size, "rank": peer.rank,
+                                       "digest": digest(state)}) + "\n")
+            log_file.flush()
+
+    job = taiji.Job(model, opt, make_data(), batch_size=batch, max_steps=steps, epochs=10**6, seed=11,
+                    peer=peer, log_every=0, on_commit=on_commit)
+    proposed = False
+    for step in job:
+        if peer.rank == 0 and pending:
+            if not proposed and step.index >= next_at:
+                peer.propose_size(pending[0], "test schedule")
+                proposed = True
+            elif proposed and peer.size == pending[0]:  # landed: the next, `every` steps on
+                pending.pop(0)
+                proposed = False
+                next_at = step.index + every
+        elif peer.rank == 0 and sizes and step.index >= next_at:
+            job.request_stop()  # the schedule is done: every worker stops at this boundary
+        x, y = step.batch
+        loss = F.cross_entropy(model(x), y)
+        if step_delay:
+            time.sleep(step_delay)  # stands in for a bigger model's compute
+        step.backward(loss)
+    return [p.detach().clone() for p in model.parameters()], job
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--steps", type=int, default=60, help="at most; a --sizes schedule ends earlier")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--sizes", nargs="*", type=int, default=[])
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--step-delay", type=float, default=0.0)
+    args = parser.parse_args()
+    taiji.configure_logging("INFO")
+    peer = taiji.init()
+    worker = os.environ["TAIJI_WORKER_ID"]
+    params, job = train(peer, args.steps, args.batch, args.sizes, args.every, args.step_delay,
+                        args.out / f"{worker}.jsonl")
+    with open(args.out / f"{worker}.transitions.json", "w") as f:
+        json.dump(job.transitions, f)
+    if peer.rank == 0:
+        torch.save(params, args.out / "final.pt")

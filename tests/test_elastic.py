@@ -1,0 +1,185 @@
+"""DESIGN §6 invariants under resizes and injected faults, with real processes.
+
+Every worker logs each committed step (tests/scripts/elastic_train.py). The checks:
+1. replicas are bitwise identical after every committed step (one digest per step);
+2. within an epoch every sample is consumed exactly once (committed spans tile the epoch);
+3. the final parameters match an uninterrupted 1-worker run with the same global batch;
+4. the job ends (no hang) and leaves no process behind (the launcher's own tests cover orphans;
+   here every run has a hard timeout and is killed with its whole session on failure).
+"""
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from taiji.runtime.peer import Peer
+from _harness import REPO, SCRIPTS, taiji_run
+
+sys.path.insert(0, str(SCRIPTS))
+import elastic_train  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+SCRIPT = str(SCRIPTS / "elastic_train.py")
+NUM_SAMPLES = len(elastic_train.make_data())
+
+
+def run_elastic(tmp_path: Path, nproc: int, *script_args: str, launcher_args=(), faults=None,
+                batch=16, timeout=200):
+    env = {"TAIJI_FAULTS": json.dumps(faults)} if faults else {}
+    proc = taiji_run(nproc, [sys.executable, SCRIPT, str(tmp_path), "--batch", str(batch), *script_args],
+                     extra=["--timeout", "3", *launcher_args], env=env, timeout=timeout)
+    return proc
+
+
+def load_records(out: Path) -> list[dict]:
+    records = []
+    for path in out.glob("w*.jsonl"):
+        for line in path.read_text().splitlines():
+            records.append(dict(json.loads(line), worker=path.stem))
+    return records
+
+
+def check_invariants(out: Path, batch: int) -> dict[int, list[dict]]:
+    records = load_records(out)
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    for r in records:
+        by_step[r["step"]].append(r)
+    steps = sorted(by_step)
+    assert steps == list(range(len(steps))), f"committed steps are not contiguous: {steps}"
+    seen: dict[int, list[int]] = defaultdict(list)
+    for s in steps:
+        group = by_step[s]
+        assert len({r["digest"] for r in group}) == 1, f"replicas differ after step {s}: {group}"
+        assert len({(r["epoch"], tuple(r["span"])) for r in group}) == 1, f"workers disagree on step {s}"
+        lo, hi = group[0]["span"]
+        seen[group[0]["epoch"]].extend(range(lo, hi))
+    last_epoch = max(seen)
+    for epoch, positions in seen.items():
+        if epoch < last_epoch:
+            assert sorted(positions) == list(range(NUM_SAMPLES)), f"epoch {epoch} not consumed exactly once"
+        else:
+            assert len(positions) == len(set(positions)), f"epoch {epoch} repeats samples"
+    reference, _ = elastic_train.train(Peer.solo(), len(steps), batch)
+    final = torch.load(out / "final.pt")
+    for a, b in zip(final, reference):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    return by_step
+
+
+def sizes_over_time(by_step) -> list[int]:
+    sizes = []
+    for s in sorted(by_step):
+        size = by_step[s][0]["size"]
+        if not sizes or sizes[-1] != size:
+            sizes.append(size)
+    return sizes
+
+
+def test_resizes_1_3_2_4_1_keep_every_invariant(tmp_path):
+    proc = run_elastic(tmp_path, 1, "--steps", "3000", "--step-delay", "0.005", "--sizes", "3", "2", "4", "1",
+                       launcher_args=["--max-np", "4"])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    by_step = check_invariants(tmp_path, 16)
+    assert sizes_over_time(by_step) == [1, 3, 2, 4, 1]
+    transitions = json.loads((tmp_path / "w0.transitions.json").read_text())
+    assert [t["to_size"] for t in transitions] == [3, 2, 4, 1]
+
+
+@pytest.mark.parametrize("phase", ["allreduce", "compute"])
+def test_worker_killed_mid_step_survivors_retry_and_keep_invariants(tmp_path, phase):
+    faults = [{"action": "kill", "rank": 1, "step": 12, "phase": phase}]
+    proc = run_elastic(tmp_path, 3, "--steps", "40", faults=faults)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    by_step = check_invariants(tmp_path, 16)
+    assert sizes_over_time(by_step) == [3, 2]
+    assert "worker w1 (rank 1) killed by SIGKILL" in proc.stdout
+    recovery = [t for t in json.loads((tmp_path / "w0.transitions.json").read_text()) if t["reason"] == "failure"]
+    assert len(recovery) == 1 and recovery[0]["step"] == 12  # the failed step is the one redone
+
+
+def test_crash_with_replace_spawns_a_replacement_that_joins(tmp_path):
+    faults = [{"action": "kill", "rank": 2, "step": 10, "phase": "allreduce"}]
+    proc = run_elastic(tmp_path, 3, "--steps", "400", "--step-delay", "0.005", "--sizes", "3",
+                       launcher_args=["--replace"], faults=faults)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    by_step = check_invariants(tmp_path, 16)
+    assert sizes_over_time(by_step)[-2:] == [2, 3]
+    assert (tmp_path / "w3.jsonl").exists(), "the replacement w3 never trained"
+
+
+def test_hung_worker_is_detected_by_timeout_killed_and_removed(tmp_path):
+    faults = [{"action": "hang", "rank": 1, "step": 8, "phase": "allreduce"}]
+    proc = run_elastic(tmp_path, 3, "--steps", "30", faults=faults)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    assert "suspected hang" in proc.stdout
+    by_step = check_invariants(tmp_path, 16)
+    assert sizes_over_time(by_step) == [3, 2]
+
+
+def test_worker_killed_during_state_sync_of_a_grow(tmp_path):
+    faults = [{"action": "kill", "worker": "w1", "phase": "sync"}]
+    proc = run_elastic(tmp_path, 2, "--steps", "150", "--step-delay", "0.005", "--sizes", "3",
+                       launcher_args=["--max-np", "3"], faults=faults)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    by_step = check_invariants(tmp_path, 16)
+    assert sizes_over_time(by_step) == [2, 2] or sizes_over_time(by_step) == [2]
+    assert not (tmp_path / "w1.jsonl").read_text().count('"version": 2')
+
+
+def test_below_min_np_without_a_joiner_fails_with_a_clear_error(tmp_path):
+    faults = [{"action": "kill", "rank": 1, "step": 5, "phase": "allreduce"},
+              {"action": "hang", "worker": "w2", "phase": "boot"}]
+    proc = run_elastic(tmp_path, 2, "--steps", "400", launcher_args=["--min-np", "2", "--join-timeout", "4"],
+                       faults=faults)
+    assert proc.returncode == 128 + 9, proc.stdout[-4000:] + proc.stderr
+    assert "below --min-np 2" in proc.stdout and "w1" in proc.stdout
+
+
+def test_resize_and_status_from_another_terminal(tmp_path):
+    args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--max-np", "3", "--", sys.executable,
+            SCRIPT, str(tmp_path), "--steps", "100000", "--step-delay", "0.005"]
+    env = dict(__import__("os").environ, TAIJI_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                env=env, start_new_session=True)
+    cli = [sys.executable, "-m", "taiji.launch.cli"]
+    try:
+        job_id = None
+        for line in launcher.stdout:
+            if line.startswith("taiji: job ") and job_id is None:
+                job_id = line.split()[2].rstrip(":")
+            if "cluster v1" in line:
+                break
+        bad = subprocess.run(cli + ["resize", "--job", "nope", "2"], capture_output=True, text=True, env=env,
+                             timeout=60)
+        assert bad.returncode != 0 and "no running job 'nope'" in bad.stderr
+        ok = subprocess.run(cli + ["resize", "--job", job_id, "3"], capture_output=True, text=True, env=env,
+                            timeout=60)
+        assert ok.returncode == 0, ok.stderr
+        for line in launcher.stdout:
+            if "cluster v2: 3 worker(s)" in line:
+                break
+        status = subprocess.run(cli + ["status", "--job", job_id], capture_output=True, text=True, env=env,
+                                timeout=60)
+        assert status.returncode == 0 and f"job {job_id}: cluster v2, 3 worker(s)" in status.stdout, status
+        below = subprocess.run(cli + ["resize", "--job", job_id, "0"], capture_output=True, text=True, env=env,
+                               timeout=60)
+        assert below.returncode != 0 and "cannot resize to 0" in below.stderr
+        subprocess.run(cli + ["resize", "--job", job_id, "9"], capture_output=True, text=True, env=env, timeout=60)
+        for line in launcher.stdout:
+            if "clamped to --max-np 3" in line:
+                break
+        else:
+            raise AssertionError("the launcher never logged the clamp")
+    finally:
+        import os
+        import signal
+        os.killpg(launcher.pid, signal.SIGTERM)
+        try:
+            launcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
