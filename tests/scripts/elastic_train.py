@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -35,6 +36,47 @@ def make_data(n=203):
     return TensorDataset(torch.randn(n, 8, generator=g, dtype=torch.float64), torch.randint(0, 4, (n,), generator=g))
 
 
+def audit(out: Path, batch: int) -> dict:
+    """Check DESIGN §6 invariants 1-3 from a run's logs; counts every violation.
+
+    Returns steps, sizes (cluster size over time), divergences (steps after which replicas
+    differ), lost / duplicated samples (within each epoch), and the largest difference from an
+    uninterrupted 1-worker run (``trajectory_error``; None if no final parameters were saved).
+    """
+    import torch
+
+    from taiji.runtime.peer import Peer
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    for path in Path(out).glob("w*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            by_step[record["step"]].append(record)
+    steps = sorted(by_step)
+    result = {"steps": len(steps), "sizes": [], "divergences": [], "gaps": [], "lost_samples": 0,
+              "duplicated_samples": 0, "trajectory_error": None}
+    result["gaps"] = sorted(set(range(len(steps))) - set(steps)) + [s for s in steps if s >= len(steps)]
+    seen: dict[int, list[int]] = defaultdict(list)
+    for s in steps:
+        group = by_step[s]
+        if len({r["digest"] for r in group}) != 1 or len({(r["epoch"], tuple(r["span"])) for r in group}) != 1:
+            result["divergences"].append(s)
+        lo, hi = group[0]["span"]
+        seen[group[0]["epoch"]].extend(range(lo, hi))
+        if not result["sizes"] or result["sizes"][-1] != group[0]["size"]:
+            result["sizes"].append(group[0]["size"])
+    num_samples = len(make_data())
+    last_epoch = max(seen, default=0)
+    for epoch, positions in seen.items():
+        result["duplicated_samples"] += len(positions) - len(set(positions))
+        if epoch < last_epoch:
+            result["lost_samples"] += num_samples - len(set(positions))
+    final = Path(out) / "final.pt"
+    if final.exists() and steps:
+        reference, _ = train(Peer.solo(), len(steps), batch)
+        result["trajectory_error"] = max(float((a - b).abs().max()) for a, b in zip(torch.load(final), reference))
+    return result
+
+
 def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -47,7 +89,7 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None)
             state = [t for p in model.parameters() for t in (p, opt.state[p]["momentum_buffer"])]
             log_file.write(json.dumps({"step": step.index, "epoch": step.epoch, "span": list(step.span),
                                        "version": peer.version, "size": peer.size, "rank": peer.rank,
-                                       "digest": digest(state)}) + "\n")
+                                       "digest": digest(state), "time": time.time()}) + "\n")
             log_file.flush()
 
     job = taiji.Job(model, opt, make_data(), batch_size=batch, max_steps=steps, epochs=10**6, seed=11,
