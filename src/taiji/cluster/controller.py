@@ -267,7 +267,7 @@ def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Decisio
         # it never reached an elastic training loop (or had left it): its peers cannot recover
         # without it, so the job stops with this failure as the root cause
         state = replace(state, first_failure=state.first_failure or (wid, code))
-        return _finish(state, [], f"worker {wid} failed outside a training loop")
+        return _finish(state, [], f"worker {wid} exited outside a training loop, so its peers cannot recover")
     reason = "was stopped as a suspected hang" if wid in state.killed else "failed"
     return _count_failure(replace(state, killed=state.killed - {wid}), wid, code, now, f"worker {wid} {reason}")
 

@@ -110,7 +110,7 @@ class Driver:
                     failed = self.sup.workers.get(action.failed_worker or "")
                     if failed is not None and failed.exit_code is not None:
                         self._report_root_cause(failed)
-                    self.say(f"job {self.cfg.job_id} failed: {action.reason}")
+                    self.say(f"job {self.cfg.job_id} stopped: {action.reason}")
                 return action.code
         return None
 

@@ -1,0 +1,195 @@
+"""The training script of ``benchmarks/elastic.py``, run under ``taiji run`` or under torchrun.
+
+    taiji run -np 1 --max-np 4 -- python benchmarks/_elastic_train.py OUT [--step-delay S]
+    torchrun --standalone --nproc-per-node 2 benchmarks/_elastic_train.py OUT --checkpoint CKPT
+
+Both sides train the same model (an MLP 512 -> 1024 -> 512 -> 10, 1.05M fp32 parameters, SGD
+with momentum) on the same synthetic data with the same global batch, split over the workers.
+
+- Under ``taiji run`` (``TAIJI_STORE_PORT`` set) it is a ``taiji.Job`` loop: membership
+  changes happen inside the running processes.
+- Under torchrun it is plain ``torch.distributed`` + DDP (gloo). Rank 0 checkpoints model,
+  optimizer and step after every step (written to a temporary file, then renamed), and every
+  worker resumes from the checkpoint when it starts: a membership change is a restart.
+
+Every process appends JSON lines to ``OUT/<side>-<pid>.jsonl``: one ``boot`` record (wall-clock
+times at exec, after ``import torch``, when it joined, when its state was ready) and one
+``commit`` record per committed step with its wall-clock ``time``, the step index, the
+cluster size and rank. ``benchmarks/elastic.py`` reads these files while the job runs.
+
+Training stops at the next step boundary once the file ``OUT/stop`` exists (taiji: rank 0
+sees it and asks the Job to stop, so every worker stops at the same step), or at
+``--max-steps``. torchrun jobs are simply stopped from outside (that is their resize path).
+"""
+import time
+
+EXEC_TIME = time.time()  # before anything heavy: when this process began running Python
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+IMPORT_TIME = time.time()
+
+FEATURES, HIDDEN, CLASSES = 512, (1024, 512), 10
+NUM_SAMPLES = 8192
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN[0]), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN[0], HIDDEN[1]), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN[1], CLASSES))
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def make_data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(NUM_SAMPLES, FEATURES, generator=g), torch.randint(0, CLASSES, (NUM_SAMPLES,), generator=g)
+
+
+def state_bytes(model: torch.nn.Module) -> dict:
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"params": sum(p.numel() for p in model.parameters()), "model_state_bytes": params,
+            "train_state_bytes": 2 * params}  # + one momentum buffer per parameter
+
+
+class Log:
+    def __init__(self, out: Path, side: str):
+        self.file = open(out / f"{side}-{os.getpid()}.jsonl", "a")
+
+    def write(self, **record) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+
+def taiji_main(args: argparse.Namespace) -> None:
+    import taiji
+    from torch.utils.data import TensorDataset
+
+    log = Log(args.out, "taiji")
+    peer = taiji.init()
+    model = make_model()
+    opt = make_optimizer(model)
+    boot = {"exec": EXEC_TIME, "imported": IMPORT_TIME, "worker": peer.worker_id}
+    seen_transitions = 0
+
+    def on_commit(step) -> None:
+        nonlocal seen_transitions
+        record = {"event": "commit", "step": step.index, "size": peer.size, "rank": peer.rank,
+                  "version": peer.version, "pid": os.getpid(), "worker": peer.worker_id, "time": time.time()}
+        if len(job.transitions) > seen_transitions:  # the first commit after a membership change
+            record["transitions"] = job.transitions[seen_transitions:]
+            seen_transitions = len(job.transitions)
+        log.write(**record)
+
+    job = taiji.Job(model, opt, TensorDataset(*make_data()), batch_size=args.batch, epochs=10**6,
+                    max_steps=args.max_steps, peer=peer, log_every=0, on_commit=on_commit)
+    stop = args.out / "stop"
+    first = True
+    for step in job:
+        if first:  # joined (a joiner: admitted and synced) and about to run its first step
+            log.write(event="boot", side="taiji", pid=os.getpid(), rank=peer.rank, size=peer.size,
+                      ready=time.time(), **boot, **state_bytes(model))
+            first = False
+        if peer.rank == 0 and stop.exists():
+            job.request_stop()
+        x, y = step.batch
+        loss = F.cross_entropy(model(x), y)
+        if args.step_delay:
+            time.sleep(args.step_delay)  # stands in for a bigger model's compute
+        step.backward(loss)
+    log.write(event="done", pid=os.getpid(), worker=peer.worker_id, time=time.time(),
+              transitions=job.transitions)
+
+
+def torchrun_main(args: argparse.Namespace) -> None:
+    import datetime
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    log = Log(args.out, "torchrun")
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    joined = time.time()
+    model = make_model()
+    opt = make_optimizer(model)
+    step = 0
+    ckpt = args.checkpoint
+    if ckpt is not None and ckpt.exists():  # resume: every worker reads the last checkpoint
+        saved = torch.load(ckpt)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        step = saved["step"]
+    ddp = DDP(model)  # broadcasts rank 0's parameters
+    ready = time.time()
+    log.write(event="boot", side="torchrun", pid=os.getpid(), rank=rank, size=size, restart=restart,
+              exec=EXEC_TIME, imported=IMPORT_TIME, joined=joined, ready=ready, resumed_at=step,
+              **state_bytes(model))
+    x_all, y_all = make_data()
+    perm = torch.randperm(NUM_SAMPLES, generator=torch.Generator().manual_seed(11))
+    share = args.batch // size
+    measured_bcast = False
+    while args.max_steps is None or step < args.max_steps:
+        lo = (step * args.batch + rank * share) % NUM_SAMPLES
+        idx = perm[lo:lo + share]
+        loss = F.cross_entropy(ddp(x_all[idx]), y_all[idx])
+        if args.step_delay:
+            time.sleep(args.step_delay)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        if rank == 0 and ckpt is not None:  # checkpoint every step: a restart loses no commit
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+            os.replace(tmp, ckpt)
+        log.write(event="commit", step=step - 1, size=size, rank=rank, restart=restart, pid=os.getpid(),
+                  time=time.time())
+        if args.measure_broadcast and not measured_bcast and size > 1:
+            # reference for "state transfer at broadcast bandwidth": raw gloo broadcast of a
+            # buffer as large as the training state (parameters + momentum), after the first step
+            measured_bcast = True
+            buf = torch.zeros(state_bytes(model)["train_state_bytes"] // 4)
+            times = []
+            for _ in range(args.measure_broadcast):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.broadcast(buf, 0)
+                elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                times.append(elapsed.item())
+            if rank == 0:
+                log.write(event="broadcast", size=size, bytes=buf.numel() * 4, seconds=sorted(times))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="directory for the step logs")
+    parser.add_argument("--batch", type=int, default=64, help="global batch size")
+    parser.add_argument("--step-delay", type=float, default=0.0, help="seconds of simulated compute per step")
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--checkpoint", type=Path, default=None, help="torchrun: checkpoint file")
+    parser.add_argument("--timeout", type=float, default=60.0, help="torchrun: collective timeout")
+    parser.add_argument("--measure-broadcast", type=int, default=0,
+                        help="torchrun: time this many state-sized broadcasts after the first step")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if os.environ.get("TAIJI_STORE_PORT"):
+        taiji_main(args)
+    else:
+        torchrun_main(args)
+
+
+if __name__ == "__main__":
+    main()

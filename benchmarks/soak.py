@@ -1,0 +1,137 @@
+"""Randomized elastic fault soak: random resize/fault schedules, every invariant audited.
+
+    .venv/bin/python benchmarks/soak.py --runs 3 --seed 1        # a short soak (CI runs --runs 2)
+    .venv/bin/python benchmarks/soak.py --runs 1000 --seed 7     # a long one
+    .venv/bin/python benchmarks/soak.py --replay '<schedule JSON>' # one schedule again
+
+Each run starts `taiji run` on tests/scripts/elastic_train.py with a random initial size,
+a random chain of resizes and up to two random faults (kill or hang a rank >= 1 at a random
+step and phase; sometimes with --replace). After the run, the per-step logs are audited
+(DESIGN §6): replicas bitwise identical after every committed step, every sample of an epoch
+consumed exactly once, final parameters equal to an uninterrupted 1-worker run, the job
+ended (no hang) and no process of the run is left (no orphan). The last line is one JSON
+object with the totals and the schedule of every run that broke an invariant.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "scripts"))
+import elastic_train  # noqa: E402
+
+BATCH = 16
+COLLECTIVE_TIMEOUT = 2.0
+
+
+def random_schedule(rng: random.Random, max_np: int = 4) -> dict:
+    """A schedule as plain data, so a failing run can be replayed exactly."""
+    faults = []
+    for _ in range(rng.choice([0, 1, 1, 2])):
+        faults.append({"action": rng.choice(["kill", "kill", "kill", "hang"]), "rank": rng.randint(1, max_np - 1),
+                       "step": rng.randint(3, 40), "phase": rng.choice(["compute", "allreduce", "allreduce", "sync"])})
+    return {"np": rng.randint(1, 3), "max_np": max_np, "replace": rng.random() < 0.3,
+            "sizes": [rng.randint(1, max_np) for _ in range(rng.randint(1, 3))], "every": rng.randint(3, 12),
+            "steps": 400, "faults": faults}
+
+
+def leftover_processes(marker: str) -> list[int]:
+    """Processes whose command line mentions this run's private directory."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def run_one(schedule: dict, timeout: float) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="taiji-soak-"))
+    args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(schedule["np"]),
+            "--max-np", str(schedule["max_np"]), "--timeout", str(COLLECTIVE_TIMEOUT), "--join-timeout", "60",
+            "--max-failures", "10"] + (["--replace"] if schedule["replace"] else []) + [
+            "--", sys.executable, str(REPO / "tests" / "scripts" / "elastic_train.py"), str(out), "--batch", str(BATCH),
+            "--steps", str(schedule["steps"]), "--step-delay", "0.005", "--every", str(schedule["every"]),
+            "--sizes", *map(str, schedule["sizes"])]
+    env = dict(os.environ, TAIJI_FAULTS=json.dumps(schedule["faults"]), TAIJI_HOME=str(out / "home"),
+               PYTHONUNBUFFERED="1")
+    started = time.monotonic()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env,
+                            start_new_session=True)
+    hung = False
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        hung = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # the launcher reaped its workers before exiting; anything still alive is an orphan
+    orphans = leftover_processes(str(out))
+    for pid in orphans:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    audit = elastic_train.audit(out, BATCH) if not hung else {}
+    shutil.rmtree(out, ignore_errors=True)
+    trajectory_ok = audit.get("trajectory_error") is not None and audit["trajectory_error"] < 1e-9
+    return {"returncode": proc.returncode, "hung": hung, "orphans": len(orphans), "seconds": time.monotonic() - started,
+            "audit": audit, "trajectory_ok": trajectory_ok, "tail": output.splitlines()[-15:]}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="2 runs")
+    parser.add_argument("--replay", default="", help="a schedule (JSON) printed by a failed run")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds one run may take (a hang beyond)")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    schedules = [json.loads(args.replay)] if args.replay else \
+        [random_schedule(rng) for _ in range(2 if args.quick else args.runs)]
+    totals = {"runs": 0, "failed_runs": 0, "divergences": 0, "lost_samples": 0, "duplicated_samples": 0,
+              "hangs": 0, "orphans": 0, "trajectory_mismatches": 0, "steps": 0}
+    broken = []
+    for i, schedule in enumerate(schedules):
+        result = run_one(schedule, args.timeout)
+        audit = result["audit"]
+        totals["runs"] += 1
+        totals["hangs"] += int(result["hung"])
+        totals["orphans"] += result["orphans"]
+        totals["divergences"] += len(audit.get("divergences", []))
+        totals["lost_samples"] += audit.get("lost_samples", 0)
+        totals["duplicated_samples"] += audit.get("duplicated_samples", 0)
+        totals["steps"] += audit.get("steps", 0)
+        mismatch = not result["hung"] and not result["trajectory_ok"]
+        totals["trajectory_mismatches"] += int(mismatch)
+        bad = (result["returncode"] != 0 or result["hung"] or result["orphans"] or mismatch
+               or audit.get("divergences") or audit.get("lost_samples") or audit.get("duplicated_samples"))
+        if bad:
+            totals["failed_runs"] += 1
+            broken.append({"schedule": schedule, "returncode": result["returncode"], "audit": audit,
+                           "tail": result["tail"]})
+        print(f"run {i + 1}/{len(schedules)}: {'BROKEN' if bad else 'ok'} in {result['seconds']:.1f}s, "
+              f"sizes {audit.get('sizes')}, {audit.get('steps')} steps, faults {schedule['faults']}", flush=True)
+    print(json.dumps({"benchmark": "soak", "seed": args.seed, **totals, "broken": broken}))
+
+
+if __name__ == "__main__":
+    main()
