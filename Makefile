@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 NP ?= 2
+MAX_NP ?= 4
 EPOCHS ?= 2
+RESIZE ?= 150:3 600:2
 TORCH_PIN ?= torch==2.13.0
 
 .PHONY: demo test test-fast setup data bench clean
@@ -33,7 +35,8 @@ data:
 	fi
 
 demo: setup data
-	$(BIN)/taiji run -np $(NP) python examples/fashion_mnist.py --epochs $(EPOCHS)
+	$(BIN)/taiji run -np $(NP) --max-np $(MAX_NP) python examples/fashion_mnist.py --epochs $(EPOCHS) \
+	  --resize $(RESIZE)
 
 test: setup
 	$(BIN)/python -m pytest -q -rs

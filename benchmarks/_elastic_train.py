@@ -62,19 +62,38 @@ def state_bytes(model: torch.nn.Module) -> dict:
 
 
 class Log:
-    def __init__(self, out: Path, side: str):
+    """One JSON object per line in OUT/<side>-<pid>.jsonl (the file name tells the parent our pid)."""
+
+    def __init__(self, out: Path, side: str, tag: str):
         self.file = open(out / f"{side}-{os.getpid()}.jsonl", "a")
+        self.tag = tag
 
     def write(self, **record) -> None:
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write(json.dumps({**record, "tag": self.tag}) + "\n")
         self.file.flush()
+
+
+def exit_with_parent() -> None:
+    """torchrun starts workers in their own sessions and does not make them die with it: exit
+    at once if the agent that started us dies, so that no worker outlives its launcher."""
+    import select
+    import threading
+    try:
+        fd = os.pidfd_open(os.getppid())
+    except (OSError, AttributeError):
+        return
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os._exit(1)
+    threading.Thread(target=wait, daemon=True).start()
 
 
 def taiji_main(args: argparse.Namespace) -> None:
     import taiji
     from torch.utils.data import TensorDataset
 
-    log = Log(args.out, "taiji")
+    log = Log(args.out, "taiji", args.tag)
     peer = taiji.init()
     model = make_model()
     opt = make_optimizer(model)
@@ -116,10 +135,14 @@ def torchrun_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    log = Log(args.out, "torchrun")
+    exit_with_parent()
+    log = Log(args.out, "torchrun", args.tag)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    # a generous timeout while the workers start (their imports may finish seconds apart on a busy
+    # machine), then the requested one for training's collectives, on a group of the same workers
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=max(args.timeout, 120.0)))
+    group = dist.new_group(timeout=datetime.timedelta(seconds=args.timeout))
     joined = time.time()
     model = make_model()
     opt = make_optimizer(model)
@@ -130,7 +153,7 @@ def torchrun_main(args: argparse.Namespace) -> None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         step = saved["step"]
-    ddp = DDP(model)  # broadcasts rank 0's parameters
+    ddp = DDP(model, process_group=group)  # broadcasts rank 0's parameters
     ready = time.time()
     log.write(event="boot", side="torchrun", pid=os.getpid(), rank=rank, size=size, restart=restart,
               exec=EXEC_TIME, imported=IMPORT_TIME, joined=joined, ready=ready, resumed_at=step,
@@ -181,6 +204,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--checkpoint", type=Path, default=None, help="torchrun: checkpoint file")
     parser.add_argument("--timeout", type=float, default=60.0, help="torchrun: collective timeout")
+    parser.add_argument("--tag", default="", help="copied into every record (which launch wrote it)")
     parser.add_argument("--measure-broadcast", type=int, default=0,
                         help="torchrun: time this many state-sized broadcasts after the first step")
     args = parser.parse_args()

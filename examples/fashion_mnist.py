@@ -1,7 +1,12 @@
 """Train a small CNN on Fashion-MNIST with taiji.
 
-    taiji run -np 2 python examples/fashion_mnist.py --epochs 2
+    taiji run -np 2 --max-np 4 python examples/fashion_mnist.py --epochs 2 --resize 150:3 600:2
     python examples/fashion_mnist.py --epochs 1          # the same script on one worker
+
+``--resize STEP:SIZE`` asks for SIZE workers when training reaches STEP: joiners boot while
+the others keep training, then join at a step boundary and receive the state; a shrink
+lets the newest workers leave. The global batch stays the same, so the result does not
+depend on how many workers computed it.
 
 Uses the real data set from /usr/share/datasets/fashion-mnist (Debian package
 `dataset-fashion-mnist`) or --data DIR; without it, says so and trains on a synthetic
@@ -69,7 +74,13 @@ def main() -> None:
     parser.add_argument("--data", default=None, help=f"IDX directory (default {FASHION_MNIST_DIR})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--resize", nargs="*", default=[], metavar="STEP:SIZE",
+                        help="ask for SIZE workers at STEP (needs `taiji run ... --max-np`)")
     args = parser.parse_args()
+    try:
+        resizes = dict(sorted((int(a), int(b)) for a, b in (item.split(":") for item in args.resize)))
+    except ValueError:
+        parser.error(f"--resize takes STEP:SIZE pairs, got {args.resize}")
 
     taiji.configure_logging("INFO")
     taiji.init()
@@ -82,9 +93,11 @@ def main() -> None:
     if taiji.rank() == 0:
         log.info("training on %s: %d samples, %d workers, global batch %d, %d epoch(s)",
                  name, len(train), taiji.size(), args.batch_size, args.epochs)
-    started = time.perf_counter()
     epoch = 0
+    started = time.perf_counter()
     for step in job:
+        if taiji.rank() == 0 and step.index in resizes:
+            taiji.resize(resizes[step.index])  # returns at once; lands at a later step boundary
         if step.epoch != epoch and taiji.rank() == 0:
             log.info("epoch %d done: test accuracy %.4f", epoch, evaluate(model, test))
             epoch = step.epoch

@@ -11,7 +11,6 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch.distributed as dist
 
 from taiji.cluster import spec
 from taiji.cluster.store import JobStore, connect_store, host_store

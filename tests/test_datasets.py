@@ -1,5 +1,4 @@
 """IDX reading/writing and the Fashion-MNIST-layout loader, on tiny files the tests write."""
-import gzip
 
 import numpy as np
 import pytest

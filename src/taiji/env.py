@@ -62,10 +62,15 @@ RUN_DIR = EnvVar("TAIJI_RUN_DIR", "", str, "directory for this job's logs and me
 FAULTS = EnvVar("TAIJI_FAULTS", "", str,
                 "JSON list of injected faults, e.g. [{\"action\": \"kill\", \"rank\": 1, \"step\": 5, "
                 "\"phase\": \"allreduce\"}] (tests only)")
+HOME = EnvVar("TAIJI_HOME", "", str, "where `taiji run` registers running jobs (default ~/.taiji)")
 RECOVERY_TIMEOUT = EnvVar("TAIJI_RECOVERY_TIMEOUT", 120.0, float,
                           "seconds a worker waits for a new cluster config after a failure")
 
+# the torchrun contract the launcher also writes; a joiner reads its provisional rank from it
+RANK = EnvVar("RANK", 0, int, "torchrun-compatible rank (provisional for a joiner)")
+WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provisional for a joiner)")
+
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
-    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT,
+    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HOME,
 )

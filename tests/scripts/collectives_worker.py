@@ -34,7 +34,7 @@ elif mode == "fault":
     comm.connect()
     comm.allreduce(torch.ones(8), "sum")
     (out / f"ready{rank}").write_text("1")
-    peer.raw_store.wait([f"test/go"])
+    peer.raw_store.wait(["test/go"])
     started = time.monotonic()
     try:
         comm.allreduce(torch.ones(8), "sum")

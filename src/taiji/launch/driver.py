@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .. import env
 from ..cluster import controller as ctl
 from ..cluster import spec
 from ..cluster.store import JobStore, host_store
@@ -40,7 +41,7 @@ class DriverConfig:
 
 
 def jobs_dir() -> Path:
-    return Path(os.environ.get("TAIJI_HOME", Path.home() / ".taiji")) / "jobs"
+    return Path(env.HOME.get() or Path.home() / ".taiji") / "jobs"
 
 
 def job_file(job_id: str) -> Path:

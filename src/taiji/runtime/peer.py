@@ -178,7 +178,7 @@ class Peer:
             config = job_store.read_config()
         except StoreError as exc:
             raise StoreError(f"worker {worker_id}: cannot read the cluster config of job {job_id}: {exc}") from exc
-        provisional = (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+        provisional = (env.RANK.get(), env.WORLD_SIZE.get())
         member = config if config.rank_of(worker_id) is not None else None
         return Peer(raw, job_store, worker_id, member, options, provisional)
 
