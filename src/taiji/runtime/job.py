@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator
@@ -25,6 +26,8 @@ from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from .. import env
 from ..comm.communicator import Handle
+from ..monitor.gns import GNSEstimator, two_batch_estimates
+from ..monitor.stats import StepStats, WorkerReport
 from ..data.sampler import ElasticSampler, SamplerState, advance, global_span
 from ..errors import CommError, ConfigError, StoreError
 from ..strategies.base import Strategy
@@ -59,7 +62,7 @@ class Step:
     """One global batch: this worker's slice of it, and the way to submit its loss."""
 
     def __init__(self, job: "Job", index: int, epoch: int, batch: Any, indices: torch.Tensor,
-                 span: tuple[int, int], control: Handle | None):
+                 span: tuple[int, int]):
         self.job = job
         self.index = index
         self.epoch = epoch
@@ -71,27 +74,52 @@ class Step:
         self.loss: float | None = None
         self.synchronized = False
         self.error: CommError | None = None
-        self.control = control
+        self.started = time.perf_counter()
+        self.split_sqnorm: float | None = None  # one worker: mean |g|² of two half-batches
+        self.stats: StepStats | None = None     # agreed by all workers once synchronised
 
     @property
     def failed(self) -> bool:
         return self.error is not None
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss`` (the mean over this worker's slice) and synchronise gradients.
+        """Backpropagate ``loss`` and synchronise gradients.
 
-        Afterwards every worker holds the gradient of the mean loss over the global batch. If a
-        peer fails meanwhile this does not raise: the step is marked failed and the Job
-        retries it on the surviving workers.
+        ``loss`` is the mean over this worker's slice, or the per-sample losses (a vector, as
+        from ``reduction="none"``; their mean is used). Afterwards every worker holds the
+        gradient of the mean loss over the global batch. If a peer fails meanwhile this does
+        not raise: the step is marked failed and the Job retries it on the surviving workers.
         """
         try:
             if self.local_batch_size > 0:
-                loss.backward()
-                self.loss = float(loss.detach())
+                if loss.dim() == 1 and self.job._split_for_gns(self):
+                    self._split_backward(loss)
+                else:
+                    loss = loss.mean() if loss.dim() == 1 else loss
+                    loss.backward()
+                self.loss = float(loss.detach().mean())
             self.job._fire("allreduce")
             self.job._synchronize(self)
         except CommError as exc:
             self.error = self.error or exc
+
+    def _split_backward(self, losses: torch.Tensor) -> None:
+        """One worker, per-sample losses: backward the two halves separately so the gradient
+        noise scale has two batch sizes to compare (b/2 and b); the summed gradient is the
+        same as one backward of the mean."""
+        n, half = len(losses), len(losses) // 2
+        params = [p for p in self.job.model.parameters() if p.requires_grad]
+        with self.job.strategy.no_sync():  # type: ignore[attr-defined]
+            (losses[:half].sum() / n).backward(retain_graph=True)
+        first = [p.grad.detach().clone() if p.grad is not None else None for p in params]
+        (losses[half:].sum() / n).backward()
+        sq_a = sq_b = 0.0
+        for p, g_a in zip(params, first):
+            if p.grad is None or g_a is None:
+                continue
+            sq_a += float((g_a * (n / half)).square().sum())
+            sq_b += float(((p.grad - g_a) * (n / (n - half))).square().sum())
+        self.split_sqnorm = (sq_a + sq_b) / 2
 
 
 class Job:
@@ -103,7 +131,8 @@ class Job:
                  lr_scheduler: Any = None, collate_fn: Callable[[list], Any] | None = None,
                  device: torch.device | str | None = None, log_every: int = 50,
                  peer: Peer | None = None, recovery_timeout: float | None = None,
-                 on_commit: Callable[["Step"], None] | None = None):
+                 on_commit: Callable[["Step"], None] | None = None, monitor_every: int = 1,
+                 gns_decay: float = 0.95):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if epochs < 1 and max_steps is None:
@@ -122,6 +151,12 @@ class Job:
         self.device = torch.device(device) if device is not None else None
         self.log_every = log_every
         self.on_commit = on_commit
+        if monitor_every < 0:
+            raise ConfigError(f"monitor_every must be >= 0 (0 = off), got {monitor_every}")
+        self.monitor_every = monitor_every
+        self.gns = GNSEstimator(gns_decay)
+        self.stats: StepStats | None = None  # the last committed step's agreed statistics
+        self.last_raw_estimates: tuple[float, float] | None = None  # unsmoothed (|G|², tr Σ)
         self.recovery_timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
         self.sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)  # type: ignore[arg-type]
         self.progress = Progress(sampler=SamplerState(batch_size=batch_size))
@@ -200,25 +235,18 @@ class Job:
         indices = self.sampler.local_indices(progress.sampler, rank, size)
         batch = self._fetch(indices)
         self.peer.step = progress.step
-        control = None
-        error = None
-        try:
-            control = self._start_control_message()
-        except (CommError, StoreError) as exc:
-            error = exc if isinstance(exc, CommError) else CommError(str(exc))
         self.strategy.begin_step(len(indices) / (hi - lo))
-        step = Step(self, progress.step, progress.epoch, batch, indices, (lo, hi), control)
-        step.error = error
+        self.strategy.measure_norms = self._monitoring(progress.step)
+        step = Step(self, progress.step, progress.epoch, batch, indices, (lo, hi))
         self._fire("compute")
         return step
 
-    def _start_control_message(self) -> Handle | None:
-        """Rank 0's view of the newest config rides a tiny allreduce that overlaps the step."""
-        if not self.peer.elastic:
-            return None
-        seen = self.peer.newer_version_published() if self.peer.rank == 0 else 0
-        message = torch.tensor([float(seen), float(self._stop_requested)], dtype=torch.float64)
-        return self.peer.comm.allreduce(message, "max", channel="ctrl", async_op=True)
+    def _monitoring(self, step: int) -> bool:
+        return self.monitor_every > 0 and step % self.monitor_every == 0
+
+    def _split_for_gns(self, step: Step) -> bool:
+        return (self.peer.size == 1 and self._monitoring(step.index) and step.local_batch_size >= 2
+                and hasattr(self.strategy, "no_sync"))
 
     def _fetch(self, indices: torch.Tensor) -> Any:
         if isinstance(self.dataset, TensorDataset) and self.collate_fn is None:
@@ -231,14 +259,42 @@ class Job:
         return batch
 
     def _synchronize(self, step: Step) -> None:
+        """Finish the step's communication: gradients, plus the one control message.
+
+        The control message is an allgather of one small row per worker (newest config version
+        seen, stop request, monitors' local sums, loss, compute time), started once the last
+        gradient bucket is on its way so it overlaps the allreduce; every worker then derives the
+        same ``StepStats`` from the same rows.
+        """
         if step.synchronized:
             return
         try:
+            self.strategy.launch_all()
+            report = self._report(step)
+            control: Handle | None = None
+            if self.peer.elastic:
+                control = self.peer.comm.allgather(torch.tensor(report.to_row(), dtype=torch.float64),
+                                                   channel="ctrl", async_op=True)
             self.strategy.synchronize()
+            rows = [WorkerReport.from_row(r.tolist()) for r in control.wait()] if control else [report]
+        except StoreError as exc:
+            self.strategy.abort_step()
+            raise CommError(f"[rank {self.peer.rank} v={self.peer.version}] the job store failed: {exc}") from exc
         except CommError:
             self.strategy.abort_step()
             raise
+        step.stats = StepStats.reduce(rows, self.strategy.global_sqnorm())
         step.synchronized = True
+
+    def _report(self, step: Step) -> WorkerReport:
+        seen = self.peer.newer_version_published() if self.peer.elastic and self.peer.rank == 0 else 0
+        local = step.split_sqnorm if step.split_sqnorm is not None else self.strategy.local_sqnorm()
+        b = float(step.local_batch_size)
+        return WorkerReport(
+            version_seen=float(seen), stop=float(self._stop_requested),
+            local_sqnorm=math.nan if local is None else local,
+            sqnorm_batch=b / 2 if step.split_sqnorm is not None else b, local_batch=b,
+            loss_sum=(step.loss or 0.0) * b, compute_seconds=time.perf_counter() - step.started)
 
     def _finish(self, step: Step) -> int:
         """Wait for the step's collectives; commit if all succeeded. Returns the newest
@@ -247,10 +303,6 @@ class Job:
         if not step.failed:
             try:
                 self._synchronize(step)  # the user may have called loss.backward() directly
-                if step.control is not None:
-                    message = step.control.wait()
-                    newer = int(message[0].item())
-                    self._stop_agreed = self._stop_agreed or bool(message[1].item())
             except CommError as exc:
                 step.error = exc
         if step.failed:
@@ -259,10 +311,14 @@ class Job:
             self.model.zero_grad(set_to_none=True)
             self.optimizer.zero_grad(set_to_none=True)
             return newer
+        assert step.stats is not None
+        newer = max(newer, step.stats.version_seen)
+        self._stop_agreed = self._stop_agreed or step.stats.stop
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
+        self._update_monitors(step)
         self.progress = replace(
             self.progress, step=self.progress.step + 1,
             sampler=advance(self.progress.sampler, step.global_batch_size, self.sampler.num_samples))
@@ -273,6 +329,17 @@ class Job:
         if self.log_every and self.progress.step % self.log_every == 0:
             self._log_progress(step)
         return newer
+
+    def _update_monitors(self, step: Step) -> None:
+        stats = step.stats
+        assert stats is not None
+        self.stats = stats
+        big = self.strategy.global_sqnorm()
+        if stats.small_sqnorm is not None and big is not None:
+            self.gns.update(stats.small_sqnorm, big, stats.small_batch, stats.global_batch)
+            if stats.global_batch > stats.small_batch > 0:
+                self.last_raw_estimates = two_batch_estimates(stats.small_sqnorm, big, stats.small_batch,
+                                                              stats.global_batch)
 
     # -- membership changes -----------------------------------------------------------
 
@@ -319,14 +386,18 @@ class Job:
                     raise SystemExit(0)
 
     def _sync(self, first: bool) -> None:
-        extra = {"lr_scheduler": self.lr_scheduler.state_dict()} if self.lr_scheduler is not None else {}
+        extra: dict[str, Any] = {"gns": self.gns.state_dict()}
+        if self.lr_scheduler is not None:
+            extra["lr_scheduler"] = self.lr_scheduler.state_dict()
         result = sync_state(self.peer.comm, self.model, self.optimizer,
                             self.progress.step if self._has_state else -1,
                             self.progress.to_json(), extra, force=first)
         if result.meta is not None:
             self.progress = Progress.from_json(result.meta)
-            if self.lr_scheduler is not None and "lr_scheduler" in result.meta["extra"]:
-                self.lr_scheduler.load_state_dict(result.meta["extra"]["lr_scheduler"])
+            received = result.meta["extra"]
+            self.gns.load_state_dict(received["gns"])
+            if self.lr_scheduler is not None and "lr_scheduler" in received:
+                self.lr_scheduler.load_state_dict(received["lr_scheduler"])
         self._has_state = True
         self.peer.step = self.progress.step
 

@@ -36,6 +36,19 @@ class Strategy(ABC):
     def detach(self) -> None:
         """Remove whatever the strategy installed on the model."""
 
+    def launch_all(self) -> None:
+        """Start any communication of the step not started yet, without waiting for it."""
+
+    measure_norms: bool = False
+
+    def local_sqnorm(self) -> float | None:
+        """This worker's squared gradient norm before averaging, if the strategy measured it."""
+        return None
+
+    def global_sqnorm(self) -> float | None:
+        """The averaged gradient's squared norm, if the strategy measured it."""
+        return None
+
 
 def resolve_comm_source(comm: CommSource | Communicator | None) -> CommSource:
     if comm is None:

@@ -46,6 +46,13 @@ class _Bucket:
         self.handle = None
 
 
+def sqnorm(flat: torch.Tensor) -> torch.Tensor:
+    """Squared L2 norm as a float64 scalar tensor (no host sync); half types summed in float32."""
+    if flat.dtype in (torch.float16, torch.bfloat16):
+        return torch.linalg.vector_norm(flat, dtype=torch.float32).to(torch.float64) ** 2
+    return torch.dot(flat, flat).to(torch.float64)
+
+
 def plan_buckets(sizes_bytes: list[int], cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
     """Group consecutive items into buckets, closing a bucket once it holds ``cap_bytes``
     (the first once it holds ``first_cap_bytes``).
@@ -88,6 +95,9 @@ class SyncSGD(Strategy):
         self._active = False
         self._next_launch = 0
         self._sync_enabled = True
+        self.measure_norms = False  # set per step by the loop: take squared norms for monitors
+        self._local_sqnorm: torch.Tensor | None = None
+        self._global_sqnorm: torch.Tensor | None = None
         self._param_names: dict[torch.nn.Parameter, str] = {}
         self._model: torch.nn.Module | None = None
 
@@ -157,6 +167,8 @@ class SyncSGD(Strategy):
         self._comm = self._comm_source()
         self._weight = float(weight)
         self._next_launch = 0
+        self._local_sqnorm = None
+        self._global_sqnorm = None
         for bucket in self._buckets:
             bucket.reset()
         self._active = True
@@ -194,6 +206,9 @@ class SyncSGD(Strategy):
 
     def _launch(self, bucket: _Bucket) -> None:
         assert self._comm is not None
+        if self.measure_norms:  # |w·g_r|² of this bucket, read just before it is reduced in place
+            part = sqnorm(bucket.buffer)
+            self._local_sqnorm = part if self._local_sqnorm is None else self._local_sqnorm + part
         bucket.handle = self._comm.allreduce(bucket.buffer, "sum", channel="grad", async_op=True)
 
     def _launch_ready(self) -> None:
@@ -202,22 +217,41 @@ class SyncSGD(Strategy):
             self._launch(self._buckets[self._next_launch])
             self._next_launch += 1
 
-    def synchronize(self) -> None:
+    def launch_all(self) -> None:
+        """Send every bucket not sent yet (unused parameters contribute zero); no waiting."""
         if not self._active:  # no gradient and no begin_step: contribute zeros so peers don't wait
             self.begin_step(0.0)
+        for bucket in self._buckets[self._next_launch:]:
+            for j, ready in enumerate(bucket.ready):
+                if not ready:  # unused here (or an empty local batch): contribute zero
+                    bucket.slices[j].zero_()
+            self._launch(bucket)
+        self._next_launch = len(self._buckets)
+
+    def local_sqnorm(self) -> float | None:
+        """|g_r|² of this worker's own gradient (unscaled), if measured this step."""
+        if self._local_sqnorm is None or self._weight <= 0:
+            return None
+        return float(self._local_sqnorm) / (self._weight * self._weight)
+
+    def global_sqnorm(self) -> float | None:
+        """|ḡ|² of the averaged gradient, if measured this step (after ``synchronize``)."""
+        return None if self._global_sqnorm is None else float(self._global_sqnorm)
+
+    def synchronize(self) -> None:
         try:
-            for bucket in self._buckets[self._next_launch:]:
-                for j, ready in enumerate(bucket.ready):
-                    if not ready:  # unused here (or an empty local batch): contribute zero
-                        bucket.slices[j].zero_()
-                self._launch(bucket)
-            self._next_launch = len(self._buckets)
+            self.launch_all()
+            total = None
             for bucket in self._buckets:
                 assert bucket.handle is not None
                 bucket.handle.wait()
+                if self.measure_norms:
+                    part = sqnorm(bucket.buffer)
+                    total = part if total is None else total + part
                 for p, slot in zip(bucket.params, bucket.slices):
                     if p.grad is not slot:
                         p.grad = slot
+            self._global_sqnorm = total
         finally:
             self._active = False
 

@@ -1,0 +1,61 @@
+"""What each worker reports in the step's control message, and the agreed statistics.
+
+Every worker contributes one small float64 row (``WorkerReport``); the rows of all workers are
+allgathered in the step's single control message, so every worker computes the same
+``StepStats`` from the same numbers: they are identical everywhere by construction.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    version_seen: float = 0.0   # newest config version this worker saw (rank 0 looks)
+    stop: float = 0.0           # 1 if this worker asked the job to stop
+    local_sqnorm: float = math.nan  # |g_r|² of this worker's own (unscaled) gradient; nan = not measured
+    sqnorm_batch: float = 0.0   # the batch size local_sqnorm was taken on (b_r, or b/2 in a split)
+    local_batch: float = 0.0    # b_r
+    loss_sum: float = 0.0       # loss × b_r (so the global mean weights workers by their share)
+    compute_seconds: float = 0.0  # step start -> backward done on this worker
+
+    WIDTH = 7
+
+    def to_row(self) -> list[float]:
+        return [float(getattr(self, f.name)) for f in fields(self)]
+
+    @staticmethod
+    def from_row(row: list[float]) -> "WorkerReport":
+        return WorkerReport(*row[:WorkerReport.WIDTH])
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Step statistics agreed by all workers."""
+    version_seen: int
+    stop: bool
+    loss: float | None             # mean loss over the global batch
+    small_sqnorm: float | None     # mean |g_r|² over workers with a share (the small batch)
+    small_batch: float             # mean batch size of those measurements
+    global_batch: float            # B
+    grad_variance: float | None    # mean |g_r − ḡ|² across workers: mean|g_r|² − |ḡ|²
+    compute_seconds: tuple[float, ...]
+    straggler: float               # slowest / median compute time (1.0 = balanced)
+
+    @staticmethod
+    def reduce(rows: list[WorkerReport], big_sqnorm: float | None) -> "StepStats":
+        total = sum(r.local_batch for r in rows)
+        measured = [r for r in rows if r.local_batch > 0 and math.isfinite(r.local_sqnorm)]
+        small = sum(r.local_sqnorm for r in measured) / len(measured) if measured else None
+        variance = small - big_sqnorm if small is not None and big_sqnorm is not None else None
+        times = tuple(r.compute_seconds for r in rows)
+        median = statistics.median(times) if times else 0.0
+        return StepStats(
+            version_seen=int(max(r.version_seen for r in rows)), stop=any(r.stop > 0 for r in rows),
+            loss=sum(r.loss_sum for r in rows) / total if total > 0 else None, small_sqnorm=small,
+            global_batch=total,
+            small_batch=sum(r.sqnorm_batch for r in measured) / len(measured) if measured else 0.0,
+            grad_variance=variance, compute_seconds=times,
+            straggler=max(times) / median if median > 0 else 1.0)

@@ -1,0 +1,109 @@
+"""Gradient noise scale: the pure estimator, the agreed statistics, and validation against
+exact per-sample gradients (torch.func) for 1, 2 and 4 workers."""
+import math
+
+import pytest
+import torch
+from torch.func import functional_call, grad, vmap
+from torch.utils.data import TensorDataset
+
+import taiji
+from taiji.monitor import GNSEstimator, StepStats, WorkerReport, two_batch_estimates
+from taiji.runtime.peer import Peer
+from _harness import run_threads
+
+
+def test_two_batch_estimates_recover_known_values():
+    g2, trace = 3.0, 120.0
+    small, big = g2 + trace / 8, g2 + trace / 32  # E|g_b|² = |G|² + tr Σ / b
+    est = two_batch_estimates(small, big, 8, 32)
+    assert est == pytest.approx((g2, trace))
+    with pytest.raises(ValueError):
+        two_batch_estimates(small, big, 8, 8)
+
+
+def test_estimator_bias_correction_skips_and_state():
+    est = GNSEstimator(decay=0.9)
+    assert est.b_noise is None
+    est.update(3.0 + 120 / 8, 3.0 + 120 / 32, 8, 32)
+    assert est.grad_sqnorm == pytest.approx(3.0) and est.b_noise == pytest.approx(40.0)  # no warm-up bias
+    assert not est.update(math.nan, 1.0, 8, 32) and not est.update(1.0, math.inf, 8, 32)
+    assert not est.update(1.0, 1.0, 8, 8) and est.skipped == 3 and est.updates == 1
+    copy = GNSEstimator()
+    copy.load_state_dict(est.state_dict())
+    assert copy.b_noise == est.b_noise and copy.skipped == 3
+
+
+def test_step_stats_reduce_is_a_pure_function_of_the_rows():
+    rows = [WorkerReport(version_seen=3, local_sqnorm=5.0, sqnorm_batch=4, local_batch=4, loss_sum=8.0,
+                         compute_seconds=1.0),
+            WorkerReport(version_seen=0, stop=1, local_sqnorm=7.0, sqnorm_batch=4, local_batch=4, loss_sum=4.0,
+                         compute_seconds=3.0),
+            WorkerReport(local_batch=0, compute_seconds=1.0)]  # an empty share measures nothing
+    stats = StepStats.reduce([WorkerReport.from_row(r.to_row()) for r in rows], big_sqnorm=2.0)
+    assert stats.version_seen == 3 and stats.stop and stats.loss == pytest.approx(1.5)
+    assert stats.small_sqnorm == 6.0 and stats.small_batch == 4 and stats.global_batch == 8
+    assert stats.grad_variance == 4.0 and stats.straggler == 3.0
+
+
+# -- validation against exact per-sample gradients --------------------------------------
+
+N, DIM, BATCH = 4096, 12, 64
+
+
+def regression_problem():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, DIM, generator=g, dtype=torch.float64)
+    w_true = torch.randn(DIM, 1, generator=g, dtype=torch.float64)
+    y = x @ w_true + 0.5 * torch.randn(N, 1, generator=g, dtype=torch.float64)
+    return TensorDataset(x, y)
+
+
+def make_model():
+    model = torch.nn.Linear(DIM, 1).double()
+    with torch.no_grad():
+        model.weight.fill_(0.3)
+        model.bias.fill_(1.0)
+    return model
+
+
+def exact_noise(model, data):
+    """|G|² and tr Σ of per-sample gradients over the whole data set (population values)."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = data.tensors
+
+    def sample_loss(p, xi, yi):
+        out = functional_call(model, p, (xi.unsqueeze(0),))
+        return ((out - yi.unsqueeze(0)) ** 2).mean()
+    per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)
+    flat = torch.cat([g.reshape(N, -1) for g in per_sample.values()], dim=1)
+    mean = flat.mean(0)
+    return float(mean.square().sum()), float((flat - mean).square().sum(1).mean())
+
+
+def measure(peer, steps=192):
+    data = regression_problem()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # parameters stay put: the truth is constant
+    raw = []
+    job = taiji.Job(model, opt, data, BATCH, max_steps=steps, epochs=100, peer=peer, log_every=0,
+                    on_commit=lambda step: raw.append(step.job.last_raw_estimates))
+    for step in job:
+        x, y = step.batch
+        step.backward(((model(x) - y) ** 2).mean(1))  # per-sample losses
+    g2 = sum(r[0] for r in raw) / len(raw)
+    trace = sum(r[1] for r in raw) / len(raw)
+    return g2, trace, job.gns.b_noise
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_estimates_match_exact_per_sample_gradients_within_10_percent(n):
+    exact_g2, exact_trace = exact_noise(make_model(), regression_problem())
+    results = run_threads(n, measure, timeout=30) if n > 1 else [measure(Peer.solo())]
+    for g2, trace, b_noise in results:
+        assert g2 == pytest.approx(exact_g2, rel=0.10)
+        assert trace == pytest.approx(exact_trace, rel=0.10)
+        assert trace / g2 == pytest.approx(exact_trace / exact_g2, rel=0.15)
+        assert b_noise is not None and b_noise == pytest.approx(exact_trace / exact_g2, rel=0.5)
+    assert len({r for r in results}) == 1, "every worker must hold the same estimates"
