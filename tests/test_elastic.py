@@ -63,7 +63,8 @@ def test_worker_killed_mid_step_survivors_retry_and_keep_invariants(tmp_path, ph
 
 def test_crash_with_replace_spawns_a_replacement_that_joins(tmp_path):
     faults = [{"action": "kill", "rank": 2, "step": 10, "phase": "allreduce"}]
-    proc = run_elastic(tmp_path, 3, "--steps", "400", "--step-delay", "0.005", "--sizes", "3",
+    # v1 start, v2 without the failed worker, v3 with its replacement
+    proc = run_elastic(tmp_path, 3, "--steps", "3000", "--step-delay", "0.005", "--stop-at-version", "3",
                        launcher_args=["--replace"], faults=faults)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
     result = check_invariants(tmp_path, 16)

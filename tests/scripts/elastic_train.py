@@ -77,7 +77,7 @@ def audit(out: Path, batch: int) -> dict:
     return result
 
 
-def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None):
+def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None, stop_at_version=0):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     pending = list(sizes)
@@ -106,6 +106,8 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None)
                 next_at = step.index + every
         elif peer.rank == 0 and sizes and step.index >= next_at:
             job.request_stop()  # the schedule is done: every worker stops at this boundary
+        if stop_at_version and peer.version >= stop_at_version:
+            job.request_stop()
         x, y = step.batch
         loss = F.cross_entropy(model(x), y)
         if step_delay:
@@ -121,13 +123,15 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--sizes", nargs="*", type=int, default=[])
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--stop-at-version", type=int, default=0,
+                        help="stop once the cluster reaches this config version")
     parser.add_argument("--step-delay", type=float, default=0.0)
     args = parser.parse_args()
     taiji.configure_logging("INFO")
     peer = taiji.init()
     worker = os.environ["TAIJI_WORKER_ID"]
     params, job = train(peer, args.steps, args.batch, args.sizes, args.every, args.step_delay,
-                        args.out / f"{worker}.jsonl")
+                        args.out / f"{worker}.jsonl", args.stop_at_version)
     with open(args.out / f"{worker}.transitions.json", "w") as f:
         json.dump(job.transitions, f)
     if peer.rank == 0:
