@@ -26,7 +26,8 @@ def run_elastic(tmp_path: Path, nproc: int, *script_args: str, launcher_args=(),
                 batch=16, timeout=200):
     env = {"TAIJI_FAULTS": json.dumps(faults)} if faults else {}
     proc = taiji_run(nproc, [sys.executable, SCRIPT, str(tmp_path), "--batch", str(batch), *script_args],
-                     extra=["--timeout", "3", *launcher_args], env=env, timeout=timeout)
+                     extra=["--timeout", "3", "--run-dir", str(tmp_path / "run"), *launcher_args], env=env,
+                     timeout=timeout)
     return proc
 
 
@@ -47,6 +48,18 @@ def test_resizes_1_3_2_4_1_keep_every_invariant(tmp_path):
     assert result["sizes"] == [1, 3, 2, 4, 1]
     transitions = json.loads((tmp_path / "w0.transitions.json").read_text())
     assert [t["to_size"] for t in transitions] == [3, 2, 4, 1]
+    # rank 0's run directory: a metrics line per step, the resizes as events, and a timeline
+    from taiji.metrics.runlog import read_jsonl
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    events = read_jsonl(tmp_path / "run" / "events.jsonl")
+    assert len(metrics) == result["steps"] and {m["size"] for m in metrics} == {1, 2, 3, 4}
+    assert any(m["gns"] is not None for m in metrics if m["size"] > 1)
+    assert [e["size"] for e in events if e["kind"] == "resize"] == [3, 2, 4, 1]
+    assert events[0]["kind"] == "start" and events[-1]["kind"] == "end"
+    plot = subprocess.run([sys.executable, "-m", "taiji.launch.cli", "plot", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 0, plot.stderr
+    assert (tmp_path / "run" / "timeline.png").read_bytes().startswith(b"\x89PNG")
 
 
 @pytest.mark.parametrize("phase", ["allreduce", "compute"])
@@ -59,6 +72,9 @@ def test_worker_killed_mid_step_survivors_retry_and_keep_invariants(tmp_path, ph
     assert "worker w1 (rank 1) killed by SIGKILL" in proc.stdout
     recovery = [t for t in json.loads((tmp_path / "w0.transitions.json").read_text()) if t["reason"] == "failure"]
     assert len(recovery) == 1 and recovery[0]["step"] == 12  # the failed step is the one redone
+    from taiji.metrics.runlog import read_jsonl
+    kinds = [e["kind"] for e in read_jsonl(tmp_path / "run" / "events.jsonl")]
+    assert kinds == ["start", "failure", "recovery", "end"]
 
 
 def test_crash_with_replace_spawns_a_replacement_that_joins(tmp_path):

@@ -36,6 +36,7 @@ class RunConfig:
     grace: float = 5.0
     job_id: str = ""
     debug_collectives: bool = False
+    run_dir: str = ""
     min_np: int = 0
     max_np: int = 0
     replace: bool = False
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--job-id", default="", help="job id (default: generated)")
     run.add_argument("--debug-collectives", action="store_true",
                      help="check shapes/dtypes across ranks before each collective")
+    run.add_argument("--run-dir", default=None,
+                     help="where rank 0 writes metrics.jsonl and events.jsonl (default: runs/JOB_ID)")
     run.add_argument("--min-np", type=int, default=None, metavar="A",
                      help="never train with fewer workers (default: 1)")
     run.add_argument("--max-np", type=int, default=None, metavar="B",
@@ -84,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show a running job's cluster and progress",
                             usage="taiji status --job ID")
     status.add_argument("--job", required=True, help="the job id `taiji run` printed")
+    plot = sub.add_parser("plot", help="draw a run's timeline (PNG) from its run directory",
+                          usage="taiji plot RUN_DIR [-o OUT.png]")
+    plot.add_argument("run_dir", metavar="RUN_DIR")
+    plot.add_argument("-o", "--output", default=None, help="PNG path (default: RUN_DIR/timeline.png)")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                      help="the worker command, e.g. `python train.py --lr 0.1`; a bare `python` "
                           "or a `.py` script runs with the launcher's own interpreter")
@@ -132,9 +139,10 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
     elif command and command[0].endswith(".py"):
         command = [sys.executable] + command  # `taiji run -np 2 train.py` runs it with this Python
     _check_command(command)
+    job_id = args.job_id or f"j{secrets.token_hex(4)}"
     return RunConfig(nproc=args.nproc, command=tuple(command), host=args.host, port=args.port,
                      timeout=args.timeout, grace=args.grace,
-                     job_id=args.job_id or f"j{secrets.token_hex(4)}",
+                     job_id=job_id, run_dir=args.run_dir or str(Path("runs") / job_id),
                      debug_collectives=args.debug_collectives, min_np=min_np, max_np=max_np,
                      replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures)
 
@@ -150,6 +158,7 @@ def worker_env(cfg: RunConfig, worker: spec.WorkerSpec, rank: int, size: int, po
         env.SECRET.name: secret,
         env.LAUNCHER_PID.name: str(os.getpid()),
         env.TIMEOUT.name: str(cfg.timeout),
+        env.RUN_DIR.name: str(Path(cfg.run_dir).resolve()) if cfg.run_dir else "",
         # the torchrun contract, for scripts that read it
         "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
         "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": cfg.host, "MASTER_PORT": str(port),
@@ -211,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return resize_job(args.job, args.size)
         if args.subcommand == "status":
             return job_status(args.job)
+        if args.subcommand == "plot":
+            from ..metrics.plot import plot_run
+            print(f"taiji: wrote {plot_run(args.run_dir, args.output)}")
+            return 0
     except (ConfigError, LaunchError, StoreError) as exc:
         sys.stderr.write(f"taiji: error: {exc}\n")
         return 2 if isinstance(exc, ConfigError) else 1

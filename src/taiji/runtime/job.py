@@ -132,7 +132,7 @@ class Job:
                  device: torch.device | str | None = None, log_every: int = 50,
                  peer: Peer | None = None, recovery_timeout: float | None = None,
                  on_commit: Callable[["Step"], None] | None = None, monitor_every: int = 1,
-                 gns_decay: float = 0.95):
+                 gns_decay: float = 0.95, run_dir: str | None = None):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if epochs < 1 and max_steps is None:
@@ -157,6 +157,9 @@ class Job:
         self.gns = GNSEstimator(gns_decay)
         self.stats: StepStats | None = None  # the last committed step's agreed statistics
         self.last_raw_estimates: tuple[float, float] | None = None  # unsmoothed (|G|², tr Σ)
+        self.run_dir = run_dir if run_dir is not None else (env.RUN_DIR.get() or None)
+        self._run_log: Any = None
+        self._last_commit_time = 0.0
         self.recovery_timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
         self.sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)  # type: ignore[arg-type]
         self.progress = Progress(sampler=SamplerState(batch_size=batch_size))
@@ -203,7 +206,9 @@ class Job:
         self._sync_until_consistent(first=True)
         if self.peer.elastic:
             self.peer.job_store.set_training(self.peer.worker_id, True)  # type: ignore[union-attr]
-        self._time_of_log = time.perf_counter()
+        self._time_of_log = self._last_commit_time = time.perf_counter()
+        self._event("start", size=self.peer.size, version=self.peer.version,
+                    batch_size=self.progress.sampler.batch_size)
         while not self.done:
             step = self._make_step()
             try:
@@ -223,6 +228,9 @@ class Job:
             if self.peer.rank == 0:
                 store.set_done()
                 self._write_status()
+        self._event("end", size=self.peer.size, version=self.peer.version)
+        if self._run_log is not None:
+            self._run_log.close()
 
     def _fire(self, phase: str) -> None:
         if self._faults.faults:
@@ -319,6 +327,7 @@ class Job:
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self._update_monitors(step)
+        self._log_metrics(step)
         self.progress = replace(
             self.progress, step=self.progress.step + 1,
             sampler=advance(self.progress.sampler, step.global_batch_size, self.sampler.num_samples))
@@ -340,6 +349,36 @@ class Job:
             if stats.global_batch > stats.small_batch > 0:
                 self.last_raw_estimates = two_batch_estimates(stats.small_sqnorm, big, stats.small_batch,
                                                               stats.global_batch)
+
+    def _event(self, kind: str, **details: Any) -> None:
+        """Rank 0 records what happened to the job in the run directory (if there is one)."""
+        log_ = self._runlog()
+        if log_ is not None:
+            log_.log_event(kind, self.progress.step, **details)
+
+    def _runlog(self) -> Any:
+        if self.run_dir is None or self.peer.rank != 0:
+            return None
+        if self._run_log is None:  # opened by whoever is rank 0 now; files are appended to
+            from ..metrics.runlog import RunLog
+            self._run_log = RunLog(self.run_dir)
+        return self._run_log
+
+    def _log_metrics(self, step: Step) -> None:
+        now = time.perf_counter()
+        step_seconds, self._last_commit_time = now - self._last_commit_time, now
+        log_ = self._runlog()
+        if log_ is None or not self._monitoring(step.index):
+            return
+        stats = step.stats
+        assert stats is not None
+        log_.log_metrics({
+            "step": step.index, "epoch": step.epoch, "version": self.peer.version, "size": self.peer.size,
+            "batch_size": step.global_batch_size, "loss": stats.loss,
+            "samples_per_s": step.global_batch_size / step_seconds if step_seconds > 0 else None,
+            "gns": self.gns.b_noise, "grad_sqnorm": self.gns.grad_sqnorm, "trace_sigma": self.gns.trace_sigma,
+            "grad_variance": stats.grad_variance, "straggler": stats.straggler,
+            "lr": self.optimizer.param_groups[0].get("lr")})
 
     # -- membership changes -----------------------------------------------------------
 
@@ -366,6 +405,13 @@ class Job:
                   "from_size": old_size, "to_size": self.peer.size, "step": self.progress.step,
                   "switch_s": switched - started, "sync_s": finished - switched, "total_s": finished - started}
         self.transitions.append(record)
+        if reason == "failure":
+            self._event("failure", time=time.time() - (finished - started), size=old_size, version=old_version)
+            self._event("recovery", size=self.peer.size, version=self.peer.version, seconds=record["total_s"])
+        else:
+            self._event("resize", size=self.peer.size, from_size=old_size, version=self.peer.version,
+                        seconds=record["total_s"])
+        self._last_commit_time = time.perf_counter()
         log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs",
                  old_version, self.peer.version, reason, old_size, self.peer.size, self.progress.step,
                  finished - started)
