@@ -21,6 +21,7 @@ Training stops at the next step boundary once the file ``OUT/stop`` exists (taij
 sees it and asks the Job to stop, so every worker stops at the same step), or at
 ``--max-steps``. torchrun jobs are simply stopped from outside (that is their resize path).
 """
+import sys
 import time
 
 EXEC_TIME = time.time()  # before anything heavy: when this process began running Python
@@ -29,6 +30,9 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import watch_parent  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -76,17 +80,7 @@ class Log:
 def exit_with_parent() -> None:
     """torchrun starts workers in their own sessions and does not make them die with it: exit
     at once if the agent that started us dies, so that no worker outlives its launcher."""
-    import select
-    import threading
-    try:
-        fd = os.pidfd_open(os.getppid())
-    except (OSError, AttributeError):
-        return
-
-    def wait() -> None:
-        select.select([fd], [], [])
-        os._exit(1)
-    threading.Thread(target=wait, daemon=True).start()
+    watch_parent(os.getppid())
 
 
 def taiji_main(args: argparse.Namespace) -> None:
@@ -103,7 +97,8 @@ def taiji_main(args: argparse.Namespace) -> None:
     def on_commit(step) -> None:
         nonlocal seen_transitions
         record = {"event": "commit", "step": step.index, "size": peer.size, "rank": peer.rank,
-                  "version": peer.version, "pid": os.getpid(), "worker": peer.worker_id, "time": time.time()}
+                  "version": peer.version, "pid": os.getpid(), "worker": peer.worker_id, "time": time.time(),
+                  "began": phases["began"], "backward_done": phases["backward_done"]}
         if len(job.transitions) > seen_transitions:  # the first commit after a membership change
             record["transitions"] = job.transitions[seen_transitions:]
             seen_transitions = len(job.transitions)
@@ -113,7 +108,9 @@ def taiji_main(args: argparse.Namespace) -> None:
                     max_steps=args.max_steps, peer=peer, log_every=0, on_commit=on_commit)
     stop = args.out / "stop"
     first = True
+    phases = {"began": 0.0, "backward_done": 0.0}  # when the loop body got the step / backward returned
     for step in job:
+        phases["began"] = time.time()
         if first:  # joined (a joiner: admitted and synced) and about to run its first step
             log.write(event="boot", side="taiji", pid=os.getpid(), rank=peer.rank, size=peer.size,
                       ready=time.time(), **boot, **state_bytes(model))
@@ -124,7 +121,8 @@ def taiji_main(args: argparse.Namespace) -> None:
         loss = F.cross_entropy(model(x), y)
         if args.step_delay:
             time.sleep(args.step_delay)  # stands in for a bigger model's compute
-        step.backward(loss)
+        step.backward(loss)  # includes waiting for the gradient allreduce
+        phases["backward_done"] = time.time()
     log.write(event="done", pid=os.getpid(), worker=peer.worker_id, time=time.time(),
               transitions=job.transitions)
 
@@ -141,11 +139,22 @@ def torchrun_main(args: argparse.Namespace) -> None:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     # a generous timeout while the workers start (their imports may finish seconds apart on a busy
     # machine), then the requested one for training's collectives, on a group of the same workers
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=max(args.timeout, 120.0)))
+    start_timeout = datetime.timedelta(seconds=max(args.timeout, 120.0))
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's workers share the agent's store across restarts, and torch 2.13 adds no
+        # per-restart prefix there: a restarted rank can read the previous attempt's gloo
+        # address of a peer and fail with "Connection refused". Prefix it by the restart count.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=start_timeout)
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"restart{restart}", store), rank=rank,
+                                world_size=size, timeout=start_timeout)
+    else:
+        dist.init_process_group("gloo", timeout=start_timeout)
     group = dist.new_group(timeout=datetime.timedelta(seconds=args.timeout))
     joined = time.time()
     model = make_model()
-    opt = make_optimizer(model)
+    opt = make_optimizer(model)  # the first optimizer pulls in lazy imports (torch._dynamo): ~1 s here
+    built = time.time()
     step = 0
     ckpt = args.checkpoint
     if ckpt is not None and ckpt.exists():  # resume: every worker reads the last checkpoint
@@ -153,10 +162,12 @@ def torchrun_main(args: argparse.Namespace) -> None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         step = saved["step"]
+    loaded = time.time()
     ddp = DDP(model, process_group=group)  # broadcasts rank 0's parameters
     ready = time.time()
     log.write(event="boot", side="torchrun", pid=os.getpid(), rank=rank, size=size, restart=restart,
-              exec=EXEC_TIME, imported=IMPORT_TIME, joined=joined, ready=ready, resumed_at=step,
+              exec=EXEC_TIME, imported=IMPORT_TIME, joined=joined, built=built, loaded=loaded, ready=ready,
+              resumed_at=step,
               **state_bytes(model))
     x_all, y_all = make_data()
     perm = torch.randperm(NUM_SAMPLES, generator=torch.Generator().manual_seed(11))

@@ -8,12 +8,12 @@ process logs each committed step with its wall-clock time; all figures come from
 - **grow 1->2, grow 2->4, shrink 4->2**: the stall of the workers that keep running, i.e.
   (first commit at the new size - last commit at the old size) - one normal step at the new
   size. taiji: one job; the parent asks its store for a new size (what ``taiji resize`` does);
-  joiners boot while the others keep training, so their boot is not a stall. torchrun: its own
-  elastic scale-up (two agents, c10d rendezvous) is tried once and reported separately; the
+  joiners boot while the others keep training, so their boot is not a stall. torchrun: the
   measured anchor is its restart path: stop the job (SIGTERM to torchrun) and start it again
-  with the new size from the last checkpoint.
+  with the new size from the last checkpoint. Its own elastic scale-up (two agents, c10d
+  rendezvous) is tried once in full mode and reported as what happened.
 - **crash**: SIGKILL one of 2 workers; seconds from the kill to the next committed step of
-  a survivor. taiji: the survivor retries the failed step alone; (full mode also kills one of
+  a survivor. taiji: the survivor retries the failed step alone (full mode also kills one of
   3). torchrun: ``--max-restarts 1`` restarts both workers from the checkpoint.
 - **hang**: SIGSTOP one of 2 workers, collective timeout 2 s; seconds from the SIGSTOP to the
   next committed step. torchrun (full mode): the survivor's gloo timeout fails it, the agent
@@ -21,8 +21,12 @@ process logs each committed step with its wall-clock time; all figures come from
   30 s by default) and restarts. Quick mode reports a lower bound instead: timeout + the
   measured crash restart.
 
-    .venv/bin/python benchmarks/elastic.py --quick      # <= 90 s
-    .venv/bin/python benchmarks/elastic.py              # 3 repetitions, torchrun hang, crash 1 of 3
+Repetitions alternate which side runs first; each row gives medians, every repetition's value
+(``*_all``) and the parts the anchor's time is made of. Every launched job has a hard timeout
+and is killed with its session (and any worker torchrun started) and reaped in ``finally``.
+
+    .venv/bin/python benchmarks/elastic.py --quick      # one repetition, <= 90 s
+    .venv/bin/python benchmarks/elastic.py              # 3 repetitions + extras, 7-9 min
 """
 from __future__ import annotations
 
@@ -65,8 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=None,
                         help="hard limit per launched job, seconds (default: 45 quick, 150 full)")
     parser.add_argument("--elastic-wait", type=float, default=None,
-                        help="how long to wait for torchrun's own elastic scale-up (default: 8 quick, 75 full); "
-                             "0 skips the attempt")
+                        help="how long to wait for torchrun's own elastic scale-up (default: 0 = not tried "
+                             "in --quick, 75 in full mode, enough for its 60 s store timeout to fire)")
     parser.add_argument("--torchrun-hang", action=argparse.BooleanOptionalAction, default=None,
                         help="measure torchrun's hang recovery (default: full mode only)")
     parser.add_argument("--crash3", action=argparse.BooleanOptionalAction, default=None,
@@ -78,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.warm = args.warm or (10 if quick else 20)
     args.settle = args.settle or (8 if quick else 15)
     args.timeout = args.timeout or (45.0 if quick else 150.0)
-    args.elastic_wait = (8.0 if quick else 75.0) if args.elastic_wait is None else args.elastic_wait
+    args.elastic_wait = (0.0 if quick else 75.0) if args.elastic_wait is None else args.elastic_wait
     args.torchrun_hang = (not quick) if args.torchrun_hang is None else args.torchrun_hang
     args.crash3 = (not quick) if args.crash3 is None else args.crash3
     if args.batch % 4 or args.settle < 3 or args.warm < 3:
@@ -201,7 +205,7 @@ def train_args(args: argparse.Namespace, out: Path, *extra: str) -> list[str]:
 
 def taiji_cmd(args: argparse.Namespace, out: Path, nproc: int, timeout: float, job_id: str, *launcher: str) -> list[str]:
     return [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(nproc), "--timeout", str(timeout),
-            "--job-id", job_id, *launcher, "--", *train_args(args, out)]
+            "--job-id", job_id, "--run-dir", str(out / "run"), *launcher, "--", *train_args(args, out)]
 
 
 def torchrun_cmd(nproc: int, *options: str) -> list[str]:
@@ -270,7 +274,7 @@ def taiji_change(log: StepLog, change: dict, settle: int) -> dict:
     to_v = change["to_version"]
     commits = log.select("commit")
     workers = sorted({c["worker"] for c in commits})
-    stalls, transitions, firsts, per_worker = [], [], [], {}
+    stalls, transitions, firsts, per_worker, first_parts = [], [], [], {}, []
     joiners = []
     for w in workers:
         mine = [c for c in commits if c["worker"] == w]
@@ -283,6 +287,11 @@ def taiji_change(log: StepLog, change: dict, settle: int) -> dict:
             continue
         stall = after[0]["time"] - before[-1]["time"] - normal_step(after, settle)
         record = (after[0].get("transitions") or [{}])[-1]
+        # where the first step at the new size spent its time, against a normal step there
+        body = [c["time"] - c["began"] for c in after[1:settle + 1]]
+        first_parts.append({"to_loop_s": after[0]["began"] - before[-1]["time"],
+                            "first_step_body_s": after[0]["time"] - after[0]["began"],
+                            "normal_step_body_s": median(body)})
         stalls.append(stall)
         firsts.append(after[0]["time"])
         transitions.append(record)
@@ -298,6 +307,9 @@ def taiji_change(log: StepLog, change: dict, settle: int) -> dict:
         "transition_total_s": max(t.get("total_s", 0.0) for t in transitions),
         "transition_switch_s": max(t.get("switch_s", 0.0) for t in transitions),
         "transition_sync_s": max(t.get("sync_s", 0.0) for t in transitions),
+        # commit -> next step handed to the loop (transition included), and that step's own time
+        "to_loop_s": max(f["to_loop_s"] for f in first_parts),
+        "first_step_extra_s": max(f["first_step_body_s"] - f["normal_step_body_s"] for f in first_parts),
         # not a stall: joiners boot while the running workers keep training
         "request_to_new_size_s": min(firsts) - change["requested"],
         "steps_while_joiners_booted": sum(1 for c in w0 if change["requested"] < c["time"] < min(firsts)),
@@ -409,7 +421,9 @@ def torchrun_change(log: StepLog, change: dict, settle: int) -> dict:
         "agent_boot_s": agent_boot,
         "worker_import_s": max(b["imported"] - b["exec"] for b in boots),
         "rendezvous_s": max(b["joined"] for b in boots) - max(b["imported"] for b in boots),
-        "checkpoint_load_s": max(b["ready"] for b in boots) - max(b["joined"] for b in boots),
+        "build_model_optimizer_s": max(b["built"] for b in boots) - max(b["joined"] for b in boots),
+        "checkpoint_load_s": max(b["loaded"] for b in boots) - max(b["built"] for b in boots),
+        "ddp_init_s": max(b["ready"] for b in boots) - max(b["loaded"] for b in boots),
         "first_step_s": first - max(b["ready"] for b in boots),
         # a resident elastic agent would not boot itself again
         "without_agent_boot_s": request_to_first - agent_boot,
@@ -458,7 +472,9 @@ def torchrun_fault(args: argparse.Namespace, out: Path, env: dict, action: str) 
             "kill_to_worker_exec_s": min(b["exec"] for b in boots) - hit,
             "worker_import_s": max(b["imported"] - b["exec"] for b in boots),
             "rendezvous_s": max(b["joined"] for b in boots) - max(b["imported"] for b in boots),
-            "checkpoint_load_s": max(b["ready"] for b in boots) - max(b["joined"] for b in boots),
+            "build_model_optimizer_s": max(b["built"] for b in boots) - max(b["joined"] for b in boots),
+            "checkpoint_load_s": max(b["loaded"] for b in boots) - max(b["built"] for b in boots),
+            "ddp_init_s": max(b["ready"] for b in boots) - max(b["loaded"] for b in boots),
             "first_step_s": after[0]["time"] - max(b["ready"] for b in boots),
             "step_ms": median(steps(log.select("commit", restart=0, rank=0))) * 1e3,
         }
@@ -523,6 +539,17 @@ def r(value, digits=4):
     return None if value is None else round(value, digits)
 
 
+def every(runs: list[dict], *path) -> list:
+    """Each repetition's value (rounded), to show the spread behind a median."""
+    values = []
+    for run in runs:
+        value = run
+        for key in path:
+            value = value[key] if value is not None else None
+        values.append(r(value))
+    return values
+
+
 def ratio(anchor, taiji):
     return None if anchor is None or taiji is None or taiji <= 0 else round(anchor / taiji, 2)
 
@@ -535,7 +562,8 @@ def build_rows(res: dict, elastic: dict | None, model: dict, args) -> list[dict]
         anchor = med(ar, "changes", i, "stall_s")
         bcast = med(ar, "changes", i, "broadcast_s")
         row = {"case": f"{case}: stall of running workers (s)", "taiji": r(taiji), "anchor": r(anchor),
-               "ratio": ratio(anchor, taiji), "n": len(tr), "n_anchor": len(ar)}
+               "ratio": ratio(anchor, taiji), "taiji_all": every(tr, "changes", i, "stall_s"),
+               "anchor_all": every(ar, "changes", i, "stall_s")}
         if name == "grow":
             target = None if bcast is None else 0.1 + bcast
             row.update(target_s=r(target), target="<= 0.1 s + state transfer at broadcast bandwidth",
@@ -548,6 +576,8 @@ def build_rows(res: dict, elastic: dict | None, model: dict, args) -> list[dict]
         row.update({
             "taiji_transition_total_s": r(med(tr, "changes", i, "transition_total_s")),
             "taiji_transition_sync_s": r(med(tr, "changes", i, "transition_sync_s")),
+            "taiji_commit_to_next_step_s": r(med(tr, "changes", i, "to_loop_s")),
+            "taiji_first_step_extra_s": r(med(tr, "changes", i, "first_step_extra_s")),
             "taiji_request_to_new_size_s": r(med(tr, "changes", i, "request_to_new_size_s"), 3),
             "taiji_steps_while_joiners_booted": med(tr, "changes", i, "steps_while_joiners_booted"),
             "taiji_step_ms_before_after": [r(med(tr, "changes", i, "step_ms_before"), 1),
@@ -557,19 +587,20 @@ def build_rows(res: dict, elastic: dict | None, model: dict, args) -> list[dict]
             "anchor_without_agent_boot_s": r(med(ar, "changes", i, "without_agent_boot_s"), 3),
             "ratio_without_agent_boot": ratio(med(ar, "changes", i, "without_agent_boot_s"), taiji),
             "anchor_parts_s": {k: r(med(ar, "changes", i, k), 3) for k in
-                               ("stop_s", "agent_boot_s", "worker_import_s", "rendezvous_s", "checkpoint_load_s",
-                                "first_step_s")},
+                               ("stop_s", "agent_boot_s", "worker_import_s", "rendezvous_s",
+                                "build_model_optimizer_s", "checkpoint_load_s", "ddp_init_s", "first_step_s")},
             "anchor_step_ms_before_after": [r(med(ar, "changes", i, "step_ms_before"), 1),
                                             r(med(ar, "changes", i, "step_ms_after"), 1)],
         })
-        if i == 0 and elastic is not None:
-            row["anchor_torchrun_elastic_scale_up"] = elastic.get("outcome")
+        if i == 0:
+            row["anchor_torchrun_elastic_scale_up"] = (elastic or {}).get("outcome", "not tried (--elastic-wait 0)")
         rows.append(row)
 
     tc, ac = res["taiji_crash"], res["torchrun_crash"]
     taiji, anchor = med(tc, "resume_s"), med(ac, "resume_s")
     row = {"case": "crash: SIGKILL 1 of 2 workers -> next committed step (s)", "taiji": r(taiji),
-           "anchor": r(anchor), "ratio": ratio(anchor, taiji), "n": len(tc), "n_anchor": len(ac),
+           "anchor": r(anchor), "ratio": ratio(anchor, taiji), "taiji_all": every(tc, "resume_s"),
+           "anchor_all": every(ac, "resume_s"),
            "target_s": 0.3, "target": "<= 0.3 s, at most one step redone",
            "target_met": None if taiji is None else taiji <= 0.3,
            "taiji_continues_with": med(tc, "to_size"),
@@ -581,11 +612,12 @@ def build_rows(res: dict, elastic: dict | None, model: dict, args) -> list[dict]
            "anchor_committed_steps_redone": med(ac, "committed_steps_redone"),
            "anchor_workers_restarted": med(ac, "workers_restarted"),
            "anchor_parts_s": {k: r(med(ac, k), 3) for k in
-                              ("kill_to_worker_exec_s", "worker_import_s", "rendezvous_s", "checkpoint_load_s",
-                               "first_step_s")},
+                              ("kill_to_worker_exec_s", "worker_import_s", "rendezvous_s",
+                               "build_model_optimizer_s", "checkpoint_load_s", "ddp_init_s", "first_step_s")},
            "anchor_step_ms": r(med(ac, "step_ms"), 1)}
     if res["taiji_crash3"]:
         row["taiji_1_of_3_s"] = r(med(res["taiji_crash3"], "resume_s"))
+        row["taiji_1_of_3_all_s"] = every(res["taiji_crash3"], "resume_s")
         row["taiji_1_of_3_continues_with"] = med(res["taiji_crash3"], "to_size")
     rows.append(row)
 
@@ -602,7 +634,8 @@ def build_rows(res: dict, elastic: dict | None, model: dict, args) -> list[dict]
                 "waits --shutdown-timeout, 30 s by default, before it SIGKILLs the stopped worker)")
     rows.append({"case": f"hang: SIGSTOP 1 of 2 workers, collective timeout {args.hang_timeout:g} s -> "
                          "next committed step (s)", "taiji": r(taiji), "anchor": r(anchor),
-                 "ratio": ratio(anchor, taiji), "n": len(th), "n_anchor": len(ah), "target_s": target,
+                 "ratio": ratio(anchor, taiji), "taiji_all": every(th, "resume_s"),
+                 "anchor_all": every(ah, "resume_s"), "target_s": target,
                  "target": "<= collective timeout + 0.3 s", "target_met": None if taiji is None else taiji <= target,
                  "taiji_over_timeout_s": r(None if taiji is None else taiji - args.hang_timeout),
                  "anchor_kind": kind})

@@ -39,7 +39,21 @@ _OP_CODES = {"allreduce": 1, "broadcast": 2, "allgather": 3, "barrier": 4, "cons
 _DTYPE_CODES = {dt: i for i, dt in enumerate((
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool), start=1)}
-_SIGNATURE_LEN = 16  # op, dtype, device, ndim, extra, shape[:11]
+_SIGNATURE_LEN = 16
+_REAP_DELAY_S = 1.0
+_reaps: list[tuple[threading.Timer, dict]] = []
+_reaps_lock = threading.Lock()
+
+
+def reap_closed_groups() -> None:
+    """Destroy closed versions' groups now. Call before the interpreter exits: a group still
+    alive during interpreter teardown can abort the process."""
+    with _reaps_lock:
+        pending = list(_reaps)
+        _reaps.clear()
+    for reaper, groups in pending:
+        reaper.cancel()
+        groups.clear()  # op, dtype, device, ndim, extra, shape[:11]
 
 
 def _describe_failure(exc: BaseException) -> type[CommError]:
@@ -68,12 +82,17 @@ class Handle(Generic[T]):
                     self._work.wait()
                 except RuntimeError as exc:
                     raise self._comm._error(exc, self._op, self._channel) from exc
+                finally:
+                    # a Work keeps its group alive; holding it could make the training thread
+                    # the one that tears an old version's group down (slow) when it lets go
+                    self._work = None
             self._result = self._finish()
             self._done = True
         return self._result  # type: ignore[return-value]
 
     def is_completed(self) -> bool:
-        return self._done or self._work is None or self._work.is_completed()
+        work = self._work
+        return self._done or work is None or work.is_completed()
 
 
 @dataclass(frozen=True)
@@ -146,6 +165,15 @@ class Communicator:
                 group.abort()
             except (RuntimeError, AttributeError):  # already broken, or a torch without abort()
                 pass
+        if groups:
+            # Destroying a gloo group waits on each peer's connection (~10 ms per peer and
+            # channel): let a background thread hold the last reference and drop it a moment
+            # later, after the training thread has dropped any of its own.
+            reaper = threading.Timer(_REAP_DELAY_S, groups.clear)
+            reaper.daemon = True
+            with _reaps_lock:
+                _reaps.append((reaper, groups))
+            reaper.start()
 
     # -- errors -----------------------------------------------------------------------
 

@@ -157,7 +157,7 @@ class Job:
         self.gns = GNSEstimator(gns_decay)
         self.stats: StepStats | None = None  # the last committed step's agreed statistics
         self.last_raw_estimates: tuple[float, float] | None = None  # unsmoothed (|G|², tr Σ)
-        self.run_dir = run_dir if run_dir is not None else (env.RUN_DIR.get() or None)
+        self.run_dir = (run_dir if run_dir is not None else env.RUN_DIR.get()) or None  # "" = none
         self._run_log: Any = None
         self._last_commit_time = 0.0
         self.recovery_timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from .. import env
 from ..cluster import spec
 from ..cluster.store import JobStore, connect_store
-from ..comm.communicator import CommOptions, Communicator
+from ..comm.communicator import CommOptions, Communicator, reap_closed_groups
 from ..errors import ConfigError, StoreError
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,8 @@ class Peer:
         except StoreError as exc:
             raise StoreError(f"[rank {self.rank} v={self.version}] worker {self.worker_id}: no new cluster "
                              f"config within {timeout:g}s after a failure ({exc}). Is the launcher alive?") from exc
-        return store.read_config()
+        # `config/v{N+1}` is written before `latest` moves: never read back an older version
+        return store.read_config(max(store.latest_version(), self.version + 1))
 
     def join(self, timeout: float) -> spec.ClusterConfig:
         """A joiner: say ready, then wait until a published config includes this worker."""
@@ -255,3 +256,4 @@ def shutdown() -> None:
         if _default is not None:
             _default.close()
             _default = None
+    reap_closed_groups()
