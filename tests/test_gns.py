@@ -107,3 +107,18 @@ def test_estimates_match_exact_per_sample_gradients_within_10_percent(n):
         assert trace / g2 == pytest.approx(exact_trace / exact_g2, rel=0.15)
         assert b_noise is not None and b_noise == pytest.approx(exact_trace / exact_g2, rel=0.5)
     assert len({r for r in results}) == 1, "every worker must hold the same estimates"
+
+
+def test_sampled_squared_norm_of_large_buckets_is_close_and_small_ones_exact():
+    from taiji.strategies.sync_sgd import SAMPLE_ABOVE, sqnorm
+    g = torch.Generator().manual_seed(1)
+    small = torch.randn(1000, generator=g)
+    assert float(sqnorm(small)) == pytest.approx(float(small.double().square().sum()), rel=1e-6)
+    # layers of very different scales laid out one after another, as in a real bucket
+    parts = [torch.randn(n, generator=g) * scale for n, scale in
+             [(2_400_000, 0.01), (1_000_000, 1.0), (300_000, 5.0), (777_777, 0.2)]]
+    big = torch.cat(parts)
+    assert big.numel() > SAMPLE_ABOVE
+    exact = float(big.double().square().sum())
+    assert float(sqnorm(big)) == pytest.approx(exact, rel=0.05)
+    assert float(sqnorm(big.to(torch.bfloat16))) == pytest.approx(exact, rel=0.06)

@@ -9,6 +9,7 @@ collectives). Every collective has a timeout; failures become ``PeerLost`` or
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import hashlib
 import logging
@@ -43,6 +44,7 @@ _SIGNATURE_LEN = 16
 _REAP_DELAY_S = 1.0
 _reaps: list[tuple[threading.Timer, dict]] = []
 _reaps_lock = threading.Lock()
+_reap_at_exit_registered = False
 
 
 def reap_closed_groups() -> None:
@@ -172,6 +174,10 @@ class Communicator:
             reaper = threading.Timer(_REAP_DELAY_S, groups.clear)
             reaper.daemon = True
             with _reaps_lock:
+                global _reap_at_exit_registered
+                if not _reap_at_exit_registered:  # any process that closes a group, Peer or not
+                    atexit.register(reap_closed_groups)
+                    _reap_at_exit_registered = True
                 _reaps.append((reaper, groups))
             reaper.start()
 
