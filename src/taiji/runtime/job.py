@@ -455,10 +455,13 @@ class Job:
         self.samples_per_second = self._samples_since_log / elapsed
         self._samples_since_log, self._time_of_log = 0, now
         if self.peer.rank == 0:
-            loss = "n/a" if step.loss is None else f"{step.loss:.4f}"
-            log.info("epoch %d step %d: loss %s, %.0f samples/s, global batch %d on %d workers",
-                     step.epoch, self.progress.step, loss, self.samples_per_second,
-                     step.global_batch_size, self.peer.size)
+            stats = step.stats
+            loss = step.loss if stats is None or stats.loss is None else stats.loss
+            gns = self.gns.b_noise
+            log.info("epoch %d step %d: loss %s, %.0f samples/s, global batch %d on %d workers, GNS %s",
+                     step.epoch, self.progress.step, "n/a" if loss is None else f"{loss:.4f}",
+                     self.samples_per_second, step.global_batch_size, self.peer.size,
+                     "n/a" if gns is None else f"{gns:.0f}")
             self._write_status()
 
     def _write_status(self) -> None:
