@@ -1,5 +1,9 @@
 """taiji SyncSGD vs torch DistributedDataParallel: training samples/s, side by side.
 
+A third side runs the same SyncSGD inside ``taiji.Job`` (the loop users run: sampler, the
+per-step control message with monitors, commit); its figures are ``taiji_job_loop`` and
+``ratio_job_loop`` (DDP time / Job time).
+
 Two worker processes (one compute thread each, gloo over loopback). Every worker builds,
 from one seeded initialisation, a DDP-wrapped model (its default 25 MiB buckets with a 1 MiB
 first bucket, on the raw default group) and a taiji copy synchronised by ``SyncSGD(bucket_mb=25)`` (on a taiji
@@ -66,6 +70,20 @@ def build_model(name: str):
     return model, (3, 32, 32), 32
 
 
+def elastic_peer(rank: int, n: int, port: int, job_id: str):
+    """A Peer of an n-worker taiji job on the benchmark's store (what `taiji run` sets up)."""
+    from taiji.cluster import spec
+    from taiji.cluster.store import JobStore
+    from taiji.cluster.store import connect_store as taiji_connect
+    from taiji.runtime.peer import Peer, PeerOptions
+    raw = taiji_connect("127.0.0.1", port)
+    job_store = JobStore(raw, job_id)  # one job per model: its groups get their own prefix
+    config = spec.initial([spec.WorkerSpec(f"w{r}") for r in range(n)])
+    if rank == 0:
+        job_store.publish(config)
+    return Peer(raw, job_store, f"w{rank}", job_store.read_config(1), PeerOptions(timeout=60.0))
+
+
 def bench_model(name: str, args, comm) -> dict:
     import copy
 
@@ -92,7 +110,18 @@ def bench_model(name: str, args, comm) -> dict:
     gen = torch.Generator().manual_seed(1000 + rank)  # each worker its own slice of the data
     batches = [(torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen))
                for _ in range(4)]
-    cursor = {"taiji": 0, "anchor": 0}  # both sides walk the same batch sequence
+    cursor = {"taiji": 0, "anchor": 0, "job": 0}  # every side walks the same batch sequence
+
+    # the same SyncSGD inside the full training loop users run (taiji.Job: sampler, control
+    # message with monitors, commit); its data set holds the same batches in the same order
+    job_model = copy.deepcopy(base)
+    job_peer = elastic_peer(rank, n, args.port, f"throughput-{name}")
+    data = torch.utils.data.TensorDataset(torch.cat([b[0] for b in batches] * n),
+                                          torch.cat([b[1] for b in batches] * n))
+    job = taiji.Job(job_model, torch.optim.SGD(job_model.parameters(), lr=0.01), data, batch * n,
+                    strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB), epochs=10**6, shuffle=False,
+                    log_every=0, peer=job_peer, run_dir="")
+    job_steps = iter(job)
 
     def taiji_step(x, y) -> None:
         sync.begin_step(1.0 / n)  # equal shares of the global batch
@@ -106,7 +135,12 @@ def bench_model(name: str, args, comm) -> dict:
         opts["anchor"].step()
         opts["anchor"].zero_grad()
 
-    sides = {"taiji": taiji_step, "anchor": ddp_step}
+    def job_step(x, y) -> None:  # the Job brings its own batch (the same tensors)
+        step = next(job_steps)   # also commits the previous step
+        bx, by = step.batch
+        step.backward(F.cross_entropy(job_model(bx), by))
+
+    sides = {"taiji": taiji_step, "anchor": ddp_step, "job": job_step}
     line_up = torch.zeros(1)
     cpu_times: dict[str, list[float]] = {side: [] for side in sides}
 
@@ -151,6 +185,8 @@ def bench_model(name: str, args, comm) -> dict:
         ddp_buckets = "?"
     taiji_buckets = ", ".join(str(b.buffer.numel() * b.buffer.element_size()) for b in sync._buckets)
     sync.detach()
+    job_steps.close()
+    job_peer.close()
 
     samples = args.steps * batch * n
     rate = {side: samples / median(times[side]) for side in sides}
@@ -160,6 +196,8 @@ def bench_model(name: str, args, comm) -> dict:
         "taiji": round(rate["taiji"], 1), "anchor": round(rate["anchor"], 1),
         "ratio": round(median([a / t for t, a in zip(times["taiji"], times["anchor"])]), 3),
         "ratio_of_medians": round(rate["taiji"] / rate["anchor"], 3),
+        "taiji_job_loop": round(rate["job"], 1),
+        "ratio_job_loop": round(median([a / t for t, a in zip(times["job"], times["anchor"])]), 3),
         "taiji_cpu_ms_per_step": round(median(cpu_times["taiji"]) * 1e3, 2),
         "anchor_cpu_ms_per_step": round(median(cpu_times["anchor"]) * 1e3, 2),
         "params": params, "taiji_bucket_bytes": taiji_buckets, "ddp_bucket_bytes": ddp_buckets,
