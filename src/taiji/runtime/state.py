@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -117,10 +118,6 @@ def module_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.data for p in model.parameters()] + [b for b in model.buffers()]
 
 
-def broadcast_module(model: torch.nn.Module, comm: Communicator, src: int = 0) -> None:
-    broadcast_tensors(module_tensors(model), comm, src)
-
-
 def digest(tensors: Iterable[torch.Tensor]) -> str:
     """A hex hash of the exact bytes of ``tensors`` (to compare replicas bitwise)."""
     return tensor_digest(tensors).hex()
@@ -154,7 +151,6 @@ def sync_state(comm: Communicator, model: torch.nn.Module, optimizer: torch.opti
     all steps agree (the first sync of a job, whose replicas may be initialised differently).
     Returns the source's ``meta`` and ``extra_state`` (as ``meta["extra"]``) on receivers.
     """
-    import time
     started = time.perf_counter()
     if comm.size == 1:
         return SyncResult(0, False, None)
