@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 NP ?= 2
 MAX_NP ?= 4
 EPOCHS ?= 2
-RESIZE ?= 150:3 600:2
+RESIZE ?= 150:3 400:2
+POLICY ?= gns,schedule
 TORCH_PIN ?= torch==2.13.0
 
 .PHONY: demo test test-fast setup data bench clean
@@ -36,9 +37,9 @@ data:
 
 demo: setup data
 	$(BIN)/taiji run -np $(NP) --max-np $(MAX_NP) python examples/fashion_mnist.py --epochs $(EPOCHS) \
-	  --resize $(RESIZE)
+	  --policy $(POLICY) --resize $(RESIZE)
 
-test: setup
+test: setup data
 	$(BIN)/python -m pytest -q -rs
 
 test-fast: setup

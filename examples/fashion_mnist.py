@@ -1,12 +1,20 @@
-"""Train a small CNN on Fashion-MNIST with taiji.
+"""Train a small CNN on Fashion-MNIST with taiji, adapting while it trains.
 
-    taiji run -np 2 --max-np 4 python examples/fashion_mnist.py --epochs 2 --resize 150:3 600:2
-    python examples/fashion_mnist.py --epochs 1          # the same script on one worker
+    taiji run -np 2 --max-np 4 python examples/fashion_mnist.py --policy gns,schedule --resize 150:3 600:2
+    taiji run -np 1 --max-np 4 python examples/fashion_mnist.py --policy throughput
+    python examples/fashion_mnist.py --epochs 1 --policy none   # the same script on one worker
 
-``--resize STEP:SIZE`` asks for SIZE workers when training reaches STEP: joiners boot while
-the others keep training, then join at a step boundary and receive the state; a shrink
-lets the newest workers leave. The global batch stays the same, so the result does not
-depend on how many workers computed it.
+``--policy`` (comma-separated, applied in this order):
+  gns         global batch follows the gradient noise scale (GNSBatchSize, up to --max-batch),
+              learning rate follows the batch (--lr-rule sqrt|linear|adascale)
+  schedule    ``--resize STEP:SIZE`` asks for SIZE workers at STEP (ScheduledResize): joiners boot
+              while the others keep training, then join at a step boundary and receive the state;
+              a shrink lets the newest workers leave
+  throughput  add workers while each adds >= 10% samples/s, then give back the last (ThroughputScaling)
+  interference  switch to pair averaging when most workers slow down (InterferenceSwitch)
+  none        fixed batch and cluster
+``--strategy`` sync_sgd (exact, the default) | model_averaging | pair_averaging (decoupled).
+Every worker applies the same decisions at the same step; no sample is lost or repeated.
 
 Uses the real data set from /usr/share/datasets/fashion-mnist (Debian package
 `dataset-fashion-mnist`) or --data DIR; without it, says so and trains on a synthetic
@@ -23,6 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import taiji
+from taiji.policies import (EarlyStop, GNSBatchSize, InterferenceSwitch, LRScaling, ScheduledResize,
+                            ThroughputScaling)
+from taiji.strategies.pair_averaging import PairAveraging
 from taiji.data.datasets import FASHION_MNIST_DIR, DatasetMissing, SyntheticImages, load_fashion_mnist
 
 log = logging.getLogger("fashion_mnist")
@@ -65,6 +76,28 @@ def evaluate(model: nn.Module, data: torch.utils.data.TensorDataset, batch: int 
     return correct / len(labels)
 
 
+POLICIES = ("gns", "schedule", "throughput", "interference", "none")
+STRATEGIES = {"sync_sgd": taiji.SyncSGD, "model_averaging": lambda: taiji.ModelAveraging(alpha=1.0, every=4),
+              "pair_averaging": PairAveraging}
+
+
+def make_policies(names: list[str], args: argparse.Namespace, resizes: dict[int, int]) -> list[taiji.Policy]:
+    policies: list[taiji.Policy] = []
+    for name in names:
+        if name == "gns":
+            policies += [GNSBatchSize(max_batch=args.max_batch, warmup=100, interval=50),
+                         LRScaling(args.lr_rule)]
+        elif name == "schedule":
+            policies.append(ScheduledResize(resizes))
+        elif name == "throughput":
+            policies.append(ThroughputScaling(threshold=0.1, window=20))
+        elif name == "interference":
+            policies.append(InterferenceSwitch("pair_averaging", fraction=0.7, window=20))
+    if args.target_loss is not None:
+        policies.append(EarlyStop("loss", target=args.target_loss, every=10))
+    return policies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=2)
@@ -74,9 +107,23 @@ def main() -> None:
     parser.add_argument("--data", default=None, help=f"IDX directory (default {FASHION_MNIST_DIR})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--policy", default="none",
+                        help=f"comma-separated adaptation policies: {', '.join(POLICIES)}")
     parser.add_argument("--resize", nargs="*", default=[], metavar="STEP:SIZE",
-                        help="ask for SIZE workers at STEP (needs `taiji run ... --max-np`)")
+                        help="with --policy schedule: ask for SIZE workers at STEP (needs `taiji run ... --max-np`)")
+    parser.add_argument("--max-batch", type=int, default=1024, help="with --policy gns: the largest global batch")
+    parser.add_argument("--lr-rule", default="sqrt", choices=["linear", "sqrt", "adascale"],
+                        help="with --policy gns: how the learning rate follows the batch")
+    parser.add_argument("--strategy", default="sync_sgd", choices=sorted(STRATEGIES),
+                        help="how replicas agree (pair_averaging: each worker at its own pace)")
+    parser.add_argument("--target-loss", type=float, default=None, help="stop once the smoothed loss is below")
     args = parser.parse_args()
+    names = [n for n in args.policy.split(",") if n]
+    unknown = sorted(set(names) - set(POLICIES))
+    if unknown:
+        parser.error(f"unknown --policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+    if args.resize and "schedule" not in names:
+        names.append("schedule")  # --resize alone still means what it says
     try:
         resizes = dict(sorted((int(a), int(b)) for a, b in (item.split(":") for item in args.resize)))
     except ValueError:
@@ -88,16 +135,17 @@ def main() -> None:
     train, test, name = load_data(args.data)
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    policies = make_policies(names, args, resizes)
     job = taiji.Job(model, optimizer, train, batch_size=args.batch_size, epochs=args.epochs,
-                    max_steps=args.max_steps, seed=args.seed, log_every=args.log_every)
+                    max_steps=args.max_steps, seed=args.seed, log_every=args.log_every, policies=policies,
+                    strategy=STRATEGIES[args.strategy]())
     if taiji.rank() == 0:
-        log.info("training on %s: %d samples, %d workers, global batch %d, %d epoch(s)",
-                 name, len(train), taiji.size(), args.batch_size, args.epochs)
+        log.info("training on %s: %d samples, %d workers, global batch %d, %d epoch(s), strategy %s, "
+                 "policies: %s", name, len(train), taiji.size(), args.batch_size, args.epochs, args.strategy,
+                 ", ".join(p.name for p in policies) or "none")
     epoch = 0
     started = time.perf_counter()
     for step in job:
-        if taiji.rank() == 0 and step.index in resizes:
-            taiji.resize(resizes[step.index])  # returns at once; lands at a later step boundary
         if step.epoch != epoch and taiji.rank() == 0:
             log.info("epoch %d done: test accuracy %.4f", epoch, evaluate(model, test))
             epoch = step.epoch
@@ -107,8 +155,9 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     if taiji.rank() == 0:
         accuracy = evaluate(model, test)
-        log.info("final test accuracy %.4f on %s after %d steps in %.1fs", accuracy, name,
-                 job.progress.step, elapsed)
+        log.info("final test accuracy %.4f on %s after %d steps in %.1fs (final global batch %d, lr %.4g)",
+                 accuracy, name, job.progress.step, elapsed, job.progress.sampler.batch_size,
+                 optimizer.param_groups[0]["lr"])
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ def run_elastic(tmp_path: Path, nproc: int, *script_args: str, launcher_args=(),
     return proc
 
 
-def check_invariants(out: Path, batch: int) -> dict:
-    result = elastic_train.audit(out, batch)
+def check_invariants(out: Path, batch: int, policy: str = "") -> dict:
+    result = elastic_train.audit(out, batch, policy)
     assert result["steps"] > 0 and not result["gaps"], f"committed steps are not contiguous: {result}"
     assert not result["divergences"], f"replicas differ after steps {result['divergences']}"
     assert result["lost_samples"] == 0 and result["duplicated_samples"] == 0, result

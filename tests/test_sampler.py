@@ -72,3 +72,16 @@ def test_empty_local_share_when_batch_smaller_than_cluster():
     state = SamplerState(batch_size=2)
     parts = [sampler.local_indices(state, r, 4) for r in range(4)]
     assert [len(p) for p in parts] == [1, 1, 0, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(num=st.integers(1, 50), cuts=st.lists(st.integers(0, 400), max_size=20))
+def test_position_segments_cover_each_position_once_and_stay_in_one_epoch(num, cuts):
+    from taiji.data.sampler import position_segments
+    bounds = sorted(set([0, 400] + cuts))
+    covered = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        for epoch, start, stop in position_segments(lo, hi, num):
+            assert 0 <= start < stop <= num
+            covered += [epoch * num + i for i in range(start, stop)]
+    assert covered == list(range(400))

@@ -7,10 +7,12 @@ from .data.sampler import ElasticSampler, SamplerState
 from .errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, LaunchError,
                      MismatchError, PeerLost, StoreError, TaijiError)
 from .log import configure_logging
+from .policies import Context, Policy, PolicyError, Resize, ScaleLR, SetBatchSize, SetStrategy, Stop
 from .runtime.job import Job, Step
 from .runtime.peer import Peer, init, shutdown
 from .runtime.peer import default_peer as peer
 from .strategies.base import Strategy
+from .strategies.model_averaging import ModelAveraging
 from .strategies.sync_sgd import SyncSGD
 
 __version__ = "0.1.0"
@@ -58,7 +60,7 @@ def barrier() -> None:
 __all__ = [
     "CollectiveTimeout", "CommError", "Communicator", "ConfigError", "ConsensusError",
     "ElasticSampler", "Handle", "Job", "LaunchError", "MismatchError", "Peer", "PeerLost",
-    "SamplerState", "Step", "StoreError", "Strategy", "SyncSGD", "TaijiError", "allgather",
+    "SamplerState", "Step", "Context", "Policy", "PolicyError", "Resize", "ScaleLR", "SetBatchSize", "SetStrategy", "Stop", "StoreError", "Strategy", "SyncSGD", "ModelAveraging", "TaijiError", "allgather",
     "allreduce", "barrier", "resize", "broadcast", "configure_logging", "init", "load_fashion_mnist",
     "load_idx_classification", "peer", "rank", "shutdown", "size", "version",
 ]

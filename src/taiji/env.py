@@ -65,6 +65,8 @@ FAULTS = EnvVar("TAIJI_FAULTS", "", str,
 HOME = EnvVar("TAIJI_HOME", "", str, "where `taiji run` registers running jobs (default ~/.taiji)")
 RECOVERY_TIMEOUT = EnvVar("TAIJI_RECOVERY_TIMEOUT", 120.0, float,
                           "seconds a worker waits for a new cluster config after a failure")
+MIN_NP = EnvVar("TAIJI_MIN_NP", 1, int, "the launcher's --min-np (policies clamp Resize to it)")
+MAX_NP = EnvVar("TAIJI_MAX_NP", 0, int, "the launcher's --max-np; 0 = unknown (not launched by taiji)")
 
 # the torchrun contract the launcher also writes; a joiner reads its provisional rank from it
 RANK = EnvVar("RANK", 0, int, "torchrun-compatible rank (provisional for a joiner)")
@@ -72,5 +74,5 @@ WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provi
 
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
-    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HOME,
+    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HOME, MIN_NP, MAX_NP,
 )

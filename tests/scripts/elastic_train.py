@@ -1,11 +1,15 @@
 """Elastic training used by the invariant tests; logs every committed step as JSONL.
 
     taiji run -np N ... -- python elastic_train.py OUT --steps S --batch B
-        [--resize STEP:SIZE ...] [--step-delay SECONDS]
+        [--sizes N ...] [--step-delay SECONDS] [--policy cycle]
 
 Each worker appends to OUT/<worker>.jsonl one line per committed step: step, epoch, global
 span, version, size, rank and a digest of the parameters and optimizer state after the
 commit. The worker that ends as rank 0 writes OUT/final.pt (parameters).
+
+``--policy cycle`` adds a policy that changes the global batch size every few steps from its
+own counter (so a joiner that did not receive the policy state would decide differently and
+the decision check would stop the job) and linear LR scaling.
 """
 import argparse
 import json
@@ -31,12 +35,32 @@ def make_model():
     return model
 
 
+class CyclingBatch(taiji.Policy):
+    """Changes the global batch mid-epoch from a counter kept in (synced) policy state."""
+
+    def __init__(self, base):
+        self._base = base
+        self.calls = 0
+
+    def after_step(self, ctx):
+        self.calls += 1
+        if self.calls % 4 == 0:
+            return taiji.SetBatchSize(self._base + 3 * ((self.calls // 4) % 3) - 2)
+
+
+def make_policies(name, batch):
+    if name == "cycle":
+        from taiji.policies import LinearLRScaling
+        return [CyclingBatch(batch), LinearLRScaling()]
+    return []
+
+
 def make_data(n=203):
     g = torch.Generator().manual_seed(5)
     return TensorDataset(torch.randn(n, 8, generator=g, dtype=torch.float64), torch.randint(0, 4, (n,), generator=g))
 
 
-def audit(out: Path, batch: int) -> dict:
+def audit(out: Path, batch: int, policy: str = "") -> dict:
     """Check DESIGN §6 invariants 1-3 from a run's logs; counts every violation.
 
     Returns steps, sizes (cluster size over time), divergences (steps after which replicas
@@ -72,12 +96,44 @@ def audit(out: Path, batch: int) -> dict:
             result["lost_samples"] += num_samples - len(set(positions))
     final = Path(out) / "final.pt"
     if final.exists() and steps:
-        reference, _ = train(Peer.solo(), len(steps), batch)
+        reference, _ = train(Peer.solo(), len(steps), batch, policy=policy)
         result["trajectory_error"] = max(float((a - b).abs().max()) for a, b in zip(torch.load(final), reference))
     return result
 
 
-def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None, stop_at_version=0):
+def make_strategy(name):
+    from taiji.strategies.model_averaging import ModelAveraging
+    from taiji.strategies.pair_averaging import PairAveraging
+    return {"": None, "sync_sgd": None, "model_averaging": ModelAveraging(alpha=0.5, every=2),
+            "pair_averaging": PairAveraging()}[name]
+
+
+def audit_positions(out: Path) -> dict:
+    """Exactly-once by global position (epoch·N + offset) for any strategy: lockstep steps are
+    counted once per step, decoupled steps once per worker that ran them."""
+    num = len(make_data())
+    counts: dict[int, int] = defaultdict(int)
+    lockstep: dict[int, list] = {}
+    for path in Path(out).glob("w*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("decoupled"):
+                for epoch, lo, hi in record["segments"]:
+                    for i in range(lo, hi):
+                        counts[epoch * num + i] += 1
+            else:
+                lockstep[record["step"]] = [(record["epoch"], *record["span"])]
+    for segments in lockstep.values():
+        for epoch, lo, hi in segments:
+            for i in range(lo, hi):
+                counts[epoch * num + i] += 1
+    top = max(counts, default=-1) + 1
+    return {"positions": top, "lost": sum(1 for p in range(top) if counts.get(p, 0) == 0),
+            "duplicated": sum(c - 1 for c in counts.values() if c > 1)}
+
+
+def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None, stop_at_version=0,
+          policy="", strategy="", slow_rank=-1):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     pending = list(sizes)
@@ -87,13 +143,18 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None,
     def on_commit(step):
         if log_file is not None:
             state = [t for p in model.parameters() for t in (p, opt.state[p]["momentum_buffer"])]
+            state = [p.detach() for p in model.parameters()] if strategy else state
             log_file.write(json.dumps({"step": step.index, "epoch": step.epoch, "span": list(step.span),
+                                       "segments": [list(s) for s in step.segments],
+                                       "decoupled": not job.strategy.lockstep,
                                        "version": peer.version, "size": peer.size, "rank": peer.rank,
-                                       "digest": digest(state), "time": time.time()}) + "\n")
+                                       "digest": digest(state), "time": time.time(),
+                                       "lr": opt.param_groups[0]["lr"]}) + "\n")
             log_file.flush()
 
     job = taiji.Job(model, opt, make_data(), batch_size=batch, max_steps=steps, epochs=10**6, seed=11,
-                    peer=peer, log_every=0, on_commit=on_commit)
+                    peer=peer, log_every=0, on_commit=on_commit, policies=make_policies(policy, batch),
+                    strategy=make_strategy(strategy), sync_every=5 * batch)
     proposed = False
     for step in job:
         if peer.rank == 0 and pending:
@@ -111,7 +172,7 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None,
         x, y = step.batch
         loss = F.cross_entropy(model(x), y)
         if step_delay:
-            time.sleep(step_delay)  # stands in for a bigger model's compute
+            time.sleep(step_delay * (3 if peer.rank == slow_rank else 1))  # a bigger model's compute
         step.backward(loss)
     return [p.detach().clone() for p in model.parameters()], job
 
@@ -126,12 +187,16 @@ if __name__ == "__main__":
     parser.add_argument("--stop-at-version", type=int, default=0,
                         help="stop once the cluster reaches this config version")
     parser.add_argument("--step-delay", type=float, default=0.0)
+    parser.add_argument("--policy", default="", choices=["", "cycle"])
+    parser.add_argument("--strategy", default="", choices=["", "sync_sgd", "model_averaging", "pair_averaging"])
+    parser.add_argument("--slow-rank", type=int, default=-1, help="this rank's steps take 3x --step-delay")
     args = parser.parse_args()
     taiji.configure_logging("INFO")
     peer = taiji.init()
     worker = os.environ["TAIJI_WORKER_ID"]
     params, job = train(peer, args.steps, args.batch, args.sizes, args.every, args.step_delay,
-                        args.out / f"{worker}.jsonl", args.stop_at_version)
+                        args.out / f"{worker}.jsonl", args.stop_at_version, args.policy, args.strategy,
+                        args.slow_rank)
     with open(args.out / f"{worker}.transitions.json", "w") as f:
         json.dump(job.transitions, f)
     if peer.rank == 0:

@@ -105,3 +105,17 @@ class ElasticSampler:
 
     def steps_per_epoch(self, batch_size: int) -> int:
         return -(-self.num_samples // batch_size)
+
+
+def position_segments(lo: int, hi: int, num_samples: int) -> list[tuple[int, int, int]]:
+    """Global positions ``[lo, hi)`` (epoch·N + offset) as ``(epoch, start, stop)`` pieces of each
+    epoch's permutation: decoupled training claims runs of positions that may cross an epoch."""
+    if num_samples < 1 or lo < 0 or hi < lo:
+        raise ConfigError(f"invalid positions [{lo}, {hi}) of a {num_samples}-sample epoch")
+    pieces = []
+    while lo < hi:
+        epoch, start = divmod(lo, num_samples)
+        stop = min(num_samples, start + hi - lo)
+        pieces.append((epoch, start, stop))
+        lo += stop - start
+    return pieces

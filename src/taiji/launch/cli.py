@@ -158,6 +158,8 @@ def worker_env(cfg: RunConfig, worker: spec.WorkerSpec, rank: int, size: int, po
         env.SECRET.name: secret,
         env.LAUNCHER_PID.name: str(os.getpid()),
         env.TIMEOUT.name: str(cfg.timeout),
+        env.MIN_NP.name: str(cfg.min_np or 1),
+        env.MAX_NP.name: str(cfg.max_np or cfg.nproc),
         env.RUN_DIR.name: str(Path(cfg.run_dir).resolve()) if cfg.run_dir else "",
         # the torchrun contract, for scripts that read it
         "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
-EVENT_KINDS = ("start", "resize", "failure", "recovery", "policy", "stop", "end")
+EVENT_KINDS = ("start", "resize", "failure", "recovery", "policy", "strategy", "stop", "end")
 
 
 def json_safe(value: Any) -> Any:

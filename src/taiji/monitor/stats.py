@@ -20,8 +20,11 @@ class WorkerReport:
     local_batch: float = 0.0    # b_r
     loss_sum: float = 0.0       # loss × b_r (so the global mean weights workers by their share)
     compute_seconds: float = 0.0  # step start -> backward done on this worker
+    clock: float = 0.0          # rank 0's time.time() (others 0): the clock policies agree on
+    decisions: float = 0.0      # fingerprint of the decisions taken at the boundary before this step
+    wall_seconds: float = 0.0   # this worker's wall time since its previous control message (0 = first)
 
-    WIDTH = 7
+    WIDTH = 10
 
     def to_row(self) -> list[float]:
         return [float(getattr(self, f.name)) for f in fields(self)]
@@ -43,6 +46,9 @@ class StepStats:
     grad_variance: float | None    # mean |g_r − ḡ|² across workers: mean|g_r|² − |ḡ|²
     compute_seconds: tuple[float, ...]
     straggler: float               # slowest / median compute time (1.0 = balanced)
+    clock: float = 0.0             # rank 0's clock at this control message
+    decisions: tuple[float, ...] = ()  # every worker's decision fingerprint, by rank
+    wall_seconds: tuple[float, ...] = ()  # every worker's own wall time per step, by rank
 
     @staticmethod
     def reduce(rows: list[WorkerReport], big_sqnorm: float | None) -> "StepStats":
@@ -58,4 +64,6 @@ class StepStats:
             global_batch=total,
             small_batch=sum(r.sqnorm_batch for r in measured) / len(measured) if measured else 0.0,
             grad_variance=variance, compute_seconds=times,
-            straggler=max(times) / median if median > 0 else 1.0)
+            straggler=max(times) / median if median > 0 else 1.0,
+            clock=rows[0].clock, decisions=tuple(r.decisions for r in rows),
+            wall_seconds=tuple(r.wall_seconds for r in rows))

@@ -7,9 +7,10 @@
    ``ctrl`` allreduce started when the step began, overlapping compute) that carries the
    newest config version any worker has seen;
 2. **commit** only if all succeeded: optimizer step, step counter, sampler cursor;
-3. **transition** if the control message names a newer version: every worker switches at
+3. **adapt**: the policies run on the agreed Context and their decisions are applied;
+4. **transition** if the control message names a newer version: every worker switches at
    this same boundary, then syncs state from the most advanced replica;
-4. on a failed collective nothing is committed: the worker reports it, waits for a newer
+5. on a failed collective nothing is committed: the worker reports it, waits for a newer
    config (the launcher removes the dead or hung peer), transitions, syncs and **retries the
    same step**, whose global batch is now split over the survivors.
 """
@@ -18,8 +19,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Iterator
+from dataclasses import replace
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
@@ -29,97 +30,19 @@ from ..comm.communicator import Handle
 from ..monitor.gns import GNSEstimator, two_batch_estimates
 from ..monitor.stats import StepStats, WorkerReport
 from ..data.sampler import ElasticSampler, SamplerState, advance, global_span
-from ..errors import CommError, ConfigError, StoreError
+from ..errors import CommError, ConfigError, ConsensusError, StoreError
+from ..policies.base import Policy, PolicyError
 from ..strategies.base import Strategy
-from ..strategies.sync_sgd import SyncSGD
+from ..strategies.catalog import StrategyCatalog
 from . import faults
+from .adapt import Adaptation
+from .decoupled import Decoupled
+from .step import Progress, Step
 from .peer import Peer, default_peer
+from .reporting import Reporter
 from .state import sync_state
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where training stands; identical on every replica after each committed step."""
-    step: int = 0
-    sampler: SamplerState = SamplerState()
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
-    def to_json(self) -> dict:
-        return {"step": self.step, **asdict(self.sampler)}
-
-    @staticmethod
-    def from_json(data: dict) -> "Progress":
-        return Progress(step=int(data["step"]), sampler=SamplerState(
-            epoch=int(data["epoch"]), cursor=int(data["cursor"]), batch_size=int(data["batch_size"])))
-
-
-class Step:
-    """One global batch: this worker's slice of it, and the way to submit its loss."""
-
-    def __init__(self, job: "Job", index: int, epoch: int, batch: Any, indices: torch.Tensor,
-                 span: tuple[int, int]):
-        self.job = job
-        self.index = index
-        self.epoch = epoch
-        self.batch = batch
-        self.indices = indices
-        self.local_batch_size = len(indices)
-        self.span = span  # positions [lo, hi) of the epoch's permutation this step consumes
-        self.global_batch_size = span[1] - span[0]
-        self.loss: float | None = None
-        self.synchronized = False
-        self.error: CommError | None = None
-        self.started = time.perf_counter()
-        self.split_sqnorm: float | None = None  # one worker: mean |g|² of two half-batches
-        self.stats: StepStats | None = None     # agreed by all workers once synchronised
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss`` and synchronise gradients.
-
-        ``loss`` is the mean over this worker's slice, or the per-sample losses (a vector, as
-        from ``reduction="none"``; their mean is used). Afterwards every worker holds the
-        gradient of the mean loss over the global batch. If a peer fails meanwhile this does
-        not raise: the step is marked failed and the Job retries it on the surviving workers.
-        """
-        try:
-            if self.local_batch_size > 0:
-                if loss.dim() == 1 and self.job._split_for_gns(self):
-                    self._split_backward(loss)
-                else:
-                    loss = loss.mean() if loss.dim() == 1 else loss
-                    loss.backward()
-                self.loss = float(loss.detach().mean())
-            self.job._fire("allreduce")
-            self.job._synchronize(self)
-        except CommError as exc:
-            self.error = self.error or exc
-
-    def _split_backward(self, losses: torch.Tensor) -> None:
-        """One worker, per-sample losses: backward the two halves separately so the gradient
-        noise scale has two batch sizes to compare (b/2 and b); the summed gradient is the
-        same as one backward of the mean."""
-        n, half = len(losses), len(losses) // 2
-        params = [p for p in self.job.model.parameters() if p.requires_grad]
-        with self.job.strategy.no_sync():  # type: ignore[attr-defined]
-            (losses[:half].sum() / n).backward(retain_graph=True)
-        first = [p.grad.detach().clone() if p.grad is not None else None for p in params]
-        (losses[half:].sum() / n).backward()
-        sq_a = sq_b = 0.0
-        for p, g_a in zip(params, first):
-            if p.grad is None or g_a is None:
-                continue
-            sq_a += float((g_a * (n / half)).square().sum())
-            sq_b += float(((p.grad - g_a) * (n / (n - half))).square().sum())
-        self.split_sqnorm = (sq_a + sq_b) / 2
 
 
 class Job:
@@ -132,7 +55,8 @@ class Job:
                  device: torch.device | str | None = None, log_every: int = 50,
                  peer: Peer | None = None, recovery_timeout: float | None = None,
                  on_commit: Callable[["Step"], None] | None = None, monitor_every: int = 1,
-                 gns_decay: float = 0.95, run_dir: str | None = None):
+                 gns_decay: float = 0.95, run_dir: str | None = None, policies: Sequence[Policy] = (),
+                 strategies: Mapping[str, Strategy] | None = None, sync_every: int | None = None):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if epochs < 1 and max_steps is None:
@@ -143,13 +67,17 @@ class Job:
         self.optimizer = optimizer
         self.dataset = dataset
         self.peer = peer or default_peer()
-        self.strategy = (strategy or SyncSGD()).attach(model, lambda: self.peer.comm)
+        self.catalog = StrategyCatalog(strategy, strategies)
+        self.strategy_name = self.catalog.initial
+        self.strategy = self.catalog.get(self.strategy_name).attach(model, lambda: self.peer.comm)
+        self._pending_strategy: str | None = None
+        self._last_report = 0.0
+        self._force_sync = False
         self.epochs = epochs
         self.max_steps = max_steps
         self.lr_scheduler = lr_scheduler
         self.collate_fn = collate_fn
         self.device = torch.device(device) if device is not None else None
-        self.log_every = log_every
         self.on_commit = on_commit
         if monitor_every < 0:
             raise ConfigError(f"monitor_every must be >= 0 (0 = off), got {monitor_every}")
@@ -158,8 +86,7 @@ class Job:
         self.stats: StepStats | None = None  # the last committed step's agreed statistics
         self.last_raw_estimates: tuple[float, float] | None = None  # unsmoothed (|G|², tr Σ)
         self.run_dir = (run_dir if run_dir is not None else env.RUN_DIR.get()) or None  # "" = none
-        self._run_log: Any = None
-        self._last_commit_time = 0.0
+        self.reporter = Reporter(self, self.run_dir, log_every)
         self.recovery_timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
         self.sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)  # type: ignore[arg-type]
         self.progress = Progress(sampler=SamplerState(batch_size=batch_size))
@@ -167,9 +94,11 @@ class Job:
         self._stop_requested = False
         self._stop_agreed = False
         self._has_state = self.peer.joined  # a joiner gets its state from the others
-        self._samples_since_log = 0
-        self._time_of_log = 0.0
-        self.samples_per_second = 0.0
+        self.adaptation = Adaptation(self, policies)
+        if sync_every is not None and sync_every < 1:
+            raise ConfigError(f"sync_every must be >= 1 samples, got {sync_every}")
+        self.decoupled_sync_every = sync_every  # decoupled strategies meet every this many samples
+        self.decoupled = Decoupled(self)
         self.transitions: list[dict] = []  # (for tests and benchmarks) what each change cost
         store = self.peer.job_store
         self._faults = faults.FaultPlan(
@@ -193,10 +122,35 @@ class Job:
             return True
         return self.progress.epoch >= self.epochs
 
+    @property
+    def samples_per_second(self) -> float:
+        """Global samples/s over the last ``log_every`` steps."""
+        return self.reporter.samples_per_second
+
+    @property
+    def policies(self) -> list[Policy]:
+        return self.adaptation.policies
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """Names ``SetStrategy`` may switch to."""
+        return self.catalog.names
+
     def __iter__(self) -> Iterator[Step]:
         if self._started:
             raise ConfigError("a Job can be iterated once; create a new Job to train again")
         self._started = True
+        try:
+            yield from self._loop()
+        except (PolicyError, ConsensusError):
+            # no peer can recover from this: leave the training loop so that the launcher stops
+            # the whole job with this error as the root cause
+            if self.peer.elastic and self.peer.job_store is not None:
+                self.peer.job_store.set_training(self.peer.worker_id, False)
+            raise
+
+    def _loop(self) -> Iterator[Step]:
+        initial_member = self._has_state
         if not self.peer.joined:
             self._fire("boot")
             started = time.perf_counter()
@@ -206,10 +160,23 @@ class Job:
         self._sync_until_consistent(first=True)
         if self.peer.elastic:
             self.peer.job_store.set_training(self.peer.worker_id, True)  # type: ignore[union-attr]
-        self._time_of_log = self._last_commit_time = time.perf_counter()
-        self._event("start", size=self.peer.size, version=self.peer.version,
-                    batch_size=self.progress.sampler.batch_size)
-        while not self.done:
+        self.reporter.start()
+        self._report_event("start", size=self.peer.size, version=self.peer.version,
+                           batch_size=self.progress.sampler.batch_size)
+        if initial_member and self.progress.step == 0:
+            self.adaptation.boundary(["before_train"] + (["before_epoch"] if self.progress.sampler.cursor == 0
+                                                         else []) + ([] if self.done else ["before_step"]))
+        self.strategy.cluster_changed(self.peer)
+        while not self.done or self.decoupled.open is not None:
+            if self.decoupled.open is not None:
+                self.decoupled.close_phase()
+                continue
+            if self._pending_strategy is not None:
+                self._switch_strategy(self._pending_strategy)
+                continue
+            if not self.strategy.lockstep:
+                yield from self.decoupled.run_phase()
+                continue
             step = self._make_step()
             try:
                 yield step
@@ -221,20 +188,28 @@ class Job:
                 self._recover(step.error)
             elif newer > self.peer.version:
                 self._transition(self.peer.read_config(newer), reason="resize")
+        if not self.strategy.exact and self.peer.size > 1:
+            try:  # one model comes out of training: the replicas' average
+                self.catalog.average_parameters(self.model, self.peer.comm)
+            except CommError as exc:
+                log.warning("could not average the replicas at the end of training (%s); each "
+                            "worker keeps its own model", exc)
+        plan = self.adaptation.boundary(["after_train"])
+        if plan.batch_size is not None or plan.resize is not None:
+            log.info("decisions taken in after_train have no effect: training has ended")
         if self.peer.elastic:
             store = self.peer.job_store
             assert store is not None
             store.set_training(self.peer.worker_id, False)
             if self.peer.rank == 0:
                 store.set_done()
-                self._write_status()
-        self._event("end", size=self.peer.size, version=self.peer.version)
-        if self._run_log is not None:
-            self._run_log.close()
+                self.reporter.write_status()
+        self._report_event("end", size=self.peer.size, version=self.peer.version)
+        self.reporter.close()
 
     def _fire(self, phase: str) -> None:
         if self._faults.faults:
-            self._faults.fire(phase, self.peer.rank, self.progress.step, self.peer.worker_id)
+            self._faults.fire(phase, self.peer.rank, self.peer.step, self.peer.worker_id)
 
     def _make_step(self) -> Step:
         progress = self.progress
@@ -243,7 +218,7 @@ class Job:
         indices = self.sampler.local_indices(progress.sampler, rank, size)
         batch = self._fetch(indices)
         self.peer.step = progress.step
-        self.strategy.begin_step(len(indices) / (hi - lo))
+        self.strategy.begin_step(len(indices) / (hi - lo), progress.step)
         self.strategy.measure_norms = self._monitoring(progress.step)
         step = Step(self, progress.step, progress.epoch, batch, indices, (lo, hi))
         self._fire("compute")
@@ -276,6 +251,10 @@ class Job:
         """
         if step.synchronized:
             return
+        if not self.strategy.lockstep:  # decoupled: no collective in a step
+            self.strategy.synchronize()
+            step.synchronized = True
+            return
         try:
             self.strategy.launch_all()
             report = self._report(step)
@@ -302,7 +281,14 @@ class Job:
             version_seen=float(seen), stop=float(self._stop_requested),
             local_sqnorm=math.nan if local is None else local,
             sqnorm_batch=b / 2 if step.split_sqnorm is not None else b, local_batch=b,
-            loss_sum=(step.loss or 0.0) * b, compute_seconds=time.perf_counter() - step.started)
+            loss_sum=(step.loss or 0.0) * b, compute_seconds=time.perf_counter() - step.started,
+            clock=time.time() if self.peer.rank == 0 else 0.0, decisions=float(self.adaptation.digest),
+            wall_seconds=self._wall_since_last_report())
+
+    def _wall_since_last_report(self) -> float:
+        now = time.perf_counter()
+        last, self._last_report = self._last_report, now
+        return now - last if last else 0.0
 
     def _finish(self, step: Step) -> int:
         """Wait for the step's collectives; commit if all succeeded. Returns the newest
@@ -320,24 +306,68 @@ class Job:
             self.optimizer.zero_grad(set_to_none=True)
             return newer
         assert step.stats is not None
+        self.adaptation.check(step.stats.decisions, step.index)
         newer = max(newer, step.stats.version_seen)
         self._stop_agreed = self._stop_agreed or step.stats.stop
         self.optimizer.step()
+        self.strategy.after_update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self._update_monitors(step)
-        self._log_metrics(step)
+        self.reporter.committed(step)
+        epoch = self.progress.epoch
         self.progress = replace(
             self.progress, step=self.progress.step + 1,
             sampler=advance(self.progress.sampler, step.global_batch_size, self.sampler.num_samples))
         self.peer.step = self.progress.step
+        self.adaptation.observe(step.stats)
+        self._adapt(epoch_ended=self.progress.epoch != epoch)
         if self.on_commit is not None:
             self.on_commit(step)
-        self._samples_since_log += step.global_batch_size
-        if self.log_every and self.progress.step % self.log_every == 0:
-            self._log_progress(step)
+        self.reporter.maybe_log_progress(step)
         return newer
+
+    def _adapt(self, epoch_ended: bool) -> None:
+        """The policies' turn at the boundary after a committed step (before any transition)."""
+        hooks = ["after_step"] + (["after_epoch"] if epoch_ended else [])
+        if not self.done:
+            hooks += (["before_epoch"] if epoch_ended else []) + ["before_step"]
+        self.adaptation.boundary(hooks)
+
+    def _request_strategy(self, name: str) -> None:
+        """A policy chose another strategy: switch before the next step (after any transition)."""
+        self._pending_strategy = name
+
+    def _switch_strategy(self, name: str, consolidate: bool = True) -> None:
+        old, old_name = self.strategy, self.strategy_name
+        self._pending_strategy = None
+        if name == old_name:
+            return
+        old.detach()
+        self.strategy = self.catalog.get(name).attach(self.model, lambda: self.peer.comm)
+        self.strategy_name = name
+        if self.peer.joined:
+            self.strategy.cluster_changed(self.peer)
+        if self.peer.rank == 0:
+            log.info("strategy %s -> %s at step %d", old_name, name, self.progress.step)
+        self._report_event("strategy", strategy=name, previous=old_name)
+        if consolidate and self.strategy.exact and not old.exact and self.peer.size > 1:
+            # replicas drifted apart under the old strategy: average them, then make every
+            # replica bitwise identical (optimizer state too) before exact training resumes
+            self._force_sync = True
+            try:
+                self.catalog.average_parameters(self.model, self.peer.comm)
+                self._sync_until_consistent(first=True)
+            except CommError as exc:
+                self._recover(exc)
+
+    def _set_batch_size(self, batch_size: int) -> None:
+        """Takes effect at the next step; the cursor stays, so the epoch stays exactly-once."""
+        self.progress = replace(self.progress, sampler=replace(self.progress.sampler, batch_size=batch_size))
+
+    def _report_event(self, kind: str, **details: Any) -> None:
+        self.reporter.event(kind, **details)
 
     def _update_monitors(self, step: Step) -> None:
         stats = step.stats
@@ -349,36 +379,6 @@ class Job:
             if stats.global_batch > stats.small_batch > 0:
                 self.last_raw_estimates = two_batch_estimates(stats.small_sqnorm, big, stats.small_batch,
                                                               stats.global_batch)
-
-    def _event(self, kind: str, **details: Any) -> None:
-        """Rank 0 records what happened to the job in the run directory (if there is one)."""
-        log_ = self._runlog()
-        if log_ is not None:
-            log_.log_event(kind, self.progress.step, **details)
-
-    def _runlog(self) -> Any:
-        if self.run_dir is None or self.peer.rank != 0:
-            return None
-        if self._run_log is None:  # opened by whoever is rank 0 now; files are appended to
-            from ..metrics.runlog import RunLog
-            self._run_log = RunLog(self.run_dir)
-        return self._run_log
-
-    def _log_metrics(self, step: Step) -> None:
-        now = time.perf_counter()
-        step_seconds, self._last_commit_time = now - self._last_commit_time, now
-        log_ = self._runlog()
-        if log_ is None or not self._monitoring(step.index):
-            return
-        stats = step.stats
-        assert stats is not None
-        log_.log_metrics({
-            "step": step.index, "epoch": step.epoch, "version": self.peer.version, "size": self.peer.size,
-            "batch_size": step.global_batch_size, "loss": stats.loss,
-            "samples_per_s": step.global_batch_size / step_seconds if step_seconds > 0 else None,
-            "gns": self.gns.b_noise, "grad_sqnorm": self.gns.grad_sqnorm, "trace_sigma": self.gns.trace_sigma,
-            "grad_variance": stats.grad_variance, "straggler": stats.straggler,
-            "lr": self.optimizer.param_groups[0].get("lr")})
 
     # -- membership changes -----------------------------------------------------------
 
@@ -400,18 +400,19 @@ class Job:
             raise SystemExit(0)
         switched = time.perf_counter()
         self._sync_until_consistent(first=False)
+        self.strategy.cluster_changed(self.peer)
         finished = time.perf_counter()
         record = {"reason": reason, "from_version": old_version, "to_version": self.peer.version,
                   "from_size": old_size, "to_size": self.peer.size, "step": self.progress.step,
                   "switch_s": switched - started, "sync_s": finished - switched, "total_s": finished - started}
         self.transitions.append(record)
         if reason == "failure":
-            self._event("failure", time=time.time() - (finished - started), size=old_size, version=old_version)
-            self._event("recovery", size=self.peer.size, version=self.peer.version, seconds=record["total_s"])
+            self._report_event("failure", time=time.time() - (finished - started), size=old_size, version=old_version)
+            self._report_event("recovery", size=self.peer.size, version=self.peer.version, seconds=record["total_s"])
         else:
-            self._event("resize", size=self.peer.size, from_size=old_size, version=self.peer.version,
+            self._report_event("resize", size=self.peer.size, from_size=old_size, version=self.peer.version,
                         seconds=record["total_s"])
-        self._last_commit_time = time.perf_counter()
+        self.reporter.restart_step_clock()
         log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs",
                  old_version, self.peer.version, reason, old_size, self.peer.size, self.progress.step,
                  finished - started)
@@ -432,46 +433,25 @@ class Job:
                     raise SystemExit(0)
 
     def _sync(self, first: bool) -> None:
-        extra: dict[str, Any] = {"gns": self.gns.state_dict()}
+        extra: dict[str, Any] = {"gns": self.gns.state_dict(), "adaptation": self.adaptation.state_dict(),
+                                 "strategy": self.strategy_name, "decoupled": self.decoupled.state_dict()}
         if self.lr_scheduler is not None:
             extra["lr_scheduler"] = self.lr_scheduler.state_dict()
         result = sync_state(self.peer.comm, self.model, self.optimizer,
                             self.progress.step if self._has_state else -1,
-                            self.progress.to_json(), extra, force=first)
+                            self.progress.to_json(), extra, force=first or self._force_sync)
+        self._force_sync = False
         if result.meta is not None:
             self.progress = Progress.from_json(result.meta)
             received = result.meta["extra"]
             self.gns.load_state_dict(received["gns"])
+            self.adaptation.load_state_dict(received["adaptation"])
+            self._switch_strategy(received.get("strategy", self.strategy_name), consolidate=False)
+            self.decoupled.load_state_dict(received.get("decoupled", {}))
             if self.lr_scheduler is not None and "lr_scheduler" in received:
                 self.lr_scheduler.load_state_dict(received["lr_scheduler"])
         self._has_state = True
         self.peer.step = self.progress.step
-
-    # -- progress ---------------------------------------------------------------------
-
-    def _log_progress(self, step: Step) -> None:
-        now = time.perf_counter()
-        elapsed = max(now - self._time_of_log, 1e-9)
-        self.samples_per_second = self._samples_since_log / elapsed
-        self._samples_since_log, self._time_of_log = 0, now
-        if self.peer.rank == 0:
-            stats = step.stats
-            loss = step.loss if stats is None or stats.loss is None else stats.loss
-            gns = self.gns.b_noise
-            log.info("epoch %d step %d: loss %s, %.0f samples/s, global batch %d on %d workers, GNS %s",
-                     step.epoch, self.progress.step, "n/a" if loss is None else f"{loss:.4f}",
-                     self.samples_per_second, step.global_batch_size, self.peer.size,
-                     "n/a" if gns is None else f"{gns:.0f}")
-            self._write_status()
-
-    def _write_status(self) -> None:
-        if self.peer.elastic and self.peer.rank == 0:
-            self.peer.job_store.write_status({  # type: ignore[union-attr]
-                "step": self.progress.step, "epoch": self.progress.epoch,
-                "batch_size": self.progress.sampler.batch_size, "version": self.peer.version,
-                "size": self.peer.size, "samples_per_s": round(self.samples_per_second, 1),
-                "time": time.time()})
-
 
 def _to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):

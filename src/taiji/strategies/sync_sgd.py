@@ -181,7 +181,7 @@ class SyncSGD(Strategy):
 
     # -- one step ---------------------------------------------------------------------
 
-    def begin_step(self, weight: float) -> None:
+    def begin_step(self, weight: float, step: int = 0) -> None:
         if self._comm_source is None:
             raise TaijiError("SyncSGD.begin_step() before attach(model)")
         if self._active:

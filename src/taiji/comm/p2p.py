@@ -1,0 +1,394 @@
+"""Peer-to-peer model store for asynchronous pair averaging (AD-PSGD style).
+
+Each worker runs a :class:`ModelStore` that serves the latest snapshot of its parameters;
+another worker pulls it with :func:`fetch` (or :class:`BackgroundFetcher`, off the training
+thread), so a slow peer never blocks a fast one: there is no collective, only a read of
+whatever the peer published last.
+
+Wire protocol (DESIGN §10: nothing is unpickled, the job secret authenticates peers):
+
+1. server -> client: ``MAGIC`` + 16-byte server nonce
+2. client -> server: 16-byte client nonce + ``HMAC(secret, b"client" + sn + cn)``
+3. server checks it with ``hmac.compare_digest``; on mismatch it logs a warning and closes
+   without sending anything else. Otherwise it sends ``HMAC(secret, b"server" + sn + cn)``
+   (so the client knows the server holds the secret too), a 4-byte big-endian header length,
+   the JSON header ``{"version": int | null, "tensors": [{"dtype": "float32", "shape": [..]}]}``
+   and then each tensor's raw bytes back to back. ``version: null`` means nothing published.
+
+An empty secret is accepted only on loopback (the launcher always generates a secret). The
+HMAC exchange authenticates but does not encrypt: do not carry secrets in the tensors.
+"""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import secrets
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+
+from ..errors import CommError, ConfigError, PeerLost
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"TJP2P1\n"
+_NONCE = 16
+_MAC = 32
+_LEN = struct.Struct(">I")
+MAX_HEADER_BYTES = 1 << 20
+MAX_PAYLOAD_BYTES = 64 << 30  # a corrupt header must not make us allocate without bound
+_DTYPES: dict[str, torch.dtype] = {str(dt).removeprefix("torch."): dt for dt in (
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+    torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)}
+_MAX_NDIM = 64
+_EMPTY_HEADER = b'{"version": null, "tensors": []}'
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One whole published model: every tensor comes from the same ``publish`` call."""
+    version: int
+    tensors: list[torch.Tensor]
+
+
+def _mac(secret: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    # The role tag keeps a client answer from being replayed as a server proof.
+    return hmac.new(secret, b"taiji-p2p/" + role + server_nonce + client_nonce, "sha256").digest()
+
+
+def _key(secret: bytes | str, host: str, who: str) -> bytes:
+    """The HMAC key; an empty one authenticates nothing, so it is refused off loopback."""
+    key = secret.encode() if isinstance(secret, str) else bytes(secret)
+    if not key and host != "localhost":
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ConfigError(f"{who}: an empty job secret is allowed only on loopback, not "
+                              f"{host!r}; pass the job secret (TAIJI_SECRET, set by the launcher)")
+    return key
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (bfloat16/bool included)."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _header(snap: Snapshot | None) -> bytes:
+    """Built on the serving thread, per request, so ``publish`` never serializes anything."""
+    if snap is None:
+        return _EMPTY_HEADER
+    return json.dumps({"version": snap.version, "tensors": [
+        {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+        for t in snap.tensors]}).encode()
+
+
+class ModelStore:
+    """Serves this worker's latest published parameters to authenticated peers.
+
+    ``publish`` makes exactly one copy and swaps a reference, so a fetch in progress keeps
+    sending the snapshot it started with: a peer never sees half an old and half a new model.
+    """
+
+    def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0, *,
+                 io_timeout: float = 30.0, max_connections: int = 64):
+        self._key = _key(secret, host, "ModelStore")
+        self._io_timeout, self._max_conns = io_timeout, max_connections
+        self._current: Snapshot | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._handlers: dict[threading.Thread, socket.socket] = {}
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, port), family=family, backlog=128)
+        self._listener.settimeout(0.05)  # accept loop polls the stop flag: close() is prompt
+        self.address: Address = tuple(self._listener.getsockname()[:2])  # type: ignore[assignment]
+        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
+                                          name=f"taiji-p2p-store:{self.address[1]}")
+        self._acceptor.start()
+
+    def publish(self, version: int, tensors: Sequence[torch.Tensor]) -> None:
+        """Snapshot ``tensors`` (one copy to contiguous CPU memory) and make it the one served."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ConfigError(f"ModelStore.publish: version must be an int >= 0, got {version!r}")
+        copies = []
+        with torch.no_grad():
+            for i, t in enumerate(tensors):
+                if t.dtype not in _DTYPES.values():
+                    raise ConfigError(f"ModelStore.publish: tensor {i} has dtype {t.dtype}, which "
+                                      f"p2p cannot send; supported: {sorted(_DTYPES)}")
+                dst = torch.empty(t.shape, dtype=t.dtype)
+                dst.copy_(t.detach())
+                copies.append(dst)
+        snap = Snapshot(version, copies)  # never mutated after this line
+        with self._lock:
+            self._current = snap
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            with self._lock:
+                if self._closed or len(self._handlers) >= self._max_conns:
+                    log.debug("p2p store %s: refusing connection from %s (closed or busy)",
+                              self.address, peer)
+                    conn.close()
+                    continue
+                th = threading.Thread(target=self._handle, args=(conn, peer), daemon=True,
+                                      name=f"taiji-p2p-serve:{peer}")
+                self._handlers[th] = conn
+            th.start()
+
+    def _handle(self, conn: socket.socket, peer: object) -> None:
+        try:
+            conn.settimeout(self._io_timeout)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            server_nonce = secrets.token_bytes(_NONCE)
+            conn.sendall(_MAGIC + server_nonce)
+            answer = _recv_exact_plain(conn, _NONCE + _MAC)
+            client_nonce, mac = answer[:_NONCE], answer[_NONCE:]
+            if not hmac.compare_digest(mac, _mac(self._key, b"client", server_nonce, client_nonce)):
+                log.warning("p2p store %s: rejected %s: authentication failed (wrong job secret?)",
+                            self.address, peer)
+                return
+            with self._lock:
+                snap = self._current  # the one snapshot this connection serves, whatever happens
+            header = _header(snap)
+            proof = _mac(self._key, b"server", server_nonce, client_nonce)
+            conn.sendall(proof + _LEN.pack(len(header)) + header)
+            for t in snap.tensors if snap is not None else ():
+                if t.numel():
+                    conn.sendall(_raw(t))
+        except (OSError, EOFError) as e:  # the client went away or stalled: its problem, not ours
+            log.debug("p2p store %s: connection from %s ended: %s", self.address, peer, e)
+        finally:
+            conn.close()
+            with self._lock:
+                self._handlers.pop(threading.current_thread(), None)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop serving, free the port and join the serving threads (at most ~``timeout`` s)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        deadline = time.monotonic() + timeout
+        self._acceptor.join(timeout)
+        self._listener.close()
+        with self._lock:
+            handlers = dict(self._handlers)
+        for conn in handlers.values():
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # wakes a handler blocked in send/recv
+            except OSError:
+                pass
+        for th in handlers:
+            th.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> "ModelStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _recv_exact_plain(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = conn.recv_into(view[got:])
+        if k == 0:
+            raise EOFError(f"peer closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+class _Client:
+    """A connection with one overall deadline: no single step can stretch past ``timeout``."""
+
+    def __init__(self, address: Address, timeout: float):
+        self.where = f"{address[0]}:{address[1]}"
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.sock: socket.socket | None = None
+
+    def fail(self, what: str) -> PeerLost:
+        return PeerLost(f"p2p fetch from {self.where} failed: {what}", channel="p2p", op="fetch")
+
+    def settimeout(self, stage: str) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise self.fail(f"timed out after {self.timeout:g}s while {stage}")
+        assert self.sock is not None
+        self.sock.settimeout(left)
+
+    def recv_into(self, view: memoryview, stage: str, closed: str = "") -> None:
+        """Fill ``view``; ``closed`` replaces the message if the peer closes instead."""
+        assert self.sock is not None
+        got, n = 0, len(view)
+        while got < n:
+            self.settimeout(stage)
+            try:
+                k = self.sock.recv_into(view[got:])
+            except TimeoutError:
+                raise self.fail(f"timed out after {self.timeout:g}s while {stage}") from None
+            if k == 0:
+                raise self.fail(closed or f"peer closed the connection while {stage} "
+                                          f"(got {got} of {n} bytes)")
+            got += k
+
+    def recv(self, n: int, stage: str, closed: str = "") -> bytes:
+        buf = bytearray(n)
+        self.recv_into(memoryview(buf), stage, closed)
+        return bytes(buf)
+
+
+def _parse_header(raw: bytes, max_bytes: int, c: _Client) -> tuple[int | None, list[torch.Tensor]]:
+    try:
+        head = json.loads(raw)
+        version, specs = head["version"], head["tensors"]
+        if version is not None and (type(version) is not int or version < 0):
+            raise ValueError(f"bad version {version!r}")
+        if not isinstance(specs, list):
+            raise ValueError("'tensors' is not a list")
+        tensors, total = [], 0
+        for spec in specs:
+            name, shape = spec["dtype"], spec["shape"]
+            if not isinstance(name, str) or name not in _DTYPES:
+                raise ValueError(f"dtype {name!r} is not one of {sorted(_DTYPES)}")
+            dtype = _DTYPES[name]
+            if (not isinstance(shape, list) or len(shape) > _MAX_NDIM
+                    or any(type(d) is not int or not 0 <= d < 2**62 for d in shape)):
+                raise ValueError(f"bad shape {shape!r}")
+            numel = 1
+            for d in shape:
+                numel *= d
+            total += numel * dtype.itemsize
+            if total > max_bytes:
+                raise ValueError(f"payload exceeds the limit of {max_bytes} bytes")
+            tensors.append((dtype, shape))
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # incl. JSONDecodeError
+        raise c.fail(f"malformed header ({type(e).__name__}: {e})") from None
+    if version is None and tensors:
+        raise c.fail("malformed header (tensors without a version)")
+    return version, [torch.empty(shape, dtype=dtype) for dtype, shape in tensors]
+
+
+def fetch(address: Address, secret: bytes, timeout: float, *,
+          max_bytes: int = MAX_PAYLOAD_BYTES) -> Snapshot | None:
+    """Fetch a peer's latest snapshot; ``None`` if it has published nothing yet.
+
+    Raises :class:`PeerLost` (naming the address and what happened) if the peer is unreachable,
+    closes, stalls past ``timeout`` seconds in total, sends a malformed header or fails
+    authentication (in either direction).
+    """
+    key = _key(secret, address[0], "p2p fetch")
+    c = _Client(address, timeout)
+    try:
+        try:
+            c.sock = socket.create_connection(address, timeout=timeout)
+        except TimeoutError:
+            raise c.fail(f"timed out after {timeout:g}s while connecting") from None
+        except OSError as e:
+            raise c.fail(f"cannot connect ({e.strerror or e}); peer gone or address stale?"
+                         ) from None
+        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hello = c.recv(len(_MAGIC) + _NONCE, "waiting for the greeting")
+        if not hello.startswith(_MAGIC):
+            raise c.fail("bad greeting: not a taiji p2p model store")
+        server_nonce, client_nonce = hello[len(_MAGIC):], secrets.token_bytes(_NONCE)
+        c.settimeout("authenticating")
+        c.sock.sendall(client_nonce + _mac(key, b"client", server_nonce, client_nonce))
+        proof = c.recv(_MAC, "authenticating", closed="authentication failed: the peer rejected "
+                       "our job secret and closed the connection (different TAIJI_SECRET?)")
+        if not hmac.compare_digest(proof, _mac(key, b"server", server_nonce, client_nonce)):
+            raise c.fail("authentication failed: the peer could not prove it holds the job "
+                         "secret (different TAIJI_SECRET, or not our peer)")
+        (hlen,) = _LEN.unpack(c.recv(_LEN.size, "reading the header length"))
+        if hlen > MAX_HEADER_BYTES:
+            raise c.fail(f"malformed header: {hlen} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+        version, tensors = _parse_header(c.recv(hlen, "reading the header"), max_bytes, c)
+        for i, t in enumerate(tensors):
+            if t.numel():
+                c.recv_into(_raw(t), f"receiving tensor {i} of {len(tensors)}")
+        return None if version is None else Snapshot(version, tensors)
+    except OSError as e:  # reset mid-transfer and the like; timeouts are caught per step
+        raise c.fail(f"connection error ({e.strerror or e})") from None
+    finally:
+        if c.sock is not None:
+            c.sock.close()
+
+
+FetchResult = Union[Snapshot, None, Exception]
+
+
+class BackgroundFetcher:
+    """Runs at most one :func:`fetch` at a time off the training thread.
+
+    ``poll()`` returns ``None`` both while a fetch runs and when the finished fetch found
+    nothing published; ``in_flight`` tells them apart. Either way there is nothing to average.
+    """
+
+    def __init__(self, secret: bytes, timeout: float):
+        self._secret, self._timeout = secret, timeout
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._result: FetchResult = None
+        self._done = False
+        self._closed = False
+
+    @property
+    def in_flight(self) -> bool:
+        with self._lock:
+            return self._thread is not None and not self._done
+
+    def start(self, address: Address) -> bool:
+        """Begin fetching from ``address``; False (and nothing started) if a fetch is running
+        or its result has not been polled yet."""
+        with self._lock:
+            if self._closed:
+                raise CommError("BackgroundFetcher.start: the fetcher is closed", channel="p2p")
+            if self._thread is not None:
+                return False
+            self._done, self._result = False, None
+            self._thread = threading.Thread(target=self._run, args=(address,), daemon=True,
+                                            name=f"taiji-p2p-fetch:{address[0]}:{address[1]}")
+            self._thread.start()
+            return True
+
+    def _run(self, address: Address) -> None:
+        try:
+            result: FetchResult = fetch(address, self._secret, self._timeout)
+        except Exception as e:  # handed to the caller through poll(), never lost
+            result = e
+        with self._lock:
+            self._result, self._done = result, True
+
+    def poll(self) -> FetchResult:
+        """The finished fetch's snapshot, None or exception (once); None while one runs."""
+        with self._lock:
+            if self._thread is None or not self._done:
+                return None
+            result, self._result, self._thread = self._result, None, None
+            return result
+
+    def close(self) -> None:
+        """Refuse new fetches and wait for the running one (bounded by its timeout)."""
+        with self._lock:
+            self._closed = True
+            th = self._thread
+        if th is not None:
+            th.join(self._timeout + 1.0)

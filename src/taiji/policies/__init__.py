@@ -1,0 +1,15 @@
+"""Adaptation policies: read agreed metrics, return decisions the runtime applies at step boundaries."""
+from .base import (Context, Decision, Metrics, Policy, PolicyError, Resize, ScaleLR, SetBatchSize,
+                   SetStrategy, Stop)
+from .batch import BatchPerWorker, GNSBatchSize, gns_target_batch
+from .cluster import ScheduledResize, ThroughputScaling
+from .lr import AdaScaleLR, LinearLRScaling, LRScaling, SqrtLRScaling, lr_scale
+from .stop import EarlyStop
+from .strategy import InterferenceSwitch, StrategyBySize
+
+__all__ = [
+    "Context", "Decision", "Metrics", "Policy", "PolicyError", "Resize", "ScaleLR", "SetBatchSize", "SetStrategy", "Stop",
+    "InterferenceSwitch", "StrategyBySize",
+    "BatchPerWorker", "GNSBatchSize", "gns_target_batch", "ScheduledResize", "ThroughputScaling",
+    "AdaScaleLR", "LinearLRScaling", "LRScaling", "SqrtLRScaling", "lr_scale", "EarlyStop",
+]

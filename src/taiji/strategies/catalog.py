@@ -1,0 +1,65 @@
+"""The strategies a Job can switch between, by name, built when first needed."""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+from ..comm.communicator import Communicator
+from ..errors import ConfigError
+from .base import Strategy
+
+
+def _builtins() -> dict[str, Callable[[], Strategy]]:
+    from .model_averaging import ModelAveraging
+    from .sync_sgd import SyncSGD
+    found: dict[str, Callable[[], Strategy]] = {"sync_sgd": SyncSGD, "model_averaging": ModelAveraging}
+    try:
+        from .pair_averaging import PairAveraging
+        found["pair_averaging"] = PairAveraging
+    except ImportError:  # pragma: no cover - only while pair averaging is not built
+        pass
+    return found
+
+
+class StrategyCatalog:
+    """``initial`` is the strategy the Job starts with; ``extra`` adds named instances (which
+    override the built-ins of the same name, e.g. ``{"model_averaging": ModelAveraging(0.5, 4)}``)."""
+
+    def __init__(self, initial: Strategy | None, extra: Mapping[str, Strategy] | None):
+        self._made: dict[str, Strategy] = {}
+        self._factories = _builtins()
+        for name, strategy in (extra or {}).items():
+            if not isinstance(strategy, Strategy):
+                raise ConfigError(f"strategies[{name!r}] must be a taiji Strategy, got {strategy!r}")
+            self._made[name] = strategy
+        if initial is None:
+            self.initial = "sync_sgd"
+        else:
+            self.initial = initial.name
+            self._made[self.initial] = initial
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self._factories) | set(self._made)))
+
+    def get(self, name: str) -> Strategy:
+        if name not in self._made:
+            if name not in self._factories:
+                raise ConfigError(f"no strategy named {name!r}; the Job knows {', '.join(self.names)}")
+            self._made[name] = self._factories[name]()
+        return self._made[name]
+
+    @staticmethod
+    def average_parameters(model: torch.nn.Module, comm: Communicator) -> None:
+        """Replace every parameter by its mean over the cluster (one allreduce per tensor group)."""
+        params = [p for p in model.parameters()]
+        with torch.no_grad():
+            for dtype in {p.dtype for p in params}:
+                group = [p for p in params if p.dtype == dtype]
+                flat = torch.cat([p.detach().reshape(-1) for p in group])
+                comm.allreduce(flat, "avg", channel="grad")
+                offset = 0
+                for p in group:
+                    p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()

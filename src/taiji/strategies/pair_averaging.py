@@ -1,0 +1,145 @@
+"""Asynchronous pair averaging (AD-PSGD style) over the peer-to-peer model store.
+
+Every worker trains at its own pace on the batches it claims (the Job runs this strategy
+*decoupled*: no collective per step). After each local step it averages its parameters with
+the latest model of a random peer, fetched in the background while it computed, then
+publishes its own model for others to fetch. A slow peer never blocks a fast one: a fetch that
+has not arrived yet is simply used at a later step, and a peer that left or died is skipped.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import torch
+
+from .. import env
+from ..comm.communicator import Communicator
+from ..comm.p2p import BackgroundFetcher, ModelStore, Snapshot
+from ..errors import CommError, ConfigError, StoreError, TaijiError
+from .base import CommSource, Strategy
+
+log = logging.getLogger(__name__)
+
+
+def p2p_key(worker_id: str) -> str:
+    return f"p2p/{worker_id}"
+
+
+class PairAveraging(Strategy):
+    name = "pair_averaging"
+    exact = False
+    lockstep = False
+
+    def __init__(self, fetch_timeout: float = 10.0, seed: int = 0):
+        if fetch_timeout <= 0:
+            raise ConfigError(f"PairAveraging: fetch_timeout must be > 0, got {fetch_timeout}")
+        self.fetch_timeout = fetch_timeout
+        self._seed = seed
+        self._params: list[torch.nn.Parameter] = []
+        self._store: ModelStore | None = None
+        self._fetcher: BackgroundFetcher | None = None
+        self._peers: dict[str, tuple[str, int]] = {}
+        self._random = random.Random(seed)
+        self._version = 0
+        self._pending_members: list[str] = []
+        self._job_store: Any = None
+        self._target: str | None = None
+        self.averaged = 0   # local steps that averaged with a peer's model
+        self.skipped = 0    # fetches that failed (peer gone) and were skipped
+
+    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "PairAveraging":
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        if not self._params:
+            raise ConfigError("PairAveraging: the model has no parameters that require gradients")
+        return self
+
+    def cluster_changed(self, peer: Any) -> None:
+        """Serve this worker's model (once), say where, and learn where the other members serve."""
+        secret = env.SECRET.get()
+        self._random = random.Random(f"{self._seed}/{peer.worker_id}/{peer.version}")
+        if self._store is None:
+            host = peer.config.workers[peer.rank].host if peer.config is not None else "127.0.0.1"
+            self._store = ModelStore(secret, host=host)
+            self._fetcher = BackgroundFetcher(secret, self.fetch_timeout)
+            self._publish()
+        self._peers = {}
+        store = peer.job_store
+        if store is None:
+            return
+        try:
+            host, port = self._store.address
+            store.set(p2p_key(peer.worker_id), f"{host}:{port}")
+            for worker in peer.config.workers:
+                if worker.id != peer.worker_id and store.has(p2p_key(worker.id)):
+                    h, p = store.get(p2p_key(worker.id)).decode().rsplit(":", 1)
+                    self._peers[worker.id] = (h, int(p))
+        except StoreError as exc:
+            log.warning("pair averaging: could not exchange model store addresses (%s); "
+                        "training on without peers until the next cluster change", exc)
+        self._pending_members = [w.id for w in peer.config.workers if w.id != peer.worker_id
+                                 and w.id not in self._peers]
+        self._job_store = store
+
+    def begin_step(self, weight: float, step: int = 0) -> None:
+        if not self._params:
+            raise TaijiError("PairAveraging.begin_step() before attach(model)")
+
+    def synchronize(self) -> None:
+        return None
+
+    def abort_step(self) -> None:
+        return None
+
+    def after_update(self) -> None:
+        """Average with the peer model that arrived (if any), publish ours, fetch the next."""
+        if self._fetcher is None:
+            return
+        result = self._fetcher.poll()
+        if isinstance(result, Snapshot) and len(result.tensors) == len(self._params):
+            with torch.no_grad():
+                for p, theirs in zip(self._params, result.tensors):
+                    p.add_(theirs.to(device=p.device, dtype=p.dtype)).mul_(0.5)
+            self.averaged += 1
+        elif isinstance(result, CommError):
+            self.skipped += 1
+            self._peers.pop(self._target or "", None)  # gone: not asked again until the cluster changes
+            log.debug("pair averaging: skipped peer %s: %s", self._target, result)
+        self._publish()
+        self._fetch_next()
+
+    def _publish(self) -> None:
+        assert self._store is not None
+        self._version += 1
+        self._store.publish(self._version, [p.detach() for p in self._params])
+
+    def _fetch_next(self) -> None:
+        assert self._fetcher is not None
+        if self._fetcher.in_flight:
+            return
+        if not self._peers:
+            self._discover()
+        if self._peers:
+            self._target = self._random.choice(sorted(self._peers))
+            self._fetcher.start(self._peers[self._target])
+
+    def _discover(self) -> None:
+        """Members that had not registered their address when the cluster changed."""
+        store = self._job_store
+        for worker_id in list(self._pending_members):
+            try:
+                if store is not None and store.has(p2p_key(worker_id)):
+                    h, p = store.get(p2p_key(worker_id)).decode().rsplit(":", 1)
+                    self._peers[worker_id] = (h, int(p))
+                    self._pending_members.remove(worker_id)
+            except StoreError:
+                return
+
+    def detach(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
+        if self._store is not None:
+            self._store.close()
+        self._fetcher = self._store = None
+        self._peers = {}

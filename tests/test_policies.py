@@ -1,0 +1,233 @@
+"""Policy logic as plain functions: the runner's conflict rule and validation, and every built-in."""
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taiji
+from taiji.data.sampler import SamplerState, advance, global_span
+from taiji.errors import ConfigError
+from taiji.policies import (BatchPerWorker, Context, EarlyStop, GNSBatchSize, LRScaling, Metrics, Policy,
+                            PolicyError, Resize, ScaleLR, ScheduledResize, SetBatchSize, Stop,
+                            ThroughputScaling, gns_target_batch, lr_scale)
+from taiji.policies.runner import Plan, decision_trail, plan_digest, run_hooks
+
+
+def ctx(**kw) -> Context:
+    base = dict(step=10, epoch=0, cursor=0, num_samples=1000, size=2, version=1, batch_size=64, lr=0.1,
+                strategy="sync_sgd", time=0.0, metrics=Metrics(), min_size=1, max_size=4, elastic=True)
+    base.update(kw)
+    return Context(**base)
+
+
+class Emit(Policy):
+    def __init__(self, *decisions, hook="after_step"):
+        self._decisions, self._hook = list(decisions), hook
+        self.seen = []
+
+    def after_step(self, c):
+        self.seen.append(c.batch_size)
+        return self._decisions if self._hook == "after_step" else None
+
+    def before_step(self, c):
+        return self._decisions if self._hook == "before_step" else None
+
+
+# -- runner -----------------------------------------------------------------------------
+
+def test_later_policies_see_earlier_decisions_and_last_batch_and_resize_win():
+    first, second = Emit(SetBatchSize(128), Resize(3)), Emit(SetBatchSize(256), Resize(4))
+    final, plan = run_hooks([first, second], ["after_step"], ctx())
+    assert second.seen == [128], "the second policy sees the first one's batch size"
+    assert plan.batch_size == 256 and plan.resize == 4 and final.batch_size == 256
+    assert [a.policy for a in plan.applied] == ["Emit", "Emit", "Emit", "Emit"]
+
+
+def test_lr_factors_multiply_and_stop_is_final():
+    _, plan = run_hooks([Emit(ScaleLR(2.0), Stop("done")), Emit(ScaleLR(1.5)), Emit(Stop("later"))],
+                        ["after_step"], ctx())
+    assert plan.lr_factor == pytest.approx(3.0)
+    assert plan.stop == "done"
+
+
+@pytest.mark.parametrize("decision, note", [
+    (SetBatchSize(0), "rejected SetBatchSize(0)"), (SetBatchSize(2.5), "rejected"),
+    (ScaleLR(0.0), "rejected ScaleLR"), (ScaleLR(float("nan")), "rejected"),
+    (Resize(0), "rejected Resize(0)"),
+])
+def test_invalid_decisions_are_rejected_with_a_note(decision, note):
+    _, plan = run_hooks([Emit(decision)], ["after_step"], ctx())
+    assert not plan.applied and plan.batch_size is None and plan.resize is None and plan.lr_factor == 1
+    assert len(plan.notes) == 1 and note in plan.notes[0] and "Emit.after_step at step 10" in plan.notes[0]
+
+
+def test_out_of_bounds_decisions_are_clamped_and_no_ops_dropped():
+    _, plan = run_hooks([Emit(SetBatchSize(5000), Resize(9))], ["after_step"], ctx())
+    assert plan.batch_size == 1000 and plan.resize == 4 and len(plan.notes) == 2
+    _, plan = run_hooks([Emit(SetBatchSize(64), Resize(2), ScaleLR(1.0))], ["after_step"], ctx())
+    assert plan.empty
+    _, plan = run_hooks([Emit(Resize(3))], ["after_step"], ctx(elastic=False))
+    assert plan.resize is None and "not running under `taiji run`" in plan.notes[0]
+
+
+def test_a_raising_policy_is_named_with_hook_and_step():
+    class Broken(Policy):
+        def after_step(self, c):
+            raise ZeroDivisionError("oops")
+    with pytest.raises(PolicyError, match=r"policy Broken.after_step raised at step 10 .*ZeroDivisionError: oops"):
+        run_hooks([Emit(), Broken()], ["after_step"], ctx())
+
+
+def test_a_policy_returning_garbage_is_an_error():
+    class Garbage(Policy):
+        def before_step(self, c):
+            return "bigger please"
+    with pytest.raises(PolicyError, match="Garbage.before_step returned 'bigger please' at step 10"):
+        run_hooks([Garbage()], ["before_step"], ctx())
+
+
+def test_digests_fingerprint_decisions_per_policy():
+    _, a = run_hooks([Emit(SetBatchSize(128)), Emit()], ["after_step"], ctx())
+    _, b = run_hooks([Emit(SetBatchSize(136)), Emit()], ["after_step"], ctx())
+    assert plan_digest(a) != plan_digest(b) and plan_digest(Plan()) == plan_digest(Plan())
+    assert 0 <= plan_digest(a) < 2 ** 52 and float(plan_digest(a)) == plan_digest(a)
+    ta, tb = decision_trail(a, 4), decision_trail(b, 4)
+    assert ta[0] != tb[0] and ta[0][1:] == tb[0][1:] == (0, 3)   # policy #0, hook after_step
+    assert ta[1][1:] == (-1, -1) and len(ta) == 4
+
+
+def test_policy_state_round_trips_through_json_and_skips_private_and_unserialisable():
+    policy = ThroughputScaling()
+    policy.history.append([2, 100.0])
+    policy._cache = object()
+    policy.handle = object()
+    state = policy.state_dict()
+    assert "handle" not in state and "_cache" not in state and state["history"] == [[2, 100.0]]
+    other = ThroughputScaling()
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+
+
+# -- sampler: batch-size changes mid-epoch ---------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(num=st.integers(1, 300), batches=st.lists(st.integers(1, 64), min_size=1, max_size=40))
+def test_changing_the_batch_size_mid_epoch_keeps_every_epoch_exactly_once(num, batches):
+    state, seen, i = SamplerState(batch_size=batches[0]), {}, 0
+    while state.epoch < 2:
+        state = SamplerState(epoch=state.epoch, cursor=state.cursor, batch_size=batches[i % len(batches)])
+        lo, hi = global_span(state, num)
+        seen.setdefault(state.epoch, []).extend(range(lo, hi))
+        state = advance(state, hi - lo, num)
+        i += 1
+    assert seen[0] == list(range(num)) and seen[1] == list(range(num))
+
+
+# -- built-ins ------------------------------------------------------------------------------
+
+def test_gns_target_batch_rounds_clamps_limits_growth_and_has_hysteresis():
+    assert gns_target_batch(300.0, 64, min_batch=32, max_batch=1024) == 128      # at most 2x per change
+    assert gns_target_batch(110.0, 64, min_batch=32, max_batch=1024) == 112      # rounded to 8
+    assert gns_target_batch(70.0, 64, min_batch=32, max_batch=1024) is None      # within 25 %
+    assert gns_target_batch(5000.0, 700, min_batch=32, max_batch=1024) == 1024   # clamped
+    assert gns_target_batch(4.0, 64, min_batch=48, max_batch=1024) == 48         # not below min
+    assert gns_target_batch(float("nan"), 64, min_batch=1, max_batch=99) is None
+
+
+def test_gns_batch_policy_waits_for_warmup_and_interval_then_follows_gns():
+    policy = GNSBatchSize(max_batch=512, warmup=20, interval=10)
+    policy.before_train(ctx(step=0))
+    assert policy.min_batch == 64
+    high = Metrics(gns=400.0)
+    assert policy.after_step(ctx(step=10, metrics=high)) is None   # warmup
+    assert policy.after_step(ctx(step=20, metrics=Metrics())) is None  # no estimate yet
+    assert policy.after_step(ctx(step=20, metrics=high)) == [SetBatchSize(128)]
+    assert policy.after_step(ctx(step=25, metrics=high, batch_size=128)) is None  # interval
+    assert policy.after_step(ctx(step=30, metrics=high, batch_size=128)) == [SetBatchSize(256)]
+
+
+def test_gns_batch_policy_grows_the_cluster_instead_of_overfilling_a_worker():
+    policy = GNSBatchSize(max_batch=4096, warmup=0, interval=1, max_per_worker=100)
+    policy.before_train(ctx(step=0, batch_size=128))
+    decisions = policy.after_step(ctx(step=5, batch_size=128, size=2, metrics=Metrics(gns=256.0)))
+    assert decisions == [SetBatchSize(200), Resize(3)]   # 256 needs 3 workers; 2 hold 200 meanwhile
+    decisions = policy.after_step(ctx(step=6, batch_size=200, size=2, metrics=Metrics(gns=400.0)))
+    assert decisions == [Resize(4)]                      # no room to grow the batch until they join
+
+
+def test_lr_scale_rules():
+    assert lr_scale("linear", 256, 64) == 4 and lr_scale("sqrt", 256, 64) == 2
+    assert lr_scale("adascale", 256, 64, None) == 1
+    assert lr_scale("adascale", 256, 64, 1e12) == pytest.approx(4, rel=1e-6)   # pure noise: linear
+    assert lr_scale("adascale", 256, 64, 1e-9) == pytest.approx(1, rel=1e-6)   # no noise: no gain
+    assert 1 < lr_scale("adascale", 256, 64, 128.0) < 4
+    with pytest.raises(ConfigError):
+        lr_scale("cubic", 2, 1)
+
+
+def test_lr_scaling_policy_tracks_the_batch_and_composes_factors():
+    policy = LRScaling("sqrt")
+    policy.before_train(ctx(batch_size=64))
+    assert policy.before_step(ctx(batch_size=64)) is None
+    up = policy.before_step(ctx(batch_size=256))
+    down = policy.before_step(ctx(batch_size=128))
+    assert up == ScaleLR(2.0) and down.factor == pytest.approx(math.sqrt(2) / 2)
+    assert policy.applied == pytest.approx(math.sqrt(2))
+
+
+def test_batch_per_worker_follows_the_cluster():
+    assert BatchPerWorker(32).before_step(ctx(size=3)) == SetBatchSize(96)
+
+
+def test_scheduled_resize_fires_each_entry_once_even_if_passed_during_recovery():
+    policy = ScheduledResize({5: 3, 8: 2, 20: 4})
+    assert policy.before_step(ctx(step=4)) is None
+    assert policy.before_step(ctx(step=9)) == Resize(2)   # 5 and 8 both passed: the latest wins
+    assert policy.before_step(ctx(step=10)) is None
+    assert policy.before_step(ctx(step=20)) == Resize(4)
+    with pytest.raises(ConfigError):
+        ScheduledResize({1: 0})
+
+
+def _run_throughput(policy, throughput_by_size, steps=400, max_size=8):
+    """Drive the policy with a simulated cluster whose resizes land two boundaries later."""
+    size, version, pending, log = 1, 1, None, []
+    for step in range(1, steps):
+        seconds = 64 / throughput_by_size[size]
+        decisions = policy.after_step(ctx(step=step, size=size, version=version, max_size=max_size,
+                                          metrics=Metrics(samples=64, step_seconds=seconds)))
+        if pending is not None and pending[0] <= step:
+            size, version, pending = pending[1], version + 1, None
+        if isinstance(decisions, Resize):
+            pending = (step + 2, decisions.size)
+            log.append(decisions.size)
+    return size, log
+
+
+def test_throughput_scaling_adds_workers_while_they_pay_and_gives_back_the_last():
+    policy = ThroughputScaling(threshold=0.1, window=5, settle=1)
+    size, log = _run_throughput(policy, {1: 100, 2: 190, 3: 260, 4: 270, 5: 270})
+    assert log == [2, 3, 4, 3] and size == 3 and policy.phase == "done"
+    assert [s for s, _ in policy.history] == [1, 2, 3, 4]
+
+
+def test_throughput_scaling_stops_at_the_bound():
+    policy = ThroughputScaling(threshold=0.1, window=5, settle=1)
+    size, log = _run_throughput(policy, {1: 100, 2: 200, 3: 300}, max_size=3)
+    assert log == [2, 3] and size == 3 and policy.phase == "done"
+
+
+def test_early_stop_on_target_and_on_patience():
+    policy = EarlyStop("loss", target=0.5, every=1, smoothing=0.0)
+    assert policy.after_step(ctx(metrics=Metrics(loss=0.7))) is None
+    assert isinstance(policy.after_step(ctx(metrics=Metrics(loss=0.4))), Stop)
+    policy = EarlyStop("loss", patience=2, every=1, smoothing=0.0, min_delta=0.01)
+    results = [policy.after_step(ctx(metrics=Metrics(loss=v))) for v in (1.0, 0.9, 0.895, 0.9)]
+    assert results[:3] == [None, None, None] and isinstance(results[3], Stop)
+    with pytest.raises(ConfigError):
+        EarlyStop("accuracy", target=1)
+
+
+def test_top_level_exports():
+    assert taiji.Policy is Policy and taiji.SetBatchSize is SetBatchSize and taiji.Stop is Stop

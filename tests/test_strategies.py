@@ -1,0 +1,211 @@
+"""ModelAveraging's arithmetic, and switching strategies at a step boundary."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+import taiji
+from taiji.policies import Context, Metrics, Policy, SetStrategy
+from taiji.policies.runner import run_hooks
+from taiji.policies.strategy import InterferenceSwitch, StrategyBySize
+from taiji.runtime.state import digest
+from taiji.strategies.model_averaging import ModelAveraging
+
+from _harness import run_threads
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_model_averaging_applies_alpha_towards_the_live_mean_every_k_steps():
+    alpha, lr, every = 0.5, 0.1, 2
+
+    def body(peer):
+        torch.manual_seed(peer.rank)  # replicas start different on purpose
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        strategy = ModelAveraging(alpha, every).attach(model, peer.comm)
+        history = []
+        for step in range(4):
+            before = [p.detach().clone() for p in model.parameters()]
+            strategy.begin_step(0.5, step)
+            x = torch.full((4, 3), float(peer.rank + step))
+            model(x).square().mean().backward()
+            strategy.synchronize()
+            grads = [p.grad.clone() for p in model.parameters()]
+            opt.step()
+            strategy.after_update()
+            opt.zero_grad()
+            history.append((before, grads, [p.detach().clone() for p in model.parameters()]))
+        return history
+
+    h0, h1 = run_threads(2, body)
+    for step in range(4):
+        for (b0, g0, a0), (b1, g1, a1) in [(h0[step], h1[step]), (h1[step], h0[step])]:
+            for w, g, after, w_other in zip(b0, g0, a0, b1):
+                expected = w - lr * g
+                if step % every == 0:
+                    expected = expected + alpha * ((w + w_other) / 2 - w)
+                assert torch.allclose(after, expected, atol=1e-6), f"step {step}"
+
+
+def test_model_averaging_validates_its_arguments():
+    with pytest.raises(taiji.ConfigError):
+        ModelAveraging(alpha=0)
+    with pytest.raises(taiji.ConfigError):
+        ModelAveraging(every=0)
+
+
+def data(n=120):
+    g = torch.Generator().manual_seed(3)
+    return TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
+class SwitchAt(Policy):
+    def __init__(self, plan):
+        self._plan = plan
+
+    def before_step(self, ctx):
+        if ctx.step in self._plan:
+            return SetStrategy(self._plan[ctx.step])
+
+
+def test_switching_strategies_mid_epoch_keeps_exactly_once_and_resyncs_into_sync_sgd():
+    def body(peer):
+        torch.manual_seed(peer.rank)
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        job = taiji.Job(model, opt, data(), 8, epochs=1, peer=peer, log_every=0,
+                        strategies={"model_averaging": ModelAveraging(alpha=0.5, every=3)},
+                        policies=[SwitchAt({4: "model_averaging", 9: "sync_sgd", 11: "no_such_thing"})])
+        record = []
+        for step in job:
+            x, y = step.batch
+            step.backward(F.cross_entropy(model(x), y))
+            state = [p.detach().clone() for p in model.parameters()]
+            state += [opt.state[p]["momentum_buffer"] for p in model.parameters() if p in opt.state]
+            record.append((step.index, job.strategy_name, step.indices.tolist(), digest(state)))
+        return record
+
+    r0, r1 = run_threads(2, body)
+    assert [s for _, s, _, _ in r0] == ["sync_sgd"] * 4 + ["model_averaging"] * 5 + ["sync_sgd"] * 6
+    assert [s for _, s, _, _ in r0] == [s for _, s, _, _ in r1]
+    consumed = sorted(i for rec in (r0, r1) for _, _, idx, _ in rec for i in idx)
+    assert consumed == list(range(120)), "an epoch with two switches is still exactly-once"
+    same = [a[3] == b[3] for a, b in zip(r0, r1)]
+    # the first sync makes replicas identical; averaging lets them drift; switching back re-syncs
+    # them (bitwise), and SyncSGD keeps them identical from there on
+    assert all(same[:4]) and not all(same[4:9]) and all(same[9:]), same
+
+
+class SwitchOnceAt(Policy):
+    """Switch at the first boundary at or after each step (decoupled phases skip steps)."""
+
+    def __init__(self, plan):
+        self._plan = sorted(plan.items())
+        self.done = 0
+
+    def before_step(self, ctx):
+        if self.done < len(self._plan) and ctx.step >= self._plan[self.done][0]:
+            self.done += 1
+            return SetStrategy(self._plan[self.done - 1][1])
+
+
+def test_switching_into_and_out_of_decoupled_pair_averaging_keeps_exactly_once():
+    def body(peer):
+        torch.manual_seed(peer.rank)
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        job = taiji.Job(model, opt, data(), 8, epochs=2, peer=peer, log_every=0, sync_every=32,
+                        policies=[SwitchOnceAt({3: "pair_averaging", 12: "sync_sgd"})])
+        record = []
+        for step in job:
+            x, y = step.batch
+            step.backward(F.cross_entropy(model(x), y))
+            lockstep = job.strategy.lockstep
+            record.append((job.strategy_name, step.segments if not lockstep else None,
+                           (step.epoch, *step.span) if lockstep else None, digest(list(model.parameters()))))
+        return record, job.progress
+
+    (r0, p0), (r1, p1) = run_threads(2, body)
+    assert p0 == p1 and p0.epoch == 2
+    names = [name for name, *_ in r0]
+    assert names[:3] == ["sync_sgd"] * 3 and "pair_averaging" in names and names[-1] == "sync_sgd"
+    counts = {}
+    lockstep_steps = [rec[2] for rec in r0 if rec[2] is not None]   # the same on both ranks
+    for epoch, lo, hi in lockstep_steps + [seg for rec in r0 + r1 if rec[1] for seg in rec[1]]:
+        for i in range(lo, hi):
+            counts[epoch * 120 + i] = counts.get(epoch * 120 + i, 0) + 1
+    assert sorted(counts) == list(range(240)) and set(counts.values()) == {1}
+    # back in SyncSGD the replicas are identical again
+    assert r0[-1][3] == r1[-1][3]
+
+
+def ctx(**kw):
+    base = dict(step=10, epoch=0, cursor=0, num_samples=1000, size=2, version=1, batch_size=64, lr=0.1,
+                strategy="sync_sgd", time=0.0, strategies=("model_averaging", "pair_averaging", "sync_sgd"))
+    base.update(kw)
+    return Context(**base)
+
+
+def test_set_strategy_is_validated_against_the_jobs_strategies():
+    _, plan = run_hooks([SwitchAt({10: "bogus"})], ["before_step"], ctx())
+    assert plan.strategy is None and "rejected SetStrategy('bogus')" in plan.notes[0]
+    _, plan = run_hooks([SwitchAt({10: "model_averaging"})], ["before_step"], ctx())
+    assert plan.strategy == "model_averaging"
+
+
+def test_strategy_by_size():
+    policy = StrategyBySize({1: "sync_sgd", 4: "model_averaging"})
+    assert policy.before_step(ctx(size=3)) is None
+    assert policy.before_step(ctx(size=4)) == SetStrategy("model_averaging")
+    assert policy.before_step(ctx(size=2, strategy="model_averaging")) == SetStrategy("sync_sgd")
+
+
+def test_interference_switch_needs_a_majority_of_slowed_workers():
+    policy = InterferenceSwitch(fraction=0.7, window=3, settle=1)
+    decisions = []
+    series = [(0.1, 0.1, 0.1)] * 4 + [(0.1, 0.1, 0.3)] * 3 + [(0.2, 0.2, 0.3)] * 3
+    for i, times in enumerate(series):
+        decisions.append(policy.after_step(ctx(step=i, metrics=Metrics(worker_step_seconds=times))))
+    assert decisions[:9] == [None] * 9, "one slow worker alone is not a majority"
+    assert decisions[9] == SetStrategy("pair_averaging")
+    assert policy.after_step(ctx(metrics=Metrics(worker_step_seconds=(1.0, 1.0, 1.0)))) is None
+
+
+# -- real processes: every strategy survives grow, shrink and a crash --------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy", ["model_averaging", "pair_averaging"])
+def test_strategy_survives_grow_shrink_and_crash_with_exactly_once_data(tmp_path, strategy):
+    from test_elastic import elastic_train, run_elastic
+    faults = [{"action": "kill", "worker": "w3", "phase": "compute"}]  # the joiner, on its first step
+    proc = run_elastic(tmp_path, 3, "--steps", "3000", "--step-delay", "0.005", "--sizes", "4", "2",
+                       "--strategy", strategy, launcher_args=["--max-np", "4"], faults=faults)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    assert "killed by SIGKILL" in proc.stdout
+    if strategy == "pair_averaging":  # the joiner died holding a claimed batch: rank 0 trains it
+        assert "adopting" in proc.stdout and "departed worker w3" in proc.stdout
+    result = elastic_train.audit_positions(tmp_path)
+    assert result["positions"] > 200 and result["lost"] == 0 and result["duplicated"] == 0, result
+    sizes = [json.loads(line)["size"] for line in (tmp_path / "w0.jsonl").read_text().splitlines()]
+    transitions = json.loads((tmp_path / "w0.transitions.json").read_text())
+    reasons = [(t["reason"], t["to_size"]) for t in transitions]
+    # the shrink to 2 may land together with the failure's config, or after it
+    assert reasons[0] == ("resize", 4) and reasons[1][0] == "failure" and reasons[-1][1] == 2, reasons
+    assert sizes[0] == 3 and sizes[-1] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_pair_averaging_keeps_the_fast_workers_step_rate_next_to_a_slow_one(tmp_path):
+    """Rank 2's steps take 3x as long; under pair averaging the others do not wait for it."""
+    from test_elastic import run_elastic
+    proc = run_elastic(tmp_path, 3, "--steps", "150", "--step-delay", "0.02", "--slow-rank", "2",
+                       "--strategy", "pair_averaging")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    steps = {w: len((tmp_path / f"{w}.jsonl").read_text().splitlines()) for w in ("w0", "w1", "w2")}
+    # same pace would give equal counts; 3x slower should give ~1/3 of the fast ones' steps
+    assert steps["w2"] * 2 < min(steps["w0"], steps["w1"]), steps
