@@ -157,6 +157,16 @@ def test_policy_state_and_batch_changes_survive_resizes_and_a_crash(tmp_path):
     assert policy_events and all(e["policy"] == "CyclingBatch" for e in policy_events)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_policy_raising_on_one_worker_stops_the_whole_job_with_its_name(tmp_path):
+    proc = run_elastic(tmp_path, 3, "--steps", "200", "--policy", "raise", timeout=100)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "RaiseOnRank.after_step raised at step 7" in output and "bad policy" in output
+    assert "worker w1 reported an error no worker can recover from" in output, output[-3000:]
+
+
 def test_the_readme_custom_policy_runs_as_written():
     import re
     from pathlib import Path

@@ -116,6 +116,18 @@ def test_publish_copies_and_latest_wins(store):
     assert snap.version == 2 and torch.equal(snap.tensors[0], torch.ones(4))
 
 
+def test_publish_reuses_the_buffers_of_a_snapshot_nobody_is_reading(store):
+    t = torch.arange(6.0)
+    store.publish(1, [t])
+    first = store._current.tensors[0].data_ptr()
+    store.publish(2, [t + 1])
+    second = store._current.tensors[0].data_ptr()
+    store.publish(3, [t + 2])
+    assert store._current.tensors[0].data_ptr() == first != second, "the retired buffer is reused"
+    store.publish(4, [torch.zeros(3)])   # another layout: fresh buffers, still correct
+    assert torch.equal(fetch(store.address, SECRET, timeout=5).tensors[0], torch.zeros(3))
+
+
 def test_nothing_published_returns_none(store):
     assert fetch(store.address, SECRET, timeout=5) is None
 

@@ -142,6 +142,29 @@ def test_switching_into_and_out_of_decoupled_pair_averaging_keeps_exactly_once()
     assert r0[-1][3] == r1[-1][3]
 
 
+def test_interference_switch_moves_a_slowed_sync_sgd_job_to_pair_averaging():
+    import time
+
+    def body(peer):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        job = taiji.Job(model, opt, data(), 8, epochs=12, peer=peer, log_every=0, sync_every=48,
+                        policies=[InterferenceSwitch("pair_averaging", fraction=0.2, window=8, settle=2)])
+        switched_at = None
+        for step in job:
+            if job.strategy_name == "pair_averaging" and switched_at is None:
+                switched_at = step.index
+            if peer.rank == 1 and step.index >= 30 and job.strategy.lockstep:
+                time.sleep(0.05)   # interference on one worker: under SyncSGD everyone waits
+            x, y = step.batch
+            step.backward(F.cross_entropy(model(x), y))
+        return switched_at
+
+    switched = run_threads(2, body)
+    assert switched[0] == switched[1] and switched[0] is not None and 30 < switched[0] <= 30 + 2 * 8 + 2
+
+
 def ctx(**kw):
     base = dict(step=10, epoch=0, cursor=0, num_samples=1000, size=2, version=1, batch_size=64, lr=0.1,
                 strategy="sync_sgd", time=0.0, strategies=("model_averaging", "pair_averaging", "sync_sgd"))

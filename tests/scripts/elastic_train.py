@@ -48,7 +48,17 @@ class CyclingBatch(taiji.Policy):
             return taiji.SetBatchSize(self._base + 3 * ((self.calls // 4) % 3) - 2)
 
 
+class RaiseOnRank(taiji.Policy):
+    """A buggy policy: raises on one rank only (so the others would wait for it forever)."""
+
+    def after_step(self, ctx):
+        if ctx.step == 7 and taiji.rank() == 1:
+            raise RuntimeError("bad policy")
+
+
 def make_policies(name, batch):
+    if name == "raise":
+        return [RaiseOnRank()]
     if name == "cycle":
         from taiji.policies import LinearLRScaling
         return [CyclingBatch(batch), LinearLRScaling()]
@@ -187,7 +197,7 @@ if __name__ == "__main__":
     parser.add_argument("--stop-at-version", type=int, default=0,
                         help="stop once the cluster reaches this config version")
     parser.add_argument("--step-delay", type=float, default=0.0)
-    parser.add_argument("--policy", default="", choices=["", "cycle"])
+    parser.add_argument("--policy", default="", choices=["", "cycle", "raise"])
     parser.add_argument("--strategy", default="", choices=["", "sync_sgd", "model_averaging", "pair_averaging"])
     parser.add_argument("--slow-rank", type=int, default=-1, help="this rank's steps take 3x --step-delay")
     args = parser.parse_args()

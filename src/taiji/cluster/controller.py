@@ -55,6 +55,14 @@ class FailureReported:
 
 
 @dataclass(frozen=True)
+class FatalReported:
+    """A worker hit an error no peer can recover from (a policy raised, workers disagree on
+    decisions): the whole job stops, with that worker's message as the root cause."""
+    id: str
+    message: str
+
+
+@dataclass(frozen=True)
 class JobDone:
     """Rank 0 finished the training loop: exits from now on are the job ending."""
 
@@ -64,7 +72,7 @@ class Tick:
     pass
 
 
-Event = Union[Proposal, WorkerReady, WorkerExited, FailureReported, JobDone, Tick]
+Event = Union[Proposal, WorkerReady, WorkerExited, FailureReported, FatalReported, JobDone, Tick]
 
 
 # -- actions ----------------------------------------------------------------------------
@@ -169,6 +177,10 @@ def decide(state: ControllerState, event: Event, now: float) -> Decision:
         return _on_exit(state, event, now)
     if isinstance(event, FailureReported):
         return _on_report(state, event, now)
+    if isinstance(event, FatalReported):
+        state = replace(state, first_failure=state.first_failure or (event.id, 1))
+        return _finish(state, [], f"worker {event.id} reported an error no worker can recover from: "
+                                  f"{event.message}")
     if isinstance(event, JobDone):
         state = replace(state, done=True)
         kills = [Kill(j.id, "the job is done") for j in state.joiners]

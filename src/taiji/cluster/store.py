@@ -228,6 +228,14 @@ class JobStore:
             return []
         return [m for m in members if self.has(f"failed/v{version}/{m}")]
 
+    def report_fatal(self, worker_id: str, message: str) -> None:
+        """Stop the whole job: the first report is the one the launcher shows."""
+        if self.add("fatal/count", 1) == 1:
+            self.set("fatal", json.dumps({"worker": worker_id, "message": message}))
+
+    def fatal_report(self) -> dict | None:
+        return json.loads(self.get("fatal")) if self.has("fatal") else None
+
     def set_done(self) -> None:
         self.set("done", "1")
 

@@ -93,11 +93,18 @@ def _header(snap: Snapshot | None) -> bytes:
         for t in snap.tensors]}).encode()
 
 
+def _same_layout(mine: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> bool:
+    return len(mine) == len(theirs) and all(
+        a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs))
+
+
 class ModelStore:
     """Serves this worker's latest published parameters to authenticated peers.
 
     ``publish`` makes exactly one copy and swaps a reference, so a fetch in progress keeps
     sending the snapshot it started with: a peer never sees half an old and half a new model.
+    The copy goes into the buffers of an older snapshot that no connection is sending any more
+    (when one exists), so publishing every step does not allocate and page-fault a new model.
     """
 
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0, *,
@@ -105,6 +112,8 @@ class ModelStore:
         self._key = _key(secret, host, "ModelStore")
         self._io_timeout, self._max_conns = io_timeout, max_connections
         self._current: Snapshot | None = None
+        self._spare: Snapshot | None = None      # retired, unread: its buffers can be reused
+        self._readers: dict[int, int] = {}       # id(snapshot) -> connections sending it
         self._lock = threading.Lock()
         self._closed = False
         self._handlers: dict[threading.Thread, socket.socket] = {}
@@ -120,18 +129,23 @@ class ModelStore:
         """Snapshot ``tensors`` (one copy to contiguous CPU memory) and make it the one served."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ConfigError(f"ModelStore.publish: version must be an int >= 0, got {version!r}")
-        copies = []
-        with torch.no_grad():
-            for i, t in enumerate(tensors):
-                if t.dtype not in _DTYPES.values():
-                    raise ConfigError(f"ModelStore.publish: tensor {i} has dtype {t.dtype}, which "
-                                      f"p2p cannot send; supported: {sorted(_DTYPES)}")
-                dst = torch.empty(t.shape, dtype=t.dtype)
-                dst.copy_(t.detach())
-                copies.append(dst)
-        snap = Snapshot(version, copies)  # never mutated after this line
+        for i, t in enumerate(tensors):
+            if t.dtype not in _DTYPES.values():
+                raise ConfigError(f"ModelStore.publish: tensor {i} has dtype {t.dtype}, which "
+                                  f"p2p cannot send; supported: {sorted(_DTYPES)}")
         with self._lock:
-            self._current = snap
+            spare, self._spare = self._spare, None
+        if spare is not None and not _same_layout(spare.tensors, tensors):
+            spare = None
+        copies = spare.tensors if spare is not None else [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        with torch.no_grad():
+            for dst, t in zip(copies, tensors):
+                dst.copy_(t.detach())
+        snap = Snapshot(version, copies)  # not written again while it is current or being sent
+        with self._lock:
+            old, self._current = self._current, snap
+            if old is not None and not self._readers.get(id(old)):
+                self._spare = old
 
     def _accept_loop(self) -> None:
         while not self._closed:
@@ -166,18 +180,37 @@ class ModelStore:
                 return
             with self._lock:
                 snap = self._current  # the one snapshot this connection serves, whatever happens
-            header = _header(snap)
-            proof = _mac(self._key, b"server", server_nonce, client_nonce)
-            conn.sendall(proof + _LEN.pack(len(header)) + header)
-            for t in snap.tensors if snap is not None else ():
-                if t.numel():
-                    conn.sendall(_raw(t))
+                if snap is not None:
+                    self._readers[id(snap)] = self._readers.get(id(snap), 0) + 1
+            try:
+                self._send(conn, snap, server_nonce, client_nonce)
+            finally:
+                if snap is not None:
+                    self._release(snap)
         except (OSError, EOFError) as e:  # the client went away or stalled: its problem, not ours
             log.debug("p2p store %s: connection from %s ended: %s", self.address, peer, e)
         finally:
             conn.close()
             with self._lock:
                 self._handlers.pop(threading.current_thread(), None)
+
+    def _release(self, snap: Snapshot) -> None:
+        with self._lock:
+            left = self._readers.get(id(snap), 1) - 1
+            if left > 0:
+                self._readers[id(snap)] = left
+                return
+            self._readers.pop(id(snap), None)
+            if snap is not self._current and self._spare is None:
+                self._spare = snap
+
+    def _send(self, conn: socket.socket, snap: Snapshot | None, server_nonce: bytes, client_nonce: bytes) -> None:
+        header = _header(snap)
+        proof = _mac(self._key, b"server", server_nonce, client_nonce)
+        conn.sendall(proof + _LEN.pack(len(header)) + header)
+        for t in snap.tensors if snap is not None else ():
+            if t.numel():
+                conn.sendall(_raw(t))
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop serving, free the port and join the serving threads (at most ~``timeout`` s)."""

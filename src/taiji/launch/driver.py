@@ -60,6 +60,7 @@ class Driver:
         self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host)
         self._proposal_seq = 0
         self._done_seen = False
+        self._fatal_seen = False
         self._registry = job_file(cfg.job_id)
 
     def say(self, text: str) -> None:
@@ -130,6 +131,11 @@ class Driver:
         version = self.state.config.version
         reported = self.job.failure_reports(version, self.state.config.ids)
         events += [ctl.FailureReported(i, version) for i in reported if i not in self.state.reports]
+        if not self._fatal_seen:
+            fatal = self.job.fatal_report()
+            if fatal is not None:
+                self._fatal_seen = True
+                events.append(ctl.FatalReported(str(fatal["worker"]), str(fatal["message"])))
         if not self._done_seen and self.job.is_done():
             self._done_seen = True
             events.append(ctl.JobDone())

@@ -22,12 +22,13 @@ EVENT_STYLE: dict[str, tuple[str, str]] = {
     "failure": ("tab:red", "-"),
     "recovery": ("tab:green", "-."),
     "policy": ("tab:purple", ":"),
+    "strategy": ("tab:brown", "-"),
 }
 BRACKET_KINDS = ("start", "stop", "end")
 OTHER_STYLE = ("tab:gray", ":")
 LABEL_LEVELS = 3            # staggered heights for event labels that are close in time
 LABEL_CHAR_WIDTH = 0.0068   # width of one 8 pt character as a fraction of the time axis
-LABEL_PRIORITY = ("failure", "recovery", "resize", "policy")
+LABEL_PRIORITY = ("failure", "recovery", "resize", "strategy", "policy")
 MAX_LABELS_PER_KIND = 12
 PAUSE_FACTOR = 5            # a gap this many times the recent step time is a pause, not a step
 PAUSE_WINDOW = 20           # how many recent gaps define "the recent step time"
@@ -133,6 +134,8 @@ def _event_label(event: dict[str, Any]) -> str:
         text = f"resize→{event['size']}"
     elif kind == "policy" and event.get("decision"):
         text = f"policy: {str(event['decision'])[:24]}"
+    elif kind == "strategy" and event.get("strategy"):
+        text = f"strategy→{event['strategy']}"
     else:
         text = kind
     return f"{text} @{event['step']}" if isinstance(event.get("step"), int) else text

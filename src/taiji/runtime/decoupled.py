@@ -185,6 +185,7 @@ class Decoupled:
         job.peer.step = job.progress.step
         job._stop_agreed = job._stop_agreed or stats.stop
         job.adaptation.observe(stats, samples=max(consumed, 0))
+        job.reporter.phase_closed(max(consumed, 0), job.adaptation.metrics.step_seconds)
         job._adapt(epoch_ended=job.progress.epoch != previous_epoch)
         if stats.version_seen > job.peer.version:
             job._transition(job.peer.read_config(stats.version_seen), reason="resize")

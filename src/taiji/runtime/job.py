@@ -142,11 +142,15 @@ class Job:
         self._started = True
         try:
             yield from self._loop()
-        except (PolicyError, ConsensusError):
-            # no peer can recover from this: leave the training loop so that the launcher stops
-            # the whole job with this error as the root cause
+        except (PolicyError, ConsensusError) as exc:
+            # no peer can recover from this: the launcher stops the whole job, with this error
+            # as the root cause (before peers mistake this worker's exit for a crash to recover from)
             if self.peer.elastic and self.peer.job_store is not None:
-                self.peer.job_store.set_training(self.peer.worker_id, False)
+                try:
+                    self.peer.job_store.report_fatal(self.peer.worker_id, str(exc))
+                    self.peer.job_store.set_training(self.peer.worker_id, False)
+                except StoreError:
+                    log.warning("could not tell the launcher about: %s", exc)
             raise
 
     def _loop(self) -> Iterator[Step]:

@@ -67,6 +67,25 @@ class Reporter:
                 "grad_variance": stats.grad_variance, "straggler": stats.straggler,
                 "lr": job.optimizer.param_groups[0].get("lr")})
 
+    def phase_closed(self, samples: int, seconds: float | None) -> None:
+        """A decoupled phase ended at a sync point: one metrics line for it (rank 0)."""
+        job = self.job
+        self._last_commit_time = time.perf_counter()
+        if seconds:
+            self.samples_per_second = samples / seconds
+        run_log = self._runlog()
+        if run_log is not None:
+            run_log.log_metrics({
+                "step": job.progress.step, "epoch": job.progress.epoch, "version": job.peer.version,
+                "size": job.peer.size, "batch_size": job.progress.sampler.batch_size,
+                "samples_per_s": samples / seconds if seconds else None,
+                "lr": job.optimizer.param_groups[0].get("lr"), "strategy": job.strategy_name})
+        if job.peer.rank == 0:
+            log.info("epoch %d step %d: %d samples in the last decoupled phase, %s samples/s on %d workers",
+                     job.progress.epoch, job.progress.step, samples,
+                     f"{samples / seconds:.0f}" if seconds else "n/a", job.peer.size)
+            self.write_status()
+
     def maybe_log_progress(self, step: "Step") -> None:
         job = self.job
         if not self.log_every or job.progress.step % self.log_every:
