@@ -125,3 +125,31 @@ def median(values: Sequence[float]) -> float:
 def print_result(benchmark: str, rows: list[dict], **extra) -> None:
     """The contract: the last line of stdout is one JSON object."""
     print(json.dumps({"benchmark": benchmark, "rows": rows, **extra}), flush=True)
+
+
+def run_launcher(cmd: Sequence[str], log_path, timeout: float, *, name: str,
+                 env_drop: Sequence[str] = ()) -> tuple[int, str]:
+    """Run a ``taiji run ...`` command in its own session with a private job registry, output to
+    ``log_path``; on timeout the session (launcher and workers) is killed and reaped. Returns the
+    exit code and the output's tail; raises RuntimeError on timeout."""
+    import shutil
+    from pathlib import Path
+    home = tempfile.mkdtemp(prefix="taiji-bench-")  # job registry of this run only
+    env = dict(os.environ, TAIJI_HOME=home, PYTHONUNBUFFERED="1")
+    for key in env_drop:
+        env.pop(key, None)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # the launcher's session: it and its workers
+            proc.wait()
+            shutil.rmtree(home, ignore_errors=True)
+    tail = Path(log_path).read_text()[-3000:]
+    if code is None:
+        raise RuntimeError(f"{name}: still running after {timeout:.0f}s; killed. Output tail:\n{tail}")
+    return code, tail

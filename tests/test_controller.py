@@ -1,7 +1,7 @@
 """The membership state machine, event by event, without processes."""
 import pytest
 
-from taiji.cluster.controller import (Bounds, FailureReported, Finish, JobDone, Kill, Log, Proposal,
+from taiji.cluster.controller import (Bounds, FailureReported, FatalReported, Finish, JobDone, Kill, Log, Proposal,
                                       Publish, Spawn, Tick, WorkerExited, WorkerReady, decide,
                                       initial_state)
 
@@ -173,3 +173,12 @@ def test_failure_outside_a_training_loop_stops_the_job():
 def test_invalid_bounds():
     with pytest.raises(ValueError):
         Bounds(min_np=3, max_np=2)
+
+
+def test_a_fatal_report_stops_every_worker_with_its_message_even_before_it_exits():
+    s = initial_state(3, Bounds(replace=True))
+    s, acts = run(s, FatalReported("w1", "policy Broken.after_step raised at step 7"),
+                  FailureReported("w0", 1), WorkerExited("w1", 1, False))
+    [fin] = of(acts, Finish)
+    assert fin.code == 1 and fin.failed_worker == "w1" and "Broken.after_step raised at step 7" in fin.reason
+    assert {k.id for k in of(acts, Kill)} == {"w0", "w1", "w2"} and not of(acts, Spawn)

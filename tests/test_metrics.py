@@ -176,3 +176,10 @@ def test_plot_run_with_a_single_record_or_only_events(tmp_path):
     RunLog(tmp_path / "empty").close()
     with pytest.raises(ConfigError, match="nothing to plot"):
         plot_run(tmp_path / "empty")
+
+
+def test_event_labels_show_the_decided_value():
+    from taiji.metrics.plot import _event_label
+    assert _event_label({"kind": "policy", "decision": "SetBatchSize(batch_size=632)", "step": 100}) \
+        == "policy: SetBatchSize(632) @100"
+    assert _event_label({"kind": "strategy", "strategy": "pair_averaging", "step": 7}) == "strategy→pair_averaging @7"

@@ -8,6 +8,7 @@ nor changed.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -128,12 +129,17 @@ def _noisy_panel(ax: Any, xs: list[float], ys: list[float], pauses: list[tuple[f
         ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
 
 
+def _short_decision(text: str) -> str:
+    """``SetBatchSize(batch_size=632)`` -> ``SetBatchSize(632)``: the value is what matters."""
+    return re.sub(r"\b\w+=", "", text)
+
+
 def _event_label(event: dict[str, Any]) -> str:
     kind = event["kind"]
     if kind == "resize" and event.get("size") is not None:
         text = f"resize→{event['size']}"
     elif kind == "policy" and event.get("decision"):
-        text = f"policy: {str(event['decision'])[:24]}"
+        text = f"policy: {_short_decision(str(event['decision']))[:24]}"
     elif kind == "strategy" and event.get("strategy"):
         text = f"strategy→{event['strategy']}"
     else:

@@ -118,7 +118,7 @@ class PairAveraging(Strategy):
         assert self._fetcher is not None
         if self._fetcher.in_flight:
             return
-        if not self._peers:
+        if self._pending_members:  # members that registered after the cluster changed
             self._discover()
         if self._peers:
             self._target = self._random.choice(sorted(self._peers))

@@ -1,0 +1,134 @@
+"""Worker of `benchmarks/adaptive_batch.py`: one `taiji run` job training the Fashion-MNIST CNN of
+examples/fashion_mnist.py with a fixed or a GNS-adaptive global batch.
+
+    taiji run -np 2 --run-dir D -- python benchmarks/_adaptive_train.py --batch 64 --lr 0.05 --result D/r.json
+    ... _adaptive_train.py --batch 1024 --lr 0.05 --lr-base-batch 64 [--lr-warmup 60] --result D/r.json
+    ... _adaptive_train.py --batch 64 --lr 0.05 --adaptive --max-batch 1024 --result D/r.json
+
+Every ``--eval-every`` of an epoch (agreed by all workers: it depends only on the committed
+samples), in ``job.on_commit``, each rank scores the identical replica on its half of the test set
+and an allreduce sums the correct answers; the span from the start of the evaluation to the end
+of that allreduce is taken off the training clock, so neither the evaluation nor the other rank's
+wait for it counts as training.
+The same allreduce sums the workers' CPU seconds of training so far (``time.process_time``: all
+threads, evaluation excluded), a clock that other jobs on a shared machine disturb much less.
+Rank 0 writes the evaluations and timings to ``--result`` (JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import taiji
+from taiji.policies import GNSBatchSize, LRScaling, lr_scale
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from fashion_mnist import Net, evaluate, load_data  # noqa: E402  (the example's model and data)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, required=True, help="global batch size (the start, if adaptive)")
+    parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--train-subset", type=int, default=0, help="use the first N training samples (0 = all)")
+    parser.add_argument("--test-subset", type=int, default=0, help="evaluate on the first N test samples (0 = all)")
+    parser.add_argument("--eval-every", type=float, default=0.125, help="evaluate every this fraction of an epoch")
+    parser.add_argument("--adaptive", action="store_true", help="GNSBatchSize + LRScaling")
+    parser.add_argument("--max-batch", type=int, default=1024)
+    parser.add_argument("--lr-rule", default="sqrt", choices=["linear", "sqrt", "adascale"])
+    parser.add_argument("--lr-base-batch", type=int, default=0,
+                        help="fixed batch: scale --lr from this batch by --lr-rule (LRScaling, no GNSBatchSize)")
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--interval", type=int, default=50)
+    parser.add_argument("--lr-warmup", type=int, default=0,
+                        help="with --lr-base-batch: ramp the LR linearly from --lr to the scaled LR over N steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--result", required=True, help="rank 0 writes its JSON result here")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)  # two workers on two cores
+    peer = taiji.init()
+    torch.manual_seed(args.seed)
+    train, test, name = load_data(None)
+    if name != "Fashion-MNIST":
+        raise SystemExit("the real Fashion-MNIST is required (/usr/share/datasets/fashion-mnist)")
+    if args.train_subset:
+        train = torch.utils.data.TensorDataset(*(t[:args.train_subset] for t in train.tensors))
+    if args.test_subset:
+        test = torch.utils.data.TensorDataset(*(t[:args.test_subset] for t in test.tensors))
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    policies: list[taiji.Policy] = []
+    if args.adaptive:
+        policies = [GNSBatchSize(max_batch=args.max_batch, warmup=args.warmup, interval=args.interval),
+                    LRScaling(args.lr_rule)]
+    elif args.lr_base_batch:  # the same rule, and the same code, as the adaptive run's LR
+        policies = [LRScaling(args.lr_rule, base_batch=args.lr_base_batch)]
+
+    scheduler = None
+    if args.lr_warmup and args.lr_base_batch and args.lr_rule != "adascale":  # gradual warmup (Goyal et al.)
+        first = 1 / lr_scale(args.lr_rule, args.batch, args.lr_base_batch)  # LRScaling scales base_lrs
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, first + (1 - first) * s / args.lr_warmup))
+
+    every = max(1, round(args.eval_every * len(train)))  # samples between evaluations
+    total = args.epochs * len(train)
+    evals: list[dict] = []
+    clock = {"start": 0.0, "paused": 0.0, "cpu_start": 0.0, "cpu_paused": 0.0, "samples": 0}
+
+    def on_commit(step: taiji.Step) -> None:
+        before = clock["samples"]
+        clock["samples"] += step.global_batch_size
+        if clock["samples"] // every == before // every and clock["samples"] < total:
+            return
+        paused, cpu_paused = time.perf_counter(), time.process_time()
+        train_s = paused - clock["start"] - clock["paused"]
+        train_cpu_s = cpu_paused - clock["cpu_start"] - clock["cpu_paused"]  # this process, all its threads
+        # each rank scores its half of the test set; the sum of correct answers (an allreduce, so
+        # also a barrier: the slower rank's evaluation is not charged to the other's next step)
+        lo, hi = peer.rank * len(test) // peer.size, (peer.rank + 1) * len(test) // peer.size
+        shard = torch.utils.data.TensorDataset(*(t[lo:hi] for t in test.tensors))
+        row = torch.tensor([evaluate(model, shard, 250) * (hi - lo), train_cpu_s], dtype=torch.float64)
+        correct, all_cpu_s = peer.comm.allreduce(row, "sum", channel="ctrl").tolist()
+        accuracy = round(correct) / len(test)
+        clock["paused"] += time.perf_counter() - paused
+        clock["cpu_paused"] += time.process_time() - cpu_paused
+        job.reporter.restart_step_clock()  # keep the evaluation out of the logged samples/s
+        evals.append({"step": step.index + 1, "samples": clock["samples"], "epochs": clock["samples"] / len(train),
+                      "train_s": round(train_s, 3), "train_cpu_s": round(all_cpu_s, 3), "accuracy": accuracy,
+                      "batch": job.progress.sampler.batch_size, "lr": optimizer.param_groups[0]["lr"],
+                      "eval_s": round(time.perf_counter() - paused, 3)})
+        if peer.rank == 0:
+            print(f"eval: step {step.index + 1} epochs {evals[-1]['epochs']:.3f} train {train_s:.1f}s "
+                  f"acc {accuracy:.4f} batch {step.global_batch_size}", flush=True)
+
+    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs, seed=args.seed,
+                    log_every=100, policies=policies, on_commit=on_commit,
+                    lr_scheduler=scheduler)
+    steps = 0
+    for step in job:
+        if steps == 0:
+            clock["start"], clock["cpu_start"] = time.perf_counter(), time.process_time()  # after the join
+        images, labels = step.batch
+        step.backward(F.cross_entropy(model(images), labels))
+        steps += 1
+    train_s = time.perf_counter() - clock["start"] - clock["paused"]
+    if peer.rank == 0:
+        result = {"steps": job.progress.step, "train_s": train_s, "eval_total_s": clock["paused"],
+                  "train_cpu_s": evals[-1]["train_cpu_s"],  # both workers, at the last step's evaluation
+                  "final_accuracy": evals[-1]["accuracy"], "final_batch": job.progress.sampler.batch_size,
+                  "final_lr": optimizer.param_groups[0]["lr"], "gns": job.gns.b_noise, "evals": evals,
+                  "train_samples": len(train), "test_samples": len(test), "workers": peer.size}
+        Path(args.result).write_text(json.dumps(result))
+        print(f"done: {json.dumps({k: v for k, v in result.items() if k != 'evals'})}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
