@@ -65,22 +65,16 @@ class PairAveraging(Strategy):
             self._fetcher = BackgroundFetcher(secret, self.fetch_timeout)
             self._publish()
         self._peers = {}
-        store = peer.job_store
-        if store is None:
+        self._job_store = peer.job_store
+        if self._job_store is None:
             return
         try:
             host, port = self._store.address
-            store.set(p2p_key(peer.worker_id), f"{host}:{port}")
-            for worker in peer.config.workers:
-                if worker.id != peer.worker_id and store.has(p2p_key(worker.id)):
-                    h, p = store.get(p2p_key(worker.id)).decode().rsplit(":", 1)
-                    self._peers[worker.id] = (h, int(p))
+            self._job_store.set(p2p_key(peer.worker_id), f"{host}:{port}")
         except StoreError as exc:
-            log.warning("pair averaging: could not exchange model store addresses (%s); "
-                        "training on without peers until the next cluster change", exc)
-        self._pending_members = [w.id for w in peer.config.workers if w.id != peer.worker_id
-                                 and w.id not in self._peers]
-        self._job_store = store
+            log.warning("pair averaging: could not publish this worker's model store address (%s)", exc)
+        self._pending_members = [w.id for w in peer.config.workers if w.id != peer.worker_id]
+        self._discover()
 
     def begin_step(self, weight: float, step: int = 0) -> None:
         if not self._params:
