@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import taiji
-from taiji.policies import GNSBatchSize, LRScaling, lr_scale
+from taiji.policies import GNSBatchSize, LRScaling, Policy, lr_scale
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from fashion_mnist import Net, evaluate, load_data  # noqa: E402  (the example's model and data)
@@ -65,7 +65,7 @@ def main() -> None:
         test = torch.utils.data.TensorDataset(*(t[:args.test_subset] for t in test.tensors))
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    policies: list[taiji.Policy] = []
+    policies: list[Policy] = []
     if args.adaptive:
         policies = [GNSBatchSize(max_batch=args.max_batch, warmup=args.warmup, interval=args.interval),
                     LRScaling(args.lr_rule)]
@@ -83,24 +83,24 @@ def main() -> None:
     evals: list[dict] = []
     clock = {"start": 0.0, "paused": 0.0, "cpu_start": 0.0, "cpu_paused": 0.0, "samples": 0}
 
-    def on_commit(step: taiji.Step) -> None:
+    def on_commit(step) -> None:
         before = clock["samples"]
         clock["samples"] += step.global_batch_size
         if clock["samples"] // every == before // every and clock["samples"] < total:
             return
-        paused, cpu_paused = time.perf_counter(), time.process_time()
-        train_s = paused - clock["start"] - clock["paused"]
-        train_cpu_s = cpu_paused - clock["cpu_start"] - clock["cpu_paused"]  # this process, all its threads
-        # each rank scores its half of the test set; the sum of correct answers (an allreduce, so
-        # also a barrier: the slower rank's evaluation is not charged to the other's next step)
-        lo, hi = peer.rank * len(test) // peer.size, (peer.rank + 1) * len(test) // peer.size
-        shard = torch.utils.data.TensorDataset(*(t[lo:hi] for t in test.tensors))
-        row = torch.tensor([evaluate(model, shard, 250) * (hi - lo), train_cpu_s], dtype=torch.float64)
-        correct, all_cpu_s = peer.comm.allreduce(row, "sum", channel="ctrl").tolist()
-        accuracy = round(correct) / len(test)
-        clock["paused"] += time.perf_counter() - paused
-        clock["cpu_paused"] += time.process_time() - cpu_paused
-        job.reporter.restart_step_clock()  # keep the evaluation out of the logged samples/s
+        with job.pause():  # keep the evaluation out of the logged samples/s and the policies' clock
+            paused, cpu_paused = time.perf_counter(), time.process_time()
+            train_s = paused - clock["start"] - clock["paused"]
+            train_cpu_s = cpu_paused - clock["cpu_start"] - clock["cpu_paused"]  # this process, all its threads
+            # each rank scores its half of the test set; the sum of correct answers (an allreduce, so
+            # also a barrier: the slower rank's evaluation is not charged to the other's next step)
+            lo, hi = peer.rank * len(test) // peer.size, (peer.rank + 1) * len(test) // peer.size
+            shard = torch.utils.data.TensorDataset(*(t[lo:hi] for t in test.tensors))
+            row = torch.tensor([evaluate(model, shard, 250) * (hi - lo), train_cpu_s], dtype=torch.float64)
+            correct, all_cpu_s = taiji.allreduce(row, "sum").tolist()
+            accuracy = round(correct) / len(test)
+            clock["paused"] += time.perf_counter() - paused
+            clock["cpu_paused"] += time.process_time() - cpu_paused
         evals.append({"step": step.index + 1, "samples": clock["samples"], "epochs": clock["samples"] / len(train),
                       "train_s": round(train_s, 3), "train_cpu_s": round(all_cpu_s, 3), "accuracy": accuracy,
                       "batch": job.progress.sampler.batch_size, "lr": optimizer.param_groups[0]["lr"],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 import time
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from fashion_mnist import Net, evaluate, load_data  # noqa: E402  (the example's model and data)
 
 
-def make_strategy(args: argparse.Namespace) -> taiji.Strategy:
+def make_strategy(args: argparse.Namespace) -> taiji.SyncSGD | taiji.ModelAveraging | PairAveraging:
     if args.strategy == "sync":
         return taiji.SyncSGD()
     if args.strategy == "avg":
@@ -56,8 +57,9 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # 4 workers on 2 cores (the launcher sets OMP_NUM_THREADS=1 as well)
-    taiji.configure_logging("INFO")
-    peer = taiji.init()
+    # the Job's own INFO lines (phases, sync points) belong in the launcher's log of the job
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
+    taiji.init()
     torch.manual_seed(args.seed)
     train, test, name = load_data(None)
     if name != "Fashion-MNIST":
@@ -74,7 +76,7 @@ def main() -> None:
     last_grad = [0.0]  # when the backward pass accumulated its latest gradient
     for p in model.parameters():  # registered after the strategy's hooks: fires after them
         p.register_post_accumulate_grad_hook(lambda _p: last_grad.__setitem__(0, time.perf_counter()))
-    slowed = peer.rank == args.straggler
+    slowed = taiji.rank() == args.straggler
     samples = steps = 0
     compute_ms: list[float] = []   # receive step -> last gradient accumulated
     step_ms: list[float] = []      # receive step -> step.backward returned (incl. waiting for peers)
@@ -102,7 +104,7 @@ def main() -> None:
     end = time.monotonic()  # the loop includes the last sync point and the final averaging
 
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
-    result = {"rank": peer.rank, "size": peer.size, "strategy": strategy.name, "slowed": slowed,
+    result = {"rank": taiji.rank(), "size": taiji.size(), "strategy": strategy.name, "slowed": slowed,
               "samples": samples, "steps": steps, "start": start, "end": end, "slept_s": round(slept, 3),
               "compute_ms_median": statistics.median(compute_ms) if compute_ms else None,
               "step_ms_median": statistics.median(step_ms) if step_ms else None,
@@ -110,12 +112,12 @@ def main() -> None:
               "checksum": checksum, "train_samples": len(train), "epochs": args.epochs}
     if isinstance(strategy, PairAveraging):
         result.update(pair_averaged=strategy.averaged, pair_skipped=strategy.skipped)
-    if peer.rank == 0:
+    if taiji.rank() == 0:
         t0 = time.perf_counter()
         result["accuracy"] = evaluate(model, test)
         result["eval_s"] = round(time.perf_counter() - t0, 3)
         result["test_samples"] = len(test)
-    Path(args.out, f"rank{peer.rank}.json").write_text(json.dumps(result))
+    Path(args.out, f"rank{taiji.rank()}.json").write_text(json.dumps(result))
     print(f"done: {json.dumps(result)}", flush=True)
 
 

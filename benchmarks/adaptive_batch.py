@@ -24,8 +24,15 @@ Goal (DESIGN §9, KungFu Fig. 4): the adaptive run reaches the first target in <
 run's training time.
 Times are given on two clocks: wall seconds of training, and the CPU seconds both workers spent
 training (less disturbed by other jobs on a shared machine). Accuracies are deterministic for a
-seed (same trajectory bit for bit); only the times vary between repetitions.
-The last line of stdout is one JSON object with every figure.
+seed (same trajectory bit for bit); only the times vary between repetitions, which run the jobs
+in the given order and then in reverse.
+
+The last line of stdout is the result line of DESIGN §9. Its rows (taiji = the adaptive run):
+time to the target against each large run's whole training time and against the small run's
+time to the target, on both clocks (ratio = anchor / taiji, > 1: adaptive sooner; the goal is
+ratio >= 1/1.2 against ``large``), and final accuracy against the small run (ratio = taiji /
+anchor). With ``--reps`` > 1, taiji and anchor are medians and the ratio is the median of the
+repetitions' ratios. Every run's own figures are under ``runs``.
 """
 from __future__ import annotations
 
@@ -33,15 +40,13 @@ import argparse
 import json
 import re
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import run_launcher
+from _common import ahead_ratio, contract_row, interleaved, median, print_result, reap_on_sigterm, run_launcher
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_adaptive_train.py"
@@ -59,9 +64,9 @@ def run_job(name: str, worker_args: list[str], run_dir: Path, timeout: float) ->
     cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(NPROC), "--run-dir", str(run_dir),
            "--", sys.executable, str(WORKER), *worker_args, "--result", str(result_path)]
     started = time.monotonic()
-    code, tail = run_launcher(cmd, run_dir / "launcher.log", timeout, name=name)
-    if code != 0 or not result_path.is_file():
-        raise RuntimeError(f"{name}: `taiji run` exited {code}. Output tail:\n{tail}")
+    finished = run_launcher(cmd, run_dir / "launcher.log", timeout, name=name)
+    if not result_path.is_file():
+        raise RuntimeError(f"{name}: `taiji run` wrote no result. Output tail:\n{finished.tail()}")
     result = json.loads(result_path.read_text())
     result["wall_s"] = time.monotonic() - started
     return result
@@ -104,7 +109,7 @@ def median_samples_per_s(run_dir: Path) -> float | None:
             continue
         if isinstance(value, (int, float)):
             values.append(value)
-    return statistics.median(values) if values else None
+    return median(values) if values else None
 
 
 def time_to(evals: list[dict[str, Any]], target: float, clock: str = "train_s") -> float | None:
@@ -130,8 +135,7 @@ def one_rep(rep: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
               "--train-subset", str(args.train_subset), "--test-subset", str(args.test_subset),
               "--lr-rule", args.lr_rule]
     todo = configs(args)
-    names = list(todo)
-    order = names[rep % len(names):] + names[:rep % len(names)]  # repetitions rotate who goes first
+    order = interleaved(list(todo), rep)
     runs: dict[str, dict[str, Any]] = {}
     for name in order:
         run_dir = out / (f"{name}" if args.reps == 1 else f"rep{rep}-{name}")
@@ -161,6 +165,51 @@ def one_rep(rep: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     goal = figures["adaptive_ttt_over_large_train_s"]
     figures["goal_met"] = goal is not None and goal <= GOAL_TIME_RATIO
     return figures
+
+
+def paired_row(reps: list[dict[str, Any]], case: str, taiji: tuple[str, str], anchor: tuple[str, str], *,
+               higher_is_better: bool, **details) -> dict[str, Any]:
+    """A result row over repetitions from two (run name, figure) pairs. Over the repetitions where
+    both sides have a value (``reps_with_both``): the median of each side, and the median of each
+    repetition's own ratio (its runs ran back to back). Where none has both (the target never
+    reached), taiji and the ratio are None."""
+    pairs = [(rep["runs"][taiji[0]][taiji[1]], rep["runs"][anchor[0]][anchor[1]]) for rep in reps]
+    ratios = [ahead_ratio(t, a, higher_is_better=higher_is_better) for t, a in pairs]
+    both = [(t, a, r) for (t, a), r in zip(pairs, ratios) if r is not None]
+    if both:
+        taiji_value, anchor_value = median(t for t, _, _ in both), median(a for _, a, _ in both)
+        ratio = median(r for _, _, r in both)
+    else:
+        anchors = [a for _, a in pairs if a is not None]
+        taiji_value, anchor_value, ratio = None, median(anchors) if anchors else None, None
+    return contract_row(case, None if taiji_value is None else round(taiji_value, 4),
+                        None if anchor_value is None else round(anchor_value, 4), higher_is_better=higher_is_better,
+                        ratio=ratio, ratio_per_rep=[None if r is None else round(r, 3) for r in ratios],
+                        reps_with_both=len(both), **details)
+
+
+def contract_rows(reps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The result rows; taiji = the adaptive run, anchors = the fixed-batch runs."""
+    rows = []
+    larges = [name for name in reps[0]["runs"] if name.startswith("large")]
+    for clock, unit in (("train_s", "wall s"), ("train_cpu_s", "CPU s of both workers")):
+        to_target = f"to_target_{clock}"
+        for large in larges:
+            row = paired_row(reps, f"adaptive time to target vs {large}'s whole training, {unit}",
+                             ("adaptive", to_target), (large, clock), higher_is_better=False)
+            if (large, clock) == ("large", "train_s"):  # the goal: time to target <= 1.2x large's training
+                goal = 1 / GOAL_TIME_RATIO
+                row.update(target=f">= {goal:.3f}", target_met=row["ratio"] is not None and row["ratio"] >= goal)
+            rows.append(row)
+        rows.append(paired_row(reps, f"time to target: adaptive vs small, {unit}", ("adaptive", to_target),
+                               ("small", to_target), higher_is_better=False))
+    row = paired_row(reps, "final test accuracy: adaptive vs small", ("adaptive", "final_accuracy"),
+                     ("small", "final_accuracy"), higher_is_better=True)
+    points = round(100 * (row["taiji"] - row["anchor"]), 2)
+    row.update(accuracy_points=points, target=f"accuracy_points >= -{GOAL_ACC_POINTS}",
+               target_met=points >= -GOAL_ACC_POINTS)
+    rows.append(row)
+    return rows
 
 
 def fmt(value: float | None, spec: str = ".1f", none: str = "never") -> str:
@@ -222,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, key) is None:
             setattr(args, key, short if quick else full)
     out = Path(args.out)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s: kill and reap the job
+    reap_on_sigterm()
     started = time.monotonic()
     reps = [one_rep(rep, args, out) for rep in range(args.reps)]
     for rep in reps:
@@ -230,22 +279,21 @@ def main(argv: list[str] | None = None) -> None:
 
     def med(key: str) -> float | None:
         values = [r[key] for r in reps if r[key] is not None]
-        return round(statistics.median(values), 3) if values else None
+        return round(median(values), 3) if values else None
 
     keys = [k for k in reps[0] if k.startswith("adaptive_ttt") or k.endswith("_points")]
     summary = {key: med(key) for key in keys}
     summary["goal_met_reps"] = sum(r["goal_met"] for r in reps)
     print(f"\n# {time.monotonic() - started:.0f}s in all", file=sys.stderr)
-    rows = [{"rep": r["rep"], "case": name, **{k: v for k, v in run.items() if k != "evals"},
+    runs = [{"rep": r["rep"], "name": name, **{k: v for k, v in run.items() if k != "evals"},
              "evals": [(e["train_s"], e["accuracy"], e["batch"]) for e in run["evals"]]}
             for r in reps for name, run in r["runs"].items()]
     settings = {k: getattr(args, k) for k in ("quick", "epochs", "train_subset", "test_subset", "eval_every",
                                               "small", "large", "lr", "lr_rule", "large_warmup", "warmup", "interval",
                                               "fixed_target", "seed", "reps")}
-    print(json.dumps({"benchmark": "adaptive_batch", "rows": rows, "summary": summary,
-                      "targets": [r["target"] for r in reps], "settings": settings, "nproc": NPROC,
-                      "goal": f"adaptive time to (small final - {GOAL_ACC_POINTS} pt) <= "
-                              f"{GOAL_TIME_RATIO}x large train time"}))
+    print_result("adaptive_batch", contract_rows(reps), runs=runs, summary=summary,
+                 targets=[r["target"] for r in reps], settings=settings, nproc=NPROC,
+                 goal=f"adaptive time to (small final - {GOAL_ACC_POINTS} pt) <= {GOAL_TIME_RATIO}x large train time")
 
 
 if __name__ == "__main__":

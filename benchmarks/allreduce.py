@@ -16,14 +16,14 @@ blocks), which cancels slow drift in machine load better than a ratio of medians
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (connect_store, median, print_result, run_workers,  # noqa: E402
-                     watch_parent, worker_arguments)
+from _common import (contract_row, interleaved, median, paired_ratio, print_result,  # noqa: E402
+                     reap_on_sigterm, run_workers, side_by_side_groups, spread, time_on_all_ranks,
+                     worker_arguments)
 
 MB = 10**6
 
@@ -51,19 +51,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def worker(args: argparse.Namespace) -> None:
+    with side_by_side_groups(args, channels=("grad",)) as comm:
+        rows = measure(args, comm)
+    print_result("allreduce", rows)
+
+
+def measure(args: argparse.Namespace, comm) -> list[dict]:
+    """One row per message size: interleaved timed blocks of taiji's and the raw allreduce."""
     import torch
     import torch.distributed as dist
-    from taiji.comm.communicator import CommOptions, Communicator
 
-    torch.set_num_threads(1)
-    watch_parent(args.parent_pid)
     rank, n = args.rank, args.world_size
-    store = connect_store(args.port, args.timeout)
-    dist.init_process_group("gloo", store=dist.PrefixStore("raw", store), rank=rank, world_size=n,
-                            timeout=datetime.timedelta(seconds=args.timeout))
-    comm = Communicator(dist.PrefixStore("taiji", store), rank, n, version=1,
-                        options=CommOptions(timeout=args.timeout))
-    comm.connect(("grad",))
 
     def taiji_allreduce(t):
         comm.allreduce(t, "sum")
@@ -79,24 +77,13 @@ def worker(args: argparse.Namespace) -> None:
         if not torch.all(t == n * (n + 1) / 2):
             raise SystemExit(f"{name} allreduce returned a wrong sum: {t[:3].tolist()}")
 
-    line_up = torch.zeros(1)
-
-    cpu_times: dict[str, list[float]] = {}
+    cpu_times: dict[str, list[float]] = {name: [] for name in sides}
 
     def time_block(name: str, tensor, iters: int) -> float:
-        """Seconds per allreduce: the slowest rank's time over ``iters`` back-to-back calls.
-        Also records the CPU seconds all ranks spent per call (process-wide, comm threads
-        included): far less sensitive than wall time to other jobs on the machine."""
-        dist.all_reduce(line_up)  # start all ranks together (untimed)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        for _ in range(iters):
-            sides[name](tensor)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        dist.all_reduce(cpu)
-        cpu_times.setdefault(name, []).append(cpu.item() / iters)
-        return elapsed.item() / iters
+        """Seconds per allreduce on the slowest rank; records the CPU seconds per call as well."""
+        wall, cpu = time_on_all_ranks(lambda: sides[name](tensor), iters)
+        cpu_times[name].append(cpu / iters)
+        return wall / iters
 
     rows = []
     for size_mb in args.sizes_mb:
@@ -107,27 +94,25 @@ def worker(args: argparse.Namespace) -> None:
         times: dict[str, list[float]] = {name: [] for name in sides}
         for name in sides:  # warm-up: gloo buffers, page faults, code paths
             time_block(name, tensors[name], max(1, iters // 4))
-        cpu_times.clear()
+        for cpu_list in cpu_times.values():
+            cpu_list.clear()
         for rep in range(args.reps):
-            order = list(sides) if rep % 2 == 0 else list(reversed(sides))
-            for name in order:
+            for name in interleaved(list(sides), rep):
                 times[name].append(time_block(name, tensors[name], iters))
         factor = 2 * (n - 1) / n
         busbw = {name: numel * 4 * factor / median(times[name]) / 1e9 for name in sides}
-        paired = median([a / t for t, a in zip(times["taiji"], times["anchor"])])
-        rows.append({
-            "case": f"{size_mb}MB n={n} busbw GB/s", "taiji": round(busbw["taiji"], 3),
-            "anchor": round(busbw["anchor"], 3), "ratio": round(paired, 3),
-            "ratio_of_medians": round(busbw["taiji"] / busbw["anchor"], 3),
-            "nproc": n, "size_bytes": numel * 4, "reps": args.reps, "iters_per_rep": iters,
-            "taiji_ms": round(median(times["taiji"]) * 1e3, 3),
-            "anchor_ms": round(median(times["anchor"]) * 1e3, 3),
-            "taiji_cpu_ms": round(median(cpu_times["taiji"]) * 1e3, 3),
-            "anchor_cpu_ms": round(median(cpu_times["anchor"]) * 1e3, 3),
-        })
-    comm.close()
-    dist.destroy_process_group()
-    print_result("allreduce", rows)
+        rows.append(contract_row(
+            f"{size_mb}MB n={n} busbw GB/s", round(busbw["taiji"], 3), round(busbw["anchor"], 3),
+            higher_is_better=True, ratio=paired_ratio(times["taiji"], times["anchor"]),
+            ratio_of_medians=round(busbw["taiji"] / busbw["anchor"], 3),
+            nproc=n, size_bytes=numel * 4, reps=args.reps, iters_per_rep=iters,
+            taiji_ms=round(median(times["taiji"]) * 1e3, 3),
+            anchor_ms=round(median(times["anchor"]) * 1e3, 3),
+            taiji_ms_spread=spread((t * 1e3 for t in times["taiji"]), 3),
+            anchor_ms_spread=spread((t * 1e3 for t in times["anchor"]), 3),
+            taiji_cpu_ms=round(median(cpu_times["taiji"]) * 1e3, 3),
+            anchor_cpu_ms=round(median(cpu_times["anchor"]) * 1e3, 3)))
+    return rows
 
 
 def main(argv=None) -> None:
@@ -135,6 +120,7 @@ def main(argv=None) -> None:
     if args.worker:
         worker(args)
         return
+    reap_on_sigterm()
     passthrough = ["--reps", str(args.reps), "--block-mb", str(args.block_mb),
                    "--timeout", str(args.timeout), "--sizes-mb", *map(str, args.sizes_mb)]
     rows = []

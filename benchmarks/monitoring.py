@@ -5,7 +5,7 @@
 
 Runs one 2-worker `taiji run` job per model. Inside it the training loop alternates timed
 blocks of K steps with the monitors on (squared norms per bucket before the allreduce and of
-the reduced gradient, the GNS/variance update) and off (``job.monitor_every = 0``); the
+the reduced gradient, the GNS/variance update) and off (``job.monitors.every = 0``); the
 per-step control message is sent in both, since an elastic job needs it anyway. Both models:
 a compute-bound CNN and a communication-bound 6.3M-parameter MLP. ``ratio`` = median over
 adjacent block pairs of time_off / time_on (target >= 0.99; KungFu's GNS costs ~4.6%).
@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import statistics
-import subprocess
+import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import contract_row, median, paired_ratio, print_result, reap_on_sigterm, run_launcher  # noqa: E402
 
 NPROC = 2
 
@@ -49,7 +51,7 @@ def worker(args) -> None:
     import taiji
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    peer = taiji.init()
+    taiji.init()
     model, data, batch = build(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     block = args.steps
@@ -65,7 +67,7 @@ def worker(args) -> None:
         if step.index >= warmup and (step.index - warmup) % block == 0:
             marks.append(time.perf_counter())
         # a step's mode is fixed when it is made: set the next one's (same on every worker)
-        job.monitor_every = 1 if monitored(step.index + 1) else 0
+        job.monitors.every = 1 if monitored(step.index + 1) else 0
         x, y = step.batch
         step.backward(F.cross_entropy(model(x), y))
     marks.append(time.perf_counter())
@@ -74,36 +76,31 @@ def worker(args) -> None:
     for i, d in enumerate(durations):  # pairs alternate on/off, then off/on
         on = (i % 2) == ((i // 2) % 2)
         (on_times if on else off_times).append(d)
-    pairs = [off / on for on, off in zip(on_times, off_times)]
-    if peer.rank == 0:
+    if taiji.rank() == 0:
         params = sum(p.numel() for p in model.parameters())
-        print(json.dumps({"case": f"{args.model} {params / 1e6:.1f}M params, batch {batch} on {peer.size} workers, "
-                                  f"ms/step", "taiji": round(statistics.median(on_times) / block * 1e3, 3),
-                          "anchor": round(statistics.median(off_times) / block * 1e3, 3),
-                          "ratio": round(statistics.median(pairs), 4), "overhead_pct":
-                          round((1 / statistics.median(pairs) - 1) * 100, 2), "blocks": len(pairs),
-                          "steps_per_block": block, "gns": job.gns.b_noise,
-                          "taiji_is": "monitors on", "anchor_is": "monitors off"}), flush=True)
+        ratio = paired_ratio(on_times, off_times)
+        row = contract_row(f"{args.model} {params / 1e6:.1f}M params, batch {batch} on {taiji.size()} workers, "
+                           f"ms/step", round(median(on_times) / block * 1e3, 3),
+                           round(median(off_times) / block * 1e3, 3), higher_is_better=False, ratio=ratio,
+                           digits=4, overhead_pct=round((1 / ratio - 1) * 100, 2), blocks=len(on_times),
+                           steps_per_block=block, gns=job.gns.b_noise,
+                           taiji_is="monitors on", anchor_is="monitors off")
+        print(json.dumps(row), flush=True)
 
 
 def run_model(model: str, reps: int, steps: int, timeout: float) -> dict:
-    out_dir = tempfile.mkdtemp(prefix="taiji-monitoring-")
-    cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(NPROC), "--run-dir", out_dir, "--",
+    out_dir = Path(tempfile.mkdtemp(prefix="taiji-monitoring-"))
+    cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(NPROC), "--run-dir", str(out_dir), "--",
            sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--reps", str(reps),
            "--steps", str(steps)]
-    env = dict(os.environ, TAIJI_HOME=out_dir)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=timeout)
+        finished = run_launcher(cmd, out_dir / "launcher.out", timeout, name=f"monitoring {model}")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    for line in output.splitlines():
+        shutil.rmtree(out_dir, ignore_errors=True)
+    for line in finished.output.splitlines():
         if line.startswith("rank 0 | {"):
             return json.loads(line.split("| ", 1)[1])
-    raise RuntimeError(f"the {model} run printed no result:\n{output[-3000:]}")
+    raise RuntimeError(f"the {model} run printed no result:\n{finished.tail()}")
 
 
 def main(argv=None) -> None:
@@ -120,10 +117,11 @@ def main(argv=None) -> None:
     if args.worker:
         worker(args)
         return
+    reap_on_sigterm()
     started = time.monotonic()
     rows = [run_model(m, args.reps, args.steps, timeout=85.0 if args.quick else 600.0) for m in args.models]
     print(f"# {time.monotonic() - started:.1f}s", file=sys.stderr)
-    print(json.dumps({"benchmark": "monitoring", "rows": rows, "nproc": NPROC, "quick": args.quick}))
+    print_result("monitoring", rows, nproc=NPROC, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ a random chain of resizes and up to two random faults (kill or hang a rank >= 1 
 step and phase; sometimes with --replace). After the run, the per-step logs are audited
 (DESIGN §6): replicas bitwise identical after every committed step, every sample of an epoch
 consumed exactly once, final parameters equal to an uninterrupted 1-worker run, the job
-ended (no hang) and no process of the run is left (no orphan). The last line is one JSON
-object with the totals and the schedule of every run that broke an invariant.
+ended (no hang) and no process of the run is left (no orphan). The last line is the result
+line of DESIGN §9: one row per invariant, ``taiji`` = violations counted over all runs (target
+0; there is no anchor), plus the totals and the schedule of every run that broke an invariant.
 """
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "scripts"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import elastic_train  # noqa: E402
+from _common import (contract_row, print_result, processes_mentioning, reap_on_sigterm, run_to_end,  # noqa: E402
+                     signal_if_ours)
 
 BATCH = 16
 COLLECTIVE_TIMEOUT = 2.0
@@ -45,19 +47,6 @@ def random_schedule(rng: random.Random, max_np: int = 4) -> dict:
             "steps": 400, "faults": faults}
 
 
-def leftover_processes(marker: str) -> list[int]:
-    """Processes whose command line mentions this run's private directory."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
 def run_one(schedule: dict, timeout: float) -> dict:
     out = Path(tempfile.mkdtemp(prefix="taiji-soak-"))
     args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(schedule["np"]),
@@ -68,32 +57,30 @@ def run_one(schedule: dict, timeout: float) -> dict:
             "--sizes", *map(str, schedule["sizes"])]
     env = dict(os.environ, TAIJI_FAULTS=json.dumps(schedule["faults"]), TAIJI_HOME=str(out / "home"),
                PYTHONUNBUFFERED="1")
-    started = time.monotonic()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env,
-                            start_new_session=True)
-    hung = False
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        hung = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    finished = run_to_end(args, timeout, name="soak run", env=env, cwd=REPO)
     # the launcher reaped its workers before exiting; anything still alive is an orphan
-    orphans = leftover_processes(str(out))
+    orphans = processes_mentioning(str(out))
     for pid in orphans:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    audit = elastic_train.audit(out, BATCH) if not hung else {}
+        signal_if_ours(pid, signal.SIGKILL, str(out))
+    audit = elastic_train.audit(out, BATCH) if not finished.timed_out else {}
     shutil.rmtree(out, ignore_errors=True)
     trajectory_ok = audit.get("trajectory_error") is not None and audit["trajectory_error"] < 1e-9
-    return {"returncode": proc.returncode, "hung": hung, "orphans": len(orphans), "seconds": time.monotonic() - started,
-            "audit": audit, "trajectory_ok": trajectory_ok, "tail": output.splitlines()[-15:]}
+    return {"returncode": finished.returncode, "hung": finished.timed_out, "orphans": len(orphans),
+            "seconds": finished.seconds, "audit": audit, "trajectory_ok": trajectory_ok,
+            "tail": finished.output.splitlines()[-15:]}
+
+
+INVARIANTS = {"failed_runs": "runs that broke an invariant", "divergences": "steps after which replicas differed",
+              "lost_samples": "samples lost", "duplicated_samples": "samples trained twice in an epoch",
+              "hangs": "runs that hung", "orphans": "processes left behind",
+              "trajectory_mismatches": "runs whose final parameters differ from a 1-worker run"}
+
+
+def invariant_rows(totals: dict) -> list[dict]:
+    """One row per invariant: violations over all runs. No anchor: nothing to compare with."""
+    return [contract_row(f"{label} ({totals['runs']} runs, {totals['steps']} steps)", totals[key], None,
+                         higher_is_better=False, target=0, target_met=totals[key] == 0)
+            for key, label in INVARIANTS.items()]
 
 
 def main(argv=None) -> None:
@@ -104,6 +91,7 @@ def main(argv=None) -> None:
     parser.add_argument("--replay", default="", help="a schedule (JSON) printed by a failed run")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds one run may take (a hang beyond)")
     args = parser.parse_args(argv)
+    reap_on_sigterm()
     rng = random.Random(args.seed)
     schedules = [json.loads(args.replay)] if args.replay else \
         [random_schedule(rng) for _ in range(2 if args.quick else args.runs)]
@@ -130,7 +118,7 @@ def main(argv=None) -> None:
                            "tail": result["tail"]})
         print(f"run {i + 1}/{len(schedules)}: {'BROKEN' if bad else 'ok'} in {result['seconds']:.1f}s, "
               f"sizes {audit.get('sizes')}, {audit.get('steps')} steps, faults {schedule['faults']}", flush=True)
-    print(json.dumps({"benchmark": "soak", "seed": args.seed, **totals, "broken": broken}))
+    print_result("soak", invariant_rows(totals), seed=args.seed, **totals, broken=broken)
 
 
 if __name__ == "__main__":

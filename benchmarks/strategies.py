@@ -17,7 +17,14 @@ samples/s = samples trained by all workers / (last rank's loop end - first rank'
 process start, join and the test evaluation are excluded; the final sync point and the end-of-
 training averaging of non-exact strategies are included. Accuracy: the final (averaged) model on
 the 10k test set, on rank 0. Goal (the issue): with the straggler, PairAveraging >= 1.5x SyncSGD
-samples/s at <= 1 point accuracy loss. The last line of stdout is one JSON object.
+samples/s at <= 1 point accuracy loss.
+
+The last line of stdout is the result line of DESIGN §9. Per strategy other than SyncSGD and per
+setting, two rows: ``pair_averaging_straggler`` (taiji = PairAveraging samples/s, anchor = SyncSGD
+samples/s, ratio = taiji / anchor) and ``pair_averaging_straggler_accuracy`` (final test accuracy;
+``accuracy_points`` = taiji - anchor), likewise ``..._no_straggler`` and ``model_averaging_...``.
+With ``--reps`` > 1, taiji and anchor are medians and the ratio is the median of the repetitions'
+own ratios (each repetition's jobs ran back to back). Every job's figures are under ``runs``.
 """
 from __future__ import annotations
 
@@ -25,15 +32,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import run_launcher
+from _common import contract_row, interleaved, median, print_result, reap_on_sigterm, run_launcher
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_strategies_train.py"
@@ -41,6 +46,7 @@ NPROC = 4
 STRAGGLER_RANK = 3
 STRATEGIES = ("sync", "avg", "pair")
 LABEL = {"sync": "SyncSGD", "avg": "ModelAveraging", "pair": "PairAveraging"}
+CASE = {"avg": "model_averaging", "pair": "pair_averaging"}  # the result rows' names, against SyncSGD
 GOAL_SPEEDUP, GOAL_ACC_POINTS = 1.5, 1.0
 OTHERS = ("adaptive_batch.py", "pytest")  # other jobs on this box that would pollute the timings
 
@@ -72,10 +78,10 @@ def run_job(name: str, worker_args: list[str], out: Path, timeout: float) -> lis
     cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(NPROC), "--",
            sys.executable, str(WORKER), *worker_args, "--out", str(out)]
     # without OMP_NUM_THREADS the launcher picks cpu_count // 4 = 1 thread per worker
-    code, tail = run_launcher(cmd, out / "launcher.log", timeout, name=name, env_drop=["OMP_NUM_THREADS"])
+    finished = run_launcher(cmd, out / "launcher.log", timeout, name=name, env_drop=["OMP_NUM_THREADS"])
     files = sorted(out.glob("rank*.json"))
-    if code != 0 or len(files) != NPROC:
-        raise RuntimeError(f"{name}: `taiji run` exited {code} with {len(files)} results. Output tail:\n{tail}")
+    if len(files) != NPROC:
+        raise RuntimeError(f"{name}: `taiji run` left {len(files)} results. Output tail:\n{finished.tail()}")
     return sorted((json.loads(f.read_text()) for f in files), key=lambda r: r["rank"])
 
 
@@ -123,10 +129,38 @@ def median_rows(reps: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for first in reps[0]:
         key = (first["strategy"], first["straggler"])
         same = [r for rep in reps for r in rep if (r["strategy"], r["straggler"]) == key]
-        rows.append({**first, "samples_per_s": statistics.median(r["samples_per_s"] for r in same),
-                     "accuracy": statistics.median(r["accuracy"] for r in same),
+        rows.append({**first, "samples_per_s": median(r["samples_per_s"] for r in same),
+                     "accuracy": median(r["accuracy"] for r in same),
                      "all_samples_per_s": [r["samples_per_s"] for r in same],
                      "all_accuracy": [r["accuracy"] for r in same]})
+    return rows
+
+
+def contract_rows(reps: list[list[dict[str, Any]]], strategies: list[str]) -> list[dict[str, Any]]:
+    """Samples/s and final accuracy of each strategy against SyncSGD in the same repetition."""
+    rows = []
+    for slowed in (True, False):
+        setting = "straggler" if slowed else "no_straggler"
+        for strategy in [s for s in strategies if s in CASE]:
+            pairs = []
+            for rep in reps:
+                by = {(r["strategy"], r["straggler"]): r for r in rep}
+                pairs.append((by[(LABEL[strategy], slowed)], by[("SyncSGD", slowed)]))
+            speed_goal, accuracy_goal = {}, {}
+            if (strategy, slowed) == ("pair", True):
+                speed_goal = {"target": f">= {GOAL_SPEEDUP}"}
+                accuracy_goal = {"target": f"accuracy_points >= -{GOAL_ACC_POINTS}"}
+            rows.append(contract_row(
+                f"{CASE[strategy]}_{setting}", median(x["samples_per_s"] for x, _ in pairs),
+                median(a["samples_per_s"] for _, a in pairs), higher_is_better=True,
+                ratio=median(x["samples_per_s"] / a["samples_per_s"] for x, a in pairs),
+                unit="samples/s", taiji_is=LABEL[strategy], anchor_is="SyncSGD", **speed_goal))
+            rows.append(contract_row(
+                f"{CASE[strategy]}_{setting}_accuracy", median(x["accuracy"] for x, _ in pairs),
+                median(a["accuracy"] for _, a in pairs), higher_is_better=True,
+                ratio=median(x["accuracy"] / a["accuracy"] for x, a in pairs),
+                digits=4, accuracy_points=round(median(100 * (x["accuracy"] - a["accuracy"]) for x, a in pairs), 2),
+                unit="final test accuracy", taiji_is=LABEL[strategy], anchor_is="SyncSGD", **accuracy_goal))
     return rows
 
 
@@ -149,9 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     epochs = args.epochs or (1 if args.quick else 2)
     subset = args.train_subset if args.train_subset is not None else (15000 if args.quick else 0)
     timeout = args.timeout or (180.0 if args.quick else 900.0)
-    if "sync" not in args.strategies:
-        parser.error("SyncSGD is the anchor: keep `sync` in --strategies")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s: kill and reap the jobs
+    if "sync" not in args.strategies or len(set(args.strategies)) < 2:
+        parser.error("SyncSGD is the anchor: keep `sync` and at least one other strategy in --strategies")
+    reap_on_sigterm()
     wait_until = time.monotonic() + (args.wait_idle if args.wait_idle is not None else (0.0 if args.quick else 600.0))
     common = ["--epochs", str(epochs), "--train-subset", str(subset), "--ma-alpha", str(args.ma_alpha),
               "--ma-every", str(args.ma_every), "--sync-every", str(args.sync_every)]
@@ -160,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     for rep in range(args.reps):
         order = [(s, slowed) for slowed in (False, True) for s in args.strategies]
         rows = []
-        for strategy, slowed in (order if rep % 2 == 0 else order[::-1]):
+        for strategy, slowed in interleaved(order, rep):
             name = f"{strategy}{'-straggler' if slowed else ''}"
             wait_for_idle(max(0.0, wait_until - time.monotonic()))  # the budget is shared by all jobs
             others = others_running()
@@ -176,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         labels = [LABEL[s] for s in args.strategies]
         reps.append(sorted(rows, key=lambda r: (r["straggler"], labels.index(r["strategy"]))))
     rows = median_rows(reps) if args.reps > 1 else reps[0]
-    result: dict[str, Any] = {"benchmark": "strategies", "rows": rows, "nproc": NPROC, "quick": args.quick,
+    result: dict[str, Any] = {"runs": rows, "nproc": NPROC, "quick": args.quick,
                               "epochs": epochs, "train_samples": rows[0]["samples_expected"] // epochs,
                               "global_batch": 128, "lr": 0.05, "momentum": 0.9,
                               "model_averaging": {"alpha": args.ma_alpha, "every": args.ma_every},
@@ -185,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
                               "total_s": round(time.monotonic() - started, 1)}
     if set(args.strategies) == set(STRATEGIES):
         per_rep = [ratios(rep) for rep in reps]  # each rep's jobs ran back to back: paired ratios
-        result["ratios"] = {k: round(statistics.median(r[k] for r in per_rep), 3) for k in per_rep[0]}
+        result["ratios"] = {k: round(median(r[k] for r in per_rep), 3) for k in per_rep[0]}
         if args.reps > 1:
             result["ratios_per_rep"], result["ratios_of_medians"] = per_rep, ratios(rows)
         speedup = result["ratios"]["PairAveraging/SyncSGD samples/s, straggler"]
@@ -193,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         result["goal"] = {"pair_speedup_with_straggler": speedup, "target_speedup": GOAL_SPEEDUP,
                           "pair_accuracy_loss_points": loss, "target_max_loss_points": GOAL_ACC_POINTS,
                           "met": speedup >= GOAL_SPEEDUP and loss <= GOAL_ACC_POINTS}
-    print(json.dumps(result), flush=True)
+    print_result("strategies", contract_rows(reps, args.strategies), **result)
 
 
 if __name__ == "__main__":

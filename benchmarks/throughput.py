@@ -21,14 +21,14 @@ benchmark cannot be timing a no-op.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (connect_store, median, print_result, run_workers,  # noqa: E402
-                     watch_parent, worker_arguments)
+from _common import (contract_row, interleaved, median, paired_ratio, print_result,  # noqa: E402
+                     reap_on_sigterm, run_workers, side_by_side_groups, spread, time_on_all_ranks,
+                     worker_arguments)
 
 BUCKET_MB = 25
 NPROC = 2
@@ -141,24 +141,17 @@ def bench_model(name: str, args, comm) -> dict:
         step.backward(F.cross_entropy(job_model(bx), by))
 
     sides = {"taiji": taiji_step, "anchor": ddp_step, "job": job_step}
-    line_up = torch.zeros(1)
     cpu_times: dict[str, list[float]] = {side: [] for side in sides}
 
+    def next_step(side: str) -> None:
+        sides[side](*batches[cursor[side] % len(batches)])
+        cursor[side] += 1
+
     def time_block(side: str, steps: int) -> float:
-        """Seconds for ``steps`` steps on the slowest worker. Also records the CPU seconds
-        per step of all workers together (comm threads included), a figure far less
-        sensitive than wall time to other jobs sharing the machine."""
-        dist.all_reduce(line_up)  # start both workers together (untimed)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            sides[side](*batches[cursor[side] % len(batches)])
-            cursor[side] += 1
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        dist.all_reduce(cpu)
-        cpu_times[side].append(cpu.item() / steps)
-        return elapsed.item()
+        """Seconds for ``steps`` steps on the slowest worker; records the CPU seconds per step too."""
+        wall, cpu = time_on_all_ranks(lambda: next_step(side), steps)
+        cpu_times[side].append(cpu / steps)
+        return wall
 
     for side in sides:  # warm-up: allocator, gloo buffers, autograd graph caches
         time_block(side, 2)
@@ -166,7 +159,7 @@ def bench_model(name: str, args, comm) -> dict:
     for cpu_list in cpu_times.values():
         cpu_list.clear()
     for rep in range(args.reps):
-        for side in (list(sides) if rep % 2 == 0 else list(reversed(sides))):
+        for side in interleaved(list(sides), rep):
             times[side].append(time_block(side, args.steps))
 
     # invariant 1 of DESIGN.md §6: the taiji replicas must be bitwise identical after each step
@@ -178,12 +171,7 @@ def bench_model(name: str, args, comm) -> dict:
     changed = any(not torch.equal(p.detach(), p0) for p, p0 in zip(taiji_model.parameters(), initial))
     drift = max((a.detach() - b.detach()).abs().max().item()
                 for a, b in zip(taiji_model.parameters(), ddp_model.module.parameters()))
-    try:  # private API (DDP's buckets after its rebuild), only to show how each side buckets
-        ddp_buckets = ", ".join(str(b.buffer().numel() * b.buffer().element_size())
-                                for b in ddp_model.reducer._get_zeros_like_grad_buckets())
-    except Exception:  # noqa: BLE001
-        ddp_buckets = "?"
-    taiji_buckets = ", ".join(str(b.buffer.numel() * b.buffer.element_size()) for b in sync._buckets)
+    taiji_buckets = sync.num_buckets
     sync.detach()
     job_steps.close()
     job_peer.close()
@@ -191,38 +179,25 @@ def bench_model(name: str, args, comm) -> dict:
     samples = args.steps * batch * n
     rate = {side: samples / median(times[side]) for side in sides}
     params = sum(p.numel() for p in base.parameters())
-    return {
-        "case": f"{name} {params / 1e6:.1f}M params, batch {batch}/worker x{n}, samples/s",
-        "taiji": round(rate["taiji"], 1), "anchor": round(rate["anchor"], 1),
-        "ratio": round(median([a / t for t, a in zip(times["taiji"], times["anchor"])]), 3),
-        "ratio_of_medians": round(rate["taiji"] / rate["anchor"], 3),
-        "taiji_job_loop": round(rate["job"], 1),
-        "ratio_job_loop": round(median([a / t for t, a in zip(times["job"], times["anchor"])]), 3),
-        "taiji_cpu_ms_per_step": round(median(cpu_times["taiji"]) * 1e3, 2),
-        "anchor_cpu_ms_per_step": round(median(cpu_times["anchor"]) * 1e3, 2),
-        "params": params, "taiji_bucket_bytes": taiji_buckets, "ddp_bucket_bytes": ddp_buckets,
-        "reps": args.reps, "steps_per_rep": args.steps,
-        "taiji_replicas_identical": bool(same.item()), "taiji_params_changed": changed,
-        "max_abs_diff_taiji_vs_ddp": drift,
-    }
+    return contract_row(
+        f"{name} {params / 1e6:.1f}M params, batch {batch}/worker x{n}, samples/s",
+        round(rate["taiji"], 1), round(rate["anchor"], 1), higher_is_better=True,
+        ratio=paired_ratio(times["taiji"], times["anchor"]),
+        ratio_of_medians=round(rate["taiji"] / rate["anchor"], 3),
+        taiji_job_loop=round(rate["job"], 1),
+        ratio_job_loop=round(paired_ratio(times["job"], times["anchor"]), 3),
+        samples_per_s_spread={side: spread((samples / t for t in times[side]), 1) for side in sides},
+        taiji_cpu_ms_per_step=round(median(cpu_times["taiji"]) * 1e3, 2),
+        anchor_cpu_ms_per_step=round(median(cpu_times["anchor"]) * 1e3, 2),
+        params=params, taiji_buckets=taiji_buckets, ddp_bucket_cap_bytes=ddp_model.bucket_bytes_cap,
+        reps=args.reps, steps_per_rep=args.steps,
+        taiji_replicas_identical=bool(same.item()), taiji_params_changed=changed,
+        max_abs_diff_taiji_vs_ddp=drift)
 
 
 def worker(args: argparse.Namespace) -> None:
-    import torch
-    import torch.distributed as dist
-    from taiji.comm.communicator import CommOptions, Communicator
-
-    torch.set_num_threads(1)
-    watch_parent(args.parent_pid)
-    store = connect_store(args.port, args.timeout)
-    dist.init_process_group("gloo", store=dist.PrefixStore("raw", store), rank=args.rank,
-                            world_size=args.world_size, timeout=datetime.timedelta(seconds=args.timeout))
-    comm = Communicator(dist.PrefixStore("taiji", store), args.rank, args.world_size, version=1,
-                        options=CommOptions(timeout=args.timeout))
-    comm.connect()
-    rows = [bench_model(name, args, comm) for name in args.models]
-    comm.close()
-    dist.destroy_process_group()
+    with side_by_side_groups(args) as comm:
+        rows = [bench_model(name, args, comm) for name in args.models]
     print_result("throughput", rows)
 
 
@@ -231,6 +206,7 @@ def main(argv=None) -> None:
     if args.worker:
         worker(args)
         return
+    reap_on_sigterm()
     passthrough = ["--reps", str(args.reps), "--steps", str(args.steps),
                    "--timeout", str(args.timeout), "--models", *args.models]
     passthrough += ["--ddp-bucket-view"] * args.ddp_bucket_view

@@ -81,8 +81,8 @@ STRATEGIES = {"sync_sgd": taiji.SyncSGD, "model_averaging": lambda: taiji.ModelA
               "pair_averaging": PairAveraging}
 
 
-def make_policies(names: list[str], args: argparse.Namespace, resizes: dict[int, int]) -> list[taiji.Policy]:
-    policies: list[taiji.Policy] = []
+def make_policies(names: list[str], args: argparse.Namespace, resizes: dict[int, int]) -> list[taiji.policies.Policy]:
+    policies: list[taiji.policies.Policy] = []
     for name in names:
         if name == "gns":
             policies += [GNSBatchSize(max_batch=args.max_batch, warmup=100, interval=50),
@@ -129,7 +129,7 @@ def main() -> None:
     except ValueError:
         parser.error(f"--resize takes STEP:SIZE pairs, got {args.resize}")
 
-    taiji.configure_logging("INFO")
+    taiji.log.configure_logging("INFO")
     taiji.init()
     torch.manual_seed(args.seed)
     train, test, name = load_data(args.data)

@@ -1,23 +1,56 @@
-"""Test harness: ranks as threads against a real TCPStore, and real jobs via `taiji run`."""
+"""Test harness shared by tests/unit, tests/integration and tests/faults.
+
+Ranks as threads against a real TCPStore (`run_threads`), real jobs via `taiji run` (`taiji_run`),
+the helper worker scripts in tests/scripts (`load_script`), and the elastic-invariant checks used
+by the fault tests (`run_elastic`, `check_invariants`). tests/conftest.py puts tests/ on sys.path,
+so every test module imports this as ``from _harness import ...``. Test modules never import each
+other: whatever two of them share lives here.
+"""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-
-from taiji.cluster import spec
-from taiji.cluster.store import JobStore, connect_store, host_store
-from taiji.runtime.peer import Peer, PeerOptions
+if TYPE_CHECKING:
+    from taiji.runtime.peer import Peer
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """Import the helper script tests/scripts/<name>.py as module ``name`` (once per process)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec_ = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec_ is not None and spec_.loader is not None, f"no script {name!r} in {SCRIPTS}"
+    module = importlib.util.module_from_spec(spec_)
+    sys.modules[name] = module
+    try:
+        spec_.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 50 ms; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
 
 
 def run_threads(n: int, fn: Callable[[Peer], Any], *, timeout: float = 5.0,
@@ -27,6 +60,10 @@ def run_threads(n: int, fn: Callable[[Peer], Any], *, timeout: float = 5.0,
     Each rank gets its own store client and Peer (collective timeout ``timeout``), so a rank
     that never joins a collective makes the others time out rather than hang.
     """
+    from taiji.cluster import spec
+    from taiji.cluster.store import JobStore, connect_store, host_store
+    from taiji.runtime.peer import Peer, PeerOptions
+
     server = host_store()
     job = JobStore(server, "threads")
     config = spec.initial([spec.WorkerSpec(f"w{r}") for r in range(n)])
@@ -85,3 +122,60 @@ def taiji_run(nproc: int, command: Sequence[str], *, timeout: float = 120.0,
 
 def read_rank_files(directory: Path, n: int) -> list[dict]:
     return [json.loads((directory / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+# -- elastic jobs with invariant checks (tests/scripts/elastic_train.py) ---------------------------
+
+ELASTIC_SCRIPT = str(SCRIPTS / "elastic_train.py")
+
+
+def run_elastic(tmp_path: Path, nproc: int, *script_args: str, launcher_args: Sequence[str] = (),
+                faults: list[dict] | None = None, batch: int = 16,
+                timeout: float = 200) -> subprocess.CompletedProcess:
+    """``taiji run -np nproc`` on elastic_train.py writing into ``tmp_path``, with TAIJI_FAULTS."""
+    env = {"TAIJI_FAULTS": json.dumps(faults)} if faults else {}
+    return taiji_run(nproc, [sys.executable, ELASTIC_SCRIPT, str(tmp_path), "--batch", str(batch), *script_args],
+                     extra=["--timeout", "3", "--run-dir", str(tmp_path / "run"), *launcher_args], env=env,
+                     timeout=timeout)
+
+
+def check_invariants(out: Path, batch: int, policy: str = "") -> dict:
+    """DESIGN §6 on an elastic_train.py run: contiguous steps, identical replicas, exactly-once
+    data, and the trajectory of an uninterrupted 1-worker run. Returns the audit."""
+    result = load_script("elastic_train").audit(out, batch, policy)
+    assert result["steps"] > 0 and not result["gaps"], f"committed steps are not contiguous: {result}"
+    assert not result["divergences"], f"replicas differ after steps {result['divergences']}"
+    assert result["lost_samples"] == 0 and result["duplicated_samples"] == 0, result
+    assert result["trajectory_error"] is not None and result["trajectory_error"] < 1e-9, result
+    return result
+
+
+# -- SyncSGD equivalence with one worker (tests/scripts/train_equiv.py) ------------------------------
+
+def train_equiv_reference(steps: int, batch: int, dtype: Any = None) -> tuple:
+    """train_equiv.train on one solo worker: (params, momenta, consumed indices per step)."""
+    import torch
+    from taiji.runtime.peer import Peer
+    return load_script("train_equiv").train(Peer.solo(), steps, batch, dtype or torch.float64)
+
+
+def assert_close_to_reference(results: Sequence[tuple], ref: tuple, rtol: float, atol: float) -> None:
+    """Replicas bitwise identical to each other, and close to the one-worker reference ``ref``."""
+    import torch
+    ref_params, ref_momenta, _ = ref
+    first = results[0]
+    for params, momenta, _ in results:
+        for a, b in zip(params + momenta, first[0] + first[1]):
+            assert torch.equal(a, b), "replicas are not bitwise identical"
+        for a, b in zip(params, ref_params):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+        for a, b in zip(momenta, ref_momenta):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+def classification_data(n: int):
+    """A small seeded 4-feature, 3-class data set (a TensorDataset)."""
+    import torch
+    from torch.utils.data import TensorDataset
+    g = torch.Generator().manual_seed(3)
+    return TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g))

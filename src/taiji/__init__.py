@@ -1,66 +1,81 @@
-"""taiji: adaptive, elastic distributed training on PyTorch."""
+"""taiji: adaptive, elastic distributed training on PyTorch.
+
+The top level holds the user's API; the rest lives in ``taiji.policies``, ``taiji.errors``,
+``taiji.data``, ``taiji.strategies``, ``taiji.monitor`` and ``taiji.comm``.
+"""
 from __future__ import annotations
 
-from .comm.communicator import Communicator, Handle
-from .data.datasets import load_fashion_mnist, load_idx_classification
-from .data.sampler import ElasticSampler, SamplerState
-from .errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, LaunchError,
-                     MismatchError, PeerLost, StoreError, TaijiError)
-from .log import configure_logging
-from .policies import Context, Policy, PolicyError, Resize, ScaleLR, SetBatchSize, SetStrategy, Stop
-from .runtime.job import Job, Step
-from .runtime.peer import Peer, init, shutdown
-from .runtime.peer import default_peer as peer
+from typing import TYPE_CHECKING
+
+from .errors import TaijiError
+from .runtime.job import Job
+from .runtime.optimizer import Optimizer
+from .runtime.peer import default_peer as _default_peer
+from .runtime.peer import init, shutdown
+from .runtime.step import Step
 from .strategies.base import Strategy
 from .strategies.model_averaging import ModelAveraging
+from .strategies.pair_averaging import PairAveraging
 from .strategies.sync_sgd import SyncSGD
+
+if TYPE_CHECKING:
+    from .policies.base import Context
 
 __version__ = "0.1.0"
 
 
 def rank() -> int:
     """This worker's rank in the current cluster version (0 = oldest worker)."""
-    return peer().rank
+    return _default_peer().rank
 
 
 def size() -> int:
     """Number of workers in the current cluster version."""
-    return peer().size
+    return _default_peer().size
 
 
 def version() -> int:
     """The current cluster version (grows by one with every membership change)."""
-    return peer().version
+    return _default_peer().version
+
+
+def context() -> "Context | None":
+    """The agreed Context of the running Job's last step boundary (read-only), or None
+    outside a Job's loop."""
+    return _default_peer().context
 
 
 def resize(n: int) -> None:
     """Ask the launcher for ``n`` workers; returns at once. The change lands at a later step
     boundary of every worker's Job loop (``taiji.version()`` moves); joiners boot while the
     others keep training. Above --max-np it is clamped, below --min-np refused (both logged)."""
-    peer().propose_size(n)
+    _default_peer().propose_size(n)
 
+
+# user collectives travel on their own channel: never queued behind (or mixed up with)
+# the training's gradient and control traffic
 
 def allreduce(tensor, op: str = "sum", *, async_op: bool = False):
     """Reduce ``tensor`` in place over the current cluster (sum, avg, min, max)."""
-    return peer().comm.allreduce(tensor, op, channel="grad", async_op=async_op)
+    return _default_peer().comm.allreduce(tensor, op, channel="user", async_op=async_op)
 
 
 def broadcast(tensor, src: int = 0, *, async_op: bool = False):
-    return peer().comm.broadcast(tensor, src, async_op=async_op)
+    """Overwrite ``tensor`` with rank ``src``'s."""
+    return _default_peer().comm.broadcast(tensor, src, channel="user", async_op=async_op)
 
 
 def allgather(tensor, *, async_op: bool = False):
-    return peer().comm.allgather(tensor, async_op=async_op)
+    """Every worker's ``tensor``, in rank order."""
+    return _default_peer().comm.allgather(tensor, channel="user", async_op=async_op)
 
 
 def barrier() -> None:
-    peer().comm.barrier()
+    _default_peer().comm.barrier(channel="user")
 
 
 __all__ = [
-    "CollectiveTimeout", "CommError", "Communicator", "ConfigError", "ConsensusError",
-    "ElasticSampler", "Handle", "Job", "LaunchError", "MismatchError", "Peer", "PeerLost",
-    "SamplerState", "Step", "Context", "Policy", "PolicyError", "Resize", "ScaleLR", "SetBatchSize", "SetStrategy", "Stop", "StoreError", "Strategy", "SyncSGD", "ModelAveraging", "TaijiError", "allgather",
-    "allreduce", "barrier", "resize", "broadcast", "configure_logging", "init", "load_fashion_mnist",
-    "load_idx_classification", "peer", "rank", "shutdown", "size", "version",
+    "Job", "ModelAveraging", "Optimizer", "PairAveraging", "Step", "Strategy", "SyncSGD",
+    "TaijiError", "allgather", "allreduce", "barrier", "broadcast", "context", "init", "rank", "resize",
+    "shutdown", "size", "version",
 ]

@@ -3,18 +3,22 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Callable
+
+_prefix_source: Callable[[], str] = lambda: "[taiji]"  # noqa: E731
+
+
+def set_prefix_source(source: Callable[[], str]) -> None:
+    """The runtime says where the prefix comes from (the default peer's rank, version, step)."""
+    global _prefix_source
+    _prefix_source = source
 
 
 class RankPrefixFilter(logging.Filter):
     """Adds ``record.taiji`` = ``[rank r v=version step=s]`` from the default peer."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from .runtime.peer import current_peer
-        peer = current_peer()
-        if peer is None:
-            record.taiji = "[taiji]"
-        else:
-            record.taiji = f"[rank {peer.rank} v={peer.version} step={peer.step}]"
+        record.taiji = _prefix_source()
         return True
 
 

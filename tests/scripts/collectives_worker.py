@@ -1,4 +1,4 @@
-"""Worker for tests/test_collectives_procs.py.
+"""Worker for tests/integration/test_collectives_procs.py and tests/faults/test_collectives_faults.py.
 
 mode "check": run every collective and write the results to OUT/rank{r}.json.
 mode "fault": connect, write OUT/ready{r}, wait for the test's `go` key (set after it killed or

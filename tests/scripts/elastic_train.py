@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import taiji
-from taiji.runtime.state import digest
+from taiji.comm.transfer import digest
 
 
 def make_model():
@@ -35,7 +35,7 @@ def make_model():
     return model
 
 
-class CyclingBatch(taiji.Policy):
+class CyclingBatch(taiji.policies.Policy):
     """Changes the global batch mid-epoch from a counter kept in (synced) policy state."""
 
     def __init__(self, base):
@@ -45,10 +45,10 @@ class CyclingBatch(taiji.Policy):
     def after_step(self, ctx):
         self.calls += 1
         if self.calls % 4 == 0:
-            return taiji.SetBatchSize(self._base + 3 * ((self.calls // 4) % 3) - 2)
+            return taiji.policies.SetBatchSize(self._base + 3 * ((self.calls // 4) % 3) - 2)
 
 
-class RaiseOnRank(taiji.Policy):
+class RaiseOnRank(taiji.policies.Policy):
     """A buggy policy: raises on one rank only (so the others would wait for it forever)."""
 
     def after_step(self, ctx):
@@ -201,7 +201,7 @@ if __name__ == "__main__":
     parser.add_argument("--strategy", default="", choices=["", "sync_sgd", "model_averaging", "pair_averaging"])
     parser.add_argument("--slow-rank", type=int, default=-1, help="this rank's steps take 3x --step-delay")
     args = parser.parse_args()
-    taiji.configure_logging("INFO")
+    taiji.log.configure_logging("INFO")
     peer = taiji.init()
     worker = os.environ["TAIJI_WORKER_ID"]
     params, job = train(peer, args.steps, args.batch, args.sizes, args.every, args.step_delay,

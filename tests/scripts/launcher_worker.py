@@ -1,4 +1,4 @@
-"""A configurable worker for the launcher tests (tests/test_launcher.py).
+"""A configurable worker for the launcher tests (tests/integration/test_launcher.py).
 
 Started by ``taiji run``; reads its rank from ``RANK``. Options that take RANKS apply to the
 listed ranks only ("0,2", or "*" for every rank); options that take RANK=VALUE apply VALUE to

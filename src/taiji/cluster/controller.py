@@ -162,10 +162,10 @@ def initial_state(size: int, bounds: Bounds, host: str = "127.0.0.1") -> Control
                            next_index=size)
 
 
-Decision = tuple[ControllerState, list[Action]]
+Reaction = tuple[ControllerState, list[Action]]
 
 
-def decide(state: ControllerState, event: Event, now: float) -> Decision:
+def decide(state: ControllerState, event: Event, now: float) -> Reaction:
     if state.finished:
         return state, []
     if isinstance(event, Proposal):
@@ -193,7 +193,7 @@ def decide(state: ControllerState, event: Event, now: float) -> Decision:
 
 # -- handlers ---------------------------------------------------------------------------
 
-def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Decision:
+def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Reaction:
     b = state.bounds
     if state.done:
         return state, [Log("warning", f"resize to {event.size} ignored: the job is finishing")]
@@ -208,7 +208,7 @@ def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Decisio
     return _reconcile(replace(state, desired=size), now, actions)
 
 
-def _spawn(state: ControllerState, count: int, now: float) -> Decision:
+def _spawn(state: ControllerState, count: int, now: float) -> Reaction:
     ids = tuple(f"w{state.next_index + i}" for i in range(count))
     joiners = state.joiners + tuple(Joiner(i, now) for i in ids)
     return replace(state, joiners=joiners, next_index=state.next_index + count), [Spawn(ids)]
@@ -218,7 +218,7 @@ def _publish(state: ControllerState, config: spec.ClusterConfig, reason: str) ->
     return replace(state, config=config, reports=frozenset(), report_started=None)
 
 
-def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Decision:
+def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Reaction:
     """Move membership towards ``desired``: spawn or kill joiners, publish when possible."""
     if state.done or state.finished:
         return state, actions
@@ -243,7 +243,7 @@ def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Dec
     return state, actions
 
 
-def _admit(state: ControllerState, ready: tuple[Joiner, ...], actions: list[Action]) -> Decision:
+def _admit(state: ControllerState, ready: tuple[Joiner, ...], actions: list[Action]) -> Reaction:
     """Publish one config: failed members removed, ``ready`` joiners appended."""
     survivors = tuple(w for w in state.config.workers if w.id not in state.removed_pending)
     config = spec.ClusterConfig(state.config.version + 1,
@@ -257,7 +257,7 @@ def _admit(state: ControllerState, ready: tuple[Joiner, ...], actions: list[Acti
     return _publish(state, config, reason), actions + [Publish(config, reason)]
 
 
-def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Decision:
+def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Reaction:
     wid, code = event.id, event.code
     if wid in state.killed and wid not in state.config.ids:
         return replace(state, killed=state.killed - {wid}), []
@@ -288,7 +288,7 @@ def _others_running(state: ControllerState, wid: str) -> bool:
     return any(i not in state.exited for i in state.config.ids if i != wid)
 
 
-def _count_failure(state: ControllerState, wid: str, code: int, now: float, what: str) -> Decision:
+def _count_failure(state: ControllerState, wid: str, code: int, now: float, what: str) -> Reaction:
     first = state.first_failure or (wid, code)
     state = replace(state, failures=state.failures + 1, first_failure=first)
     actions: list[Action] = [Log("warning", f"{what} (exit {code}); failure {state.failures} of "
@@ -323,7 +323,7 @@ def _count_failure(state: ControllerState, wid: str, code: int, now: float, what
     return _reconcile(state, now, actions + [Publish(config, reason)])
 
 
-def _on_report(state: ControllerState, event: FailureReported, now: float) -> Decision:
+def _on_report(state: ControllerState, event: FailureReported, now: float) -> Reaction:
     if event.version != state.config.version or event.id not in state.config.ids:
         return state, []  # stale: a newer config is already out
     state = replace(state, reports=state.reports | {event.id},
@@ -331,7 +331,7 @@ def _on_report(state: ControllerState, event: FailureReported, now: float) -> De
     return _judge_suspects(state, now, final=False)
 
 
-def _judge_suspects(state: ControllerState, now: float, final: bool) -> Decision:
+def _judge_suspects(state: ControllerState, now: float, final: bool) -> Reaction:
     """Workers that did not report a failure when their peers did are likely hung: kill them."""
     if state.report_started is None:
         return state, []
@@ -350,7 +350,7 @@ def _judge_suspects(state: ControllerState, now: float, final: bool) -> Decision
     return state, []
 
 
-def _on_tick(state: ControllerState, now: float) -> Decision:
+def _on_tick(state: ControllerState, now: float) -> Reaction:
     actions: list[Action] = []
     late = [j for j in state.joiners if not j.ready and now - j.spawned_at > state.bounds.join_timeout]
     if late:
@@ -372,7 +372,7 @@ def _on_tick(state: ControllerState, now: float) -> Decision:
     return state, actions
 
 
-def _maybe_finish(state: ControllerState, actions: list[Action]) -> Decision:
+def _maybe_finish(state: ControllerState, actions: list[Action]) -> Reaction:
     if all(i in state.exited for i in state.config.ids):
         if state.first_failure is not None and not state.done:
             return _finish(state, actions, "the job failed")
@@ -380,7 +380,7 @@ def _maybe_finish(state: ControllerState, actions: list[Action]) -> Decision:
     return state, actions
 
 
-def _finish(state: ControllerState, actions: list[Action], reason: str) -> Decision:
+def _finish(state: ControllerState, actions: list[Action], reason: str) -> Reaction:
     failed = state.first_failure
     code = 1
     if failed is not None:

@@ -95,3 +95,31 @@ def remove(config: ClusterConfig, ids: Iterable[str]) -> ClusterConfig:
     if not survivors:
         raise ConfigError(f"removing {sorted(gone)} would leave cluster v{config.version} empty")
     return ClusterConfig(version=config.version + 1, workers=survivors)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One worker's frozen view of the cluster version it trains in: what strategies, policies
+    and reports may read about membership. A new version gives a new view."""
+    worker_id: str
+    rank: int
+    size: int
+    version: int
+    members: tuple[str, ...]          # worker ids by rank
+    hosts: tuple[str, ...]            # each rank's host address, by rank
+    min_size: int = 1
+    max_size: int | None = None
+    elastic: bool = False             # started by `taiji run` (a launcher can change membership)
+
+    @property
+    def host(self) -> str:
+        return self.hosts[self.rank]
+
+    @staticmethod
+    def of(config: ClusterConfig, worker_id: str, *, min_size: int = 1, max_size: int | None = None,
+           elastic: bool = False) -> "ClusterView":
+        rank = config.rank_of(worker_id)
+        if rank is None:
+            raise ConfigError(f"worker {worker_id} is not a member of cluster v{config.version}")
+        return ClusterView(worker_id, rank, config.size, config.version, config.ids,
+                           tuple(w.host for w in config.workers), min_size, max_size, elastic)

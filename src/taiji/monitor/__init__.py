@@ -1,5 +1,5 @@
 """Metrics computed inside the training step from tensors the step already has."""
 from .gns import GNSEstimator, two_batch_estimates
-from .stats import StepStats, WorkerReport
+from .stats import StepStats, ControlRow
 
-__all__ = ["GNSEstimator", "StepStats", "WorkerReport", "two_batch_estimates"]
+__all__ = ["GNSEstimator", "StepStats", "ControlRow", "two_batch_estimates"]

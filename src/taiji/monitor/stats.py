@@ -1,6 +1,6 @@
 """What each worker reports in the step's control message, and the agreed statistics.
 
-Every worker contributes one small float64 row (``WorkerReport``); the rows of all workers are
+Every worker contributes one small float64 row (``ControlRow``); the rows of all workers are
 allgathered in the step's single control message, so every worker computes the same
 ``StepStats`` from the same numbers: they are identical everywhere by construction.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
-class WorkerReport:
+class ControlRow:
     version_seen: float = 0.0   # newest config version this worker saw (rank 0 looks)
     stop: float = 0.0           # 1 if this worker asked the job to stop
     local_sqnorm: float = math.nan  # |g_r|² of this worker's own (unscaled) gradient; nan = not measured
@@ -30,8 +30,8 @@ class WorkerReport:
         return [float(getattr(self, f.name)) for f in fields(self)]
 
     @staticmethod
-    def from_row(row: list[float]) -> "WorkerReport":
-        return WorkerReport(*row[:WorkerReport.WIDTH])
+    def from_row(row: list[float]) -> "ControlRow":
+        return ControlRow(*row[:ControlRow.WIDTH])
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class StepStats:
     wall_seconds: tuple[float, ...] = ()  # every worker's own wall time per step, by rank
 
     @staticmethod
-    def reduce(rows: list[WorkerReport], big_sqnorm: float | None) -> "StepStats":
+    def reduce(rows: list[ControlRow], big_sqnorm: float | None) -> "StepStats":
         total = sum(r.local_batch for r in rows)
         measured = [r for r in rows if r.local_batch > 0 and math.isfinite(r.local_sqnorm)]
         small = sum(r.local_sqnorm for r in measured) / len(measured) if measured else None

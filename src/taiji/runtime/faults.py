@@ -15,6 +15,7 @@ import signal
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import env
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -68,3 +69,17 @@ class FaultPlan:
                     os.kill(os.getpid(), signal.SIGSTOP)
                 else:
                     os._exit(fault.code)
+
+
+def from_env(claim: Callable[[int], bool]) -> FaultPlan:
+    """The plan in ``TAIJI_FAULTS``; ``claim(i)`` must be True for exactly one worker per fault."""
+    return FaultPlan(parse(env.FAULTS.get()), claim)
+
+
+def firing(plan: FaultPlan, who: Callable[[], tuple[int, str]]) -> Callable[[str, int], None]:
+    """``fire(phase, step)`` for the worker ``who()`` names (rank, worker id) at that moment."""
+    def fire(phase: str, step: int) -> None:
+        if plan.faults:
+            rank, worker = who()
+            plan.fire(phase, rank, step, worker)
+    return fire

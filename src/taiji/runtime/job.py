@@ -1,46 +1,42 @@
-"""The elastic training loop: step boundaries, commit or retry, membership transitions.
+"""The elastic training loop: the one place that composes the runtime's parts.
 
-``for step in job:`` yields one Step per global batch. The user runs forward and
-``step.backward(loss)``; when the loop comes back, the Job finishes the step:
-
-1. the step's collectives are waited for, including the control message (one small
-   ``ctrl`` allreduce started when the step began, overlapping compute) that carries the
-   newest config version any worker has seen;
-2. **commit** only if all succeeded: optimizer step, step counter, sampler cursor;
-3. **adapt**: the policies run on the agreed Context and their decisions are applied;
-4. **transition** if the control message names a newer version: every worker switches at
-   this same boundary, then syncs state from the most advanced replica;
-5. on a failed collective nothing is committed: the worker reports it, waits for a newer
-   config (the launcher removes the dead or hung peer), transitions, syncs and **retries the
-   same step**, whose global batch is now split over the survivors.
+``for step in job:`` yields one Step per global batch; the user runs forward and
+``step.backward(loss)``. When the loop comes back, the step is finished: committed if every
+collective succeeded, else recovered from (nothing committed; the survivors retry it). After a
+commit the policies decide at the step boundary, ``_apply`` carries their plan out, and if any
+worker saw a newer cluster version every worker moves to it at this same boundary.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
-import time
-from dataclasses import replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
-from torch.utils.data import Dataset, TensorDataset, default_collate
+from torch.utils.data import Dataset
 
 from .. import env
-from ..comm.communicator import Handle
-from ..monitor.gns import GNSEstimator, two_batch_estimates
-from ..monitor.stats import StepStats, WorkerReport
-from ..data.sampler import ElasticSampler, SamplerState, advance, global_span
+from ..comm.transfer import average_tensors
+from ..data.fetch import BatchFetcher
+from ..data.sampler import ElasticSampler
 from ..errors import CommError, ConfigError, ConsensusError, StoreError
-from ..policies.base import Policy, PolicyError
+from ..monitor.monitors import Monitors
+from ..policies.base import Context, Policy, PolicyError, Resize, ScaleLR, Stop
+from ..policies.runner import Plan
 from ..strategies.base import Strategy
 from ..strategies.catalog import StrategyCatalog
 from . import faults
-from .adapt import Adaptation
-from .decoupled import Decoupled
-from .step import Progress, Step
+from .adaptation import Adaptation, boundary_hooks, describe, scale_lr, who
+from .control import ControlChannel, Signals
+from .decoupled import Phases, plan_phase
+from .engine import Failed, StepEngine
+from .membership import membership_for
 from .peer import Peer, default_peer
-from .reporting import Reporter
-from .state import sync_state
+from .reporting import Ended, Event, Paused, PhaseClosed, Reporter, Snapshot, StepCommitted
+from .options import TrainingOptions
+from .state import Progress, TrainState
+from .step import Step
+from .transitions import LeftCluster, Transitions
 
 log = logging.getLogger(__name__)
 
@@ -54,87 +50,115 @@ class Job:
                  lr_scheduler: Any = None, collate_fn: Callable[[list], Any] | None = None,
                  device: torch.device | str | None = None, log_every: int = 50,
                  peer: Peer | None = None, recovery_timeout: float | None = None,
-                 on_commit: Callable[["Step"], None] | None = None, monitor_every: int = 1,
+                 on_commit: Callable[[Step], None] | None = None, monitor_every: int = 1,
                  gns_decay: float = 0.95, run_dir: str | None = None, policies: Sequence[Policy] = (),
                  strategies: Mapping[str, Strategy] | None = None, sync_every: int | None = None):
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        if epochs < 1 and max_steps is None:
-            raise ConfigError(f"epochs must be >= 1, got {epochs}")
-        if max_steps is not None and max_steps < 0:
-            raise ConfigError(f"max_steps must be >= 0, got {max_steps}")
-        self.model = model
-        self.optimizer = optimizer
-        self.dataset = dataset
-        self.peer = peer or default_peer()
-        self.catalog = StrategyCatalog(strategy, strategies)
-        self.strategy_name = self.catalog.initial
-        self.strategy = self.catalog.get(self.strategy_name).attach(model, lambda: self.peer.comm)
-        self._pending_strategy: str | None = None
-        self._last_report = 0.0
-        self._force_sync = False
-        self.epochs = epochs
-        self.max_steps = max_steps
-        self.lr_scheduler = lr_scheduler
-        self.collate_fn = collate_fn
-        self.device = torch.device(device) if device is not None else None
-        self.on_commit = on_commit
-        if monitor_every < 0:
-            raise ConfigError(f"monitor_every must be >= 0 (0 = off), got {monitor_every}")
-        self.monitor_every = monitor_every
-        self.gns = GNSEstimator(gns_decay)
-        self.stats: StepStats | None = None  # the last committed step's agreed statistics
-        self.last_raw_estimates: tuple[float, float] | None = None  # unsmoothed (|G|², tr Σ)
-        self.run_dir = (run_dir if run_dir is not None else env.RUN_DIR.get()) or None  # "" = none
-        self.reporter = Reporter(self, self.run_dir, log_every)
-        self.recovery_timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
-        self.sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)  # type: ignore[arg-type]
-        self.progress = Progress(sampler=SamplerState(batch_size=batch_size))
-        self._started = False
-        self._stop_requested = False
+        self.options = TrainingOptions(batch_size, epochs, max_steps, monitor_every, sync_every)
+        self.model, self.optimizer, self.lr_scheduler, self.on_commit = model, optimizer, lr_scheduler, on_commit
+        self._peer = peer or default_peer()
+        self._membership = membership_for(self._peer, env.MIN_NP.get(), env.MAX_NP.get() or None)
+        self._catalog = StrategyCatalog(strategy, strategies)
+        self.strategy_name = self._catalog.initial
+        self.strategy = self._catalog.get(self.strategy_name).attach(model, lambda: self._membership.comm)
+        self._signals = Signals()
         self._stop_agreed = False
-        self._has_state = self.peer.joined  # a joiner gets its state from the others
-        self.adaptation = Adaptation(self, policies)
-        if sync_every is not None and sync_every < 1:
-            raise ConfigError(f"sync_every must be >= 1 samples, got {sync_every}")
-        self.decoupled_sync_every = sync_every  # decoupled strategies meet every this many samples
-        self.decoupled = Decoupled(self)
-        self.transitions: list[dict] = []  # (for tests and benchmarks) what each change cost
-        store = self.peer.job_store
-        self._faults = faults.FaultPlan(
-            faults.parse(env.FAULTS.get()),
-            (lambda i: store.add(f"fault/{i}", 1) == 1) if store is not None else (lambda i: True))
+        self._pending_strategy: str | None = None
+        self._started = False
+        self.monitors = Monitors(monitor_every, gns_decay)
+        self._adaptation = Adaptation(policies)
+        self._sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)  # type: ignore[arg-type]
+        self._state = TrainState(model, optimizer, self._sampler.num_samples, batch_size, self.strategy_name,
+                                 {"gns": self.monitors, "adaptation": self._adaptation}, has_state=self._peer.joined)
+        if lr_scheduler is not None:
+            self._state.register("lr_scheduler", lr_scheduler)
+        run_dir = (run_dir if run_dir is not None else env.RUN_DIR.get()) or None  # "" = none
+        self._reporter = Reporter(run_dir, log_every, lead=self._leads,
+                                  write_status=self._membership.store.write_status)
+        store = self._membership.store
+        self._fire = faults.firing(faults.from_env(lambda i: store.add(f"fault/{i}", 1) == 1),
+                                   lambda: (self._peer.rank, self._peer.worker_id))
+        self._control = ControlChannel(self._membership, self._signals)
+        self._engine = StepEngine(model, optimizer, lr_scheduler, BatchFetcher(dataset, collate_fn, device),
+                                  self._sampler, self._membership, self._control, self.monitors,
+                                  self._check_consensus, self._fire)
+        self._engine.use(self.strategy)
+        timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
+        self._transitions = Transitions(self._membership, self._state, self._reporter, self._fire, timeout,
+                                        changed=self._cluster_changed)
+        self._phases = Phases(store, self._membership, self._engine, self._control, self._transitions,
+                              self._signals, committed=self._after_commit)
+        self._state.register("phases", self._phases)
 
-    # -- loop -------------------------------------------------------------------------
+    # -- what the user reads ----------------------------------------------------------------
 
-    def request_stop(self) -> None:
-        """Stop training after the current step, on every worker at the same step boundary
-        (the request rides the step's control message). Callable from any worker."""
-        self._stop_requested = True
-        if not self.peer.elastic or self.peer.size == 1:
-            self._stop_agreed = True
+    @property
+    def progress(self) -> Progress:
+        return self._state.progress
 
     @property
     def done(self) -> bool:
-        if self._stop_agreed:
-            return True
-        if self.max_steps is not None and self.progress.step >= self.max_steps:
-            return True
-        return self.progress.epoch >= self.epochs
+        return self._stop_agreed or self.options.done(self.progress.step, self.progress.epoch)
 
     @property
     def samples_per_second(self) -> float:
         """Global samples/s over the last ``log_every`` steps."""
-        return self.reporter.samples_per_second
+        return self._reporter.samples_per_second
 
     @property
     def policies(self) -> list[Policy]:
-        return self.adaptation.policies
+        return self._adaptation.policies
 
     @property
     def strategies(self) -> tuple[str, ...]:
         """Names ``SetStrategy`` may switch to."""
-        return self.catalog.names
+        return self._catalog.names
+
+    @property
+    def gns(self):  # noqa: ANN201 - the GNSEstimator
+        return self.monitors.gns
+
+    @property
+    def stats(self):  # noqa: ANN201 - the last committed step's StepStats
+        return self.monitors.stats
+
+    @property
+    def last_raw_estimates(self) -> tuple[float, float] | None:
+        return self.monitors.last_raw_estimates
+
+    @property
+    def transitions(self) -> list[dict]:
+        """What each membership change cost (reason, versions, sizes, step, seconds)."""
+        return self._transitions.records
+
+    def request_stop(self) -> None:
+        """Stop training after the current step, on every worker at the same step boundary
+        (the request rides the step's control message). Callable from any worker."""
+        self._signals.stop_requested = True
+        if not self._peer.elastic or self._peer.size == 1:
+            self._stop_agreed = True
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Rank-local work between steps (an evaluation, a checkpoint): its time is not a step's,
+        neither in the logged samples/s nor in the step times policies read."""
+        try:
+            yield
+        finally:
+            self._reporter.on(Paused())
+            self._control.restart_clock()
+
+    def close(self) -> None:
+        """Release the model (the strategy's hooks) and this Job's threads; idempotent."""
+        self.strategy.detach()
+        self._membership.close()
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop -----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Step]:
         if self._started:
@@ -143,205 +167,127 @@ class Job:
         try:
             yield from self._loop()
         except (PolicyError, ConsensusError) as exc:
-            # no peer can recover from this: the launcher stops the whole job, with this error
-            # as the root cause (before peers mistake this worker's exit for a crash to recover from)
-            if self.peer.elastic and self.peer.job_store is not None:
-                try:
-                    self.peer.job_store.report_fatal(self.peer.worker_id, str(exc))
-                    self.peer.job_store.set_training(self.peer.worker_id, False)
-                except StoreError:
-                    log.warning("could not tell the launcher about: %s", exc)
+            self._report_fatal(exc)
             raise
+        except LeftCluster:
+            raise SystemExit(0) from None
+        finally:
+            self.close()
 
     def _loop(self) -> Iterator[Step]:
-        initial_member = self._has_state
-        if not self.peer.joined:
-            self._fire("boot")
-            started = time.perf_counter()
-            self.peer.join(self.recovery_timeout)
-            log.info("joined the job as rank %d of %d (v%d) after %.2fs at the door",
-                     self.peer.rank, self.peer.size, self.peer.version, time.perf_counter() - started)
-        self._sync_until_consistent(first=True)
-        if self.peer.elastic:
-            self.peer.job_store.set_training(self.peer.worker_id, True)  # type: ignore[union-attr]
-        self.reporter.start()
-        self._report_event("start", size=self.peer.size, version=self.peer.version,
-                           batch_size=self.progress.sampler.batch_size)
-        if initial_member and self.progress.step == 0:
-            self.adaptation.boundary(["before_train"] + (["before_epoch"] if self.progress.sampler.cursor == 0
-                                                         else []) + ([] if self.done else ["before_step"]))
-        self.strategy.cluster_changed(self.peer)
-        while not self.done or self.decoupled.open is not None:
-            if self.decoupled.open is not None:
-                self.decoupled.close_phase()
-                continue
-            if self._pending_strategy is not None:
+        fresh = self._state.has_state and self.progress.step == 0
+        self._transitions.enter()
+        self._membership.set_training(True)
+        self._reporter.on(Event("start", self.progress.step, {"size": self._membership.view.size,
+                                                            "version": self._membership.view.version,
+                                                            "batch_size": self.progress.sampler.batch_size}))
+        if fresh:
+            start = ["before_epoch"] if self.progress.sampler.cursor == 0 else []
+            self._decide(["before_train"] + start + ([] if self.done else ["before_step"]))
+        while not self.done or self._phases.open is not None:
+            if self._phases.open is not None:
+                self._close_phase()
+            elif self._pending_strategy is not None:
                 self._switch_strategy(self._pending_strategy)
-                continue
-            if not self.strategy.lockstep:
-                yield from self.decoupled.run_phase()
-                continue
-            step = self._make_step()
-            try:
-                yield step
-            except GeneratorExit:
-                self.strategy.abort_step()
-                raise
-            newer = self._finish(step)
-            if step.failed:
-                self._recover(step.error)
-            elif newer > self.peer.version:
-                self._transition(self.peer.read_config(newer), reason="resize")
-        if not self.strategy.exact and self.peer.size > 1:
+            elif not self.strategy.lockstep:
+                yield from self._phases.run(self._plan_phase(), self.progress.step)
+            else:
+                attempt = self._engine.begin(self.progress, self._adaptation.digest)
+                step = yield from self._engine.offer(attempt)
+                outcome = self._engine.finish(attempt)
+                if isinstance(outcome, Failed):
+                    self._transitions.recover(outcome.error)
+                    continue
+                self._stop_agreed = self._stop_agreed or outcome.stats.stop
+                epoch_ended = self._state.advance(attempt.global_batch_size)
+                self._adaptation.observe(outcome.stats, self.monitors.gns)
+                self._reporter.on(StepCommitted.of(attempt, self._snapshot(), self.monitors.gns, self._lr()))
+                self._decide(boundary_hooks(epoch_ended, self.done))
+                self._after_commit(step)
+                self._move_if_newer(outcome.newest_version)
+        self._end()
+
+    def _plan_phase(self):  # noqa: ANN202
+        options = self.options
+        return plan_phase(self._phases.next_index, self.progress, self._sampler.num_samples, options.epochs,
+                          options.max_steps, options.sync_every, self._membership.view)
+
+    def _close_phase(self) -> None:
+        result = self._phases.close(self.progress, self._adaptation.digest)
+        self._check_consensus(result.stats.decisions, self.progress.step)
+        self._stop_agreed = self._stop_agreed or result.stats.stop
+        epoch_ended = self._state.advance_to(result.position, result.steps)
+        self._adaptation.observe(result.stats, self.monitors.gns, samples=result.consumed)
+        self._reporter.on(PhaseClosed(self._snapshot(), result.consumed, self._adaptation.metrics.step_seconds,
+                                      self._lr(), self.strategy_name))
+        self._decide(boundary_hooks(epoch_ended, self.done))
+        self._move_if_newer(result.stats.version_seen)
+
+    def _move_if_newer(self, version: int) -> None:
+        if version > self._membership.view.version:
+            self._transitions.to(self._membership.read_config(version), reason="resize")
+
+    def _end(self) -> None:
+        view = self._membership.view
+        if not self.strategy.exact and view.size > 1:
             try:  # one model comes out of training: the replicas' average
-                self.catalog.average_parameters(self.model, self.peer.comm)
+                average_tensors([p.data for p in self.model.parameters()], self._membership.comm)
             except CommError as exc:
                 log.warning("could not average the replicas at the end of training (%s); each "
                             "worker keeps its own model", exc)
-        plan = self.adaptation.boundary(["after_train"])
+        plan = self._decide(["after_train"])
         if plan.batch_size is not None or plan.resize is not None:
             log.info("decisions taken in after_train have no effect: training has ended")
-        if self.peer.elastic:
-            store = self.peer.job_store
-            assert store is not None
-            store.set_training(self.peer.worker_id, False)
-            if self.peer.rank == 0:
-                store.set_done()
-                self.reporter.write_status()
-        self._report_event("end", size=self.peer.size, version=self.peer.version)
-        self.reporter.close()
+        self._membership.set_training(False)
+        self._membership.finish()
+        self._reporter.on(Event("end", self.progress.step, {"size": view.size, "version": view.version}))
+        self._reporter.on(Ended(self._snapshot()))
 
-    def _fire(self, phase: str) -> None:
-        if self._faults.faults:
-            self._faults.fire(phase, self.peer.rank, self.peer.step, self.peer.worker_id)
-
-    def _make_step(self) -> Step:
-        progress = self.progress
-        rank, size = self.peer.rank, self.peer.size
-        lo, hi = global_span(progress.sampler, self.sampler.num_samples)
-        indices = self.sampler.local_indices(progress.sampler, rank, size)
-        batch = self._fetch(indices)
-        self.peer.step = progress.step
-        self.strategy.begin_step(len(indices) / (hi - lo), progress.step)
-        self.strategy.measure_norms = self._monitoring(progress.step)
-        step = Step(self, progress.step, progress.epoch, batch, indices, (lo, hi))
-        self._fire("compute")
-        return step
-
-    def _monitoring(self, step: int) -> bool:
-        return self.monitor_every > 0 and step % self.monitor_every == 0
-
-    def _split_for_gns(self, step: Step) -> bool:
-        return (self.peer.size == 1 and self._monitoring(step.index) and step.local_batch_size >= 2
-                and hasattr(self.strategy, "no_sync"))
-
-    def _fetch(self, indices: torch.Tensor) -> Any:
-        if isinstance(self.dataset, TensorDataset) and self.collate_fn is None:
-            batch: Any = tuple(t[indices] for t in self.dataset.tensors)
-        else:
-            collate = self.collate_fn or default_collate
-            batch = collate([self.dataset[int(i)] for i in indices])
-        if self.device is not None:
-            batch = _to_device(batch, self.device)
-        return batch
-
-    def _synchronize(self, step: Step) -> None:
-        """Finish the step's communication: gradients, plus the one control message.
-
-        The control message is an allgather of one small row per worker (newest config version
-        seen, stop request, monitors' local sums, loss, compute time), started once the last
-        gradient bucket is on its way so it overlaps the allreduce; every worker then derives the
-        same ``StepStats`` from the same rows.
-        """
-        if step.synchronized:
-            return
-        if not self.strategy.lockstep:  # decoupled: no collective in a step
-            self.strategy.synchronize()
-            step.synchronized = True
-            return
-        try:
-            self.strategy.launch_all()
-            report = self._report(step)
-            control: Handle | None = None
-            if self.peer.elastic:
-                control = self.peer.comm.allgather(torch.tensor(report.to_row(), dtype=torch.float64),
-                                                   channel="ctrl", async_op=True)
-            self.strategy.synchronize()
-            rows = [WorkerReport.from_row(r.tolist()) for r in control.wait()] if control else [report]
-        except StoreError as exc:
-            self.strategy.abort_step()
-            raise CommError(f"[rank {self.peer.rank} v={self.peer.version}] the job store failed: {exc}") from exc
-        except CommError:
-            self.strategy.abort_step()
-            raise
-        step.stats = StepStats.reduce(rows, self.strategy.global_sqnorm())
-        step.synchronized = True
-
-    def _report(self, step: Step) -> WorkerReport:
-        seen = self.peer.newer_version_published() if self.peer.elastic and self.peer.rank == 0 else 0
-        local = step.split_sqnorm if step.split_sqnorm is not None else self.strategy.local_sqnorm()
-        b = float(step.local_batch_size)
-        return WorkerReport(
-            version_seen=float(seen), stop=float(self._stop_requested),
-            local_sqnorm=math.nan if local is None else local,
-            sqnorm_batch=b / 2 if step.split_sqnorm is not None else b, local_batch=b,
-            loss_sum=(step.loss or 0.0) * b, compute_seconds=time.perf_counter() - step.started,
-            clock=time.time() if self.peer.rank == 0 else 0.0, decisions=float(self.adaptation.digest),
-            wall_seconds=self._wall_since_last_report())
-
-    def _wall_since_last_report(self) -> float:
-        now = time.perf_counter()
-        last, self._last_report = self._last_report, now
-        return now - last if last else 0.0
-
-    def _finish(self, step: Step) -> int:
-        """Wait for the step's collectives; commit if all succeeded. Returns the newest
-        config version the control message reported (our own if none)."""
-        newer = self.peer.version
-        if not step.failed:
-            try:
-                self._synchronize(step)  # the user may have called loss.backward() directly
-            except CommError as exc:
-                step.error = exc
-        if step.failed:
-            self.strategy.abort_step()
-            # the retry must start from clean gradients, not accumulate onto this attempt's
-            self.model.zero_grad(set_to_none=True)
-            self.optimizer.zero_grad(set_to_none=True)
-            return newer
-        assert step.stats is not None
-        self.adaptation.check(step.stats.decisions, step.index)
-        newer = max(newer, step.stats.version_seen)
-        self._stop_agreed = self._stop_agreed or step.stats.stop
-        self.optimizer.step()
-        self.strategy.after_update()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        self._update_monitors(step)
-        self.reporter.committed(step)
-        epoch = self.progress.epoch
-        self.progress = replace(
-            self.progress, step=self.progress.step + 1,
-            sampler=advance(self.progress.sampler, step.global_batch_size, self.sampler.num_samples))
-        self.peer.step = self.progress.step
-        self.adaptation.observe(step.stats)
-        self._adapt(epoch_ended=self.progress.epoch != epoch)
+    def _after_commit(self, step: Step) -> None:
         if self.on_commit is not None:
             self.on_commit(step)
-        self.reporter.maybe_log_progress(step)
-        return newer
 
-    def _adapt(self, epoch_ended: bool) -> None:
-        """The policies' turn at the boundary after a committed step (before any transition)."""
-        hooks = ["after_step"] + (["after_epoch"] if epoch_ended else [])
-        if not self.done:
-            hooks += (["before_epoch"] if epoch_ended else []) + ["before_step"]
-        self.adaptation.boundary(hooks)
+    # -- decisions ----------------------------------------------------------------------------
 
-    def _request_strategy(self, name: str) -> None:
-        """A policy chose another strategy: switch before the next step (after any transition)."""
-        self._pending_strategy = name
+    def _decide(self, hooks: list[str]) -> Plan:
+        context = self._context()
+        plan = self._adaptation.decide(hooks, context, lead=self._leads())
+        self._apply(plan, context)
+        return plan
+
+    def _apply(self, plan: Plan, context: Context) -> None:
+        """The one place where decisions take effect, identically on every worker."""
+        lead = self._leads()
+        for applied in plan.applied:
+            if isinstance(applied.decision, ScaleLR):
+                continue  # reported through the metrics' "lr"; AdaScale changes it every step
+            if lead:
+                log.info("policy %s.%s: %s", applied.policy, applied.hook, describe(applied.decision, context))
+            self._reporter.on(Event("policy", context.step, {"policy": applied.policy, "hook": applied.hook,
+                                                             "decision": repr(applied.decision),
+                                                             "gns": context.metrics.gns}))
+        if plan.batch_size is not None:
+            self._state.set_batch_size(plan.batch_size)
+        if plan.lr_factor != 1.0:
+            scale_lr(self.optimizer, self.lr_scheduler, plan.lr_factor)
+        if plan.strategy is not None:
+            self._pending_strategy = plan.strategy  # after any transition at this boundary
+        if plan.resize is not None and lead:
+            self._membership.propose_size(plan.resize, source=f"policy {who(plan, Resize)}")
+        if plan.stop is not None:
+            if lead:
+                log.info("policy %s stops training at step %d: %s", who(plan, Stop), context.step, plan.stop)
+            self._stop_agreed = True
+
+    def _context(self) -> Context:
+        return self._peer.publish_context(self._adaptation.context(
+            self.progress, self._sampler.num_samples, self._membership.view, self._lr(), self.strategy_name,
+            self.strategies))
+
+    def _check_consensus(self, digests: Sequence[float], step: int) -> None:
+        self._adaptation.check(digests, step, self._membership.comm)
+
+    # -- strategies and cluster changes -------------------------------------------------------
 
     def _switch_strategy(self, name: str, consolidate: bool = True) -> None:
         old, old_name = self.strategy, self.strategy_name
@@ -349,119 +295,48 @@ class Job:
         if name == old_name:
             return
         old.detach()
-        self.strategy = self.catalog.get(name).attach(self.model, lambda: self.peer.comm)
-        self.strategy_name = name
-        if self.peer.joined:
-            self.strategy.cluster_changed(self.peer)
-        if self.peer.rank == 0:
+        self.strategy = self._catalog.get(name).attach(self.model, lambda: self._membership.comm)
+        self.strategy_name = self._state.strategy = name
+        self._engine.use(self.strategy)
+        if self._membership.joined:
+            self.strategy.cluster_changed(self._membership.view, self._membership.store)
+        if self._leads():
             log.info("strategy %s -> %s at step %d", old_name, name, self.progress.step)
-        self._report_event("strategy", strategy=name, previous=old_name)
-        if consolidate and self.strategy.exact and not old.exact and self.peer.size > 1:
+        self._reporter.on(Event("strategy", self.progress.step, {"strategy": name, "previous": old_name}))
+        if consolidate and self.strategy.exact and not old.exact and self._membership.view.size > 1:
             # replicas drifted apart under the old strategy: average them, then make every
             # replica bitwise identical (optimizer state too) before exact training resumes
-            self._force_sync = True
             try:
-                self.catalog.average_parameters(self.model, self.peer.comm)
-                self._sync_until_consistent(first=True)
+                average_tensors([p.data for p in self.model.parameters()], self._membership.comm)
+                self._transitions.sync(force=True)
             except CommError as exc:
-                self._recover(exc)
+                self._transitions.recover(exc)
 
-    def _set_batch_size(self, batch_size: int) -> None:
-        """Takes effect at the next step; the cursor stays, so the epoch stays exactly-once."""
-        self.progress = replace(self.progress, sampler=replace(self.progress.sampler, batch_size=batch_size))
+    def _cluster_changed(self) -> None:
+        """After every (re)sync: adopt the synced strategy, and tell it the new cluster."""
+        if self._state.strategy != self.strategy_name:
+            self._switch_strategy(self._state.strategy, consolidate=False)
+        self.strategy.cluster_changed(self._membership.view, self._membership.store)
 
-    def _report_event(self, kind: str, **details: Any) -> None:
-        self.reporter.event(kind, **details)
+    # -- small helpers ------------------------------------------------------------------------
 
-    def _update_monitors(self, step: Step) -> None:
-        stats = step.stats
-        assert stats is not None
-        self.stats = stats
-        big = self.strategy.global_sqnorm()
-        if stats.small_sqnorm is not None and big is not None:
-            self.gns.update(stats.small_sqnorm, big, stats.small_batch, stats.global_batch)
-            if stats.global_batch > stats.small_batch > 0:
-                self.last_raw_estimates = two_batch_estimates(stats.small_sqnorm, big, stats.small_batch,
-                                                              stats.global_batch)
+    def _leads(self) -> bool:
+        return self._membership.joined and self._membership.view.rank == 0
 
-    # -- membership changes -----------------------------------------------------------
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
 
-    def _recover(self, error: CommError | None) -> None:
-        """A collective failed: nothing was committed. Wait for the launcher's next config."""
-        log.warning("step %d failed (%s); waiting for a new cluster config", self.progress.step,
-                    str(error).split(". ")[0] if error else "collective failed")
-        started = time.perf_counter()
-        self.peer.report_failure()
-        config = self.peer.wait_for_newer_config(self.recovery_timeout)
-        self._transition(config, reason="failure", started=started)
+    def _snapshot(self) -> Snapshot:
+        view = self._membership.view
+        return Snapshot(self.progress.step, self.progress.epoch, self.progress.sampler.batch_size,
+                        view.version, view.size)
 
-    def _transition(self, config, reason: str, started: float | None = None) -> None:
-        started = time.perf_counter() if started is None else started
-        old_size, old_version = self.peer.size, self.peer.version
-        if not self.peer.transition(config):
-            log.info("not a member of cluster v%d: leaving at step %d", config.version, self.progress.step)
-            self.strategy.detach()
-            raise SystemExit(0)
-        switched = time.perf_counter()
-        self._sync_until_consistent(first=False)
-        self.strategy.cluster_changed(self.peer)
-        finished = time.perf_counter()
-        record = {"reason": reason, "from_version": old_version, "to_version": self.peer.version,
-                  "from_size": old_size, "to_size": self.peer.size, "step": self.progress.step,
-                  "switch_s": switched - started, "sync_s": finished - switched, "total_s": finished - started}
-        self.transitions.append(record)
-        if reason == "failure":
-            self._report_event("failure", time=time.time() - (finished - started), size=old_size, version=old_version)
-            self._report_event("recovery", size=self.peer.size, version=self.peer.version, seconds=record["total_s"])
-        else:
-            self._report_event("resize", size=self.peer.size, from_size=old_size, version=self.peer.version,
-                        seconds=record["total_s"])
-        self.reporter.restart_step_clock()
-        log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs",
-                 old_version, self.peer.version, reason, old_size, self.peer.size, self.progress.step,
-                 finished - started)
+    def _report_fatal(self, exc: BaseException) -> None:
+        # no peer can recover from this: the launcher stops the whole job with it as the root
+        # cause (before peers mistake this worker's exit for a crash to recover from)
+        try:
+            self._membership.report_fatal(str(exc))
+            self._membership.set_training(False)
+        except StoreError:
+            log.warning("could not tell the launcher about: %s", exc)
 
-    def _sync_until_consistent(self, first: bool) -> None:
-        """Sync state on the current groups; if that fails too, recover and try again."""
-        while True:
-            try:
-                if not first:
-                    self._fire("sync")
-                self._sync(first)
-                return
-            except CommError as exc:
-                log.warning("state sync failed (%s); waiting for a new cluster config", str(exc).split(". ")[0])
-                self.peer.report_failure()
-                config = self.peer.wait_for_newer_config(self.recovery_timeout)
-                if not self.peer.transition(config):
-                    raise SystemExit(0)
-
-    def _sync(self, first: bool) -> None:
-        extra: dict[str, Any] = {"gns": self.gns.state_dict(), "adaptation": self.adaptation.state_dict(),
-                                 "strategy": self.strategy_name, "decoupled": self.decoupled.state_dict()}
-        if self.lr_scheduler is not None:
-            extra["lr_scheduler"] = self.lr_scheduler.state_dict()
-        result = sync_state(self.peer.comm, self.model, self.optimizer,
-                            self.progress.step if self._has_state else -1,
-                            self.progress.to_json(), extra, force=first or self._force_sync)
-        self._force_sync = False
-        if result.meta is not None:
-            self.progress = Progress.from_json(result.meta)
-            received = result.meta["extra"]
-            self.gns.load_state_dict(received["gns"])
-            self.adaptation.load_state_dict(received["adaptation"])
-            self._switch_strategy(received.get("strategy", self.strategy_name), consolidate=False)
-            self.decoupled.load_state_dict(received.get("decoupled", {}))
-            if self.lr_scheduler is not None and "lr_scheduler" in received:
-                self.lr_scheduler.load_state_dict(received["lr_scheduler"])
-        self._has_state = True
-        self.peer.step = self.progress.step
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch

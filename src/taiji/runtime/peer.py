@@ -17,7 +17,10 @@ from .. import env
 from ..cluster import spec
 from ..cluster.store import JobStore, connect_store
 from ..comm.communicator import CommOptions, Communicator, reap_closed_groups
+from ..comm.default import set_default_provider
 from ..errors import ConfigError, StoreError
+from ..log import set_prefix_source
+from ..policies.base import Context
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +40,22 @@ class Peer:
 
     A worker spawned to grow the job starts *joining*: it is not in any published config
     yet, so ``comm`` is None and ``rank``/``size`` are the launcher's provisional values
-    until ``join()`` returns.
+    until ``join()`` returns. Without a launcher (``job_store`` None) the job store is an
+    in-memory one: the same calls work, nobody else reads them.
     """
 
     def __init__(self, raw_store: dist.Store, job_store: JobStore | None, worker_id: str,
                  config: spec.ClusterConfig | None, options: PeerOptions = PeerOptions(),
-                 provisional: tuple[int, int] = (0, 1)):
+                 provisional: tuple[int, int] = (0, 1), make_comm: type[Communicator] = Communicator):
         self.raw_store = raw_store
-        self.job_store = job_store
+        self._make_comm = make_comm  # tests inject failures through a Communicator subclass
+        self.elastic = job_store is not None  # a launcher (controller) can change the membership
+        self.job_store = job_store if job_store is not None else JobStore(raw_store, "solo")
         self.worker_id = worker_id
         self.options = options
-        self.step = 0  # maintained by the training loop, for log prefixes
-        self._comm_store = dist.PrefixStore(f"taiji/{job_store.job_id}" if job_store else "taiji/solo",
-                                            raw_store)
+        self.step = 0  # for log prefixes; the training loop tells it through ``at_step``
+        self.context: Context | None = None  # the running Job's last agreed Context
+        self._comm_store = dist.PrefixStore(f"taiji/{self.job_store.job_id}", raw_store)
         self._provisional = provisional
         self.config: spec.ClusterConfig | None = None
         self.comm: Communicator = None  # type: ignore[assignment]
@@ -86,11 +92,22 @@ class Peer:
 
     @property
     def job_id(self) -> str:
-        return self.job_store.job_id if self.job_store else "solo"
+        return self.job_store.job_id
 
-    @property
-    def elastic(self) -> bool:
-        return self.job_store is not None
+    def at_step(self, step: int) -> None:
+        self.step = step
+
+    def publish_context(self, context: Context) -> Context:
+        """What ``taiji.context()`` returns from now on."""
+        self.context = context
+        return context
+
+    def view(self, min_size: int = 1, max_size: int | None = None) -> spec.ClusterView:
+        """This worker's frozen view of its current cluster version (a member only)."""
+        if self.config is None or not self.joined:
+            raise ConfigError(f"worker {self.worker_id} is not a member of a cluster version")
+        return spec.ClusterView.of(self.config, self.worker_id, min_size=min_size, max_size=max_size,
+                                   elastic=self.elastic)
 
     def transition(self, config: spec.ClusterConfig) -> bool:
         """Switch to ``config``'s groups; False (and no communicator) if this worker left."""
@@ -101,23 +118,16 @@ class Peer:
         if rank is None:
             self.comm = None  # type: ignore[assignment]
             return False
-        self.comm = Communicator(self._comm_store, rank, config.size, config.version,
+        self.comm = self._make_comm(self._comm_store, rank, config.size, config.version,
                                  CommOptions(timeout=self.options.timeout,
                                              debug=self.options.debug_collectives,
                                              host=config.workers[rank].host))
         return True
 
     def _store(self) -> JobStore:
-        if self.job_store is None:
+        if not self.elastic:
             raise ConfigError("this worker was not started by `taiji run`: there is no cluster to change")
         return self.job_store
-
-    def newer_version_published(self) -> int:
-        """The latest published version if newer than ours, else our own (one store check)."""
-        store = self._store()
-        if not store.has(f"config/v{self.version + 1}"):
-            return self.version
-        return store.latest_version()
 
     def read_config(self, version: int | None = None) -> spec.ClusterConfig:
         return self._store().read_config(version)
@@ -186,6 +196,15 @@ class Peer:
 
 _default: Peer | None = None
 _default_lock = threading.Lock()
+
+
+def _log_prefix() -> str:
+    peer = _default
+    return "[taiji]" if peer is None else f"[rank {peer.rank} v={peer.version} step={peer.step}]"
+
+
+set_default_provider(lambda: default_peer().comm)
+set_prefix_source(_log_prefix)
 
 
 def current_peer() -> Peer | None:

@@ -1,114 +1,161 @@
-"""What the Job tells the user: progress lines, the run directory's metrics and events, `taiji status`."""
+"""What the Job tells the user: progress lines, the run directory's metrics and events, and the
+status ``taiji status`` reads. The Job hands the Reporter typed records; rank 0 writes them."""
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-if TYPE_CHECKING:
-    from .job import Job, Step
+from ..metrics.runlog import RunLog
 
 log = logging.getLogger("taiji.runtime.job")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Where the job stands, as the status shows it."""
+    step: int
+    epoch: int
+    batch_size: int
+    version: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened to the job (start, end, resize, failure, recovery, policy, strategy)."""
+    kind: str
+    step: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepCommitted:
+    index: int
+    where: Snapshot            # after the commit
+    global_batch: int
+    monitored: bool
+    loss: float | None
+    grad_variance: float | None
+    straggler: float
+    gns: float | None
+    grad_sqnorm: float | None
+    trace_sigma: float | None
+    lr: float | None
+
+    @staticmethod
+    def of(attempt: Any, where: Snapshot, gns: Any, lr: float | None) -> "StepCommitted":
+        """From a committed Attempt and the GNS estimator after it."""
+        stats = attempt.stats
+        return StepCommitted(attempt.index, where, attempt.global_batch_size, attempt.measure, stats.loss,
+                             stats.grad_variance, stats.straggler, gns.b_noise, gns.grad_sqnorm, gns.trace_sigma, lr)
+
+
+@dataclass(frozen=True)
+class PhaseClosed:
+    where: Snapshot
+    samples: int
+    seconds: float | None
+    lr: float | None
+    strategy: str
+
+
+@dataclass(frozen=True)
+class Paused:
+    """Time passed that is not training (a membership change): not a slow step."""
+
+
+@dataclass(frozen=True)
+class Ended:
+    where: Snapshot
 
 
 class Reporter:
     """Rank 0 writes the run log and status; every rank keeps its samples/s for benchmarks."""
 
-    def __init__(self, job: "Job", run_dir: str | None, log_every: int):
-        self.job = job
+    def __init__(self, run_dir: str | None, log_every: int, lead: Callable[[], bool],
+                 write_status: Callable[[dict], None]):
         self.run_dir = run_dir
         self.log_every = log_every
-        self._run_log: Any = None
-        self._last_commit_time = 0.0
+        self._lead = lead
+        self._write_status = write_status
+        self._run_log: RunLog | None = None
+        self._last_commit_time = self._time_of_log = time.perf_counter()
         self._samples_since_log = 0
-        self._time_of_log = 0.0
         self.samples_per_second = 0.0
 
-    def start(self) -> None:
-        self._time_of_log = self._last_commit_time = time.perf_counter()
+    def on(self, record: Any) -> None:
+        if isinstance(record, StepCommitted):
+            self._committed(record)
+        elif isinstance(record, Event):
+            if record.kind == "start":
+                self._time_of_log = self._last_commit_time = time.perf_counter()
+            run_log = self._runlog()
+            if run_log is not None:
+                run_log.log_event(record.kind, record.step, **record.details)
+        elif isinstance(record, PhaseClosed):
+            self._phase_closed(record)
+        elif isinstance(record, Paused):
+            self._last_commit_time = time.perf_counter()
+        elif isinstance(record, Ended):
+            self._status(record.where)
+            if self._run_log is not None:
+                self._run_log.close()
+                self._run_log = None
+        else:
+            raise TypeError(f"Reporter.on: unknown record {record!r}")
 
-    def restart_step_clock(self) -> None:
-        """A transition's stall is reported as such, not as a slow step."""
-        self._last_commit_time = time.perf_counter()
-
-    def event(self, kind: str, **details: Any) -> None:
-        """Rank 0 records what happened to the job in the run directory (if there is one)."""
-        run_log = self._runlog()
-        if run_log is not None:
-            run_log.log_event(kind, self.job.progress.step, **details)
-
-    def close(self) -> None:
-        if self._run_log is not None:
-            self._run_log.close()
-            self._run_log = None
-
-    def _runlog(self) -> Any:
-        if self.run_dir is None or self.job.peer.rank != 0:
+    def _runlog(self) -> RunLog | None:
+        if self.run_dir is None or not self._lead():
             return None
         if self._run_log is None:  # opened by whoever is rank 0 now; files are appended to
-            from ..metrics.runlog import RunLog
             self._run_log = RunLog(self.run_dir)
         return self._run_log
 
-    def committed(self, step: "Step") -> None:
-        job = self.job
+    def _committed(self, record: StepCommitted) -> None:
         now = time.perf_counter()
         step_seconds, self._last_commit_time = now - self._last_commit_time, now
-        self._samples_since_log += step.global_batch_size
+        self._samples_since_log += record.global_batch
+        where = record.where
         run_log = self._runlog()
-        if run_log is not None and job._monitoring(step.index):
-            stats = step.stats
-            assert stats is not None
+        if run_log is not None and record.monitored:
             run_log.log_metrics({
-                "step": step.index, "epoch": step.epoch, "version": job.peer.version, "size": job.peer.size,
-                "batch_size": step.global_batch_size, "loss": stats.loss,
-                "samples_per_s": step.global_batch_size / step_seconds if step_seconds > 0 else None,
-                "gns": job.gns.b_noise, "grad_sqnorm": job.gns.grad_sqnorm, "trace_sigma": job.gns.trace_sigma,
-                "grad_variance": stats.grad_variance, "straggler": stats.straggler,
-                "lr": job.optimizer.param_groups[0].get("lr")})
+                "step": record.index, "epoch": where.epoch, "version": where.version, "size": where.size,
+                "batch_size": record.global_batch, "loss": record.loss,
+                "samples_per_s": record.global_batch / step_seconds if step_seconds > 0 else None,
+                "gns": record.gns, "grad_sqnorm": record.grad_sqnorm, "trace_sigma": record.trace_sigma,
+                "grad_variance": record.grad_variance, "straggler": record.straggler, "lr": record.lr})
+        if not self.log_every or where.step % self.log_every:
+            return
+        elapsed = max(now - self._time_of_log, 1e-9)
+        self.samples_per_second = self._samples_since_log / elapsed
+        self._samples_since_log, self._time_of_log = 0, now
+        if self._lead():
+            log.info("epoch %d step %d: loss %s, %.0f samples/s, global batch %d on %d workers, GNS %s",
+                     where.epoch, where.step, "n/a" if record.loss is None else f"{record.loss:.4f}",
+                     self.samples_per_second, record.global_batch, where.size,
+                     "n/a" if record.gns is None else f"{record.gns:.0f}")
+            self._status(where)
 
-    def phase_closed(self, samples: int, seconds: float | None) -> None:
-        """A decoupled phase ended at a sync point: one metrics line for it (rank 0)."""
-        job = self.job
+    def _phase_closed(self, record: PhaseClosed) -> None:
         self._last_commit_time = time.perf_counter()
+        samples, seconds, where = record.samples, record.seconds, record.where
         if seconds:
             self.samples_per_second = samples / seconds
         run_log = self._runlog()
         if run_log is not None:
             run_log.log_metrics({
-                "step": job.progress.step, "epoch": job.progress.epoch, "version": job.peer.version,
-                "size": job.peer.size, "batch_size": job.progress.sampler.batch_size,
-                "samples_per_s": samples / seconds if seconds else None,
-                "lr": job.optimizer.param_groups[0].get("lr"), "strategy": job.strategy_name})
-        if job.peer.rank == 0:
+                "step": where.step, "epoch": where.epoch, "version": where.version, "size": where.size,
+                "batch_size": where.batch_size, "samples_per_s": samples / seconds if seconds else None,
+                "lr": record.lr, "strategy": record.strategy})
+        if self._lead():
             log.info("epoch %d step %d: %d samples in the last decoupled phase, %s samples/s on %d workers",
-                     job.progress.epoch, job.progress.step, samples,
-                     f"{samples / seconds:.0f}" if seconds else "n/a", job.peer.size)
-            self.write_status()
+                     where.epoch, where.step, samples, f"{samples / seconds:.0f}" if seconds else "n/a", where.size)
+            self._status(where)
 
-    def maybe_log_progress(self, step: "Step") -> None:
-        job = self.job
-        if not self.log_every or job.progress.step % self.log_every:
-            return
-        now = time.perf_counter()
-        elapsed = max(now - self._time_of_log, 1e-9)
-        self.samples_per_second = self._samples_since_log / elapsed
-        self._samples_since_log, self._time_of_log = 0, now
-        if job.peer.rank == 0:
-            stats = step.stats
-            loss = step.loss if stats is None or stats.loss is None else stats.loss
-            gns = job.gns.b_noise
-            log.info("epoch %d step %d: loss %s, %.0f samples/s, global batch %d on %d workers, GNS %s",
-                     step.epoch, job.progress.step, "n/a" if loss is None else f"{loss:.4f}",
-                     self.samples_per_second, step.global_batch_size, job.peer.size,
-                     "n/a" if gns is None else f"{gns:.0f}")
-            self.write_status()
-
-    def write_status(self) -> None:
-        job = self.job
-        if job.peer.elastic and job.peer.rank == 0:
-            job.peer.job_store.write_status({  # type: ignore[union-attr]
-                "step": job.progress.step, "epoch": job.progress.epoch,
-                "batch_size": job.progress.sampler.batch_size, "version": job.peer.version,
-                "size": job.peer.size, "samples_per_s": round(self.samples_per_second, 1),
-                "time": time.time()})
+    def _status(self, where: Snapshot) -> None:
+        if self._lead():
+            self._write_status({"step": where.step, "epoch": where.epoch, "batch_size": where.batch_size,
+                                "version": where.version, "size": where.size,
+                                "samples_per_s": round(self.samples_per_second, 1), "time": time.time()})

@@ -1,64 +1,50 @@
-"""One global batch (Step) and where training stands (Progress)."""
+"""The user's handle on one global batch (``Step``) and the engine's record of it (``Attempt``)."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
-from ..data.sampler import SamplerState
 from ..errors import CommError
 from ..monitor.stats import StepStats
 
-if TYPE_CHECKING:
-    from .job import Job
 
-
-@dataclass(frozen=True)
-class Progress:
-    """Where training stands; identical on every replica after each committed step."""
-    step: int = 0
-    sampler: SamplerState = SamplerState()
+@dataclass
+class Attempt:
+    """One try at a step: its data, and what happened to it."""
+    index: int
+    epoch: int
+    batch: Any
+    indices: torch.Tensor
+    span: tuple[int, int]                  # positions [lo, hi) of the epoch's permutation
+    segments: list[tuple[int, int, int]]   # (epoch, lo, hi) pieces the batch came from
+    global_batch_size: int
+    decisions: int = 0                     # fingerprint of the decisions taken before this step
+    measure: bool = False                  # take the gradient norms the monitors need
+    started: float = field(default_factory=time.perf_counter)
+    loss: float | None = None
+    split_sqnorm: float | None = None      # one worker: mean |g|² of two half-batches
+    error: CommError | None = None
+    stats: StepStats | None = None         # agreed by all workers once synchronised
+    synchronized: bool = False
 
     @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
+    def local_batch_size(self) -> int:
+        return len(self.indices)
 
-    def to_json(self) -> dict:
-        return {"step": self.step, **asdict(self.sampler)}
-
-    @staticmethod
-    def from_json(data: dict) -> "Progress":
-        return Progress(step=int(data["step"]), sampler=SamplerState(
-            epoch=int(data["epoch"]), cursor=int(data["cursor"]), batch_size=int(data["batch_size"])))
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
 
 
 class Step:
     """One global batch: this worker's slice of it, and the way to submit its loss."""
 
-    def __init__(self, job: "Job", index: int, epoch: int, batch: Any, indices: torch.Tensor,
-                 span: tuple[int, int]):
-        self.job = job
-        self.index = index
-        self.epoch = epoch
-        self.batch = batch
-        self.indices = indices
-        self.local_batch_size = len(indices)
-        self.span = span  # positions [lo, hi) of the epoch's permutation this step consumes
-        # decoupled strategies: the (epoch, lo, hi) pieces this worker's batch came from
-        self.segments: list[tuple[int, int, int]] = [(epoch, span[0], span[1])]
-        self.global_batch_size = span[1] - span[0]
-        self.loss: float | None = None
-        self.synchronized = False
-        self.error: CommError | None = None
-        self.started = time.perf_counter()
-        self.split_sqnorm: float | None = None  # one worker: mean |g|² of two half-batches
-        self.stats: StepStats | None = None     # agreed by all workers once synchronised
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
+    def __init__(self, attempt: Attempt, submit: Callable[[Attempt, torch.Tensor], None]):
+        self._attempt = attempt
+        self._submit = submit
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` and synchronise gradients.
@@ -68,33 +54,48 @@ class Step:
         gradient of the mean loss over the global batch. If a peer fails meanwhile this does
         not raise: the step is marked failed and the Job retries it on the surviving workers.
         """
-        try:
-            if self.local_batch_size > 0:
-                if loss.dim() == 1 and self.job._split_for_gns(self):
-                    self._split_backward(loss)
-                else:
-                    loss = loss.mean() if loss.dim() == 1 else loss
-                    loss.backward()
-                self.loss = float(loss.detach().mean())
-            self.job._fire("allreduce")
-            self.job._synchronize(self)
-        except CommError as exc:
-            self.error = self.error or exc
+        self._submit(self._attempt, loss)
 
-    def _split_backward(self, losses: torch.Tensor) -> None:
-        """One worker, per-sample losses: backward the two halves separately so the gradient
-        noise scale has two batch sizes to compare (b/2 and b); the summed gradient is the
-        same as one backward of the mean."""
-        n, half = len(losses), len(losses) // 2
-        params = [p for p in self.job.model.parameters() if p.requires_grad]
-        with self.job.strategy.no_sync():  # type: ignore[attr-defined]
-            (losses[:half].sum() / n).backward(retain_graph=True)
-        first = [p.grad.detach().clone() if p.grad is not None else None for p in params]
-        (losses[half:].sum() / n).backward()
-        sq_a = sq_b = 0.0
-        for p, g_a in zip(params, first):
-            if p.grad is None or g_a is None:
-                continue
-            sq_a += float((g_a * (n / half)).square().sum())
-            sq_b += float(((p.grad - g_a) * (n / (n - half))).square().sum())
-        self.split_sqnorm = (sq_a + sq_b) / 2
+    @property
+    def index(self) -> int:
+        return self._attempt.index
+
+    @property
+    def epoch(self) -> int:
+        return self._attempt.epoch
+
+    @property
+    def batch(self) -> Any:
+        return self._attempt.batch
+
+    @property
+    def indices(self) -> torch.Tensor:
+        return self._attempt.indices
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self._attempt.span
+
+    @property
+    def segments(self) -> list[tuple[int, int, int]]:
+        return self._attempt.segments
+
+    @property
+    def local_batch_size(self) -> int:
+        return self._attempt.local_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self._attempt.global_batch_size
+
+    @property
+    def loss(self) -> float | None:
+        return self._attempt.loss
+
+    @property
+    def stats(self) -> StepStats | None:
+        return self._attempt.stats
+
+    @property
+    def failed(self) -> bool:
+        return self._attempt.failed

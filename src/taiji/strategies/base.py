@@ -2,13 +2,32 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Callable, ContextManager, Protocol, runtime_checkable
 
 import torch
 
+from ..cluster.spec import ClusterView
 from ..comm.communicator import Communicator
+from ..comm.default import default_communicator
 
 CommSource = Callable[[], Communicator]
+
+
+class Directory(Protocol):
+    """Where workers of a job find each other (the job store): strategies that talk to peers
+    directly publish and look up their addresses here."""
+
+    def set(self, name: str, value: str | bytes) -> None: ...
+    def get(self, name: str) -> bytes: ...
+    def has(self, name: str) -> bool: ...
+
+
+@runtime_checkable
+class SupportsNoSync(Protocol):
+    """A strategy that can accumulate gradients locally for a while (micro-batches, the
+    one-worker two-half GNS split) and synchronise only on the last backward."""
+
+    def no_sync(self) -> ContextManager[None]: ...
 
 
 class Strategy(ABC):
@@ -31,8 +50,9 @@ class Strategy(ABC):
         """Bind to ``model``; ``comm`` gives the communicator of the current cluster version."""
 
     @abstractmethod
-    def begin_step(self, weight: float, step: int = 0) -> None:
-        """Start step ``step``, in which this worker's gradient carries ``weight`` (its share b_r/B)."""
+    def begin_step(self, weight: float, step: int = 0, measure_norms: bool = False) -> None:
+        """Start step ``step``, in which this worker's gradient carries ``weight`` (its share b_r/B);
+        ``measure_norms``: take the squared gradient norms the monitors need this step."""
 
     @abstractmethod
     def synchronize(self) -> None:
@@ -45,17 +65,15 @@ class Strategy(ABC):
     def after_update(self) -> None:
         """The optimizer has applied this worker's update of a committed step."""
 
-    def cluster_changed(self, peer: Any) -> None:
-        """The Job joined a cluster version (at start and after every transition): ``peer`` is
-        the worker's Peer (id, job store, config), for strategies that talk to peers directly."""
+    def cluster_changed(self, view: ClusterView, directory: Directory | None = None) -> None:
+        """The Job joined a cluster version (at start and after every transition). ``directory``
+        is the job store, for strategies that talk to peers directly."""
 
     def detach(self) -> None:
         """Remove whatever the strategy installed on the model."""
 
     def launch_all(self) -> None:
         """Start any communication of the step not started yet, without waiting for it."""
-
-    measure_norms: bool = False
 
     def local_sqnorm(self) -> float | None:
         """This worker's squared gradient norm before averaging, if the strategy measured it."""
@@ -68,8 +86,7 @@ class Strategy(ABC):
 
 def resolve_comm_source(comm: CommSource | Communicator | None) -> CommSource:
     if comm is None:
-        from ..runtime.peer import default_peer
-        return lambda: default_peer().comm
+        return default_communicator
     if isinstance(comm, Communicator):
         return lambda: comm
     return comm

@@ -3,9 +3,6 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-import torch
-
-from ..comm.communicator import Communicator
 from ..errors import ConfigError
 from .base import Strategy
 
@@ -50,16 +47,3 @@ class StrategyCatalog:
             self._made[name] = self._factories[name]()
         return self._made[name]
 
-    @staticmethod
-    def average_parameters(model: torch.nn.Module, comm: Communicator) -> None:
-        """Replace every parameter by its mean over the cluster (one allreduce per tensor group)."""
-        params = [p for p in model.parameters()]
-        with torch.no_grad():
-            for dtype in {p.dtype for p in params}:
-                group = [p for p in params if p.dtype == dtype]
-                flat = torch.cat([p.detach().reshape(-1) for p in group])
-                comm.allreduce(flat, "avg", channel="grad")
-                offset = 0
-                for p in group:
-                    p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                    offset += p.numel()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..comm.communicator import Communicator, Handle
+from ..comm.transfer import Coalesced
 from ..errors import ConfigError, TaijiError
 from .base import CommSource, Strategy, resolve_comm_source
 
@@ -44,18 +45,15 @@ class ModelAveraging(Strategy):
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
             raise ConfigError("ModelAveraging: the model has no parameters that require gradients")
-        self._groups = {}
-        for p in self._params:
-            self._groups.setdefault((p.device, p.dtype), []).append(p)
-        self._buffers = {key: torch.empty(sum(p.numel() for p in group), dtype=key[1], device=key[0])
-                         for key, group in self._groups.items()}
+        self._groups = dict(Coalesced(self._params))
+        self._buffers = {key: Coalesced.empty(group) for key, group in self._groups.items()}
         return self
 
     def detach(self) -> None:
         self.abort_step()
         self._params, self._groups, self._buffers = [], {}, {}
 
-    def begin_step(self, weight: float, step: int = 0) -> None:
+    def begin_step(self, weight: float, step: int = 0, measure_norms: bool = False) -> None:
         if self._comm_source is None:
             raise TaijiError("ModelAveraging.begin_step() before attach(model)")
         self.abort_step()
@@ -64,8 +62,7 @@ class ModelAveraging(Strategy):
         if not self._averaging:
             return
         for key, group in self._groups.items():
-            buffer = self._buffers[key]
-            torch.cat([p.detach().reshape(-1) for p in group], out=buffer)
+            buffer = Coalesced.flat(group, out=self._buffers[key])
             self._handles.append(comm.allreduce(buffer.clone(), "avg", channel="grad", async_op=True))
 
     def synchronize(self) -> None:
@@ -82,14 +79,8 @@ class ModelAveraging(Strategy):
     def after_update(self) -> None:
         if not self._ready:
             return
-        with torch.no_grad():
-            for key, group in self._groups.items():
-                offset = 0
-                correction = self._buffers[key]
-                for p in group:
-                    n = p.numel()
-                    p.add_(correction[offset:offset + n].view_as(p))
-                    offset += n
+        for key, group in self._groups.items():
+            Coalesced.scatter(self._buffers[key], group, add=True)
         self._ready = self._averaging = False
 
     def abort_step(self) -> None:

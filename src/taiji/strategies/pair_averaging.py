@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any
-
 import torch
 
 from .. import env
 from ..comm.communicator import Communicator
 from ..comm.p2p import BackgroundFetcher, ModelStore, Snapshot
 from ..errors import CommError, ConfigError, StoreError, TaijiError
-from .base import CommSource, Strategy
+from ..cluster.spec import ClusterView
+from .base import CommSource, Directory, Strategy
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ class PairAveraging(Strategy):
         self._random = random.Random(seed)
         self._version = 0
         self._pending_members: list[str] = []
-        self._job_store: Any = None
+        self._directory: Directory | None = None
         self._target: str | None = None
         self.averaged = 0   # local steps that averaged with a peer's model
         self.skipped = 0    # fetches that failed (peer gone) and were skipped
@@ -55,28 +54,27 @@ class PairAveraging(Strategy):
             raise ConfigError("PairAveraging: the model has no parameters that require gradients")
         return self
 
-    def cluster_changed(self, peer: Any) -> None:
+    def cluster_changed(self, view: ClusterView, directory: Directory | None = None) -> None:
         """Serve this worker's model (once), say where, and learn where the other members serve."""
         secret = env.SECRET.get()
-        self._random = random.Random(f"{self._seed}/{peer.worker_id}/{peer.version}")
+        self._random = random.Random(f"{self._seed}/{view.worker_id}/{view.version}")
         if self._store is None:
-            host = peer.config.workers[peer.rank].host if peer.config is not None else "127.0.0.1"
-            self._store = ModelStore(secret, host=host)
+            self._store = ModelStore(secret, host=view.host)
             self._fetcher = BackgroundFetcher(secret, self.fetch_timeout)
             self._publish()
         self._peers = {}
-        self._job_store = peer.job_store
-        if self._job_store is None:
+        self._directory = directory
+        if directory is None:
             return
         try:
             host, port = self._store.address
-            self._job_store.set(p2p_key(peer.worker_id), f"{host}:{port}")
+            directory.set(p2p_key(view.worker_id), f"{host}:{port}")
         except StoreError as exc:
             log.warning("pair averaging: could not publish this worker's model store address (%s)", exc)
-        self._pending_members = [w.id for w in peer.config.workers if w.id != peer.worker_id]
+        self._pending_members = [m for m in view.members if m != view.worker_id]
         self._discover()
 
-    def begin_step(self, weight: float, step: int = 0) -> None:
+    def begin_step(self, weight: float, step: int = 0, measure_norms: bool = False) -> None:
         if not self._params:
             raise TaijiError("PairAveraging.begin_step() before attach(model)")
 
@@ -120,7 +118,7 @@ class PairAveraging(Strategy):
 
     def _discover(self) -> None:
         """Members that had not registered their address when the cluster changed."""
-        store = self._job_store
+        store = self._directory
         for worker_id in list(self._pending_members):
             try:
                 if store is not None and store.has(p2p_key(worker_id)):

@@ -117,7 +117,7 @@ class SyncSGD(Strategy):
         self._active = False
         self._next_launch = 0
         self._sync_enabled = True
-        self.measure_norms = False  # set per step by the loop: take squared norms for monitors
+        self._measure_norms = False  # this step takes the squared norms the monitors need
         self._local_sqnorm: torch.Tensor | None = None
         self._global_sqnorm: torch.Tensor | None = None
         self._param_names: dict[torch.nn.Parameter, str] = {}
@@ -181,13 +181,14 @@ class SyncSGD(Strategy):
 
     # -- one step ---------------------------------------------------------------------
 
-    def begin_step(self, weight: float, step: int = 0) -> None:
+    def begin_step(self, weight: float, step: int = 0, measure_norms: bool = False) -> None:
         if self._comm_source is None:
             raise TaijiError("SyncSGD.begin_step() before attach(model)")
         if self._active:
             self.abort_step()
         self._comm = self._comm_source()
         self._weight = float(weight)
+        self._measure_norms = measure_norms
         self._next_launch = 0
         self._local_sqnorm = None
         self._global_sqnorm = None
@@ -228,7 +229,7 @@ class SyncSGD(Strategy):
 
     def _launch(self, bucket: _Bucket) -> None:
         assert self._comm is not None
-        if self.measure_norms:  # |w·g_r|² of this bucket, read just before it is reduced in place
+        if self._measure_norms:  # |w·g_r|² of this bucket, read just before it is reduced in place
             part = sqnorm(bucket.buffer)
             self._local_sqnorm = part if self._local_sqnorm is None else self._local_sqnorm + part
         bucket.handle = self._comm.allreduce(bucket.buffer, "sum", channel="grad", async_op=True)
@@ -267,7 +268,7 @@ class SyncSGD(Strategy):
             for bucket in self._buckets:
                 assert bucket.handle is not None
                 bucket.handle.wait()
-                if self.measure_norms:
+                if self._measure_norms:
                     part = sqnorm(bucket.buffer)
                     total = part if total is None else total + part
                 for p, slot in zip(bucket.params, bucket.slices):

@@ -1,5 +1,5 @@
-"""The Job's side of adaptation: build the agreed Context, run the policies, carry out their Plan,
-and check that every worker decided the same.
+"""Adaptation: the agreed Context in, a Plan out (policies run through the pure runner), and the
+check that every worker decided the same. Nothing here applies a decision: the Job does.
 
 The check costs nothing per step: a 52-bit fingerprint of the boundary's decisions rides the next
 step's control message. If the rows disagree, the step is not committed; all workers (they all
@@ -9,42 +9,37 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
-from .. import env
+from ..cluster.spec import ClusterView
+from ..comm.communicator import Communicator
 from ..errors import CommError, ConsensusError
-from ..policies.base import HOOKS, Context, Metrics, Policy, Resize, ScaleLR, SetBatchSize, Stop
+from ..monitor.gns import GNSEstimator
+from ..monitor.stats import StepStats
+from ..policies.base import HOOKS, Context, Metrics, Policy, Resize, SetBatchSize
 from ..policies.runner import Plan, decision_trail, plan_digest, run_hooks
-
-if TYPE_CHECKING:
-    from ..monitor.stats import StepStats
-    from .job import Job
+from .state import Progress
 
 log = logging.getLogger(__name__)
 
 
 class Adaptation:
-    def __init__(self, job: "Job", policies: Sequence[Policy]):
-        self.job = job
+    def __init__(self, policies: Sequence[Policy]):
         self.policies = list(policies)
         for policy in self.policies:
             if not isinstance(policy, Policy):
-                raise TypeError(f"policies must be taiji.Policy instances, got {policy!r}")
+                raise TypeError(f"policies must be taiji.policies.Policy instances, got {policy!r}")
         self.plan = Plan()
         self.digest = 0               # of the last boundary's decisions; rides the control message
         self.last_clock: float | None = None  # rank 0's clock at the previous control message
-        self.metrics = Metrics()      # of the last committed step
-        self.lr_changes = 0
+        self.metrics = Metrics()      # of the last committed step (or decoupled phase)
         self._noted: set[str] = set()
 
-    # -- context ------------------------------------------------------------------------
-
-    def observe(self, stats: "StepStats", samples: int | None = None) -> None:
-        """Record the agreed statistics of a step that is being committed (or of a decoupled
-        phase that consumed ``samples``)."""
-        gns = self.job.gns
+    def observe(self, stats: StepStats, gns: GNSEstimator, samples: int | None = None) -> None:
+        """Record the agreed statistics of a committed step (or of a decoupled phase that
+        consumed ``samples``)."""
         seconds = stats.clock - self.last_clock if self.last_clock is not None and stats.clock > 0 else None
         if seconds is not None and seconds <= 0:
             seconds = None
@@ -56,67 +51,35 @@ class Adaptation:
             worker_step_seconds=stats.wall_seconds)
         self.last_clock = stats.clock if stats.clock > 0 else self.last_clock
 
-    def context(self) -> Context:
-        job = self.job
-        progress = job.progress
-        max_np = env.MAX_NP.get()
-        return Context(
-            step=progress.step, epoch=progress.epoch, cursor=progress.sampler.cursor,
-            num_samples=job.sampler.num_samples, size=job.peer.size, version=job.peer.version,
-            batch_size=progress.sampler.batch_size, lr=float(job.optimizer.param_groups[0]["lr"]),
-            strategy=job.strategy_name, time=self.last_clock or 0.0, metrics=self.metrics,
-            min_size=max(env.MIN_NP.get(), 1), max_size=max_np or None, elastic=job.peer.elastic,
-            strategies=tuple(job.strategies))
+    def context(self, progress: Progress, num_samples: int, view: ClusterView, lr: float, strategy: str,
+                strategies: tuple[str, ...]) -> Context:
+        """What the policies see at this boundary: agreed state and metrics only."""
+        return Context(step=progress.step, epoch=progress.epoch, cursor=progress.sampler.cursor,
+                       num_samples=num_samples, size=view.size, version=view.version,
+                       batch_size=progress.sampler.batch_size, lr=lr, strategy=strategy,
+                       time=self.last_clock or 0.0, metrics=self.metrics, min_size=view.min_size,
+                       max_size=view.max_size, elastic=view.elastic, strategies=strategies)
 
-    # -- boundaries ---------------------------------------------------------------------
-
-    def boundary(self, hooks: Sequence[str]) -> Plan:
-        """Run ``hooks`` on every policy and carry out the result. Returns the plan."""
+    def decide(self, hooks: Sequence[str], context: Context, lead: bool) -> Plan:
+        """Run ``hooks`` on every policy over ``context`` (as it reads after the metrics were
+        observed); remember the plan's fingerprint for the next control message."""
         if not self.policies:
             return Plan()
-        _, plan = run_hooks(self.policies, hooks, self.context())
+        _, plan = run_hooks(self.policies, hooks, context)
         self.plan, self.digest = plan, plan_digest(plan)
-        if not plan.empty:
-            self._carry_out(plan)
-        return plan
-
-    def _carry_out(self, plan: Plan) -> None:
-        job = self.job
-        lead = job.peer.rank == 0
         for note in plan.notes:
             kind = note.split(": ", 1)[-1].split("(")[0]  # e.g. "ignored Resize": say it loudly once
             if lead:
                 log.log(logging.DEBUG if kind in self._noted else logging.WARNING, "policy decision %s", note)
             self._noted.add(kind)
-        for applied in plan.applied:
-            decision = applied.decision
-            if isinstance(decision, ScaleLR):
-                continue  # reported through the metrics' "lr"; AdaScale changes it every step
-            if lead:
-                log.info("policy %s.%s: %s", applied.policy, applied.hook, _describe(decision, job))
-            job._report_event("policy", policy=applied.policy, hook=applied.hook, decision=repr(decision),
-                              gns=self.metrics.gns)
-        if plan.batch_size is not None:
-            job._set_batch_size(plan.batch_size)
-        if plan.lr_factor != 1.0:
-            _scale_lr(job.optimizer, job.lr_scheduler, plan.lr_factor)
-            self.lr_changes += 1
-        if plan.strategy is not None:
-            job._request_strategy(plan.strategy)
-        if plan.resize is not None and lead:
-            job.peer.propose_size(plan.resize, source=f"policy {_who(plan, Resize)}")
-        if plan.stop is not None:
-            if lead:
-                log.info("policy %s stops training at step %d: %s", _who(plan, Stop), job.progress.step, plan.stop)
-            job._stop_agreed = True
+        return plan
 
     # -- consensus ----------------------------------------------------------------------
 
-    def check(self, digests: Sequence[float], step: int) -> None:
+    def check(self, digests: Sequence[float], step: int, comm: Communicator) -> None:
         """Raise ConsensusError if the workers' decision fingerprints in the control message differ."""
         if len(set(digests)) <= 1:
             return
-        comm = self.job.peer.comm
         detail = ""
         try:
             mine = torch.tensor(decision_trail(self.plan), dtype=torch.int64)
@@ -164,25 +127,33 @@ class Adaptation:
         self.plan = Plan()
 
 
-def _who(plan: Plan, kind: type) -> str:
+def boundary_hooks(epoch_ended: bool, done: bool) -> list[str]:
+    """The hooks of the boundary after a committed step (or a closed decoupled phase)."""
+    hooks = ["after_step"] + (["after_epoch"] if epoch_ended else [])
+    if not done:
+        hooks += (["before_epoch"] if epoch_ended else []) + ["before_step"]
+    return hooks
+
+
+def who(plan: Plan, kind: type) -> str:
     names = [a.policy for a in plan.applied if isinstance(a.decision, kind)]
     return names[-1] if names else "?"
 
 
-def _describe(decision: Any, job: "Job") -> str:
+def describe(decision: Any, context: Context) -> str:
     if isinstance(decision, SetBatchSize):
-        return (f"global batch {job.progress.sampler.batch_size} -> {decision.batch_size} "
-                f"at step {job.progress.step} (GNS {_fmt(job.gns.b_noise)})")
+        return (f"global batch {context.batch_size} -> {decision.batch_size} at step {context.step} "
+                f"(GNS {_fmt(context.metrics.gns)})")
     if isinstance(decision, Resize):
-        return f"asks for {decision.size} workers (now {job.peer.size}) at step {job.progress.step}"
-    return f"{decision!r} at step {job.progress.step}"
+        return f"asks for {decision.size} workers (now {context.size}) at step {context.step}"
+    return f"{decision!r} at step {context.step}"
 
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.0f}"
 
 
-def _scale_lr(optimizer: torch.optim.Optimizer, scheduler: Any, factor: float) -> None:
+def scale_lr(optimizer: torch.optim.Optimizer, scheduler: Any, factor: float) -> None:
     """Scale the learning rate where PyTorch keeps it: each group's ``lr`` (and ``initial_lr``),
     and a scheduler's ``base_lrs``, so closed-form schedulers do not undo the change."""
     for group in optimizer.param_groups:
@@ -192,4 +163,3 @@ def _scale_lr(optimizer: torch.optim.Optimizer, scheduler: Any, factor: float) -
                 group[key] = value * factor if not isinstance(value, torch.Tensor) else value.mul_(factor)
     if scheduler is not None and hasattr(scheduler, "base_lrs"):
         scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
-

@@ -2,6 +2,7 @@
 import math
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -229,5 +230,25 @@ def test_early_stop_on_target_and_on_patience():
         EarlyStop("accuracy", target=1)
 
 
-def test_top_level_exports():
-    assert taiji.Policy is Policy and taiji.SetBatchSize is SetBatchSize and taiji.Stop is Stop
+def test_top_level_holds_the_users_api_only():
+    assert set(taiji.__all__) == {
+        "init", "shutdown", "Job", "Step", "Optimizer", "SyncSGD", "ModelAveraging", "PairAveraging", "Strategy",
+        "rank", "size", "version", "resize", "allreduce", "broadcast", "allgather", "barrier", "TaijiError",
+        "context"}
+    assert all(hasattr(taiji, name) for name in taiji.__all__)
+    assert not hasattr(taiji, "Policy") and not hasattr(taiji, "CommError")
+    assert taiji.policies.Policy is Policy and taiji.policies.SetBatchSize is SetBatchSize
+    assert taiji.policies.Stop is Stop and taiji.errors.CommError.__name__ == "CommError"
+
+
+def test_context_is_the_running_jobs_last_boundary():
+    from taiji.runtime.peer import Peer
+    model = torch.nn.Linear(2, 1)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8))
+    peer = Peer.solo()
+    seen = []
+    job = taiji.Job(model, torch.optim.SGD(model.parameters(), lr=0.1), data, 4, peer=peer, log_every=0,
+                    on_commit=lambda step: seen.append(peer.context.step))
+    for step in job:
+        step.backward(model(step.batch[0]).sum())
+    assert seen == [1, 2] and peer.context.batch_size == 4

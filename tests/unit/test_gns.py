@@ -8,7 +8,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils.data import TensorDataset
 
 import taiji
-from taiji.monitor import GNSEstimator, StepStats, WorkerReport, two_batch_estimates
+from taiji.monitor import GNSEstimator, StepStats, ControlRow, two_batch_estimates
 from taiji.runtime.peer import Peer
 from _harness import run_threads
 
@@ -35,12 +35,12 @@ def test_estimator_bias_correction_skips_and_state():
 
 
 def test_step_stats_reduce_is_a_pure_function_of_the_rows():
-    rows = [WorkerReport(version_seen=3, local_sqnorm=5.0, sqnorm_batch=4, local_batch=4, loss_sum=8.0,
+    rows = [ControlRow(version_seen=3, local_sqnorm=5.0, sqnorm_batch=4, local_batch=4, loss_sum=8.0,
                          compute_seconds=1.0),
-            WorkerReport(version_seen=0, stop=1, local_sqnorm=7.0, sqnorm_batch=4, local_batch=4, loss_sum=4.0,
+            ControlRow(version_seen=0, stop=1, local_sqnorm=7.0, sqnorm_batch=4, local_batch=4, loss_sum=4.0,
                          compute_seconds=3.0),
-            WorkerReport(local_batch=0, compute_seconds=1.0)]  # an empty share measures nothing
-    stats = StepStats.reduce([WorkerReport.from_row(r.to_row()) for r in rows], big_sqnorm=2.0)
+            ControlRow(local_batch=0, compute_seconds=1.0)]  # an empty share measures nothing
+    stats = StepStats.reduce([ControlRow.from_row(r.to_row()) for r in rows], big_sqnorm=2.0)
     assert stats.version_seen == 3 and stats.stop and stats.loss == pytest.approx(1.5)
     assert stats.small_sqnorm == 6.0 and stats.small_batch == 4 and stats.global_batch == 8
     assert stats.grad_variance == 4.0 and stats.straggler == 3.0
@@ -87,7 +87,7 @@ def measure(peer, steps=192):
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # parameters stay put: the truth is constant
     raw = []
     job = taiji.Job(model, opt, data, BATCH, max_steps=steps, epochs=100, peer=peer, log_every=0,
-                    on_commit=lambda step: raw.append(step.job.last_raw_estimates))
+                    on_commit=lambda step: raw.append(job.last_raw_estimates))
     for step in job:
         x, y = step.batch
         step.backward(((model(x) - y) ** 2).mean(1))  # per-sample losses

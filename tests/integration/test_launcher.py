@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+from _harness import REPO, SCRIPTS
+
 WORKER = SCRIPTS / "launcher_worker.py"
 TAIJI_JOB = SCRIPTS / "taiji_job.py"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "taiji"
@@ -442,7 +443,7 @@ def test_closed_launcher_output_does_not_block_workers():
     workers' pipes (which would otherwise fill and block them) and the job still ends."""
     args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--", "python", str(WORKER),
             "--lines", "0=20000", "--lines", "1=20000"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=SCRIPTS.parent.parent,
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
                             start_new_session=True)
     try:
         proc.stdout.readline()

@@ -10,34 +10,11 @@ Every worker logs each committed step (tests/scripts/elastic_train.py). The chec
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from _harness import REPO, SCRIPTS, taiji_run
-
-sys.path.insert(0, str(SCRIPTS))
-import elastic_train  # noqa: E402
+from _harness import ELASTIC_SCRIPT, REPO, check_invariants, run_elastic
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
-SCRIPT = str(SCRIPTS / "elastic_train.py")
-
-
-def run_elastic(tmp_path: Path, nproc: int, *script_args: str, launcher_args=(), faults=None,
-                batch=16, timeout=200):
-    env = {"TAIJI_FAULTS": json.dumps(faults)} if faults else {}
-    proc = taiji_run(nproc, [sys.executable, SCRIPT, str(tmp_path), "--batch", str(batch), *script_args],
-                     extra=["--timeout", "3", "--run-dir", str(tmp_path / "run"), *launcher_args], env=env,
-                     timeout=timeout)
-    return proc
-
-
-def check_invariants(out: Path, batch: int, policy: str = "") -> dict:
-    result = elastic_train.audit(out, batch, policy)
-    assert result["steps"] > 0 and not result["gaps"], f"committed steps are not contiguous: {result}"
-    assert not result["divergences"], f"replicas differ after steps {result['divergences']}"
-    assert result["lost_samples"] == 0 and result["duplicated_samples"] == 0, result
-    assert result["trajectory_error"] is not None and result["trajectory_error"] < 1e-9, result
-    return result
 
 
 def test_resizes_1_3_2_4_1_keep_every_invariant(tmp_path):
@@ -118,7 +95,7 @@ def test_below_min_np_without_a_joiner_fails_with_a_clear_error(tmp_path):
 
 def test_resize_and_status_from_another_terminal(tmp_path):
     args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--max-np", "3", "--", sys.executable,
-            SCRIPT, str(tmp_path), "--steps", "100000", "--step-delay", "0.005"]
+            ELASTIC_SCRIPT, str(tmp_path), "--steps", "100000", "--step-delay", "0.005"]
     env = dict(__import__("os").environ, TAIJI_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
     launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                                 env=env, start_new_session=True)

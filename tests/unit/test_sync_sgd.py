@@ -1,6 +1,5 @@
-"""SyncSGD: bucketing, exact averaging with unequal slices, and equivalence with 1 worker."""
-import sys
-
+"""SyncSGD: bucketing, exact averaging with unequal slices, and equivalence with 1 worker (ranks as
+threads). The same equivalence across launched processes: tests/integration/test_sync_sgd_procs.py."""
 import pytest
 import torch
 
@@ -8,10 +7,10 @@ import taiji
 from taiji.errors import ConfigError, TaijiError
 from taiji.runtime.peer import Peer
 from taiji.strategies.sync_sgd import plan_buckets
-from _harness import SCRIPTS, run_threads, taiji_run
+from _harness import assert_close_to_reference, load_script, run_threads
+from _harness import train_equiv_reference as reference
 
-sys.path.insert(0, str(SCRIPTS))
-import train_equiv  # noqa: E402
+train_equiv = load_script("train_equiv")
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -24,22 +23,6 @@ def test_plan_buckets_respects_caps_and_order():
     assert plan_buckets([], 8, 8) == []
     flat = [i for b in plan_buckets(list(range(1, 30)), 20, 5) for i in b]
     assert flat == list(range(29))
-
-
-def reference(steps, batch, dtype=torch.float64):
-    return train_equiv.train(Peer.solo(), steps, batch, dtype)
-
-
-def assert_close_to_reference(results, ref, rtol, atol):
-    ref_params, ref_momenta, _ = ref
-    first = results[0]
-    for params, momenta, _ in results:
-        for a, b in zip(params + momenta, first[0] + first[1]):
-            assert torch.equal(a, b), "replicas are not bitwise identical"
-        for a, b in zip(params, ref_params):
-            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
-        for a, b in zip(momenta, ref_momenta):
-            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -131,15 +114,3 @@ def test_bad_configuration():
         taiji.SyncSGD().attach(model, Peer.solo().comm)
     sync.detach()
     taiji.SyncSGD().attach(model, Peer.solo().comm)  # fine once the first is detached
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_launched_processes_match_one_worker(tmp_path, n):
-    steps, batch = 20, 10
-    proc = taiji_run(n, [sys.executable, str(SCRIPTS / "train_equiv.py"), str(tmp_path), str(steps),
-                         str(batch), "float64"], extra=["--timeout", "30"], timeout=150)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    saved = [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]
-    results = [(s["params"], s["momenta"], s["consumed"]) for s in saved]
-    assert_close_to_reference(results, reference(steps, batch), rtol=1e-9, atol=1e-11)

@@ -1,0 +1,93 @@
+"""What both sides of ``benchmarks/elastic.py`` share: the training script's command line, the
+step logs its processes write (read while a job runs), a launched job, and waiting on its logs."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from _common import Session, signal_if_ours
+from _elastic_analysis import select
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+TRAIN = HERE / "_elastic_train.py"
+POLL_S = 0.01  # how often the parent re-reads the step logs while it waits
+
+
+class StepLog:
+    """The complete JSON lines of ``OUT/<side>-<pid>.jsonl`` so far (``side`` may be ``*``)."""
+
+    def __init__(self, out: Path, side: str):
+        self.out, self.side = out, side
+        self._offsets: dict[Path, int] = {}
+        self.records: list[dict] = []
+        self.pids: set[int] = set()
+
+    def poll(self) -> None:
+        for path in sorted(self.out.glob(f"{self.side}-*.jsonl")):
+            self.pids.add(int(path.stem.rsplit("-", 1)[1]))
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            if end:
+                self._offsets[path] = self._offsets.get(path, 0) + end
+                self.records += [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+
+    def select(self, event: str, **match) -> list[dict]:
+        return select(self.records, event, **match)
+
+
+class LaunchedJob:
+    """A launcher (``taiji run`` or torchrun) in a session of its own, output to ``OUT/<name>.out``.
+
+    ``close()`` kills and reaps the session, then SIGKILLs every training process of this run
+    that is still alive (torchrun starts its workers in sessions of their own), by the pids in
+    the step logs' names, each checked to be a process of this run's directory first."""
+
+    def __init__(self, name: str, cmd: list[str], out: Path, env: dict, log: StepLog):
+        self.name, self.out, self.log = name, out, log
+        self.session = Session(cmd, output=out / f"{name}.out", env=env, cwd=REPO, name=name)
+
+    @property
+    def started(self) -> float:
+        return self.session.started
+
+    def signal_worker(self, pid: int, sig: int) -> None:
+        signal_if_ours(pid, sig, str(self.out))
+
+    def close(self) -> None:
+        self.session.close()
+        self.log.poll()
+        for pid in self.log.pids:
+            self.signal_worker(pid, signal.SIGKILL)
+
+
+def wait_for(condition: Callable[[], object], log: StepLog, jobs: list[LaunchedJob], deadline: float, what: str):
+    """Re-read the step logs until ``condition()`` is truthy, and return it; fail if a launcher
+    exits or the deadline (``time.monotonic``) passes first."""
+    while True:
+        log.poll()
+        value = condition()
+        if value:
+            return value
+        for job in jobs:
+            if not job.session.running():
+                raise RuntimeError(f"{job.name} exited with {job.session.returncode} while waiting for {what}; "
+                                   f"its output:\n{job.session.tail()}")
+        if time.monotonic() > deadline:
+            last = jobs[-1] if jobs else None
+            raise TimeoutError(f"no {what} in time; output of {last.name if last else '?'}:\n"
+                               f"{last.session.tail() if last else ''}")
+        time.sleep(POLL_S)
+
+
+def train_args(args: argparse.Namespace, out: Path, *extra: str) -> list[str]:
+    """The training script's command line (the run's directory is its first argument)."""
+    return [sys.executable, str(TRAIN), str(out), "--batch", str(args.batch), "--step-delay", str(args.step_delay),
+            *extra]

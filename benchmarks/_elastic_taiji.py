@@ -1,0 +1,95 @@
+"""The taiji side of ``benchmarks/elastic.py``: one ``taiji run`` job per measurement, whose
+membership changes happen inside the running worker processes."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _elastic_analysis import taiji_change_figures, taiji_fault_figures
+from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for
+
+
+def taiji_cmd(args: argparse.Namespace, out: Path, nproc: int, timeout: float, job_id: str,
+              *launcher: str) -> list[str]:
+    return [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(nproc), "--timeout", str(timeout),
+            "--job-id", job_id, "--run-dir", str(out / "run"), *launcher, "--", *train_args(args, out)]
+
+
+def job_store(home: Path, job_id: str):
+    """The job's store, found through the job registry under ``home`` (what ``taiji resize`` does)."""
+    from taiji.cluster.store import JobStore, connect_store
+    info = json.loads((home / "jobs" / f"{job_id}.json").read_text())
+    return JobStore(connect_store(info["host"], int(info["port"]), timeout=10.0), job_id)
+
+
+def finish(job: LaunchedJob, out: Path, deadline: float) -> int:
+    (out / "stop").touch()  # rank 0 asks the Job to stop; every worker stops at the same step
+    try:
+        return job.session.wait(deadline - time.monotonic())
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"{job.name} did not finish after the stop request:\n{job.session.tail()}") from None
+
+
+def taiji_resize(args: argparse.Namespace, out: Path, env: dict) -> dict:
+    """One job: 1 worker, grow to 2, grow to 4, shrink to 2."""
+    job_id = f"bench{os.getpid()}{out.name}"
+    home = out / "home"
+    log = StepLog(out, "taiji")
+    deadline = time.monotonic() + args.timeout
+    job = LaunchedJob("taiji-resize", taiji_cmd(args, out, 1, args.collective_timeout, job_id, "--max-np", "4"),
+                      out, dict(env, TAIJI_HOME=str(home)), log)
+    try:
+        def w0() -> list[dict]:
+            return log.select("commit", worker="w0")
+        wait_for(lambda: len(w0()) >= args.warm, log, [job], deadline, "warm-up steps")
+        store = job_store(home, job_id)
+        changes, version = [], w0()[-1]["version"]
+        for size in (2, 4, 2):
+            requested = time.time()
+            store.propose(size, "benchmark")
+
+            def landed(size: int = size, version: int = version) -> int | None:
+                at = [c for c in w0() if c["version"] > version and c["size"] == size]
+                return at[0]["version"] if len(at) >= args.settle else None
+            new = wait_for(landed, log, [job], deadline, f"{args.settle} steps at size {size}")
+            changes.append({"to_version": new, "to_size": size, "requested": requested})
+            version = new
+        code = finish(job, out, deadline)
+        log.poll()
+        return {"changes": [taiji_change_figures(log.records, c, args.settle) for c in changes], "exit_code": code}
+    finally:
+        job.close()
+
+
+def taiji_fault(args: argparse.Namespace, out: Path, env: dict, nproc: int, action: str) -> dict:
+    """``nproc`` workers; SIGKILL (crash) or SIGSTOP (hang) w1; time until a survivor commits
+    a step in the next cluster version."""
+    timeout = args.hang_timeout if action == "hang" else args.collective_timeout
+    job_id = f"bench{os.getpid()}{out.name}"
+    log = StepLog(out, "taiji")
+    deadline = time.monotonic() + args.timeout + timeout
+    job = LaunchedJob(f"taiji-{action}", taiji_cmd(args, out, nproc, timeout, job_id), out,
+                      dict(env, TAIJI_HOME=str(out / "home")), log)
+    try:
+        def warm() -> bool:
+            return all(len(log.select("commit", worker=f"w{r}")) >= args.warm for r in range(nproc))
+        wait_for(warm, log, [job], deadline, "warm-up steps")
+        victim_pid = log.select("boot", worker="w1")[0]["pid"]
+        hit = time.time()
+        job.signal_worker(victim_pid, signal.SIGSTOP if action == "hang" else signal.SIGKILL)
+
+        def resumed() -> bool:
+            return len([c for c in log.select("commit", worker="w0") if c["version"] > 1]) >= args.settle
+        wait_for(resumed, log, [job], deadline, "steps after the failure")
+        code = finish(job, out, deadline)
+        log.poll()
+        survivors = [f"w{r}" for r in range(nproc) if r != 1]
+        return {**taiji_fault_figures(log.records, hit, survivors), "exit_code": code}
+    finally:
+        job.close()  # the stopped victim too: it is one of the step logs' pids

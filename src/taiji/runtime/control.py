@@ -1,0 +1,88 @@
+"""The one control message per step (and per sync point): an allgather of one small float64
+row per worker on the ``ctrl`` channel.
+
+Every worker sends a ``ControlRow`` (newest config version it knows, stop request, the
+monitors' local sums, loss, compute time, decision fingerprint, rank 0's clock) and receives
+every worker's row, so all derive the same ``StepStats`` from the same numbers. In a step it is
+launched right after the last gradient bucket, overlapping the allreduce's tail.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..comm.communicator import Handle
+from ..monitor.stats import StepStats, ControlRow
+from .membership import Membership
+
+
+@dataclass
+class Signals:
+    """What this worker asks of the others through the next control message."""
+    stop_requested: bool = False
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """This worker's part of a step, for its control row."""
+    local_batch: float = 0.0
+    local_sqnorm: float | None = None
+    sqnorm_batch: float = 0.0
+    loss: float | None = None
+    compute_seconds: float = 0.0
+
+
+class PendingControl:
+    def __init__(self, handle: Handle | None, own: ControlRow):
+        self._handle = handle
+        self._own = own
+
+    def wait(self, global_sqnorm: float | None = None) -> StepStats:
+        """The agreed statistics (raises CommError if a peer failed)."""
+        if self._handle is None:
+            rows = [self._own]
+        else:
+            rows = [ControlRow.from_row(r.tolist()) for r in self._handle.wait()]
+        return StepStats.reduce(rows, global_sqnorm)
+
+
+class ControlChannel:
+    def __init__(self, membership: Membership, signals: Signals):
+        self.membership = membership
+        self.signals = signals
+        self._last_sent = 0.0
+
+    def send(self, decisions: int, measured: Measurements = Measurements()) -> PendingControl:
+        """Launch this worker's row; ``wait()`` on the result gives the agreed statistics."""
+        report = self._report(decisions, measured)
+        comm = self.membership.comm
+        handle = None
+        if comm.size > 1:
+            handle = comm.allgather(torch.tensor(report.to_row(), dtype=torch.float64), channel="ctrl",
+                                    async_op=True)
+        return PendingControl(handle, report)  # type: ignore[arg-type]
+
+    def meet(self, decisions: int) -> StepStats:
+        """A sync point's control message: no measurements (and no step time), just agreement."""
+        self.restart_clock()
+        pending = self.send(decisions, Measurements(local_batch=1.0))
+        self.restart_clock()
+        return pending.wait()
+
+    def _report(self, decisions: int, measured: Measurements) -> ControlRow:
+        now = time.perf_counter()
+        wall, self._last_sent = (now - self._last_sent if self._last_sent else 0.0), now
+        lead = self.membership.view.rank == 0
+        return ControlRow(
+            version_seen=float(self.membership.newest_version()), stop=float(self.signals.stop_requested),
+            local_sqnorm=math.nan if measured.local_sqnorm is None else measured.local_sqnorm,
+            sqnorm_batch=measured.sqnorm_batch, local_batch=measured.local_batch,
+            loss_sum=(measured.loss or 0.0) * measured.local_batch, compute_seconds=measured.compute_seconds,
+            clock=time.time() if lead else 0.0, decisions=float(decisions), wall_seconds=wall)
+
+    def restart_clock(self) -> None:
+        """A pause (a transition, a sync point) is not a worker's step time."""
+        self._last_sent = 0.0

@@ -1,0 +1,190 @@
+"""StepEngine: begin an attempt at a step, finish its collectives, commit it or report it failed.
+
+A lockstep step: ``begin`` builds this worker's share of the global batch and starts the
+strategy's step; the user's ``step.backward(loss)`` runs backward (the strategy sends gradient
+buckets as they are ready), then the control message goes out right after the last bucket;
+``finish`` waits for both and **commits only if every collective succeeded**: optimizer step,
+strategy's after-update, scheduler, monitors. Otherwise nothing is applied and the outcome is
+``Failed``. A decoupled step (``begin_claimed``/``commit_local``) has no collective to fail.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from ..data.fetch import BatchFetcher
+from ..data.sampler import ElasticSampler, global_span
+from ..errors import CommError
+from ..monitor.monitors import Monitors
+from ..monitor.split import split_backward
+from ..monitor.stats import StepStats
+from ..strategies.base import Strategy, SupportsNoSync
+from .control import ControlChannel, Measurements
+from .membership import Membership
+from .state import Progress
+from .step import Attempt, Step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Committed:
+    stats: StepStats
+    newest_version: int   # the newest config version any worker reported
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: CommError
+
+
+class StepEngine:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+                 fetch: BatchFetcher, sampler: ElasticSampler, membership: Membership, control: ControlChannel,
+                 monitors: Monitors, check_consensus: Callable[[Sequence[float], int], None],
+                 fire: Callable[[str, int], None]):
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.fetch = fetch
+        self.sampler = sampler
+        self.membership = membership
+        self.control = control
+        self.monitors = monitors
+        self.check_consensus = check_consensus
+        self.fire = fire
+        self.strategy: Strategy | None = None
+
+    def use(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+
+    def _strategy(self) -> Strategy:
+        assert self.strategy is not None, "StepEngine.use(strategy) first"
+        return self.strategy
+
+    # -- begin --------------------------------------------------------------------------
+
+    def begin(self, progress: Progress, decisions: int) -> Attempt:
+        """This worker's share of the next global batch, with the strategy's step started."""
+        view = self.membership.view
+        lo, hi = global_span(progress.sampler, self.sampler.num_samples)
+        indices = self.sampler.local_indices(progress.sampler, view.rank, view.size)
+        batch = self.fetch(indices)
+        measure = self.monitors.measuring(progress.step)
+        self.membership.at_step(progress.step)
+        self._strategy().begin_step(len(indices) / (hi - lo), progress.step, measure)
+        attempt = Attempt(progress.step, progress.epoch, batch, indices, (lo, hi), [(progress.epoch, lo, hi)],
+                          hi - lo, decisions=decisions, measure=measure)
+        self.fire("compute", progress.step)
+        return attempt
+
+    def begin_claimed(self, segments: list[tuple[int, int, int]], index: int) -> Attempt:
+        """A decoupled step over runs this worker claimed (no collective in it)."""
+        indices = torch.cat([self.sampler.permutation(epoch)[lo:hi] for epoch, lo, hi in segments])
+        batch = self.fetch(indices)
+        self.membership.at_step(index)
+        self._strategy().begin_step(1.0, index, False)
+        attempt = Attempt(index, segments[0][0], batch, indices, (0, len(indices)), segments, len(indices))
+        self.fire("compute", index)
+        return attempt
+
+    def offer(self, attempt: Attempt) -> Iterator[Step]:
+        """Hand the attempt to the user's loop body as a Step; returns that Step. If the user
+        leaves the loop meanwhile, the attempt is forgotten."""
+        step = Step(attempt, self.backward)
+        try:
+            yield step
+        except GeneratorExit:
+            self.abort(attempt)
+            raise
+        return step
+
+    # -- the user's backward --------------------------------------------------------------
+
+    def backward(self, attempt: Attempt, loss: torch.Tensor) -> None:
+        """``step.backward(loss)``: never raises for a peer's failure; the attempt is marked failed."""
+        try:
+            if attempt.local_batch_size > 0:
+                strategy = self._strategy()
+                if loss.dim() == 1 and self._can_split(attempt) and isinstance(strategy, SupportsNoSync):
+                    params = [p for p in self.model.parameters() if p.requires_grad]
+                    attempt.split_sqnorm = split_backward(loss, params, strategy.no_sync)
+                else:
+                    (loss.mean() if loss.dim() == 1 else loss).backward()
+                attempt.loss = float(loss.detach().mean())
+            self.fire("allreduce", attempt.index)
+            self.gradients_done(attempt)
+        except CommError as exc:
+            attempt.error = attempt.error or exc
+
+    def _can_split(self, attempt: Attempt) -> bool:
+        return self.membership.view.size == 1 and attempt.measure and attempt.local_batch_size >= 2
+
+    def gradients_done(self, attempt: Attempt) -> None:
+        """Finish the step's communication: the gradients, plus the one control message
+        (launched once the last bucket is on its way, so it overlaps the allreduce)."""
+        if attempt.synchronized:
+            return
+        strategy = self._strategy()
+        if not strategy.lockstep:
+            strategy.synchronize()
+            attempt.synchronized = True
+            return
+        try:
+            strategy.launch_all()
+            pending = self.control.send(attempt.decisions, self._measurements(attempt))
+            strategy.synchronize()
+            attempt.stats = pending.wait(strategy.global_sqnorm())
+        except CommError:
+            strategy.abort_step()
+            raise
+        attempt.synchronized = True
+
+    def _measurements(self, attempt: Attempt) -> Measurements:
+        b = float(attempt.local_batch_size)
+        split = attempt.split_sqnorm is not None
+        local = attempt.split_sqnorm if split else self._strategy().local_sqnorm()
+        return Measurements(local_batch=b, local_sqnorm=local,
+                            sqnorm_batch=b / 2 if split else b, loss=attempt.loss,
+                            compute_seconds=time.perf_counter() - attempt.started)
+
+    # -- finish -----------------------------------------------------------------------------
+
+    def finish(self, attempt: Attempt) -> Committed | Failed:
+        """Wait for the step's collectives; commit if all succeeded (see module doc)."""
+        if not attempt.failed:
+            try:
+                self.gradients_done(attempt)  # the user may have called loss.backward() directly
+            except CommError as exc:
+                attempt.error = exc
+        if attempt.error is not None:
+            self.abort(attempt)
+            return Failed(attempt.error)
+        stats = attempt.stats
+        assert stats is not None
+        self.check_consensus(stats.decisions, attempt.index)
+        self._update()
+        self.monitors.update(stats, self._strategy().global_sqnorm())
+        return Committed(stats, max(self.membership.view.version, stats.version_seen))
+
+    def commit_local(self, attempt: Attempt) -> None:
+        """A decoupled step commits on this worker alone: nothing can fail between workers."""
+        self.gradients_done(attempt)
+        self._update()
+
+    def abort(self, attempt: Attempt) -> None:
+        """Forget the attempt; the retry starts from clean gradients, not this attempt's."""
+        self._strategy().abort_step()
+        self.model.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _update(self) -> None:
+        self.optimizer.step()
+        self._strategy().after_update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()

@@ -1,0 +1,198 @@
+"""Membership: which cluster version this worker trains in, and how it moves to the next.
+
+The Job talks to membership only through the ``Membership`` protocol. ``SoloMembership`` is a
+one-worker job with no launcher (nothing can change); ``ElasticMembership`` is a worker started
+by ``taiji run``: a watcher thread follows the published configs (so no step pays a store round
+trip to ask "is there a newer version?"), and failures are reported to the launcher, whose next
+config the worker waits for.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+import weakref
+from typing import Protocol
+
+import torch.distributed as dist
+
+from ..cluster.spec import ClusterConfig, ClusterView
+from ..cluster.store import JobStore, connect_store
+from ..comm.communicator import Communicator
+from ..errors import ConfigError, StoreError
+from .peer import Peer
+
+log = logging.getLogger(__name__)
+
+WATCH_POLL_S = 0.2  # how long the watcher blocks per wait: bounds how long closing it takes
+
+
+class Membership(Protocol):
+    @property
+    def view(self) -> ClusterView: ...
+    @property
+    def comm(self) -> Communicator: ...
+    @property
+    def store(self) -> JobStore: ...
+    @property
+    def joined(self) -> bool: ...
+    def join(self, timeout: float) -> None: ...
+    def newest_version(self) -> int: ...
+    def read_config(self, version: int) -> ClusterConfig: ...
+    def switch(self, config: ClusterConfig) -> bool: ...
+    def wait_for_newer(self, timeout: float) -> ClusterConfig: ...
+    def report_failure(self) -> None: ...
+    def report_fatal(self, message: str) -> None: ...
+    def set_training(self, training: bool) -> None: ...
+    def finish(self) -> None: ...
+    def propose_size(self, size: int, source: str) -> None: ...
+    def at_step(self, step: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class _PeerMembership:
+    """What both kinds share: a Peer's current version, its communicator and its job store."""
+
+    def __init__(self, peer: Peer, min_size: int = 1, max_size: int | None = None):
+        self.peer = peer
+        self.min_size, self.max_size = max(min_size, 1), max_size
+        self._view: ClusterView | None = None
+
+    @property
+    def view(self) -> ClusterView:
+        if self._view is None or self._view.version != self.peer.version:
+            self._view = self.peer.view(self.min_size, self.max_size)
+        return self._view
+
+    @property
+    def comm(self) -> Communicator:
+        return self.peer.comm
+
+    @property
+    def store(self) -> JobStore:
+        return self.peer.job_store
+
+    @property
+    def joined(self) -> bool:
+        return self.peer.joined
+
+    def read_config(self, version: int) -> ClusterConfig:
+        return self.peer.read_config(version)
+
+    def switch(self, config: ClusterConfig) -> bool:
+        """Move to ``config``'s groups; False if this worker is not a member (it leaves)."""
+        return self.peer.transition(config)
+
+    def report_fatal(self, message: str) -> None:
+        self.store.report_fatal(self.peer.worker_id, message)
+
+    def set_training(self, training: bool) -> None:
+        self.store.set_training(self.peer.worker_id, training)
+
+    def finish(self) -> None:
+        if self.peer.rank == 0:
+            self.store.set_done()
+
+    def at_step(self, step: int) -> None:
+        self.peer.at_step(step)
+
+
+class SoloMembership(_PeerMembership):
+    """One worker, no launcher: the cluster never changes."""
+
+    def join(self, timeout: float) -> None:
+        raise ConfigError("a one-worker job without `taiji run` has no cluster to join")
+
+    def newest_version(self) -> int:
+        return self.peer.version
+
+    def wait_for_newer(self, timeout: float) -> ClusterConfig:
+        raise ConfigError("a collective failed in a one-worker job: there is no launcher to recover with")
+
+    def report_failure(self) -> None:
+        return None
+
+    def propose_size(self, size: int, source: str) -> None:
+        self.peer.propose_size(size, source)  # says why it cannot
+
+    def close(self) -> None:
+        return None
+
+
+class ElasticMembership(_PeerMembership):
+    """A worker of a job started by ``taiji run`` (see module doc)."""
+
+    def __init__(self, peer: Peer, min_size: int = 1, max_size: int | None = None,
+                 watch_store: JobStore | None = None):
+        super().__init__(peer, min_size, max_size)
+        self._newest = peer.version
+        self._closed = threading.Event()
+        self._given_store = watch_store
+        self._watcher: threading.Thread | None = None  # started by the first question it answers
+
+    def _start_watching(self) -> None:
+        # the watcher blocks in store waits: on its own connection, so the training thread's
+        # store calls never queue behind it
+        self._watch_store = self._given_store or _second_connection(self.peer.job_store)
+        self._watcher = threading.Thread(target=self._watch, name="taiji-config-watch", daemon=True)
+        _watching.add(self)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._closed.is_set():
+            following = max(self._newest, self.peer.version) + 1
+            started = time.monotonic()
+            try:
+                self._watch_store.wait_for_version(following, WATCH_POLL_S)
+                self._newest = max(following, self._watch_store.latest_version())
+            except StoreError:
+                if time.monotonic() - started < WATCH_POLL_S / 2:  # store unreachable: don't spin
+                    self._closed.wait(WATCH_POLL_S)
+
+    def newest_version(self) -> int:
+        if self._watcher is None and not self._closed.is_set():
+            self._start_watching()
+        return max(self._newest, self.peer.version)
+
+    def join(self, timeout: float) -> None:
+        self.peer.join(timeout)
+
+    def wait_for_newer(self, timeout: float) -> ClusterConfig:
+        return self.peer.wait_for_newer_config(timeout)
+
+    def report_failure(self) -> None:
+        self.peer.report_failure()
+
+    def propose_size(self, size: int, source: str) -> None:
+        self.peer.propose_size(size, source)
+
+    def close(self) -> None:
+        self._closed.set()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            # a thread still inside a store call while the interpreter exits aborts the process
+            watcher.join(WATCH_POLL_S * 5)
+        _watching.discard(self)
+
+
+_watching: "weakref.WeakSet[ElasticMembership]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_watchers() -> None:
+    for membership in list(_watching):
+        membership.close()
+
+
+def _second_connection(store: JobStore) -> JobStore:
+    kv = store.kv
+    if isinstance(kv, dist.TCPStore):
+        return JobStore(connect_store(kv.host, kv.port), store.job_id)
+    return store  # an in-process store is safe to share between threads
+
+
+def membership_for(peer: Peer, min_size: int = 1, max_size: int | None = None) -> Membership:
+    if peer.elastic:
+        return ElasticMembership(peer, min_size, max_size)
+    return SoloMembership(peer, min_size, max_size)

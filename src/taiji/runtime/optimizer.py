@@ -1,0 +1,130 @@
+"""``taiji.Optimizer``: elastic, fault-tolerant data parallelism for a loop you write yourself.
+
+Wrap your optimizer and model; ``zero_grad`` begins a step (and, the first time, joins the job),
+backward sends the gradients as it runs (SyncSGD's buckets), and ``step`` applies the update
+**only if every collective of the step succeeded**. If a peer failed, nothing is applied: the
+survivors re-form, sync the model and optimizer from the most advanced replica, and ``step``
+returns False — your loop retries the batch::
+
+    opt = taiji.Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for x, y in my_batches():
+        while True:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            if opt.step():
+                break
+
+Every step carries a tiny control message (an allgather of one row per worker) so that all
+workers move to a newer cluster version at the same step. Gradients are averaged with equal
+weights (1/size): give each worker an equal share of your batch.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from .. import env
+from ..errors import CommError
+from ..strategies.sync_sgd import SyncSGD
+from . import faults
+from .control import ControlChannel, Measurements, Signals
+from .membership import membership_for
+from .peer import Peer, default_peer
+from .reporting import Reporter
+from .state import TrainState
+from .transitions import LeftCluster, Transitions
+
+log = logging.getLogger(__name__)
+
+
+class Optimizer:
+    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, sync: SyncSGD | None = None,
+                 peer: Peer | None = None, recovery_timeout: float | None = None):
+        self.optimizer, self.model = optimizer, model
+        peer = peer or default_peer()
+        self._membership = membership_for(peer, env.MIN_NP.get(), env.MAX_NP.get() or None)
+        self.sync = (sync or SyncSGD()).attach(model, lambda: self._membership.comm)
+        self._state = TrainState(model, optimizer, 1, 1, self.sync.name, {}, has_state=peer.joined)
+        store = self._membership.store
+        self._fire = faults.firing(faults.from_env(lambda i: store.add(f"fault/{i}", 1) == 1),
+                                   lambda: (peer.rank, peer.worker_id))
+        timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
+        reporter = Reporter(None, 0, lead=lambda: False, write_status=lambda status: None)
+        self._transitions = Transitions(self._membership, self._state, reporter, self._fire, timeout,
+                                        changed=self._cluster_changed)
+        self._control = ControlChannel(self._membership, Signals())
+        self._entered = False
+
+    @property
+    def steps(self) -> int:
+        """Steps committed so far (agreed by every worker)."""
+        return self._state.progress.step
+
+    @property
+    def transitions(self) -> list[dict]:
+        """What each membership change cost (as ``Job.transitions``)."""
+        return self._transitions.records
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Begin a step (the first call joins the job and syncs the replicas)."""
+        if not self._entered:
+            self._leave_if_not_member(self._transitions.enter)
+            self._membership.set_training(True)
+            self._entered = True
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        self.sync.begin_step(1.0 / self._membership.view.size, self.steps)
+        self._fire("compute", self.steps)
+
+    def step(self) -> bool:
+        """Apply the update if the step's collectives all succeeded; else recover and return False."""
+        self._fire("allreduce", self.steps)
+        try:
+            self.sync.launch_all()
+            pending = self._control.send(0, Measurements(local_batch=1.0))
+            self.sync.synchronize()
+            stats = pending.wait()
+        except CommError as exc:
+            self._recover(exc)
+            return False
+        self.optimizer.step()
+        self._state.count_step()
+        if stats.version_seen > self._membership.view.version:
+            config = self._membership.read_config(stats.version_seen)
+            self._leave_if_not_member(lambda: self._transitions.to(config, reason="resize"))
+        return True
+
+    def close(self) -> None:
+        """Detach from the model; tell the launcher this worker's training loop has ended."""
+        if self._entered:
+            self._membership.set_training(False)
+            self._membership.finish()
+        self.sync.detach()
+        self._membership.close()
+
+    def _recover(self, error: CommError) -> None:
+        self.sync.abort_step()
+        self.model.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._leave_if_not_member(lambda: self._transitions.recover(error))
+
+    def _cluster_changed(self) -> None:
+        self.sync.cluster_changed(self._membership.view, self._membership.store)
+
+    def _leave_if_not_member(self, move: Any) -> None:
+        try:
+            move()
+        except LeftCluster:
+            self.close()
+            raise SystemExit(0) from None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)

@@ -1,0 +1,30 @@
+"""The Job's training options, checked once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    batch_size: int                  # the initial global batch
+    epochs: int = 1
+    max_steps: int | None = None     # stop after this many committed steps (whatever the epochs)
+    monitor_every: int = 1           # measure the gradient norms every k-th step (0 = never)
+    sync_every: int | None = None    # decoupled strategies meet every this many samples (None = an epoch)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.epochs < 1 and self.max_steps is None:
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ConfigError(f"max_steps must be >= 0, got {self.max_steps}")
+        if self.monitor_every < 0:
+            raise ConfigError(f"monitor_every must be >= 0 (0 = off), got {self.monitor_every}")
+        if self.sync_every is not None and self.sync_every < 1:
+            raise ConfigError(f"sync_every must be >= 1 samples, got {self.sync_every}")
+
+    def done(self, step: int, epoch: int) -> bool:
+        return (self.max_steps is not None and step >= self.max_steps) or epoch >= self.epochs

@@ -1,0 +1,103 @@
+"""Transitions: the one path by which a worker moves between cluster versions.
+
+``enter``: a joiner waits to be admitted; then every worker syncs (forced: replicas may have been
+initialised differently). ``to(config)``: switch groups, sync the TrainState from the most
+advanced replica, tell the Job. ``recover(error)``: a collective failed and nothing was committed:
+report it to the launcher, wait for its next config, then ``to`` it — the retried step runs over
+the survivors. If a sync fails too, the same report → wait → switch repeats.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from ..cluster.spec import ClusterConfig
+from ..errors import CommError
+from .membership import Membership
+from .reporting import Event, Paused, Reporter
+from .state import TrainState
+
+log = logging.getLogger(__name__)
+
+
+class LeftCluster(Exception):
+    """This worker is not a member of the new version: it leaves the job (exit 0)."""
+
+
+class Transitions:
+    def __init__(self, membership: Membership, state: TrainState, reporter: Reporter,
+                 fire: Callable[[str, int], None], recovery_timeout: float,
+                 changed: Callable[[], None]):
+        self.membership = membership
+        self.state = state
+        self.reporter = reporter
+        self.fire = fire
+        self.recovery_timeout = recovery_timeout
+        self.changed = changed          # the Job's reaction to a new version (strategy, views)
+        self.records: list[dict] = []   # what each change cost (for tests and benchmarks)
+
+    def enter(self) -> None:
+        if not self.membership.joined:
+            self.fire("boot", self.state.progress.step)
+            started = time.perf_counter()
+            self.membership.join(self.recovery_timeout)
+            view = self.membership.view
+            log.info("joined the job as rank %d of %d (v%d) after %.2fs at the door",
+                     view.rank, view.size, view.version, time.perf_counter() - started)
+        self.sync(force=True)
+
+    def to(self, config: ClusterConfig, reason: str, started: float | None = None) -> None:
+        started = time.perf_counter() if started is None else started
+        before = self.membership.view
+        self._switch(config)
+        switched = time.perf_counter()
+        self.sync(force=False)
+        finished = time.perf_counter()
+        after = self.membership.view
+        step = self.state.progress.step
+        record = {"reason": reason, "from_version": before.version, "to_version": after.version,
+                  "from_size": before.size, "to_size": after.size, "step": step,
+                  "switch_s": switched - started, "sync_s": finished - switched, "total_s": finished - started}
+        self.records.append(record)
+        if reason == "failure":
+            self.reporter.on(Event("failure", step, {"time": time.time() - (finished - started),
+                                                     "size": before.size, "version": before.version}))
+            self.reporter.on(Event("recovery", step, {"size": after.size, "version": after.version,
+                                                      "seconds": record["total_s"]}))
+        else:
+            self.reporter.on(Event("resize", step, {"size": after.size, "from_size": before.size,
+                                                    "version": after.version, "seconds": record["total_s"]}))
+        self.reporter.on(Paused())
+        log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs", before.version,
+                 after.version, reason, before.size, after.size, step, finished - started)
+
+    def recover(self, error: BaseException | None) -> None:
+        """A collective failed: nothing was committed. Move to the launcher's next config."""
+        log.warning("step %d failed (%s); waiting for a new cluster config", self.state.progress.step,
+                    str(error).split(". ")[0] if error else "collective failed")
+        started = time.perf_counter()
+        self.to(self._next_config(), reason="failure", started=started)
+
+    def sync(self, force: bool) -> None:
+        """Sync the TrainState on the current groups; while that fails, recover and try again."""
+        while True:
+            try:
+                if not force:
+                    self.fire("sync", self.state.progress.step)
+                self.state.sync(self.membership.comm, force=force)
+                break
+            except CommError as exc:
+                log.warning("state sync failed (%s); waiting for a new cluster config", str(exc).split(". ")[0])
+                self._switch(self._next_config())
+        self.membership.at_step(self.state.progress.step)
+        self.changed()
+
+    def _next_config(self) -> ClusterConfig:
+        self.membership.report_failure()
+        return self.membership.wait_for_newer(self.recovery_timeout)
+
+    def _switch(self, config: ClusterConfig) -> None:
+        if not self.membership.switch(config):
+            log.info("not a member of cluster v%d: leaving at step %d", config.version, self.state.progress.step)
+            raise LeftCluster(config.version)

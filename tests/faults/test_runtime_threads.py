@@ -1,0 +1,155 @@
+"""Every failure path of the runtime's Transitions/StepEngine, with ranks as threads and
+injected collective failures (see tests/_injector.py): each runs in well under a second."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import taiji
+from _injector import Inject, Injector, ThreadCluster, tiny_job_parts
+from taiji.comm.transfer import digest
+from taiji.errors import StoreError
+
+pytestmark = pytest.mark.timeout(60)
+BATCH, STEPS = 6, 8
+
+
+def train(record: dict, steps: int = STEPS, **job_kw):
+    """A worker's body: a Job over the tiny data set, recording what each committed step trained."""
+    def body(peer):
+        model, opt, data = tiny_job_parts()
+        seen = record.setdefault(peer.worker_id, {})
+
+        def committed(step):
+            seen[step.index] = (step.indices.tolist(), step.span)
+        job = taiji.Job(model, opt, data, BATCH, max_steps=steps, epochs=100, peer=peer, log_every=0,
+                        recovery_timeout=job_kw.pop("recovery_timeout", 5.0), on_commit=committed, **job_kw)
+        for step in job:
+            x, y = step.batch
+            step.backward(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
+        return {"digest": digest(list(model.parameters()) + [s for st in opt.state.values() for s in st.values()
+                                                            if torch.is_tensor(s)]),
+                "step": job.progress.step, "transitions": job.transitions,
+                "params": [p.detach().clone() for p in model.parameters()]}
+    return body
+
+
+def solo_params(steps: int) -> list[torch.Tensor]:
+    """The uninterrupted one-worker trajectory the survivors must reproduce (same global batches)."""
+    from taiji.runtime.peer import Peer
+    return train({}, steps=steps)(Peer.solo())["params"]
+
+
+def check_invariants(results: dict, record: dict, survivors: list[str], steps: int = STEPS) -> None:
+    """Survivors hold identical replicas at the same step; every committed step's global batch
+    was trained exactly once across the workers of the version that committed it."""
+    finals = [results[w] for w in survivors]
+    assert {r["step"] for r in finals} == {steps}
+    assert len({r["digest"] for r in finals}) == 1, "replicas diverged"
+    for mine, reference in zip(finals[0]["params"], solo_params(steps)):
+        torch.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-6, msg="left the 1-worker trajectory")
+    for index in range(steps):
+        spans = {seen[index][1] for seen in record.values() if index in seen}
+        assert len(spans) == 1, f"step {index} committed with different spans {spans}"
+        lo, hi = spans.pop()
+        trained = sorted(i for seen in record.values() if index in seen for i in seen[index][0])
+        assert len(trained) == len(set(trained)) == hi - lo, f"step {index}: {trained} is not its span once"
+
+
+def lose_everywhere(dead: str, others: list[str], version: int, channel: str, op: str, nth: int) -> list[Inject]:
+    return [Inject(dead, version, channel, op, nth, "die")] + [
+        Inject(w, version, channel, op, nth, "lose") for w in others]
+
+
+def test_peer_lost_mid_allreduce_recovers_and_retries_the_step():
+    injector = Injector(lose_everywhere("w2", ["w0", "w1"], 1, "grad", "allreduce", 4))
+    cluster, record = ThreadCluster(3, injector), {}
+    for w in ("w0", "w1", "w2"):
+        cluster.start(w, train(record))
+    cluster.launcher()
+    results = cluster.join()
+    assert cluster.died == {"w2"} and len(injector.fired) == 3
+    check_invariants(results, record, ["w0", "w1"])
+    change = results["w0"]["transitions"][0]
+    assert (change["reason"], change["from_size"], change["to_size"], change["step"]) == ("failure", 3, 2, 3)
+    assert 3 not in record["w2"], "the failed step was committed by the dead worker"
+
+
+def test_timeout_in_the_control_message_recovers():
+    injector = Injector([Inject("w1", 1, "ctrl", "allgather", 3, "die"),
+                         Inject("w0", 1, "ctrl", "allgather", 3, "timeout")])
+    cluster, record = ThreadCluster(2, injector), {}
+    for w in ("w0", "w1"):
+        cluster.start(w, train(record))
+    cluster.launcher()
+    results = cluster.join()
+    check_invariants(results, record, ["w0"])
+    assert results["w0"]["transitions"][0]["to_size"] == 1
+
+
+def test_failure_during_state_sync_is_a_second_recovery():
+    # w3 dies at step 2 (v1); while the survivors sync on v2, w2 dies too: they recover again on v3
+    injector = Injector(lose_everywhere("w3", ["w0", "w1", "w2"], 1, "grad", "allreduce", 3)
+                        + lose_everywhere("w2", ["w0", "w1"], 2, "ctrl", "allgather", 1))
+    cluster, record = ThreadCluster(4, injector), {}
+    for w in ("w0", "w1", "w2", "w3"):
+        cluster.start(w, train(record))
+    cluster.launcher()
+    results = cluster.join()
+    assert cluster.died == {"w2", "w3"}
+    check_invariants(results, record, ["w0", "w1"])
+    assert [t["to_version"] for t in results["w0"]["transitions"]] == [3]  # v2's sync failed: straight on to v3
+
+
+def test_second_failure_while_retrying_the_failed_step():
+    # w2 dies at step 4 (v1); on v2 the retried step 4 loses w1 as well: w0 finishes alone
+    injector = Injector(lose_everywhere("w2", ["w0", "w1"], 1, "grad", "allreduce", 5)
+                        + lose_everywhere("w1", ["w0"], 2, "grad", "allreduce", 1))
+    cluster, record = ThreadCluster(3, injector), {}
+    for w in ("w0", "w1", "w2"):
+        cluster.start(w, train(record))
+    cluster.launcher()
+    results = cluster.join()
+    check_invariants(results, record, ["w0"])
+    assert [(t["from_size"], t["to_size"], t["step"]) for t in results["w0"]["transitions"]] == [(3, 2, 4), (2, 1, 4)]
+
+
+def test_failure_during_a_grow_transition_recovers_with_the_joiner():
+    # a joiner is admitted at v2; a member dies in v2's state sync: the rest (joiner included) go on at v3
+    injector = Injector(lose_everywhere("w1", ["w0", "w2"], 2, "ctrl", "allgather", 1))
+    cluster, record = ThreadCluster(2, injector), {}
+    for w in ("w0", "w1"):
+        cluster.start(w, train(record, steps=12))
+    cluster.start("w2", train(record, steps=12), member=False)
+    cluster.store.wait_for_version(1, 5)
+    cluster.kv.wait([cluster.store.key("worker/w2/ready")], __import__("datetime").timedelta(seconds=10))
+    cluster.launcher()
+    from taiji.cluster import spec
+    cluster.publish(spec.grow(cluster.config, [spec.WorkerSpec("w2")]))
+    results = cluster.join()
+    assert cluster.died == {"w1"}
+    check_invariants(results, record, ["w0", "w2"], steps=12)
+
+
+def test_no_new_config_within_the_recovery_timeout_is_a_clear_error():
+    # below --min-np with no replacement: nobody publishes; the survivor must not hang
+    injector = Injector(lose_everywhere("w1", ["w0"], 1, "grad", "allreduce", 2))
+    cluster, record = ThreadCluster(2, injector), {}
+    for w in ("w0", "w1"):
+        cluster.start(w, train(record, recovery_timeout=0.3))
+    with pytest.raises(AssertionError) as failure:
+        cluster.join()
+    assert "StoreError" in str(failure.value) and "no new cluster config within 0.3s" in str(failure.value)
+    assert StoreError.__name__ in str(failure.value)
+
+
+def test_a_worker_left_out_of_a_shrink_exits_0_at_the_boundary():
+    cluster, record = ThreadCluster(3), {}
+    for w in ("w0", "w1", "w2"):
+        cluster.start(w, train(record, steps=40))
+    cluster.store.wait_for_version(1, 5)
+    from taiji.cluster import spec
+    cluster.publish(spec.shrink(cluster.config, 2))
+    results = cluster.join()
+    assert results["w2"] == ("exit", 0)
+    check_invariants(results, record, ["w0", "w1"], steps=40)

@@ -1,0 +1,184 @@
+"""Every benchmark keeps DESIGN §9's contract: it accepts ``--quick`` and its last stdout line is
+built by the one helper in benchmarks/_common.py, ``print_result`` (checked on the source, without
+running anything); and that helper itself builds the line right."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+from _common import ahead_ratio, contract_row, print_result, result_line  # noqa: E402
+
+SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
+
+
+def load_benchmark(name: str):
+    """A benchmark script as a module of a name of its own (``benchmark_<name>``), without running it."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def called_names(node: ast.AST) -> set[str]:
+    return {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+def local_imports(module: ast.Module) -> dict[str, str]:
+    """Names imported from the benchmarks' own modules (``from _x import name``): name -> module."""
+    return {alias.asname or alias.name: node.module for node in ast.walk(module)
+            if isinstance(node, ast.ImportFrom) and node.module and (BENCHMARKS / f"{node.module}.py").is_file()
+            for alias in node.names}
+
+
+def function(module: ast.Module, name: str) -> ast.FunctionDef | None:
+    return next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def prints_result(name: str, module: ast.Module, seen: frozenset = frozenset()) -> bool:
+    """Whether calling ``name`` (a function of ``module`` or one it imports from a helper module)
+    leads to ``_common.print_result``."""
+    imports = local_imports(module)
+    if name == "print_result":
+        return imports.get("print_result") == "_common"
+    if name in imports and imports[name] != "_common" and imports[name] not in seen:
+        helper = tree(BENCHMARKS / f"{imports[name]}.py")
+        return prints_result(name, helper, seen | {imports[name]})
+    body = function(module, name)
+    return body is not None and any(prints_result(n, module, seen) for n in called_names(body) - {name})
+
+
+def hand_made_contract_dicts(module: ast.Module) -> list[int]:
+    """Lines with a dict literal keyed "benchmark": a result line built around the helper."""
+    return [n.lineno for n in ast.walk(module) if isinstance(n, ast.Dict)
+            and any(isinstance(k, ast.Constant) and k.value == "benchmark" for k in n.keys)]
+
+
+def test_every_benchmark_is_checked():
+    assert {p.stem for p in SCRIPTS} >= {"adaptive_batch", "allreduce", "elastic", "monitoring", "soak",
+                                         "strategies", "throughput"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_benchmark_accepts_quick(script):
+    flags = [n.args[0].value for n in ast.walk(tree(script)) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "add_argument"
+             and n.args and isinstance(n.args[0], ast.Constant)]
+    assert "--quick" in flags, f"{script.name} has no --quick flag (flags: {flags})"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_benchmark_ends_with_the_shared_result_line(script):
+    module = tree(script)
+    main = function(module, "main")
+    assert main is not None, f"{script.name} has no main()"
+    last = main.body[-1]
+    assert any(prints_result(name, module) for name in called_names(last)), (
+        f"{script.name}: main()'s last statement (line {last.lineno}) does not print through "
+        "_common.print_result")
+    helpers = {m for m in local_imports(module).values() if m != "_common"}
+    for path in [script, *(BENCHMARKS / f"{m}.py" for m in sorted(helpers))]:
+        assert not hand_made_contract_dicts(tree(path)), f"{path.name} builds a result line by hand"
+
+
+def test_ratio_says_how_many_times_taiji_is_ahead():
+    assert ahead_ratio(200.0, 100.0, higher_is_better=True) == 2.0    # samples/s
+    assert ahead_ratio(0.5, 2.0, higher_is_better=False) == 4.0       # seconds
+    assert ahead_ratio(2.0, 0.5, higher_is_better=False) == 0.25
+    assert ahead_ratio(None, 1.0, higher_is_better=True) is None
+    assert ahead_ratio(1.0, None, higher_is_better=False) is None
+    assert ahead_ratio(0.0, 1.0, higher_is_better=False) is None      # no division by zero
+    assert ahead_ratio(1.0, 0.0, higher_is_better=True) is None
+
+
+def test_contract_row_computes_or_keeps_the_ratio():
+    row = contract_row("busbw", 1.5, 1.2, higher_is_better=True, nproc=2)
+    assert list(row)[:4] == ["case", "taiji", "anchor", "ratio"]
+    assert row == {"case": "busbw", "taiji": 1.5, "anchor": 1.2, "ratio": 1.25, "nproc": 2}
+    assert contract_row("stall", 0.02, 5.0, higher_is_better=False)["ratio"] == 250.0
+    assert contract_row("s", 0.03, 0.1, higher_is_better=False, digits=2)["ratio"] == 3.33
+    paired = contract_row("paired", 10.0, 9.0, higher_is_better=True, ratio=1.23456)
+    assert paired["ratio"] == 1.235                                   # the caller's paired ratio, rounded
+    assert contract_row("missing", None, 3.0, higher_is_better=True)["ratio"] is None
+
+
+def test_result_line_shape():
+    rows = [contract_row("a", 2.0, 1.0, higher_is_better=True), contract_row("b", 1.0, 4.0, higher_is_better=False)]
+    line = result_line("demo", rows, quick=True)
+    assert "\n" not in line
+    parsed = json.loads(line)
+    assert parsed == {"benchmark": "demo", "quick": True,
+                      "rows": [{"case": "a", "taiji": 2.0, "anchor": 1.0, "ratio": 2.0},
+                               {"case": "b", "taiji": 1.0, "anchor": 4.0, "ratio": 4.0}]}
+    assert list(parsed)[:2] == ["benchmark", "rows"]
+
+
+@pytest.mark.parametrize("missing", ["case", "taiji", "anchor", "ratio"])
+def test_result_line_rejects_a_row_without_a_contract_key(missing):
+    row = {"case": "a", "taiji": 1.0, "anchor": 1.0, "ratio": 1.0}
+    del row[missing]
+    with pytest.raises(ValueError, match=missing):
+        result_line("demo", [row])
+
+
+def test_print_result_prints_the_line_last(capsys):
+    print("a table for people")
+    print_result("demo", [contract_row("a", 3.0, 1.5, higher_is_better=True)], reps=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "a table for people"
+    assert json.loads(lines[-1]) == {"benchmark": "demo", "rows": [{"case": "a", "taiji": 3.0, "anchor": 1.5,
+                                                                    "ratio": 2.0}], "reps": 1}
+
+
+def fixed_and_adaptive_runs(adaptive_to_target: float | None) -> dict:
+    def run(to_target, train_s, accuracy):
+        return {"to_target_train_s": to_target, "to_target_train_cpu_s": to_target, "train_s": train_s,
+                "train_cpu_s": train_s, "final_accuracy": accuracy}
+    return {"runs": {"small": run(60.0, 100.0, 0.90), "large": run(None, 80.0, 0.10),
+                     "adaptive": run(adaptive_to_target, 95.0, 0.897)}}
+
+
+def test_adaptive_batch_rows_compare_time_to_target_with_the_large_run():
+    adaptive_batch = load_benchmark("adaptive_batch")
+    rows = {row["case"]: row for row in adaptive_batch.contract_rows([fixed_and_adaptive_runs(40.0)])}
+    against_large = rows["adaptive time to target vs large's whole training, wall s"]
+    assert (against_large["taiji"], against_large["anchor"], against_large["ratio"]) == (40.0, 80.0, 2.0)
+    assert against_large["target_met"] is True                        # 2.0 >= 1 / 1.2
+    assert rows["time to target: adaptive vs small, wall s"]["ratio"] == 1.5
+    accuracy = rows["final test accuracy: adaptive vs small"]
+    assert accuracy["accuracy_points"] == -0.3 and accuracy["target_met"] is True
+
+
+def test_adaptive_batch_rows_when_the_target_is_never_reached():
+    never = load_benchmark("adaptive_batch").contract_rows([fixed_and_adaptive_runs(None)])[0]
+    assert never["taiji"] is None and never["ratio"] is None and never["target_met"] is False
+    assert never["anchor"] == 80.0
+
+
+def test_strategies_rows_put_each_strategy_against_sync_sgd_of_the_same_repetition():
+    strategies = load_benchmark("strategies")
+
+    def job(strategy, straggler, samples_per_s, accuracy):
+        return {"strategy": strategy, "straggler": straggler, "samples_per_s": samples_per_s, "accuracy": accuracy}
+    reps = [[job("SyncSGD", s, 1000.0 * (1 + r), 0.90) for s in (False, True)]
+            + [job("PairAveraging", s, 1500.0 * (1 + r) if s else 1000.0 * (1 + r), 0.89) for s in (False, True)]
+            for r in range(2)]
+    rows = {row["case"]: row for row in strategies.contract_rows(reps, ["sync", "pair"])}
+    assert set(rows) == {"pair_averaging_straggler", "pair_averaging_straggler_accuracy",
+                         "pair_averaging_no_straggler", "pair_averaging_no_straggler_accuracy"}
+    straggler = rows["pair_averaging_straggler"]
+    assert (straggler["taiji"], straggler["anchor"], straggler["ratio"]) == (2250.0, 1500.0, 1.5)
+    assert rows["pair_averaging_no_straggler"]["ratio"] == 1.0
+    assert rows["pair_averaging_straggler_accuracy"]["accuracy_points"] == -1.0

@@ -1,0 +1,180 @@
+"""The elastic benchmark's analysis (benchmarks/_elastic_analysis.py) and report rows on
+hand-made step-log records: no process is started."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+from _elastic_analysis import (each_over, median_over, model_figures, normal_step, select,  # noqa: E402
+                               step_intervals, taiji_change_figures, taiji_fault_figures,
+                               torchrun_change_figures, torchrun_fault_figures)
+from _elastic_report import build_rows, table  # noqa: E402
+
+
+def commit(time, **fields) -> dict:
+    return {"event": "commit", "time": time, **fields}
+
+
+def taiji_commits(worker, times, version, size, start_step=0, began_before=0.01, **extra) -> list[dict]:
+    return [commit(t, worker=worker, version=version, size=size, step=start_step + i, began=t - began_before, **extra)
+            for i, t in enumerate(times)]
+
+
+def test_select_filters_by_event_and_fields_and_sorts_by_time():
+    records = [commit(3.0, rank=0), commit(1.0, rank=1), commit(2.0, rank=0), {"event": "boot", "ready": 0.5, "rank": 0}]
+    assert [r["time"] for r in select(records, "commit", rank=0)] == [2.0, 3.0]
+    assert [r["time"] for r in select(records, "commit")] == [1.0, 2.0, 3.0]
+    assert select(records, "boot", rank=0) == [records[3]]
+    assert select(records, "commit", rank=7) == []
+
+
+def test_normal_step_leaves_out_the_first_interval_and_stops_at_settle():
+    commits = [commit(t) for t in (10.0, 12.0, 12.1, 12.2, 12.4, 99.0)]
+    assert step_intervals(commits[:3]) == pytest.approx([2.0, 0.1])
+    # intervals of the first settle + 1 commits, without the first: 0.1, 0.1, 0.2 -> median 0.1
+    assert normal_step(commits, settle=4) == pytest.approx(0.1)
+    assert normal_step(commits, settle=2) == pytest.approx(0.1)
+
+
+def test_taiji_change_stall_is_the_gap_minus_one_normal_step():
+    before = taiji_commits("w0", [1.0, 1.1, 1.2, 1.3], version=1, size=1)
+    # the change: last commit at v1 at 1.3, first at v2 at 1.65, then steps of 0.05
+    after = taiji_commits("w0", [1.65, 1.70, 1.75, 1.80, 1.85], version=2, size=2, start_step=4)
+    after[0]["transitions"] = [{"total_s": 0.2, "switch_s": 0.05, "sync_s": 0.1}]
+    joiner = taiji_commits("w1", [1.65, 1.70, 1.75, 1.80, 1.85], version=2, size=2, start_step=4)
+    boot = {"event": "boot", "worker": "w1", "exec": 0.5, "imported": 1.1, "ready": 1.6}
+    records = before + after + joiner + [boot]
+    figures = taiji_change_figures(records, {"to_version": 2, "to_size": 2, "requested": 1.05}, settle=3)
+    assert figures["stall_s"] == pytest.approx(1.65 - 1.3 - 0.05)
+    assert figures["stall_s_by_worker"] == {"w0": pytest.approx(0.3)}   # the joiner had no stall
+    assert figures["transition_total_s"] == 0.2 and figures["transition_sync_s"] == 0.1
+    assert figures["to_loop_s"] == pytest.approx(1.64 - 1.3)
+    assert figures["first_step_extra_s"] == pytest.approx(0.0)
+    assert figures["request_to_new_size_s"] == pytest.approx(1.65 - 1.05)
+    assert figures["steps_while_joiners_booted"] == 3                  # 1.1, 1.2, 1.3
+    assert figures["joiner_import_s"] == pytest.approx(0.6)
+    assert figures["step_ms_before"] == pytest.approx(100.0)
+    assert figures["step_ms_after"] == pytest.approx(50.0)
+
+
+def test_taiji_change_without_a_running_worker_is_an_error():
+    joiner = taiji_commits("w1", [2.0, 2.1, 2.2], version=2, size=2)
+    with pytest.raises(ValueError):
+        taiji_change_figures(joiner, {"to_version": 2, "to_size": 2, "requested": 1.0}, settle=2)
+
+
+def test_taiji_fault_counts_from_the_hit_to_the_first_survivor_commit():
+    w0 = taiji_commits("w0", [1.0, 1.1, 1.2], version=1, size=3)
+    w2 = taiji_commits("w2", [1.0, 1.1, 1.2], version=1, size=3)
+    victim = taiji_commits("w1", [1.0, 1.1, 1.2, 1.3], version=1, size=3)   # not a survivor: ignored
+    retried_w0 = taiji_commits("w0", [1.45, 1.5], version=2, size=2, start_step=3)
+    retried_w0[0]["transitions"] = [{"reason": "failure", "step": 3, "total_s": 0.12}]
+    retried_w2 = taiji_commits("w2", [1.4, 1.5], version=2, size=2, start_step=3)
+    figures = taiji_fault_figures(w0 + w2 + victim + retried_w0 + retried_w2, hit=1.25, survivors=["w0", "w2"])
+    assert figures["resume_s"] == pytest.approx(1.4 - 1.25)
+    assert figures["to_size"] == 2
+    assert figures["last_committed_before"] == 2
+    assert figures["retried_step"] == 3 and figures["transition_total_s"] == 0.12
+    assert figures["committed_steps_redone"] == 0
+    assert figures["step_ms"] == pytest.approx(100.0)
+
+
+def test_taiji_fault_counts_a_step_committed_twice():
+    w0 = taiji_commits("w0", [1.0, 1.1, 1.2], version=1, size=2)
+    again = taiji_commits("w0", [1.5, 1.6], version=2, size=1, start_step=2)   # step 2 committed again
+    assert taiji_fault_figures(w0 + again, hit=1.3, survivors=["w0"])["committed_steps_redone"] == 1
+
+
+def boot(tag=None, restart=None, t0=10.0, **fields) -> dict:
+    record = {"event": "boot", "exec": t0, "imported": t0 + 1.0, "joined": t0 + 1.5, "built": t0 + 2.5,
+              "loaded": t0 + 2.6, "ready": t0 + 2.8, "resumed_at": 20, **fields}
+    if tag is not None:
+        record["tag"] = tag
+    if restart is not None:
+        record["restart"] = restart
+    return record
+
+
+def test_torchrun_change_splits_the_restart_into_its_parts():
+    old = [commit(5.0 + 0.1 * i, tag="0", rank=0, step=i) for i in range(20)]          # last at 6.9, step 19
+    new = [commit(13.0 + 0.05 * i, tag="1", rank=0, step=20 + i) for i in range(5)]
+    boots = [boot(tag="1", t0=10.0, rank=0), boot(tag="1", t0=10.2, rank=1)]
+    broadcast = {"event": "broadcast", "tag": "1", "time": 13.1, "bytes": 8_000_000, "seconds": [0.02, 0.01, 0.03]}
+    change = {"tag": "1", "to_size": 2, "requested": 7.0, "stopped": 7.5, "agent_started": 8.0}
+    figures = torchrun_change_figures(old + new + boots + [broadcast], change, settle=3)
+    assert figures["stall_s"] == pytest.approx(13.0 - 6.9 - 0.05)
+    assert figures["request_to_first_step_s"] == pytest.approx(6.0)
+    assert figures["stop_s"] == pytest.approx(0.5)
+    assert figures["agent_boot_s"] == pytest.approx(2.0)
+    assert figures["without_agent_boot_s"] == pytest.approx(4.0)
+    assert figures["worker_import_s"] == pytest.approx(1.0)
+    assert figures["rendezvous_s"] == pytest.approx(11.7 - 11.2)
+    assert figures["build_model_optimizer_s"] == pytest.approx(1.0)
+    assert figures["checkpoint_load_s"] == pytest.approx(0.1)
+    assert figures["ddp_init_s"] == pytest.approx(0.2)
+    assert figures["first_step_s"] == pytest.approx(13.0 - 13.0)
+    assert figures["last_committed_before"] == 19 and figures["resumed_at"] == 20
+    assert figures["broadcast_s"] == 0.02 and figures["broadcast_bytes"] == 8_000_000
+    assert figures["step_ms_before"] == pytest.approx(100.0)
+
+
+def test_torchrun_fault_counts_redone_steps_and_restarted_workers():
+    before = [commit(1.0 + 0.1 * i, restart=0, rank=0, step=i) for i in range(10)]      # last step 9
+    after = [commit(6.0 + 0.1 * i, restart=1, rank=0, step=8 + i) for i in range(3)]
+    boots = [boot(restart=1, t0=3.0, resumed_at=8), boot(restart=1, t0=3.1, resumed_at=8)]
+    figures = torchrun_fault_figures(before + after + boots, hit=2.0)
+    assert figures["resume_s"] == pytest.approx(4.0)
+    assert figures["committed_steps_redone"] == 2                      # steps 8 and 9 again
+    assert figures["workers_restarted"] == 2
+    assert figures["kill_to_worker_exec_s"] == pytest.approx(1.0)
+    assert figures["first_step_s"] == pytest.approx(6.0 - 5.9)
+    assert figures["step_ms"] == pytest.approx(100.0)
+
+
+def test_torchrun_fault_without_a_restart_is_an_error():
+    with pytest.raises(ValueError):
+        torchrun_fault_figures([commit(1.0, restart=0, rank=0, step=0)], hit=0.5)
+
+
+def test_model_figures_from_the_first_complete_boot_record():
+    records = [{"event": "boot", "ready": 2.0, "params": 5, "model_state_bytes": 20, "train_state_bytes": 40},
+               {"event": "boot", "ready": 1.0}, commit(0.5, params=99)]
+    assert model_figures(records) == {"params": 5, "model_state_bytes": 20, "train_state_bytes": 40}
+    assert model_figures([commit(1.0)]) == {}
+
+
+def test_median_and_each_over_repetitions_skip_what_is_missing():
+    runs = [{"changes": [{"stall_s": 0.3}]}, {"changes": [{"stall_s": 0.1}]}, {"changes": [{"stall_s": None}]}]
+    assert median_over(runs, "changes", 0, "stall_s") == pytest.approx(0.2)
+    assert each_over(runs, "changes", 0, "stall_s") == [0.3, 0.1, None]
+    assert median_over([], "resume_s") is None
+
+
+def test_report_rows_put_anchor_over_taiji_and_check_targets():
+    def resize(stalls, broadcast=None):
+        return {"changes": [{"stall_s": s, "broadcast_s": broadcast} for s in stalls]}
+    results = {"taiji_resize": [resize([0.05, 0.2, 0.01])], "torchrun_resize": [resize([5.0, 8.0, 5.0], 0.01)],
+               "taiji_crash": [{"resume_s": 0.1, "retried_step": 5, "last_committed_before": 4}],
+               "torchrun_crash": [{"resume_s": 3.0}], "taiji_hang": [{"resume_s": 2.1}], "torchrun_hang": [],
+               "taiji_crash3": []}
+    rows = build_rows(results, None, {"train_state_bytes": 8_000_000}, hang_timeout=2.0)
+    assert [r["ratio"] for r in rows] == [100.0, 40.0, 500.0, 30.0, 2.38]   # hang anchor: 2.0 + 3.0 (bound)
+    assert [r["target_met"] for r in rows] == [True, False, True, True, True]
+    assert rows[0]["target_s"] == pytest.approx(0.11) and rows[0]["broadcast_GBps"] == pytest.approx(0.8)
+    assert rows[3]["taiji_inflight_step_retried"] is True
+    assert all({"case", "taiji", "anchor", "ratio"} <= set(row) for row in rows)
+
+
+def test_report_table_has_one_line_per_row():
+    rows = [{"case": "grow", "taiji": 0.05, "anchor": 5.0, "ratio": 100.0, "target_met": True},
+            {"case": "hang", "taiji": None, "anchor": 5.0, "ratio": None, "target_met": False}]
+    lines = table(rows).splitlines()
+    assert len(lines) == 3 and lines[0].split()[:4] == ["case", "taiji", "anchor", "ratio"]
+    assert lines[1].split() == ["grow", "0.05", "5", "100", "yes"]
+    assert lines[2].split() == ["hang", "-", "5", "-", "no"]
