@@ -12,16 +12,20 @@ from taiji.errors import StoreError
 
 pytestmark = pytest.mark.timeout(60)
 BATCH, STEPS = 6, 8
+GROWN = 300  # steps of a run that waits for a published change: long enough for it to land
 
 
-def train(record: dict, steps: int = STEPS, **job_kw):
-    """A worker's body: a Job over the tiny data set, recording what each committed step trained."""
+def train(record: dict, steps: int = STEPS, hold=None, **job_kw):
+    """A worker's body: a Job over the tiny data set, recording what each committed step trained.
+    ``hold(step_index)`` runs after each commit (to keep members training until the test acts)."""
     def body(peer):
         model, opt, data = tiny_job_parts()
         seen = record.setdefault(peer.worker_id, {})
 
         def committed(step):
             seen[step.index] = (step.indices.tolist(), step.span)
+            if hold is not None:
+                hold(step.index)
         job = taiji.Job(model, opt, data, BATCH, max_steps=steps, epochs=100, peer=peer, log_every=0,
                         recovery_timeout=job_kw.pop("recovery_timeout", 5.0), on_commit=committed, **job_kw)
         for step in job:
@@ -54,6 +58,16 @@ def check_invariants(results: dict, record: dict, survivors: list[str], steps: i
         lo, hi = spans.pop()
         trained = sorted(i for seen in record.values() if index in seen for i in seen[index][0])
         assert len(trained) == len(set(trained)) == hi - lo, f"step {index}: {trained} is not its span once"
+
+
+def until_version(cluster, version: int, at_step: int):
+    """A ``hold`` that keeps a worker at ``at_step`` until the test publishes ``version``. (The
+    workers notice a new version within the watcher's poll interval: a run must last longer than
+    that after the hold, or it may end before the change lands.)"""
+    def hold(index: int) -> None:
+        if index == at_step:
+            cluster.store.wait_for_version(version, 20)
+    return hold
 
 
 def lose_everywhere(dead: str, others: list[str], version: int, channel: str, op: str, nth: int) -> list[Inject]:
@@ -118,9 +132,10 @@ def test_failure_during_a_grow_transition_recovers_with_the_joiner():
     # a joiner is admitted at v2; a member dies in v2's state sync: the rest (joiner included) go on at v3
     injector = Injector(lose_everywhere("w1", ["w0", "w2"], 2, "ctrl", "allgather", 1))
     cluster, record = ThreadCluster(2, injector), {}
+    until_grown = until_version(cluster, 2, at_step=4)
     for w in ("w0", "w1"):
-        cluster.start(w, train(record, steps=12))
-    cluster.start("w2", train(record, steps=12), member=False)
+        cluster.start(w, train(record, steps=GROWN, hold=until_grown))
+    cluster.start("w2", train(record, steps=GROWN), member=False)
     cluster.store.wait_for_version(1, 5)
     cluster.kv.wait([cluster.store.key("worker/w2/ready")], __import__("datetime").timedelta(seconds=10))
     cluster.launcher()
@@ -128,7 +143,7 @@ def test_failure_during_a_grow_transition_recovers_with_the_joiner():
     cluster.publish(spec.grow(cluster.config, [spec.WorkerSpec("w2")]))
     results = cluster.join()
     assert cluster.died == {"w1"}
-    check_invariants(results, record, ["w0", "w2"], steps=12)
+    check_invariants(results, record, ["w0", "w2"], steps=GROWN)
 
 
 def test_no_new_config_within_the_recovery_timeout_is_a_clear_error():
@@ -145,11 +160,47 @@ def test_no_new_config_within_the_recovery_timeout_is_a_clear_error():
 
 def test_a_worker_left_out_of_a_shrink_exits_0_at_the_boundary():
     cluster, record = ThreadCluster(3), {}
+    until_shrunk = until_version(cluster, 2, at_step=4)
     for w in ("w0", "w1", "w2"):
-        cluster.start(w, train(record, steps=40))
+        cluster.start(w, train(record, steps=GROWN, hold=until_shrunk))
     cluster.store.wait_for_version(1, 5)
     from taiji.cluster import spec
     cluster.publish(spec.shrink(cluster.config, 2))
     results = cluster.join()
     assert results["w2"] == ("exit", 0)
-    check_invariants(results, record, ["w0", "w1"], steps=40)
+    check_invariants(results, record, ["w0", "w1"], steps=GROWN)
+
+
+def test_batchnorm_buffers_stay_identical_and_a_failed_attempt_leaves_them_untouched():
+    """Running statistics are averaged every step (replicas identical after every commit); the
+    forward of a failed attempt updated them, so they are put back before the retry."""
+    from taiji.comm.transfer import digest as tensor_hash
+
+    def body(peer):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+        _, _, data = tiny_job_parts()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        hashes, at_step_3 = {}, []
+        job = taiji.Job(model, opt, data, BATCH, max_steps=STEPS, epochs=100, peer=peer, log_every=0,
+                        recovery_timeout=5.0, on_commit=lambda step: hashes.__setitem__(
+                            step.index, tensor_hash(list(model.buffers()) + list(model.parameters()))))
+        for step in job:
+            if step.index == 3:  # its first attempt fails: the retry must start from the same statistics
+                at_step_3.append(tensor_hash(list(model.buffers())))
+            x, y = step.batch
+            step.backward(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
+        return hashes, at_step_3, [b.clone() for b in model.buffers()]
+
+    # three allreduces on "grad" per step (the gradient bucket, the float and the integer
+    # buffers): the 10th is step 3's gradient bucket
+    injector = Injector(lose_everywhere("w2", ["w0", "w1"], 1, "grad", "allreduce", 10))
+    cluster = ThreadCluster(3, injector)
+    for w in ("w0", "w1", "w2"):
+        cluster.start(w, body)
+    cluster.launcher()
+    results = cluster.join()
+    (h0, at_step_3, buffers0), (h1, _, _) = results["w0"], results["w1"]
+    assert h0 == h1 and len(h0) == STEPS, "replicas' buffers or parameters differ after a committed step"
+    assert len(at_step_3) == 2 and at_step_3[0] == at_step_3[1], "the failed attempt's forward leaked into the retry"
+    assert float(buffers0[0].abs().sum()) > 0, "the running mean never moved: the test measures nothing"

@@ -10,10 +10,14 @@ collectives). Every collective has a timeout; failures become ``PeerLost`` or
 from __future__ import annotations
 
 import atexit
+import collections
 import datetime
 import hashlib
 import logging
+import sys
 import threading
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
@@ -42,20 +46,149 @@ _DTYPE_CODES = {dt: i for i, dt in enumerate((
     torch.int16, torch.int8, torch.uint8, torch.bool), start=1)}
 _SIGNATURE_LEN = 16
 _REAP_DELAY_S = 1.0
-_reaps: list[tuple[threading.Timer, dict]] = []
-_reaps_lock = threading.Lock()
-_reap_at_exit_registered = False
+
+
+# -- tearing closed versions down ---------------------------------------------------------
+#
+# Destroying a gloo group closes its connections and joins its worker threads (~10 ms per
+# peer and channel), so close() leaves it to one background thread. That thread is the only
+# place where a closed version's C++ objects die, and it must never be destroying one when
+# the interpreter starts finalizing: torch's bindings release the GIL around the C++
+# destructor of a ProcessGroup (and of a Work), and a non-main thread that re-takes the GIL
+# once finalization has begun is ended by CPython with pthread_exit(). Its forced unwind
+# runs into the noexcept pybind11 destructor that was re-taking the GIL, and the process dies
+# with "terminate called without an active exception" (SIGABRT, exit 134). So the reaper is
+# drained and joined at exit (atexit runs before finalization starts), and anything closed
+# after that is destroyed on the closing thread itself.
+
+
+class _Pending:
+    """An asynchronous collective's Work, shared by its Handle and its communicator: when the
+    communicator closes first, the reaper takes it over (``orphaned``), waits for it and keeps
+    how it ended for a late ``Handle.wait()``."""
+
+    __slots__ = ("work", "orphaned", "done", "error", "__weakref__")
+
+    def __init__(self, work: Any):
+        self.work = work
+        self.orphaned = False
+        self.done: threading.Event | None = None
+        self.error: BaseException | None = None
+
+    def orphan(self) -> bool:
+        if self.work is None:
+            return False
+        self.done = threading.Event()
+        self.orphaned = True
+        return True
+
+    def settle(self) -> None:
+        work = self.work
+        try:
+            if work is not None:
+                work.wait()
+        except Exception as exc:  # noqa: BLE001 - kept for a late waiter, never raised here
+            self.error = exc
+        finally:
+            self.work = work = None
+            assert self.done is not None
+            self.done.set()
+
+
+class _Teardown:
+    """One closed version's groups and its collectives still in flight."""
+
+    def __init__(self, version: int, groups: list[Any], pending: list[_Pending], delay: float):
+        self.version = version
+        self.groups = groups
+        self.pending = pending
+        self.due = time.monotonic() + delay
+
+    def run(self) -> None:
+        # A Work holds its group's gloo context (the connections): wait for each collective
+        # still in flight and let go of its Work first, so that every C++ object of the version
+        # dies here, never on whichever thread happens to drop the last Handle.
+        for pending in self.pending:
+            pending.settle()
+        self.pending = []
+        while self.groups:
+            self.groups.pop()  # the last reference: waits for its queued work, joins its threads
+
+
+class _Reaper:
+    """The one thread that destroys closed versions' groups, a delay after their close()."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: collections.deque[_Teardown] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._stopping = False  # drain() in progress: the closing thread destroys its own
+        self._exiting = False  # past the exit hook: no background destruction any more
+
+    def submit(self, teardown: _Teardown) -> None:
+        with self._cond:
+            inline = self._stopping or self._exiting or sys.is_finalizing()
+            if not inline:
+                if self._thread is None or not self._thread.is_alive():
+                    thread = threading.Thread(target=self._run, name="taiji-comm-reaper", daemon=True)
+                    try:
+                        thread.start()
+                    except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                        thread, inline = None, True
+                    self._thread = thread
+                if not inline:
+                    self._queue.append(teardown)
+                    self._cond.notify_all()
+        if inline:
+            teardown.run()
+
+    def _run(self) -> None:
+        with self._cond:
+            while self._queue or not self._stopping:
+                wait_s = self._queue[0].due - time.monotonic() if self._queue else None
+                if wait_s is None or (wait_s > 0 and not self._stopping):
+                    self._cond.wait(wait_s)
+                    continue
+                teardown = self._queue.popleft()
+                self._cond.release()
+                try:
+                    teardown.run()
+                finally:
+                    del teardown
+                    self._cond.acquire()
+            self._thread = None
+
+    def drain(self, exiting: bool = False) -> None:
+        """Destroy everything closed so far, now, and end the thread (a later close() starts
+        another one unless ``exiting``)."""
+        with self._cond:
+            self._stopping = True
+            self._exiting = self._exiting or exiting
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._cond:
+            self._stopping = False
+            leftovers = list(self._queue) if self._thread is None or not self._thread.is_alive() else []
+            if leftovers:
+                self._queue.clear()
+        for teardown in leftovers:  # the thread is gone without running them (after a fork)
+            teardown.run()
+
+
+_reaper = _Reaper()
 
 
 def reap_closed_groups() -> None:
-    """Destroy closed versions' groups now. Call before the interpreter exits: a group still
-    alive during interpreter teardown can abort the process."""
-    with _reaps_lock:
-        pending = list(_reaps)
-        _reaps.clear()
-    for reaper, groups in pending:
-        reaper.cancel()
-        groups.clear()  # op, dtype, device, ndim, extra, shape[:11]
+    """Destroy closed versions' groups now and end the background reaper. Runs at exit by
+    itself; calling it earlier is harmless (a later close() starts a new reaper)."""
+    _reaper.drain()
+
+
+@atexit.register  # at import: so it runs after the exit hooks registered later (Peer's)
+def _reap_at_exit() -> None:
+    _reaper.drain(exiting=True)
 
 
 def _describe_failure(exc: BaseException) -> type[CommError]:
@@ -65,11 +198,25 @@ def _describe_failure(exc: BaseException) -> type[CommError]:
     return PeerLost
 
 
+def _where(comm: "Communicator") -> str:
+    return f"[rank {comm.rank} v={comm.version}]"
+
+
+def _collective_error(comm: "Communicator", exc: BaseException, op: str, channel: str) -> CommError:
+    kind = _describe_failure(exc)
+    what = "timed out" if kind is CollectiveTimeout else "lost a peer"
+    message = (f"{_where(comm)} {op} on channel '{channel}' {what} "
+               f"(cluster of {comm.size}, timeout {comm.options.timeout:g}s): {exc}. "
+               "A peer died, hangs or left; check the other workers' output.")
+    return kind(message, channel=channel, op=op, version=comm.version)
+
+
 class Handle(Generic[T]):
-    """An asynchronous collective in flight. ``wait()`` returns its result or raises CommError."""
+    """An asynchronous collective in flight. ``wait()`` returns its result or raises CommError
+    (also after its communicator was closed: then within about a second)."""
 
     def __init__(self, work: Any, finish: Callable[[], T], comm: "Communicator", op: str, channel: str):
-        self._work = work
+        self._pending = work if work is None or isinstance(work, _Pending) else _Pending(work)
         self._finish = finish
         self._comm = comm
         self._op = op
@@ -79,22 +226,40 @@ class Handle(Generic[T]):
 
     def wait(self) -> T:
         if not self._done:
-            if self._work is not None:
+            pending = self._pending
+            work = pending.work if pending is not None else None
+            if work is not None and not pending.orphaned:
                 try:
-                    self._work.wait()
+                    work.wait()
                 except RuntimeError as exc:
-                    raise self._comm._error(exc, self._op, self._channel) from exc
+                    raise _collective_error(self._comm, exc, self._op, self._channel) from exc
                 finally:
-                    # a Work keeps its group alive; holding it could make the training thread
-                    # the one that tears an old version's group down (slow) when it lets go
-                    self._work = None
+                    # a Work keeps its group's connections alive: hold it no longer than needed
+                    pending.work = work = None
+            elif pending is not None and pending.orphaned:
+                self._wait_orphaned(pending)
             self._result = self._finish()
             self._done = True
         return self._result  # type: ignore[return-value]
 
+    def _wait_orphaned(self, pending: _Pending) -> None:
+        limit = _REAP_DELAY_S + 2 * self._comm.options.timeout + 5.0
+        assert pending.done is not None
+        if not pending.done.wait(limit):
+            raise CollectiveTimeout(f"{_where(self._comm)} {self._op} on channel '{self._channel}' "
+                                    f"still in flight {limit:g}s after its communicator was closed",
+                                    channel=self._channel, op=self._op, version=self._comm.version)
+        if pending.error is not None:
+            raise _collective_error(self._comm, pending.error, self._op, self._channel) from pending.error
+
     def is_completed(self) -> bool:
-        work = self._work
-        return self._done or work is None or work.is_completed()
+        pending = self._pending
+        if self._done or pending is None:
+            return True
+        if pending.orphaned:
+            return pending.done is not None and pending.done.is_set()
+        work = pending.work
+        return work is None or work.is_completed()
 
 
 @dataclass(frozen=True)
@@ -119,6 +284,7 @@ class Communicator:
         self.version = version
         self.options = options
         self._groups: dict[str, Any] = {}
+        self._in_flight: weakref.WeakSet[_Pending] = weakref.WeakSet()  # while its Handle lives
         self._lock = threading.Lock()
         self._closed = False
 
@@ -158,41 +324,36 @@ class Communicator:
                 self._group(channel, torch.device("cpu"))
 
     def close(self) -> None:
-        """Tear down this version's groups; later collectives on it raise CommError."""
+        """Tear down this version's groups; later collectives on it raise CommError.
+
+        Cheap for the calling thread: the groups, and the collectives still in flight on them
+        (a Handle dropped or kept unwaited), are destroyed by the reaper thread a moment later.
+        A Handle waited after close() still gets its collective's result or error.
+        """
         with self._lock:
             self._closed = True
-            groups, self._groups = self._groups, {}
-        for group in groups.values():
+            groups, self._groups = list(self._groups.values()), {}
+            in_flight, self._in_flight = list(self._in_flight), weakref.WeakSet()
+        orphans = [pending for pending in in_flight if pending.orphan()]
+        del in_flight
+        for group in groups:
             try:
                 group.abort()
             except (RuntimeError, AttributeError):  # already broken, or a torch without abort()
                 pass
-        if groups:
+        if groups or orphans:
             # Destroying a gloo group waits on each peer's connection (~10 ms per peer and
-            # channel): let a background thread hold the last reference and drop it a moment
-            # later, after the training thread has dropped any of its own.
-            reaper = threading.Timer(_REAP_DELAY_S, groups.clear)
-            reaper.daemon = True
-            with _reaps_lock:
-                global _reap_at_exit_registered
-                if not _reap_at_exit_registered:  # any process that closes a group, Peer or not
-                    atexit.register(reap_closed_groups)
-                    _reap_at_exit_registered = True
-                _reaps.append((reaper, groups))
-            reaper.start()
+            # channel), and peers may still be reading what we sent last: the reaper does it
+            # a moment later.
+            _reaper.submit(_Teardown(self.version, groups, orphans, _REAP_DELAY_S))
 
     # -- errors -----------------------------------------------------------------------
 
     def _where(self) -> str:
-        return f"[rank {self.rank} v={self.version}]"
+        return _where(self)
 
     def _error(self, exc: BaseException, op: str, channel: str) -> CommError:
-        kind = _describe_failure(exc)
-        what = "timed out" if kind is CollectiveTimeout else "lost a peer"
-        message = (f"{self._where()} {op} on channel '{channel}' {what} "
-                   f"(cluster of {self.size}, timeout {self.options.timeout:g}s): {exc}. "
-                   "A peer died, hangs or left; check the other workers' output.")
-        return kind(message, channel=channel, op=op, version=self.version)
+        return _collective_error(self, exc, op, channel)
 
     # -- debug-mode signature check ---------------------------------------------------
 
@@ -240,7 +401,16 @@ class Communicator:
                 work = submit(group)
             except RuntimeError as exc:
                 raise self._error(exc, op, channel) from exc
-            handle = Handle(work, finish, self, op, channel)
+            pending = _Pending(work)
+            del work
+            handle = Handle(pending, finish, self, op, channel)
+            if async_op:
+                with self._lock:
+                    closed = self._closed
+                    if not closed:
+                        self._in_flight.add(pending)
+                if closed and pending.orphan():  # closed by another thread meanwhile
+                    _reaper.submit(_Teardown(self.version, [group], [pending], _REAP_DELAY_S))
         return handle if async_op else handle.wait()
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", *, channel: str = "grad",

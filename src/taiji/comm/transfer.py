@@ -73,6 +73,30 @@ def average_tensors(tensors: Iterable[torch.Tensor], comm: Communicator, channel
         Coalesced.scatter(flat, group)
 
 
+class PendingAverage:
+    """Buffers being averaged in the background; ``wait()`` writes the means back in place."""
+
+    def __init__(self, parts: list[tuple[Any, list[torch.Tensor]]]):
+        self._parts = parts
+
+    def wait(self) -> None:
+        for handle, group in self._parts:
+            Coalesced.scatter(handle.wait(), group)
+        self._parts = []
+
+
+def average_buffers_async(buffers: Sequence[torch.Tensor], comm: Communicator,
+                          channel: str = "grad") -> PendingAverage:
+    """Start making running statistics (BatchNorm-style buffers) identical on every replica:
+    floating buffers become their mean over the cluster, integer ones (counters) the maximum."""
+    parts = []
+    if comm.size > 1:
+        for (_, dtype), group in Coalesced(list(buffers)):
+            op = "avg" if dtype.is_floating_point else "max"
+            parts.append((comm.allreduce(Coalesced.flat(group), op, channel=channel, async_op=True), group))
+    return PendingAverage(parts)
+
+
 def broadcast_bytes(payload: bytes | None, comm: Communicator, src: int, channel: str = "ctrl") -> bytes:
     length = torch.tensor([len(payload) if comm.rank == src and payload is not None else 0], dtype=torch.int64)
     comm.broadcast(length, src, channel=channel)

@@ -1,8 +1,29 @@
-"""The monitors a Job keeps across steps: the gradient noise scale and the last agreed statistics."""
+"""The monitors a Job keeps across steps: the gradient noise scale, the gradient variance and the
+last agreed statistics.
+
+The two-batch estimator pairs each step's small-batch norms (from every worker's control row)
+with the norm of the averaged gradient, which is known only after the allreduce. Every replica
+holds the same averaged gradient, but computing its norm on different hardware could differ in
+the last bit, and a policy reading the result would then decide differently on different workers.
+So the averaged norm of a step travels in the *next* step's control message from rank 0, and all
+workers pair it with that step's small-batch norms: the estimate lags one step and is identical
+everywhere by construction.
+"""
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 from .gns import GNSEstimator, two_batch_estimates
 from .stats import StepStats
+
+
+@dataclass(frozen=True)
+class SmallBatch:
+    """A committed step's agreed small-batch measurement, waiting for its averaged norm."""
+    sqnorm: float
+    batch: float
+    global_batch: float
 
 
 class Monitors:
@@ -12,23 +33,36 @@ class Monitors:
         self.every = every
         self.gns = GNSEstimator(gns_decay)
         self.stats: StepStats | None = None          # the last committed step's agreed statistics
+        self.grad_variance: float | None = None      # mean |g_r − ḡ|² of the last paired step
         self.last_raw_estimates: tuple[float, float] | None = None  # unsmoothed (|G|², tr Σ)
+        self.own_global_sqnorm = math.nan            # this worker's |ḡ|² of its last committed step
+        self._waiting: SmallBatch | None = None
 
     def measuring(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def update(self, stats: StepStats, big_sqnorm: float | None) -> None:
-        """A step was committed with these agreed statistics and averaged-gradient norm."""
+    def update(self, stats: StepStats, own_global_sqnorm: float | None) -> None:
+        """A step was committed with these agreed statistics; ``own_global_sqnorm`` is this
+        worker's norm of its averaged gradient (sent in the next control row)."""
         self.stats = stats
-        if stats.small_sqnorm is None or big_sqnorm is None:
-            return
-        self.gns.update(stats.small_sqnorm, big_sqnorm, stats.small_batch, stats.global_batch)
-        if stats.global_batch > stats.small_batch > 0:
-            self.last_raw_estimates = two_batch_estimates(stats.small_sqnorm, big_sqnorm, stats.small_batch,
-                                                          stats.global_batch)
+        waiting, big = self._waiting, stats.previous_global_sqnorm
+        if waiting is not None and big is not None:
+            self.grad_variance = waiting.sqnorm - big
+            self.gns.update(waiting.sqnorm, big, waiting.batch, waiting.global_batch)
+            if waiting.global_batch > waiting.batch > 0:
+                self.last_raw_estimates = two_batch_estimates(waiting.sqnorm, big, waiting.batch,
+                                                              waiting.global_batch)
+        measured = stats.small_sqnorm is not None and own_global_sqnorm is not None
+        self._waiting = SmallBatch(stats.small_sqnorm, stats.small_batch, stats.global_batch) if measured else None
+        self.own_global_sqnorm = own_global_sqnorm if measured else math.nan
 
     def state_dict(self) -> dict:
-        return self.gns.state_dict()
+        waiting = self._waiting
+        return {"gns": self.gns.state_dict(), "own_global_sqnorm": self.own_global_sqnorm,
+                "waiting": None if waiting is None else [waiting.sqnorm, waiting.batch, waiting.global_batch]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.gns.load_state_dict(state)
+        self.gns.load_state_dict(state["gns"])
+        self.own_global_sqnorm = float(state.get("own_global_sqnorm", math.nan))
+        waiting = state.get("waiting")
+        self._waiting = SmallBatch(*waiting) if waiting else None

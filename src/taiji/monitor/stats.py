@@ -23,8 +23,11 @@ class ControlRow:
     clock: float = 0.0          # rank 0's time.time() (others 0): the clock policies agree on
     decisions: float = 0.0      # fingerprint of the decisions taken at the boundary before this step
     wall_seconds: float = 0.0   # this worker's wall time since its previous control message (0 = first)
+    # |ḡ|² of the averaged gradient of this worker's previous committed, measured step (nan = none):
+    # only rank 0's is used, so every worker feeds the same number to the noise-scale estimator
+    previous_global_sqnorm: float = math.nan
 
-    WIDTH = 10
+    WIDTH = 11
 
     def to_row(self) -> list[float]:
         return [float(getattr(self, f.name)) for f in fields(self)]
@@ -49,6 +52,7 @@ class StepStats:
     clock: float = 0.0             # rank 0's clock at this control message
     decisions: tuple[float, ...] = ()  # every worker's decision fingerprint, by rank
     wall_seconds: tuple[float, ...] = ()  # every worker's own wall time per step, by rank
+    previous_global_sqnorm: float | None = None  # rank 0's |ḡ|² of the previous measured step
 
     @staticmethod
     def reduce(rows: list[ControlRow], big_sqnorm: float | None) -> "StepStats":
@@ -66,4 +70,6 @@ class StepStats:
             grad_variance=variance, compute_seconds=times,
             straggler=max(times) / median if median > 0 else 1.0,
             clock=rows[0].clock, decisions=tuple(r.decisions for r in rows),
-            wall_seconds=tuple(r.wall_seconds for r in rows))
+            wall_seconds=tuple(r.wall_seconds for r in rows),
+            previous_global_sqnorm=rows[0].previous_global_sqnorm if math.isfinite(rows[0].previous_global_sqnorm)
+            else None)

@@ -37,7 +37,8 @@ class Adaptation:
         self.metrics = Metrics()      # of the last committed step (or decoupled phase)
         self._noted: set[str] = set()
 
-    def observe(self, stats: StepStats, gns: GNSEstimator, samples: int | None = None) -> None:
+    def observe(self, stats: StepStats, gns: GNSEstimator, grad_variance: float | None = None,
+                samples: int | None = None) -> None:
         """Record the agreed statistics of a committed step (or of a decoupled phase that
         consumed ``samples``)."""
         seconds = stats.clock - self.last_clock if self.last_clock is not None and stats.clock > 0 else None
@@ -46,7 +47,7 @@ class Adaptation:
         samples = int(stats.global_batch) if samples is None else samples
         self.metrics = Metrics(
             samples=samples, loss=stats.loss, gns=gns.b_noise, grad_sqnorm=gns.grad_sqnorm,
-            trace_sigma=gns.trace_sigma, grad_variance=stats.grad_variance, straggler=stats.straggler,
+            trace_sigma=gns.trace_sigma, grad_variance=grad_variance, straggler=stats.straggler,
             step_seconds=seconds, samples_per_s=samples / seconds if seconds else None,
             worker_step_seconds=stats.wall_seconds)
         self.last_clock = stats.clock if stats.clock > 0 else self.last_clock

@@ -33,6 +33,7 @@ class Measurements:
     sqnorm_batch: float = 0.0
     loss: float | None = None
     compute_seconds: float = 0.0
+    previous_global_sqnorm: float = math.nan
 
 
 class PendingControl:
@@ -40,13 +41,13 @@ class PendingControl:
         self._handle = handle
         self._own = own
 
-    def wait(self, global_sqnorm: float | None = None) -> StepStats:
+    def wait(self) -> StepStats:
         """The agreed statistics (raises CommError if a peer failed)."""
         if self._handle is None:
             rows = [self._own]
         else:
             rows = [ControlRow.from_row(r.tolist()) for r in self._handle.wait()]
-        return StepStats.reduce(rows, global_sqnorm)
+        return StepStats.reduce(rows, None)
 
 
 class ControlChannel:
@@ -81,7 +82,8 @@ class ControlChannel:
             local_sqnorm=math.nan if measured.local_sqnorm is None else measured.local_sqnorm,
             sqnorm_batch=measured.sqnorm_batch, local_batch=measured.local_batch,
             loss_sum=(measured.loss or 0.0) * measured.local_batch, compute_seconds=measured.compute_seconds,
-            clock=time.time() if lead else 0.0, decisions=float(decisions), wall_seconds=wall)
+            clock=time.time() if lead else 0.0, decisions=float(decisions), wall_seconds=wall,
+            previous_global_sqnorm=measured.previous_global_sqnorm)
 
     def restart_clock(self) -> None:
         """A pause (a transition, a sync point) is not a worker's step time."""

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from ..comm.transfer import average_buffers_async
 from ..data.fetch import BatchFetcher
 from ..data.sampler import ElasticSampler, global_span
 from ..errors import CommError
@@ -58,6 +59,10 @@ class StepEngine:
         self.check_consensus = check_consensus
         self.fire = fire
         self.strategy: Strategy | None = None
+        # running statistics (BatchNorm): averaged every step so replicas stay identical, and put
+        # back as they were when an attempt fails (its forward already updated them)
+        self._buffers = [b for b in model.buffers() if b.numel() > 0]
+        self._buffers_before: list[torch.Tensor] = []
 
     def use(self, strategy: Strategy) -> None:
         self.strategy = strategy
@@ -75,6 +80,7 @@ class StepEngine:
         indices = self.sampler.local_indices(progress.sampler, view.rank, view.size)
         batch = self.fetch(indices)
         measure = self.monitors.measuring(progress.step)
+        self._buffers_before = [b.detach().clone() for b in self._buffers] if view.size > 1 else []
         self.membership.at_step(progress.step)
         self._strategy().begin_step(len(indices) / (hi - lo), progress.step, measure)
         attempt = Attempt(progress.step, progress.epoch, batch, indices, (lo, hi), [(progress.epoch, lo, hi)],
@@ -137,8 +143,11 @@ class StepEngine:
         try:
             strategy.launch_all()
             pending = self.control.send(attempt.decisions, self._measurements(attempt))
+            buffers = average_buffers_async(self._buffers, self.membership.comm) if self._buffers_before else None
             strategy.synchronize()
-            attempt.stats = pending.wait(strategy.global_sqnorm())
+            attempt.stats = pending.wait()
+            if buffers is not None:
+                buffers.wait()
         except CommError:
             strategy.abort_step()
             raise
@@ -150,7 +159,8 @@ class StepEngine:
         local = attempt.split_sqnorm if split else self._strategy().local_sqnorm()
         return Measurements(local_batch=b, local_sqnorm=local,
                             sqnorm_batch=b / 2 if split else b, loss=attempt.loss,
-                            compute_seconds=time.perf_counter() - attempt.started)
+                            compute_seconds=time.perf_counter() - attempt.started,
+                            previous_global_sqnorm=self.monitors.own_global_sqnorm)
 
     # -- finish -----------------------------------------------------------------------------
 
@@ -181,6 +191,9 @@ class StepEngine:
         self._strategy().abort_step()
         self.model.zero_grad(set_to_none=True)
         self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for buffer, before in zip(self._buffers, self._buffers_before):
+                buffer.copy_(before)
 
     def _update(self) -> None:
         self.optimizer.step()

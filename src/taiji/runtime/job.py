@@ -200,8 +200,8 @@ class Job:
                     continue
                 self._stop_agreed = self._stop_agreed or outcome.stats.stop
                 epoch_ended = self._state.advance(attempt.global_batch_size)
-                self._adaptation.observe(outcome.stats, self.monitors.gns)
-                self._reporter.on(StepCommitted.of(attempt, self._snapshot(), self.monitors.gns, self._lr()))
+                self._adaptation.observe(outcome.stats, self.monitors.gns, self.monitors.grad_variance)
+                self._reporter.on(StepCommitted.of(attempt, self._snapshot(), self.monitors, self._lr()))
                 self._decide(boundary_hooks(epoch_ended, self.done))
                 self._after_commit(step)
                 self._move_if_newer(outcome.newest_version)

@@ -11,21 +11,23 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-import time
 import weakref
 from typing import Protocol
 
 import torch.distributed as dist
 
 from ..cluster.spec import ClusterConfig, ClusterView
-from ..cluster.store import JobStore, connect_store
+from ..cluster.store import JobStore, config_key, connect_store
 from ..comm.communicator import Communicator
 from ..errors import ConfigError, StoreError
 from .peer import Peer
 
 log = logging.getLogger(__name__)
 
-WATCH_POLL_S = 0.2  # how long the watcher blocks per wait: bounds how long closing it takes
+# how often the watcher looks for a newer config: it bounds how late a resize is noticed (a step
+# boundary later at most) and how long closing the watcher takes. Short, non-blocking checks: a
+# store wait that times out would log a warning every time, and cannot be interrupted to close.
+WATCH_POLL_S = 0.05
 
 
 class Membership(Protocol):
@@ -140,15 +142,13 @@ class ElasticMembership(_PeerMembership):
         self._watcher.start()
 
     def _watch(self) -> None:
-        while not self._closed.is_set():
+        while not self._closed.wait(WATCH_POLL_S):
             following = max(self._newest, self.peer.version) + 1
-            started = time.monotonic()
             try:
-                self._watch_store.wait_for_version(following, WATCH_POLL_S)
-                self._newest = max(following, self._watch_store.latest_version())
+                if self._watch_store.has(config_key(following)):
+                    self._newest = max(following, self._watch_store.latest_version())
             except StoreError:
-                if time.monotonic() - started < WATCH_POLL_S / 2:  # store unreachable: don't spin
-                    self._closed.wait(WATCH_POLL_S)
+                pass  # the launcher is gone or restarting: the training thread finds out itself
 
     def newest_version(self) -> int:
         if self._watcher is None and not self._closed.is_set():

@@ -45,11 +45,12 @@ class StepCommitted:
     lr: float | None
 
     @staticmethod
-    def of(attempt: Any, where: Snapshot, gns: Any, lr: float | None) -> "StepCommitted":
-        """From a committed Attempt and the GNS estimator after it."""
-        stats = attempt.stats
+    def of(attempt: Any, where: Snapshot, monitors: Any, lr: float | None) -> "StepCommitted":
+        """From a committed Attempt and the monitors after it."""
+        stats, gns = attempt.stats, monitors.gns
         return StepCommitted(attempt.index, where, attempt.global_batch_size, attempt.measure, stats.loss,
-                             stats.grad_variance, stats.straggler, gns.b_noise, gns.grad_sqnorm, gns.trace_sigma, lr)
+                             monitors.grad_variance, stats.straggler, gns.b_noise, gns.grad_sqnorm,
+                             gns.trace_sigma, lr)
 
 
 @dataclass(frozen=True)
