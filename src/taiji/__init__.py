@@ -42,7 +42,7 @@ def version() -> int:
 def context() -> "Context | None":
     """The agreed Context of the running Job's last step boundary (read-only), or None
     outside a Job's loop."""
-    return _default_peer().context
+    return _default_peer().context()
 
 
 def resize(n: int) -> None:

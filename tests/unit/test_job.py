@@ -90,3 +90,36 @@ def test_solo_init_outside_a_launcher(monkeypatch):
         assert taiji.allreduce(t, "avg").item() == 2.0
     finally:
         taiji.shutdown()
+
+
+def test_one_job_per_epoch_releases_the_model_each_time():
+    """A pattern users bring from their own loops: a finished Job detaches from the model, so the
+    next Job on the same model works; a Job closed early (context manager) too."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(8, 2), torch.randint(0, 2, (8,)))
+    for _ in range(3):
+        job = taiji.Job(model, opt, data, 4, peer=Peer.solo(), log_every=0)
+        for step in job:
+            x, y = step.batch
+            step.backward(F.cross_entropy(model(x), y))
+        assert job.progress.step == 2
+    with taiji.Job(model, opt, data, 4, peer=Peer.solo(), log_every=0) as job:
+        pass  # never iterated: leaving the block releases the model
+    taiji.SyncSGD().attach(model, Peer.solo().comm).detach()
+
+
+def test_pause_keeps_rank_local_work_out_of_the_step_clock():
+    model, opt, job = make(TensorDataset(torch.randn(16, 2), torch.randint(0, 2, (16,))), 4)
+    walls = []
+    for step in job:
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+        if step.index == 1:
+            with job.pause():
+                import time
+                time.sleep(0.3)  # stands in for an evaluation
+        walls.append(job.stats.wall_seconds[0] if job.stats else None)
+    # the step after the pause reports no wall time (a fresh clock), not the 0.3 s pause
+    assert walls[2] < 0.2

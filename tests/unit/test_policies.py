@@ -248,7 +248,9 @@ def test_context_is_the_running_jobs_last_boundary():
     peer = Peer.solo()
     seen = []
     job = taiji.Job(model, torch.optim.SGD(model.parameters(), lr=0.1), data, 4, peer=peer, log_every=0,
-                    on_commit=lambda step: seen.append(peer.context.step))
+                    on_commit=lambda step: seen.append(peer.context().step))
+    peer_before = peer.context()
     for step in job:
         step.backward(model(step.batch[0]).sum())
-    assert seen == [1, 2] and peer.context.batch_size == 4
+    assert peer_before is None and peer.context() is None  # outside the loop: no Job running
+    assert seen == [1, 2]

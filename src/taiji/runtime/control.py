@@ -76,9 +76,12 @@ class ControlChannel:
     def _report(self, decisions: int, measured: Measurements) -> ControlRow:
         now = time.perf_counter()
         wall, self._last_sent = (now - self._last_sent if self._last_sent else 0.0), now
-        lead = self.membership.view.rank == 0
+        view = self.membership.view
+        lead = view.rank == 0
+        # the newest version any worker reports wins: one worker watching the store is enough
+        seen = self.membership.newest_version() if lead else view.version
         return ControlRow(
-            version_seen=float(self.membership.newest_version()), stop=float(self.signals.stop_requested),
+            version_seen=float(seen), stop=float(self.signals.stop_requested),
             local_sqnorm=math.nan if measured.local_sqnorm is None else measured.local_sqnorm,
             sqnorm_batch=measured.sqnorm_batch, local_batch=measured.local_batch,
             loss_sum=(measured.loss or 0.0) * measured.local_batch, compute_seconds=measured.compute_seconds,

@@ -149,6 +149,7 @@ class Job:
 
     def close(self) -> None:
         """Release the model (the strategy's hooks) and this Job's threads; idempotent."""
+        self._peer.show_context(None)
         self.strategy.detach()
         self._membership.close()
 
@@ -177,6 +178,7 @@ class Job:
     def _loop(self) -> Iterator[Step]:
         fresh = self._state.has_state and self.progress.step == 0
         self._transitions.enter()
+        self._peer.show_context(self._context)
         self._membership.set_training(True)
         self._reporter.on(Event("start", self.progress.step, {"size": self._membership.view.size,
                                                             "version": self._membership.view.version,
@@ -250,6 +252,8 @@ class Job:
     # -- decisions ----------------------------------------------------------------------------
 
     def _decide(self, hooks: list[str]) -> Plan:
+        if not self._adaptation.policies:
+            return Plan()  # the Context costs microseconds a step: build it only for policies
         context = self._context()
         plan = self._adaptation.decide(hooks, context, lead=self._leads())
         self._apply(plan, context)
@@ -280,9 +284,8 @@ class Job:
             self._stop_agreed = True
 
     def _context(self) -> Context:
-        return self._peer.publish_context(self._adaptation.context(
-            self.progress, self._sampler.num_samples, self._membership.view, self._lr(), self.strategy_name,
-            self.strategies))
+        return self._adaptation.context(self.progress, self._sampler.num_samples, self._membership.view,
+                                        self._lr(), self.strategy_name, self.strategies)
 
     def _check_consensus(self, digests: Sequence[float], step: int) -> None:
         self._adaptation.check(digests, step, self._membership.comm)

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch.distributed as dist
 
@@ -54,7 +55,7 @@ class Peer:
         self.worker_id = worker_id
         self.options = options
         self.step = 0  # for log prefixes; the training loop tells it through ``at_step``
-        self.context: Context | None = None  # the running Job's last agreed Context
+        self._context_source: Callable[[], Context] | None = None  # the running Job's
         self._comm_store = dist.PrefixStore(f"taiji/{self.job_store.job_id}", raw_store)
         self._provisional = provisional
         self.config: spec.ClusterConfig | None = None
@@ -97,10 +98,13 @@ class Peer:
     def at_step(self, step: int) -> None:
         self.step = step
 
-    def publish_context(self, context: Context) -> Context:
-        """What ``taiji.context()`` returns from now on."""
-        self.context = context
-        return context
+    def show_context(self, source: Callable[[], Context] | None) -> None:
+        """The running Job says where ``taiji.context()`` reads from (None: no Job running)."""
+        self._context_source = source
+
+    def context(self) -> Context | None:
+        """The running Job's agreed Context as of its last step boundary, or None."""
+        return None if self._context_source is None else self._context_source()
 
     def view(self, min_size: int = 1, max_size: int | None = None) -> spec.ClusterView:
         """This worker's frozen view of its current cluster version (a member only)."""
