@@ -204,10 +204,13 @@ def _where(comm: "Communicator") -> str:
 
 def _collective_error(comm: "Communicator", exc: BaseException, op: str, channel: str) -> CommError:
     kind = _describe_failure(exc)
-    what = "timed out" if kind is CollectiveTimeout else "lost a peer"
-    message = (f"{_where(comm)} {op} on channel '{channel}' {what} "
-               f"(cluster of {comm.size}, timeout {comm.options.timeout:g}s): {exc}. "
-               "A peer died, hangs or left; check the other workers' output.")
+    if kind is CollectiveTimeout:
+        what = (f"timed out after {comm.options.timeout:g}s (cluster of {comm.size}): {exc}. "
+                "A peer hangs or is too slow; check the other workers' output.")
+    else:  # say what happened, not the timeout that was never waited out
+        what = (f"lost a peer (cluster of {comm.size}): {exc}. A peer died or left; "
+                "check the other workers' output.")
+    message = f"{_where(comm)} {op} on channel '{channel}' {what}"
     return kind(message, channel=channel, op=op, version=comm.version)
 
 
