@@ -110,7 +110,7 @@ def test_rank_that_never_connects_times_out_naming_the_op():
             release.set()
         return str(info.value)
     message = run_threads(2, body, timeout=1)[0]
-    assert "broadcast (connecting the group)" in message and "timeout 1s" in message
+    assert "broadcast (connecting the group)" in message and "timed out after 1s" in message
 
 
 def test_peer_that_leaves_mid_job_surfaces_as_comm_error():
