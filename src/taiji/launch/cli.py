@@ -2,6 +2,7 @@
 
     taiji run -np 2 python examples/fashion_mnist.py --epochs 2
     taiji run -np 4 --timeout 30 -- ./train.sh --flag
+    taiji sched simulate --workload pollux:6 --policy tiresias,pollux --out runs/sched
 """
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                           usage="taiji plot RUN_DIR [-o OUT.png]")
     plot.add_argument("run_dir", metavar="RUN_DIR")
     plot.add_argument("-o", "--output", default=None, help="PNG path (default: RUN_DIR/timeline.png)")
+    # listed for `taiji --help` only: main() hands `taiji sched ...` to taiji.sched.cli before parsing
+    sub.add_parser("sched", help="cluster scheduling: `taiji sched simulate --help`", add_help=False)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                      help="the worker command, e.g. `python train.py --lr 0.1`; a bare `python` "
                           "or a `.py` script runs with the launcher's own interpreter")
@@ -213,6 +216,14 @@ def job_status(job_id: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sched"]:
+        try:   # lazily: the scheduler has parsers of its own and needs SciPy (the extra taiji[sched])
+            from ..sched.cli import main as sched_main
+        except ImportError as exc:
+            sys.stderr.write(f"taiji sched: error: {exc}; install the extra: pip install 'taiji[sched]'\n")
+            return 2
+        return sched_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,412 @@
+"""``taiji sched``: run scheduling policies on a workload in the simulator and compare them.
+
+    taiji sched simulate --workload pollux:6 --policy tiresias,optimus,pollux --out runs/sched
+    taiji sched simulate --workload synthetic --jobs 40 --cluster 4x4 --policy fifo,srtf --cost taiji
+    taiji sched simulate --workload my-jobs.csv --policy pcrr --cost 2 --seed 3
+
+Every policy runs on the same workload, cluster and resize cost (``--cost``: ``restart`` = 30 s per
+change as in Pollux's simulator, ``taiji`` = taiji's measured in-place resize, or a number of
+seconds for every change). The command prints one summary line per policy and writes, under
+``--out``: ``<policy>.jobs.jsonl`` (one line per job), ``<policy>.summary.json`` (metrics, decision
+times, the utilisation and allocation timelines), ``summary.json`` (all policies and the settings)
+and three PNGs (:mod:`taiji.sched.plots`).
+
+Bad input (an unknown policy, an unreadable or malformed workload, a bad ``--cluster``) ends with
+one line on stderr and exit code 2; a policy that breaks the simulator's rules (e.g. oversubscribes a
+host) ends with exit code 1.
+
+:func:`run_policy` is the instrumented run that this command and ``benchmarks/scheduler.py`` share.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import dataclasses
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from taiji.errors import ConfigError, TaijiError
+from taiji.sched.cluster import Allocation, Cluster
+from taiji.sched.policies import make_policy
+from taiji.sched.sim import SYSTEMS, JobView, Policy, ResizeCost, SimConfig, SimResult, simulate
+from taiji.sched.workload import JobSpec, load_workload, synthetic_workload
+
+PROG = "taiji sched"
+SYNTHETIC = "synthetic"
+# (time, GPUs held from then on) for one job: the steps its allocation went through
+Steps = list[tuple[float, int]]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input in one line and exits 2 (as the ``taiji`` command does)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{PROG}: error: {message} (see `{self.prog} --help`)\n")
+
+
+# -- building a run from the command line ------------------------------------------------------
+
+def parse_cost(text: str) -> ResizeCost:
+    """``restart`` / ``taiji`` (sim.SYSTEMS), or seconds paused by every change, e.g. ``2``."""
+    if text in SYSTEMS:
+        return SYSTEMS[text]
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ConfigError(f"--cost {text!r}: expected {' or '.join(SYSTEMS)} or seconds per change") from None
+    if not seconds >= 0 or math.isinf(seconds):
+        raise ConfigError(f"--cost {text!r}: seconds per change must be finite and >= 0")
+    return uniform_cost(seconds)
+
+
+def uniform_cost(seconds: float) -> ResizeCost:
+    """The same pause for a start, grow, shrink or move: what a resize-cost sweep varies."""
+    return ResizeCost(start=seconds, grow=seconds, shrink=seconds, move=seconds)
+
+
+def parse_policies(text: str) -> list[str]:
+    """Comma-separated policy names, each checked with ``make_policy`` before anything runs."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ConfigError("--policy: name at least one policy, e.g. --policy tiresias,pollux")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"--policy names {', '.join(repeated)} more than once")
+    for name in names:
+        make_policy(name)   # ConfigError naming the known policies
+    return names
+
+
+def workload_from(spec: str, *, seed: int, jobs: int, duration_s: float) -> tuple[JobSpec, ...]:
+    """``synthetic`` (seeded Philly-shaped), ``pollux:N`` or a CSV path."""
+    if spec == SYNTHETIC:
+        return synthetic_workload(seed, num_jobs=jobs, duration_s=duration_s)
+    return load_workload(spec)
+
+
+def configured_policy(name: str, *, seed: int, resize: ResizeCost) -> Policy:
+    """``make_policy(name, resize)`` (a policy that weighs a change against its cost must see the
+    cost the simulator charges, or a cost sweep measures nothing), seeded where it has a dataclass
+    field ``seed`` (the randomized rounding of PCRR)."""
+    policy = make_policy(name, resize=resize)
+    if dataclasses.is_dataclass(policy) and any(spec.name == "seed" and spec.init
+                                                for spec in dataclasses.fields(policy)):
+        policy = dataclasses.replace(policy, seed=seed)
+    return policy
+
+
+# -- an instrumented run -----------------------------------------------------------------------
+
+@dataclass
+class _Instrumented:
+    """Wraps a policy for the simulator: times every decision, keeps each job's GPU count over
+    time (the simulator's result holds only the cluster total) and reports progress."""
+
+    inner: Policy
+    submit_times: Sequence[float]                        # sorted, to count arrivals by bisection
+    on_round: Callable[[float, int], None] | None = None   # (simulated time, jobs finished or rejected)
+    decision_s: list[float] = field(default_factory=list)
+    active_jobs: list[int] = field(default_factory=list)
+    steps: dict[str, Steps] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def allocate(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Mapping[str, Allocation]:
+        started = time.perf_counter()
+        answer = self.inner.allocate(now, cluster, jobs)
+        self.decision_s.append(time.perf_counter() - started)
+        self.active_jobs.append(len(jobs))
+        for job in jobs:
+            allocation = answer.get(job.name)
+            gpus = allocation.replicas if allocation is not None else 0
+            history = self.steps.setdefault(job.name, [])
+            if (history[-1][1] if history else 0) != gpus:
+                history.append((now, gpus))
+        if self.on_round is not None:
+            # every arrival so far that is no longer active has finished (or was rejected)
+            self.on_round(now, bisect.bisect_right(self.submit_times, now) - len(jobs))
+        return answer
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy's simulation with what the command and the benchmark report beyond SimResult."""
+
+    result: SimResult
+    decision_s: tuple[float, ...]      # wall seconds of every call to the policy
+    active_jobs: tuple[int, ...]       # active jobs at each of those calls
+    allocations: dict[str, Steps]      # job -> (time, GPUs) steps, ending at 0 when it completes
+    wall_s: float
+
+    @property
+    def name(self) -> str:
+        return self.result.policy
+
+    def decision_stats(self, min_active: int = 1) -> dict[str, float | int]:
+        """Decision seconds per call over the calls that saw at least ``min_active`` jobs (by
+        default the calls with work to decide: idle rounds would dilute the mean)."""
+        chosen = [s for s, n in zip(self.decision_s, self.active_jobs) if n >= min_active]
+        if not chosen:
+            return {"rounds": 0, "mean_s": math.nan, "median_s": math.nan, "max_s": math.nan}
+        return {"rounds": len(chosen), "mean_s": float(np.mean(chosen)),
+                "median_s": float(np.median(chosen)), "max_s": float(max(chosen)),
+                "mean_active_jobs": float(np.mean([n for n in self.active_jobs if n >= min_active]))}
+
+    def summary(self) -> dict[str, object]:
+        summary = dict(self.result.summary())
+        summary["mean_utilization"] = mean_utilization(self.result, self.end_time())
+        summary["decision"] = self.decision_stats()
+        summary["wall_s"] = round(self.wall_s, 3)
+        return summary
+
+    def end_time(self) -> float:
+        ends = [r.end_time for r in self.result.records if r.end_time is not None]
+        last_change = self.result.utilization[-1][0] if self.result.utilization else 0.0
+        return max(ends + [last_change])
+
+
+def mean_utilization(result: SimResult, until: float) -> float:
+    """Time-weighted mean of the GPUs allocated over [first change, until], in GPUs."""
+    points = list(result.utilization)
+    if not points or until <= points[0][0]:
+        return 0.0
+    busy = sum(used * (min(end, until) - start)
+               for (start, used), (end, _) in zip(points, points[1:] + [(until, 0)]) if start < until)
+    return busy / (until - points[0][0])
+
+
+def run_policy(specs: Sequence[JobSpec], name: str, config: SimConfig, *, seed: int = 0,
+               progress: bool = False) -> PolicyRun:
+    """Simulate ``specs`` under the policy ``name`` (seeded and told ``config.resize``), with a
+    progress bar on stderr when ``progress`` is set and tqdm is installed."""
+    policy = configured_policy(name, seed=seed, resize=config.resize)
+    bar = _progress_bar(name, len(specs)) if progress else None
+    instrumented = _Instrumented(policy, sorted(spec.submit_time for spec in specs),
+                                 on_round=None if bar is None else _updater(bar))
+    started = time.perf_counter()
+    try:
+        result = simulate(specs, instrumented, config)
+        if bar is not None:   # completions after the last round never reached the bar
+            bar.update(sum(r.status != "unfinished" for r in result.records) - bar.n)
+    finally:
+        if bar is not None:
+            bar.close()
+    wall_s = time.perf_counter() - started
+    allocations = {job: list(steps) for job, steps in instrumented.steps.items()}
+    for record in result.records:   # a finished job frees its GPUs at its completion, not at a round
+        if record.end_time is not None and record.name in allocations:
+            allocations[record.name].append((record.end_time, 0))
+    return PolicyRun(result, tuple(instrumented.decision_s), tuple(instrumented.active_jobs), allocations, wall_s)
+
+
+def _progress_bar(name: str, total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:   # the bar is a convenience (taiji[progress]); the run does not need it
+        return None
+    return tqdm(total=total, desc=f"{name:>10}", unit="job", file=sys.stderr, leave=True, dynamic_ncols=True)
+
+
+def _updater(bar) -> Callable[[float, int], None]:
+    def update(now: float, finished: int) -> None:
+        bar.set_postfix_str(f"t={now / 3600:.1f}h", refresh=False)
+        bar.update(max(finished - bar.n, 0))
+    return update
+
+
+# -- the summary table and the files -----------------------------------------------------------
+
+COLUMNS = (  # header, width, how a run's summary shows in it
+    ("policy", 10, lambda s: str(s["policy"])),
+    ("done", 9, lambda s: f"{s['completed']}/{s['jobs']}"),
+    ("avg JCT s", 10, lambda s: _number(s["avg_jct_s"], 0)),
+    ("p99 JCT s", 10, lambda s: _number(s["p99_jct_s"], 0)),
+    ("makespan h", 10, lambda s: _number(s["makespan_s"] / 3600, 2)),
+    ("GPU-hours", 10, lambda s: _number(s["gpu_hours"], 1)),
+    ("restarts", 8, lambda s: str(s["restarts"])),
+    ("decision ms/round", 17, lambda s: f"{_number(s['decision']['mean_s'] * 1e3, 2)} "
+                                        f"(max {_number(s['decision']['max_s'] * 1e3, 1)})"),
+)
+
+
+def _number(value: float, digits: int) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def summary_table(summaries: Sequence[Mapping[str, object]]) -> str:
+    lines = ["  ".join(f"{title:>{width}}" for title, width, _ in COLUMNS)]
+    lines += ["  ".join(f"{show(summary):>{width}}" for _, width, show in COLUMNS) for summary in summaries]
+    return "\n".join(lines)
+
+
+def outcome_notes(runs: Sequence[PolicyRun], shown: int = 5) -> list[str]:
+    """Lines on the jobs that did not complete: rejections (the same under every policy, since
+    they depend on the cluster alone) once, unfinished jobs per policy."""
+    def names(jobs: Sequence[str]) -> str:
+        return ", ".join(jobs[:shown]) + (f", ... ({len(jobs) - shown} more)" if len(jobs) > shown else "")
+    notes = []
+    rejected = [r.name for r in runs[0].result.records if r.status == "rejected"] if runs else []
+    if rejected:
+        notes.append(f"{len(rejected)} job(s) rejected, larger than the cluster: {names(rejected)}")
+    for run in runs:
+        unfinished = [r.name for r in run.result.records if r.status == "unfinished"]
+        if unfinished:
+            notes.append(f"{run.name}: {len(unfinished)} job(s) unfinished (time limit or never "
+                         f"scheduled): {names(unfinished)}")
+    return notes
+
+
+def write_outputs(out: Path, runs: Sequence[PolicyRun], settings: Mapping[str, object]) -> list[Path]:
+    """Per policy its jobs (JSONL) and its summary with timelines (JSON); one summary.json of all."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for run in runs:
+        jobs_path = out / f"{run.name}.jobs.jsonl"
+        run.result.write_jsonl(jobs_path)
+        summary_path = out / f"{run.name}.summary.json"
+        summary_path.write_text(json.dumps({
+            "settings": settings, "summary": run.summary(),
+            "utilization": [list(point) for point in run.result.utilization],
+            "allocations": {job: [list(step) for step in steps] for job, steps in run.allocations.items()},
+        }, default=_json_default) + "\n")
+        written += [jobs_path, summary_path]
+    total = out / "summary.json"
+    total.write_text(json.dumps({"settings": settings, "policies": [run.summary() for run in runs]},
+                                default=_json_default, indent=1) + "\n")
+    return written + [total]
+
+
+def _json_default(value: object) -> object:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    raise TypeError(f"not JSON-serialisable: {value!r}")
+
+
+def draw_plots(out: Path, runs: Sequence[PolicyRun], cluster: Cluster, allocation_policy: str) -> list[Path]:
+    from taiji.sched import plots   # matplotlib is an optional extra (taiji[plot])
+
+    chosen = next(run for run in runs if run.name == allocation_policy)
+    return [
+        plots.plot_jct_cdf({run.name: [r.jct for r in run.result.records if r.jct is not None] for run in runs},
+                           out / "jct_cdf.png"),
+        plots.plot_utilization({run.name: run.result.utilization for run in runs}, cluster.total_gpus,
+                               out / "utilization.png"),
+        plots.plot_allocations(chosen.allocations,
+                               {r.name: (r.submit_time, r.end_time) for r in chosen.result.records
+                                if r.status != "rejected"},
+                               out / f"allocations-{chosen.name}.png", chosen.name),
+    ]
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Cluster scheduling: simulate policies on workloads.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    simulate_cmd = sub.add_parser(
+        "simulate", help="run policies on a workload in the simulator; table, JSON(L) and PNGs",
+        description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    simulate_cmd.add_argument("--workload", required=True, metavar="FILE|pollux:N|synthetic",
+                              help="a Pollux-format CSV (name,time,application,num_replicas,batch_size), "
+                                   "a shipped Pollux workload pollux:1..8, or a seeded synthetic one")
+    simulate_cmd.add_argument("--policy", required=True, metavar="NAME[,NAME...]",
+                              help="policies to compare, e.g. pcrr,tiresias,optimus,pollux,fifo,drf,srtf")
+    simulate_cmd.add_argument("--cluster", default="16x4", metavar="HOSTSxGPUS",
+                              help="identical hosts × GPUs per host (default: %(default)s)")
+    simulate_cmd.add_argument("--seed", type=int, default=0,
+                              help="seeds the synthetic workload and randomized policies (default: %(default)s)")
+    simulate_cmd.add_argument("--cost", default="restart", metavar="restart|taiji|SECONDS",
+                              help="pause per allocation change: restart (30 s), taiji (measured ~0.03 s), "
+                                   "or seconds (default: %(default)s)")
+    simulate_cmd.add_argument("--out", default="runs/sched", metavar="DIR",
+                              help="where the JSON(L) files and PNGs go (default: %(default)s)")
+    simulate_cmd.add_argument("--quiet", action="store_true", help="no progress bars, no list of files")
+    simulate_cmd.add_argument("--verbose", action="store_true",
+                              help="log the simulator's warnings as they happen (each rejected job, time limits)")
+    simulate_cmd.add_argument("--jobs", type=int, default=160, help="synthetic: number of jobs (default: %(default)s)")
+    simulate_cmd.add_argument("--duration-h", type=float, default=8.0,
+                              help="synthetic: hours over which jobs arrive (default: %(default)s)")
+    simulate_cmd.add_argument("--interval", type=float, default=60.0,
+                              help="seconds between scheduling rounds (default: %(default)s)")
+    simulate_cmd.add_argument("--events", action="store_true",
+                              help="also schedule right after every arrival and completion")
+    simulate_cmd.add_argument("--interference", type=float, default=0.0,
+                              help="slowdown of distributed jobs sharing a host, e.g. 0.25 (default: 0)")
+    simulate_cmd.add_argument("--max-hours", type=float, default=SimConfig.max_time_s / 3600,
+                              help="stop simulating after this many hours (default: %(default)g)")
+    simulate_cmd.add_argument("--plot-policy", default=None, metavar="NAME",
+                              help="whose per-job allocations to draw (default: pcrr if run, else the first)")
+    simulate_cmd.add_argument("--no-plots", action="store_true", help="write no PNGs")
+    return parser
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    policies = parse_policies(args.policy)
+    cluster = Cluster.parse(args.cluster)
+    resize = parse_cost(args.cost)
+    config = SimConfig(cluster=cluster, interval_s=args.interval, resize=resize,
+                       reschedule_on_events=args.events, interference=args.interference,
+                       max_time_s=args.max_hours * 3600)
+    plot_policy = args.plot_policy or ("pcrr" if "pcrr" in policies else policies[0])
+    if plot_policy not in policies:
+        raise ConfigError(f"--plot-policy {plot_policy!r} is not among --policy {','.join(policies)}")
+    specs = workload_from(args.workload, seed=args.seed, jobs=args.jobs, duration_s=args.duration_h * 3600)
+    out = Path(args.out)
+    try:   # before simulating: an unwritable --out must not cost a whole run
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create ({exc})") from exc
+    settings = {"workload": args.workload, "jobs": len(specs), "cluster": args.cluster, "seed": args.seed,
+                "cost": args.cost, "resize": resize, "interval_s": args.interval, "events": args.events,
+                "interference": args.interference}
+    print(f"{len(specs)} jobs from {args.workload} on {cluster.num_hosts}x{cluster.gpus_per_host} GPUs, "
+          f"resize cost {args.cost}, seed {args.seed}", flush=True)
+    # the warnings would tear through the progress bars; their gist is summarised below the table
+    sched_logger = logging.getLogger("taiji.sched")
+    level = sched_logger.level
+    sched_logger.setLevel(logging.WARNING if args.verbose else logging.ERROR)
+    try:
+        runs = [run_policy(specs, name, config, seed=args.seed, progress=not args.quiet) for name in policies]
+    finally:   # in-process callers (tests, notebooks) keep their logging as it was
+        sched_logger.setLevel(level)
+    print(summary_table([run.summary() for run in runs]), flush=True)
+    for note in outcome_notes(runs):
+        print(note)
+    try:
+        written = write_outputs(out, runs, settings)
+        if not args.no_plots:
+            written += draw_plots(out, runs, cluster, plot_policy)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write ({exc})") from exc
+    except ImportError as exc:   # no matplotlib: the numbers are written, only the pictures are missing
+        sys.stderr.write(f"{PROG}: no plots ({exc}); install taiji[plot] for them\n")
+    if not args.quiet:
+        print(f"wrote {len(written)} files to {out}: {', '.join(path.name for path in written)}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return simulate_command(args)
+    except ConfigError as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return 2
+    except TaijiError as exc:   # e.g. PolicyError: a policy broke the simulator's rules
+        sys.stderr.write(f"{PROG}: error: {type(exc).__name__}: {exc}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

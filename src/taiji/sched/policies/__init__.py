@@ -1,0 +1,35 @@
+"""Scheduling policies for :mod:`taiji.sched.sim` (each implements ``sim.Policy``)."""
+from __future__ import annotations
+
+from taiji.errors import ConfigError
+from taiji.sched.policies.drf import ElasticDrf
+from taiji.sched.policies.fifo import Fifo
+from taiji.sched.policies.optimus import OptimusOracle
+from taiji.sched.policies.pcrr import Pcrr
+from taiji.sched.policies.pollux import PolluxLike
+from taiji.sched.policies.srtf import SrtfOracle
+from taiji.sched.policies.tiresias import Tiresias
+from taiji.sched.sim import ResizeCost
+
+POLICIES = {"fifo": Fifo, "drf": ElasticDrf, "tiresias": Tiresias, "optimus": OptimusOracle,
+            "pollux": PolluxLike, "srtf": SrtfOracle, "pcrr": Pcrr}
+
+
+def make_policy(name: str, resize: ResizeCost | None = None):
+    """A policy by name (``fifo``, ``drf``, ``tiresias``, ``optimus``, ``pollux``, ``srtf``, ``pcrr``).
+
+    ``resize``: the simulated system's resize cost (``sim.SYSTEMS[...]``, the same as
+    ``SimConfig.resize``), for the policies that weigh a change against it: ``pcrr`` (LP and
+    hysteresis) and ``pollux`` (its restart factor, charged the largest pause). The simulator does
+    not tell policies what a change costs, so without it both assume a 30 s restart."""
+    if name not in POLICIES:
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    if resize is not None and name == "pcrr":
+        return Pcrr(resize=resize)
+    if resize is not None and name == "pollux":
+        return PolluxLike(restart_penalty_s=max(resize.grow, resize.shrink, resize.move))
+    return POLICIES[name]()
+
+
+__all__ = ["POLICIES", "ElasticDrf", "Fifo", "OptimusOracle", "Pcrr", "PolluxLike", "SrtfOracle", "Tiresias",
+           "make_policy"]

@@ -1,0 +1,227 @@
+"""PCRR on the simulator: the packing/covering LP with randomized rounding (SCHEDULER.md §4.2) as a
+:class:`~taiji.sched.sim.Policy`.
+
+Every round this adapter turns the active :class:`~taiji.sched.sim.JobView` s into an
+:class:`~taiji.sched.lp.Problem`, lets :func:`~taiji.sched.rounding.decide` solve the LP and round it
+(α-point order, seeded rounding of the first slot, repair, work-conserving fill) and turns the chosen
+placements back into :class:`~taiji.sched.cluster.Allocation` s.
+
+**Candidates** per job (at most ~9): the allocation it holds now, kept exactly where it is (the LP's
+``Job.current``, so the LP can weigh leaving it against the resize cost); ``n`` GPUs for n = 1, 2, 4, …
+up to the GPUs per host, *internal* (one host, the consolidated rate); and multiples of a host (2, 4,
+8, … hosts) as *external* configurations at the rate of full hosts; plus the job's cap when the powers
+of two skip it. The small ones are flexible too ([I], a simplification of §4.2's "internal on each of
+the ≤3 emptiest hosts"): the LP only counts them against the cluster's aggregate capacity, and the
+rounding's placer puts them on the fullest single host that holds them (best fit), so they stay
+internal unless the cluster is too fragmented. Fixed-host candidates for every job would mostly point
+at the few hosts free *now*, which hides from the LP exactly the GPUs it frees by shrinking others.
+
+**Rates and batch** (an oracle, as Optimus and the Pollux-like baseline use): work is the job's remaining
+statistical progress; a configuration's rate is that work over the exact time to finish on its shape.
+With ``adaptive_batch`` (default; what Pollux-like does and what taiji's ``GNSBatchSize`` does live) the
+batch is the goodput-best of a geometric grid for the shape *in each remaining epoch*, so the time to
+finish assumes the batch is re-chosen at epoch boundaries; the allocation gets the best batch for the
+current epoch on its actual placement. With ``adaptive_batch=False`` the job keeps its requested batch
+(the setting of Tiresias and Optimus) and GPUs beyond ``batch / min_local_bsz`` are not offered.
+
+**Resize cost**: the simulator does not tell a policy what a change costs, so it is a constructor field
+(``resize``, one of :data:`~taiji.sched.sim.SYSTEMS`; ``make_policy("pcrr", resize)``); the LP and
+the fill charge a running job κ × the largest of its grow/shrink/move pauses for a change. Pass the
+same system as ``SimConfig.resize``.
+
+**Rounding** (:func:`~taiji.sched.rounding.decide` options; chosen on synthetic workloads, not on
+Pollux's): every job the LP runs at all in the first slot is a candidate to run (its configuration drawn
+in proportion to the LP's fractions) and jobs are placed strictly in α-point order, so a running job
+later in that order is repaired (shrunk) when an earlier one needs its GPUs. The default Bernoulli draw
+("run with probability Σ_k x") with running jobs placed first left short jobs the LP finishes inside the
+first slot waiting for several rounds behind running ones (ncf jobs waited ~5 min). Changes of a running
+job are weighed by the LP itself, which charges them κ × the resize pause (``hysteresis``): the
+rounding's own gain test priced GPUs at the LP's duals summed over the whole horizon and so refused
+nearly every grow the LP asked for; instead the rounding is sticky, a running job keeps its allocation
+when the LP gives it at least ``keep_share`` of its first-slot mass (no coin flip against the LP's
+choice under a 30 s restart).
+
+**Not modelled**: interference between distributed jobs, estimation error (rates are ground truth),
+and Pollux-like's limit of twice the GPUs a job has held (PCRR may give a new job many GPUs at once).
+
+**Determinism**: the rounding's seed is derived from ``seed`` and the round's time, so a run is a pure
+function of (workload, settings, seed). No LP time limit is set by default, because a limit would make
+decisions depend on the machine's speed.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from taiji.sched.cluster import Allocation, Cluster, packed_shape
+from taiji.sched.lp import Config, Horizon, Host, Job, Problem
+from taiji.sched.model import Application, canonical_placement, progress_rate
+from taiji.sched.rounding import decide
+from taiji.sched.sim import SYSTEMS, JobView, ResizeCost
+
+BATCH_GRID_POINTS = 12       # candidate total batch sizes per GPU count (geometric)
+MAX_GPUS_PER_JOB = 64        # as the Pollux-like baseline: beyond this no trace data exists
+Shape = tuple[int, ...]      # canonical placement: GPUs per used host
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """How a job trains on one shape with a given set of allowed batches, per epoch: the best batch,
+    its progress rate, and seconds to train from the start of that epoch to the end (``[max_epochs]``=0)."""
+
+    batches: tuple[int, ...]
+    rates: tuple[float, ...]
+    seconds_from: tuple[float, ...]
+
+    def time_to_finish(self, app: Application, progress: float) -> float:
+        epoch = app.epoch_of(progress)
+        if epoch >= app.max_epochs:
+            return 0.0
+        return (app.epoch_progress[epoch] - progress) / self.rates[epoch] + self.seconds_from[epoch + 1]
+
+
+def batch_grid(app: Application, replicas: int, adaptive: bool, requested: int) -> tuple[int, ...]:
+    """Total batch sizes a job may train with on ``replicas`` GPUs: its request when not adaptive (or
+    when the application pins its batch), otherwise a geometric grid from the larger of the initial
+    batch and ``min_local_bsz`` per GPU up to the largest batch the traces validate."""
+    if app.fixed_batch_size:
+        return (app.fixed_batch_size,)
+    if not adaptive:
+        return (requested,)
+    smallest = min(max(app.init_batch_size, replicas * app.min_local_bsz), app.max_batch_size)
+    return tuple(sorted({int(round(b)) for b in np.geomspace(smallest, app.max_batch_size, BATCH_GRID_POINTS)}))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def epoch_plan(app: Application, shape: Shape, batches: tuple[int, ...]) -> EpochPlan:
+    """The per-epoch best of ``batches`` on ``shape`` (cached: it depends on nothing that changes)."""
+    best = [max((progress_rate(app, shape, b, epoch), b) for b in batches) for epoch in range(app.max_epochs)]
+    lengths = np.diff(np.concatenate(([0.0], app.epoch_progress)))
+    per_epoch = lengths / np.array([rate for rate, _ in best])
+    seconds_from = np.concatenate((np.cumsum(per_epoch[::-1])[::-1], [0.0]))
+    return EpochPlan(tuple(b for _, b in best), tuple(r for r, _ in best), tuple(seconds_from.tolist()))
+
+
+def gpu_cap(job: JobView, total_gpus: int, adaptive: bool) -> int:
+    """Most GPUs worth offering: every GPU keeps ``min_local_bsz`` samples of the largest allowed batch."""
+    app = job.app
+    largest = app.fixed_batch_size or (app.max_batch_size if adaptive else job.spec.batch_size)
+    return max(1, min(app.max_useful_replicas(largest), total_gpus, MAX_GPUS_PER_JOB))
+
+
+def candidate_counts(cap: int, gpus_per_host: int) -> list[int]:
+    """1, 2, 4, … below a host, one full host, then 2, 4, 8, … full hosts; and ``cap`` itself when
+    the doubling skips it (a job capped at 6 GPUs should be able to get 6)."""
+    counts = {gpus_per_host}
+    n = 1
+    while n < gpus_per_host:
+        counts.add(n)
+        n *= 2
+    n = 2 * gpus_per_host
+    while n <= cap:
+        counts.add(n)
+        n *= 2
+    counts.add(cap)
+    return sorted(c for c in counts if c <= cap)
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One decision, for the decision-time and LP-size metrics (SCHEDULER.md §4.4)."""
+
+    now: float
+    jobs: int
+    variables: int
+    rows: int
+    decide_s: float        # candidates + LP + rounding + translation, wall seconds
+    lp_s: float
+    lp_optimal: bool
+    repaired: int
+    kept_by_hysteresis: int
+
+
+@dataclass
+class Pcrr:
+    """PCRR as a simulator policy; see the module docstring for the candidates, rates and cost."""
+
+    name: str = "pcrr"
+    resize: ResizeCost = SYSTEMS["restart"]
+    seed: int = 0
+    adaptive_batch: bool = True
+    slot_s: float = 60.0            # first slot = the simulator's round (only it is executed)
+    slots: int = 8                  # geometric horizon: 60, 60, 120, … 3840 s (~2.2 h in all)
+    alpha: float | None = 0.5       # α-points; None = one uniform α per job (randomized variant)
+    hysteresis: float = 1.0         # κ: the LP and the fill charge a running job κ × its resize pause
+    keep_share: float = 0.5         # a running job keeps its allocation when the LP gives it this share
+    capacity_slack: float = 0.0     # ε of the LP's capacity rows
+    rounds: list[RoundStats] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @property
+    def change_cost_s(self) -> float:
+        """What the LP charges a running job for any change: its largest pause."""
+        return max(self.resize.grow, self.resize.shrink, self.resize.move)
+
+    def allocate(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Mapping[str, Allocation]:
+        started = time.perf_counter()
+        if not jobs:
+            return {}
+        problem = Problem(tuple(Host(f"h{h}", cluster.gpus_per_host) for h in range(cluster.num_hosts)),
+                          tuple(self._candidates(job, cluster) for job in jobs),
+                          Horizon.geometric(self.slots, self.slot_s), self.capacity_slack)
+        # α-point list scheduling; the LP's own resize charge decides changes, and running jobs
+        # are sticky (module docstring, "Rounding", says why these beat decide's defaults)
+        schedule = decide(problem, seed=self._round_seed(now), alpha=self.alpha, hysteresis=None,
+                          keep_first=False, conditional=True, keep_share=self.keep_share)
+        answer: dict[str, Allocation] = {}
+        for view, assignment in zip(jobs, schedule.assignments):
+            if assignment.config is None:
+                continue
+            counts = [0] * cluster.num_hosts
+            for host, gpus in assignment.placement:
+                counts[host] = gpus
+            answer[view.name] = Allocation(tuple(counts), self._batch_now(view, tuple(counts)))
+        size = schedule.lp.size
+        self.rounds.append(RoundStats(now, len(jobs), size.get("variables", 0), size.get("rows", 0),
+                                      time.perf_counter() - started, schedule.lp.solve_s, schedule.lp.optimal,
+                                      schedule.repaired, schedule.kept_by_hysteresis))
+        return answer
+
+    def _round_seed(self, now: float) -> int:
+        return int(np.random.SeedSequence((self.seed, int(round(now * 1000)))).generate_state(1)[0])
+
+    def _plan(self, view: JobView, shape: Shape) -> EpochPlan:
+        grid = batch_grid(view.app, sum(shape), self.adaptive_batch, view.spec.batch_size)
+        return epoch_plan(view.app, shape, grid)
+
+    def _rate(self, view: JobView, shape: Shape) -> float:
+        """Remaining work over the exact time to finish on ``shape``: the average rate the LP plans with."""
+        seconds = self._plan(view, shape).time_to_finish(view.app, view.progress)
+        # floors: a job a rounding error from its target still needs a positive rate in the LP
+        return max(view.remaining_progress, 1e-9) / max(seconds, 1e-9)
+
+    def _batch_now(self, view: JobView, placement: tuple[int, ...]) -> int:
+        plan = self._plan(view, canonical_placement(placement))
+        return plan.batches[min(view.app.epoch_of(view.progress), view.app.max_epochs - 1)]
+
+    def _candidates(self, view: JobView, cluster: Cluster) -> Job:
+        configs: list[Config] = []
+        current: int | None = None
+        held: Shape | None = None
+        if view.allocation is not None:
+            held = canonical_placement(view.allocation.placement)
+            configs.append(Config.spread({h: g for h, g in enumerate(view.allocation.placement) if g},
+                                         self._rate(view, held), "current"))
+            current = 0
+        for count in candidate_counts(gpu_cap(view, cluster.total_gpus, self.adaptive_batch),
+                                      cluster.gpus_per_host):
+            shape = canonical_placement(packed_shape(count, cluster.gpus_per_host))
+            if shape == held:   # the held allocation already offers this shape, without a move
+                continue
+            mode = "int" if count <= cluster.gpus_per_host else "ext"
+            configs.append(Config.external(count, self._rate(view, shape), f"{count}@{mode}"))
+        return Job(view.name, max(view.remaining_progress, 1e-9), tuple(configs), 1.0, current,
+                   self.hysteresis * self.change_cost_s if current is not None else 0.0)

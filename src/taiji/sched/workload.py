@@ -1,0 +1,121 @@
+"""Job workloads for the scheduler simulator: the Pollux workload CSVs and a synthetic generator.
+
+A workload is a tuple of :class:`JobSpec`, sorted by submission time. The Pollux files
+(``workload-{1..8}.csv``, shipped gzip-compressed in ``taiji/sched/data/workloads``) have the
+columns ``name,time,application,num_replicas,batch_size``: ``time`` is the submission time in
+seconds from the start of the workload, and ``num_replicas``/``batch_size`` the "tuned"
+configuration that rigid policies (FIFO, Tiresias, SRTF) run at; elastic policies may ignore the
+replica count. Every reader error names the file and line.
+
+:func:`synthetic_workload` draws Philly-shaped workloads with a seeded generator: Poisson
+arrivals over a window and the application/configuration mix of the eight Pollux files.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from taiji.errors import ConfigError
+from taiji.sched.csvio import Source, data_root, parse_number, read_rows
+from taiji.sched.model import APPLICATIONS
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+POLLUX_WORKLOADS = tuple(range(1, 9))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One submitted job: what it trains and the configuration it asked for."""
+
+    name: str
+    submit_time: float   # seconds from the start of the workload
+    application: str     # one of model.APPLICATIONS
+    num_replicas: int    # GPUs requested (rigid policies run exactly this many)
+    batch_size: int      # total batch size requested
+
+    def __post_init__(self) -> None:
+        if self.application not in APPLICATIONS:
+            raise ConfigError(f"job {self.name!r}: unknown application {self.application!r}; "
+                              f"known: {', '.join(APPLICATIONS)}")
+        if self.submit_time < 0 or self.num_replicas < 1 or self.batch_size < 1:
+            raise ConfigError(f"job {self.name!r}: need time >= 0, num_replicas >= 1, batch_size >= 1; "
+                              f"got {self.submit_time}, {self.num_replicas}, {self.batch_size}")
+
+
+def read_workload(source: Source) -> tuple[JobSpec, ...]:
+    """The jobs of a Pollux-format workload CSV (plain or ``.gz``), sorted by submission time
+    (ties keep file order). Raises ConfigError naming the file and line of a bad row."""
+    jobs: list[JobSpec] = []
+    seen: dict[str, int] = {}
+    for row in read_rows(source, COLUMNS):
+        name = row.fields["name"]
+        if not name:
+            raise ConfigError(f"{source}:{row.line}: empty job name")
+        if name in seen:
+            raise ConfigError(f"{source}:{row.line}: job name {name!r} repeats line {seen[name]}")
+        seen[name] = row.line
+        try:
+            jobs.append(JobSpec(
+                name=name, submit_time=parse_number(source, row, "time"),
+                application=row.fields["application"],
+                num_replicas=int(parse_number(source, row, "num_replicas", int)),
+                batch_size=int(parse_number(source, row, "batch_size", int))))
+        except ConfigError as exc:
+            if str(exc).startswith(str(source)):
+                raise
+            raise ConfigError(f"{source}:{row.line}: {exc}") from None
+    if not jobs:
+        raise ConfigError(f"{source}: no jobs")
+    return tuple(sorted(jobs, key=lambda job: job.submit_time))
+
+
+def pollux_workload(index: int) -> tuple[JobSpec, ...]:
+    """Pollux's ``workload-<index>.csv`` (1..8, the 1.0x job load), from the shipped copy."""
+    if index not in POLLUX_WORKLOADS:
+        raise ConfigError(f"Pollux workloads are numbered 1..8, got {index}")
+    return read_workload(data_root().joinpath("workloads", f"workload-{index}.csv.gz"))
+
+
+def load_workload(spec: str) -> tuple[JobSpec, ...]:
+    """A workload named on a command line: ``pollux:N`` for a shipped file, else a CSV path."""
+    if spec.startswith("pollux:"):
+        try:
+            return pollux_workload(int(spec.split(":", 1)[1]))
+        except ValueError:
+            raise ConfigError(f"workload {spec!r}: expected pollux:1..pollux:8") from None
+    return read_workload(Path(spec))
+
+
+# (application, num_replicas, batch_size) and how often each appears in the eight Pollux files
+# (1280 jobs): the mix the synthetic generator draws from, so it stays Philly-shaped.
+PHILLY_MIX: tuple[tuple[str, int, int, int], ...] = (
+    ("ncf", 1, 32768, 503),
+    ("cifar10", 6, 2048, 134), ("cifar10", 8, 2048, 119),
+    ("cifar10", 12, 4096, 133), ("cifar10", 16, 4096, 109),
+    ("deepspeech2", 6, 320, 34), ("deepspeech2", 8, 320, 34), ("deepspeech2", 12, 640, 43),
+    ("bert", 6, 384, 23), ("bert", 8, 384, 18), ("bert", 12, 384, 20), ("bert", 16, 384, 25),
+    ("yolov3", 4, 64, 59),
+    ("imagenet", 24, 3200, 9), ("imagenet", 32, 6400, 9), ("imagenet", 48, 6400, 8),
+)
+
+
+def synthetic_workload(seed: int, num_jobs: int = 160, duration_s: float = 8 * 3600.0,
+                       mix: tuple[tuple[str, int, int, int], ...] = PHILLY_MIX) -> tuple[JobSpec, ...]:
+    """``num_jobs`` jobs with Poisson arrivals over ``duration_s`` (sorted uniform times, which is
+    what a Poisson process conditioned on its count is) and configurations drawn with the
+    frequencies of ``mix``. The same seed gives the same workload."""
+    if num_jobs < 1 or duration_s <= 0:
+        raise ConfigError(f"need num_jobs >= 1 and duration_s > 0, got {num_jobs}, {duration_s}")
+    rng = np.random.default_rng(seed)
+    times = np.sort(rng.uniform(0.0, duration_s, size=num_jobs)).round()
+    weights = np.array([entry[3] for entry in mix], dtype=float)
+    picks = rng.choice(len(mix), size=num_jobs, p=weights / weights.sum())
+    return tuple(
+        JobSpec(name=f"{mix[k][0]}-{i}", submit_time=float(t), application=mix[k][0],
+                num_replicas=mix[k][1], batch_size=mix[k][2])
+        for i, (t, k) in enumerate(zip(times, picks)))
