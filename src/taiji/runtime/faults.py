@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .. import env
 from ..errors import ConfigError
@@ -71,13 +71,12 @@ class FaultPlan:
                     os._exit(fault.code)
 
 
-def from_env(claim: Callable[[int], bool]) -> FaultPlan:
-    """The plan in ``TAIJI_FAULTS``; ``claim(i)`` must be True for exactly one worker per fault."""
-    return FaultPlan(parse(env.FAULTS.get()), claim)
 
+def for_worker(store: Any, who: Callable[[], tuple[int, str]]) -> Callable[[str, int], None]:
+    """``fire(phase, step)`` for the plan in ``TAIJI_FAULTS``, for the worker ``who()`` names
+    (rank, worker id) at that moment; each fault fires once per job, claimed on the job store."""
+    plan = FaultPlan(parse(env.FAULTS.get()), lambda i: store.add(f"fault/{i}", 1) == 1)
 
-def firing(plan: FaultPlan, who: Callable[[], tuple[int, str]]) -> Callable[[str, int], None]:
-    """``fire(phase, step)`` for the worker ``who()`` names (rank, worker id) at that moment."""
     def fire(phase: str, step: int) -> None:
         if plan.faults:
             rank, worker = who()

@@ -75,8 +75,7 @@ class Job:
         self._reporter = Reporter(run_dir, log_every, lead=self._leads,
                                   write_status=self._membership.store.write_status)
         store = self._membership.store
-        self._fire = faults.firing(faults.from_env(lambda i: store.add(f"fault/{i}", 1) == 1),
-                                   lambda: (self._peer.rank, self._peer.worker_id))
+        self._fire = faults.for_worker(store, lambda: (self._peer.rank, self._peer.worker_id))
         self._control = ControlChannel(self._membership, self._signals)
         self._engine = StepEngine(model, optimizer, lr_scheduler, BatchFetcher(dataset, collate_fn, device),
                                   self._sampler, self._membership, self._control, self.monitors,

@@ -48,8 +48,7 @@ class Optimizer:
         self.sync = (sync or SyncSGD()).attach(model, lambda: self._membership.comm)
         self._state = TrainState(model, optimizer, 1, 1, self.sync.name, {}, has_state=peer.joined)
         store = self._membership.store
-        self._fire = faults.firing(faults.from_env(lambda i: store.add(f"fault/{i}", 1) == 1),
-                                   lambda: (peer.rank, peer.worker_id))
+        self._fire = faults.for_worker(store, lambda: (peer.rank, peer.worker_id))
         timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
         reporter = Reporter(None, 0, lead=lambda: False, write_status=lambda status: None)
         self._transitions = Transitions(self._membership, self._state, reporter, self._fire, timeout,
