@@ -6,7 +6,9 @@
 
 Each run starts `taiji run` on tests/scripts/elastic_train.py with a random initial size,
 a random chain of resizes and up to two random faults (kill or hang a rank >= 1 at a random
-step and phase; sometimes with --replace). After the run, the per-step logs are audited
+step and phase; a hang is a SIGSTOP, found by the heartbeat; sometimes with --replace), and in a
+quarter of the runs one rank busy in user code (an evaluation) for longer than the collective
+timeout, which must be waited for, not killed. After the run, the per-step logs are audited
 (DESIGN §6): replicas bitwise identical after every committed step, every sample of an epoch
 consumed exactly once, final parameters equal to an uninterrupted 1-worker run, the job
 ended (no hang) and no process of the run is left (no orphan). The last line is the result
@@ -42,9 +44,12 @@ def random_schedule(rng: random.Random, max_np: int = 4) -> dict:
     for _ in range(rng.choice([0, 1, 1, 2])):
         faults.append({"action": rng.choice(["kill", "kill", "kill", "hang"]), "rank": rng.randint(1, max_np - 1),
                        "step": rng.randint(3, 40), "phase": rng.choice(["compute", "allreduce", "allreduce", "sync"])})
-    return {"np": rng.randint(1, 3), "max_np": max_np, "replace": rng.random() < 0.3,
-            "sizes": [rng.randint(1, max_np) for _ in range(rng.randint(1, 3))], "every": rng.randint(3, 12),
-            "steps": 400, "faults": faults}
+    schedule = {"np": rng.randint(1, 3), "max_np": max_np, "replace": rng.random() < 0.3,
+                "sizes": [rng.randint(1, max_np) for _ in range(rng.randint(1, 3))], "every": rng.randint(3, 12),
+                "steps": 400, "faults": faults}
+    if rng.random() < 0.25:  # a rank busy in user code for longer than the collective timeout
+        schedule["pause"] = [rng.randint(0, max_np - 1), rng.randint(3, 60), round(rng.uniform(2.5, 5.0), 1)]
+    return schedule
 
 
 def run_one(schedule: dict, timeout: float) -> dict:
@@ -54,7 +59,8 @@ def run_one(schedule: dict, timeout: float) -> dict:
             "--max-failures", "10"] + (["--replace"] if schedule["replace"] else []) + [
             "--", sys.executable, str(REPO / "tests" / "scripts" / "elastic_train.py"), str(out), "--batch", str(BATCH),
             "--steps", str(schedule["steps"]), "--step-delay", "0.005", "--every", str(schedule["every"]),
-            "--sizes", *map(str, schedule["sizes"])]
+            "--sizes", *map(str, schedule["sizes"])] + (
+            ["--pause", *map(str, schedule["pause"])] if schedule.get("pause") else [])
     env = dict(os.environ, TAIJI_FAULTS=json.dumps(schedule["faults"]), TAIJI_HOME=str(out / "home"),
                PYTHONUNBUFFERED="1")
     finished = run_to_end(args, timeout, name="soak run", env=env, cwd=REPO)
@@ -117,7 +123,8 @@ def main(argv=None) -> None:
             broken.append({"schedule": schedule, "returncode": result["returncode"], "audit": audit,
                            "tail": result["tail"]})
         print(f"run {i + 1}/{len(schedules)}: {'BROKEN' if bad else 'ok'} in {result['seconds']:.1f}s, "
-              f"sizes {audit.get('sizes')}, {audit.get('steps')} steps, faults {schedule['faults']}", flush=True)
+              f"sizes {audit.get('sizes')}, {audit.get('steps')} steps, faults {schedule['faults']}"
+              f"{', pause ' + str(schedule['pause']) if schedule.get('pause') else ''}", flush=True)
     print_result("soak", invariant_rows(totals), seed=args.seed, **totals, broken=broken)
 
 

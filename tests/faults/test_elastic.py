@@ -137,3 +137,28 @@ def test_resize_and_status_from_another_terminal(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
+
+
+def test_a_busy_rank_is_waited_for_not_killed(tmp_path):
+    """Issue 17 item 1: rank 0 evaluates for 6 s (three collective timeouts) in user code while its
+    peer waits. Its heartbeat is fresh, so it is busy, not hung: no worker is stopped, the step the
+    peer gave up on is retried in rebuilt groups of the same members, and every invariant holds."""
+    proc = run_elastic(tmp_path, 2, "--steps", "40", "--pause", "0", "10", "6",
+                       launcher_args=["--timeout", "2"])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    assert "stopping worker" not in proc.stdout, proc.stdout[-4000:]
+    assert "w0 is busy" in proc.stdout and "rebuild the groups" in proc.stdout, proc.stdout[-4000:]
+    result = check_invariants(tmp_path, 16)
+    assert result["sizes"] == [2], result["sizes"]
+
+
+def test_a_stopped_worker_outside_any_collective_is_found_by_its_heartbeat(tmp_path):
+    """SIGSTOP while its peers are not waiting on it yet (in compute): the heartbeat stops, and the
+    launcher stops the worker after --liveness-timeout, not after the collective timeout."""
+    faults = [{"action": "hang", "rank": 1, "step": 8, "phase": "compute"}]
+    proc = run_elastic(tmp_path, 3, "--steps", "30", faults=faults,
+                       launcher_args=["--timeout", "60", "--liveness-timeout", "2"])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    assert "stopped or frozen" in proc.stdout or "heartbeat stopped" in proc.stdout, proc.stdout[-4000:]
+    result = check_invariants(tmp_path, 16)
+    assert result["sizes"] == [3, 2]

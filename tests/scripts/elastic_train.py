@@ -143,7 +143,7 @@ def audit_positions(out: Path) -> dict:
 
 
 def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None, stop_at_version=0,
-          policy="", strategy="", slow_rank=-1):
+          policy="", strategy="", slow_rank=-1, pause=None):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     pending = list(sizes)
@@ -165,7 +165,7 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None,
     job = taiji.Job(model, opt, make_data(), batch_size=batch, max_steps=steps, epochs=10**6, seed=11,
                     peer=peer, log_every=0, on_commit=on_commit, policies=make_policies(policy, batch),
                     strategy=make_strategy(strategy), sync_every=5 * batch)
-    proposed = False
+    proposed = paused = False
     for step in job:
         if peer.rank == 0 and pending:
             if not proposed and step.index >= next_at:
@@ -179,6 +179,9 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None,
             job.request_stop()  # the schedule is done: every worker stops at this boundary
         if stop_at_version and peer.version >= stop_at_version:
             job.request_stop()
+        if pause and peer.rank == pause[0] and step.index == int(pause[1]) and not paused:
+            paused = True  # an evaluation on one rank, in user code, while its peers wait
+            time.sleep(pause[2])
         x, y = step.batch
         loss = F.cross_entropy(model(x), y)
         if step_delay:
@@ -200,13 +203,15 @@ if __name__ == "__main__":
     parser.add_argument("--policy", default="", choices=["", "cycle", "raise"])
     parser.add_argument("--strategy", default="", choices=["", "sync_sgd", "model_averaging", "pair_averaging"])
     parser.add_argument("--slow-rank", type=int, default=-1, help="this rank's steps take 3x --step-delay")
+    parser.add_argument("--pause", nargs=3, type=float, default=None, metavar=("RANK", "STEP", "SECONDS"),
+                        help="rank RANK is busy for SECONDS at step STEP before its forward (an evaluation)")
     args = parser.parse_args()
     taiji.log.configure_logging("INFO")
     peer = taiji.init()
     worker = os.environ["TAIJI_WORKER_ID"]
     params, job = train(peer, args.steps, args.batch, args.sizes, args.every, args.step_delay,
                         args.out / f"{worker}.jsonl", args.stop_at_version, args.policy, args.strategy,
-                        args.slow_rank)
+                        args.slow_rank, args.pause)
     with open(args.out / f"{worker}.transitions.json", "w") as f:
         json.dump(job.transitions, f)
     if peer.rank == 0:

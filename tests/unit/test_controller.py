@@ -1,7 +1,7 @@
 """The membership state machine, event by event, without processes."""
 import pytest
 
-from taiji.cluster.controller import (Bounds, FailureReported, FatalReported, Finish, JobDone, Kill, Log, Proposal,
+from taiji.cluster.controller import (Beat, Bounds, FailureReported, FatalReported, Finish, JobDone, Kill, Log, Proposal,
                                       Publish, Spawn, Tick, WorkerExited, WorkerReady, decide,
                                       initial_state)
 
@@ -182,3 +182,79 @@ def test_a_fatal_report_stops_every_worker_with_its_message_even_before_it_exits
     [fin] = of(acts, Finish)
     assert fin.code == 1 and fin.failed_worker == "w1" and "Broken.after_step raised at step 7" in fin.reason
     assert {k.id for k in of(acts, Kill)} == {"w0", "w1", "w2"} and not of(acts, Spawn)
+
+
+def test_a_member_admitted_as_the_job_finishes_is_stopped_not_rebuilt_forever():
+    """Soak seed 24: a replacement was admitted just as the others ran their last step and exited 0.
+    It waited for them in the state sync and reported a failure; "everyone reported" then republished
+    the same members every 2 s for ever (a livelock). A finished job has nothing to rebuild."""
+    s = initial_state(3, Bounds(max_np=4, replace=True))
+    s, _ = run(s, Proposal(4), WorkerReady("w3"))
+    s, acts = run(s, JobDone(), WorkerExited("w0", 0, True), WorkerExited("w1", 0, True),
+                  WorkerExited("w2", 0, True))
+    assert not of(acts, Finish)
+    s, acts = run(s, FailureReported("w3", 2))
+    assert not of(acts, Publish), "a finished job must not rebuild its groups"
+    assert [k.id for k in of(acts, Kill)] == ["w3"]
+    s, acts = run(s, WorkerExited("w3", -9, True))
+    assert of(acts, Finish) == [Finish(0, "every worker exited 0")]
+    assert s.failures == 0, "stopping a worker that came too late is not a failure"
+
+
+
+# -- liveness: heartbeats tell a stuck worker from a busy one ------------------------------------
+
+def beating(s, *ids, at):
+    return run(s, *[Beat(i, at) for i in ids], now=at)[0]
+
+
+def test_a_silent_member_with_a_stale_heartbeat_is_killed_at_once_as_hung():
+    s = beating(initial_state(3, Bounds()), "w0", "w1", "w2", at=0.0)
+    s = beating(s, "w0", "w1", at=2.0)  # w2 stopped beating (SIGSTOP)
+    s, acts = run(s, FailureReported("w0", 1), now=2.1)
+    assert [k.id for k in of(acts, Kill)] == ["w2"] and "heartbeat stopped" in of(acts, Kill)[0].reason
+
+
+def test_a_silent_member_with_a_fresh_heartbeat_is_busy_and_is_not_killed():
+    """An 8 s evaluation on rank 0 with --timeout 3 (issue 17 item 1): its peers' collectives time out,
+    but rank 0 is alive and busy: nobody is killed; when it comes back it reports too and the
+    groups are rebuilt with the same members."""
+    s = beating(initial_state(2, Bounds(suspect_window=1.0)), "w0", "w1", at=0.0)
+    s, acts = run(s, Beat("w0", 3.0), FailureReported("w1", 1), now=3.0)
+    assert not of(acts, Kill) and any("busy" in a.message for a in of(acts, Log))
+    for t in (4.0, 6.0, 8.0):  # ticks past the suspect window while w0 keeps beating
+        s, acts = run(s, Beat("w0", t), Beat("w1", t), Tick(), now=t)
+        assert not of(acts, Kill) and not of(acts, Publish) and not of(acts, Log), "logged once, no churn"
+    s, acts = run(s, FailureReported("w0", 1), now=8.5)
+    [pub] = of(acts, Publish)
+    assert pub.config.ids == ("w0", "w1") and pub.config.version == 2
+
+
+def test_a_busy_member_is_killed_after_the_busy_timeout():
+    s = beating(initial_state(2, Bounds(busy_timeout=30.0)), "w0", "w1", at=0.0)
+    s, _ = run(s, FailureReported("w1", 1), now=1.0)
+    s, acts = run(s, Beat("w0", 31.0), Beat("w1", 31.0), Tick(), now=31.0)
+    assert not of(acts, Kill)
+    s, acts = run(s, Beat("w0", 31.5), Beat("w1", 31.5), Tick(), now=31.5)
+    assert [k.id for k in of(acts, Kill)] == ["w0"] and "--busy-timeout" in of(acts, Kill)[0].reason
+
+
+def test_a_worker_without_heartbeat_for_the_liveness_timeout_is_killed_without_any_report():
+    """Asynchronous phases: no collective waits on a SIGSTOPped worker, the heartbeat finds it."""
+    s = beating(initial_state(3, Bounds(liveness_timeout=5.0)), "w0", "w1", "w2", at=0.0)
+    s, acts = run(s, Beat("w0", 5.0), Beat("w1", 5.0), Tick(), now=5.0)
+    assert not of(acts, Kill)
+    s, acts = run(s, Beat("w0", 5.2), Beat("w1", 5.2), Tick(), now=5.2)
+    [kill] = of(acts, Kill)
+    assert kill.id == "w2" and "stopped or frozen" in kill.reason
+    s, acts = run(s, Tick(), now=5.3)
+    assert not of(acts, Kill), "killed once"
+    s, acts = run(s, WorkerExited("w2", -9, True), now=5.4)
+    assert of(acts, Publish)[0].config.ids == ("w0", "w1")
+
+
+def test_an_exited_worker_s_old_heartbeat_does_not_get_it_killed_again():
+    s = beating(initial_state(3, Bounds(liveness_timeout=1.0)), "w0", "w1", "w2", at=0.0)
+    s, _ = run(s, WorkerExited("w2", 1, True), now=0.5)
+    s, acts = run(s, Beat("w0", 2.0), Beat("w1", 2.0), Tick(), now=2.0)
+    assert not of(acts, Kill)

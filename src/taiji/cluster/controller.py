@@ -17,12 +17,19 @@ Rules (DESIGN §3):
   replacement); one that exits 0 after it (or without one) has finished;
 - a worker failing outside a training loop (before it, or a script without one) stops the
   job: its peers have no way to recover, so its exit is reported as the root cause;
-- the job ends when every worker of the latest config has exited 0.
+- the job ends when every worker of the latest config has exited 0;
+- liveness: every worker's heartbeat (``Beat``) says its process runs. When its peers report a
+  failed collective, a silent member whose heartbeat is stale is hung and is killed at once; one
+  whose heartbeat is fresh is *busy* (evaluating, checkpointing) and is left alone — it reports
+  too when it comes back, and the groups are rebuilt with the same members — up to
+  ``busy_timeout``. A worker without a heartbeat for ``liveness_timeout`` is stopped or frozen
+  and is killed even if no collective waits on it (asynchronous phases). Workers that never
+  sent a heartbeat are judged by the report rule alone: killed at once when one is silent.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Union
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Union
 
 from . import spec
 
@@ -68,11 +75,18 @@ class JobDone:
 
 
 @dataclass(frozen=True)
+class Beat:
+    """The driver saw worker ``id``'s heartbeat counter move at time ``at``."""
+    id: str
+    at: float
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
-Event = Union[Proposal, WorkerReady, WorkerExited, FailureReported, FatalReported, JobDone, Tick]
+Event = Union[Proposal, WorkerReady, WorkerExited, FailureReported, FatalReported, JobDone, Beat, Tick]
 
 
 # -- actions ----------------------------------------------------------------------------
@@ -120,6 +134,9 @@ class Bounds:
     join_timeout: float = 60.0
     suspect_window: float = 5.0   # after a failure report, how long to wait for the others'
     max_failures: int = 3
+    liveness_timeout: float = 5.0  # no heartbeat for this long: the process is stopped or frozen
+    busy_timeout: float = 600.0    # a live worker may keep its waiting peers this long (evaluation)
+    stale_after: float = 1.0       # a heartbeat older than this at a failure report: not busy
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_np <= self.max_np:
@@ -148,6 +165,8 @@ class ControllerState:
     first_failure: tuple[str, int] | None = None
     reports: frozenset[str] = frozenset()     # members that reported a failure in config.version
     report_started: float | None = None
+    beats: Mapping[str, float] = field(default_factory=dict)  # worker -> when its heartbeat last moved
+    noted_busy: frozenset[str] = frozenset()  # busy members already logged in this version
     done: bool = False
     finished: bool = False
 
@@ -186,6 +205,8 @@ def decide(state: ControllerState, event: Event, now: float) -> Reaction:
         kills = [Kill(j.id, "the job is done") for j in state.joiners]
         state = replace(state, joiners=(), killed=state.killed | {j.id for j in state.joiners})
         return _maybe_finish(state, kills)
+    if isinstance(event, Beat):
+        return replace(state, beats={**state.beats, event.id: event.at}), []
     if isinstance(event, Tick):
         return _on_tick(state, now)
     raise TypeError(f"unknown event {event!r}")
@@ -215,7 +236,7 @@ def _spawn(state: ControllerState, count: int, now: float) -> Reaction:
 
 
 def _publish(state: ControllerState, config: spec.ClusterConfig, reason: str) -> ControllerState:
-    return replace(state, config=config, reports=frozenset(), report_started=None)
+    return replace(state, config=config, reports=frozenset(), report_started=None, noted_busy=frozenset())
 
 
 def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Reaction:
@@ -259,6 +280,7 @@ def _admit(state: ControllerState, ready: tuple[Joiner, ...], actions: list[Acti
 
 def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Reaction:
     wid, code = event.id, event.code
+    state = replace(state, beats={k: v for k, v in state.beats.items() if k != wid})
     if wid in state.killed and wid not in state.config.ids:
         return replace(state, killed=state.killed - {wid}), []
     joiner = next((j for j in state.joiners if j.id == wid), None)
@@ -268,6 +290,8 @@ def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Reactio
     if wid not in state.config.ids:
         return state, []  # a worker that left in a shrink
     state = replace(state, exited=state.exited | {wid})
+    if state.done and wid in state.killed:  # stopped because training had ended: not a failure
+        return _maybe_finish(replace(state, killed=state.killed - {wid}), [])
     if code == 0 and (state.done or not event.training or not _others_running(state, wid)):
         return _maybe_finish(state, [])
     if code == 0 and wid not in state.killed:  # left training of its own accord: no replacement
@@ -332,22 +356,53 @@ def _on_report(state: ControllerState, event: FailureReported, now: float) -> Re
 
 
 def _judge_suspects(state: ControllerState, now: float, final: bool) -> Reaction:
-    """Workers that did not report a failure when their peers did are likely hung: kill them."""
+    """Members that did not report a failure when their peers did: hung (killed) or busy (waited for)."""
     if state.report_started is None:
         return state, []
+    if state.done:
+        # training has ended: a member that fails now (admitted as the others ran their last step)
+        # has nobody left to recover with; rebuilding the groups would repeat for ever
+        late = [i for i in state.reports if i in state.alive_members and i not in state.killed]
+        kills = [Kill(i, "the job finished before it could train") for i in sorted(late)]
+        return replace(state, killed=state.killed | set(late)), kills
     silent = [i for i in state.alive_members if i not in state.reports and i not in state.killed]
     if not silent:
         if state.removed_pending or state.joiners:
             return state, []  # a config is coming anyway
-        # everyone failed and nobody is gone (e.g. timeouts under load): same members, new groups
+        # everyone failed and nobody is gone (timeouts under load, a busy member back): same
+        # members, new groups
         config = spec.ClusterConfig(state.config.version + 1, state.config.workers)
         reason = "every worker reported a failure: rebuild the groups"
         return _publish(state, config, reason), [Publish(config, reason)]
-    if len(silent) == 1 or final:
-        kills = [Kill(i, "suspected hang: its peers' collectives failed and it did not report")
-                 for i in silent]
-        return replace(state, killed=state.killed | set(silent)), kills
-    return state, []
+    unknown = [i for i in silent if i not in state.beats]
+    stuck = [i for i in silent if i in state.beats and now - state.beats[i] > state.bounds.stale_after]
+    busy = [i for i in silent if i not in unknown and i not in stuck]
+    kills = [Kill(i, f"suspected hang: its peers' collectives failed and its heartbeat stopped "
+                     f"{now - state.beats[i]:.1f}s ago") for i in stuck]
+    if unknown and (len(unknown) == 1 or final):
+        kills += [Kill(i, "suspected hang: its peers' collectives failed and it did not report")
+                  for i in unknown]
+    waited = now - state.report_started
+    if waited > state.bounds.busy_timeout:
+        kills += [Kill(i, f"busy outside training for {waited:.0f}s while its peers wait "
+                          f"(more than --busy-timeout {state.bounds.busy_timeout:g}s)") for i in busy]
+        busy = []
+    actions: list[Action] = [Log("info", f"worker {i} is busy outside a collective (its heartbeat is fresh): "
+                                         "its peers wait for it to come back") for i in busy
+                             if i not in state.noted_busy]
+    state = replace(state, killed=state.killed | {k.id for k in kills},
+                    noted_busy=state.noted_busy | set(busy))
+    return state, actions + kills
+
+
+def _frozen(state: ControllerState, now: float) -> Reaction:
+    """Running workers whose heartbeat stopped for ``liveness_timeout``: stopped or frozen."""
+    running = set(state.alive_members) | {j.id for j in state.joiners}
+    frozen = sorted(i for i, at in state.beats.items()
+                    if i in running and i not in state.killed and now - at > state.bounds.liveness_timeout)
+    kills = [Kill(i, f"no heartbeat for {now - state.beats[i]:.1f}s (more than --liveness-timeout "
+                     f"{state.bounds.liveness_timeout:g}s): its process is stopped or frozen") for i in frozen]
+    return replace(state, killed=state.killed | set(frozen)), kills
 
 
 def _on_tick(state: ControllerState, now: float) -> Reaction:
@@ -368,6 +423,9 @@ def _on_tick(state: ControllerState, now: float) -> Reaction:
             return _admit(state, ready, actions)
     if state.report_started is not None and now - state.report_started > state.bounds.suspect_window:
         state, more = _judge_suspects(state, now, final=True)
+        actions += more
+    if not state.finished:
+        state, more = _frozen(state, now)
         actions += more
     return state, actions
 

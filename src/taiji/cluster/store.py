@@ -219,12 +219,31 @@ class JobStore:
         key = f"worker/{worker_id}/training"
         return self.has(key) and self.get(key) == b"1"
 
+    def beat(self, worker_id: str) -> None:
+        """A worker's liveness heartbeat: a counter that moves while its process runs."""
+        self.add(f"worker/{worker_id}/beat", 1)
+
+    def beats(self, worker_ids: Iterable[str]) -> dict[str, int]:
+        return {w: self.add(f"worker/{w}/beat", 0) for w in worker_ids}
+
+    def failures_reported(self, version: int) -> bool:
+        """Has any member reported a failed collective in ``version``?"""
+        return self.add(f"failed/v{version}/count", 0) > 0
+
+    def another_connection(self) -> "JobStore":
+        """The same job store on a connection of its own, for a background thread (whose
+        blocking calls must not queue behind the training thread's); in-process stores are shared."""
+        kv = self.kv
+        if isinstance(kv, dist.TCPStore):
+            return JobStore(connect_store(kv.host, kv.port), self.job_id)
+        return self
+
     def report_failure(self, version: int, worker_id: str) -> None:
         self.set(f"failed/v{version}/{worker_id}", "1")
         self.add(f"failed/v{version}/count", 1)
 
     def failure_reports(self, version: int, members: Iterable[str]) -> list[str]:
-        if self.add(f"failed/v{version}/count", 0) == 0:
+        if not self.failures_reported(version):
             return []
         return [m for m in members if self.has(f"failed/v{version}/{m}")]
 

@@ -43,6 +43,8 @@ class RunConfig:
     replace: bool = False
     join_timeout: float = 120.0
     max_failures: int = 3
+    liveness_timeout: float = 5.0
+    busy_timeout: float = 600.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,7 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="address the job store listens on (default: loopback)")
     run.add_argument("--port", type=int, default=0, help="job store port (default: a free port)")
     run.add_argument("--timeout", type=float, default=env.TIMEOUT.default,
-                     help="seconds a collective may take before it fails (default: %(default)s)")
+                     help="seconds a collective may wait for its peers before it fails; a peer that is "
+                          "busy (heartbeat fresh) is then waited for, one that is stuck is stopped "
+                          "(default: %(default)s)")
+    run.add_argument("--liveness-timeout", type=float, default=5.0, metavar="SECONDS",
+                     help="a worker whose heartbeat stops this long is stopped or frozen and is "
+                          "killed (default: %(default)s)")
+    run.add_argument("--busy-timeout", type=float, default=600.0, metavar="SECONDS",
+                     help="how long a live worker busy outside training (an evaluation, a checkpoint) "
+                          "may keep its waiting peers before it is stopped (default: %(default)s)")
     run.add_argument("--grace", type=float, default=5.0,
                      help="seconds between SIGTERM and SIGKILL when stopping workers (default: %(default)s)")
     run.add_argument("--job-id", default="", help="job id (default: generated)")
@@ -131,6 +141,8 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
         raise ConfigError(f"--min-np must be at least 1, got {min_np}")
     if not min_np <= args.nproc <= max_np:
         raise ConfigError(f"need --min-np <= -np <= --max-np, got {min_np} <= {args.nproc} <= {max_np}")
+    if args.liveness_timeout < 4 * _heartbeat_interval(args.liveness_timeout) or args.busy_timeout <= 0:
+        raise ConfigError("--liveness-timeout must be at least 0.2 and --busy-timeout positive")
     if args.join_timeout <= 0 or args.max_failures < 0:
         raise ConfigError("--join-timeout must be positive and --max-failures >= 0")
     if args.grace < 0:
@@ -147,7 +159,13 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
                      timeout=args.timeout, grace=args.grace,
                      job_id=job_id, run_dir=args.run_dir or str(Path("runs") / job_id),
                      debug_collectives=args.debug_collectives, min_np=min_np, max_np=max_np,
-                     replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures)
+                     replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures,
+                     liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout)
+
+
+def _heartbeat_interval(liveness_timeout: float) -> float:
+    """Beat often enough that a stale heartbeat is told from a late one well within the timeout."""
+    return max(min(env.HEARTBEAT.default, liveness_timeout / 8), 0.05)
 
 
 def worker_env(cfg: RunConfig, worker: spec.WorkerSpec, rank: int, size: int, port: int,
@@ -161,6 +179,9 @@ def worker_env(cfg: RunConfig, worker: spec.WorkerSpec, rank: int, size: int, po
         env.SECRET.name: secret,
         env.LAUNCHER_PID.name: str(os.getpid()),
         env.TIMEOUT.name: str(cfg.timeout),
+        env.HEARTBEAT.name: str(_heartbeat_interval(cfg.liveness_timeout)),
+        # peers wait for a busy member as long as the launcher lets it be busy
+        env.RECOVERY_TIMEOUT.name: str(max(env.RECOVERY_TIMEOUT.default, cfg.busy_timeout + cfg.timeout)),
         env.MIN_NP.name: str(cfg.min_np or 1),
         env.MAX_NP.name: str(cfg.max_np or cfg.nproc),
         env.RUN_DIR.name: str(Path(cfg.run_dir).resolve()) if cfg.run_dir else "",
@@ -181,7 +202,9 @@ def run_job(cfg: RunConfig, output=None) -> int:
     """Host the store, start and supervise the workers; return the job's exit code."""
     bounds = ctl.Bounds(min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc, replace=cfg.replace,
                         join_timeout=cfg.join_timeout, suspect_window=min(cfg.timeout, 5.0),
-                        max_failures=cfg.max_failures)
+                        max_failures=cfg.max_failures, liveness_timeout=cfg.liveness_timeout,
+                        busy_timeout=cfg.busy_timeout,
+                        stale_after=4 * _heartbeat_interval(cfg.liveness_timeout))
     driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=cfg.nproc, command=cfg.command, bounds=bounds,
                               host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace)
     return Driver(driver_cfg, lambda w, rank, size, port, secret: worker_env(cfg, w, rank, size, port, secret),

@@ -26,6 +26,7 @@ from .supervisor import Supervisor, WorkerProcess, describe_exit
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.02
+BEAT_POLL_TICKS = 5  # heartbeats are read every 0.1 s: well within the 1 s that tells busy from stuck
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class Driver:
         self.secret = secrets.token_hex(16)
         self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host)
         self._proposal_seq = 0
+        self._beat_counts: dict[str, int] = {}
+        self._ticks = 0
         self._done_seen = False
         self._fatal_seen = False
         self._registry = job_file(cfg.job_id)
@@ -136,10 +139,25 @@ class Driver:
             if fatal is not None:
                 self._fatal_seen = True
                 events.append(ctl.FatalReported(str(fatal["worker"]), str(fatal["message"])))
+        return events
+
+    def _beat_events(self, now: float) -> list[ctl.Event]:
+        """A ``Beat`` for every running worker whose heartbeat counter moved since the last look."""
+        self._ticks += 1
+        if self._ticks % BEAT_POLL_TICKS:
+            return []
+        running = [w.worker_id for w in self.sup.running()]
+        counts = self.job.beats(running)
+        moved = [ctl.Beat(w, now) for w, n in counts.items() if n and n != self._beat_counts.get(w)]
+        self._beat_counts = counts
+        return moved
+
+    def _done_event(self) -> list[ctl.Event]:
+        """Fed before this tick's exits: members exiting 0 at the end are finishing, not leaving."""
         if not self._done_seen and self.job.is_done():
             self._done_seen = True
-            events.append(ctl.JobDone())
-        return events
+            return [ctl.JobDone()]
+        return []
 
     # -- main loop ------------------------------------------------------------------------
 
@@ -163,7 +181,7 @@ class Driver:
                     self.say(f"received {name}; stopping {len(self.sup.running())} worker(s)")
                     self.sup.stop_all(cfg.grace)
                     return 128 + received[0]
-                events: list[ctl.Event] = []
+                events = self._done_event()
                 for worker in exited:
                     assert worker.exit_code is not None
                     if worker.exit_code != 0 and worker.worker_id not in self.state.killed:
@@ -171,6 +189,7 @@ class Driver:
                     training = self.job.is_training(worker.worker_id)
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
                 events += self._store_events()
+                events += self._beat_events(time.monotonic())
                 events.append(ctl.Tick())
                 for event in events:
                     code = self._feed(event)

@@ -63,6 +63,7 @@ class StepEngine:
         # back as they were when an attempt fails (its forward already updated them)
         self._buffers = [b for b in model.buffers() if b.numel() > 0]
         self._buffers_before: list[torch.Tensor] = []
+        self._collectives_done_at = time.perf_counter()  # when this worker last talked to its peers
 
     def use(self, strategy: Strategy) -> None:
         self.strategy = strategy
@@ -114,6 +115,7 @@ class StepEngine:
     def backward(self, attempt: Attempt, loss: torch.Tensor) -> None:
         """``step.backward(loss)``: never raises for a peer's failure; the attempt is marked failed."""
         try:
+            self._check_peers_waited()
             if attempt.local_batch_size > 0:
                 strategy = self._strategy()
                 if loss.dim() == 1 and self._can_split(attempt) and isinstance(strategy, SupportsNoSync):
@@ -126,6 +128,12 @@ class StepEngine:
             self.gradients_done(attempt)
         except CommError as exc:
             attempt.error = attempt.error or exc
+
+    def _check_peers_waited(self) -> None:
+        idle = time.perf_counter() - self._collectives_done_at
+        if self.membership.peers_gave_up(idle):
+            raise CommError(f"this worker was busy outside the step's collectives for {idle:.1f}s and its "
+                           "peers' collectives timed out meanwhile; the step is retried in new groups")
 
     def _can_split(self, attempt: Attempt) -> bool:
         return self.membership.view.size == 1 and attempt.measure and attempt.local_batch_size >= 2
@@ -151,6 +159,8 @@ class StepEngine:
         except CommError:
             strategy.abort_step()
             raise
+        finally:
+            self._collectives_done_at = time.perf_counter()
         attempt.synchronized = True
 
     def _measurements(self, attempt: Attempt) -> Measurements:

@@ -14,10 +14,8 @@ import threading
 import weakref
 from typing import Protocol
 
-import torch.distributed as dist
-
 from ..cluster.spec import ClusterConfig, ClusterView
-from ..cluster.store import JobStore, config_key, connect_store
+from ..cluster.store import JobStore, config_key
 from ..comm.communicator import Communicator
 from ..errors import ConfigError, StoreError
 from .peer import Peer
@@ -41,6 +39,7 @@ class Membership(Protocol):
     def joined(self) -> bool: ...
     def join(self, timeout: float) -> None: ...
     def newest_version(self) -> int: ...
+    def peers_gave_up(self, idle_seconds: float) -> bool: ...
     def read_config(self, version: int) -> ClusterConfig: ...
     def switch(self, config: ClusterConfig) -> bool: ...
     def wait_for_newer(self, timeout: float) -> ClusterConfig: ...
@@ -115,6 +114,9 @@ class SoloMembership(_PeerMembership):
     def report_failure(self) -> None:
         return None
 
+    def peers_gave_up(self, idle_seconds: float) -> bool:
+        return False
+
     def propose_size(self, size: int, source: str) -> None:
         self.peer.propose_size(size, source)  # says why it cannot
 
@@ -136,7 +138,7 @@ class ElasticMembership(_PeerMembership):
     def _start_watching(self) -> None:
         # the watcher blocks in store waits: on its own connection, so the training thread's
         # store calls never queue behind it
-        self._watch_store = self._given_store or _second_connection(self.peer.job_store)
+        self._watch_store = self._given_store or self.peer.job_store.another_connection()
         self._watcher = threading.Thread(target=self._watch, name="taiji-config-watch", daemon=True)
         _watching.add(self)
         self._watcher.start()
@@ -164,6 +166,17 @@ class ElasticMembership(_PeerMembership):
     def report_failure(self) -> None:
         self.peer.report_failure()
 
+    def peers_gave_up(self, idle_seconds: float) -> bool:
+        """After ``idle_seconds`` in user code (an evaluation on this rank alone): did a peer's
+        collective time out on this version meanwhile? Then this worker's next collective would
+        only time out too. One store round trip, asked only after a gap a peer could time out in."""
+        if idle_seconds < self.peer.options.timeout / 2:
+            return False
+        try:
+            return self.store.failures_reported(self.peer.version)
+        except StoreError:
+            return False  # the next collective tells
+
     def propose_size(self, size: int, source: str) -> None:
         self.peer.propose_size(size, source)
 
@@ -183,13 +196,6 @@ _watching: "weakref.WeakSet[ElasticMembership]" = weakref.WeakSet()
 def _stop_watchers() -> None:
     for membership in list(_watching):
         membership.close()
-
-
-def _second_connection(store: JobStore) -> JobStore:
-    kv = store.kv
-    if isinstance(kv, dist.TCPStore):
-        return JobStore(connect_store(kv.host, kv.port), store.job_id)
-    return store  # an in-process store is safe to share between threads
 
 
 def membership_for(peer: Peer, min_size: int = 1, max_size: int | None = None) -> Membership:

@@ -22,6 +22,7 @@ from ..comm.default import set_default_provider
 from ..errors import ConfigError, StoreError
 from ..log import set_prefix_source
 from ..policies.base import Context
+from .liveness import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +263,7 @@ def init(options: PeerOptions | None = None) -> Peer:
             if launcher:
                 _watch_launcher(launcher)
             _default = Peer.from_env(options)
+            _start_heartbeat(_default)
         else:
             _default = Peer.solo(options or PeerOptions.from_env())
         # gloo's threads must be stopped before interpreter teardown destroys the groups,
@@ -272,10 +274,23 @@ def init(options: PeerOptions | None = None) -> Peer:
         return _default
 
 
+_heartbeat: Heartbeat | None = None
+
+
+def _start_heartbeat(peer: Peer) -> None:
+    global _heartbeat
+    interval = env.HEARTBEAT.get()
+    if interval > 0:
+        _heartbeat = Heartbeat(peer.job_store.another_connection(), peer.worker_id, interval).start()
+
+
 def shutdown() -> None:
     """Release the default Peer's process groups (optional; exiting does it too)."""
-    global _default
+    global _default, _heartbeat
     with _default_lock:
+        if _heartbeat is not None:
+            _heartbeat.stop()
+            _heartbeat = None
         if _default is not None:
             _default.close()
             _default = None

@@ -1,0 +1,50 @@
+"""Liveness: a heartbeat that tells the launcher this worker's process is running.
+
+A collective that waits on a peer cannot tell a peer that is *stuck* (SIGSTOPped, frozen, its
+host gone) from one that is *busy* (an evaluation on rank 0 between epochs, a checkpoint). The
+heartbeat can: a thread bumps ``worker/<id>/beat`` on the job store every ``interval`` seconds
+on its own connection. It keeps beating while the training thread runs user code for minutes,
+and stops when the process stops. The launcher's controller reads the counters (``launch/``
+feeds them to ``cluster/controller.py``): a stale heartbeat is a hang, a fresh one is busy.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..cluster.store import JobStore
+from ..errors import StoreError
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(self, store: JobStore, worker_id: str, interval: float):
+        if interval <= 0:
+            raise ValueError(f"heartbeat interval must be positive, got {interval}")
+        self.store = store
+        self.worker_id = worker_id
+        self.interval = interval
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="taiji-heartbeat", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.store.beat(self.worker_id)
+            except StoreError:
+                # the launcher is gone or unreachable: the launcher watch (or the next collective)
+                # ends this worker; a heartbeat that cannot be delivered has nothing else to do
+                log.debug("heartbeat of worker %s not delivered", self.worker_id)
+            if self._stopped.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        """Stop and join: a thread still inside a store call at interpreter exit aborts the process."""
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(max(self.interval * 4, 1.0))
