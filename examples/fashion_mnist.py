@@ -147,7 +147,8 @@ def main() -> None:
     started = time.perf_counter()
     for step in job:
         if step.epoch != epoch and taiji.rank() == 0:
-            log.info("epoch %d done: test accuracy %.4f", epoch, evaluate(model, test))
+            with job.pause():  # rank-local: its time is not a step's (peers wait; rank 0 stays alive)
+                log.info("epoch %d done: test accuracy %.4f", epoch, evaluate(model, test))
             epoch = step.epoch
         images, labels = step.batch
         loss = F.cross_entropy(model(images), labels)

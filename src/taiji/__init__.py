@@ -5,21 +5,48 @@ The top level holds the user's API; the rest lives in ``taiji.policies``, ``taij
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
 
 from .errors import TaijiError
-from .runtime.job import Job
-from .runtime.optimizer import Optimizer
-from .runtime.peer import default_peer as _default_peer
-from .runtime.peer import init, shutdown
-from .runtime.step import Step
-from .strategies.base import Strategy
-from .strategies.model_averaging import ModelAveraging
-from .strategies.pair_averaging import PairAveraging
-from .strategies.sync_sgd import SyncSGD
 
 if TYPE_CHECKING:
     from .policies.base import Context
+    from .runtime.job import Job
+    from .runtime.optimizer import Optimizer
+    from .runtime.peer import init, shutdown
+    from .runtime.step import Step
+    from .strategies.base import Strategy
+    from .strategies.model_averaging import ModelAveraging
+    from .strategies.pair_averaging import PairAveraging
+    from .strategies.sync_sgd import SyncSGD
+
+# The API is imported on first use: `taiji status`, `taiji ls` and `taiji resize` import this
+# package too and must answer in well under a second, without loading torch.
+_LAZY = {
+    "Job": "runtime.job", "Optimizer": "runtime.optimizer", "init": "runtime.peer",
+    "shutdown": "runtime.peer", "Step": "runtime.step", "Strategy": "strategies.base",
+    "ModelAveraging": "strategies.model_averaging", "PairAveraging": "strategies.pair_averaging",
+    "SyncSGD": "strategies.sync_sgd",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'taiji' has no attribute {name!r}")
+        return importlib.import_module(f".{name}", __name__)  # taiji.policies, taiji.data, ...
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def _default_peer():  # noqa: ANN202
+    from .runtime.peer import default_peer
+    return default_peer()
+
 
 __version__ = "0.1.0"
 

@@ -128,15 +128,30 @@ def test_resize_and_status_from_another_terminal(tmp_path):
                 break
         else:
             raise AssertionError("the launcher never logged the clamp")
+        listed = subprocess.run(cli + ["ls"], capture_output=True, text=True, env=env, timeout=60)
+        assert any(line.startswith(job_id) and " running " in line for line in listed.stdout.splitlines()), listed
+        # a SIGKILLed launcher cannot unregister: the next command notices, says so, and prunes
+        import os
+        import signal
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+        dead = subprocess.run(cli + ["status", "--job", job_id], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert dead.returncode == 1 and f"job {job_id} is not running (its launcher" in dead.stderr, dead
+        assert "Traceback" not in dead.stderr and len(dead.stderr.splitlines()) == 1
+        gone = subprocess.run(cli + ["resize", "--job", "nope", "2"], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert "running: none" in gone.stderr, "the dead job is no longer listed as known"
     finally:
         import os
         import signal
-        os.killpg(launcher.pid, signal.SIGTERM)
-        try:
-            launcher.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGTERM)
+            try:
+                launcher.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
 
 
 def test_a_busy_rank_is_waited_for_not_killed(tmp_path):

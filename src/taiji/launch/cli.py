@@ -13,38 +13,19 @@ import secrets
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .. import env
-from ..cluster import spec
-from ..cluster import controller as ctl
-from ..cluster.store import JobStore, connect_store
 from ..errors import ConfigError, LaunchError, StoreError
-from .driver import Driver, DriverConfig, find_job
+from . import registry
+from .control import request
+from .options import RunConfig, heartbeat_interval
+
+# Only `taiji run` (and `plot`, `sched`) load torch, when they run: `status`, `resize` and `ls`
+# talk to the launcher's control socket and answer in a fraction of a second.
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    nproc: int
-    command: tuple[str, ...]
-    host: str = "127.0.0.1"
-    port: int = 0
-    timeout: float = 60.0
-    grace: float = 5.0
-    job_id: str = ""
-    debug_collectives: bool = False
-    run_dir: str = ""
-    min_np: int = 0
-    max_np: int = 0
-    replace: bool = False
-    join_timeout: float = 120.0
-    max_failures: int = 3
-    liveness_timeout: float = 5.0
-    busy_timeout: float = 600.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,12 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-failures", type=int, default=3,
                      help="worker failures the job survives before it stops (default: %(default)s)")
     resize = sub.add_parser("resize", help="ask a running job for N workers",
-                            usage="taiji resize --job ID N")
-    resize.add_argument("--job", required=True, help="the job id `taiji run` printed")
+                            usage="taiji resize [--job ID] N")
+    resize.add_argument("--job", default=None, help="the job id `taiji run` printed (default: the only running job)")
     resize.add_argument("size", type=int, metavar="N")
     status = sub.add_parser("status", help="show a running job's cluster and progress",
-                            usage="taiji status --job ID")
-    status.add_argument("--job", required=True, help="the job id `taiji run` printed")
+                            usage="taiji status [--job ID]")
+    status.add_argument("--job", default=None, help="the job id `taiji run` printed (default: the only running job)")
+    sub.add_parser("ls", help="list the jobs running on this host (and prune dead ones)", usage="taiji ls")
     plot = sub.add_parser("plot", help="draw a run's timeline (PNG) from its run directory",
                           usage="taiji plot RUN_DIR [-o OUT.png]")
     plot.add_argument("run_dir", metavar="RUN_DIR")
@@ -141,7 +123,7 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
         raise ConfigError(f"--min-np must be at least 1, got {min_np}")
     if not min_np <= args.nproc <= max_np:
         raise ConfigError(f"need --min-np <= -np <= --max-np, got {min_np} <= {args.nproc} <= {max_np}")
-    if args.liveness_timeout < 4 * _heartbeat_interval(args.liveness_timeout) or args.busy_timeout <= 0:
+    if args.liveness_timeout < 4 * heartbeat_interval(args.liveness_timeout) or args.busy_timeout <= 0:
         raise ConfigError("--liveness-timeout must be at least 0.2 and --busy-timeout positive")
     if args.join_timeout <= 0 or args.max_failures < 0:
         raise ConfigError("--join-timeout must be positive and --max-failures >= 0")
@@ -163,78 +145,54 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
                      liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout)
 
 
-def _heartbeat_interval(liveness_timeout: float) -> float:
-    """Beat often enough that a stale heartbeat is told from a late one well within the timeout."""
-    return max(min(env.HEARTBEAT.default, liveness_timeout / 8), 0.05)
-
-
-def worker_env(cfg: RunConfig, worker: spec.WorkerSpec, rank: int, size: int, port: int,
-               secret: str) -> dict[str, str]:
-    environ = dict(os.environ)
-    environ.update({
-        env.JOB_ID.name: cfg.job_id,
-        env.WORKER_ID.name: worker.id,
-        env.STORE_HOST.name: cfg.host,
-        env.STORE_PORT.name: str(port),
-        env.SECRET.name: secret,
-        env.LAUNCHER_PID.name: str(os.getpid()),
-        env.TIMEOUT.name: str(cfg.timeout),
-        env.HEARTBEAT.name: str(_heartbeat_interval(cfg.liveness_timeout)),
-        # peers wait for a busy member as long as the launcher lets it be busy
-        env.RECOVERY_TIMEOUT.name: str(max(env.RECOVERY_TIMEOUT.default, cfg.busy_timeout + cfg.timeout)),
-        env.MIN_NP.name: str(cfg.min_np or 1),
-        env.MAX_NP.name: str(cfg.max_np or cfg.nproc),
-        env.RUN_DIR.name: str(Path(cfg.run_dir).resolve()) if cfg.run_dir else "",
-        # the torchrun contract, for scripts that read it
-        "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": cfg.host, "MASTER_PORT": str(port),
-        "TORCHELASTIC_USE_AGENT_STORE": "True",  # env:// init joins our store instead of hosting one
-        "PYTHONUNBUFFERED": "1",
-    })
-    if cfg.debug_collectives:
-        environ[env.DEBUG_COLLECTIVES.name] = "1"
-    if "OMP_NUM_THREADS" not in os.environ:  # n workers on one host must not oversubscribe cores
-        environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // size))
-    return environ
-
-
-def run_job(cfg: RunConfig, output=None) -> int:
-    """Host the store, start and supervise the workers; return the job's exit code."""
-    bounds = ctl.Bounds(min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc, replace=cfg.replace,
-                        join_timeout=cfg.join_timeout, suspect_window=min(cfg.timeout, 5.0),
-                        max_failures=cfg.max_failures, liveness_timeout=cfg.liveness_timeout,
-                        busy_timeout=cfg.busy_timeout,
-                        stale_after=4 * _heartbeat_interval(cfg.liveness_timeout))
-    driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=cfg.nproc, command=cfg.command, bounds=bounds,
-                              host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace)
-    return Driver(driver_cfg, lambda w, rank, size, port, secret: worker_env(cfg, w, rank, size, port, secret),
-                  output=output).run()
-
-
-def _connect_job(job_id: str) -> JobStore:
-    info = find_job(job_id)
-    return JobStore(connect_store(info["host"], int(info["port"]), timeout=10.0), job_id)
-
-
-def resize_job(job_id: str, size: int) -> int:
+def resize_job(job_id: str | None, size: int) -> int:
     if size < 1:
         raise ConfigError(f"cannot resize to {size} workers")
-    _connect_job(job_id).propose(size, "taiji resize")
-    print(f"taiji: asked job {job_id} for {size} worker(s); the launcher logs what it does")
+    entry = registry.find_job(job_id)
+    request(registry.control_socket(entry.job), {"op": "resize", "size": size, "source": "taiji resize"})
+    print(f"taiji: asked job {entry.job} for {size} worker(s); the launcher logs what it does")
     return 0
 
 
-def job_status(job_id: str) -> int:
-    job = _connect_job(job_id)
-    config = job.read_config()
-    status = job.read_status() or {}
-    print(f"job {job_id}: cluster v{config.version}, {config.size} worker(s): {', '.join(config.ids)}")
-    if status:
-        age = time.time() - status.get("time", time.time())
-        print(f"  step {status['step']} (epoch {status['epoch']}), global batch {status['batch_size']}, "
-              f"{status['samples_per_s']:.0f} samples/s, reported by rank 0 at v{status['version']} {age:.0f}s ago")
-    else:
-        print("  no progress reported yet")
+def _progress_line(progress: dict[str, Any] | None) -> str:
+    if not progress:
+        return "no progress reported yet"
+    age = time.time() - progress.get("time", time.time())
+    return (f"step {progress['step']} (epoch {progress['epoch']}), global batch {progress['batch_size']}, "
+            f"{progress['samples_per_s']:.0f} samples/s, reported by rank 0 at v{progress['version']} {age:.0f}s ago")
+
+
+def job_status(job_id: str | None) -> int:
+    entry = registry.find_job(job_id)
+    status = request(registry.control_socket(entry.job), {"op": "status"})
+    workers = status["workers"]
+    print(f"job {entry.job}: cluster v{status['version']}, {len(workers)} worker(s): {', '.join(workers)}"
+          + (f"; joining: {', '.join(status['joiners'])}" if status["joiners"] else ""))
+    print(f"  {_progress_line(status.get('progress'))}")
+    print(f"  wanted {status['desired']} (min {status['min_np']}, max {status['max_np']}), "
+          f"{status['failures']} failure(s); launcher pid {entry.pid}, command: {' '.join(entry.command)}")
+    return 0
+
+
+def list_jobs() -> int:
+    """Every job on this host: running ones with their cluster and progress; stale entries pruned."""
+    stale = registry.prune()
+    for entry in stale:
+        print(f"taiji: job {entry.job} is not running (its launcher, pid {entry.pid}, exited); removed its entry")
+    jobs = registry.all_jobs()
+    if not jobs:
+        print("no job is running on this host")
+        return 0
+    print(f"{'JOB':<12} {'STATE':<10} {'WORKERS':>7} {'VERSION':>7} {'STEP':>8}  {'AGE':>7}  COMMAND")
+    for entry in jobs:
+        try:
+            status = request(registry.control_socket(entry.job), {"op": "status"}, timeout=1.0)
+            state, workers, version = "running", str(len(status["workers"])), f"v{status['version']}"
+            step = str((status.get("progress") or {}).get("step", "-"))
+        except StoreError:
+            state, workers, version, step = "no answer", "?", "?", "?"
+        age = f"{time.time() - entry.started:.0f}s" if entry.started else "?"
+        print(f"{entry.job:<12} {state:<10} {workers:>7} {version:>7} {step:>8}  {age:>7}  {' '.join(entry.command)}")
     return 0
 
 
@@ -251,11 +209,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.subcommand == "run":
+            from .run import run_job
             return run_job(parse_run(args))
         if args.subcommand == "resize":
             return resize_job(args.job, args.size)
         if args.subcommand == "status":
             return job_status(args.job)
+        if args.subcommand == "ls":
+            return list_jobs()
         if args.subcommand == "plot":
             from ..metrics.plot import plot_run
             print(f"taiji: wrote {plot_run(args.run_dir, args.output)}")

@@ -6,26 +6,26 @@ process, so a poll is a local round trip.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
-from .. import env
 from ..cluster import controller as ctl
 from ..cluster import spec
 from ..cluster.store import JobStore, host_store
 from ..errors import StoreError
+from . import registry
+from .control import ControlServer
 from .supervisor import Supervisor, WorkerProcess, describe_exit
 
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.02
+SNAPSHOT_SECONDS = 0.25  # how often rank 0's progress is read for `taiji status`
 BEAT_POLL_TICKS = 5  # heartbeats are read every 0.1 s: well within the 1 s that tells busy from stuck
 
 
@@ -39,14 +39,6 @@ class DriverConfig:
     port: int = 0
     timeout: float = 60.0
     grace: float = 5.0
-
-
-def jobs_dir() -> Path:
-    return Path(env.HOME.get() or Path.home() / ".taiji") / "jobs"
-
-
-def job_file(job_id: str) -> Path:
-    return jobs_dir() / f"{job_id}.json"
 
 
 class Driver:
@@ -64,7 +56,10 @@ class Driver:
         self._ticks = 0
         self._done_seen = False
         self._fatal_seen = False
-        self._registry = job_file(cfg.job_id)
+        self._snapshot: dict = {}
+        self._snapshot_at = float("-inf")
+        self._progress: dict | None = None
+        self.control: ControlServer | None = None
 
     def say(self, text: str) -> None:
         self.sup.write(f"taiji: {text}\n")
@@ -152,6 +147,27 @@ class Driver:
         self._beat_counts = counts
         return moved
 
+    def _control_events(self) -> list[ctl.Event]:
+        """Resizes asked through the control socket (`taiji resize`)."""
+        if self.control is None:
+            return []
+        return [ctl.Proposal(size, source) for size, source in self.control.take_proposals()]
+
+    def _refresh_snapshot(self, now: float) -> None:
+        """What `taiji status` shows, rebuilt every tick on this thread (the control thread only
+        hands it out); rank 0's progress is read from the store a few times a second."""
+        if now - self._snapshot_at >= SNAPSHOT_SECONDS:
+            self._snapshot_at = now
+            try:
+                self._progress = self.job.read_status()
+            except StoreError:
+                self._progress = None
+        state = self.state
+        self._snapshot = {"job": self.cfg.job_id, "pid": os.getpid(), "version": state.config.version,
+                          "workers": list(state.config.ids), "joiners": [j.id for j in state.joiners],
+                          "desired": state.desired, "min_np": state.bounds.min_np, "max_np": state.bounds.max_np,
+                          "failures": state.failures, "progress": self._progress}
+
     def _done_event(self) -> list[ctl.Event]:
         """Fed before this tick's exits: members exiting 0 at the end are finishing, not leaving."""
         if not self._done_seen and self.job.is_done():
@@ -167,9 +183,10 @@ class Driver:
                  f"{cfg.bounds.max_np}), store {cfg.host}:{self.store.port}, command: {' '.join(cfg.command)}")
         self.say(f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`")
         self._publish(self.state.config, "start")
-        self._registry.parent.mkdir(parents=True, exist_ok=True)
-        self._registry.write_text(json.dumps({"job": cfg.job_id, "host": cfg.host, "port": self.store.port,
-                                              "pid": os.getpid(), "command": list(cfg.command)}))
+        registry.register(registry.JobEntry.of_this_process(cfg.job_id, cfg.host, self.store.port,
+                                                            cfg.command, time.time()))
+        self._refresh_snapshot(time.monotonic())
+        self.control = ControlServer(registry.control_socket(cfg.job_id), lambda: self._snapshot)
         started = time.monotonic()
         self.sup.install_signal_handlers()
         try:
@@ -188,8 +205,9 @@ class Driver:
                         self.say(f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}")
                     training = self.job.is_training(worker.worker_id)
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
-                events += self._store_events()
-                events += self._beat_events(time.monotonic())
+                events += self._store_events() + self._control_events()
+                now = time.monotonic()
+                events += self._beat_events(now)
                 events.append(ctl.Tick())
                 for event in events:
                     code = self._feed(event)
@@ -199,18 +217,12 @@ class Driver:
                             self.say(f"job {cfg.job_id} finished: every worker exited 0 in "
                                      f"{time.monotonic() - started:.1f}s")
                         return code
+                self._refresh_snapshot(now)
         except BaseException:
             self.sup.stop_all(cfg.grace)
             raise
         finally:
             self.sup.close()
-            self._registry.unlink(missing_ok=True)
-
-
-def find_job(job_id: str) -> dict:
-    path = job_file(job_id)
-    if not path.exists():
-        known = sorted(p.stem for p in jobs_dir().glob("*.json")) if jobs_dir().exists() else []
-        raise StoreError(f"no running job {job_id!r} (known: {known or 'none'}); job ids are printed "
-                         "by `taiji run` when it starts")
-    return json.loads(path.read_text())
+            if self.control is not None:
+                self.control.close()
+            registry.unregister(cfg.job_id)

@@ -1,0 +1,31 @@
+"""What `taiji run` was asked for: parsed options, with no I/O (the CLI builds it, the launcher reads it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import env
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    nproc: int
+    command: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 0
+    timeout: float = 60.0
+    grace: float = 5.0
+    job_id: str = ""
+    debug_collectives: bool = False
+    run_dir: str = ""
+    min_np: int = 0
+    max_np: int = 0
+    replace: bool = False
+    join_timeout: float = 120.0
+    max_failures: int = 3
+    liveness_timeout: float = 5.0
+    busy_timeout: float = 600.0
+
+
+def heartbeat_interval(liveness_timeout: float) -> float:
+    """Beat often enough that a stale heartbeat is told from a late one well within the timeout."""
+    return max(min(env.HEARTBEAT.default, liveness_timeout / 8), 0.05)

@@ -1,0 +1,87 @@
+"""The job registry and the launcher's control socket: what `taiji status/resize/ls` stand on."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from taiji.errors import StoreError
+from taiji.launch import registry
+from taiji.launch.cli import main as taiji_main
+from taiji.launch.control import ControlServer, request
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TAIJI_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_an_entry_whose_launcher_died_is_reported_and_pruned(capsys):
+    registry.register(registry.JobEntry("jdead", "127.0.0.1", 1, dead_pid(), ("python", "t.py"), time.time()))
+    assert [e.job for e in registry.all_jobs()] == ["jdead"]
+    with pytest.raises(StoreError, match=r"job jdead is not running \(its launcher, pid \d+, exited\)"):
+        registry.find_job("jdead")
+    assert registry.all_jobs() == [], "the stale entry is removed"
+
+
+def test_a_reused_pid_is_not_taken_for_the_launcher():
+    entry = registry.JobEntry("jreused", "127.0.0.1", 1, os.getpid(), (), time.time(), pid_start=1)
+    assert not entry.running
+    assert registry.JobEntry.of_this_process("jme", "h", 1, (), time.time()).running
+
+
+def test_unknown_job_names_the_running_ones_not_the_dead_ones():
+    registry.register(registry.JobEntry("jdead", "h", 1, dead_pid(), (), 1.0))
+    registry.register(registry.JobEntry.of_this_process("jlive", "h", 1, (), 2.0))
+    with pytest.raises(StoreError) as info:
+        registry.find_job("nope")
+    assert "running: ['jlive']" in str(info.value) and "jdead" not in str(info.value)
+    assert registry.find_job(None).job == "jlive", "the only running job is the default"
+
+
+def test_ls_lists_running_jobs_with_their_cluster_and_prunes_dead_ones(capsys):
+    registry.register(registry.JobEntry("jdead", "h", 1, dead_pid(), ("x",), 1.0))
+    registry.register(registry.JobEntry.of_this_process("jlive", "h", 1, ("python", "train.py"), time.time()))
+    server = ControlServer(registry.control_socket("jlive"),
+                           lambda: {"workers": ["w0", "w1"], "version": 3, "progress": {"step": 42}})
+    try:
+        assert taiji_main(["ls"]) == 0
+    finally:
+        server.close()
+    out = capsys.readouterr().out
+    assert "job jdead is not running" in out
+    [row] = [line for line in out.splitlines() if line.startswith("jlive")]
+    assert row.split()[1:5] == ["running", "2", "v3", "42"] and "python train.py" in row
+
+
+def test_control_socket_answers_status_and_queues_resizes(home):
+    snapshot = {"version": 1, "workers": ["w0"]}
+    server = ControlServer(registry.control_socket("j1"), lambda: snapshot)
+    try:
+        assert oct(os.stat(registry.control_socket("j1")).st_mode & 0o777) == "0o600", "owner only"
+        assert request(registry.control_socket("j1"), {"op": "status"})["workers"] == ["w0"]
+        request(registry.control_socket("j1"), {"op": "resize", "size": 3})
+        assert server.take_proposals() == [(3, "taiji resize")]
+        assert server.take_proposals() == []
+        with pytest.raises(StoreError, match="unknown request"):
+            request(registry.control_socket("j1"), {"op": "drop tables"})
+    finally:
+        server.close()
+    assert not registry.control_socket("j1").exists()
+    with pytest.raises(StoreError, match="did not answer"):
+        request(registry.control_socket("j1"), {"op": "status"}, timeout=0.5)
+
+
+def test_the_store_commands_do_not_import_torch():
+    code = ("import sys; from taiji.launch.cli import main; main(['ls']); "
+            "assert 'torch' not in sys.modules, 'taiji ls imported torch'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
