@@ -179,3 +179,52 @@ def classification_data(n: int):
     from torch.utils.data import TensorDataset
     g = torch.Generator().manual_seed(3)
     return TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
+# -- what a process tree listens on (issue 15: servers bind only the address they are given) --------
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _decode_address(hex_address: str) -> str:
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        return f"{'.'.join(str(b) for b in raw[::-1])}:{int(port, 16)}"
+    words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]  # /proc prints each 32-bit word host-endian
+    import ipaddress
+    return f"[{ipaddress.IPv6Address(b''.join(words))}]:{int(port, 16)}"
+
+
+def listening_addresses(pid: int) -> list[str]:
+    """Every TCP address a process and its descendants listen on (from /proc, no tools needed)."""
+    inodes = set().union(*(_socket_inodes(p) for p in _descendants(pid)))
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.append(_decode_address(fields[1]))
+    return found

@@ -1,10 +1,11 @@
 """Cluster membership transitions and the versioned store (pure / in-process)."""
+import os
 import threading
 
 import pytest
 
 from taiji.cluster import spec
-from taiji.cluster.store import FakeStore, JobStore, host_store
+from taiji.cluster.store import FakeStore, JobStore, connect_store, host_store
 from taiji.errors import ConfigError, StoreError
 
 
@@ -98,3 +99,15 @@ def test_fake_store_get_times_out():
     kv = FakeStore(timeout=0.05)
     with pytest.raises(StoreError):
         kv.get("missing")
+
+
+def test_the_job_store_listens_only_on_the_address_it_is_given():
+    """TCPStore alone binds every interface even for 127.0.0.1; the job store has no
+    authentication, so it must not be reachable from the network."""
+    from _harness import listening_addresses
+    store = host_store("127.0.0.1", 0, timeout=5)
+    mine = [a for a in listening_addresses(os.getpid()) if a.endswith(f":{store.port}")]
+    assert mine == [f"127.0.0.1:{store.port}"], mine
+    client = connect_store("127.0.0.1", store.port, timeout=5)
+    client.set("k", "v")
+    assert store.get("k") == b"v"

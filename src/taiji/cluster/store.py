@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import socket
 import threading
 import time
 import uuid
@@ -274,12 +276,23 @@ class JobStore:
 
 
 def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> dist.TCPStore:
-    """Start the embedded TCPStore server (the launcher's side). Port 0 picks a free port."""
+    """Start the embedded TCPStore server (the launcher's side). Port 0 picks a free port.
+
+    It listens on ``host`` only: TCPStore binds every interface whatever host it is given, so
+    the listening socket is bound here and handed over (the store has no authentication)."""
     try:
-        return dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=timeout), use_libuv=True)
-    except (RuntimeError, OSError) as exc:
+        listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                        backlog=1024)
+    except OSError as exc:
         raise StoreError(f"cannot start the job store on {host}:{port}: {exc}") from exc
+    bound_port = listener.getsockname()[1]
+    fd = listener.detach()  # the store owns the descriptor from here on
+    try:
+        return dist.TCPStore(host, bound_port, is_master=True, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=timeout), master_listen_fd=fd, use_libuv=True)
+    except (RuntimeError, OSError) as exc:
+        os.close(fd)
+        raise StoreError(f"cannot start the job store on {host}:{bound_port}: {exc}") from exc
 
 
 def connect_store(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
