@@ -120,6 +120,19 @@ def taiji_run(nproc: int, command: Sequence[str], *, timeout: float = 120.0,
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+def stop_launcher(launcher: subprocess.Popen, grace: float = 30.0) -> None:
+    """Stop a launcher started with ``start_new_session=True``: SIGTERM its session (it stops its
+    workers), SIGKILL what is left after ``grace``. A launcher that already exited is left alone."""
+    if launcher.poll() is not None:
+        return
+    os.killpg(launcher.pid, signal.SIGTERM)
+    try:
+        launcher.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+
 def read_rank_files(directory: Path, n: int) -> list[dict]:
     return [json.loads((directory / f"rank{r}.json").read_text()) for r in range(n)]
 

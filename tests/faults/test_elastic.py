@@ -8,11 +8,13 @@ Every worker logs each committed step (tests/scripts/elastic_train.py). The chec
    here every run has a hard timeout and is killed with its whole session on failure).
 """
 import json
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
-from _harness import ELASTIC_SCRIPT, REPO, check_invariants, run_elastic
+from _harness import ELASTIC_SCRIPT, REPO, check_invariants, run_elastic, stop_launcher
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -96,7 +98,7 @@ def test_below_min_np_without_a_joiner_fails_with_a_clear_error(tmp_path):
 def test_resize_and_status_from_another_terminal(tmp_path):
     args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--max-np", "3", "--", sys.executable,
             ELASTIC_SCRIPT, str(tmp_path), "--steps", "100000", "--step-delay", "0.005"]
-    env = dict(__import__("os").environ, TAIJI_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, TAIJI_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
     launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                                 env=env, start_new_session=True)
     cli = [sys.executable, "-m", "taiji.launch.cli"]
@@ -131,8 +133,6 @@ def test_resize_and_status_from_another_terminal(tmp_path):
         listed = subprocess.run(cli + ["ls"], capture_output=True, text=True, env=env, timeout=60)
         assert any(line.startswith(job_id) and " running " in line for line in listed.stdout.splitlines()), listed
         # a SIGKILLed launcher cannot unregister: the next command notices, says so, and prunes
-        import os
-        import signal
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=30)
         dead = subprocess.run(cli + ["status", "--job", job_id], capture_output=True, text=True, env=env,
@@ -143,15 +143,7 @@ def test_resize_and_status_from_another_terminal(tmp_path):
                               timeout=60)
         assert "running: none" in gone.stderr, "the dead job is no longer listed as known"
     finally:
-        import os
-        import signal
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGTERM)
-            try:
-                launcher.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait()
+        stop_launcher(launcher)
 
 
 def test_a_busy_rank_is_waited_for_not_killed(tmp_path):

@@ -1,13 +1,12 @@
 """Every server a job starts listens only on the job's address (issue 15's security fix): the
 launcher's store, each worker's gloo pairs and the p2p model store of PairAveraging."""
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from _harness import ELASTIC_SCRIPT, REPO, listening_addresses
+from _harness import ELASTIC_SCRIPT, REPO, listening_addresses, stop_launcher
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -31,10 +30,4 @@ def test_a_running_job_listens_on_loopback_only(tmp_path):
         assert all(a.startswith("127.0.0.1:") for a in addresses), addresses
     finally:
         output.close()
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGTERM)
-            try:
-                launcher.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait()
+        stop_launcher(launcher)
