@@ -67,6 +67,8 @@ RECOVERY_TIMEOUT = EnvVar("TAIJI_RECOVERY_TIMEOUT", 120.0, float,
                           "seconds a worker waits for a new cluster config after a failure")
 HEARTBEAT = EnvVar("TAIJI_HEARTBEAT", 0.25, float,
                    "seconds between a worker's liveness heartbeats to the launcher (0: none)")
+GLOO_SOCKET_IFNAME = EnvVar("GLOO_SOCKET_IFNAME", "", str,
+                            "network interface gloo's groups use (taiji honours it; default: the advertised host)")
 MIN_NP = EnvVar("TAIJI_MIN_NP", 1, int, "the launcher's --min-np (policies clamp Resize to it)")
 MAX_NP = EnvVar("TAIJI_MAX_NP", 0, int, "the launcher's --max-np; 0 = unknown (not launched by taiji)")
 
@@ -76,5 +78,5 @@ WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provi
 
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
-    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, HOME, MIN_NP, MAX_NP,
+    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
 )

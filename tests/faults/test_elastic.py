@@ -169,3 +169,13 @@ def test_a_stopped_worker_outside_any_collective_is_found_by_its_heartbeat(tmp_p
     assert "stopped or frozen" in proc.stdout or "heartbeat stopped" in proc.stdout, proc.stdout[-4000:]
     result = check_invariants(tmp_path, 16)
     assert result["sizes"] == [3, 2]
+
+
+def test_a_stopped_worker_in_a_decoupled_phase_is_found_by_its_heartbeat(tmp_path):
+    """PairAveraging trains in decoupled phases: no collective waits on a SIGSTOPped worker until the
+    phase's sync point. The heartbeat finds it within --liveness-timeout instead."""
+    faults = [{"action": "hang", "rank": 2, "step": 6, "phase": "compute"}]
+    proc = run_elastic(tmp_path, 3, "--steps", "60", "--strategy", "pair_averaging", faults=faults,
+                       launcher_args=["--timeout", "60", "--liveness-timeout", "2"], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+    assert "stopped or frozen" in proc.stdout, proc.stdout[-4000:]

@@ -24,6 +24,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
+from .addresses import gloo_device
 from .digest import tensor_digest
 from ..errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
                       PeerLost)
@@ -315,7 +316,7 @@ class Communicator:
                 return dist.ProcessGroupNCCL(prefixed, self.rank, self.size, opts)
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.options.host)]
+            opts._devices = [gloo_device(self.options.host)]
             return dist.ProcessGroupGloo(prefixed, self.rank, self.size, opts)
         except RuntimeError as exc:
             raise self._error(exc, f"{op} (connecting the group)", key) from exc

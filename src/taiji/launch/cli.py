@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import env
+from ..comm.addresses import interface_address
 from ..errors import ConfigError, LaunchError, StoreError
 from . import registry
 from .control import request
@@ -42,8 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="start a job: N workers running CMD",
                          usage="taiji run -np N [options] [--] CMD [ARGS...]")
     run.add_argument("-np", "--nproc", type=int, required=True, metavar="N", help="number of workers")
-    run.add_argument("--host", default="127.0.0.1",
-                     help="address the job store listens on (default: loopback)")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--host", default=None,
+                       help="address the job store and the workers listen on and advertise (default: loopback)")
+    where.add_argument("--ifname", default=None, metavar="NAME",
+                       help="advertise the IPv4 address of this network interface instead of --host")
     run.add_argument("--port", type=int, default=0, help="job store port (default: a free port)")
     run.add_argument("--timeout", type=float, default=env.TIMEOUT.default,
                      help="seconds a collective may wait for its peers before it fails; a peer that is "
@@ -137,7 +141,8 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
         command = [sys.executable] + command  # `taiji run -np 2 train.py` runs it with this Python
     _check_command(command)
     job_id = args.job_id or f"j{secrets.token_hex(4)}"
-    return RunConfig(nproc=args.nproc, command=tuple(command), host=args.host, port=args.port,
+    host = interface_address(args.ifname) if args.ifname else (args.host or "127.0.0.1")
+    return RunConfig(nproc=args.nproc, command=tuple(command), host=host, port=args.port,
                      timeout=args.timeout, grace=args.grace,
                      job_id=job_id, run_dir=args.run_dir or str(Path("runs") / job_id),
                      debug_collectives=args.debug_collectives, min_np=min_np, max_np=max_np,
