@@ -16,11 +16,20 @@ Rows (``ratio`` > 1 = PCRR ahead):
   policy charged δ by the simulator and told δ (PCRR's LP and hysteresis and the Pollux-like restart
   factor weigh changes by it); the Pollux-like optimiser's JCT at each δ rides along as extra fields.
 
+* ``locality ablation b_ext/b_int=<r>: PCRR vs <baseline>`` for r = 1, 1/3, 1/10: a seeded PS-only
+  workload (``mixed_workload``: 60 jobs of DL2's models over 2 h, ``--ablation-seed``) on 8 hosts × 4
+  GPUs, the paper's PS speed model (``taiji.sched.ps``) with b_int = 4352 MB/s and b_ext = r·b_int;
+  baselines tiresias and optimus (quick) or every baseline (full; all of them place PS servers).
+
+``--estimation-error e`` shows every policy speeds off by a seeded per-job factor in [1−e, 1+e]
+(DL2/Optimus-style ±10 %: ``--estimation-error 0.1``) while the simulator advances jobs with the true
+speeds; it applies to every simulated row.
+
 The same line carries ``"fidelity"``: our Tiresias, Optimus and Pollux-like average JCTs against the
 published ones (``taiji.sched.fidelity``; workload 6 alone in ``--quick``), which must lie within
 ±15% before a PCRR gain means anything.
 
-    .venv/bin/python benchmarks/scheduler.py --quick    # workload 6; tiresias, optimus, pollux, pcrr (< 3 min)
+    .venv/bin/python benchmarks/scheduler.py --quick    # workload 6; tiresias, optimus, pollux, pcrr; ablation
     .venv/bin/python benchmarks/scheduler.py            # workloads 1-8, every baseline
 """
 from __future__ import annotations
@@ -41,12 +50,14 @@ from _common import contract_row, print_result  # noqa: E402
 
 from taiji.errors import ConfigError  # noqa: E402
 from taiji.sched.cli import PolicyRun, run_policy, uniform_cost  # noqa: E402
+from taiji.sched.cluster import Cluster  # noqa: E402
+from taiji.sched.ps import PsSettings  # noqa: E402
 from taiji.sched.csvio import data_root  # noqa: E402
 from taiji.sched.fidelity import fidelity  # noqa: E402
 from taiji.sched.policies import POLICIES, make_policy  # noqa: E402
 from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig  # noqa: E402
-from taiji.sched.workload import (POLLUX_WORKLOADS, PHILLY_MIX, JobSpec, pollux_workload,  # noqa: E402
-                                  synthetic_workload)
+from taiji.sched.workload import (POLLUX_WORKLOADS, PHILLY_MIX, JobSpec, mixed_workload,  # noqa: E402
+                                  pollux_workload, synthetic_workload)
 
 QUICK_BASELINES = ("tiresias", "optimus", "pollux")
 FIDELITY_POLICIES = ("tiresias", "optimus", "pollux")
@@ -56,6 +67,11 @@ SWEEP_ANCHOR = "tiresias"
 LOADS = (0.5, 1.0, 2.0)
 DECISION_JOBS = 100
 DECISION_TARGET_S = 1.0
+# locality ablation (SCHEDULER.md E3): b_ext/b_int, shown as fractions in the row names
+LOCALITY_RATIOS = ((1, 1), (1, 3), (1, 10))
+ABLATION_CLUSTER = Cluster(8, 4)
+ABLATION_JOBS, ABLATION_HOURS = 60, 2.0
+QUICK_ABLATION_BASELINES = ("tiresias", "optimus")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -66,7 +82,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="Pollux workloads 1..8 (default: 6 quick, 1-8 full)")
     parser.add_argument("--cost", default="restart", choices=sorted(SYSTEMS),
                         help="resize cost of the main rows (default: %(default)s, Pollux's 30 s restart)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of PCRR's randomized rounding")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of PCRR's randomized rounding and of the estimation error")
+    parser.add_argument("--estimation-error", type=float, default=0.0, metavar="E",
+                        help="policies see speeds × a seeded per-job factor in [1-E, 1+E], e.g. 0.1 "
+                             "(default: 0, exact speeds); the simulator uses the true speeds")
+    parser.add_argument("--ablation-seed", type=int, default=0, help="seed of the locality ablation's workload")
     parser.add_argument("--decision-rounds", type=int, default=None,
                         help="rounds timed for the decision-time row (default: 8 quick, 20 full)")
     # a registered policy standing in for PCRR, to test this script while PCRR is being written
@@ -77,6 +98,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if bad:
         parser.error(f"Pollux workloads are numbered 1..8, got {bad}")
     args.decision_rounds = args.decision_rounds or (8 if args.quick else 20)
+    if not 0.0 <= args.estimation_error < 1.0:
+        parser.error(f"--estimation-error must lie in [0, 1), got {args.estimation_error}")
     return args
 
 
@@ -99,6 +122,7 @@ class Runs:
     that needs it (the main rows at 30 s are the sweep's 30 s point)."""
 
     seed: int
+    estimation_error: float = 0.0
     workloads: dict[int, tuple[JobSpec, ...]] = field(default_factory=dict)
     done: dict[tuple[int, str, ResizeCost], PolicyRun] = field(default_factory=dict)
 
@@ -106,7 +130,8 @@ class Runs:
         key = (workload, policy, cost)
         if key not in self.done:
             specs = self.workloads.setdefault(workload, pollux_workload(workload))
-            run = run_policy(specs, policy, SimConfig(resize=cost), seed=self.seed)
+            config = SimConfig(resize=cost, estimation_error=self.estimation_error, error_seed=self.seed)
+            run = run_policy(specs, policy, config, seed=self.seed)
             summary = run.result.summary()
             print(f"# workload {workload}, {policy}, resize {cost_label(cost)}: avg JCT "
                   f"{summary['avg_jct_s']:.0f} s, {summary['completed']}/{summary['jobs']} done, "
@@ -204,6 +229,33 @@ def decision_time_row(candidate: str, rounds: int, seed: int) -> dict:
                         mean_active_jobs=rounded(stats.get("mean_active_jobs", math.nan)))
 
 
+def locality_rows(candidate: str, baselines: Sequence[str], cost: ResizeCost, seed: int,
+                  workload_seed: int, estimation_error: float) -> list[dict]:
+    """Per b_ext/b_int ratio, the candidate against each baseline on one PS-only workload."""
+    specs = mixed_workload(workload_seed, num_jobs=ABLATION_JOBS, duration_s=ABLATION_HOURS * 3600, ps_fraction=1.0)
+    name = f"ps-only seed {workload_seed}"
+    rows = []
+    for num, den in LOCALITY_RATIOS:
+        config = SimConfig(cluster=ABLATION_CLUSTER, resize=cost, ps=PsSettings().with_ratio(num / den),
+                           estimation_error=estimation_error, error_seed=seed)
+        runs = {}
+        for policy in (candidate, *baselines):
+            runs[policy] = run_policy(specs, policy, config, seed=seed)
+            summary = runs[policy].result.summary()
+            print(f"# locality {num}/{den}, {policy}: avg JCT {summary['avg_jct_s']:.0f} s, "
+                  f"{summary['completed']}/{summary['jobs']} done, {runs[policy].wall_s:.1f} s wall",
+                  file=sys.stderr, flush=True)
+        ratio_text = "1" if num == den else f"{num}/{den}"
+        for baseline in baselines:
+            rows.append(comparison_row(
+                f"locality ablation b_ext/b_int={ratio_text}: {label(candidate)} vs {baseline}",
+                [runs[candidate]], [runs[baseline]], [name], resize_cost=cost_label(cost),
+                b_ext_over_b_int=round(num / den, 4), b_int_mb_s=config.ps.bw_intra_mb_s,
+                b_ext_mb_s=round(config.ps.bw_inter_mb_s, 1), ps_speed_model=config.ps.model,
+                cluster=f"{ABLATION_CLUSTER.num_hosts}x{ABLATION_CLUSTER.gpus_per_host}"))
+    return rows
+
+
 def shipped_loads() -> tuple[list[float], list[float]]:
     """Of the loads the issue asks for besides 1.0x: (those whose workload sets are shipped, those
     that are not). Only Pollux's 1.0x ``workloads/`` ships; the 0.5x/2.0x sets are in the Pollux
@@ -233,11 +285,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.quick and shipped:
         print(f"# loads {', '.join(f'{load:g}x' for load in shipped)}: shipped, but this benchmark does not read "
               f"them yet; ran load 1.0x only", flush=True)
-    runs = Runs(args.seed)
+    runs = Runs(args.seed, args.estimation_error)
     main_cost = SYSTEMS[args.cost]
     rows = main_rows(runs, args.candidate, baselines, args.workloads, main_cost)
     rows.append(decision_time_row(args.candidate, args.decision_rounds, args.seed))
     rows += sweep_rows(runs, args.candidate, args.workloads)
+    ablation_baselines = [name for name in (QUICK_ABLATION_BASELINES if args.quick else POLICIES)
+                          if name != args.candidate]
+    rows += locality_rows(args.candidate, ablation_baselines, main_cost, args.seed, args.ablation_seed,
+                          args.estimation_error)
     # published numbers exist for workload 6 alone (Pollux's README run) and for the mean of 1-8
     fidelity_workloads = [6] if args.workloads == [6] else list(POLLUX_WORKLOADS)
     checked = fidelity(FIDELITY_POLICIES, fidelity_workloads)
@@ -247,7 +303,10 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"deviation {check['deviation']:+.1%}")
     print(f"# {len(runs.done)} simulations in {time.monotonic() - started:.0f} s", file=sys.stderr)
     print_result("scheduler", rows, quick=args.quick, candidate=args.candidate, cluster="16x4", interval_s=60,
-                 workloads=args.workloads, loads_run=[1.0], loads_not_shipped=missing_loads,
+                 workloads=args.workloads, estimation_error=args.estimation_error,
+                 ablation={"workload": f"mixed_workload(seed={args.ablation_seed}, {ABLATION_JOBS} jobs, "
+                                       f"{ABLATION_HOURS:g} h, PS only)", "cluster": "8x4",
+                           "baselines": ablation_baselines}, loads_run=[1.0], loads_not_shipped=missing_loads,
                  loads_shipped_not_run=shipped, seed=args.seed,
                  fidelity={name: {key: check[key] for key in ("ours", "published", "deviation")}
                            for name, check in checked.items()},

@@ -3,6 +3,7 @@
     taiji sched simulate --workload pollux:6 --policy tiresias,optimus,pollux --out runs/sched
     taiji sched simulate --workload synthetic --jobs 40 --cluster 4x4 --policy fifo,srtf --cost taiji
     taiji sched simulate --workload my-jobs.csv --policy pcrr --cost 2 --seed 3
+    taiji sched simulate --workload synthetic --ps-fraction 0.5 --policy pcrr,optimus --estimation-error 0.1
 
 Every policy runs on the same workload, cluster and resize cost (``--cost``: ``restart`` = 30 s per
 change as in Pollux's simulator, ``taiji`` = taiji's measured in-place resize, or a number of
@@ -37,7 +38,8 @@ from taiji.errors import ConfigError, TaijiError
 from taiji.sched.cluster import Allocation, Cluster
 from taiji.sched.policies import make_policy
 from taiji.sched.sim import SYSTEMS, JobView, Policy, ResizeCost, SimConfig, SimResult, simulate
-from taiji.sched.workload import JobSpec, load_workload, synthetic_workload
+from taiji.sched.ps import PsSettings
+from taiji.sched.workload import JobSpec, load_workload, mixed_workload, synthetic_workload
 
 PROG = "taiji sched"
 SYNTHETIC = "synthetic"
@@ -85,8 +87,12 @@ def parse_policies(text: str) -> list[str]:
     return names
 
 
-def workload_from(spec: str, *, seed: int, jobs: int, duration_s: float) -> tuple[JobSpec, ...]:
-    """``synthetic`` (seeded Philly-shaped), ``pollux:N`` or a CSV path."""
+def workload_from(spec: str, *, seed: int, jobs: int, duration_s: float,
+                  ps_fraction: float = 0.0) -> tuple[JobSpec, ...]:
+    """``synthetic`` (seeded Philly-shaped; with ``ps_fraction`` > 0 mixed with DL2's PS jobs),
+    ``pollux:N`` or a CSV path."""
+    if spec == SYNTHETIC and ps_fraction > 0:
+        return mixed_workload(seed, num_jobs=jobs, duration_s=duration_s, ps_fraction=ps_fraction)
     if spec == SYNTHETIC:
         return synthetic_workload(seed, num_jobs=jobs, duration_s=duration_s)
     return load_workload(spec)
@@ -343,6 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
                               help="also schedule right after every arrival and completion")
     simulate_cmd.add_argument("--interference", type=float, default=0.0,
                               help="slowdown of distributed jobs sharing a host, e.g. 0.25 (default: 0)")
+    simulate_cmd.add_argument("--estimation-error", type=float, default=0.0, metavar="E",
+                              help="policies see every job's speeds × a seeded per-job factor in [1-E, 1+E], "
+                                   "e.g. 0.1; progress uses the true speeds (default: 0)")
+    simulate_cmd.add_argument("--ps-model", default="paper", choices=("paper", "dl2"),
+                              help="speed model of parameter-server jobs (default: %(default)s)")
+    simulate_cmd.add_argument("--ps-fraction", type=float, default=0.0,
+                              help="synthetic: share of parameter-server jobs (DL2 models), 0..1 (default: 0)")
     simulate_cmd.add_argument("--max-hours", type=float, default=SimConfig.max_time_s / 3600,
                               help="stop simulating after this many hours (default: %(default)g)")
     simulate_cmd.add_argument("--plot-policy", default=None, metavar="NAME",
@@ -357,11 +370,13 @@ def simulate_command(args: argparse.Namespace) -> int:
     resize = parse_cost(args.cost)
     config = SimConfig(cluster=cluster, interval_s=args.interval, resize=resize,
                        reschedule_on_events=args.events, interference=args.interference,
-                       max_time_s=args.max_hours * 3600)
+                       max_time_s=args.max_hours * 3600, ps=PsSettings(model=args.ps_model),
+                       estimation_error=args.estimation_error, error_seed=args.seed)
     plot_policy = args.plot_policy or ("pcrr" if "pcrr" in policies else policies[0])
     if plot_policy not in policies:
         raise ConfigError(f"--plot-policy {plot_policy!r} is not among --policy {','.join(policies)}")
-    specs = workload_from(args.workload, seed=args.seed, jobs=args.jobs, duration_s=args.duration_h * 3600)
+    specs = workload_from(args.workload, seed=args.seed, jobs=args.jobs, duration_s=args.duration_h * 3600,
+                          ps_fraction=args.ps_fraction)
     out = Path(args.out)
     try:   # before simulating: an unwritable --out must not cost a whole run
         out.mkdir(parents=True, exist_ok=True)
@@ -369,7 +384,8 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out}: cannot create ({exc})") from exc
     settings = {"workload": args.workload, "jobs": len(specs), "cluster": args.cluster, "seed": args.seed,
                 "cost": args.cost, "resize": resize, "interval_s": args.interval, "events": args.events,
-                "interference": args.interference}
+                "interference": args.interference, "estimation_error": args.estimation_error,
+                "ps_model": args.ps_model, "ps_fraction": args.ps_fraction}
     print(f"{len(specs)} jobs from {args.workload} on {cluster.num_hosts}x{cluster.gpus_per_host} GPUs, "
           f"resize cost {args.cost}, seed {args.seed}", flush=True)
     # the warnings would tear through the progress bars; their gist is summarised below the table

@@ -1,7 +1,8 @@
-"""Hosts, GPU capacity, allocations and placement helpers for the scheduler (pure).
+"""Hosts, GPU and CPU capacity, allocations and placement helpers for the scheduler (pure).
 
-An :class:`Allocation` gives a job a number of GPUs on each host (a tuple as long as the cluster
-has hosts) and the total batch size it trains with. :meth:`Cluster.check` is the one place that
+An :class:`Allocation` gives a job a number of GPUs (workers) on each host (a tuple as long as the
+cluster has hosts), the total batch size it trains with, and for a parameter-server job its servers
+per host and the CPU slots each server takes (hosts have ``cpus_per_host`` CPU slots for servers). :meth:`Cluster.check` is the one place that
 decides whether a set of allocations fits; the simulator calls it on every policy answer, so a
 policy bug surfaces as a :class:`PolicyError` instead of oversubscribed GPUs.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from taiji.errors import ConfigError, TaijiError
 
@@ -22,10 +23,22 @@ class PolicyError(TaijiError):
 
 @dataclass(frozen=True)
 class Allocation:
-    """GPUs per host (index = host) and the total batch size the job trains with."""
+    """GPUs per host (index = host) and the total batch size the job trains with; a PS job also
+    has its parameter servers per host (``ps_placement``, empty for allreduce jobs) and the CPU
+    slots each server takes."""
 
     placement: tuple[int, ...]
     batch_size: int
+    ps_placement: tuple[int, ...] = ()
+    ps_cpus: int = 0
+
+    @property
+    def servers(self) -> int:
+        return sum(self.ps_placement)
+
+    def cpus_on(self, host: int) -> int:
+        """CPU slots this allocation's servers take on ``host``."""
+        return self.ps_placement[host] * self.ps_cpus if self.ps_placement else 0
 
     @property
     def replicas(self) -> int:
@@ -38,24 +51,28 @@ class Allocation:
 
 @dataclass(frozen=True)
 class Cluster:
-    """``num_hosts`` identical hosts with ``gpus_per_host`` GPUs each (Pollux: 16 × 4)."""
+    """``num_hosts`` identical hosts with ``gpus_per_host`` GPUs each (Pollux: 16 × 4) and
+    ``cpus_per_host`` CPU slots for parameter servers (workers are counted as GPUs only [I])."""
 
     num_hosts: int = 16
     gpus_per_host: int = 4
+    cpus_per_host: int = 16
 
     def __post_init__(self) -> None:
-        if self.num_hosts < 1 or self.gpus_per_host < 1:
-            raise ConfigError(f"a cluster needs >= 1 host and >= 1 GPU per host, got "
-                              f"{self.num_hosts} x {self.gpus_per_host}")
+        if self.num_hosts < 1 or self.gpus_per_host < 1 or self.cpus_per_host < 0:
+            raise ConfigError(f"a cluster needs >= 1 host, >= 1 GPU and >= 0 CPUs per host, got "
+                              f"{self.num_hosts} x {self.gpus_per_host} (CPUs {self.cpus_per_host})")
 
     @classmethod
     def parse(cls, text: str) -> "Cluster":
-        """``"16x4"`` → 16 hosts with 4 GPUs each."""
+        """``"16x4"`` → 16 hosts with 4 GPUs each; ``"16x4x8"``: and 8 server CPU slots each."""
         try:
-            hosts, gpus = (int(part) for part in text.lower().split("x"))
+            parts = [int(part) for part in text.lower().split("x")]
+            if len(parts) not in (2, 3):
+                raise ValueError
         except ValueError:
-            raise ConfigError(f"cluster {text!r}: expected HOSTSxGPUS, e.g. 16x4") from None
-        return cls(hosts, gpus)
+            raise ConfigError(f"cluster {text!r}: expected HOSTSxGPUS[xCPUS], e.g. 16x4") from None
+        return cls(*parts)
 
     @property
     def total_gpus(self) -> int:
@@ -69,9 +86,18 @@ class Cluster:
                 free[host] -= count
         return free
 
+    def free_cpus(self, allocations: Iterable[Allocation]) -> list[int]:
+        """Free server CPU slots per host once ``allocations`` are taken (may go negative)."""
+        free = [self.cpus_per_host] * self.num_hosts
+        for allocation in allocations:
+            for host in range(self.num_hosts):
+                free[host] -= allocation.cpus_on(host)
+        return free
+
     def check(self, allocations: Mapping[str, Allocation], known: Iterable[str]) -> None:
         """Raise PolicyError unless every allocation names a known job, has one non-negative
-        count per host, at least one GPU and a batch >= 1, and no host is oversubscribed."""
+        count per host, at least one GPU and a batch >= 1, and no host is oversubscribed in GPUs
+        or in server CPUs."""
         known = set(known)
         for name, allocation in allocations.items():
             if name not in known:
@@ -81,10 +107,17 @@ class Cluster:
                                   f"{self.num_hosts} non-negative counts")
             if allocation.replicas < 1 or allocation.batch_size < 1:
                 raise PolicyError(f"{name}: empty placement or batch < 1 ({allocation})")
+            if allocation.ps_placement and (len(allocation.ps_placement) != self.num_hosts
+                                            or min(allocation.ps_placement) < 0 or allocation.ps_cpus < 0):
+                raise PolicyError(f"{name}: server placement {allocation.ps_placement} is not "
+                                  f"{self.num_hosts} non-negative counts (or CPUs per server < 0)")
         over = [(host, -left) for host, left in
                 enumerate(self.free(a.placement for a in allocations.values())) if left < 0]
         if over:
             raise PolicyError(f"hosts oversubscribed (host, GPUs over): {over}")
+        over = [(host, -left) for host, left in enumerate(self.free_cpus(allocations.values())) if left < 0]
+        if over:
+            raise PolicyError(f"hosts oversubscribed (host, server CPUs over): {over}")
 
 
 def pack(free: Sequence[int], count: int) -> tuple[int, ...] | None:
@@ -118,12 +151,79 @@ def packed_shape(count: int, gpus_per_host: int) -> tuple[int, ...]:
     return (gpus_per_host,) * full + ((rest,) if rest else ())
 
 
+class ServerNeeds(Protocol):
+    """What placement needs to know of a job's parameter servers (``model.Application`` and
+    ``ps.PsApplication`` both answer: allreduce jobs need none)."""
+
+    server_cpus: int
+
+    def servers_for(self, workers: int) -> int: ...
+
+
+def place_servers(free_cpus: Sequence[int], workers: Sequence[int], count: int,
+                  cpus_each: int) -> tuple[int, ...] | None:
+    """Hosts for ``count`` servers of ``cpus_each`` CPU slots beside ``workers`` (per host), or
+    None if they do not fit. All on the workers' host when they share one and it has room (that
+    is what makes the job internal); otherwise one at a time, round-robin over the workers' hosts
+    with room (most workers first), then on other hosts (most free CPUs first)."""
+    placed = [0] * len(free_cpus)
+    if count == 0:
+        return tuple(placed)
+    left = list(free_cpus)
+    worker_hosts = [h for h, n in enumerate(workers) if n > 0]
+    if len(worker_hosts) == 1 and left[worker_hosts[0]] >= count * cpus_each:
+        placed[worker_hosts[0]] = count
+        return tuple(placed)
+    for _ in range(count):
+        room = [h for h in range(len(left)) if left[h] >= cpus_each]
+        if not room:
+            return None
+        # spread over the worker hosts (by servers placed so far) before using others
+        host = min(room, key=lambda h: (workers[h] == 0, placed[h], -workers[h], -left[h], h))
+        placed[host] += 1
+        left[host] -= cpus_each
+    return tuple(placed)
+
+
+def with_servers(cluster: Cluster, chosen: Sequence[tuple[str, Allocation]], needs: Mapping[str, ServerNeeds],
+                 current: Mapping[str, Allocation]) -> dict[str, Allocation]:
+    """Give each PS job in ``chosen`` (priority order, GPUs already placed) its servers: the ones it
+    holds when its workers and server count are unchanged (no move), else :func:`place_servers`.
+    A job whose servers do not fit is left out this round (its GPUs stay free). Allreduce jobs
+    pass through unchanged."""
+    result: dict[str, Allocation] = {}
+    free = [cluster.cpus_per_host] * cluster.num_hosts
+    pending: list[tuple[str, Allocation, int, int]] = []
+    for name, allocation in chosen:
+        need = needs[name]
+        count = need.servers_for(allocation.replicas)
+        held = current.get(name)
+        if count == 0:
+            result[name] = allocation
+        elif held is not None and held.placement == allocation.placement and held.servers == count:
+            result[name] = Allocation(allocation.placement, allocation.batch_size, held.ps_placement, held.ps_cpus)
+            free = [f - held.cpus_on(h) for h, f in enumerate(free)]
+        else:
+            pending.append((name, allocation, count, need.server_cpus))
+    for name, allocation, count, cpus in pending:
+        servers = place_servers(free, allocation.placement, count, cpus)
+        if servers is None:
+            logger.debug("%s: %d servers of %d CPUs do not fit; left out this round", name, count, cpus)
+            continue
+        free = [f - n * cpus for f, n in zip(free, servers)]
+        result[name] = Allocation(allocation.placement, allocation.batch_size, servers, cpus)
+    order = [name for name, _ in chosen]
+    return {name: result[name] for name in order if name in result}
+
+
 def place_all(cluster: Cluster, wanted: Sequence[tuple[str, int, int]],
-              current: Mapping[str, Allocation]) -> dict[str, Allocation]:
+              current: Mapping[str, Allocation],
+              needs: Mapping[str, ServerNeeds] | None = None) -> dict[str, Allocation]:
     """Placements for ``wanted`` = (job, GPUs, batch) in priority order. A job whose GPU count
     is unchanged keeps its current placement (moving it would cost a restart); the others are
     packed in order, and a job that no longer fits is left out. Callers keep the total within
-    the cluster, so with spreading allowed every job fits."""
+    the cluster, so with spreading allowed every job fits in GPUs. With ``needs`` (per job, what
+    its parameter servers take) PS jobs get servers by :func:`with_servers`."""
     result: dict[str, Allocation] = {}
     kept = [(name, count, batch) for name, count, batch in wanted
             if name in current and current[name].replicas == count]
@@ -139,4 +239,6 @@ def place_all(cluster: Cluster, wanted: Sequence[tuple[str, int, int]],
             continue
         free = [left - used for left, used in zip(free, placement)]
         result[name] = Allocation(placement, batch)
-    return result
+    if needs is None:
+        return result
+    return with_servers(cluster, [(name, result[name]) for name, _, _ in wanted if name in result], needs, current)

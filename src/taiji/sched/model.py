@@ -16,8 +16,8 @@ Three kinds of model live here (SCHEDULER.md §3.1, §4.1; tags as there):
 * :class:`ThroughputParams` — Pollux's fitted throughput model (``T_comp``, ``T_net`` with node
   spread, γ overlap) and :func:`goodput`. [C]
 * :class:`AllreduceModel` — taiji's allreduce jobs: the Pollux form plus explicit ring-allreduce
-  bytes over intra-host or (shared) inter-host bandwidth. [I] And :func:`ps_sample_time`, the
-  paper family's parameter-server time per sample with locality. [R]
+  bytes over intra-host or (shared) inter-host bandwidth. [I] Parameter-server jobs live in
+  :mod:`taiji.sched.ps`; the functions below dispatch to it for a :class:`~taiji.sched.ps.PsApplication`.
 
 All functions are pure; loaded applications are cached per name (the data never changes).
 """
@@ -34,6 +34,7 @@ import numpy as np
 
 from taiji.errors import ConfigError
 from taiji.sched.csvio import Source, data_root, parse_number, read_rows
+from taiji.sched.ps import PsApplication, sample_time
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,12 @@ class Application:
     spreads: Mapping[tuple[int, int], Curve]  # (nodes, replicas) -> curve, measured or averaged
     validations: tuple[Validation, ...]       # sorted by batch size
     epoch_progress: tuple[float, ...]         # progress at the end of epoch k+1 (min over runs)
+    speed_scale: float = 1.0                  # a policy's estimate: rates × this (ground truth: 1)
+    server_cpus: int = 0                      # allreduce jobs have no parameter servers
+
+    def servers_for(self, workers: int) -> int:
+        """Parameter servers a job of ``workers`` workers needs: none (allreduce)."""
+        return 0
 
     @property
     def target_progress(self) -> float:
@@ -233,9 +240,16 @@ def trace_efficiency(app: Application, batch_size: float, epoch: int) -> float:
     return (var + sqr) / denominator if denominator > 0 else 1.0
 
 
-def progress_rate(app: Application, placement: Sequence[int], batch_size: int, epoch: int) -> float:
+AnyApplication = Application | PsApplication
+
+
+def progress_rate(app: AnyApplication, placement: Sequence[int], batch_size: int, epoch: int) -> float:
     """Statistical progress per second of ``app`` training at ``batch_size`` on ``placement``
-    during ``epoch``. One iteration with ``a`` accumulation steps costs ``step + a·(step − sync)``."""
+    during ``epoch``. One iteration with ``a`` accumulation steps costs ``step + a·(step − sync)``.
+    A PS job's rate (mini-batches/s) depends on neither batch nor epoch; its servers are assumed
+    beside its workers (:func:`taiji.sched.ps.beside_workers`)."""
+    if isinstance(app, PsApplication):
+        return app.rate(placement)
     return _epoch_rates(app, canonical_placement(placement), batch_size)[epoch]
 
 
@@ -247,7 +261,7 @@ def _epoch_rates(app: Application, canonical: tuple[int, ...], batch_size: int) 
     step, sync = _step_time(app, canonical, float(config.atomic_bsz))
     iteration = step + config.accum_steps * (step - sync)
     scale = config.total / app.init_batch_size
-    return tuple(scale * trace_efficiency(app, config.total, epoch) / iteration
+    return tuple(app.speed_scale * scale * trace_efficiency(app, config.total, epoch) / iteration
                  for epoch in range(app.max_epochs))
 
 
@@ -260,10 +274,13 @@ def _seconds_after(app: Application, canonical: tuple[int, ...], batch_size: int
     return tuple(np.concatenate((np.cumsum(per_epoch[::-1])[::-1], [0.0])).tolist())
 
 
-def advance(app: Application, progress: float, seconds: float, placement: Sequence[int],
-            batch_size: int) -> float:
+def advance(app: AnyApplication, progress: float, seconds: float, placement: Sequence[int],
+            batch_size: int, servers: Sequence[int] | None = None) -> float:
     """Progress after training ``seconds`` from ``progress``; the rate is constant within an
-    epoch, so this integrates exactly across epoch boundaries. Never exceeds the target."""
+    epoch, so this integrates exactly across epoch boundaries. Never exceeds the target.
+    ``servers``: a PS job's servers per host (ignored for allreduce jobs)."""
+    if isinstance(app, PsApplication):
+        return app.advance(progress, seconds, placement, servers)
     rates = _epoch_rates(app, canonical_placement(placement), batch_size)
     while seconds > 0 and progress < app.target_progress:
         epoch = app.epoch_of(progress)
@@ -275,8 +292,12 @@ def advance(app: Application, progress: float, seconds: float, placement: Sequen
     return min(progress, app.target_progress)
 
 
-def time_to_finish(app: Application, progress: float, placement: Sequence[int], batch_size: int) -> float:
-    """Seconds of training from ``progress`` to completion on ``placement`` (exact, per epoch)."""
+def time_to_finish(app: AnyApplication, progress: float, placement: Sequence[int], batch_size: int,
+                   servers: Sequence[int] | None = None) -> float:
+    """Seconds of training from ``progress`` to completion on ``placement`` (exact, per epoch);
+    ``servers`` as for :func:`advance`."""
+    if isinstance(app, PsApplication):
+        return app.time_to_finish(progress, placement, servers)
     epoch = app.epoch_of(progress)
     if epoch >= app.max_epochs:
         return 0.0
@@ -348,10 +369,8 @@ class AllreduceModel:
         return overlap(compute, network, p.gamma)
 
 
-def ps_sample_time(compute: float, grad_bytes: float, bandwidth: float) -> float:
-    """The paper family's parameter-server time per sample [R, OASiS form]: compute plus a push
-    and a pull of the gradient, ``τ + 2g/b``, with ``b`` internal when all tasks share a host."""
-    return compute + 2.0 * grad_bytes / bandwidth
+# the paper family's PS time per mini-batch lives with the rest of the PS model
+ps_sample_time = sample_time
 
 
 # -- loading the shipped traces ---------------------------------------------------------------------

@@ -12,12 +12,15 @@ time is known when its allocation is set and a completion is an exact event, not
 called at every round (and, with ``SimConfig.reschedule_on_events``, also right after arrivals
 and completions). ``jobs`` are the active jobs (arrived, not finished, not rejected) in submission
 order, each a frozen :class:`JobView`: the spec (requested replicas and batch), the
-ground-truth :class:`~taiji.sched.model.Application` (for oracle policies), the progress made and
+job's :class:`~taiji.sched.model.Application` or :class:`~taiji.sched.ps.PsApplication` (ground
+truth for oracle policies; with ``SimConfig.estimation_error`` a copy whose speeds are off by a
+seeded per-job factor, while progress is still integrated with the true speeds), the progress made and
 needed, GPU-seconds attained, the current allocation and the number of restarts. The answer maps
-job names to :class:`~taiji.sched.cluster.Allocation` (GPUs per host and total batch size); a job
+job names to :class:`~taiji.sched.cluster.Allocation` (GPUs per host and total batch size, plus
+servers per host for a parameter-server job, :mod:`taiji.sched.ps`); a job
 left out gets no GPUs (it waits, or is preempted). The simulator checks the answer with
 :meth:`Cluster.check` and raises :class:`~taiji.sched.cluster.PolicyError` if a host would be
-oversubscribed, so capacity is never exceeded.
+oversubscribed (GPUs, or server CPUs) or a PS job lacks its servers, so capacity is never exceeded.
 
 **Resize cost.** Any change of a job's placement pauses it for the system's cost
 (:data:`SYSTEMS`: ``restart`` = Pollux's 30 s checkpoint-restart for every start, grow, shrink or
@@ -35,9 +38,11 @@ the run stops and reports the remaining jobs as ``unfinished``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
@@ -45,8 +50,9 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 
 from taiji.errors import ConfigError
-from taiji.sched.cluster import Allocation, Cluster
-from taiji.sched.model import Application, advance, load_application, time_to_finish
+from taiji.sched.cluster import Allocation, Cluster, PolicyError
+from taiji.sched.model import AnyApplication, advance, load_application, time_to_finish
+from taiji.sched.ps import PsSettings, ps_application
 from taiji.sched.workload import JobSpec
 
 logger = logging.getLogger(__name__)
@@ -76,8 +82,8 @@ class JobView:
     """What a policy sees of one active job."""
 
     spec: JobSpec
-    app: Application
-    progress: float                 # statistical progress made
+    app: AnyApplication             # the policy's model of the job: ground truth unless estimation error is on
+    progress: float                 # statistical progress made (PS jobs: mini-batches)
     attained_gpu_s: float           # GPU-seconds held so far (Tiresias' attained service)
     allocation: Allocation | None   # current allocation, None when waiting
     restarts: int                   # allocation changes that cost a pause
@@ -107,12 +113,17 @@ class SimConfig:
     reschedule_on_events: bool = False   # Pollux schedules only at rounds
     interference: float = 0.0   # slowdown of a distributed job sharing a host with another (Pollux: 0.25/0.5)
     max_time_s: float = 30 * 24 * 3600.0
+    ps: PsSettings = PsSettings()   # speed model and bandwidths of parameter-server jobs
+    estimation_error: float = 0.0   # e: policies see every job's speeds × a factor drawn in [1−e, 1+e]
+    error_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
             raise ConfigError(f"interval_s and max_time_s must be > 0, got {self.interval_s}, {self.max_time_s}")
         if not 0.0 <= self.interference < 1.0:
             raise ConfigError(f"interference must lie in [0, 1), got {self.interference}")
+        if not 0.0 <= self.estimation_error < 1.0:
+            raise ConfigError(f"estimation_error must lie in [0, 1), got {self.estimation_error}")
 
 
 @dataclass(frozen=True)
@@ -162,7 +173,8 @@ class _Job:
     """Mutable simulation state of one job (never handed to a policy)."""
 
     spec: JobSpec
-    app: Application
+    app: AnyApplication             # ground truth: progress and completion times use it
+    estimate: AnyApplication        # what the policy is shown (``app`` unless estimation error is on)
     progress: float = 0.0
     allocation: Allocation | None = None
     pause_left: float = 0.0
@@ -175,7 +187,7 @@ class _Job:
     end: float | None = None
 
     def view(self) -> JobView:
-        return JobView(self.spec, self.app, self.progress, self.attained, self.allocation,
+        return JobView(self.spec, self.estimate, self.progress, self.attained, self.allocation,
                        self.restarts, self.peak_replicas)
 
     def run_for(self, seconds: float) -> None:
@@ -185,18 +197,22 @@ class _Job:
         paused = min(self.pause_left, seconds)
         self.pause_left -= paused
         self.progress = advance(self.app, self.progress, (seconds - paused) * self.speed,
-                                self.allocation.placement, self.allocation.batch_size)
+                                self.allocation.placement, self.allocation.batch_size,
+                                self.allocation.ps_placement)
 
     def retime(self, now: float) -> None:
         """Exact completion time from ``now`` under the current allocation and speed."""
         allocation = self.allocation
         self.finish_at = math.inf if allocation is None else now + self.pause_left + time_to_finish(
-            self.app, self.progress, allocation.placement, allocation.batch_size) / self.speed
+            self.app, self.progress, allocation.placement, allocation.batch_size,
+            allocation.ps_placement) / self.speed
 
 
 def resize_cost(cost: ResizeCost, old: Allocation | None, new: Allocation | None) -> float | None:
-    """Pause for changing ``old`` to ``new``; None when nothing changes that needs a pause."""
-    if new is None or (old is not None and old.placement == new.placement):
+    """Pause for changing ``old`` to ``new``; None when nothing changes that needs a pause (a new
+    batch alone is free; moving a PS job's servers is a move)."""
+    if new is None or (old is not None and old.placement == new.placement
+                       and old.ps_placement == new.ps_placement):
         return None
     if old is None:
         return cost.start
@@ -255,14 +271,20 @@ class _Engine:
                          tuple(self.utilization))
 
     def _arrive(self, spec: JobSpec) -> None:
-        total = self.config.cluster.total_gpus
-        if spec.num_replicas > total:
-            reason = f"asks for {spec.num_replicas} GPUs, the cluster has {total}"
+        cluster = self.config.cluster
+        app = application_of(spec, self.config.ps)
+        reason = ""
+        if spec.num_replicas > cluster.total_gpus:
+            reason = f"asks for {spec.num_replicas} GPUs, the cluster has {cluster.total_gpus}"
+        elif app.servers_for(1) and app.server_cpus > cluster.cpus_per_host:
+            reason = f"a parameter server takes {app.server_cpus} CPUs, a host has {cluster.cpus_per_host}"
+        if reason:
             logger.warning("rejected %s: %s", spec.name, reason)
             self.records[spec.name] = JobRecord(spec.name, spec.application, spec.submit_time,
                                                 "rejected", reason=reason)
             return
-        self.active.append(_Job(spec, load_application(spec.application)))
+        estimate = estimated(app, spec.name, self.config.estimation_error, self.config.error_seed)
+        self.active.append(_Job(spec, app, estimate))
 
     def _complete(self) -> bool:
         done = [job for job in self.active if job.finish_at <= self.now]
@@ -280,6 +302,11 @@ class _Engine:
         cluster = self.config.cluster
         answer = dict(self.policy.allocate(self.now, cluster, tuple(job.view() for job in self.active)))
         cluster.check(answer, (job.spec.name for job in self.active))
+        for job in self.active:   # a PS job runs only with its servers (the model's W ≤ γS)
+            new = answer.get(job.spec.name)
+            if new is not None and new.servers != job.app.servers_for(new.replicas):
+                raise PolicyError(f"{job.spec.name}: {new.replicas} workers need "
+                                  f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}")
         for job in self.active:
             new = answer.get(job.spec.name)
             pause = resize_cost(self.config.resize, job.allocation, new)
@@ -317,6 +344,23 @@ class _Engine:
                          start_time=job.start, end_time=job.end,
                          jct=None if job.end is None else job.end - job.spec.submit_time,
                          restarts=job.restarts, gpu_seconds=job.attained, reason=reason)
+
+
+def application_of(spec: JobSpec, ps: PsSettings) -> AnyApplication:
+    """A job's ground truth: Pollux's measured application, or a DL2 PS model under ``ps``."""
+    if spec.is_ps:
+        return ps_application(spec.application, spec.epochs, spec.batch_size, ps)
+    return load_application(spec.application)
+
+
+def estimated(app: AnyApplication, name: str, error: float, seed: int) -> AnyApplication:
+    """What a policy believes of ``app``: every speed × one factor ``1 + error·U(−1, 1)`` per job,
+    drawn from (seed, job name) so it does not depend on arrival order [I: DL2/Optimus perturb
+    their speed estimates by ±10 %; a per-job constant factor is our reading]."""
+    if error == 0.0:
+        return app
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    return dataclasses.replace(app, speed_scale=1.0 + error * rng.uniform(-1.0, 1.0))
 
 
 def simulate(specs: Sequence[JobSpec], policy: Policy, config: SimConfig = SimConfig()) -> SimResult:

@@ -9,6 +9,7 @@ replica count. Every reader error names the file and line.
 
 :func:`synthetic_workload` draws Philly-shaped workloads with a seeded generator: Poisson
 arrivals over a window and the application/configuration mix of the eight Pollux files.
+:func:`mixed_workload` adds parameter-server jobs (DL2's models, :mod:`taiji.sched.ps`) to that mix.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 from taiji.errors import ConfigError
 from taiji.sched.csvio import Source, data_root, parse_number, read_rows
 from taiji.sched.model import APPLICATIONS
+from taiji.sched.ps import PS_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +37,25 @@ class JobSpec:
     name: str
     submit_time: float   # seconds from the start of the workload
     application: str     # one of model.APPLICATIONS
-    num_replicas: int    # GPUs requested (rigid policies run exactly this many)
-    batch_size: int      # total batch size requested
+    num_replicas: int    # GPUs requested (rigid policies run exactly this many); PS jobs: workers
+    batch_size: int      # total batch size requested (nominal for PS jobs: their progress ignores it)
+    epochs: int = 0      # PS jobs: epochs to train (> 0); allreduce jobs: 0 (the application's own)
 
     def __post_init__(self) -> None:
-        if self.application not in APPLICATIONS:
+        if self.application not in APPLICATIONS and self.application not in PS_MODELS:
             raise ConfigError(f"job {self.name!r}: unknown application {self.application!r}; "
-                              f"known: {', '.join(APPLICATIONS)}")
+                              f"known: {', '.join(APPLICATIONS + PS_MODELS)}")
         if self.submit_time < 0 or self.num_replicas < 1 or self.batch_size < 1:
             raise ConfigError(f"job {self.name!r}: need time >= 0, num_replicas >= 1, batch_size >= 1; "
                               f"got {self.submit_time}, {self.num_replicas}, {self.batch_size}")
+        if self.is_ps != (self.epochs > 0):
+            raise ConfigError(f"job {self.name!r}: a PS job ({', '.join(PS_MODELS)}) needs epochs >= 1, "
+                              f"an allreduce job epochs = 0; got {self.application} with {self.epochs}")
+
+    @property
+    def is_ps(self) -> bool:
+        """A parameter-server job (a DL2 model, :mod:`taiji.sched.ps`) rather than an allreduce one."""
+        return self.application in PS_MODELS
 
 
 def read_workload(source: Source) -> tuple[JobSpec, ...]:
@@ -112,10 +123,59 @@ def synthetic_workload(seed: int, num_jobs: int = 160, duration_s: float = 8 * 3
     if num_jobs < 1 or duration_s <= 0:
         raise ConfigError(f"need num_jobs >= 1 and duration_s > 0, got {num_jobs}, {duration_s}")
     rng = np.random.default_rng(seed)
-    times = np.sort(rng.uniform(0.0, duration_s, size=num_jobs)).round()
-    weights = np.array([entry[3] for entry in mix], dtype=float)
-    picks = rng.choice(len(mix), size=num_jobs, p=weights / weights.sum())
+    times = _arrival_times(rng, num_jobs, duration_s)
+    picks = _draw_mix(rng, mix, num_jobs)
     return tuple(
         JobSpec(name=f"{mix[k][0]}-{i}", submit_time=float(t), application=mix[k][0],
                 num_replicas=mix[k][1], batch_size=mix[k][2])
         for i, (t, k) in enumerate(zip(times, picks)))
+
+
+def _arrival_times(rng: np.random.Generator, num_jobs: int, duration_s: float) -> np.ndarray:
+    """Sorted uniform times, whole seconds: a Poisson process conditioned on its count."""
+    return np.sort(rng.uniform(0.0, duration_s, size=num_jobs)).round()
+
+
+def _draw_mix(rng: np.random.Generator, mix: tuple[tuple[str, int, int, int], ...], count: int) -> np.ndarray:
+    """Indices into ``mix`` drawn with its frequencies (the last field of each entry)."""
+    weights = np.array([entry[3] for entry in mix], dtype=float)
+    return rng.choice(len(mix), size=count, p=weights / weights.sum())
+
+
+# Workers a PS job asks for, and epochs it trains (uniform, inclusive) [I: DL2's trace draws
+# both at random; its exact ranges are not in SCHEDULER.md].
+PS_WORKER_CHOICES = (1, 2, 4, 8)
+PS_EPOCHS = (10, 60)
+PS_NOMINAL_BATCH = 32
+
+
+def mixed_workload(seed: int, num_jobs: int = 60, duration_s: float = 4 * 3600.0, ps_fraction: float = 0.5,
+                   mix: tuple[tuple[str, int, int, int], ...] = PHILLY_MIX,
+                   ps_models: tuple[str, ...] = PS_MODELS) -> tuple[JobSpec, ...]:
+    """PS jobs (a DL2 model drawn uniformly from ``ps_models``, 1/2/4/8 workers, 10–60 epochs) and
+    allreduce jobs (drawn from ``mix`` like :func:`synthetic_workload`), each job PS with
+    probability ``ps_fraction``, Poisson arrivals over ``duration_s``. Seeded: the same arguments
+    give the same workload. ``ps_fraction=1`` gives a PS-only workload."""
+    if num_jobs < 1 or duration_s <= 0 or not 0.0 <= ps_fraction <= 1.0:
+        raise ConfigError(f"need num_jobs >= 1, duration_s > 0 and ps_fraction in [0, 1], got "
+                          f"{num_jobs}, {duration_s}, {ps_fraction}")
+    unknown = sorted(set(ps_models) - set(PS_MODELS))
+    if not ps_models or unknown:
+        raise ConfigError(f"ps_models: expected some of {', '.join(PS_MODELS)}, got {list(ps_models)}")
+    rng = np.random.default_rng(seed)
+    times = _arrival_times(rng, num_jobs, duration_s)
+    is_ps = rng.random(num_jobs) < ps_fraction
+    picks = _draw_mix(rng, mix, num_jobs)
+    models = rng.integers(len(ps_models), size=num_jobs)
+    workers = rng.choice(PS_WORKER_CHOICES, size=num_jobs)
+    epochs = rng.integers(PS_EPOCHS[0], PS_EPOCHS[1] + 1, size=num_jobs)
+    jobs = []
+    for i, t in enumerate(times):
+        if is_ps[i]:
+            model = ps_models[models[i]]
+            jobs.append(JobSpec(f"ps-{model}-{i}", float(t), model, int(workers[i]), PS_NOMINAL_BATCH,
+                                epochs=int(epochs[i])))
+        else:
+            app, replicas, batch, _ = mix[picks[i]]
+            jobs.append(JobSpec(f"{app}-{i}", float(t), app, replicas, batch))
+    return tuple(jobs)

@@ -26,6 +26,7 @@ def gang_in_order(cluster: Cluster, ordered: Sequence[JobView], *,
 
 def place_by_count(cluster: Cluster, jobs: Sequence[JobView],
                    wanted: Sequence[tuple[str, int, int]]) -> dict[str, Allocation]:
-    """Place (job, GPUs, batch) choices: jobs already holding that many GPUs keep their hosts."""
+    """Place (job, GPUs, batch) choices: jobs already holding that many GPUs keep their hosts; PS
+    jobs get their servers (a PS job whose servers do not fit waits this round)."""
     current = {job.name: job.allocation for job in jobs if job.allocation is not None}
-    return place_all(cluster, wanted, current)
+    return place_all(cluster, wanted, current, {job.name: job.app for job in jobs})

@@ -41,8 +41,15 @@ nearly every grow the LP asked for; instead the rounding is sticky, a running jo
 when the LP gives it at least ``keep_share`` of its first-slot mass (no coin flip against the LP's
 choice under a 30 s restart).
 
-**Not modelled**: interference between distributed jobs, estimation error (rates are ground truth),
-and Pollux-like's limit of twice the GPUs a job has held (PCRR may give a new job many GPUs at once).
+**PS jobs** (:mod:`taiji.sched.ps`): the same candidates; a count up to one host is rated internal
+(workers and servers on one host, intra-host bandwidth), a larger one external. The LP and the rounding
+count GPUs only; servers are placed afterwards in α-point order (:func:`~taiji.sched.cluster.with_servers`)
+and a PS job whose servers find no CPUs waits that round [I: the paper's LP has server rows too].
+
+**Estimation error**: rates come from the job's model as the simulator shows it (``JobView.app``), so
+with ``SimConfig.estimation_error`` PCRR plans with perturbed speeds like every other oracle policy.
+
+**Not modelled**: interference between distributed jobs, and Pollux-like's limit of twice the GPUs a job has held (PCRR may give a new job many GPUs at once).
 
 **Determinism**: the rounding's seed is derived from ``seed`` and the round's time, so a run is a pure
 function of (workload, settings, seed). No LP time limit is set by default, because a limit would make
@@ -57,7 +64,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from taiji.sched.cluster import Allocation, Cluster, packed_shape
+from taiji.sched.cluster import Allocation, Cluster, packed_shape, with_servers
 from taiji.sched.lp import Config, Horizon, Host, Job, Problem
 from taiji.sched.model import Application, canonical_placement, progress_rate
 from taiji.sched.rounding import decide
@@ -176,14 +183,19 @@ class Pcrr:
         # are sticky (module docstring, "Rounding", says why these beat decide's defaults)
         schedule = decide(problem, seed=self._round_seed(now), alpha=self.alpha, hysteresis=None,
                           keep_first=False, conditional=True, keep_share=self.keep_share)
-        answer: dict[str, Allocation] = {}
+        chosen: dict[str, Allocation] = {}
         for view, assignment in zip(jobs, schedule.assignments):
             if assignment.config is None:
                 continue
             counts = [0] * cluster.num_hosts
             for host, gpus in assignment.placement:
                 counts[host] = gpus
-            answer[view.name] = Allocation(tuple(counts), self._batch_now(view, tuple(counts)))
+            chosen[view.name] = Allocation(tuple(counts), self._batch_now(view, tuple(counts)))
+        # PS jobs' servers, in α-point order: the LP counts GPUs only, so a PS job whose servers
+        # find no CPUs waits this round
+        answer = with_servers(cluster, [(name, chosen[name]) for name in schedule.order if name in chosen],
+                              {view.name: view.app for view in jobs},
+                              {view.name: view.allocation for view in jobs if view.allocation is not None})
         size = schedule.lp.size
         self.rounds.append(RoundStats(now, len(jobs), size.get("variables", 0), size.get("rows", 0),
                                       time.perf_counter() - started, schedule.lp.solve_s, schedule.lp.optimal,

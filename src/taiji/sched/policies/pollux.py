@@ -57,9 +57,8 @@ def goodput_curve(app: Application, epoch: int, gpus_per_host: int,
 
 def job_cap(job: JobView, total_gpus: int) -> int:
     app = job.app
-    batch_limit = (app.fixed_batch_size or app.max_batch_size) // app.min_local_bsz
-    return max(1, min(2 * max(job.peak_replicas, 1), MAX_GPUS_PER_JOB, total_gpus, batch_limit,
-                      app.max_replicas or MAX_GPUS_PER_JOB))
+    useful = app.max_useful_replicas(app.fixed_batch_size or app.max_batch_size)
+    return max(1, min(2 * max(job.peak_replicas, 1), MAX_GPUS_PER_JOB, total_gpus, useful))
 
 
 @dataclass(frozen=True)
