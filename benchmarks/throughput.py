@@ -189,6 +189,7 @@ def bench_model(name: str, args, comm) -> dict:
         samples_per_s_spread={side: spread((samples / t for t in times[side]), 1) for side in sides},
         taiji_cpu_ms_per_step=round(median(cpu_times["taiji"]) * 1e3, 2),
         anchor_cpu_ms_per_step=round(median(cpu_times["anchor"]) * 1e3, 2),
+        job_cpu_ms_per_step=round(median(cpu_times["job"]) * 1e3, 2),
         params=params, taiji_buckets=taiji_buckets, ddp_bucket_cap_bytes=ddp_model.bucket_bytes_cap,
         reps=args.reps, steps_per_rep=args.steps,
         taiji_replicas_identical=bool(same.item()), taiji_params_changed=changed,

@@ -71,7 +71,9 @@ def sqnorm(flat: torch.Tensor) -> torch.Tensor:
     if n <= SAMPLE_ABOVE:
         return _exact_sqnorm(flat)
     rows = n // SAMPLE_PERIOD
-    chunks = flat[: rows * SAMPLE_PERIOD].view(rows, SAMPLE_PERIOD)[:, :SAMPLE_CHUNK]
+    # gathering the strided chunks into one contiguous run first is ~4x faster than a strided
+    # reduction on a CPU (the copy is 1/16 of the bucket; the dot is then one vectorised pass)
+    chunks = flat[: rows * SAMPLE_PERIOD].view(rows, SAMPLE_PERIOD)[:, :SAMPLE_CHUNK].contiguous().view(-1)
     return _exact_sqnorm(chunks) * (SAMPLE_PERIOD / SAMPLE_CHUNK) + _exact_sqnorm(flat[rows * SAMPLE_PERIOD:])
 
 
