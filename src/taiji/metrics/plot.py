@@ -1,7 +1,9 @@
 """A run's timeline PNG: cluster size, batch size, GNS, throughput and loss over wall time.
 
 Events (resizes, failures, recoveries, policy decisions) are vertical lines across all panels,
-labelled in a narrow band above them. The figure is drawn with matplotlib's object API on an
+labelled in a narrow band above them; pauses (``job.pause()``) are shaded spans. The batch panel
+shows the decided batch size, with an epoch's short last batch as a marker, not a change of size.
+``timeline`` computes what is drawn, as data; ``plot_run`` draws it. The figure is drawn with matplotlib's object API on an
 Agg canvas: no pyplot, so the caller's global backend (a notebook's, say) is neither needed
 nor changed.
 """
@@ -10,11 +12,15 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .runlog import EVENTS_FILE, METRICS_FILE, read_jsonl
+from .runlog import EVENTS_FILE, METRICS_FILE, PAUSE_EVENT, read_jsonl
+
+Series = tuple[list[float], list[float]]   # (seconds since the run's first record, value)
+Span = tuple[float, float]                 # (start, end) in seconds since the first record
 
 # Kinds drawn as event lines, with their colour and line style. Start/stop/end only bracket
 # the run, so they are drawn faint and unlabelled.
@@ -33,6 +39,8 @@ LABEL_PRIORITY = ("failure", "recovery", "resize", "strategy", "policy")
 MAX_LABELS_PER_KIND = 12
 PAUSE_FACTOR = 5            # a gap this many times the recent step time is a pause, not a step
 PAUSE_WINDOW = 20           # how many recent gaps define "the recent step time"
+PAUSE_STYLE = {"color": "0.55", "alpha": 0.25, "linewidth": 0}
+SHORT_BATCH_STYLE = {"linestyle": "none", "marker": "v", "markersize": 4, "color": "tab:gray"}
 PANELS = (  # metrics key, title, y label, colour; top to bottom
     ("size", "cluster size", "workers", "tab:blue"),
     ("batch_size", "global batch size", "samples", "tab:cyan"),
@@ -46,33 +54,90 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _series(records: list[dict[str, Any]], key: str, t0: float) -> tuple[list[float], list[float]]:
+@dataclass(frozen=True)
+class Timeline:
+    """What the panels draw, as data (so it is testable without drawing)."""
+    series: dict[str, Series]   # PANELS key -> its points
+    pauses: list[Span]          # recorded pauses (``pause`` events): shaded
+    breaks: list[Span]          # where lines must not bridge: the pauses and unrecorded gaps
+    short_batches: Series       # (time, samples) of steps that trained on less than the decided batch
+    steps: tuple[int, int] | None  # the first and last logged step
+
+
+def _series(records: list[dict[str, Any]], key: str, t0: float) -> Series:
     """(seconds since t0, value) for records whose ``key`` is a finite number."""
     points = [(float(r["time"]) - t0, float(r[key])) for r in records if _is_number(r.get(key))]
     return [x for x, _ in points], [y for _, y in points]
 
 
-def _pauses(times: list[float]) -> list[tuple[float, float]]:
-    """Intervals with no record for much longer than the steps just before (a failure, a long
-    state sync). Judged against the recent step time, since that changes with batch size."""
-    pauses: list[tuple[float, float]] = []
+def _gaps_before(times: list[float]) -> list[int]:
+    """Indices ``i`` with no record between ``times[i - 1]`` and ``times[i]`` for much longer
+    than the steps just before (a failure, a long state sync, user code outside
+    ``job.pause()``). Judged against the recent step time, since that changes with batch size."""
+    ends: list[int] = []
     gaps = [b - a for a, b in zip(times, times[1:])]
     for i, gap in enumerate(gaps):
         recent = sorted(gaps[max(i - PAUSE_WINDOW, 0):i]) or sorted(gaps)
         if gap > PAUSE_FACTOR * recent[len(recent) // 2]:
-            pauses.append((times[i], times[i + 1]))
-    return pauses
+            ends.append(i + 1)
+    return ends
 
 
-def _gapped(xs: list[float], ys: list[float], pauses: list[tuple[float, float]],
-            window: int = 1) -> tuple[list[float], list[float]]:
-    """The series with a NaN (left blank by matplotlib) at each pause, so lines do not bridge
-    time without training; ``window > 1`` gives a moving average that restarts after a pause."""
+def _recorded_pauses(events: list[dict[str, Any]], t0: float) -> list[Span]:
+    return [(float(e["time"]) - t0, float(e["time"]) - t0 + float(e["seconds"])) for e in events
+            if e.get("kind") == PAUSE_EVENT and _is_number(e.get("seconds"))]
+
+
+def _throughput(metrics: list[dict[str, Any]], gaps_before: list[int], t0: float) -> Series:
+    """samples/s, leaving out a row whose step was timed across an unrecorded gap (its rate is
+    the gap's length, not training; a step after a recorded pause was timed from its end)."""
+    gap_seconds = {i: float(metrics[i]["time"]) - float(metrics[i - 1]["time"]) for i in gaps_before}
+    points: list[tuple[float, float]] = []
+    for i, record in enumerate(metrics):
+        rate, samples = record.get("samples_per_s"), record.get("samples", record.get("batch_size"))
+        if not _is_number(rate):
+            continue
+        if i in gap_seconds and not (_is_number(samples) and rate > 0
+                                     and samples / rate < gap_seconds[i] / 2):
+            continue
+        points.append((float(record["time"]) - t0, float(rate)))
+    return [x for x, _ in points], [y for _, y in points]
+
+
+def _short_batches(metrics: list[dict[str, Any]], t0: float) -> Series:
+    """Steps that trained on fewer samples than the decided batch size (an epoch's last batch)."""
+    points = [(float(r["time"]) - t0, float(r["samples"])) for r in metrics
+              if _is_number(r.get("samples")) and _is_number(r.get("batch_size"))
+              and r["samples"] < r["batch_size"]]
+    return [x for x, _ in points], [y for _, y in points]
+
+
+def timeline(metrics: list[dict[str, Any]], events: list[dict[str, Any]], t0: float) -> Timeline:
+    """The panels' series, pauses and line breaks from a run's records (metrics in time order)."""
+    times = [float(r["time"]) - t0 for r in metrics]
+    gaps_before = _gaps_before(times)
+    pauses = _recorded_pauses(events, t0)
+    series = {key: _series(metrics, key, t0) for key, *_ in PANELS}
+    series["samples_per_s"] = _throughput(metrics, gaps_before, t0)
+    if series["size"][0]:  # event sizes refine a logged series; alone they'd be a guess
+        # Stable sort with events last: an event at the same time as a record comes after
+        # it (events happen at the boundary after the step that was logged), so it wins.
+        points = sorted([*zip(*series["size"]), *_size_changes(events, t0)], key=lambda p: p[0])
+        series["size"] = ([x for x, _ in points], [y for _, y in points])
+    steps = [int(r["step"]) for r in metrics if isinstance(r.get("step"), int)]
+    return Timeline(series, pauses, sorted(pauses + [(times[i - 1], times[i]) for i in gaps_before]),
+                    _short_batches(metrics, t0), (min(steps), max(steps)) if steps else None)
+
+
+def _gapped(xs: list[float], ys: list[float], breaks: list[Span], window: int = 1) -> Series:
+    """The series with a NaN (left blank by matplotlib) where a break ended between two points,
+    so lines do not bridge time without training; ``window > 1`` gives a moving average that
+    restarts after a break."""
     out_x: list[float] = []
     out_y: list[float] = []
     segment: list[float] = []
     for i, (x, y) in enumerate(zip(xs, ys)):
-        if i and any(xs[i - 1] <= a and b <= x for a, b in pauses):
+        if i and any(xs[i - 1] < end <= x for _, end in breaks):
             out_x.append((xs[i - 1] + x) / 2)
             out_y.append(math.nan)
             segment = []
@@ -103,8 +168,24 @@ def _step_panel(ax: Any, xs: list[float], ys: list[float], colour: str) -> None:
     ax.set_ylim(max(lo - pad, 0), hi + pad)
 
 
-def _gns_panel(ax: Any, xs: list[float], ys: list[float], pauses: list[tuple[float, float]],
-               colour: str) -> None:
+def _batch_panel(ax: Any, decided: Series, short_batches: Series, colour: str) -> None:
+    """The decided batch size as the line; an epoch's short last batch is a marker beneath it,
+    since the next step trains on the decided size again."""
+    _step_panel(ax, *decided, colour)
+    if short_batches[0]:
+        ax.plot(*short_batches, **SHORT_BATCH_STYLE, label="short last batch of an epoch")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper left", fontsize=8, framealpha=0.8)
+
+
+def _draw_pauses(axes: list[Any], pauses: list[Span]) -> None:
+    """Shade each recorded pause on every axis; the first axis's first span names it."""
+    for ax in axes:
+        for i, (start, end) in enumerate(pauses):
+            ax.axvspan(start, end, **PAUSE_STYLE, label="pause" if ax is axes[0] and not i else None)
+
+
+def _gns_panel(ax: Any, xs: list[float], ys: list[float], breaks: list[Span], colour: str) -> None:
     positive = sorted(y for y in ys if y > 0)
     # A log axis suits B_noise growing over orders of magnitude, but it cannot show the
     # non-positive values the unbiased estimator gives when it is noisy, and a few outliers
@@ -115,16 +196,15 @@ def _gns_panel(ax: Any, xs: list[float], ys: list[float], pauses: list[tuple[flo
             ax.set_yscale("log")
             pairs = [(x, y) for x, y in zip(xs, ys) if y > 0]
             xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
-    ax.plot(*_gapped(xs, ys, pauses), color=colour, linewidth=1, marker=".", markersize=3)
+    ax.plot(*_gapped(xs, ys, breaks), color=colour, linewidth=1, marker=".", markersize=3)
 
 
-def _noisy_panel(ax: Any, xs: list[float], ys: list[float], pauses: list[tuple[float, float]],
-                 colour: str) -> None:
+def _noisy_panel(ax: Any, xs: list[float], ys: list[float], breaks: list[Span], colour: str) -> None:
     """Raw values faintly, plus a moving average so the trend reads through the noise."""
-    ax.plot(*_gapped(xs, ys, pauses), color=colour, linewidth=0.8, alpha=0.35)
+    ax.plot(*_gapped(xs, ys, breaks), color=colour, linewidth=0.8, alpha=0.35)
     window = max(len(ys) // 40, 1)
     if window > 1:
-        ax.plot(*_gapped(xs, ys, pauses, window), color=colour, linewidth=1.8,
+        ax.plot(*_gapped(xs, ys, breaks, window), color=colour, linewidth=1.8,
                 label=f"mean of {window}")
         ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
 
@@ -213,27 +293,21 @@ def _load_run(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     return metrics, events
 
 
-def _draw_panels(axes: list[Any], metrics: list[dict[str, Any]], events: list[dict[str, Any]],
-                 t0: float) -> None:
-    pauses = _pauses([float(r["time"]) - t0 for r in metrics])
-    steps = [int(r["step"]) for r in metrics if isinstance(r.get("step"), int)]
+def _draw_panels(axes: list[Any], data: Timeline) -> None:
     for ax, (key, title, ylabel, colour) in zip(axes, PANELS):
-        xs, ys = _series(metrics, key, t0)
-        if key == "size" and xs:  # event sizes refine a logged series; alone they'd be a guess
-            # Stable sort with events last: an event at the same time as a record comes after
-            # it (events happen at the boundary after the step that was logged), so it wins.
-            points = sorted([*zip(xs, ys), *_size_changes(events, t0)], key=lambda p: p[0])
-            xs, ys = [x for x, _ in points], [y for _, y in points]
+        xs, ys = data.series[key]
         if not xs:
             _no_data(ax, key)
-        elif key in ("size", "batch_size"):
+        elif key == "size":
             _step_panel(ax, xs, ys, colour)
+        elif key == "batch_size":
+            _batch_panel(ax, (xs, ys), data.short_batches, colour)
         elif key == "gns":
-            _gns_panel(ax, xs, ys, pauses, colour)
+            _gns_panel(ax, xs, ys, data.breaks, colour)
         else:
-            _noisy_panel(ax, xs, ys, pauses, colour)
-        if key == "loss" and steps:
-            title += f" — steps {min(steps)}..{max(steps)}"
+            _noisy_panel(ax, xs, ys, data.breaks, colour)
+        if key == "loss" and data.steps:
+            title += f" — steps {data.steps[0]}..{data.steps[1]}"
         ax.set_title(title, loc="left", fontsize=10)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
@@ -262,12 +336,15 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     ratios = [0.45] * bool(marked) + [1.0] * len(PANELS)
     axes = list(figure.subplots(len(ratios), 1, sharex=True, height_ratios=ratios))
     band = axes.pop(0) if marked else None
-    _draw_panels(axes, metrics, events, t0)
+    data = timeline(metrics, events, t0)
+    _draw_panels(axes, data)
+    _draw_pauses([*([band] if band is not None else []), *axes], data.pauses)
+    lines = [e for e in events if e.get("kind") != PAUSE_EVENT]
     for ax in axes[:2]:  # worker counts and batch sizes are whole numbers
         ax.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
     axes[-1].set_xlim(-0.01 * span, span * 1.01)
     if band is not None:
-        _draw_events(band, axes, events, t0, span)
+        _draw_events(band, axes, lines, t0, span)
         band.set(ylim=(0, 1), yticks=[])
         band.tick_params(axis="x", length=0)
         for side in ("left", "right", "top"):
@@ -277,7 +354,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
         band.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8,
                     frameon=False)
     else:
-        _draw_events(axes[0], axes[1:], events, t0, span)  # only faint start/end lines
+        _draw_events(axes[0], axes[1:], lines, t0, span)  # only faint start/end lines
     figure.suptitle(f"taiji run {run_dir.resolve().name}: {len(metrics)} records, "
                     f"{len(events)} events, {span:.0f} s", fontsize=12, x=0.01, ha="left")
     figure.tight_layout()

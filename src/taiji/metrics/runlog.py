@@ -1,7 +1,11 @@
 """The run directory: rank 0's append-only record of metrics and events.
 
 ``metrics.jsonl`` holds one JSON object per logged step, ``events.jsonl`` one per event
-(start, resize, failure, recovery, policy, stop, end). Both are opened in append mode and
+(start, resize, failure, recovery, policy, strategy, pause, stop, end). A Job's step rows carry
+``batch_size``, the decided global batch size, and ``samples``, what the step trained on (fewer
+in an epoch's short last batch), which is what their ``samples_per_s`` counts. A ``pause`` event
+is time outside training (``job.pause()``): ``time`` is when it began, ``seconds`` how long it
+lasted, ``step`` the steps committed before it. Both files are opened in append mode and
 flushed after every line, so a crash loses at most the line being written and the rank 0
 that takes over after a failure continues the same files. ``read_jsonl`` reads them back,
 tolerating the torn line such a crash can leave.
@@ -23,7 +27,8 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
-EVENT_KINDS = ("start", "resize", "failure", "recovery", "policy", "strategy", "stop", "end")
+PAUSE_EVENT = "pause"  # drawn as a span (time .. time + seconds), not as a line
+EVENT_KINDS = ("start", "resize", "failure", "recovery", "policy", "strategy", PAUSE_EVENT, "stop", "end")
 
 
 def json_safe(value: Any) -> Any:

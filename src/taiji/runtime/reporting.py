@@ -1,5 +1,11 @@
 """What the Job tells the user: progress lines, the run directory's metrics and events, and the
-status ``taiji status`` reads. The Job hands the Reporter typed records; rank 0 writes them."""
+status ``taiji status`` reads. The Job hands the Reporter typed records; rank 0 writes them.
+
+A step's samples/s is timed from the previous commit, or from the end of the last pause if one
+came since: time outside training (``job.pause()``, a membership change) is never a slow step.
+Rank 0 records each ``job.pause()`` as a ``pause`` event with its start and length, so
+``taiji plot`` can shade it; a membership change is already an event of its own.
+"""
 from __future__ import annotations
 
 import logging
@@ -7,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..metrics.runlog import RunLog
+from ..metrics.runlog import PAUSE_EVENT, RunLog
 
 log = logging.getLogger("taiji.runtime.job")
 
@@ -64,7 +70,11 @@ class PhaseClosed:
 
 @dataclass(frozen=True)
 class Paused:
-    """Time passed that is not training (a membership change): not a slow step."""
+    """Time passed that is not training (``job.pause()``, a membership change): not a slow step.
+    Sent when it ends; it covers the time since the last commit (or the previous pause).
+    ``transition``: a membership change's, already recorded by its own event (with its seconds)."""
+
+    transition: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,23 +92,28 @@ class Reporter:
         self._lead = lead
         self._write_status = write_status
         self._run_log: RunLog | None = None
-        self._last_commit_time = self._time_of_log = time.perf_counter()
+        # The step clock restarts at each commit and at the end of each pause.
+        self._step_clock = self._time_of_log = time.perf_counter()
         self._samples_since_log = 0
+        self._paused_since_log = 0.0   # seconds of pauses within the periodic rate's window
+        self._step = 0                 # committed steps, as the events' step counts them
         self.samples_per_second = 0.0
 
     def on(self, record: Any) -> None:
         if isinstance(record, StepCommitted):
             self._committed(record)
         elif isinstance(record, Event):
+            self._step = record.step
             if record.kind == "start":
-                self._time_of_log = self._last_commit_time = time.perf_counter()
+                self._time_of_log = self._step_clock = time.perf_counter()
+                self._paused_since_log = 0.0
             run_log = self._runlog()
             if run_log is not None:
                 run_log.log_event(record.kind, record.step, **record.details)
         elif isinstance(record, PhaseClosed):
             self._phase_closed(record)
         elif isinstance(record, Paused):
-            self._last_commit_time = time.perf_counter()
+            self._paused(record.transition)
         elif isinstance(record, Ended):
             self._status(record.where)
             if self._run_log is not None:
@@ -114,24 +129,37 @@ class Reporter:
             self._run_log = RunLog(self.run_dir)
         return self._run_log
 
+    def _paused(self, transition: bool) -> None:
+        """Leave the time since the step clock last started out of the next step's samples/s
+        and out of the periodic rate; rank 0 records it unless it was a transition's."""
+        now = time.perf_counter()
+        seconds, self._step_clock = now - self._step_clock, now
+        self._paused_since_log += seconds
+        run_log = self._runlog()
+        if run_log is not None and not transition:
+            run_log.log_event(PAUSE_EVENT, self._step, time=time.time() - seconds, seconds=seconds)
+
     def _committed(self, record: StepCommitted) -> None:
         now = time.perf_counter()
-        step_seconds, self._last_commit_time = now - self._last_commit_time, now
+        step_seconds, self._step_clock = now - self._step_clock, now
         self._samples_since_log += record.global_batch
         where = record.where
+        self._step = where.step
         run_log = self._runlog()
         if run_log is not None and record.monitored:
+            # batch_size is the decided size; samples what the step trained on (fewer in an
+            # epoch's short last batch), which is what its samples/s counts.
             run_log.log_metrics({
                 "step": record.index, "epoch": where.epoch, "version": where.version, "size": where.size,
-                "batch_size": record.global_batch, "loss": record.loss,
+                "batch_size": where.batch_size, "samples": record.global_batch, "loss": record.loss,
                 "samples_per_s": record.global_batch / step_seconds if step_seconds > 0 else None,
                 "gns": record.gns, "grad_sqnorm": record.grad_sqnorm, "trace_sigma": record.trace_sigma,
                 "grad_variance": record.grad_variance, "straggler": record.straggler, "lr": record.lr})
         if not self.log_every or where.step % self.log_every:
             return
-        elapsed = max(now - self._time_of_log, 1e-9)
+        elapsed = max(now - self._time_of_log - self._paused_since_log, 1e-9)
         self.samples_per_second = self._samples_since_log / elapsed
-        self._samples_since_log, self._time_of_log = 0, now
+        self._samples_since_log, self._time_of_log, self._paused_since_log = 0, now, 0.0
         if self._lead():
             log.info("epoch %d step %d: loss %s, %.0f samples/s, global batch %d on %d workers, GNS %s",
                      where.epoch, where.step, "n/a" if record.loss is None else f"{record.loss:.4f}",
@@ -140,15 +168,17 @@ class Reporter:
             self._status(where)
 
     def _phase_closed(self, record: PhaseClosed) -> None:
-        self._last_commit_time = time.perf_counter()
+        self._step_clock = time.perf_counter()
         samples, seconds, where = record.samples, record.seconds, record.where
+        self._step = where.step
         if seconds:
             self.samples_per_second = samples / seconds
         run_log = self._runlog()
         if run_log is not None:
             run_log.log_metrics({
                 "step": where.step, "epoch": where.epoch, "version": where.version, "size": where.size,
-                "batch_size": where.batch_size, "samples_per_s": samples / seconds if seconds else None,
+                "batch_size": where.batch_size, "samples": samples,
+                "samples_per_s": samples / seconds if seconds else None,
                 "lr": record.lr, "strategy": record.strategy})
         if self._lead():
             log.info("epoch %d step %d: %d samples in the last decoupled phase, %s samples/s on %d workers",

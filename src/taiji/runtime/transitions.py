@@ -68,7 +68,7 @@ class Transitions:
         else:
             self.reporter.on(Event("resize", step, {"size": after.size, "from_size": before.size,
                                                     "version": after.version, "seconds": record["total_s"]}))
-        self.reporter.on(Paused())
+        self.reporter.on(Paused(transition=True))
         log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs", before.version,
                  after.version, reason, before.size, after.size, step, finished - started)
 
