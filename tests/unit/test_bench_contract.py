@@ -8,6 +8,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,6 +25,7 @@ def load_benchmark(name: str):
     """A benchmark script as a module of a name of its own (``benchmark_<name>``), without running it."""
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up there while the script runs
     spec.loader.exec_module(module)
     return module
 
@@ -182,3 +184,40 @@ def test_strategies_rows_put_each_strategy_against_sync_sgd_of_the_same_repetiti
     assert (straggler["taiji"], straggler["anchor"], straggler["ratio"]) == (2250.0, 1500.0, 1.5)
     assert rows["pair_averaging_no_straggler"]["ratio"] == 1.0
     assert rows["pair_averaging_straggler_accuracy"]["accuracy_points"] == -1.0
+
+
+def test_scheduler_rows_at_other_loads_are_named_by_load_and_keep_the_names_at_load_1(monkeypatch):
+    scheduler = load_benchmark("scheduler")
+    simulated: list[tuple[str, int]] = []
+
+    def fake_run(specs, policy, config, seed):   # no simulation: JCT grows with the workload's size
+        simulated.append((policy, len(specs)))
+        summary = {"avg_jct_s": (100.0 if policy == "pcrr" else 150.0) * len(specs), "p99_jct_s": 1.0,
+                   "makespan_s": 1.0, "gpu_hours": 1.0, "restarts": 0, "completed": len(specs), "jobs": len(specs)}
+        return SimpleNamespace(result=SimpleNamespace(summary=lambda: summary), wall_s=0.0)
+
+    monkeypatch.setattr(scheduler, "run_policy", fake_run)
+    runs = scheduler.Runs(seed=0)
+    cost = scheduler.SYSTEMS["restart"]
+    at_1 = scheduler.main_rows(runs, "pcrr", ["tiresias", "optimus"], [6], cost)
+    at_2 = scheduler.main_rows(runs, "pcrr", ["tiresias", "optimus"], [6], cost, load=2.0)
+    at_half = scheduler.main_rows(runs, "pcrr", ["tiresias"], [6], cost, load=0.5)
+    assert [row["case"] for row in at_1] == ["avg JCT: PCRR vs tiresias", "avg JCT: PCRR vs optimus"]
+    assert [row["case"] for row in at_2] == ["avg JCT at load 2.0: PCRR vs tiresias",
+                                             "avg JCT at load 2.0: PCRR vs optimus"]
+    assert [row["case"] for row in at_half] == ["avg JCT at load 0.5: PCRR vs tiresias"]
+    assert at_1[0]["target"] == 1.3 and "load" not in at_1[0]
+    assert at_2[0]["load"] == 2.0 and "target" not in at_2[0] and "reconstructed" in at_2[0]["workload_source"]
+    assert at_2[0]["ratio"] == 1.5 and at_2[0]["taiji_jobs"] == 320
+    # each (workload, load, policy, cost) simulated once: pcrr's runs are shared by both baselines
+    assert sorted(simulated) == sorted([("pcrr", 160), ("tiresias", 160), ("optimus", 160), ("pcrr", 320),
+                                        ("tiresias", 320), ("optimus", 320), ("pcrr", 80), ("tiresias", 80)])
+
+
+def test_scheduler_loads_default_to_1_quick_and_to_the_issue_loads_in_full_mode():
+    scheduler = load_benchmark("scheduler")
+    assert scheduler.parse_args(["--quick"]).loads == [1.0]
+    assert scheduler.parse_args([]).loads == [0.5, 1.0, 2.0]
+    assert scheduler.parse_args(["--quick", "--loads", "2", "2.0"]).loads == [2.0]
+    with pytest.raises(SystemExit):
+        scheduler.parse_args(["--loads", "0"])

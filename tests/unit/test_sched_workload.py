@@ -9,7 +9,7 @@ import pytest
 
 from taiji.errors import ConfigError
 from taiji.sched.workload import (PHILLY_MIX, JobSpec, load_workload, pollux_workload, read_workload,
-                                  synthetic_workload)
+                                  synthetic_workload, workload_at_load)
 
 HEADER = "name,time,application,num_replicas,batch_size\n"
 
@@ -92,3 +92,34 @@ def test_synthetic_workloads_are_seeded_and_philly_shaped():
     assert 0.7 < share_small < 0.85   # 998 of the 1280 Pollux jobs are ncf or cifar10
     with pytest.raises(ConfigError):
         synthetic_workload(1, num_jobs=0)
+
+
+def test_load_1_is_the_shipped_workload_unchanged():
+    assert workload_at_load(6, 1.0) == pollux_workload(6)
+    assert load_workload("pollux:6@1.0") == load_workload("pollux:6") == pollux_workload(6)
+
+
+def test_load_2_is_a_seeded_reconstruction_with_twice_the_jobs_in_the_same_window():
+    jobs = workload_at_load(6, 2.0)
+    assert len(jobs) == 320 and len(workload_at_load(6, 0.5)) == 80
+    times = [job.submit_time for job in jobs]
+    assert times == sorted(times) and 0 <= times[0] and times[-1] < 8 * 3600
+    assert workload_at_load(6, 2.0) == jobs == load_workload("pollux:6@2.0")
+    assert workload_at_load(3, 2.0) != jobs
+    configs = {(app, n, b) for app, n, b, _ in PHILLY_MIX}
+    assert all((job.application, job.num_replicas, job.batch_size) in configs for job in jobs)
+
+
+@pytest.mark.parametrize("load", [0.0, -1.0, float("nan"), float("inf"), 0.001])
+def test_bad_loads_are_config_errors(load):
+    with pytest.raises(ConfigError, match="relative job load"):
+        workload_at_load(6, load)
+
+
+def test_bad_load_specs_name_the_expected_form():
+    with pytest.raises(ConfigError, match="pollux:6@2.0"):
+        load_workload("pollux:6@twice")
+    with pytest.raises(ConfigError, match="relative job load"):
+        load_workload("pollux:6@0")
+    with pytest.raises(ConfigError, match="1..8"):
+        workload_at_load(9, 2.0)

@@ -1,6 +1,7 @@
 """``taiji sched``: run scheduling policies on a workload in the simulator and compare them.
 
     taiji sched simulate --workload pollux:6 --policy tiresias,optimus,pollux --out runs/sched
+    taiji sched simulate --workload pollux:6@2.0 --policy pcrr,tiresias    # 320 jobs, reconstructed 2.0x load
     taiji sched simulate --workload synthetic --jobs 40 --cluster 4x4 --policy fifo,srtf --cost taiji
     taiji sched simulate --workload my-jobs.csv --policy pcrr --cost 2 --seed 3
     taiji sched simulate --workload synthetic --ps-fraction 0.5 --policy pcrr,optimus --estimation-error 0.1
@@ -90,7 +91,7 @@ def parse_policies(text: str) -> list[str]:
 def workload_from(spec: str, *, seed: int, jobs: int, duration_s: float,
                   ps_fraction: float = 0.0) -> tuple[JobSpec, ...]:
     """``synthetic`` (seeded Philly-shaped; with ``ps_fraction`` > 0 mixed with DL2's PS jobs),
-    ``pollux:N`` or a CSV path."""
+    ``pollux:N[@LOAD]`` or a CSV path."""
     if spec == SYNTHETIC and ps_fraction > 0:
         return mixed_workload(seed, num_jobs=jobs, duration_s=duration_s, ps_fraction=ps_fraction)
     if spec == SYNTHETIC:
@@ -323,9 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cmd = sub.add_parser(
         "simulate", help="run policies on a workload in the simulator; table, JSON(L) and PNGs",
         description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    simulate_cmd.add_argument("--workload", required=True, metavar="FILE|pollux:N|synthetic",
+    simulate_cmd.add_argument("--workload", required=True, metavar="FILE|pollux:N[@LOAD]|synthetic",
                               help="a Pollux-format CSV (name,time,application,num_replicas,batch_size), "
-                                   "a shipped Pollux workload pollux:1..8, or a seeded synthetic one")
+                                   "a shipped Pollux workload pollux:1..8 (the 1.0x load), pollux:N@LOAD for "
+                                   "workload N at relative job load LOAD (e.g. pollux:6@2.0 = 320 jobs in 8 h; "
+                                   "loads other than 1.0 are reconstructed as seeded synthetic workloads, not "
+                                   "Pollux's files), or a seeded synthetic one")
     simulate_cmd.add_argument("--policy", required=True, metavar="NAME[,NAME...]",
                               help="policies to compare, e.g. pcrr,tiresias,optimus,pollux,fifo,drf,srtf")
     simulate_cmd.add_argument("--cluster", default="16x4", metavar="HOSTSxGPUS",

@@ -9,11 +9,14 @@ replica count. Every reader error names the file and line.
 
 :func:`synthetic_workload` draws Philly-shaped workloads with a seeded generator: Poisson
 arrivals over a window and the application/configuration mix of the eight Pollux files.
+:func:`workload_at_load` gives workload N at a relative job load: the shipped file at 1.0x and,
+since Pollux's 0.5x/1.5x/2.0x sets were not copied, a *reconstructed* synthetic stand-in otherwise.
 :func:`mixed_workload` adds parameter-server jobs (DL2's models, :mod:`taiji.sched.ps`) to that mix.
 """
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 POLLUX_WORKLOADS = tuple(range(1, 9))
+# Pollux's relative job load counts jobs in one fixed window: 1.0x = 160 jobs in 8 hours, 2.0x = 320
+POLLUX_JOBS_AT_LOAD_1 = 160
+POLLUX_WINDOW_S = 8 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -85,20 +91,53 @@ def read_workload(source: Source) -> tuple[JobSpec, ...]:
     return tuple(sorted(jobs, key=lambda job: job.submit_time))
 
 
-def pollux_workload(index: int) -> tuple[JobSpec, ...]:
-    """Pollux's ``workload-<index>.csv`` (1..8, the 1.0x job load), from the shipped copy."""
+def _check_pollux_index(index: int) -> None:
     if index not in POLLUX_WORKLOADS:
         raise ConfigError(f"Pollux workloads are numbered 1..8, got {index}")
+
+
+def pollux_workload(index: int) -> tuple[JobSpec, ...]:
+    """Pollux's ``workload-<index>.csv`` (1..8, the 1.0x job load), from the shipped copy."""
+    _check_pollux_index(index)
     return read_workload(data_root().joinpath("workloads", f"workload-{index}.csv.gz"))
 
 
+def workload_at_load(index: int, load: float) -> tuple[JobSpec, ...]:
+    """Pollux workload ``index`` (1..8) at relative job load ``load`` (> 0).
+
+    At 1.0 this is the shipped ``workload-<index>.csv`` unchanged. Other loads are **reconstructed,
+    not upstream's files**: Pollux's ``workloads-0.5/-1.5/-2.0`` sets were not copied (and are
+    sampled from the Philly log, which was not copied either), so they stand in as
+    :func:`synthetic_workload` with ``round(160 × load)`` jobs over the same 8-hour window, seeded
+    with ``index``: Philly-shaped (the configuration mix of the eight files) but not job-for-job
+    upstream's, so their JCTs are not comparable with Pollux's published 0.5x/2.0x numbers. (Workload
+    6 at 2.0 is ``taiji sched simulate --workload synthetic --seed 6 --jobs 320 --duration-h 8``.)"""
+    _check_pollux_index(index)
+    if not (math.isfinite(load) and load > 0):
+        raise ConfigError(f"relative job load must be a number > 0 (1.0 = Pollux's 160 jobs in 8 h), got {load}")
+    if load == 1.0:
+        return pollux_workload(index)
+    num_jobs = round(POLLUX_JOBS_AT_LOAD_1 * load)
+    if num_jobs < 1:
+        raise ConfigError(f"relative job load {load:g} rounds to 0 of Pollux's {POLLUX_JOBS_AT_LOAD_1} jobs; "
+                          f"use at least 1/{POLLUX_JOBS_AT_LOAD_1}")
+    return synthetic_workload(index, num_jobs=num_jobs, duration_s=POLLUX_WINDOW_S)
+
+
 def load_workload(spec: str) -> tuple[JobSpec, ...]:
-    """A workload named on a command line: ``pollux:N`` for a shipped file, else a CSV path."""
+    """A workload named on a command line: ``pollux:N`` for a shipped file, ``pollux:N@LOAD`` for
+    workload N at relative job load LOAD (:func:`workload_at_load`), else a CSV path."""
     if spec.startswith("pollux:"):
+        index_text, _, load_text = spec.split(":", 1)[1].partition("@")
+        expected = (f"workload {spec!r}: expected pollux:1..pollux:8, optionally with a relative job load, "
+                    f"e.g. pollux:6@2.0")
+        if not index_text.isdigit() or int(index_text) not in POLLUX_WORKLOADS:
+            raise ConfigError(expected)
         try:
-            return pollux_workload(int(spec.split(":", 1)[1]))
+            load = float(load_text) if load_text else 1.0
         except ValueError:
-            raise ConfigError(f"workload {spec!r}: expected pollux:1..pollux:8") from None
+            raise ConfigError(expected) from None
+        return workload_at_load(int(index_text), load)
     return read_workload(Path(spec))
 
 
@@ -115,7 +154,7 @@ PHILLY_MIX: tuple[tuple[str, int, int, int], ...] = (
 )
 
 
-def synthetic_workload(seed: int, num_jobs: int = 160, duration_s: float = 8 * 3600.0,
+def synthetic_workload(seed: int, num_jobs: int = POLLUX_JOBS_AT_LOAD_1, duration_s: float = POLLUX_WINDOW_S,
                        mix: tuple[tuple[str, int, int, int], ...] = PHILLY_MIX) -> tuple[JobSpec, ...]:
     """``num_jobs`` jobs with Poisson arrivals over ``duration_s`` (sorted uniform times, which is
     what a Poisson process conditioned on its count is) and configurations drawn with the
