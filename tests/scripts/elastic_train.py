@@ -70,7 +70,7 @@ def make_data(n=203):
     return TensorDataset(torch.randn(n, 8, generator=g, dtype=torch.float64), torch.randint(0, 4, (n,), generator=g))
 
 
-def audit(out: Path, batch: int, policy: str = "") -> dict:
+def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = None) -> dict:
     """Check DESIGN §6 invariants 1-3 from a run's logs; counts every violation.
 
     Returns steps, sizes (cluster size over time), divergences (steps after which replicas
@@ -98,7 +98,7 @@ def audit(out: Path, batch: int, policy: str = "") -> dict:
         seen[group[0]["epoch"]].extend(range(lo, hi))
         if not result["sizes"] or result["sizes"][-1] != group[0]["size"]:
             result["sizes"].append(group[0]["size"])
-    num_samples = len(make_data())
+    num_samples = len(make_data()) if num_samples is None else num_samples  # another script's data set
     last_epoch = max(seen, default=0)
     for epoch, positions in seen.items():
         result["duplicated_samples"] += len(positions) - len(set(positions))

@@ -254,3 +254,14 @@ def test_context_is_the_running_jobs_last_boundary():
         step.backward(model(step.batch[0]).sum())
     assert peer_before is None and peer.context() is None  # outside the loop: no Job running
     assert seen == [1, 2]
+
+
+def test_script_options_for_policies_parse_or_say_what_is_wrong():
+    from taiji.errors import ConfigError
+    from taiji.policies import parse_policy_names, parse_resize_schedule
+    assert parse_policy_names("gns", ("gns", "schedule", "none"), ["10:2"]) == ["gns", "schedule"]
+    assert parse_resize_schedule(["600:2", "150:3"]) == {150: 3, 600: 2}
+    with pytest.raises(ConfigError, match="unknown --policy bogus; choose from gns, none"):
+        parse_policy_names("gns,bogus", ("gns", "none"))
+    with pytest.raises(ConfigError, match="STEP:SIZE"):
+        parse_resize_schedule(["150"])

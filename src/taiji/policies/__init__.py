@@ -2,7 +2,7 @@
 from .base import (Context, Decision, Metrics, Policy, PolicyError, Resize, ScaleLR, SetBatchSize,
                    SetStrategy, Stop)
 from .batch import BatchPerWorker, GNSBatchSize, gns_target_batch
-from .cluster import ScheduledResize, ThroughputScaling
+from .cluster import ScheduledResize, ThroughputScaling, parse_policy_names, parse_resize_schedule
 from .lr import AdaScaleLR, LinearLRScaling, LRScaling, SqrtLRScaling, lr_scale
 from .stop import EarlyStop
 from .strategy import InterferenceSwitch, StrategyBySize
@@ -11,5 +11,6 @@ __all__ = [
     "Context", "Decision", "Metrics", "Policy", "PolicyError", "Resize", "ScaleLR", "SetBatchSize", "SetStrategy", "Stop",
     "InterferenceSwitch", "StrategyBySize",
     "BatchPerWorker", "GNSBatchSize", "gns_target_batch", "ScheduledResize", "ThroughputScaling",
+    "parse_policy_names", "parse_resize_schedule",
     "AdaScaleLR", "LinearLRScaling", "LRScaling", "SqrtLRScaling", "lr_scale", "EarlyStop",
 ]

@@ -1,7 +1,7 @@
 """Cluster-size policies: a fixed schedule, and throughput-driven scaling."""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ..errors import ConfigError
 from .base import Context, HookResult, Policy, Resize
@@ -25,6 +25,25 @@ class ScheduledResize(Policy):
             due = self._schedule[self.next_index][1]
             self.next_index += 1
         return None if due is None else Resize(due)
+
+
+def parse_resize_schedule(items: Sequence[str]) -> dict[int, int]:
+    """``["150:3", "600:2"]`` (a script's ``--resize STEP:SIZE ...``) as ScheduledResize's schedule."""
+    try:
+        return dict(sorted((int(step), int(size)) for step, size in (item.split(":") for item in items)))
+    except ValueError:
+        raise ConfigError(f"--resize takes STEP:SIZE pairs, got {list(items)}") from None
+
+
+def parse_policy_names(spec: str, known: Sequence[str], resizes: Sequence[str] = ()) -> list[str]:
+    """A script's ``--policy a,b`` as names among ``known``; ``--resize`` alone implies "schedule"."""
+    names = [n for n in spec.split(",") if n]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown --policy {', '.join(unknown)}; choose from {', '.join(known)}")
+    if resizes and "schedule" not in names:
+        names.append("schedule")  # --resize alone still means what it says
+    return names
 
 
 class ThroughputScaling(Policy):
