@@ -372,6 +372,12 @@ def paired_ratio(taiji_costs: Sequence[float], anchor_costs: Sequence[float]) ->
     return median([anchor / taiji for taiji, anchor in zip(taiji_costs, anchor_costs)])
 
 
+def quartiles(values: Iterable[float], digits: int = 4) -> list[float]:
+    """[25th, 75th percentile]: where the middle half of the paired ratios lies."""
+    q1, _, q3 = statistics.quantiles(list(values), n=4)
+    return [round(q1, digits), round(q3, digits)]
+
+
 # -- the contract ------------------------------------------------------------------------------
 
 def ahead_ratio(taiji: float | None, anchor: float | None, *, higher_is_better: bool) -> float | None:

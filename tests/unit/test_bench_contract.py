@@ -221,3 +221,58 @@ def test_scheduler_loads_default_to_1_quick_and_to_the_issue_loads_in_full_mode(
     assert scheduler.parse_args(["--quick", "--loads", "2", "2.0"]).loads == [2.0]
     with pytest.raises(SystemExit):
         scheduler.parse_args(["--loads", "0"])
+
+
+def test_adaptive_batch_workload_defaults_to_the_image_workload_unchanged():
+    args = load_benchmark("adaptive_batch").parse_args(["--quick"])
+    assert (args.workload, args.large, args.lr, args.epochs, args.train_subset, args.test_subset) == (
+        "fashion_mnist", 1024, 0.05, 1, 20000, 4000)
+    assert (args.large_warmup, args.warmup, args.interval, args.fixed_target) == (20, 100, 50, 0.85)
+
+
+def test_adaptive_batch_parses_the_shakespeare_workload():
+    adaptive_batch = load_benchmark("adaptive_batch")
+    quick = adaptive_batch.parse_args(["--workload", "shakespeare", "--quick"])
+    assert (quick.workload, quick.small, quick.large, quick.lr, quick.large_warmup) == (
+        "shakespeare", 64, 512, 2e-3, 0)
+    assert (quick.block, quick.d_model, quick.layers, quick.train_subset, quick.epochs) == (32, 64, 2, 64000, 1)
+    assert sorted(adaptive_batch.configs(quick)) == ["adaptive", "large", "small"]   # no large_warm
+    common = adaptive_batch.worker_common(quick)
+    assert "--test-subset" not in common and common[common.index("--block") + 1] == "32"
+    full = adaptive_batch.parse_args(["--workload", "shakespeare", "--block", "48"])
+    assert (full.block, full.d_model, full.epochs, full.validation_windows) == (48, 128, 2, 2048)
+    assert common[common.index("--workload") + 1] == "shakespeare", "one worker script serves both workloads"
+
+
+def fixed_and_adaptive_loss_runs(adaptive_to_target: float | None, adaptive_loss: float) -> dict:
+    def run(to_target, train_s, loss):
+        return {"to_target_train_s": to_target, "to_target_train_cpu_s": to_target, "train_s": train_s,
+                "train_cpu_s": train_s, "final_loss": loss}
+    return {"runs": {"small": run(60.0, 100.0, 1.80), "large": run(None, 50.0, 2.10),
+                     "adaptive": run(adaptive_to_target, 70.0, adaptive_loss)}}
+
+
+def test_adaptive_batch_shakespeare_rows_score_validation_loss():
+    adaptive_batch = load_benchmark("adaptive_batch")
+    rows = {row["case"]: row for row in adaptive_batch.contract_rows([fixed_and_adaptive_loss_runs(55.0, 1.81)],
+                                                                      "shakespeare")}
+    assert "final test accuracy: adaptive vs small" not in rows
+    against_large = rows["adaptive time to target vs large's whole training, wall s"]
+    assert (against_large["taiji"], against_large["anchor"]) == (55.0, 50.0)
+    assert against_large["ratio"] == pytest.approx(50 / 55, abs=1e-3) and against_large["target_met"] is True
+    loss = rows["final validation loss: adaptive vs small"]
+    assert (loss["taiji"], loss["anchor"], loss["loss_delta_nats"]) == (1.81, 1.80, 0.01)
+    assert loss["target"] == "loss_delta_nats <= 0.02" and loss["target_met"] is True
+    worse = adaptive_batch.contract_rows([fixed_and_adaptive_loss_runs(None, 1.85)], "shakespeare")
+    assert worse[0]["taiji"] is None and worse[0]["target_met"] is False
+    assert worse[-1]["loss_delta_nats"] == 0.05 and worse[-1]["target_met"] is False
+
+
+def test_adaptive_batch_shakespeare_target_is_the_small_loss_plus_the_margin():
+    adaptive_batch = load_benchmark("adaptive_batch")
+    text = adaptive_batch.WORKLOADS["shakespeare"]
+    assert text.target(1.8) == pytest.approx(1.82)
+    evals = [{"train_s": 10.0, "train_cpu_s": 20.0, "loss": 1.9}, {"train_s": 20.0, "train_cpu_s": 40.0, "loss": 1.82}]
+    assert adaptive_batch.time_to(evals, 1.82, "train_s", text) == 20.0
+    assert adaptive_batch.time_to(evals, 1.7, "train_s", text) is None
+    assert adaptive_batch.time_to(evals, None, "train_s", text) is None
