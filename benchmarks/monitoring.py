@@ -9,8 +9,9 @@ the reduced gradient, the GNS/variance update) and off (``job.monitors.every = 0
 per-step control message is sent in both, since an elastic job needs it anyway. Both models:
 a compute-bound CNN and a communication-bound 6.3M-parameter MLP. ``ratio`` = median over
 adjacent block pairs of time_off / time_on (target >= 0.99; KungFu's GNS costs ~4.6%), with
-``ratio_quartiles`` (where the middle half of the pairs lies): many short blocks, so that the
-median of one quick run is steady on a noisy machine. ``--nproc 4`` measures at 4 workers.
+``ratio_quartiles`` (where the middle half of the pairs lies: how far one run can be trusted; many
+short blocks, tried as 24 x 2 steps quick and 60 x 3 full, were no steadier than these defaults on
+this machine). ``--nproc 4`` measures at 4 workers.
 The last line is the JSON result.
 """
 from __future__ import annotations
@@ -112,12 +113,12 @@ def main(argv=None) -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
     parser.add_argument("--models", nargs="+", default=["cnn", "mlp"], choices=["mlp", "cnn"])
-    parser.add_argument("--reps", type=int, default=None, help="on/off block pairs (default 24 quick, 60 full)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per block (default 2 quick, 3 full)")
+    parser.add_argument("--reps", type=int, default=None, help="on/off block pairs (default 8 quick, 20 full)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per block (default 5 quick, 10 full)")
     parser.add_argument("--nproc", type=int, default=2, help="workers (default 2)")
     args = parser.parse_args(argv)
-    args.reps = args.reps or (24 if args.quick else 60)
-    args.steps = args.steps or (2 if args.quick else 3)
+    args.reps = args.reps or (8 if args.quick else 20)
+    args.steps = args.steps or (5 if args.quick else 10)
     if args.worker:
         worker(args)
         return
