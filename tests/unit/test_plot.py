@@ -38,9 +38,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     return fake
 
 
-def committed(index: int, samples: int, decided: int) -> StepCommitted:
-    where = Snapshot(step=index + 1, epoch=0, batch_size=decided, version=1, size=1)
-    return StepCommitted(index, where, samples, monitored=True, loss=1.0, grad_variance=None,
+def committed(index: int, samples: int, decided: int, epoch: int = 0, epoch_after: int = 0) -> StepCommitted:
+    where = Snapshot(step=index + 1, epoch=epoch_after, batch_size=decided, version=1, size=1)
+    return StepCommitted(index, epoch, where, samples, monitored=True, loss=1.0, grad_variance=None,
                          straggler=0.0, gns=None, grad_sqnorm=None, trace_sigma=None, lr=0.1)
 
 
@@ -151,3 +151,12 @@ def test_plot_run_draws_pauses_and_short_batches_from_a_reporters_run_dir(tmp_pa
     assert set(data.series["samples_per_s"][1]) == {6.0, 8.0}  # 3 or 4 samples in 0.5 s each
     output = plot_run(tmp_path)
     assert output.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_step_row_carries_the_epoch_its_samples_came_from(tmp_path, clock):
+    """An epoch's short last step commits into the next epoch: its row still names its own."""
+    report = reporter(tmp_path)
+    report.on(Event("start", 0))
+    clock.advance(1.0)
+    report.on(committed(0, 2, 4, epoch=0, epoch_after=1))
+    assert [row["epoch"] for row in read_jsonl(tmp_path / "metrics.jsonl")] == [0]

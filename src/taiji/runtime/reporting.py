@@ -39,6 +39,7 @@ class Event:
 @dataclass(frozen=True)
 class StepCommitted:
     index: int
+    epoch: int                 # the epoch the step's samples came from (``where.epoch`` may be the next)
     where: Snapshot            # after the commit
     global_batch: int
     monitored: bool
@@ -54,8 +55,8 @@ class StepCommitted:
     def of(attempt: Any, where: Snapshot, monitors: Any, lr: float | None) -> "StepCommitted":
         """From a committed Attempt and the monitors after it."""
         stats, gns = attempt.stats, monitors.gns
-        return StepCommitted(attempt.index, where, attempt.global_batch_size, attempt.measure, stats.loss,
-                             monitors.grad_variance, stats.straggler, gns.b_noise, gns.grad_sqnorm,
+        return StepCommitted(attempt.index, attempt.epoch, where, attempt.global_batch_size, attempt.measure,
+                             stats.loss, monitors.grad_variance, stats.straggler, gns.b_noise, gns.grad_sqnorm,
                              gns.trace_sigma, lr)
 
 
@@ -150,7 +151,7 @@ class Reporter:
             # batch_size is the decided size; samples what the step trained on (fewer in an
             # epoch's short last batch), which is what its samples/s counts.
             run_log.log_metrics({
-                "step": record.index, "epoch": where.epoch, "version": where.version, "size": where.size,
+                "step": record.index, "epoch": record.epoch, "version": where.version, "size": where.size,
                 "batch_size": where.batch_size, "samples": record.global_batch, "loss": record.loss,
                 "samples_per_s": record.global_batch / step_seconds if step_seconds > 0 else None,
                 "gns": record.gns, "grad_sqnorm": record.grad_sqnorm, "trace_sigma": record.trace_sigma,
