@@ -115,7 +115,8 @@ class StepEngine:
     def backward(self, attempt: Attempt, loss: torch.Tensor) -> None:
         """``step.backward(loss)``: never raises for a peer's failure; the attempt is marked failed."""
         try:
-            self._check_peers_waited()
+            if self._strategy().lockstep:  # a decoupled step has no collective a peer could time out in
+                self._check_peers_waited()
             if attempt.local_batch_size > 0:
                 strategy = self._strategy()
                 if loss.dim() == 1 and self._can_split(attempt) and isinstance(strategy, SupportsNoSync):
