@@ -255,3 +255,79 @@ def random_play(seed: int, speeches: int) -> str:
         lines += [f"**{rng.choice(['HAMLET', 'OPHELIA', 'LEAR'])}**  "]
         lines += [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + ",  " for _ in range(2)] + [""]
     return "\n".join(lines) + "\n"
+
+
+# -- the pure membership controller, event by event (tests/unit/test_controller*.py, test_hosts_control.py)
+
+def feed(state, *events, now=0.0):
+    """Feed ``events`` to ``taiji.cluster.controller.decide`` at time ``now``: (state, all actions)."""
+    from taiji.cluster.controller import decide
+    actions = []
+    for event in events:
+        state, more = decide(state, event, now)
+        actions += more
+    return state, actions
+
+
+def actions_of(actions, kind):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+# -- jobs across emulated hosts (tests/_netns.py; issue 15) --------------------------------------
+
+class HostsJob:
+    """`taiji run` on emulated host 0 and `taiji join` agents on the others, each writing its
+    output to a file under ``out``; ``wait_log`` waits for a line of the launcher's output."""
+
+    PORT = 29400
+
+    def __init__(self, hosts, out: Path, job_id: str = "jmh"):
+        self.hosts, self.out, self.job_id = hosts, out, job_id
+        self.env = dict(os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1",
+                        TORCH_CPP_LOG_LEVEL="ERROR")
+        self.launcher: subprocess.Popen | None = None
+        self.agents: dict[int, subprocess.Popen] = {}
+
+    @property
+    def secret_file(self) -> Path:
+        return self.out / "home" / "jobs" / f"{self.job_id}.secret"
+
+    @property
+    def head(self) -> str:
+        return self.hosts.address(0)
+
+    def start(self, launcher_args: Sequence[str], script_args: Sequence[str]) -> None:
+        cli = [sys.executable, "-m", "taiji.launch.cli"]
+        args = [*cli, "run", *launcher_args, "--host", self.head, "--port", str(self.PORT), "--job-id", self.job_id,
+                "--timeout", "3", "--liveness-timeout", "2", "--run-dir", str(self.out / "run"),
+                "--", sys.executable, ELASTIC_SCRIPT, str(self.out), *script_args]
+        with open(self.out / "launcher.log", "w") as log:
+            self.launcher = self.hosts.popen(0, args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        wait_for(self.secret_file.exists, 60, "the launcher to write the job's secret file")
+
+    def join(self, i: int, slots: int, secret_file: Path | None = None, extra: Sequence[str] = ()) -> subprocess.Popen:
+        args = [sys.executable, "-m", "taiji.launch.cli", "join", f"{self.job_id}@{self.head}:{self.PORT}",
+                "--secret-file", str(secret_file or self.secret_file), "--nproc-per-node", str(slots),
+                "--host", self.hosts.address(i), "--timeout", "5", *extra]
+        with open(self.out / f"agent{i}.log", "w") as log:
+            self.agents[i] = self.hosts.popen(i, args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        return self.agents[i]
+
+    def log(self, name: str = "launcher") -> str:
+        path = self.out / f"{name}.log"
+        return path.read_text() if path.exists() else ""
+
+    def wait_log(self, text: str, timeout: float = 90, name: str = "launcher") -> None:
+        def seen() -> bool:
+            if self.launcher is not None and self.launcher.poll() is not None and text not in self.log(name):
+                raise AssertionError(f"the launcher exited ({self.launcher.returncode}) before {text!r}:\n"
+                                     f"{self.log()[-4000:]}")
+            return text in self.log(name)
+        wait_for(seen, timeout, f"{text!r} in {name}.log")
+
+    def finish(self, timeout: float = 180) -> int:
+        assert self.launcher is not None
+        try:
+            return self.launcher.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the launcher did not finish within {timeout}s:\n{self.log()[-4000:]}") from None

@@ -42,3 +42,7 @@ class MismatchError(CommError):
 
 class ConsensusError(CommError):
     """Ranks hold different values where they must agree."""
+
+
+class AuthError(TaijiError):
+    """A control record or a peer failed authentication (a wrong or missing job secret)."""

@@ -25,103 +25,25 @@ Rules (DESIGN §3):
   ``busy_timeout``. A worker without a heartbeat for ``liveness_timeout`` is stopped or frozen
   and is killed even if no collective waits on it (asynchronous phases). Workers that never
   sent a heartbeat are judged by the report rule alone: killed at once when one is silent.
+- hosts: every worker runs on a host with a number of slots; the launcher's host is the first.
+  Joiners are placed on the oldest hosts with free slots (so shrinking, which drops the newest
+  workers, empties the newest host first). A host that joins (``HostJoined``) adds its slots
+  and the job grows onto them, up to ``max_np`` (or they serve a size asked for and not reached). A host whose agent stops beating for
+  ``host_timeout`` — or, once its members' peers report failed collectives, for ``stale_after``
+  — is lost (``HostLost`` does the same at once): all its members leave in one version, which
+  counts as one failure.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Union
+from typing import Mapping
 
 from . import spec
-
-
-# -- events -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Proposal:
-    size: int
-    source: str = "user"
-
-
-@dataclass(frozen=True)
-class WorkerReady:
-    id: str
-
-
-@dataclass(frozen=True)
-class WorkerExited:
-    id: str
-    code: int
-    training: bool = False  # it was inside an elastic training loop when it exited
-
-
-@dataclass(frozen=True)
-class FailureReported:
-    """A worker's collective failed in ``version``; it waits for a newer config."""
-    id: str
-    version: int
-
-
-@dataclass(frozen=True)
-class FatalReported:
-    """A worker hit an error no peer can recover from (a policy raised, workers disagree on
-    decisions): the whole job stops, with that worker's message as the root cause."""
-    id: str
-    message: str
-
-
-@dataclass(frozen=True)
-class JobDone:
-    """Rank 0 finished the training loop: exits from now on are the job ending."""
-
-
-@dataclass(frozen=True)
-class Beat:
-    """The driver saw worker ``id``'s heartbeat counter move at time ``at``."""
-    id: str
-    at: float
-
-
-@dataclass(frozen=True)
-class Tick:
-    pass
-
-
-Event = Union[Proposal, WorkerReady, WorkerExited, FailureReported, FatalReported, JobDone, Beat, Tick]
-
-
-# -- actions ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Spawn:
-    ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Kill:
-    id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Publish:
-    config: spec.ClusterConfig
-    reason: str
-
-
-@dataclass(frozen=True)
-class Log:
-    level: str  # "info" | "warning" | "error"
-    message: str
-
-
-@dataclass(frozen=True)
-class Finish:
-    code: int
-    reason: str
-    failed_worker: str | None = None
-
-
-Action = Union[Spawn, Kill, Publish, Log, Finish]
+from .control_events import (  # noqa: F401 (re-exported: the controller's vocabulary)
+    Proposal, WorkerReady, WorkerExited, FailureReported, FatalReported, JobDone,
+    Beat, HostJoined, HostBeat, HostLost, Tick, Spawn,
+    Kill, Publish, Log, Finish, Event, Action,
+)
 
 
 # -- state ------------------------------------------------------------------------------
@@ -137,6 +59,7 @@ class Bounds:
     liveness_timeout: float = 5.0  # no heartbeat for this long: the process is stopped or frozen
     busy_timeout: float = 600.0    # a live worker may keep its waiting peers this long (evaluation)
     stale_after: float = 1.0       # a heartbeat older than this at a failure report: not busy
+    host_timeout: float = 5.0      # an agent silent this long: its host is lost
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_np <= self.max_np:
@@ -148,6 +71,13 @@ class Joiner:
     id: str
     spawned_at: float
     ready: bool = False
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Host:
+    address: str
+    slots: int
 
 
 @dataclass(frozen=True)
@@ -155,7 +85,7 @@ class ControllerState:
     config: spec.ClusterConfig
     bounds: Bounds
     desired: int
-    host: str = "127.0.0.1"
+    hosts: tuple[Host, ...] = (Host("127.0.0.1", 1 << 30),)  # the launcher's host first
     joiners: tuple[Joiner, ...] = ()
     next_index: int = 0
     exited: frozenset[str] = frozenset()      # config members whose process is gone
@@ -167,6 +97,7 @@ class ControllerState:
     report_started: float | None = None
     beats: Mapping[str, float] = field(default_factory=dict)  # worker -> when its heartbeat last moved
     noted_busy: frozenset[str] = frozenset()  # busy members already logged in this version
+    host_beats: Mapping[str, float] = field(default_factory=dict)  # joined host -> its agent's last beat
     done: bool = False
     finished: bool = False
 
@@ -174,11 +105,31 @@ class ControllerState:
     def alive_members(self) -> tuple[str, ...]:
         return tuple(i for i in self.config.ids if i not in self.exited and i not in self.removed_pending)
 
+    def host_of(self, worker_id: str) -> str | None:
+        for worker in self.config.workers:
+            if worker.id == worker_id:
+                return worker.host
+        return next((j.host for j in self.joiners if j.id == worker_id), None)
 
-def initial_state(size: int, bounds: Bounds, host: str = "127.0.0.1") -> ControllerState:
+    def used_slots(self, address: str) -> int:
+        alive = set(self.alive_members)
+        return (sum(1 for w in self.config.workers if w.host == address and w.id in alive)
+                + sum(1 for j in self.joiners if j.host == address))
+
+    @property
+    def capacity(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+
+def initial_state(size: int, bounds: Bounds, host: str = "127.0.0.1", slots: int | None = None) -> ControllerState:
+    """``size`` workers on the launcher's ``host``, which has ``slots`` (default: as many as
+    ``max_np``, i.e. one host)."""
+    slots = bounds.max_np if slots is None else slots
+    if size > slots:
+        raise ValueError(f"{size} workers do not fit the launcher's host's {slots} slots")
     workers = [spec.WorkerSpec(f"w{i}", host) for i in range(size)]
-    return ControllerState(config=spec.initial(workers), bounds=bounds, desired=size, host=host,
-                           next_index=size)
+    return ControllerState(config=spec.initial(workers), bounds=bounds, desired=size,
+                           hosts=(Host(host, slots),), next_index=size)
 
 
 Reaction = tuple[ControllerState, list[Action]]
@@ -207,6 +158,14 @@ def decide(state: ControllerState, event: Event, now: float) -> Reaction:
         return _maybe_finish(state, kills)
     if isinstance(event, Beat):
         return replace(state, beats={**state.beats, event.id: event.at}), []
+    if isinstance(event, HostJoined):
+        return _on_host_joined(state, event, now)
+    if isinstance(event, HostBeat):
+        if event.address not in state.host_beats:
+            return state, []
+        return replace(state, host_beats={**state.host_beats, event.address: event.at}), []
+    if isinstance(event, HostLost):
+        return _lose_host(state, event.address, event.reason, now)
     if isinstance(event, Tick):
         return _on_tick(state, now)
     raise TypeError(f"unknown event {event!r}")
@@ -229,10 +188,22 @@ def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Reactio
     return _reconcile(replace(state, desired=size), now, actions)
 
 
+def _place(state: ControllerState, count: int) -> list[str]:
+    """Hosts for ``count`` new workers: the oldest hosts' free slots first (fewer if full)."""
+    placed: list[str] = []
+    for host in state.hosts:
+        free = host.slots - state.used_slots(host.address)
+        placed += [host.address] * max(0, min(free, count - len(placed)))
+    return placed
+
+
 def _spawn(state: ControllerState, count: int, now: float) -> Reaction:
-    ids = tuple(f"w{state.next_index + i}" for i in range(count))
-    joiners = state.joiners + tuple(Joiner(i, now) for i in ids)
-    return replace(state, joiners=joiners, next_index=state.next_index + count), [Spawn(ids)]
+    hosts = _place(state, count)
+    if not hosts:
+        return state, []  # every slot is taken: the job grows when a host joins
+    workers = tuple(spec.WorkerSpec(f"w{state.next_index + i}", h) for i, h in enumerate(hosts))
+    joiners = state.joiners + tuple(Joiner(w.id, now, host=w.host) for w in workers)
+    return replace(state, joiners=joiners, next_index=state.next_index + len(workers)), [Spawn(workers)]
 
 
 def _publish(state: ControllerState, config: spec.ClusterConfig, reason: str) -> ControllerState:
@@ -268,7 +239,7 @@ def _admit(state: ControllerState, ready: tuple[Joiner, ...], actions: list[Acti
     """Publish one config: failed members removed, ``ready`` joiners appended."""
     survivors = tuple(w for w in state.config.workers if w.id not in state.removed_pending)
     config = spec.ClusterConfig(state.config.version + 1,
-                                survivors + tuple(spec.WorkerSpec(j.id, state.host) for j in ready))
+                                survivors + tuple(spec.WorkerSpec(j.id, j.host) for j in ready))
     admitted = {j.id for j in ready}
     reason = f"grow to {config.size}: admit {sorted(admitted)}"
     if state.removed_pending:
@@ -286,7 +257,7 @@ def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Reactio
     joiner = next((j for j in state.joiners if j.id == wid), None)
     if joiner is not None:  # a joiner died while booting: count it, then try again
         state = replace(state, joiners=tuple(j for j in state.joiners if j.id != wid))
-        return _count_failure(state, wid, code, now, f"joiner {wid} failed while booting")
+        return _count_failure(state, (wid,), code, now, f"joiner {wid} failed while booting")
     if wid not in state.config.ids:
         return state, []  # a worker that left in a shrink
     state = replace(state, exited=state.exited | {wid})
@@ -305,46 +276,92 @@ def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Reactio
         state = replace(state, first_failure=state.first_failure or (wid, code))
         return _finish(state, [], f"worker {wid} exited outside a training loop, so its peers cannot recover")
     reason = "was stopped as a suspected hang" if wid in state.killed else "failed"
-    return _count_failure(replace(state, killed=state.killed - {wid}), wid, code, now, f"worker {wid} {reason}")
+    return _count_failure(replace(state, killed=state.killed - {wid}), (wid,), code, now, f"worker {wid} {reason}")
 
 
 def _others_running(state: ControllerState, wid: str) -> bool:
     return any(i not in state.exited for i in state.config.ids if i != wid)
 
 
-def _count_failure(state: ControllerState, wid: str, code: int, now: float, what: str) -> Reaction:
-    first = state.first_failure or (wid, code)
+def _count_failure(state: ControllerState, wids: tuple[str, ...], code: int, now: float, what: str) -> Reaction:
+    """One failure that took ``wids`` (one worker, or a host's): they leave in one version."""
+    first = state.first_failure or (wids[0], code)
     state = replace(state, failures=state.failures + 1, first_failure=first)
     actions: list[Action] = [Log("warning", f"{what} (exit {code}); failure {state.failures} of "
                                             f"at most {state.bounds.max_failures}")]
     if state.failures > state.bounds.max_failures:
         return _finish(state, actions, f"{state.failures} failures exceed --max-failures "
                                        f"{state.bounds.max_failures}")
-    if wid not in state.config.ids:
+    members = tuple(w for w in wids if w in state.config.ids and w not in state.removed_pending)
+    if not members:
         return _reconcile(state, now, actions)
     if state.done:
         return _maybe_finish(state, actions)
-    survivors = [i for i in state.alive_members if i != wid]
+    gone = set(members)
+    survivors = [i for i in state.alive_members if i not in gone]
     if not survivors:
         return _finish(state, actions, "no worker is left")
+    reason = f"drop failed {', '.join(members)}"
     if state.bounds.replace or len(survivors) < state.bounds.min_np:
-        # keep the failed member out of training, but publish only with its replacement(s)
+        # keep the failed members out of training, but publish only with their replacement(s)
         if len(survivors) >= state.bounds.min_np:
-            config = spec.remove(state.config, [wid])
-            reason = f"drop failed {wid}"
-            state = _publish(replace(state, exited=state.exited - {wid}), config, reason)
+            config = spec.remove(state.config, members)
+            state = _publish(replace(state, exited=state.exited - gone), config, reason)
             actions.append(Publish(config, reason))
         else:
-            state = replace(state, removed_pending=state.removed_pending + (wid,),
-                            exited=state.exited - {wid})
+            state = replace(state, removed_pending=state.removed_pending + members, exited=state.exited - gone)
             actions.append(Log("warning", f"{len(survivors)} worker(s) left, below --min-np "
                                           f"{state.bounds.min_np}: waiting for replacements"))
         return _reconcile(state, now, actions)
-    config = spec.remove(state.config, [wid])
-    reason = f"drop failed {wid}"
-    state = _publish(replace(state, exited=state.exited - {wid}, desired=min(state.desired, config.size)),
+    config = spec.remove(state.config, members)
+    state = _publish(replace(state, exited=state.exited - gone, desired=min(state.desired, config.size)),
                      config, reason)
     return _reconcile(state, now, actions + [Publish(config, reason)])
+
+
+def _on_host_joined(state: ControllerState, event: HostJoined, now: float) -> Reaction:
+    if state.done:
+        return state, [Log("warning", f"host {event.address} joined as the job finishes: not used")]
+    if event.slots < 1:
+        return state, [Log("error", f"host {event.address} offered {event.slots} slots: ignored")]
+    known = any(h.address == event.address for h in state.hosts)
+    if known:
+        return state, [Log("warning", f"host {event.address} registered again while it is in the job: ignored "
+                                      "(stop its old agent first)")]
+    state = replace(state, hosts=state.hosts + (Host(event.address, event.slots),),
+                    host_beats={**state.host_beats, event.address: now})
+    # a size asked for and not reached yet (no free slot) is what the new slots serve; otherwise
+    # the job grows onto them
+    unmet = state.desired > len(state.alive_members) + len(state.joiners)
+    desired = state.desired if unmet else min(state.bounds.max_np, state.desired + event.slots)
+    actions: list[Action] = [Log("info", f"host {event.address} joined with {event.slots} slot(s); "
+                                         f"{len(state.hosts)} host(s), {state.capacity} slots: the job "
+                                         f"wants {desired} workers")]
+    return _reconcile(replace(state, desired=desired), now, actions)
+
+
+def _lose_host(state: ControllerState, address: str, reason: str, now: float) -> Reaction:
+    """Host ``address`` is gone with its agent: its joiners are dropped and its members leave in
+    one version (one failure); its slots leave the pool."""
+    if address == state.hosts[0].address or not any(h.address == address for h in state.hosts):
+        return state, []
+    lost_joiners = {j.id for j in state.joiners if j.host == address}
+    members = tuple(w.id for w in state.config.workers if w.host == address)
+    state = replace(state, hosts=tuple(h for h in state.hosts if h.address != address),
+                    host_beats={k: v for k, v in state.host_beats.items() if k != address},
+                    joiners=tuple(j for j in state.joiners if j.id not in lost_joiners),
+                    killed=state.killed - lost_joiners - set(members),
+                    exited=state.exited - set(members),
+                    beats={k: v for k, v in state.beats.items() if k not in set(members) | lost_joiners})
+    actions: list[Action] = [Log("warning", f"host {address} is lost ({reason}): "
+                                            f"{len(members)} worker(s) {list(members)} leave with it")]
+    if state.done:
+        state = replace(state, exited=state.exited | set(members))
+        return _maybe_finish(state, actions)
+    if not members:
+        return _reconcile(state, now, actions)
+    state, more = _count_failure(state, members, 128 + 9, now, f"host {address} lost")
+    return state, actions + more
 
 
 def _on_report(state: ControllerState, event: FailureReported, now: float) -> Reaction:
@@ -400,8 +417,12 @@ def _frozen(state: ControllerState, now: float) -> Reaction:
     running = set(state.alive_members) | {j.id for j in state.joiners}
     frozen = sorted(i for i, at in state.beats.items()
                     if i in running and i not in state.killed and now - at > state.bounds.liveness_timeout)
-    kills = [Kill(i, f"no heartbeat for {now - state.beats[i]:.1f}s (more than --liveness-timeout "
-                     f"{state.bounds.liveness_timeout:g}s): its process is stopped or frozen") for i in frozen]
+    if state.done:  # its heartbeat stops as it shuts down: it is slow to exit, not frozen in training
+        kills = [Kill(i, f"still running {now - state.beats[i]:.1f}s after it stopped its heartbeat at the "
+                         "end of training") for i in frozen]
+    else:
+        kills = [Kill(i, f"no heartbeat for {now - state.beats[i]:.1f}s (more than --liveness-timeout "
+                         f"{state.bounds.liveness_timeout:g}s): its process is stopped or frozen") for i in frozen]
     return replace(state, killed=state.killed | set(frozen)), kills
 
 
@@ -421,6 +442,19 @@ def _on_tick(state: ControllerState, now: float) -> Reaction:
         state = replace(state, desired=survivors + len(ready))
         if ready or state.removed_pending:
             return _admit(state, ready, actions)
+    for address, at in list(state.host_beats.items()):
+        silent = now - at
+        if silent > state.bounds.host_timeout:
+            why = f"its agent has not been heard from for {silent:.1f}s"
+        elif state.report_started is not None and silent > state.bounds.stale_after and any(
+                w.host == address and w.id not in state.reports for w in state.config.workers):
+            why = f"its workers' peers failed and its agent is silent for {silent:.1f}s"
+        else:
+            continue
+        state, more = _lose_host(state, address, why, now)
+        actions += more
+        if state.finished:
+            return state, actions
     if state.report_started is not None and now - state.report_started > state.bounds.suspect_window:
         state, more = _judge_suspects(state, now, final=True)
         actions += more

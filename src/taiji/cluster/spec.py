@@ -53,15 +53,20 @@ class ClusterConfig:
                 return rank
         return None
 
+    def to_dict(self) -> dict:
+        return {"version": self.version, "workers": [w.to_dict() for w in self.workers]}
+
+    @staticmethod
+    def from_dict(data: dict) -> "ClusterConfig":
+        return ClusterConfig(version=int(data["version"]),
+                             workers=tuple(WorkerSpec.from_dict(w) for w in data["workers"]))
+
     def to_json(self) -> str:
-        return json.dumps({"version": self.version, "workers": [w.to_dict() for w in self.workers]},
-                          sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @staticmethod
     def from_json(text: str | bytes) -> "ClusterConfig":
-        data = json.loads(text)
-        return ClusterConfig(version=int(data["version"]),
-                             workers=tuple(WorkerSpec.from_dict(w) for w in data["workers"]))
+        return ClusterConfig.from_dict(json.loads(text))
 
 
 def initial(workers: Sequence[WorkerSpec], version: int = 1) -> ClusterConfig:

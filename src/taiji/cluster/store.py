@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import socket
 import threading
@@ -18,8 +19,11 @@ from typing import Iterable, Protocol
 
 import torch.distributed as dist
 
-from ..errors import StoreError
+from ..errors import AuthError, StoreError
+from .auth import Signer, unsealed
 from .spec import ClusterConfig
+
+log = logging.getLogger(__name__)
 
 LATEST_KEY = "config/latest"
 
@@ -127,11 +131,17 @@ class FakeStore:
 
 
 class JobStore:
-    """Typed access to one job's keys in a store (real TCPStore or FakeStore)."""
+    """Typed access to one job's keys in a store (real TCPStore or FakeStore).
 
-    def __init__(self, kv: KeyValue, job_id: str):
+    With a ``signer`` (every process `taiji run` or `taiji join` starts has one), control records
+    — configs, proposals, agents' registrations, commands and exits — are sealed with the job
+    secret and a record that fails its check is rejected: on a store anyone on the network can
+    write to, a forged config or spawn command is refused instead of obeyed."""
+
+    def __init__(self, kv: KeyValue, job_id: str, signer: Signer | None = None):
         self.kv = kv
         self.job_id = job_id
+        self.signer = signer
         self._prefix = f"taiji/{job_id}/"
 
     def key(self, name: str) -> str:
@@ -158,6 +168,16 @@ class JobStore:
     def add(self, name: str, amount: int) -> int:
         return self._call(f"add {name}", self.kv.add, self.key(name), amount)
 
+    def put_record(self, name: str, record: dict) -> None:
+        """Write a control record, sealed when this store has the job's signer."""
+        raw = self.signer.seal(self.key(name), record) if self.signer else json.dumps(record)
+        self.set(name, raw)
+
+    def get_record(self, name: str) -> dict:
+        """Read a control record; AuthError if it is not sealed with this job's secret."""
+        raw = self.get(name)
+        return self.signer.open(self.key(name), raw) if self.signer else unsealed(raw)
+
     def latest_version(self) -> int:
         """The newest published config version, or 0 if none is published yet."""
         if not self.has(LATEST_KEY):
@@ -169,7 +189,12 @@ class JobStore:
             version = self.latest_version()
             if version == 0:
                 raise StoreError(f"job {self.job_id}: no cluster config is published yet")
-        return ClusterConfig.from_json(self.get(config_key(version)))
+        try:
+            return ClusterConfig.from_dict(self.get_record(config_key(version)))
+        except AuthError as exc:
+            raise AuthError(f"job {self.job_id}: cluster config v{version} is not signed with the job's "
+                            f"secret ({exc}); someone else wrote to the job store: stop the job and keep its "
+                            "store on a trusted network") from exc
 
     def publish(self, config: ClusterConfig) -> bool:
         """Publish ``config`` as the next version; False if another writer got there first.
@@ -183,7 +208,7 @@ class JobStore:
                            self.key(config_key(config.version) + "/owner"), b"", token)
         if owner != token:
             return False
-        self.set(config_key(config.version), config.to_json())
+        self.put_record(config_key(config.version), config.to_dict())
         previous = b"" if config.version == 1 else str(config.version - 1).encode()
         desired = str(config.version).encode()
         current = self._call("publish", self.kv.compare_set, self.key(LATEST_KEY), previous, desired)
@@ -195,17 +220,32 @@ class JobStore:
     def propose(self, size: int, source: str) -> int:
         """Ask for ``size`` workers; returns the proposal's sequence number."""
         seq = self.add("proposal/seq", 1)
-        self.set(f"proposal/{seq}", json.dumps({"size": int(size), "source": source}))
+        self.put_record(f"proposal/{seq}", {"size": int(size), "source": source})
         return seq
 
     def proposals_after(self, seen: int) -> tuple[int, list[dict]]:
-        """Proposals with sequence numbers above ``seen`` that are fully written."""
-        latest = self.add("proposal/seq", 0)
+        """Proposals with sequence numbers above ``seen`` that are fully written (one with a bad
+        signature is logged and skipped)."""
+        return self.records_after("proposal", seen)
+
+    def append_record(self, stream: str, record: dict) -> int:
+        """Append ``record`` to the numbered ``stream`` (``stream/1``, ``stream/2``, ...)."""
+        seq = self.add(f"{stream}/seq", 1)
+        self.put_record(f"{stream}/{seq}", record)
+        return seq
+
+    def records_after(self, stream: str, seen: int) -> tuple[int, list[dict]]:
+        """The records of ``stream`` numbered above ``seen``, in order, up to the first one its
+        writer has not finished; records that fail their signature check are logged and skipped."""
+        latest = self.add(f"{stream}/seq", 0)
         found = []
         for seq in range(seen + 1, latest + 1):
-            if not self.has(f"proposal/{seq}"):
+            if not self.has(f"{stream}/{seq}"):
                 return seq - 1, found  # its writer has not set the value yet: next time
-            found.append(json.loads(self.get(f"proposal/{seq}")))
+            try:
+                found.append(self.get_record(f"{stream}/{seq}"))
+            except AuthError as exc:
+                log.warning("job %s: ignored %s/%d: %s", self.job_id, stream, seq, exc)
         return latest, found
 
     def mark_ready(self, worker_id: str) -> None:
@@ -237,7 +277,7 @@ class JobStore:
         blocking calls must not queue behind the training thread's); in-process stores are shared."""
         kv = self.kv
         if isinstance(kv, dist.TCPStore):
-            return JobStore(connect_store(kv.host, kv.port), self.job_id)
+            return JobStore(connect_store(kv.host, kv.port), self.job_id, self.signer)
         return self
 
     def report_failure(self, version: int, worker_id: str) -> None:

@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 from .. import env
 from ..comm.addresses import interface_address
-from ..errors import ConfigError, LaunchError, StoreError
+from ..errors import AuthError, ConfigError, LaunchError, StoreError
 from . import registry
 from .control import request
-from .options import RunConfig, heartbeat_interval
+from .options import JoinConfig, RunConfig, heartbeat_interval
 
 # Only `taiji run` (and `plot`, `sched`) load torch, when they run: `status`, `resize` and `ls`
 # talk to the launcher's control socket and answer in a fraction of a second.
@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--ifname", default=None, metavar="NAME",
                        help="advertise the IPv4 address of this network interface instead of --host")
     run.add_argument("--port", type=int, default=0, help="job store port (default: a free port)")
+    run.add_argument("--nproc-per-node", type=int, default=0, metavar="K",
+                     help="this host's worker slots; other hosts may then join with `taiji join` and the "
+                          "job grows onto their slots up to --max-np (default: one host, no joins)")
     run.add_argument("--timeout", type=float, default=env.TIMEOUT.default,
                      help="seconds a collective may wait for its peers before it fails; a peer that is "
                           "busy (heartbeat fresh) is then waited for, one that is stuck is stopped "
@@ -76,6 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds a joiner may take to become ready (default: %(default)s)")
     run.add_argument("--max-failures", type=int, default=3,
                      help="worker failures the job survives before it stops (default: %(default)s)")
+    join = sub.add_parser("join", help="add this host to a running job (an agent for its workers)",
+                          usage="taiji join JOB@HOST:PORT --secret-file FILE --nproc-per-node K "
+                                "(--host IP | --ifname NAME)")
+    join.add_argument("target", metavar="JOB@HOST:PORT", help="what `taiji run` printed on the launcher's host")
+    join.add_argument("--secret-file", required=True, metavar="FILE",
+                      help="the job's secret file, copied from the launcher's host (`-`: read it from stdin)")
+    join.add_argument("--nproc-per-node", type=int, required=True, metavar="K", help="worker slots on this host")
+    join_where = join.add_mutually_exclusive_group(required=True)
+    join_where.add_argument("--host", default=None, help="this host's address, which its workers advertise")
+    join_where.add_argument("--ifname", default=None, metavar="NAME",
+                            help="advertise the IPv4 address of this network interface")
+    join.add_argument("--timeout", type=float, default=30.0,
+                      help="seconds to wait for the job's store (default: %(default)s)")
+    join.add_argument("--grace", type=float, default=5.0,
+                      help="seconds between SIGTERM and SIGKILL when stopping workers (default: %(default)s)")
     resize = sub.add_parser("resize", help="ask a running job for N workers",
                             usage="taiji resize [--job ID] N")
     resize.add_argument("--job", default=None, help="the job id `taiji run` printed (default: the only running job)")
@@ -135,6 +153,9 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
         raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace}")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.nproc_per_node < 0 or (args.nproc_per_node and args.nproc > args.nproc_per_node):
+        raise ConfigError(f"-np {args.nproc} workers must fit this host's --nproc-per-node "
+                          f"{args.nproc_per_node}; more come with the hosts that join")
     if command and command[0] in ("python", "python3"):
         command[0] = sys.executable  # the interpreter that has taiji, venv or not
     elif command and command[0].endswith(".py"):
@@ -147,7 +168,21 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
                      job_id=job_id, run_dir=args.run_dir or str(Path("runs") / job_id),
                      debug_collectives=args.debug_collectives, min_np=min_np, max_np=max_np,
                      replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures,
-                     liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout)
+                     liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout,
+                     nproc_per_node=args.nproc_per_node)
+
+
+def parse_join(args: argparse.Namespace) -> JoinConfig:
+    from ..cluster.auth import read_secret_file
+    job_id, at, address = args.target.partition("@")
+    head, colon, port = address.rpartition(":")
+    if not (job_id and at and head and colon and port.isdigit()):
+        raise ConfigError(f"expected JOB@HOST:PORT (as `taiji run` prints it), got {args.target!r}")
+    if args.nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+    host = interface_address(args.ifname) if args.ifname else args.host
+    return JoinConfig(job_id=job_id, head=head, port=int(port), secret=read_secret_file(args.secret_file),
+                      slots=args.nproc_per_node, host=host, timeout=args.timeout, grace=args.grace)
 
 
 def resize_job(job_id: str | None, size: int) -> int:
@@ -216,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.subcommand == "run":
             from .run import run_job
             return run_job(parse_run(args))
+        if args.subcommand == "join":
+            from .agent import Agent
+            return Agent(parse_join(args)).run()
         if args.subcommand == "resize":
             return resize_job(args.job, args.size)
         if args.subcommand == "status":
@@ -226,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ..metrics.plot import plot_run
             print(f"taiji: wrote {plot_run(args.run_dir, args.output)}")
             return 0
-    except (ConfigError, LaunchError, StoreError) as exc:
+    except (ConfigError, LaunchError, StoreError, AuthError) as exc:
         sys.stderr.write(f"taiji: error: {exc}\n")
         return 2 if isinstance(exc, ConfigError) else 1
     parser.error(f"unknown command {args.subcommand!r}")

@@ -1,26 +1,28 @@
 """The launcher's driver: feeds events to the pure controller and carries out its actions.
 
 Events come from worker exits (pidfds), signals, and a few store keys polled every tick
-(resize proposals, joiners ready, failure reports, job done); the store is hosted in this
-process, so a poll is a local round trip.
+(resize proposals, joiners ready, failure reports, job done, and the registrations, events and
+beats of other hosts' agents); the store is hosted in this process, so a poll is a local round
+trip. Workers placed on this host are started here; those placed on another host are started
+by its agent on a signed order (launch/hosts.py).
 """
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
 
+from ..cluster import auth
 from ..cluster import controller as ctl
 from ..cluster import spec
 from ..cluster.store import JobStore, host_store
 from ..errors import StoreError
-from . import registry
+from . import hosts, registry
 from .control import ControlServer
-from .supervisor import Supervisor, WorkerProcess, describe_exit
+from .supervisor import Supervisor, describe_exit
+from .worker_env import WorkerSettings, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -33,24 +35,35 @@ BEAT_POLL_TICKS = 5  # heartbeats are read every 0.1 s: well within the 1 s that
 class DriverConfig:
     job_id: str
     nproc: int
-    command: tuple[str, ...]
     bounds: ctl.Bounds
     host: str = "127.0.0.1"
     port: int = 0
     timeout: float = 60.0
     grace: float = 5.0
+    slots: int = 0  # workers this host takes; 0: up to max_np (one host)
+
+
+@dataclass
+class RemoteWorker:
+    host: str
+    rank: int
+    exit_code: int | None = None
+    tail: tuple[str, ...] = ()
 
 
 class Driver:
-    def __init__(self, cfg: DriverConfig, make_env: Callable[[spec.WorkerSpec, int, int, int, str], dict],
-                 output=None):
+    def __init__(self, cfg: DriverConfig, settings: WorkerSettings, output=None):
         self.cfg = cfg
-        self.make_env = make_env
         self.sup = Supervisor(output=output)
         self.store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
-        self.job = JobStore(self.store, cfg.job_id)
-        self.secret = secrets.token_hex(16)
-        self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host)
+        self.secret = auth.new_secret()
+        self.job = JobStore(self.store, cfg.job_id, auth.Signer(self.secret))
+        self.settings = replace(settings, store_host=cfg.host, store_port=self.store.port)
+        self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None)
+        self.agents: dict[str, hosts.AgentChannel] = {}
+        self.remote: dict[str, RemoteWorker] = {}
+        self._registrations_seen = 0
+        self.secret_file = registry.secret_file(cfg.job_id)
         self._proposal_seq = 0
         self._beat_counts: dict[str, int] = {}
         self._ticks = 0
@@ -66,57 +79,152 @@ class Driver:
 
     # -- actions ----------------------------------------------------------------------
 
-    def _spawn(self, ids: tuple[str, ...]) -> None:
+    def _spawn(self, workers: tuple[spec.WorkerSpec, ...]) -> None:
         joiner_ids = [j.id for j in self.state.joiners]
         size = self.state.config.size + len(joiner_ids)
-        for wid in ids:  # a joiner's rank is provisional: where it will be appended
-            rank = self.state.config.rank_of(wid)
+        for worker in workers:  # a joiner's rank is provisional: where it will be appended
+            rank = self.state.config.rank_of(worker.id)
             if rank is None:
-                rank = self.state.config.size + joiner_ids.index(wid)
-            worker = spec.WorkerSpec(wid, self.cfg.host)
-            self.sup.spawn(wid, rank, self.cfg.command,
-                           self.make_env(worker, rank, size, self.store.port, self.secret))
+                rank = self.state.config.size + joiner_ids.index(worker.id)
+            if worker.host != self.cfg.host:
+                self.remote[worker.id] = RemoteWorker(worker.host, rank)
+                self.agents[worker.host].send({"op": "spawn", "id": worker.id, "rank": rank, "size": size})
+                continue
+            local_size = min(self.state.hosts[0].slots, size)
+            local_rank = self.sup.free_local_rank()
+            self.sup.spawn(worker.id, rank, self.settings.command,
+                           worker_env(self.settings, self.secret, worker.id, rank, size, host=self.cfg.host,
+                                      local_rank=local_rank, local_size=local_size),
+                           local_rank=local_rank)
+
+    def _kill(self, worker_id: str) -> None:
+        remote = self.remote.get(worker_id)
+        if remote is None:
+            self.sup.kill(worker_id)
+        elif remote.exit_code is None and remote.host in self.agents:
+            self.agents[remote.host].send({"op": "kill", "id": worker_id})
+
+    def _is_running(self, worker_id: str) -> bool:
+        remote = self.remote.get(worker_id)
+        if remote is not None:
+            return remote.exit_code is None
+        worker = self.sup.workers.get(worker_id)
+        return worker is not None and worker.running
 
     def _publish(self, config: spec.ClusterConfig, reason: str) -> None:
         if not self.job.publish(config):
             raise StoreError(f"job {self.cfg.job_id}: could not publish cluster v{config.version} "
                              "(another writer published it); the job store is corrupt")
-        for wid, worker in self.sup.workers.items():
+        for wid, worker in list(self.sup.workers.items()) + list(self.remote.items()):
             rank = config.rank_of(wid)
             if rank is not None:
                 worker.rank = rank
         self.say(f"cluster v{config.version}: {config.size} worker(s) {list(config.ids)} ({reason})")
 
-    def _report_root_cause(self, worker: WorkerProcess) -> None:
-        lines = "\n".join(f"    {line}" for line in list(worker.tail)[-20:]) or "    (no output)"
-        assert worker.exit_code is not None
-        self.say(f"worker {worker.worker_id} (rank {worker.rank}, pid {worker.pid}) failed first: "
-                 f"{describe_exit(worker.exit_code)}. Last lines of its output:\n{lines}")
+    def _report_root_cause(self, worker_id: str) -> None:
+        local, remote = self.sup.workers.get(worker_id), self.remote.get(worker_id)
+        if local is not None and local.exit_code is not None:
+            where, code, tail = f"rank {local.rank}, pid {local.pid}", local.exit_code, list(local.tail)
+        elif remote is not None and remote.exit_code is not None:
+            where, code, tail = f"rank {remote.rank} on host {remote.host}", remote.exit_code, list(remote.tail)
+        else:
+            return
+        lines = "\n".join(f"    {line}" for line in tail[-20:]) or "    (no output)"
+        self.say(f"worker {worker_id} ({where}) failed first: {describe_exit(code)}. "
+                 f"Last lines of its output:\n{lines}")
 
     def _apply(self, actions: list[ctl.Action]) -> int | None:
         for action in actions:
             if isinstance(action, ctl.Spawn):
-                self._spawn(action.ids)
+                self._spawn(action.workers)
             elif isinstance(action, ctl.Kill):
-                if action.id in self.sup.workers and self.sup.workers[action.id].running:
+                if self._is_running(action.id):
                     self.say(f"stopping worker {action.id}: {action.reason}")
-                self.sup.kill(action.id)
+                self._kill(action.id)
             elif isinstance(action, ctl.Publish):
                 self._publish(action.config, action.reason)
             elif isinstance(action, ctl.Log):
                 self.say(action.message)
             elif isinstance(action, ctl.Finish):
-                if action.code != 0:
-                    failed = self.sup.workers.get(action.failed_worker or "")
-                    if failed is not None and failed.exit_code is not None:
-                        self._report_root_cause(failed)
+                if action.code != 0 and action.failed_worker:
+                    self._report_root_cause(action.failed_worker)
                     self.say(f"job {self.cfg.job_id} stopped: {action.reason}")
                 return action.code
         return None
 
     def _feed(self, event: ctl.Event) -> int | None:
         self.state, actions = ctl.decide(self.state, event, time.monotonic())
-        return self._apply(actions)
+        code = self._apply(actions)
+        for address in set(self.agents) - {h.address for h in self.state.hosts}:
+            self._release_host(address)
+        return code
+
+    # -- other hosts' agents -------------------------------------------------------------
+
+    def _release_host(self, address: str) -> None:
+        """The controller dropped host ``address``: tell its agent to stop (if it can still hear)."""
+        channel = self.agents.pop(address)
+        try:
+            channel.send({"op": "stop", "reason": "the launcher declared this host lost"})
+        except StoreError:
+            pass
+        for worker in self.remote.values():
+            if worker.host == address and worker.exit_code is None:
+                worker.exit_code = -9  # gone with its host
+
+    def _host_events(self, now: float) -> list[ctl.Event]:
+        events: list[ctl.Event] = []
+        self._registrations_seen, found = hosts.registrations_after(self.job, self._registrations_seen)
+        for record in found:
+            address, slots = str(record.get("address")), int(record.get("slots", 0))
+            if address == self.cfg.host or address in self.agents:
+                self.say(f"refused a second registration of host {address} (pid {record.get('pid')}): "
+                         "one agent per host address")
+                continue
+            self.agents[address] = hosts.AgentChannel(self.job, address)
+            self.say(f"host {address} joined (agent pid {record.get('pid')}, {slots} slot(s))")
+            events.append(ctl.HostJoined(address, slots))
+        for address, channel in list(self.agents.items()):
+            for event in channel.new_events():
+                op = event.get("op")
+                if op == "exit":
+                    events.append(self._remote_exit(event))
+                elif op == "leave":
+                    events.append(ctl.HostLost(address, f"its agent is stopping: {event.get('reason', '')}"))
+            if self._ticks % BEAT_POLL_TICKS == 0 and channel.beat_moved():
+                events.append(ctl.HostBeat(address, now))
+        return events
+
+    def _remote_exit(self, event: dict) -> ctl.Event:
+        wid, code = str(event["id"]), int(event["code"])
+        worker = self.remote.get(wid)
+        if worker is not None:
+            worker.exit_code, worker.tail = code, tuple(event.get("tail", ()))
+            if code != 0 and wid not in self.state.killed:
+                self.say(f"worker {wid} (rank {worker.rank} on host {worker.host}) {describe_exit(code)}")
+        return ctl.WorkerExited(wid, code, self.job.is_training(wid))
+
+    def _stop_agents(self) -> None:
+        """Tell every agent the job is over and wait (up to the grace period) until each says bye."""
+        waiting = {}
+        for address, channel in self.agents.items():
+            try:
+                channel.send({"op": "stop", "reason": "the job is over"})
+                waiting[address] = channel
+            except StoreError:
+                pass
+        deadline = time.monotonic() + self.cfg.grace + 2.0
+        while waiting and time.monotonic() < deadline:
+            for address, channel in list(waiting.items()):
+                try:
+                    if any(e.get("op") == "bye" for e in channel.new_events()):
+                        del waiting[address]
+                except StoreError:
+                    del waiting[address]
+            time.sleep(TICK_SECONDS)
+        for address in waiting:
+            self.say(f"the agent of host {address} did not confirm that it stopped its workers")
+        self.agents.clear()
 
     # -- events from the store ----------------------------------------------------------
 
@@ -141,7 +249,8 @@ class Driver:
         self._ticks += 1
         if self._ticks % BEAT_POLL_TICKS:
             return []
-        running = [w.worker_id for w in self.sup.running()]
+        running = [w.worker_id for w in self.sup.running()] + [
+            wid for wid, w in self.remote.items() if w.exit_code is None]
         counts = self.job.beats(running)
         moved = [ctl.Beat(w, now) for w, n in counts.items() if n and n != self._beat_counts.get(w)]
         self._beat_counts = counts
@@ -180,23 +289,31 @@ class Driver:
     def run(self) -> int:
         cfg = self.cfg
         self.say(f"job {cfg.job_id}: {cfg.nproc} worker(s) (min {cfg.bounds.min_np}, max "
-                 f"{cfg.bounds.max_np}), store {cfg.host}:{self.store.port}, command: {' '.join(cfg.command)}")
+                 f"{cfg.bounds.max_np}), store {cfg.host}:{self.store.port}, command: "
+                 f"{' '.join(self.settings.command)}")
         self.say(f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`")
+        auth.write_secret_file(self.secret_file, self.secret)
+        if cfg.slots:
+            self.say(f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
+                     f"`taiji join {cfg.job_id}@{cfg.host}:{self.store.port} --secret-file FILE "
+                     f"--nproc-per-node K --host ITS_IP`")
+        hosts.publish_settings(self.job, self.settings)
         self._publish(self.state.config, "start")
         registry.register(registry.JobEntry.of_this_process(cfg.job_id, cfg.host, self.store.port,
-                                                            cfg.command, time.time()))
+                                                            self.settings.command, time.time()))
         self._refresh_snapshot(time.monotonic())
         self.control = ControlServer(registry.control_socket(cfg.job_id), lambda: self._snapshot)
         started = time.monotonic()
         self.sup.install_signal_handlers()
         try:
-            self._spawn(self.state.config.ids)
+            self._spawn(self.state.config.workers)
             while True:
                 exited, received = self.sup.wait(timeout=TICK_SECONDS)
                 if received:
                     name = signal.Signals(received[0]).name
                     self.say(f"received {name}; stopping {len(self.sup.running())} worker(s)")
                     self.sup.stop_all(cfg.grace)
+                    self._stop_agents()
                     return 128 + received[0]
                 events = self._done_event()
                 for worker in exited:
@@ -207,12 +324,13 @@ class Driver:
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
                 events += self._store_events() + self._control_events()
                 now = time.monotonic()
-                events += self._beat_events(now)
+                events += self._host_events(now) + self._beat_events(now)
                 events.append(ctl.Tick())
                 for event in events:
                     code = self._feed(event)
                     if code is not None:
                         self.sup.stop_all(cfg.grace)
+                        self._stop_agents()
                         if code == 0:
                             self.say(f"job {cfg.job_id} finished: every worker exited 0 in "
                                      f"{time.monotonic() - started:.1f}s")
@@ -220,6 +338,7 @@ class Driver:
                 self._refresh_snapshot(now)
         except BaseException:
             self.sup.stop_all(cfg.grace)
+            self._stop_agents()
             raise
         finally:
             self.sup.close()

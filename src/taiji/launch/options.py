@@ -24,6 +24,20 @@ class RunConfig:
     max_failures: int = 3
     liveness_timeout: float = 5.0
     busy_timeout: float = 600.0
+    nproc_per_node: int = 0  # this host's slots when other hosts may join; 0: one host
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """What `taiji join` was asked for: the job to join and what this host offers."""
+    job_id: str
+    head: str
+    port: int
+    secret: bytes
+    slots: int
+    host: str
+    timeout: float = 30.0
+    grace: float = 5.0
 
 
 def heartbeat_interval(liveness_timeout: float) -> float:

@@ -30,6 +30,11 @@ def control_socket(job_id: str) -> Path:
     return jobs_dir() / f"{job_id}.sock"
 
 
+def secret_file(job_id: str) -> Path:
+    """The job's secret (0600): what another host's agent needs to join (`taiji join --secret-file`)."""
+    return jobs_dir() / f"{job_id}.secret"
+
+
 def process_start_time(pid: int) -> int | None:
     """The kernel's start time of ``pid`` (clock ticks since boot), or None if there is no such
     process: with the pid it names one process, even after pids wrap around."""
@@ -72,6 +77,7 @@ def register(entry: JobEntry) -> Path:
 def unregister(job_id: str) -> None:
     job_file(job_id).unlink(missing_ok=True)
     control_socket(job_id).unlink(missing_ok=True)
+    secret_file(job_id).unlink(missing_ok=True)
 
 
 def _read(path: Path) -> JobEntry | None:

@@ -46,6 +46,7 @@ class WorkerProcess:
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
     reader: threading.Thread | None = None
     exit_code: int | None = None
+    local_rank: int = 0
 
     @property
     def pid(self) -> int:
@@ -68,8 +69,9 @@ def describe_exit(code: int) -> str:
 class Supervisor:
     """Local worker processes with rank-prefixed output and a tail of each one's output."""
 
-    def __init__(self, output: IO[str] | None = None, tail_lines: int = 40):
+    def __init__(self, output: IO[str] | None = None, tail_lines: int = 40, prefix: str = ""):
         self.output = output or sys.stdout
+        self.prefix = prefix  # e.g. the host, when workers of several hosts print to one terminal
         self.tail_lines = tail_lines
         self.workers: dict[str, WorkerProcess] = {}
         self._write_lock = threading.Lock()
@@ -100,7 +102,13 @@ class Supervisor:
 
     # -- processes --------------------------------------------------------------------
 
-    def spawn(self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str]) -> WorkerProcess:
+    def free_local_rank(self) -> int:
+        """The lowest local rank (slot index on this host) no running worker holds."""
+        taken = {w.local_rank for w in self.running()}
+        return next(i for i in range(len(taken) + 1) if i not in taken)
+
+    def spawn(self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str],
+              local_rank: int = 0) -> WorkerProcess:
         try:
             popen = subprocess.Popen(
                 list(command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -113,7 +121,7 @@ class Supervisor:
         except OSError as exc:
             raise LaunchError(f"cannot start worker {worker_id} ({command[0]!r}): {exc}") from None
         worker = WorkerProcess(worker_id, rank, popen, os.pidfd_open(popen.pid),
-                               collections.deque(maxlen=self.tail_lines))
+                               collections.deque(maxlen=self.tail_lines), local_rank=local_rank)
         worker.reader = threading.Thread(target=self._pump, args=(worker,), name=f"taiji-out-{worker_id}",
                                          daemon=True)
         worker.reader.start()
@@ -126,7 +134,7 @@ class Supervisor:
         for raw in iter(worker.popen.stdout.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             worker.tail.append(line)
-            self.write(f"rank {worker.rank} | {line}\n")
+            self.write(f"{self.prefix}rank {worker.rank} | {line}\n")
         worker.popen.stdout.close()
 
     def running(self) -> list[WorkerProcess]:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from .. import env
 from ..cluster import spec
+from ..cluster.auth import Signer, secret_from_env
 from ..cluster.store import JobStore, connect_store
 from ..comm.communicator import CommOptions, Communicator, reap_closed_groups
 from ..comm.default import set_default_provider
@@ -189,7 +190,8 @@ class Peer:
             raise ConfigError(f"{env.STORE_PORT.name} is set but {env.JOB_ID.name} or "
                               f"{env.WORKER_ID.name} is missing; start workers with `taiji run`.")
         raw = connect_store(env.STORE_HOST.get(), env.STORE_PORT.get(), options.timeout)
-        job_store = JobStore(raw, job_id)
+        secret = secret_from_env()
+        job_store = JobStore(raw, job_id, Signer(secret) if secret is not None else None)
         try:
             config = job_store.read_config()
         except StoreError as exc:

@@ -12,7 +12,7 @@ import logging
 import random
 import torch
 
-from .. import env
+from ..cluster import auth
 from ..comm.communicator import Communicator
 from ..comm.p2p import BackgroundFetcher, ModelStore, Snapshot
 from ..errors import CommError, ConfigError, StoreError, TaijiError
@@ -56,7 +56,7 @@ class PairAveraging(Strategy):
 
     def cluster_changed(self, view: ClusterView, directory: Directory | None = None) -> None:
         """Serve this worker's model (once), say where, and learn where the other members serve."""
-        secret = env.SECRET.get()
+        secret = auth.p2p_key()
         self._random = random.Random(f"{self._seed}/{view.worker_id}/{view.version}")
         if self._store is None:
             self._store = ModelStore(secret, host=view.host)

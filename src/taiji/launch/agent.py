@@ -1,0 +1,149 @@
+"""`taiji join`: the agent of one more host. It starts, signals and reaps only its own workers,
+on the launcher's signed orders, and reports their exits with their last lines.
+
+The agent verifies the job's signed settings before it writes anything, so an agent holding the
+wrong secret leaves the job untouched. Its workers die with it (parent-death signal), and it
+stops them and exits when the job store (the launcher's host) can no longer be reached: no
+worker outlives its job on any host.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from ..cluster.auth import Signer
+from ..cluster.store import JobStore, connect_store
+from ..errors import AuthError, LaunchError, StoreError
+from . import hosts
+from .options import JoinConfig
+from .supervisor import Supervisor, WorkerProcess, describe_exit
+from .worker_env import WorkerSettings, worker_env
+
+TICK_SECONDS = 0.02
+BEAT_SECONDS = 0.25
+
+
+class Agent:
+    def __init__(self, cfg: JoinConfig, output=None):
+        self.cfg = cfg
+        self.sup = Supervisor(output=output, prefix=f"{cfg.host} ")
+        self.job: JobStore | None = None
+        self.channel: hosts.AgentChannel | None = None
+        self.settings: WorkerSettings | None = None
+        self.host_rank = 0
+        self._last_contact = time.monotonic()
+        self._done = threading.Event()
+
+    def say(self, text: str) -> None:
+        self.sup.write(f"taiji join: {text}\n")
+
+    def _connect(self) -> None:
+        cfg = self.cfg
+        raw = connect_store(cfg.head, cfg.port, cfg.timeout)
+        job = JobStore(raw, cfg.job_id, Signer(cfg.secret))
+        if not job.has(hosts.SPEC):
+            raise LaunchError(f"no job {cfg.job_id} at {cfg.head}:{cfg.port} (the store there does not know it); "
+                              "check the JOB@HOST:PORT that `taiji run` printed")
+        try:
+            self.settings = hosts.read_settings(job)
+        except AuthError:
+            raise AuthError(f"job {cfg.job_id} at {cfg.head}:{cfg.port} refused this host: the secret in the "
+                            "--secret-file is not this job's (copy the file `taiji run` printed, unchanged). "
+                            "Nothing was changed in the job.") from None
+        self.job = job
+        self.channel = hosts.AgentChannel(job, cfg.host)
+
+    def _spawn(self, command: dict) -> None:
+        assert self.settings is not None
+        wid, rank, size = str(command["id"]), int(command["rank"]), int(command["size"])
+        local_rank = self.sup.free_local_rank()
+        try:
+            self.sup.spawn(wid, rank, self.settings.command_here(),
+                           worker_env(self.settings, self.cfg.secret, wid, rank, size, host=self.cfg.host,
+                                      local_rank=local_rank, local_size=self.cfg.slots,
+                                      host_rank=self.host_rank),
+                           local_rank=local_rank)
+        except LaunchError as exc:
+            self.say(str(exc))
+            self._report_exit(wid, 127, [str(exc)])
+
+    def _report_exit(self, worker_id: str, code: int, tail: list[str]) -> None:
+        assert self.channel is not None
+        self.channel.report({"op": "exit", "id": worker_id, "code": code, "tail": tail[-20:]})
+
+    def _reported(self, worker: WorkerProcess) -> None:
+        assert worker.exit_code is not None
+        if worker.exit_code != 0:
+            self.say(f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}")
+        self._report_exit(worker.worker_id, worker.exit_code, list(worker.tail))
+
+    def _stop_workers(self) -> None:
+        self.sup.stop_all(self.cfg.grace)
+
+    def _watch_contact(self) -> None:
+        """A call to an unreachable store can block far longer than its timeout (the request is
+        sent, the answer never comes): if the loop has not heard from the store for --timeout
+        seconds, the host is cut off: stop the workers from here and exit."""
+        while not self._done.wait(0.2):
+            silent = time.monotonic() - self._last_contact
+            if silent > self.cfg.timeout:
+                self.say(f"lost the job store at {self.cfg.head}:{self.cfg.port}: no answer for {silent:.0f}s "
+                         f"(the network between us is down, or the launcher's host is gone): stopping "
+                         f"{len(self.sup.running())} worker(s)")
+                self._stop_workers()
+                os._exit(1)
+
+    def run(self) -> int:
+        cfg = self.cfg
+        self._connect()
+        assert self.job is not None and self.channel is not None and self.settings is not None
+        if cfg.host == self.settings.store_host:
+            raise LaunchError(f"host {cfg.host} is the launcher's own host: its workers are started by "
+                              "`taiji run` (-np/--nproc-per-node); give this agent its host's address with --host")
+        self.host_rank = hosts.register(self.job, cfg.host, cfg.slots, os.getpid())
+        self.say(f"joined job {cfg.job_id} at {cfg.head}:{cfg.port} as host {cfg.host} with {cfg.slots} "
+                 f"slot(s); command: {' '.join(self.settings.command_here())}")
+        self.sup.install_signal_handlers()
+        next_beat = 0.0
+        self._last_contact = time.monotonic()
+        threading.Thread(target=self._watch_contact, name="taiji-agent-watch", daemon=True).start()
+        try:
+            while True:
+                exited, received = self.sup.wait(timeout=TICK_SECONDS)
+                if received:
+                    name = signal.Signals(received[0]).name
+                    self.say(f"received {name}: leaving the job with {len(self.sup.running())} worker(s)")
+                    self.channel.report({"op": "leave", "reason": f"{name} received"})
+                    self._stop_workers()
+                    return 128 + received[0]
+                for worker in exited:
+                    self._reported(worker)
+                for command in self.channel.new_commands():
+                    op = command.get("op")
+                    if op == "spawn":
+                        self._spawn(command)
+                    elif op == "kill":
+                        self.sup.kill(str(command["id"]))
+                    elif op == "stop":
+                        self.say(f"stopping: {command.get('reason', 'asked by the launcher')}")
+                        self._stop_workers()
+                        self.channel.report({"op": "bye"})
+                        return 0
+                now = time.monotonic()
+                if now >= next_beat:
+                    self.channel.beat()
+                    next_beat = now + BEAT_SECONDS
+                self._last_contact = now
+        except StoreError as exc:
+            self.say(f"lost the job store at {cfg.head}:{cfg.port} (the launcher's host died, or the network "
+                     f"between us is down): stopping {len(self.sup.running())} worker(s). ({exc})")
+            self._stop_workers()
+            return 1
+        except BaseException:
+            self._stop_workers()
+            raise
+        finally:
+            self._done.set()
+            self.sup.close()

@@ -1,0 +1,78 @@
+"""The contract between a host's launcher (or agent) and the workers it starts: their environment.
+
+``WorkerSettings`` is what every worker of a job shares, whatever its host; the launcher
+publishes it (signed, without the secret) for agents, which start their workers with the same
+settings. ``worker_env`` adds one worker's identity, rank and host.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass, fields
+
+from .. import env
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    job_id: str
+    store_host: str
+    store_port: int
+    command: tuple[str, ...]
+    interpreter: str = ""           # the launcher's Python: an agent runs its own in its place
+    timeout: float = env.TIMEOUT.default
+    heartbeat: float = env.HEARTBEAT.default
+    recovery_timeout: float = env.RECOVERY_TIMEOUT.default
+    min_np: int = 1
+    max_np: int = 1
+    run_dir: str = ""
+    debug_collectives: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict) -> "WorkerSettings":
+        known = {f.name for f in fields(WorkerSettings)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["command"] = tuple(values.get("command", ()))
+        return WorkerSettings(**values)
+
+    def command_here(self) -> tuple[str, ...]:
+        """The worker command as this host runs it: the launcher's interpreter replaced by ours
+        (another host's Python may live elsewhere)."""
+        if self.command and self.interpreter and self.command[0] == self.interpreter:
+            return (sys.executable,) + self.command[1:]
+        return self.command
+
+
+def worker_env(settings: WorkerSettings, secret: bytes, worker_id: str, rank: int, size: int, *,
+               host: str, local_rank: int, local_size: int, host_rank: int = 0) -> dict[str, str]:
+    """The environment of worker ``worker_id``, started on ``host`` by this process (whose death
+    the worker watches)."""
+    environ = dict(os.environ)
+    environ.update({
+        env.JOB_ID.name: settings.job_id,
+        env.WORKER_ID.name: worker_id,
+        env.STORE_HOST.name: settings.store_host,
+        env.STORE_PORT.name: str(settings.store_port),
+        env.SECRET.name: secret.hex(),
+        env.LAUNCHER_PID.name: str(os.getpid()),
+        env.TIMEOUT.name: str(settings.timeout),
+        env.HEARTBEAT.name: str(settings.heartbeat),
+        env.RECOVERY_TIMEOUT.name: str(settings.recovery_timeout),
+        env.MIN_NP.name: str(settings.min_np),
+        env.MAX_NP.name: str(settings.max_np),
+        env.RUN_DIR.name: settings.run_dir,
+        # the torchrun contract, for scripts that read it
+        "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size), "GROUP_RANK": str(host_rank),
+        "MASTER_ADDR": settings.store_host, "MASTER_PORT": str(settings.store_port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # env:// init joins our store instead of hosting one
+        "PYTHONUNBUFFERED": "1",
+    })
+    if settings.debug_collectives:
+        environ[env.DEBUG_COLLECTIVES.name] = "1"
+    if "OMP_NUM_THREADS" not in os.environ:  # a host's workers must not oversubscribe its cores
+        environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(local_size, 1)))
+    return environ

@@ -1,0 +1,120 @@
+"""Jobs across emulated hosts (network namespaces, tests/_netns.py): grow onto new hosts, shrink
+off the newest, lose an agent, a link or the head, and refuse a wrong secret — with DESIGN §6's
+invariants audited (contiguous steps, identical replicas, exactly-once data) and no process left
+in any host. Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from _harness import HostsJob, check_invariants, wait_for
+from _netns import EmulatedHosts, unavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+WHY_NOT = unavailable()
+
+
+@pytest.fixture
+def hosts3():
+    if WHY_NOT:
+        pytest.skip(f"no emulated hosts here: {WHY_NOT}")
+    with EmulatedHosts(3) as hosts:
+        yield hosts
+
+
+def _no_process_left(hosts: EmulatedHosts, *indices: int) -> None:
+    for i in indices:
+        wait_for(lambda: not hosts.pids(i), 30, f"every process on host {i} to exit")
+
+
+def test_grow_onto_a_second_host_then_a_third_and_shrink_off_the_newest(hosts3, tmp_path):
+    job = HostsJob(hosts3, tmp_path)
+    # rank 0 asks for 4 workers at step 5 (only 2 fit the head), then for 3 once 4 train
+    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "5"],
+              ["--batch", "16", "--steps", "100000", "--sizes", "4", "3", "--every", "8", "--step-delay", "0.02"])
+    job.wait_log("resize requested by test schedule: 2 -> 4")
+    job.join(1, 1)
+    job.wait_log("3 worker(s)")
+    job.join(2, 1)  # joins while training; the job grows onto it
+    assert job.finish() == 0, job.log()[-4000:]
+    for i in (1, 2):
+        assert job.agents[i].wait(timeout=30) == 0, job.log(f"agent{i}")
+    launcher = job.log()
+    assert f"host {hosts3.address(1)} joined" in launcher and f"host {hosts3.address(2)} joined" in launcher
+    assert "shrink 4 -> 3" in launcher, launcher[-3000:]
+    # the shrink dropped the newest worker, which ran on the newest host
+    assert f"{hosts3.address(2)} rank 3 |" in job.log("agent2")
+    result = check_invariants(tmp_path, 16)
+    assert result["sizes"][-2:] == [4, 3], result
+    _no_process_left(hosts3, 0, 1, 2)
+
+
+def _grown_to_four(job: HostsJob) -> None:
+    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
+              ["--batch", "16", "--steps", "400", "--step-delay", "0.03"])
+    job.join(1, 2)
+    job.wait_log("4 worker(s)")
+    # a step committed at 4 workers: the joiners on host 1 train
+    wait_for(lambda: (job.out / "w3.jsonl").exists() and (job.out / "w3.jsonl").stat().st_size > 0, 60,
+             "a step committed by worker w3 (on host 1)")
+
+
+def test_agent_killed_its_workers_leave_in_one_version(hosts3, tmp_path):
+    job = HostsJob(hosts3, tmp_path)
+    _grown_to_four(job)
+    job.agents[1].send_signal(signal.SIGKILL)  # its workers die with it (parent-death signal)
+    assert job.finish() == 0, job.log()[-4000:]
+    launcher = job.log()
+    assert f"host {hosts3.address(1)} is lost" in launcher, launcher[-3000:]
+    assert "drop failed w2, w3" in launcher, launcher[-3000:]  # both in one version
+    result = check_invariants(tmp_path, 16)
+    assert result["sizes"] == [2, 4, 2], result
+    _no_process_left(hosts3, 0, 1)
+
+
+def test_link_down_the_host_is_dropped_and_its_workers_stop(hosts3, tmp_path):
+    job = HostsJob(hosts3, tmp_path)
+    _grown_to_four(job)
+    hosts3.link_down(1)
+    assert job.finish() == 0, job.log()[-4000:]
+    assert f"host {hosts3.address(1)} is lost" in job.log(), job.log()[-3000:]
+    result = check_invariants(tmp_path, 16)
+    assert result["sizes"][-1] == 2, result
+    # cut off, the agent stops its workers and exits with an error that says why
+    assert job.agents[1].wait(timeout=60) == 1
+    assert "lost the job store" in job.log("agent1")
+    _no_process_left(hosts3, 0, 1)
+
+
+def test_head_killed_with_the_tcp_store_every_host_stops(hosts3, tmp_path):
+    job = HostsJob(hosts3, tmp_path)
+    _grown_to_four(job)
+    job.launcher.send_signal(signal.SIGKILL)
+    assert job.agents[1].wait(timeout=60) == 1
+    assert "lost the job store" in job.log("agent1"), job.log("agent1")[-2000:]
+    _no_process_left(hosts3, 0, 1)
+
+
+def test_wrong_or_missing_secret_is_refused_and_changes_nothing(hosts3, tmp_path):
+    job = HostsJob(hosts3, tmp_path)
+    job.start(["-np", "1", "--nproc-per-node", "1", "--max-np", "3"],
+              ["--batch", "16", "--steps", "150", "--step-delay", "0.02"])
+    job.wait_log("cluster v1")
+    wrong = tmp_path / "wrong.secret"
+    wrong.write_text(os.urandom(32).hex())
+    wrong.chmod(0o600)
+    refused = job.join(1, 1, secret_file=wrong)
+    assert refused.wait(timeout=60) == 1
+    assert "is not this job's" in job.log("agent1") and "Nothing was changed" in job.log("agent1")
+    loose = tmp_path / "loose.secret"
+    loose.write_text(job.secret_file.read_text())
+    loose.chmod(0o644)
+    assert job.join(2, 1, secret_file=loose).wait(timeout=60) == 2
+    assert "readable by other users" in job.log("agent2")
+    assert job.finish() == 0, job.log()[-3000:]
+    assert "joined" not in job.log() and "cluster v2" not in job.log()
+    assert check_invariants(tmp_path, 16)["sizes"] == [1]
+    _no_process_left(hosts3, 0, 1, 2)

@@ -1,0 +1,224 @@
+"""Many hosts without processes: placement and host events in the pure controller, the secret
+and signed records, the agents' store protocol, and `taiji join`'s argument checks (issue 15)."""
+import argparse
+import json
+
+import pytest
+
+from _harness import actions_of, feed
+
+from taiji.cluster import auth
+from taiji.cluster.controller import (Beat, Bounds, FailureReported, HostBeat, HostJoined, HostLost, Proposal, Publish,
+                                      Spawn, Tick, WorkerExited, WorkerReady, initial_state)
+from taiji.cluster.spec import ClusterConfig, WorkerSpec
+from taiji.cluster.store import FakeStore, JobStore
+from taiji.errors import AuthError, ConfigError
+from taiji.launch import hosts
+from taiji.launch.cli import build_parser, parse_join
+from taiji.launch.worker_env import WorkerSettings, worker_env
+
+HEAD, H2, H3 = "10.0.0.1", "10.0.0.2", "10.0.0.3"
+
+
+run, of = feed, actions_of
+
+
+def grown(slots=(2, 2), max_np=8):
+    """The head with slots[0] workers, then one host per further entry, every joiner admitted."""
+    s = initial_state(slots[0], Bounds(max_np=max_np, stale_after=1.0, host_timeout=5.0), HEAD, slots[0])
+    for i, n in enumerate(slots[1:]):
+        s, acts = run(s, HostJoined(f"10.0.0.{i + 2}", n))
+        for spawn in of(acts, Spawn):
+            s, _ = run(s, *[WorkerReady(w) for w in spawn.ids])
+    return s
+
+
+def test_a_proposal_beyond_the_slots_waits_for_a_host_and_joiners_go_where_slots_are_free():
+    s = initial_state(2, Bounds(max_np=8), HEAD, 2)
+    s, acts = run(s, Proposal(4))
+    assert not of(acts, Spawn) and not of(acts, Publish), "no free slot: nothing to spawn yet"
+    s, acts = run(s, HostJoined(H2, 3))
+    [spawn] = of(acts, Spawn)
+    assert [(w.id, w.host) for w in spawn.workers] == [("w2", H2), ("w3", H2)]
+    s, acts = run(s, WorkerReady("w2"), WorkerReady("w3"))
+    [pub] = of(acts, Publish)
+    assert [w.host for w in pub.config.workers] == [HEAD, HEAD, H2, H2]
+
+
+def test_a_joining_host_grows_the_job_onto_its_slots_up_to_max_np():
+    s = initial_state(2, Bounds(max_np=5), HEAD, 2)
+    s, acts = run(s, HostJoined(H2, 2))
+    assert s.desired == 4 and [len(sp.ids) for sp in of(acts, Spawn)] == [2]
+    s, acts = run(s, HostJoined(H3, 2))
+    assert s.desired == 5, "clamped to max_np"
+    assert [w.host for sp in of(acts, Spawn) for w in sp.workers] == [H3]
+
+
+def test_a_host_registering_twice_or_with_no_slots_is_ignored():
+    s = grown()
+    s2, acts = run(s, HostJoined(H2, 2))
+    assert s2 == s and "registered again" in acts[0].message
+    s3, acts = run(s, HostJoined(H3, 0))
+    assert s3 == s and "0 slots" in acts[0].message
+
+
+def test_a_lost_host_takes_all_its_members_in_one_version_as_one_failure():
+    s = grown((2, 2))
+    assert s.config.size == 4 and s.failures == 0
+    s, acts = run(s, HostLost(H2, "agent left"))
+    [pub] = of(acts, Publish)
+    assert pub.config.ids == ("w0", "w1") and pub.config.version == s.config.version
+    assert s.failures == 1 and all(h.address != H2 for h in s.hosts)
+    # its workers' exits, if they still arrive, change nothing
+    s, acts = run(s, WorkerExited("w2", -9, True), WorkerExited("w3", -9, True))
+    assert not of(acts, Publish) and s.failures == 1
+
+
+def test_a_silent_agent_is_lost_after_host_timeout_or_sooner_when_its_peers_report():
+    s = grown((2, 2))
+    s, _ = run(s, HostBeat(H2, 0.0))
+    s, acts = run(s, Tick(), now=4.0)
+    assert not of(acts, Publish), "within host_timeout and no report: not lost yet"
+    s, acts = run(s, Tick(), now=5.5)
+    assert of(acts, Publish)[0].config.ids == ("w0", "w1")
+    # the fast path: peers reported failed collectives and the agent has been silent > stale_after
+    s = grown((2, 2))
+    s, _ = run(s, HostBeat(H2, 10.0))
+    s, _ = run(s, FailureReported("w0", s.config.version), FailureReported("w1", s.config.version), now=10.5)
+    s, acts = run(s, Tick(), now=11.2)
+    assert of(acts, Publish)[0].config.ids == ("w0", "w1")
+
+
+def test_with_replace_a_lost_host_is_refilled_where_slots_are_free():
+    s = initial_state(2, Bounds(max_np=4, replace=True), HEAD, 2)
+    for address in (H2, H3):
+        s, acts = run(s, HostJoined(address, 1))
+        s, _ = run(s, *[WorkerReady(w) for sp in of(acts, Spawn) for w in sp.ids])
+    assert s.config.size == 4
+    s, acts = run(s, HostLost(H3, "link down"))
+    assert of(acts, Publish)[0].config.size == 3
+    assert not of(acts, Spawn), "no free slot is left on the other hosts"
+    s, acts = run(s, HostJoined(H3, 1))  # it comes back: the lost worker is replaced there
+    assert [w.host for sp in of(acts, Spawn) for w in sp.workers] == [H3]
+
+
+def test_the_launchers_own_host_cannot_be_lost():
+    s = grown()
+    assert run(s, HostLost(HEAD, "?")) == (s, [])
+
+
+def test_members_killed_as_hung_on_a_lost_host_leave_without_waiting_for_their_exit():
+    s = grown((2, 2))
+    s, _ = run(s, HostBeat(H2, 0.0))
+    for w in ("w0", "w1", "w2", "w3"):
+        s, _ = run(s, Beat(w, 0.0))
+    s, acts = run(s, FailureReported("w0", s.config.version), FailureReported("w1", s.config.version), now=0.5)
+    s, acts = run(s, Tick(), now=1.5)  # the agent is silent too: the host is lost, no exit awaited
+    assert of(acts, Publish)[0].config.ids == ("w0", "w1") and not s.killed
+
+
+# -- the secret and signed records --------------------------------------------------------------
+
+def test_sealed_records_open_only_with_the_same_secret_and_under_the_same_key():
+    secret = auth.new_secret()
+    signer = auth.Signer(secret)
+    sealed = signer.seal("taiji/j/config/v2", {"version": 2})
+    assert signer.open("taiji/j/config/v2", sealed) == {"version": 2}
+    with pytest.raises(AuthError):
+        auth.Signer(auth.new_secret()).open("taiji/j/config/v2", sealed)
+    with pytest.raises(AuthError):
+        signer.open("taiji/j/config/v3", sealed)  # replayed under another key
+    tampered = json.loads(sealed)
+    tampered["record"]["version"] = 3
+    with pytest.raises(AuthError):
+        signer.open("taiji/j/config/v2", json.dumps(tampered))
+    with pytest.raises(AuthError):
+        signer.open("taiji/j/config/v2", b'{"version": 2}')
+
+
+def test_derived_keys_differ_per_use():
+    secret = auth.new_secret()
+    assert len({auth.derive(secret, label) for label in ("sign", "p2p", "etcd")}) == 3
+
+
+def test_secret_file_is_private_and_checked_on_read(tmp_path):
+    path = auth.write_secret_file(tmp_path / "jobs" / "j.secret", secret := auth.new_secret())
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert auth.read_secret_file(str(path)) == secret
+    path.chmod(0o640)
+    with pytest.raises(ConfigError, match="readable by other users"):
+        auth.read_secret_file(str(path))
+    (tmp_path / "short").write_text("abcd")
+    (tmp_path / "short").chmod(0o600)
+    with pytest.raises(ConfigError, match="holds 2 bytes"):
+        auth.read_secret_file(str(tmp_path / "short"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        auth.read_secret_file(str(tmp_path / "missing"))
+    import io
+    assert auth.read_secret_file("-", stdin=io.StringIO(secret.hex() + "\n")) == secret
+
+
+def test_a_forged_config_or_proposal_is_rejected_by_a_signed_job_store():
+    kv = FakeStore()
+    secret = auth.new_secret()
+    job = JobStore(kv, "j", auth.Signer(secret))
+    assert job.publish(ClusterConfig(1, (WorkerSpec("w0"),)))
+    assert job.read_config().ids == ("w0",)
+    intruder = JobStore(kv, "j", auth.Signer(auth.new_secret()))
+    assert intruder.publish(ClusterConfig(2, (WorkerSpec("evil"),)))
+    with pytest.raises(AuthError, match="not signed with the job's secret"):
+        job.read_config()
+    intruder.propose(99, "intruder")
+    job.propose(3, "user")
+    seq, found = job.proposals_after(0)
+    assert seq == 2 and found == [{"size": 3, "source": "user"}]
+
+
+def test_agent_channel_streams_commands_events_and_beats():
+    job = JobStore(FakeStore(), "j", auth.Signer(auth.new_secret()))
+    head, agent = hosts.AgentChannel(job, H2), hosts.AgentChannel(job, H2)
+    settings = WorkerSettings("j", HEAD, 29400, ("python", "train.py"), interpreter="python")
+    hosts.publish_settings(job, settings)
+    assert hosts.read_settings(job) == settings
+    assert hosts.register(job, H2, 2, 123) == 1
+    assert hosts.registrations_after(job, 0) == (1, [{"address": H2, "slots": 2, "pid": 123}])
+    head.send({"op": "spawn", "id": "w2", "rank": 2, "size": 3})
+    assert agent.new_commands() == [{"op": "spawn", "id": "w2", "rank": 2, "size": 3}]
+    assert agent.new_commands() == []
+    agent.report({"op": "exit", "id": "w2", "code": 0, "tail": []})
+    assert [e["op"] for e in head.new_events()] == ["exit"]
+    assert not head.beat_moved()
+    agent.beat()
+    assert head.beat_moved() and not head.beat_moved()
+
+
+def test_worker_env_carries_identity_local_rank_and_the_secret(monkeypatch):
+    import sys
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    settings = WorkerSettings("j", HEAD, 29400, ("/head/python", "train.py"), interpreter="/head/python")
+    secret = auth.new_secret()
+    environ = worker_env(settings, secret, "w3", 3, 4, host=H2, local_rank=1, local_size=2, host_rank=1)
+    assert (environ["TAIJI_WORKER_ID"], environ["RANK"], environ["LOCAL_RANK"], environ["LOCAL_WORLD_SIZE"],
+            environ["GROUP_RANK"], environ["TAIJI_STORE_HOST"]) == ("w3", "3", "1", "2", "1", HEAD)
+    assert bytes.fromhex(environ["TAIJI_SECRET"]) == secret
+    assert settings.command_here() == (sys.executable, "train.py")
+    assert WorkerSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+
+
+def _join_args(*argv):
+    return build_parser().parse_args(["join", *argv])
+
+
+def test_join_arguments_are_checked(tmp_path):
+    path = auth.write_secret_file(tmp_path / "s", auth.new_secret())
+    cfg = parse_join(_join_args("j1@10.0.0.1:29400", "--secret-file", str(path), "--nproc-per-node", "2",
+                                "--host", H2))
+    assert (cfg.job_id, cfg.head, cfg.port, cfg.slots, cfg.host) == ("j1", HEAD, 29400, 2, H2)
+    with pytest.raises(ConfigError, match="JOB@HOST:PORT"):
+        parse_join(_join_args("10.0.0.1:29400", "--secret-file", str(path), "--nproc-per-node", "2", "--host", H2))
+    with pytest.raises(ConfigError, match="at least 1"):
+        parse_join(_join_args("j@h:1", "--secret-file", str(path), "--nproc-per-node", "0", "--host", H2))
+    with pytest.raises(SystemExit):
+        _join_args("j@h:1", "--nproc-per-node", "1", "--host", H2)  # no --secret-file: argparse refuses
+    assert isinstance(_join_args("j@h:1", "--secret-file", "-", "--nproc-per-node", "1", "--host", H2),
+                      argparse.Namespace)
