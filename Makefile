@@ -9,7 +9,7 @@ RESIZE ?= 150:3 400:2
 POLICY ?= gns,schedule
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo shakespeare test test-fast setup data bench clean
+.PHONY: demo shakespeare test test-fast setup data etcd bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(BIN)/python:
 # torch is pinned and installed first: an unpinned `torch` would pull a multi-GB CUDA build
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched,shakespeare]"
+	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched,shakespeare,etcd]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -35,6 +35,17 @@ data:
 	  echo "Fashion-MNIST missing: run 'sudo apt-get install -y dataset-fashion-mnist' for the real data set"; \
 	fi
 
+# the etcd server binary for `taiji run --store etcd` and its tests (Debian/Ubuntu package)
+etcd:
+	@if command -v etcd >/dev/null; then \
+	  echo "etcd found: $$(command -v etcd)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -q && apt-get install -y -q etcd-server) >/dev/null \
+	    || echo "could not install etcd-server; the etcd tests will be skipped"; \
+	else \
+	  echo "etcd missing: run 'sudo apt-get install -y etcd-server' for --store etcd and its tests"; \
+	fi
+
 demo: setup data
 	$(BIN)/taiji run -np $(NP) --max-np $(MAX_NP) python examples/fashion_mnist.py --epochs $(EPOCHS) \
 	  --policy $(POLICY) --resize $(RESIZE)
@@ -45,7 +56,7 @@ shakespeare: setup
 	$(BIN)/taiji run -np $(NP) --max-np 3 python examples/shakespeare_char.py --max-steps 800 \
 	  --policy gns,schedule --resize 200:3 600:2
 
-test: setup data
+test: setup data etcd
 	$(BIN)/python -m pytest -q -rs
 
 test-fast: setup

@@ -281,8 +281,8 @@ class HostsJob:
 
     PORT = 29400
 
-    def __init__(self, hosts, out: Path, job_id: str = "jmh"):
-        self.hosts, self.out, self.job_id = hosts, out, job_id
+    def __init__(self, hosts, out: Path, job_id: str = "jmh", store: str = "tcp"):
+        self.hosts, self.out, self.job_id, self.store = hosts, out, job_id, store
         self.env = dict(os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1",
                         TORCH_CPP_LOG_LEVEL="ERROR")
         self.launcher: subprocess.Popen | None = None
@@ -298,7 +298,8 @@ class HostsJob:
 
     def start(self, launcher_args: Sequence[str], script_args: Sequence[str]) -> None:
         cli = [sys.executable, "-m", "taiji.launch.cli"]
-        args = [*cli, "run", *launcher_args, "--host", self.head, "--port", str(self.PORT), "--job-id", self.job_id,
+        args = [*cli, "run", *launcher_args, "--store", self.store, "--host", self.head, "--port", str(self.PORT),
+                "--job-id", self.job_id,
                 "--timeout", "3", "--liveness-timeout", "2", "--run-dir", str(self.out / "run"),
                 "--", sys.executable, ELASTIC_SCRIPT, str(self.out), *script_args]
         with open(self.out / "launcher.log", "w") as log:
@@ -306,7 +307,8 @@ class HostsJob:
         wait_for(self.secret_file.exists, 60, "the launcher to write the job's secret file")
 
     def join(self, i: int, slots: int, secret_file: Path | None = None, extra: Sequence[str] = ()) -> subprocess.Popen:
-        args = [sys.executable, "-m", "taiji.launch.cli", "join", f"{self.job_id}@{self.head}:{self.PORT}",
+        where = f"{self.head}:{self.PORT}" if self.store == "tcp" else f"etcd://{self.head}:{self.PORT}"
+        args = [sys.executable, "-m", "taiji.launch.cli", "join", f"{self.job_id}@{where}",
                 "--secret-file", str(secret_file or self.secret_file), "--nproc-per-node", str(slots),
                 "--host", self.hosts.address(i), "--timeout", "5", *extra]
         with open(self.out / f"agent{i}.log", "w") as log:

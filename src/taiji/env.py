@@ -49,6 +49,8 @@ JOB_ID = EnvVar("TAIJI_JOB_ID", "", str, "id of the job this worker belongs to")
 WORKER_ID = EnvVar("TAIJI_WORKER_ID", "", str, "stable id of this worker across cluster versions")
 STORE_HOST = EnvVar("TAIJI_STORE_HOST", "127.0.0.1", str, "host of the job's TCPStore")
 STORE_PORT = EnvVar("TAIJI_STORE_PORT", 0, int, "port of the job's TCPStore; 0 = not launched by taiji")
+STORE_URL = EnvVar("TAIJI_STORE_URL", "", str,
+                   "the job store as a URL (etcd://HOST:PORT,...); empty: the TCPStore at STORE_HOST:STORE_PORT")
 SECRET = EnvVar("TAIJI_SECRET", "", str, "job secret authenticating control and peer traffic")
 LAUNCHER_PID = EnvVar("TAIJI_LAUNCHER_PID", 0, int, "pid of the launcher; workers exit when it dies")
 TIMEOUT = EnvVar("TAIJI_TIMEOUT", 60.0, float, "seconds any collective or store wait may take")
@@ -77,6 +79,6 @@ RANK = EnvVar("RANK", 0, int, "torchrun-compatible rank (provisional for a joine
 WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provisional for a joiner)")
 
 ALL: tuple[EnvVar, ...] = (
-    JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
+    JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
 )

@@ -9,8 +9,8 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 BATCH = 16
 # the joiner asked for at step 5 boots in seconds while the others train; the shrink comes late
-# enough (50 steps before the end) that the grow has landed by then even on a slow machine
-STEPS = 800
+# enough (50 steps before the end) that the grow has landed by then even on a slow, busy machine
+STEPS = 1500
 
 
 def test_the_example_grows_and_shrinks_keeping_every_invariant(tmp_path):

@@ -5,6 +5,7 @@ in any host. Skipped, with the reason, where namespaces cannot be made (not root
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import pytest
@@ -53,6 +54,7 @@ def test_grow_onto_a_second_host_then_a_third_and_shrink_off_the_newest(hosts3, 
 
 
 def _grown_to_four(job: HostsJob) -> None:
+    """Host 0 trains with 2 workers; host 1 joins with 2 slots; a step commits at 4."""
     job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
               ["--batch", "16", "--steps", "400", "--step-delay", "0.03"])
     job.join(1, 2)
@@ -118,3 +120,15 @@ def test_wrong_or_missing_secret_is_refused_and_changes_nothing(hosts3, tmp_path
     assert "joined" not in job.log() and "cluster v2" not in job.log()
     assert check_invariants(tmp_path, 16)["sizes"] == [1]
     _no_process_left(hosts3, 0, 1, 2)
+
+
+@pytest.mark.skipif(shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)")
+def test_etcd_store_grow_across_hosts_then_lose_an_agent(hosts3, tmp_path):
+    job = HostsJob(hosts3, tmp_path, store="etcd")
+    _grown_to_four(job)
+    assert f"store etcd://{hosts3.address(0)}:{HostsJob.PORT}" in job.log()
+    job.agents[1].send_signal(signal.SIGKILL)
+    assert job.finish() == 0, job.log()[-4000:]
+    assert "drop failed w2, w3" in job.log(), job.log()[-3000:]
+    assert check_invariants(tmp_path, 16)["sizes"] == [2, 4, 2]
+    _no_process_left(hosts3, 0, 1)

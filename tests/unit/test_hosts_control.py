@@ -213,7 +213,7 @@ def test_join_arguments_are_checked(tmp_path):
     path = auth.write_secret_file(tmp_path / "s", auth.new_secret())
     cfg = parse_join(_join_args("j1@10.0.0.1:29400", "--secret-file", str(path), "--nproc-per-node", "2",
                                 "--host", H2))
-    assert (cfg.job_id, cfg.head, cfg.port, cfg.slots, cfg.host) == ("j1", HEAD, 29400, 2, H2)
+    assert (cfg.job_id, cfg.store_url, cfg.slots, cfg.host) == ("j1", f"tcp://{HEAD}:29400", 2, H2)
     with pytest.raises(ConfigError, match="JOB@HOST:PORT"):
         parse_join(_join_args("10.0.0.1:29400", "--secret-file", str(path), "--nproc-per-node", "2", "--host", H2))
     with pytest.raises(ConfigError, match="at least 1"):

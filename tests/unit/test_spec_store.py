@@ -1,5 +1,7 @@
 """Cluster membership transitions and the versioned store (pure / in-process)."""
 import os
+import shutil
+import uuid
 import threading
 
 import pytest
@@ -42,9 +44,84 @@ def test_config_json_round_trip():
     assert spec.ClusterConfig.from_json(c.to_json()) == c
 
 
-@pytest.fixture(params=["fake", "tcp"])
+@pytest.fixture(scope="module")
+def etcd_server():
+    """One etcd server on loopback for this module's tests (skipped without the binary or client)."""
+    if shutil.which("etcd") is None:
+        pytest.skip("no etcd server binary (apt-get install -y etcd-server)")
+    pytest.importorskip("etcd3gw")
+    from taiji.launch.etcd_server import EtcdServer
+    server = EtcdServer("127.0.0.1").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["fake", "tcp", "etcd"])
 def kv(request):
-    return FakeStore() if request.param == "fake" else host_store()
+    if request.param == "fake":
+        return FakeStore()
+    if request.param == "tcp":
+        return host_store()
+    from taiji.cluster.store import open_store
+    server = request.getfixturevalue("etcd_server")
+    store = open_store(server.url, timeout=5)
+    store.kv.set(f"taiji/{request.node.name}/x", "1")  # each test uses its own job prefix anyway
+    return store
+
+
+def test_key_value_semantics_match_tcpstore(kv):
+    """compare_set, add and timed-out waits behave alike on every backend."""
+    import datetime
+    p = f"sem{uuid.uuid4().hex[:6]}/"
+    assert kv.compare_set(p + "k", "", "a") == b"a"
+    assert kv.compare_set(p + "k", "", "b") == b"a"
+    assert kv.compare_set(p + "k", "a", "c") == b"c"
+    assert kv.compare_set(p + "absent", "x", "y") == b"x"
+    assert kv.add(p + "n", 2) == 2 and kv.add(p + "n", 3) == 5 and kv.add(p + "n", 0) == 5
+    assert kv.check([p + "k"]) and not kv.check([p + "k", p + "nope"])
+    kv.set(p + "v", b"\x00\xffbytes")
+    assert kv.get(p + "v") == b"\x00\xffbytes"
+    with pytest.raises(Exception):
+        kv.wait([p + "never"], datetime.timedelta(seconds=0.2))
+
+
+def test_etcd_store_serves_gloo_rendezvous(etcd_server):
+    """Process groups of two ranks (threads) rendezvous through the etcd-backed c10d store."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from taiji.cluster.store import open_store
+    from taiji.comm.addresses import gloo_device
+    results = [None, None]
+
+    def rank(r):
+        base = open_store(etcd_server.url, timeout=10)  # a Python store: keep it alive as long as its users
+        store = dist.PrefixStore(f"pg{os.getpid()}", base)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = datetime.timedelta(seconds=10)
+        opts._devices = [gloo_device("127.0.0.1")]
+        group = dist.ProcessGroupGloo(store, r, 2, opts)
+        t = torch.full((4,), float(r + 1))
+        group.allreduce([t]).wait()
+        results[r] = t
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(r is not None and torch.equal(r, torch.full((4,), 3.0)) for r in results)
+
+
+def test_etcd_server_listens_only_where_it_is_told_and_stops_clean(etcd_server):
+    from _harness import listening_addresses
+    pid = etcd_server.process.pid
+    mine = [a for a in listening_addresses(pid) if a.endswith(f":{etcd_server.port}")]
+    assert mine == [f"127.0.0.1:{etcd_server.port}"], mine
+    assert all(a.startswith("127.0.0.1:") for a in listening_addresses(pid)), listening_addresses(pid)
 
 
 def test_publish_is_compare_and_set(kv):

@@ -26,6 +26,7 @@ from .spec import ClusterConfig
 log = logging.getLogger(__name__)
 
 LATEST_KEY = "config/latest"
+DEFAULT_POLL_S = 0.05
 
 
 def config_key(version: int) -> str:
@@ -147,6 +148,12 @@ class JobStore:
     def key(self, name: str) -> str:
         return self._prefix + name
 
+    @property
+    def poll_interval(self) -> float:
+        """How often a background thread may look for a change here: a TCPStore answers a poll
+        in microseconds, etcd over HTTP in a millisecond of this process's CPU."""
+        return float(getattr(self.kv, "poll_interval", DEFAULT_POLL_S))
+
     def _call(self, what: str, fn, *args):
         try:
             return fn(*args)
@@ -221,6 +228,7 @@ class JobStore:
         """Ask for ``size`` workers; returns the proposal's sequence number."""
         seq = self.add("proposal/seq", 1)
         self.put_record(f"proposal/{seq}", {"size": int(size), "source": source})
+        self.ring()
         return seq
 
     def proposals_after(self, seen: int) -> tuple[int, list[dict]]:
@@ -232,6 +240,7 @@ class JobStore:
         """Append ``record`` to the numbered ``stream`` (``stream/1``, ``stream/2``, ...)."""
         seq = self.add(f"{stream}/seq", 1)
         self.put_record(f"{stream}/{seq}", record)
+        self.ring()
         return seq
 
     def records_after(self, stream: str, seen: int) -> tuple[int, list[dict]]:
@@ -250,6 +259,7 @@ class JobStore:
 
     def mark_ready(self, worker_id: str) -> None:
         self.set(f"worker/{worker_id}/ready", "1")
+        self.ring()
 
     def is_ready(self, worker_id: str) -> bool:
         return self.has(f"worker/{worker_id}/ready")
@@ -261,9 +271,10 @@ class JobStore:
         key = f"worker/{worker_id}/training"
         return self.has(key) and self.get(key) == b"1"
 
-    def beat(self, worker_id: str) -> None:
-        """A worker's liveness heartbeat: a counter that moves while its process runs."""
-        self.add(f"worker/{worker_id}/beat", 1)
+    def beat(self, worker_id: str, count: int) -> None:
+        """A worker's liveness heartbeat: a number that moves while its process runs (a plain
+        write of the beater's own counter: one round trip, also on etcd)."""
+        self.set(f"worker/{worker_id}/beat", str(count))
 
     def beats(self, worker_ids: Iterable[str]) -> dict[str, int]:
         return {w: self.add(f"worker/{w}/beat", 0) for w in worker_ids}
@@ -278,11 +289,15 @@ class JobStore:
         kv = self.kv
         if isinstance(kv, dist.TCPStore):
             return JobStore(connect_store(kv.host, kv.port), self.job_id, self.signer)
+        another = getattr(kv, "another", None)  # etcd: a connection (HTTP session) per thread
+        if another is not None:
+            return JobStore(another(), self.job_id, self.signer)
         return self
 
     def report_failure(self, version: int, worker_id: str) -> None:
         self.set(f"failed/v{version}/{worker_id}", "1")
         self.add(f"failed/v{version}/count", 1)
+        self.ring()
 
     def failure_reports(self, version: int, members: Iterable[str]) -> list[str]:
         if not self.failures_reported(version):
@@ -293,12 +308,25 @@ class JobStore:
         """Stop the whole job: the first report is the one the launcher shows."""
         if self.add("fatal/count", 1) == 1:
             self.set("fatal", json.dumps({"worker": worker_id, "message": message}))
+        self.ring()
 
     def fatal_report(self) -> dict | None:
         return json.loads(self.get("fatal")) if self.has("fatal") else None
 
     def set_done(self) -> None:
         self.set("done", "1")
+        self.ring()
+
+    # -- the doorbell: one key the launcher's driver polls every tick -------------------------
+
+    def ring(self) -> None:
+        """Say that something the launcher reacts to was written (after writing it)."""
+        self.add("doorbell", 1)
+
+    def doorbell(self) -> int:
+        """The doorbell's count: while it stays put, nothing the launcher reacts to was written,
+        so one read per tick replaces a poll of every key (on etcd each is an HTTP round trip)."""
+        return self.add("doorbell", 0)
 
     def is_done(self) -> bool:
         return self.has("done")
@@ -333,6 +361,25 @@ def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) ->
     except (RuntimeError, OSError) as exc:
         os.close(fd)
         raise StoreError(f"cannot start the job store on {host}:{bound_port}: {exc}") from exc
+
+
+def open_store(url: str, timeout: float = 60.0) -> dist.Store:
+    """A client of the job store at ``url``: ``tcp://HOST:PORT`` (the launcher's TCPStore) or
+    ``etcd://HOST:PORT[,HOST:PORT...]``; both are ``torch.distributed.Store``s (gloo rendezvous)."""
+    if url.startswith("etcd://"):
+        from .etcd import EtcdC10dStore, EtcdKV
+        store = EtcdC10dStore(EtcdKV(url, timeout))
+        try:
+            store.check(["taiji/"])
+        except StoreError as exc:
+            raise StoreError(f"cannot reach the job store {url}: {exc}. Is the launcher (or the etcd cluster) "
+                             "running, and is this host on its network?") from exc
+        return store
+    address = url[len("tcp://"):] if url.startswith("tcp://") else url
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise StoreError(f"bad job store address {url!r}: expected tcp://HOST:PORT or etcd://HOST:PORT")
+    return connect_store(host.strip("[]"), int(port), timeout)
 
 
 def connect_store(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:

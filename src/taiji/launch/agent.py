@@ -14,7 +14,7 @@ import threading
 import time
 
 from ..cluster.auth import Signer
-from ..cluster.store import JobStore, connect_store
+from ..cluster.store import JobStore, open_store
 from ..errors import AuthError, LaunchError, StoreError
 from . import hosts
 from .options import JoinConfig
@@ -41,15 +41,15 @@ class Agent:
 
     def _connect(self) -> None:
         cfg = self.cfg
-        raw = connect_store(cfg.head, cfg.port, cfg.timeout)
+        raw = open_store(cfg.store_url, cfg.timeout)
         job = JobStore(raw, cfg.job_id, Signer(cfg.secret))
         if not job.has(hosts.SPEC):
-            raise LaunchError(f"no job {cfg.job_id} at {cfg.head}:{cfg.port} (the store there does not know it); "
-                              "check the JOB@HOST:PORT that `taiji run` printed")
+            raise LaunchError(f"no job {cfg.job_id} at {cfg.store_url} (the store there does not know it); "
+                              "check the JOB@STORE that `taiji run` printed")
         try:
             self.settings = hosts.read_settings(job)
         except AuthError:
-            raise AuthError(f"job {cfg.job_id} at {cfg.head}:{cfg.port} refused this host: the secret in the "
+            raise AuthError(f"job {cfg.job_id} at {cfg.store_url} refused this host: the secret in the "
                             "--secret-file is not this job's (copy the file `taiji run` printed, unchanged). "
                             "Nothing was changed in the job.") from None
         self.job = job
@@ -89,7 +89,7 @@ class Agent:
         while not self._done.wait(0.2):
             silent = time.monotonic() - self._last_contact
             if silent > self.cfg.timeout:
-                self.say(f"lost the job store at {self.cfg.head}:{self.cfg.port}: no answer for {silent:.0f}s "
+                self.say(f"lost the job store at {self.cfg.store_url}: no answer for {silent:.0f}s "
                          f"(the network between us is down, or the launcher's host is gone): stopping "
                          f"{len(self.sup.running())} worker(s)")
                 self._stop_workers()
@@ -103,7 +103,7 @@ class Agent:
             raise LaunchError(f"host {cfg.host} is the launcher's own host: its workers are started by "
                               "`taiji run` (-np/--nproc-per-node); give this agent its host's address with --host")
         self.host_rank = hosts.register(self.job, cfg.host, cfg.slots, os.getpid())
-        self.say(f"joined job {cfg.job_id} at {cfg.head}:{cfg.port} as host {cfg.host} with {cfg.slots} "
+        self.say(f"joined job {cfg.job_id} at {cfg.store_url} as host {cfg.host} with {cfg.slots} "
                  f"slot(s); command: {' '.join(self.settings.command_here())}")
         self.sup.install_signal_handlers()
         next_beat = 0.0
@@ -137,7 +137,7 @@ class Agent:
                     next_beat = now + BEAT_SECONDS
                 self._last_contact = now
         except StoreError as exc:
-            self.say(f"lost the job store at {cfg.head}:{cfg.port} (the launcher's host died, or the network "
+            self.say(f"lost the job store at {cfg.store_url} (the launcher's host died, or the network "
                      f"between us is down): stopping {len(self.sup.running())} worker(s). ({exc})")
             self._stop_workers()
             return 1

@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--ifname", default=None, metavar="NAME",
                        help="advertise the IPv4 address of this network interface instead of --host")
     run.add_argument("--port", type=int, default=0, help="job store port (default: a free port)")
+    run.add_argument("--store", default="tcp", metavar="tcp|etcd|etcd://HOST:PORT,...",
+                     help="the job store: a TCPStore hosted by the launcher (default), an etcd server it starts "
+                          "(`etcd` binary, package etcd-server), or your etcd cluster")
     run.add_argument("--nproc-per-node", type=int, default=0, metavar="K",
                      help="this host's worker slots; other hosts may then join with `taiji join` and the "
                           "job grows onto their slots up to --max-np (default: one host, no joins)")
@@ -169,19 +172,38 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
                      debug_collectives=args.debug_collectives, min_np=min_np, max_np=max_np,
                      replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures,
                      liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout,
-                     nproc_per_node=args.nproc_per_node)
+                     nproc_per_node=args.nproc_per_node, store=_parse_store(args.store))
+
+
+def _parse_store(store: str) -> str:
+    if store in ("tcp", "etcd"):
+        return store
+    if store.startswith("etcd://"):
+        from ..cluster.etcd import parse_url
+        parse_url(store)
+        return store
+    raise ConfigError(f"--store must be tcp, etcd or etcd://HOST:PORT[,HOST:PORT...], got {store!r}")
 
 
 def parse_join(args: argparse.Namespace) -> JoinConfig:
     from ..cluster.auth import read_secret_file
     job_id, at, address = args.target.partition("@")
-    head, colon, port = address.rpartition(":")
-    if not (job_id and at and head and colon and port.isdigit()):
-        raise ConfigError(f"expected JOB@HOST:PORT (as `taiji run` prints it), got {args.target!r}")
+    if address.startswith("etcd://"):
+        from ..cluster.etcd import parse_url
+        parse_url(address)
+        store_url = address
+    else:
+        head, colon, port = address.rpartition(":")
+        if not (job_id and at and head and colon and port.isdigit()):
+            raise ConfigError(f"expected JOB@HOST:PORT or JOB@etcd://HOST:PORT (as `taiji run` prints it), "
+                              f"got {args.target!r}")
+        store_url = f"tcp://{address}"
+    if not (job_id and at):
+        raise ConfigError(f"expected JOB@HOST:PORT or JOB@etcd://HOST:PORT, got {args.target!r}")
     if args.nproc_per_node < 1:
         raise ConfigError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
     host = interface_address(args.ifname) if args.ifname else args.host
-    return JoinConfig(job_id=job_id, head=head, port=int(port), secret=read_secret_file(args.secret_file),
+    return JoinConfig(job_id=job_id, store_url=store_url, secret=read_secret_file(args.secret_file),
                       slots=args.nproc_per_node, host=host, timeout=args.timeout, grace=args.grace)
 
 

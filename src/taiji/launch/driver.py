@@ -17,16 +17,19 @@ from dataclasses import dataclass, replace
 from ..cluster import auth
 from ..cluster import controller as ctl
 from ..cluster import spec
-from ..cluster.store import JobStore, host_store
+from ..cluster.etcd import parse_url
+from ..cluster.store import JobStore, host_store, open_store
 from ..errors import StoreError
 from . import hosts, registry
 from .control import ControlServer
+from .etcd_server import EtcdServer
 from .supervisor import Supervisor, describe_exit
 from .worker_env import WorkerSettings, worker_env
 
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.02
+ETCD_TICK_SECONDS = 0.05  # each store poll is an HTTP round trip there: look less often
 SNAPSHOT_SECONDS = 0.25  # how often rank 0's progress is read for `taiji status`
 BEAT_POLL_TICKS = 5  # heartbeats are read every 0.1 s: well within the 1 s that tells busy from stuck
 
@@ -41,6 +44,7 @@ class DriverConfig:
     timeout: float = 60.0
     grace: float = 5.0
     slots: int = 0  # workers this host takes; 0: up to max_np (one host)
+    store: str = "tcp"  # tcp (hosted here) | etcd (a server started here) | etcd://HOST:PORT,... (the user's)
 
 
 @dataclass
@@ -55,14 +59,28 @@ class Driver:
     def __init__(self, cfg: DriverConfig, settings: WorkerSettings, output=None):
         self.cfg = cfg
         self.sup = Supervisor(output=output)
-        self.store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
+        self.etcd: EtcdServer | None = None
+        if cfg.store == "tcp":
+            self.store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
+            self.settings = replace(settings, store_host=cfg.host, store_port=self.store.port, store_url="")
+            self.store_address = f"{cfg.host}:{self.store.port}"
+            self.tick = TICK_SECONDS
+        else:
+            if cfg.store == "etcd":
+                self.etcd = EtcdServer(cfg.host, cfg.port).start()
+            url = self.etcd.url if self.etcd is not None else cfg.store
+            self.store = open_store(url, cfg.timeout)
+            host, port = parse_url(url)[0]
+            self.settings = replace(settings, store_host=host, store_port=port, store_url=url)
+            self.store_address = url
+            self.tick = ETCD_TICK_SECONDS
         self.secret = auth.new_secret()
         self.job = JobStore(self.store, cfg.job_id, auth.Signer(self.secret))
-        self.settings = replace(settings, store_host=cfg.host, store_port=self.store.port)
         self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None)
         self.agents: dict[str, hosts.AgentChannel] = {}
         self.remote: dict[str, RemoteWorker] = {}
         self._registrations_seen = 0
+        self._bell = -1
         self.secret_file = registry.secret_file(cfg.job_id)
         self._proposal_seq = 0
         self._beat_counts: dict[str, int] = {}
@@ -172,9 +190,12 @@ class Driver:
             if worker.host == address and worker.exit_code is None:
                 worker.exit_code = -9  # gone with its host
 
-    def _host_events(self, now: float) -> list[ctl.Event]:
+    def _host_events(self, now: float, rang: bool) -> list[ctl.Event]:
+        """Registrations and agents' events (when the doorbell rang), and agents' beats."""
         events: list[ctl.Event] = []
-        self._registrations_seen, found = hosts.registrations_after(self.job, self._registrations_seen)
+        found = []
+        if rang:
+            self._registrations_seen, found = hosts.registrations_after(self.job, self._registrations_seen)
         for record in found:
             address, slots = str(record.get("address")), int(record.get("slots", 0))
             if address == self.cfg.host or address in self.agents:
@@ -185,7 +206,7 @@ class Driver:
             self.say(f"host {address} joined (agent pid {record.get('pid')}, {slots} slot(s))")
             events.append(ctl.HostJoined(address, slots))
         for address, channel in list(self.agents.items()):
-            for event in channel.new_events():
+            for event in (channel.new_events() if rang else []):
                 op = event.get("op")
                 if op == "exit":
                     events.append(self._remote_exit(event))
@@ -289,17 +310,17 @@ class Driver:
     def run(self) -> int:
         cfg = self.cfg
         self.say(f"job {cfg.job_id}: {cfg.nproc} worker(s) (min {cfg.bounds.min_np}, max "
-                 f"{cfg.bounds.max_np}), store {cfg.host}:{self.store.port}, command: "
+                 f"{cfg.bounds.max_np}), store {self.store_address}, command: "
                  f"{' '.join(self.settings.command)}")
         self.say(f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`")
         auth.write_secret_file(self.secret_file, self.secret)
         if cfg.slots:
             self.say(f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
-                     f"`taiji join {cfg.job_id}@{cfg.host}:{self.store.port} --secret-file FILE "
+                     f"`taiji join {cfg.job_id}@{self.store_address} --secret-file FILE "
                      f"--nproc-per-node K --host ITS_IP`")
         hosts.publish_settings(self.job, self.settings)
         self._publish(self.state.config, "start")
-        registry.register(registry.JobEntry.of_this_process(cfg.job_id, cfg.host, self.store.port,
+        registry.register(registry.JobEntry.of_this_process(cfg.job_id, cfg.host, self.settings.store_port,
                                                             self.settings.command, time.time()))
         self._refresh_snapshot(time.monotonic())
         self.control = ControlServer(registry.control_socket(cfg.job_id), lambda: self._snapshot)
@@ -308,23 +329,25 @@ class Driver:
         try:
             self._spawn(self.state.config.workers)
             while True:
-                exited, received = self.sup.wait(timeout=TICK_SECONDS)
+                exited, received = self.sup.wait(timeout=self.tick)
                 if received:
                     name = signal.Signals(received[0]).name
                     self.say(f"received {name}; stopping {len(self.sup.running())} worker(s)")
                     self.sup.stop_all(cfg.grace)
                     self._stop_agents()
                     return 128 + received[0]
-                events = self._done_event()
+                bell = self.job.doorbell()  # one read: did anyone write what we react to?
+                rang, self._bell = bell != self._bell, bell
+                events = self._done_event() if rang else []
                 for worker in exited:
                     assert worker.exit_code is not None
                     if worker.exit_code != 0 and worker.worker_id not in self.state.killed:
                         self.say(f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}")
                     training = self.job.is_training(worker.worker_id)
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
-                events += self._store_events() + self._control_events()
+                events += (self._store_events() if rang else []) + self._control_events()
                 now = time.monotonic()
-                events += self._host_events(now) + self._beat_events(now)
+                events += self._host_events(now, rang) + self._beat_events(now)
                 events.append(ctl.Tick())
                 for event in events:
                     code = self._feed(event)
@@ -345,3 +368,5 @@ class Driver:
             if self.control is not None:
                 self.control.close()
             registry.unregister(cfg.job_id)
+            if self.etcd is not None:
+                self.etcd.stop()

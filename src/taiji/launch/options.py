@@ -25,14 +25,14 @@ class RunConfig:
     liveness_timeout: float = 5.0
     busy_timeout: float = 600.0
     nproc_per_node: int = 0  # this host's slots when other hosts may join; 0: one host
+    store: str = "tcp"        # tcp | etcd | etcd://HOST:PORT[,HOST:PORT...]
 
 
 @dataclass(frozen=True)
 class JoinConfig:
     """What `taiji join` was asked for: the job to join and what this host offers."""
     job_id: str
-    head: str
-    port: int
+    store_url: str  # tcp://HOST:PORT (the launcher's TCPStore) or etcd://HOST:PORT[,...]
     secret: bytes
     slots: int
     host: str

@@ -33,5 +33,5 @@ def run_job(cfg: RunConfig, output=None) -> int:
                         host_timeout=cfg.liveness_timeout)
     driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=cfg.nproc, bounds=bounds,
                               host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace,
-                              slots=cfg.nproc_per_node)
+                              slots=cfg.nproc_per_node, store=cfg.store)
     return Driver(driver_cfg, worker_settings(cfg), output=output).run()

@@ -31,7 +31,7 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _prctl = _libc.prctl
 
 
-def _die_with_parent(parent_pid: int) -> None:  # runs between fork and exec: keep it tiny
+def die_with_parent(parent_pid: int) -> None:  # runs between fork and exec: keep it tiny
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the launcher died before prctl took effect
         os._exit(1)
@@ -113,7 +113,7 @@ class Supervisor:
             popen = subprocess.Popen(
                 list(command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+                preexec_fn=functools.partial(die_with_parent, os.getpid()))
         except FileNotFoundError:
             raise LaunchError(f"cannot start worker {worker_id}: command not found: {command[0]!r}") from None
         except PermissionError:

@@ -19,6 +19,7 @@ class WorkerSettings:
     store_host: str
     store_port: int
     command: tuple[str, ...]
+    store_url: str = ""             # etcd://...: the job store is etcd (else the TCPStore at host:port)
     interpreter: str = ""           # the launcher's Python: an agent runs its own in its place
     timeout: float = env.TIMEOUT.default
     heartbeat: float = env.HEARTBEAT.default
@@ -56,6 +57,7 @@ def worker_env(settings: WorkerSettings, secret: bytes, worker_id: str, rank: in
         env.WORKER_ID.name: worker_id,
         env.STORE_HOST.name: settings.store_host,
         env.STORE_PORT.name: str(settings.store_port),
+        env.STORE_URL.name: settings.store_url,
         env.SECRET.name: secret.hex(),
         env.LAUNCHER_PID.name: str(os.getpid()),
         env.TIMEOUT.name: str(settings.timeout),

@@ -33,9 +33,11 @@ class Heartbeat:
         return self
 
     def _run(self) -> None:
+        count = 0
         while True:
+            count += 1
             try:
-                self.store.beat(self.worker_id)
+                self.store.beat(self.worker_id, count)
             except StoreError:
                 # the launcher is gone or unreachable: the launcher watch (or the next collective)
                 # ends this worker; a heartbeat that cannot be delivered has nothing else to do

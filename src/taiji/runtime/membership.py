@@ -144,7 +144,8 @@ class ElasticMembership(_PeerMembership):
         self._watcher.start()
 
     def _watch(self) -> None:
-        while not self._closed.wait(WATCH_POLL_S):
+        pause = min(WATCH_POLL_S * 4, max(WATCH_POLL_S, self._watch_store.poll_interval))
+        while not self._closed.wait(pause):
             following = max(self._newest, self.peer.version) + 1
             try:
                 if self._watch_store.has(config_key(following)):

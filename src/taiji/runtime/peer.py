@@ -17,7 +17,7 @@ import torch.distributed as dist
 from .. import env
 from ..cluster import spec
 from ..cluster.auth import Signer, secret_from_env
-from ..cluster.store import JobStore, connect_store
+from ..cluster.store import JobStore, open_store
 from ..comm.communicator import CommOptions, Communicator, reap_closed_groups
 from ..comm.default import set_default_provider
 from ..errors import ConfigError, StoreError
@@ -189,7 +189,8 @@ class Peer:
         if not job_id or not worker_id:
             raise ConfigError(f"{env.STORE_PORT.name} is set but {env.JOB_ID.name} or "
                               f"{env.WORKER_ID.name} is missing; start workers with `taiji run`.")
-        raw = connect_store(env.STORE_HOST.get(), env.STORE_PORT.get(), options.timeout)
+        url = env.STORE_URL.get() or f"tcp://{env.STORE_HOST.get()}:{env.STORE_PORT.get()}"
+        raw = open_store(url, options.timeout)
         secret = secret_from_env()
         job_store = JobStore(raw, job_id, Signer(secret) if secret is not None else None)
         try:

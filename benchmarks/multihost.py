@@ -1,0 +1,219 @@
+"""Membership changes across hosts: taiji's agents vs torchrun multi-node, side by side, on
+emulated hosts (network namespaces behind a bridge, tests/_netns.py; needs root).
+
+The same training script as ``benchmarks/elastic.py`` (``_elastic_train.py``: an MLP of 1.05M
+parameters; taiji.Job under ``taiji run``, DDP with a checkpoint after every step under torchrun)
+runs on host 0, then on hosts 0 and 1, one worker per host; gloo goes over each host's ``eth0``
+(``GLOO_SOCKET_IFNAME``). All figures come from the processes' step logs.
+
+- **grow onto a new host** — the stall of the worker that keeps running: (first commit at 2 workers
+  - last commit at 1) - one normal step at 2. taiji: `taiji join` on host 1; the job grows when
+  the joiner is ready. torchrun: its restart path across nodes: stop the one-node job and start a
+  two-node one (c10d rendezvous hosted by host 0's agent), resuming from the checkpoint.
+- **host loss** — seconds from SIGKILL of host 1's agent (its workers die with it) to the next
+  committed step on host 0. taiji: the host is dropped in one version and the survivor retries
+  the step. torchrun: `--nnodes 1:2 --max-restarts 1`: the surviving agent restarts its worker
+  in a new rendezvous round, from the checkpoint. If it does not commit a step within
+  ``--fault-wait`` seconds, the row reports that wait as a lower bound.
+
+    .venv/bin/python benchmarks/multihost.py --quick     # one repetition, ~2 min
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _common import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
+from _elastic_analysis import taiji_change_figures, torchrun_change_figures  # noqa: E402
+from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for  # noqa: E402
+from _netns import EmulatedHosts, unavailable  # noqa: E402
+
+PORT = 29400
+
+
+def in_host(hosts: EmulatedHosts, i: int, argv: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", hosts.ns(i), *argv]
+
+
+def _kill_session(job: LaunchedJob) -> float:
+    hit = time.time()
+    os.killpg(job.session.popen.pid, signal.SIGKILL)
+    return hit
+
+
+def taiji_side(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
+    log = StepLog(out, "taiji")
+    job_id = "jbench"
+    env = dict(env, TAIJI_HOME=str(out / "home"))
+    deadline = time.monotonic() + args.timeout
+    cli = [sys.executable, "-m", "taiji.launch.cli"]
+    head = LaunchedJob("taiji-head", in_host(hosts, 0, [
+        *cli, "run", "-np", "1", "--nproc-per-node", "1", "--max-np", "2", "--host", hosts.address(0),
+        "--port", str(PORT), "--job-id", job_id, "--timeout", str(args.collective_timeout),
+        "--liveness-timeout", "2", "--run-dir", str(out / "run"), "--", *train_args(args, out)]), out, env, log)
+    jobs = [head]
+    try:
+        def w0(version: int | None = None) -> list[dict]:
+            return [c for c in log.select("commit", worker="w0") if version is None or c["version"] == version]
+        wait_for(lambda: len(w0()) >= args.warm, log, jobs, deadline, "warm-up steps")
+        requested = time.time()
+        agent = LaunchedJob("taiji-agent", in_host(hosts, 1, [
+            *cli, "join", f"{job_id}@{hosts.address(0)}:{PORT}", "--secret-file",
+            str(out / "home" / "jobs" / f"{job_id}.secret"), "--nproc-per-node", "1", "--host", hosts.address(1),
+            "--timeout", "5"]), out, env, log)
+        jobs.append(agent)
+        wait_for(lambda: len(w0(2)) >= args.settle, log, jobs, deadline, f"{args.settle} steps on two hosts")
+        grow = taiji_change_figures(log.records, {"to_version": 2, "to_size": 2, "requested": requested}, args.settle)
+        hit = _kill_session(agent)
+        first = wait_for(lambda: [c for c in w0() if c["version"] > 2 and c["time"] > hit], log, [head], deadline,
+                         "a step after the host loss")[0]
+        (out / "stop").touch()
+        head.session.wait(max(deadline - time.monotonic(), 1.0))
+        return {"grow": grow, "host_loss": {"resume_s": first["time"] - hit, "to_size": first["size"],
+                                            "step_ms": median(b["time"] - a["time"] for a, b in
+                                                              zip(w0(1), w0(1)[1:])) * 1e3}}
+    finally:
+        for job in jobs:
+            job.close()
+
+
+def torchrun_cmd(hosts: EmulatedHosts, i: int, nnodes: str, rdzv_port: int, args: argparse.Namespace,
+                 out: Path, tag: str, restarts: int) -> list[str]:
+    conf = "is_host=1,last_call_timeout=3" if i == 0 else "is_host=0,last_call_timeout=3"
+    return in_host(hosts, i, [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.address(0)}:{rdzv_port}", "--rdzv-id", f"b{tag}",
+        "--rdzv-conf", conf, "--local-addr", hosts.address(i), "--max-restarts", str(restarts),
+        "--monitor-interval", "0.1",
+        *train_args(args, out, "--checkpoint", str(out / "ckpt.pt"), "--tag", tag,
+                    "--timeout", str(args.collective_timeout))[1:]])
+
+
+def torchrun_side(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
+    log = StepLog(out, "torchrun")
+    deadline = time.monotonic() + args.timeout + args.fault_wait
+    jobs: list[LaunchedJob] = []
+    try:
+        jobs.append(LaunchedJob("torchrun-0", torchrun_cmd(hosts, 0, "1", PORT + 1, args, out, "0", 0), out, env, log))
+        wait_for(lambda: len(log.select("commit", tag="0", rank=0)) >= args.warm, log, jobs, deadline, "warm-up steps")
+        change = {"to_size": 2, "tag": "1", "requested": time.time()}
+        jobs[0].session.terminate(20.0)
+        change["stopped"] = time.time()
+        jobs.pop(0).close()
+        # two agents; 1:2 nodes and one restart allowed, so the same job can then lose host 1
+        jobs = [LaunchedJob(f"torchrun-1-h{i}", torchrun_cmd(hosts, i, "1:2", PORT + 2, args, out, "1", 1),
+                            out, env, log) for i in (0, 1)]
+        change["agent_started"] = jobs[0].started
+        wait_for(lambda: len([c for c in log.select("commit", tag="1", rank=0, size=2)]) >= args.settle, log, jobs,
+                 deadline, f"{args.settle} steps on two hosts")
+        grow = torchrun_change_figures(log.records, change, args.settle)
+        hit = _kill_session(jobs[1])
+        lost = jobs.pop(1)
+        lost.close()
+        loss: dict = {}
+        try:
+            first = wait_for(lambda: [c for c in log.select("commit", tag="1", rank=0) if c["time"] > hit
+                                      and c.get("size") == 1], log, jobs, time.monotonic() + args.fault_wait,
+                             "a step after the host loss")[0]
+            loss = {"resume_s": first["time"] - hit, "outcome": "restarted on one host"}
+        except (TimeoutError, RuntimeError) as exc:
+            loss = {"resume_s": None, "lower_bound_s": args.fault_wait,
+                    "outcome": f"no step within {args.fault_wait:g}s" +
+                               (" (the surviving agent exited)" if isinstance(exc, RuntimeError) else "")}
+        jobs[0].session.terminate(10.0)
+        return {"grow": grow, "host_loss": loss}
+    finally:
+        for job in jobs:
+            job.close()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one repetition (~2 min)")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions (default: 1 quick, 3 full)")
+    parser.add_argument("--warm", type=int, default=10)
+    parser.add_argument("--settle", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--step-delay", type=float, default=0.01)
+    parser.add_argument("--collective-timeout", type=float, default=5.0,
+                        help="collective timeout, both sides (a lost host is noticed within it at worst)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="hard limit per side, seconds")
+    parser.add_argument("--fault-wait", type=float, default=60.0,
+                        help="how long to wait for torchrun to commit a step after the host loss")
+    parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    args = parser.parse_args(argv)
+    args.reps = args.reps or (1 if args.quick else 3)
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    reap_on_sigterm()
+    why = unavailable()
+    if why:
+        print(f"# multihost: no emulated hosts here ({why}); nothing measured", file=sys.stderr)
+        print_result("multihost", [], skipped=why)
+        return
+    base = Path(tempfile.mkdtemp(prefix="taiji-multihost-"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="eth0",
+               OMP_NUM_THREADS="1")
+    runs: dict[str, list[dict]] = {"taiji": [], "torchrun": []}
+    errors: list[str] = []
+    try:
+        for rep in range(args.reps):
+            order = [("taiji", taiji_side), ("torchrun", torchrun_side)]
+            for name, side in (order if rep % 2 == 0 else order[::-1]):
+                out = base / f"{name}-{rep}"
+                out.mkdir()
+                t0 = time.monotonic()
+                try:
+                    with EmulatedHosts(2) as hosts:
+                        runs[name].append(side(args, hosts, out, env))
+                except Exception:
+                    errors.append(f"{name} rep {rep}: {traceback.format_exc(limit=3)}")
+                print(f"# {name} rep {rep}: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            print(f"# run directories kept in {base}", file=sys.stderr)
+
+    def med(side: str, *path: str) -> float | None:
+        values = []
+        for run in runs[side]:
+            value = run
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is not None:
+                values.append(value)
+        return round(median(values), 4) if values else None
+
+    rows = [contract_row("grow onto a new host: stall of running workers (s)", med("taiji", "grow", "stall_s"),
+                         med("torchrun", "grow", "stall_s"), higher_is_better=False,
+                         taiji_all=[r["grow"]["stall_s"] for r in runs["taiji"]],
+                         anchor_all=[r["grow"]["stall_s"] for r in runs["torchrun"]]),
+            contract_row("host loss: kill -> next committed step (s)", med("taiji", "host_loss", "resume_s"),
+                         med("torchrun", "host_loss", "resume_s") or med("torchrun", "host_loss", "lower_bound_s"),
+                         higher_is_better=False,
+                         anchor_outcome=[r["host_loss"]["outcome"] for r in runs["torchrun"]],
+                         anchor_is_lower_bound=med("torchrun", "host_loss", "resume_s") is None)]
+    for row in rows:
+        print(f"# {row['case']}: taiji {row['taiji']}  torchrun {row['anchor']}  ratio {row['ratio']}",
+              file=sys.stderr)
+    for error in errors:
+        print(f"# error: {error}", file=sys.stderr)
+    print_result("multihost", rows, reps=args.reps, quick=args.quick, errors=len(errors),
+                 details={"taiji": runs["taiji"], "torchrun": runs["torchrun"]})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The control plane's cost per training step: the same job on the etcd store vs the TCPStore.
+
+``taiji run -np 2`` on ``_elastic_train.py`` (the MLP of ``benchmarks/elastic.py``), once with
+``--store tcp`` (hosted by the launcher) and once with ``--store etcd`` (a local etcd server the
+launcher starts), in alternating order per repetition. In steady state a worker touches the store
+only from background threads (its heartbeat, its config watcher) and the launcher polls it every
+tick; all of that shares the machine with training, so its cost shows as a longer step. The
+figure is the median step time after the warm-up, etcd vs TCP, paired per repetition.
+
+    .venv/bin/python benchmarks/store_cost.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import contract_row, interleaved, median, paired_ratio, print_result, reap_on_sigterm  # noqa: E402
+from _elastic_analysis import step_intervals  # noqa: E402
+from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for  # noqa: E402
+
+
+def run(args: argparse.Namespace, store: str, out: Path) -> float:
+    """Median step seconds of rank 0 after the warm-up, on ``store``."""
+    log = StepLog(out, "taiji")
+    cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--store", store, "--job-id",
+           f"cost{os.getpid()}{store}", "--run-dir", str(out / "run"), "--",
+           *train_args(args, out, "--max-steps", str(args.warm + args.steps))]
+    job = LaunchedJob(f"taiji-{store}", cmd, out, dict(os.environ, TAIJI_HOME=str(out / "home")), log)
+    try:
+        deadline = time.monotonic() + args.timeout
+        wait_for(lambda: len(log.select("commit", worker="w0")) >= args.warm + args.steps, log, [job], deadline,
+                 f"{args.warm + args.steps} steps")
+        job.session.wait(max(deadline - time.monotonic(), 1.0))
+        commits = log.select("commit", worker="w0")[args.warm:]
+        return median(step_intervals(commits))
+    finally:
+        job.close()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 repetitions of 150 steps")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per run")
+    parser.add_argument("--warm", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--step-delay", type=float, default=0.0)
+    parser.add_argument("--timeout", type=float, default=180.0)
+    args = parser.parse_args(argv)
+    args.reps = args.reps or (2 if args.quick else 5)
+    args.steps = args.steps or (150 if args.quick else 400)
+    reap_on_sigterm()
+    if shutil.which("etcd") is None:
+        print("# store_cost: no etcd binary (apt-get install -y etcd-server); nothing measured", file=sys.stderr)
+        print_result("store_cost", [], skipped="no etcd binary")
+        return
+    base = Path(tempfile.mkdtemp(prefix="taiji-store-cost-"))
+    steps: dict[str, list[float]] = {"etcd": [], "tcp": []}
+    try:
+        for rep in range(args.reps):
+            for store in interleaved(["etcd", "tcp"], rep):
+                out = base / f"{store}-{rep}"
+                out.mkdir()
+                steps[store].append(run(args, store, out))
+                print(f"# rep {rep} {store}: {steps[store][-1] * 1e3:.2f} ms/step", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    ratio = paired_ratio(steps["etcd"], steps["tcp"])
+    row = contract_row("step time, etcd store vs TCPStore (ms, 2 workers, MLP)", round(median(steps["etcd"]) * 1e3, 3),
+                       round(median(steps["tcp"]) * 1e3, 3), higher_is_better=False, ratio=ratio,
+                       etcd_all_ms=[round(s * 1e3, 3) for s in steps["etcd"]],
+                       tcp_all_ms=[round(s * 1e3, 3) for s in steps["tcp"]],
+                       overhead_pct=round((1 / ratio - 1) * 100, 2))
+    print(f"# etcd vs tcp: {row['taiji']} vs {row['anchor']} ms/step, overhead {row['overhead_pct']}%", file=sys.stderr)
+    print_result("store_cost", [row], reps=args.reps, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""etcd v3 as a job store, through its HTTP/JSON gateway (client: ``etcd3gw``, which needs only
+``requests``; the gRPC clients break on current protobuf releases — ../shared/MULTIHOST.md §3a).
+
+``EtcdKV`` gives etcd the semantics taiji relies on from ``torch.distributed.TCPStore`` (the
+``KeyValue`` protocol of cluster/store.py): blocking ``get``/``wait`` with a timeout,
+compare-and-set (a transaction on the key's value, or on its absence), atomic ``add`` (a
+transaction on the key's modification revision, retried on a race). ``EtcdC10dStore`` wraps it as
+a ``torch.distributed.Store`` so gloo's rendezvous runs on the same etcd. Waits poll with a short
+backoff: a worker's config watcher and a group's rendezvous wait seldom and briefly.
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+from ..errors import ConfigError, StoreError
+
+POLL_START_S = 0.005
+POLL_MAX_S = 0.05
+
+
+def _b64(data: str | bytes) -> str:
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    return base64.b64encode(raw).decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def parse_url(url: str) -> list[tuple[str, int]]:
+    """``etcd://h1:2379,h2:2379`` -> [(h1, 2379), (h2, 2379)]."""
+    if not url.startswith("etcd://"):
+        raise ConfigError(f"an etcd store URL starts with etcd://, got {url!r}")
+    endpoints = []
+    for part in url[len("etcd://"):].split(","):
+        host, colon, port = part.rpartition(":")
+        if not (host and colon and port.isdigit()):
+            raise ConfigError(f"expected etcd://HOST:PORT[,HOST:PORT...], got {url!r}")
+        endpoints.append((host.strip("[]"), int(port)))
+    return endpoints
+
+
+class EtcdKV:
+    """One connection (an HTTP session) to an etcd cluster; give each thread its own."""
+
+    def __init__(self, url: str, timeout: float = 60.0):
+        try:
+            from etcd3gw.client import Etcd3Client
+            from etcd3gw import exceptions
+        except ImportError:
+            raise ConfigError("the etcd store needs the etcd3gw package: pip install 'taiji[etcd]'") from None
+        self.url = url
+        self._timeout = timeout
+        self._errors = (exceptions.Etcd3Exception,)
+        self._clients = [Etcd3Client(host=h, port=p, timeout=min(timeout, 10.0)) for h, p in parse_url(url)]
+        self._current = 0
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _post(self, path: str, payload: dict) -> dict:
+        """POST to the first endpoint that answers (the others are tried in turn)."""
+        last: Exception | None = None
+        for attempt in range(len(self._clients)):
+            client = self._clients[(self._current + attempt) % len(self._clients)]
+            try:
+                result = client.post(client.get_url(path), json=payload)
+                self._current = (self._current + attempt) % len(self._clients)
+                return result
+            except self._errors as exc:
+                last = exc
+        raise StoreError(f"etcd at {self.url} did not answer {path}: {last}")
+
+    def _range(self, key: str) -> dict | None:
+        kvs = self._post("/kv/range", {"key": _b64(key)}).get("kvs")
+        return kvs[0] if kvs else None
+
+    def _txn(self, compare: list[dict], success: list[dict], failure: list[dict]) -> dict:
+        return self._post("/kv/txn", {"compare": compare, "success": success, "failure": failure})
+
+    # -- the KeyValue protocol -------------------------------------------------------------
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._timeout = timeout.total_seconds()
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._post("/kv/put", {"key": _b64(key), "value": _b64(value)})
+
+    def _value(self, key: str) -> bytes | None:
+        kv = self._range(key)
+        return None if kv is None else _unb64(kv.get("value", ""))
+
+    def get(self, key: str) -> bytes:
+        self.wait([key], datetime.timedelta(seconds=self._timeout))
+        value = self._value(key)
+        if value is None:
+            raise StoreError(f"etcd key {key!r} vanished while being read")
+        return value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(self._range(k) is not None for k in keys)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        limit = self._timeout if timeout is None else timeout.total_seconds()
+        deadline = time.monotonic() + limit
+        pause = POLL_START_S
+        missing = list(keys)
+        while True:
+            missing = [k for k in missing if self._range(k) is None]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise StoreError(f"etcd at {self.url}: wait timeout after {limit:g}s for keys {missing}")
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+            pause = min(pause * 2, POLL_MAX_S)
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        """TCPStore's semantics: set ``desired`` if the value is ``expected`` (an empty ``expected``:
+        if the key is absent); return the value after the call (``expected`` if absent and not set)."""
+        want = expected.encode() if isinstance(expected, str) else bytes(expected)
+        new = desired.encode() if isinstance(desired, str) else bytes(desired)
+        if want == b"":
+            compare = [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
+        else:
+            compare = [{"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(want)}]
+        result = self._txn(compare, [{"request_put": {"key": _b64(key), "value": _b64(new)}}],
+                           [{"request_range": {"key": _b64(key)}}])
+        if result.get("succeeded"):
+            return new
+        kvs = result["responses"][0]["response_range"].get("kvs")
+        return _unb64(kvs[0].get("value", "")) if kvs else want
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomic add; a pure read when ``amount`` is 0."""
+        while True:
+            kv = self._range(key)
+            current = int(_unb64(kv.get("value", "")) or b"0") if kv else 0
+            if amount == 0:
+                return current
+            if kv is None:
+                compare = [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
+            else:
+                compare = [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": kv["mod_revision"]}]
+            value = current + amount
+            if self._txn(compare, [{"request_put": {"key": _b64(key), "value": _b64(str(value))}}], []).get("succeeded"):
+                return value
+
+    def delete_key(self, key: str) -> bool:
+        return int(self._post("/kv/deleterange", {"key": _b64(key)}).get("deleted", 0)) > 0
+
+    def another(self) -> "EtcdKV":
+        return EtcdKV(self.url, self._timeout)
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.session.close()
+
+
+class EtcdC10dStore(dist.Store):
+    """A ``torch.distributed.Store`` on etcd, for gloo's rendezvous (process groups)."""
+
+    poll_interval = 0.2  # background pollers (a worker's config watcher) look this often
+
+    def __init__(self, kv: EtcdKV):
+        super().__init__()
+        self.kv = kv
+
+    def set(self, key: str, value: Any) -> None:
+        self.kv.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        return self.kv.get(key)
+
+    def add(self, key: str, value: int) -> int:
+        return self.kv.add(key, value)
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return self.kv.compare_set(key, expected, desired)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.kv.check(keys)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        self.kv.wait(keys, timeout)
+
+    def delete_key(self, key: str) -> bool:
+        return self.kv.delete_key(key)
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self.kv.set_timeout(timeout)
+
+    def another(self) -> "EtcdC10dStore":
+        return EtcdC10dStore(self.kv.another())
+
+    def clone(self) -> "EtcdC10dStore":  # gloo clones its store for its own threads
+        return self.another()
+
+    def num_keys(self) -> int:
+        return 0  # not kept: taiji never asks, and counting would scan every job's keys
