@@ -307,7 +307,7 @@ class HostsJob:
         wait_for(self.secret_file.exists, 60, "the launcher to write the job's secret file")
 
     def join(self, i: int, slots: int, secret_file: Path | None = None, extra: Sequence[str] = ()) -> subprocess.Popen:
-        where = f"{self.head}:{self.PORT}" if self.store == "tcp" else f"etcd://{self.head}:{self.PORT}"
+        where = {"tcp": f"{self.head}:{self.PORT}", "etcd": f"etcd://{self.head}:{self.PORT}"}.get(self.store, self.store)
         args = [sys.executable, "-m", "taiji.launch.cli", "join", f"{self.job_id}@{where}",
                 "--secret-file", str(secret_file or self.secret_file), "--nproc-per-node", str(slots),
                 "--host", self.hosts.address(i), "--timeout", "5", *extra]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 
 import pytest
 
@@ -131,4 +132,30 @@ def test_etcd_store_grow_across_hosts_then_lose_an_agent(hosts3, tmp_path):
     assert job.finish() == 0, job.log()[-4000:]
     assert "drop failed w2, w3" in job.log(), job.log()[-3000:]
     assert check_invariants(tmp_path, 16)["sizes"] == [2, 4, 2]
+    _no_process_left(hosts3, 0, 1)
+
+
+@pytest.mark.skipif(shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)")
+def test_etcd_head_killed_an_agent_takes_over_and_training_goes_on(hosts3, tmp_path):
+    """The store on a third host (the user's etcd); the launcher's host dies; the agent of host 1
+    wins the election, drops host 0's workers in one version, and the job trains to its end."""
+    etcd_host = hosts3.address(2)
+    data = tmp_path / "etcd-data"
+    etcd = hosts3.popen(2, ["etcd", "--name", "e", "--data-dir", str(data), "--listen-client-urls",
+                            f"http://{etcd_host}:2379", "--advertise-client-urls", f"http://{etcd_host}:2379",
+                            "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls",
+                            "http://127.0.0.1:2380", "--initial-cluster", "e=http://127.0.0.1:2380",
+                            "--heartbeat-interval", "10", "--election-timeout", "100", "--log-level", "warn"],
+                        stdout=open(tmp_path / "etcd.log", "w"), stderr=subprocess.STDOUT)
+    job = HostsJob(hosts3, tmp_path, store=f"etcd://{etcd_host}:2379")
+    _grown_to_four(job)
+    job.launcher.send_signal(signal.SIGKILL)  # the launcher's host dies: its workers die with it
+    agent = job.agents[1]
+    assert agent.wait(timeout=150) == 0, job.log("agent1")[-4000:]
+    log = job.log("agent1")
+    assert "took over job" in log and f"host {hosts3.address(0)} is lost" in log, log[-3000:]
+    assert "drop failed w0, w1" in log, log[-3000:]
+    result = check_invariants(tmp_path, 16)
+    assert result["sizes"] == [2, 4, 2], result
+    assert etcd.poll() is None
     _no_process_left(hosts3, 0, 1)

@@ -222,3 +222,55 @@ def test_join_arguments_are_checked(tmp_path):
         _join_args("j@h:1", "--nproc-per-node", "1", "--host", H2)  # no --secret-file: argparse refuses
     assert isinstance(_join_args("j@h:1", "--secret-file", "-", "--nproc-per-node", "1", "--host", H2),
                       argparse.Namespace)
+
+
+# -- taking over a running job's controller (etcd mode) -----------------------------------------
+
+def test_exactly_one_agent_wins_the_election_and_terms_increase():
+    import threading
+    job = JobStore(FakeStore(), "j", auth.Signer(auth.new_secret()))
+    wins, barrier = [], threading.Barrier(6)
+
+    def contend(i):
+        barrier.wait()
+        wins.append(hosts.elect(job, f"10.0.0.{i}", b""))
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sum(wins) == 1
+    first = hosts.owner(job)
+    assert first.startswith(b"1:")
+    assert not hosts.elect(job, H3, b""), "it judged the launcher's controller, which was replaced since"
+    assert hosts.elect(job, H3, first) and hosts.owner(job) == f"2:{H3}".encode()
+
+
+def test_adopted_state_drops_the_dead_controllers_host_in_one_version():
+    from taiji.cluster.controller import Host, adopted_state
+    config = ClusterConfig(2, (WorkerSpec("w0", HEAD), WorkerSpec("w1", HEAD), WorkerSpec("w2", H2),
+                               WorkerSpec("w3", H2)))
+    s = adopted_state(config, Bounds(max_np=4), (Host(H2, 2), Host(HEAD, 2)), 1003, now=10.0)
+    assert s.desired == 4 and set(s.beats) == {"w0", "w1", "w2", "w3"} and set(s.host_beats) == {HEAD}
+    s, acts = run(s, HostLost(HEAD, "controller gone"), now=10.1)
+    [pub] = of(acts, Publish)
+    assert pub.config.ids == ("w2", "w3") and pub.config.version == 3
+    s, acts = run(s, Proposal(4), now=10.2)
+    assert not of(acts, Spawn), "the dead host's slots left the pool; host 1's are full"
+    s, acts = run(s, HostJoined(H3, 2), now=10.3)
+    assert [sp.ids for sp in of(acts, Spawn)] == [("w1003", "w1004")], "new ids past the old controller's"
+
+
+def test_bounds_and_controller_records_round_trip():
+    job = JobStore(FakeStore(), "j", auth.Signer(auth.new_secret()))
+    bounds = Bounds(min_np=2, max_np=7, replace=True, host_timeout=3.5)
+    hosts.publish_bounds(job, bounds)
+    assert hosts.read_bounds(job) == bounds
+    hosts.publish_controller(job, HEAD, 42, 2, survivable=True)
+    assert hosts.read_controller(job) == {"host": HEAD, "pid": 42, "slots": 2, "survivable": True}
+    hosts.beat_controller(job, 5)
+    assert hosts.controller_beat(job) == 5
+    channel = hosts.AgentChannel(job, H2)
+    channel.report({"op": "exit", "id": "w9", "code": 0})
+    channel.skip_past_events()
+    assert channel.new_events() == []

@@ -132,6 +132,16 @@ def initial_state(size: int, bounds: Bounds, host: str = "127.0.0.1", slots: int
                            hosts=(Host(host, slots),), next_index=size)
 
 
+def adopted_state(config: spec.ClusterConfig, bounds: Bounds, hosts: tuple[Host, ...], next_index: int,
+                  now: float) -> ControllerState:
+    """The state of a controller taking over a running job (its launcher's host died): the latest
+    published ``config``, ``hosts`` with the new controller's own host first; every member and
+    every other host counts as just heard from, so only real silence is judged from here on."""
+    return ControllerState(config=config, bounds=bounds, desired=config.size, hosts=hosts,
+                           next_index=next_index, beats={w: now for w in config.ids},
+                           host_beats={h.address: now for h in hosts[1:]})
+
+
 Reaction = tuple[ControllerState, list[Action]]
 
 

@@ -185,6 +185,9 @@ class JobStore:
         raw = self.get(name)
         return self.signer.open(self.key(name), raw) if self.signer else unsealed(raw)
 
+    def compare_set(self, name: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        return self._call(f"compare_set {name}", self.kv.compare_set, self.key(name), expected, desired)
+
     def latest_version(self) -> int:
         """The newest published config version, or 0 if none is published yet."""
         if not self.has(LATEST_KEY):

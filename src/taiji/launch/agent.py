@@ -35,6 +35,11 @@ class Agent:
         self.host_rank = 0
         self._last_contact = time.monotonic()
         self._done = threading.Event()
+        self._controller_beat = -1
+        self._controller_heard = time.monotonic()
+        self._owner_seen = b""
+        self._survivable: bool | None = None  # read once the controller has announced itself
+        self._host_timeout = 5.0
 
     def say(self, text: str) -> None:
         self.sup.write(f"taiji join: {text}\n")
@@ -95,6 +100,36 @@ class Agent:
                 self._stop_workers()
                 os._exit(1)
 
+    def _controller_gone(self, now: float) -> bool:
+        """Has the job's controller been silent for the host timeout, where another may take over
+        (the store outlives its host)? Never with the launcher's own store."""
+        assert self.job is not None
+        if self._survivable is None:
+            if not self.job.has(hosts.CONTROLLER):
+                return False
+            self._survivable = bool(hosts.read_controller(self.job).get("survivable"))
+            self._host_timeout = hosts.read_bounds(self.job).host_timeout
+        if not self._survivable:
+            return False
+        beat = hosts.controller_beat(self.job)
+        if beat != self._controller_beat:
+            self._controller_beat, self._controller_heard = beat, now
+            self._owner_seen = hosts.owner(self.job)  # the term of the controller that beats
+            return False
+        return now - self._controller_heard > self._host_timeout
+
+    def _take_over(self) -> int | None:
+        """Become the job's controller if this agent wins the election; its exit code if it did."""
+        from .takeover import take_over
+        assert self.job is not None and self.settings is not None
+        won = take_over(self.cfg, self.job, self.settings, self.sup, self.cfg.secret, self._owner_seen)
+        if won is None:
+            self._controller_heard = time.monotonic()  # another agent won: give it time to beat
+            return None
+        driver, lost = won
+        self._done.set()  # the driver's loop talks to the store from here on
+        return driver.resume(lost, f"the controller on {lost} stopped beating")
+
     def run(self) -> int:
         cfg = self.cfg
         self._connect()
@@ -135,6 +170,10 @@ class Agent:
                 if now >= next_beat:
                     self.channel.beat()
                     next_beat = now + BEAT_SECONDS
+                    if self._controller_gone(now):
+                        code = self._take_over()
+                        if code is not None:
+                            return code
                 self._last_contact = now
         except StoreError as exc:
             self.say(f"lost the job store at {cfg.store_url} (the launcher's host died, or the network "

@@ -56,32 +56,28 @@ class RemoteWorker:
 
 
 class Driver:
-    def __init__(self, cfg: DriverConfig, settings: WorkerSettings, output=None):
+    """The controller's loop. ``Driver.launch`` hosts (or opens) the store and starts a job
+    (`taiji run`); launch/takeover.py builds one from a running job's store for an agent that
+    takes over when the launcher's host dies (etcd mode)."""
+
+    def __init__(self, cfg: DriverConfig, settings: WorkerSettings, sup: Supervisor, job: JobStore,
+                 secret: bytes, state: ctl.ControllerState, *, store_address: str, tick: float,
+                 etcd: EtcdServer | None = None):
         self.cfg = cfg
-        self.sup = Supervisor(output=output)
-        self.etcd: EtcdServer | None = None
-        if cfg.store == "tcp":
-            self.store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
-            self.settings = replace(settings, store_host=cfg.host, store_port=self.store.port, store_url="")
-            self.store_address = f"{cfg.host}:{self.store.port}"
-            self.tick = TICK_SECONDS
-        else:
-            if cfg.store == "etcd":
-                self.etcd = EtcdServer(cfg.host, cfg.port).start()
-            url = self.etcd.url if self.etcd is not None else cfg.store
-            self.store = open_store(url, cfg.timeout)
-            host, port = parse_url(url)[0]
-            self.settings = replace(settings, store_host=host, store_port=port, store_url=url)
-            self.store_address = url
-            self.tick = ETCD_TICK_SECONDS
-        self.secret = auth.new_secret()
-        self.job = JobStore(self.store, cfg.job_id, auth.Signer(self.secret))
-        self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None)
+        self.settings = settings
+        self.sup = sup
+        self.job = job
+        self.secret = secret
+        self.state = state
+        self.store_address = store_address
+        self.tick = tick
+        self.etcd = etcd
         self.agents: dict[str, hosts.AgentChannel] = {}
         self.remote: dict[str, RemoteWorker] = {}
         self._registrations_seen = 0
         self._bell = -1
         self.secret_file = registry.secret_file(cfg.job_id)
+        self._controller_beats = 0
         self._proposal_seq = 0
         self._beat_counts: dict[str, int] = {}
         self._ticks = 0
@@ -91,6 +87,27 @@ class Driver:
         self._snapshot_at = float("-inf")
         self._progress: dict | None = None
         self.control: ControlServer | None = None
+
+    @staticmethod
+    def launch(cfg: DriverConfig, settings: WorkerSettings, output=None) -> "Driver":
+        """`taiji run`'s driver: the store hosted here (TCPStore or an etcd server) or opened."""
+        etcd: EtcdServer | None = None
+        if cfg.store == "tcp":
+            store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
+            settings = replace(settings, store_host=cfg.host, store_port=store.port, store_url="")
+            address, tick = f"{cfg.host}:{store.port}", TICK_SECONDS
+        else:
+            if cfg.store == "etcd":
+                etcd = EtcdServer(cfg.host, cfg.port).start()
+            url = etcd.url if etcd is not None else cfg.store
+            store = open_store(url, cfg.timeout)
+            host, port = parse_url(url)[0]
+            settings = replace(settings, store_host=host, store_port=port, store_url=url)
+            address, tick = url, ETCD_TICK_SECONDS
+        secret = auth.new_secret()
+        return Driver(cfg, settings, Supervisor(output=output), JobStore(store, cfg.job_id, auth.Signer(secret)),
+                      secret, ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None),
+                      store_address=address, tick=tick, etcd=etcd)
 
     def say(self, text: str) -> None:
         self.sup.write(f"taiji: {text}\n")
@@ -110,7 +127,7 @@ class Driver:
                 continue
             local_size = min(self.state.hosts[0].slots, size)
             local_rank = self.sup.free_local_rank()
-            self.sup.spawn(worker.id, rank, self.settings.command,
+            self.sup.spawn(worker.id, rank, self.settings.command_here(),
                            worker_env(self.settings, self.secret, worker.id, rank, size, host=self.cfg.host,
                                       local_rank=local_rank, local_size=local_size),
                            local_rank=local_rank)
@@ -179,9 +196,16 @@ class Driver:
 
     # -- other hosts' agents -------------------------------------------------------------
 
+    def skip_past_records(self) -> None:
+        """Take over a running job: react only to proposals and registrations written from now on."""
+        self._proposal_seq = self.job.add("proposal/seq", 0)
+        self._registrations_seen = self.job.add(f"{hosts.REGISTRATIONS}/seq", 0)
+
     def _release_host(self, address: str) -> None:
         """The controller dropped host ``address``: tell its agent to stop (if it can still hear)."""
-        channel = self.agents.pop(address)
+        channel = self.agents.pop(address, None)
+        if channel is None:
+            return
         try:
             channel.send({"op": "stop", "reason": "the launcher declared this host lost"})
         except StoreError:
@@ -270,6 +294,8 @@ class Driver:
         self._ticks += 1
         if self._ticks % BEAT_POLL_TICKS:
             return []
+        self._controller_beats += 1
+        hosts.beat_controller(self.job, self._controller_beats)
         running = [w.worker_id for w in self.sup.running()] + [
             wid for wid, w in self.remote.items() if w.exit_code is None]
         counts = self.job.beats(running)
@@ -308,26 +334,45 @@ class Driver:
     # -- main loop ------------------------------------------------------------------------
 
     def run(self) -> int:
+        """Start the job: publish its settings and first config, start its workers, serve."""
         cfg = self.cfg
         self.say(f"job {cfg.job_id}: {cfg.nproc} worker(s) (min {cfg.bounds.min_np}, max "
                  f"{cfg.bounds.max_np}), store {self.store_address}, command: "
                  f"{' '.join(self.settings.command)}")
         self.say(f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`")
-        auth.write_secret_file(self.secret_file, self.secret)
-        if cfg.slots:
-            self.say(f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
-                     f"`taiji join {cfg.job_id}@{self.store_address} --secret-file FILE "
-                     f"--nproc-per-node K --host ITS_IP`")
         hosts.publish_settings(self.job, self.settings)
+        hosts.publish_bounds(self.job, cfg.bounds)
         self._publish(self.state.config, "start")
+        return self._serve(lambda: self._spawn(self.state.config.workers))
+
+    def resume(self, lost_host: str, reason: str) -> int:
+        """Serve a running job whose controller (on ``lost_host``) is gone: drop that host first."""
+        self.say(f"took over job {self.cfg.job_id} at cluster v{self.state.config.version} as its controller "
+                 f"({reason})")
+        return self._serve(lambda: None, [ctl.HostLost(lost_host, reason)])
+
+    def _announce_controller(self) -> None:
+        """Who controls the job (agents watch its beat to take over when it stops, etcd mode)."""
+        hosts.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots,
+                                 survivable=self.etcd is None and self.cfg.store != "tcp")
+        auth.write_secret_file(self.secret_file, self.secret)
+        if self.cfg.slots:
+            self.say(f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
+                     f"`taiji join {self.cfg.job_id}@{self.store_address} --secret-file FILE "
+                     f"--nproc-per-node K --host ITS_IP`")
+
+    def _serve(self, start, first_events: list | None = None) -> int:
+        cfg = self.cfg
+        self._announce_controller()
         registry.register(registry.JobEntry.of_this_process(cfg.job_id, cfg.host, self.settings.store_port,
                                                             self.settings.command, time.time()))
         self._refresh_snapshot(time.monotonic())
         self.control = ControlServer(registry.control_socket(cfg.job_id), lambda: self._snapshot)
         started = time.monotonic()
         self.sup.install_signal_handlers()
+        pending = list(first_events or [])
         try:
-            self._spawn(self.state.config.workers)
+            start()
             while True:
                 exited, received = self.sup.wait(timeout=self.tick)
                 if received:
@@ -348,7 +393,8 @@ class Driver:
                 events += (self._store_events() if rang else []) + self._control_events()
                 now = time.monotonic()
                 events += self._host_events(now, rang) + self._beat_events(now)
-                events.append(ctl.Tick())
+                events = pending + events + [ctl.Tick()]
+                pending = []
                 for event in events:
                     code = self._feed(event)
                     if code is not None:

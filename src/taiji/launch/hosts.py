@@ -15,10 +15,17 @@ host is a local round trip.
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
+from ..cluster.controller import Bounds
 from ..cluster.store import JobStore
 from .worker_env import WorkerSettings
 
 SPEC = "job/spec"
+BOUNDS = "job/bounds"
+CONTROLLER = "controller"
+CONTROLLER_BEAT = "controller/beat"
+OWNER = "controller/owner"
 REGISTRATIONS = "hosts"
 
 
@@ -29,6 +36,47 @@ def publish_settings(job: JobStore, settings: WorkerSettings) -> None:
 def read_settings(job: JobStore) -> WorkerSettings:
     """The job's worker settings; AuthError if they are not signed with our secret."""
     return WorkerSettings.from_dict(job.get_record(SPEC))
+
+
+def publish_bounds(job: JobStore, bounds: Bounds) -> None:
+    job.put_record(BOUNDS, asdict(bounds))
+
+
+def read_bounds(job: JobStore) -> Bounds:
+    return Bounds(**job.get_record(BOUNDS))
+
+
+def publish_controller(job: JobStore, address: str, pid: int, slots: int, survivable: bool) -> None:
+    """Who runs the controller now. ``survivable``: the store outlives that host (an etcd cluster
+    of the user's), so an agent may take over when its beat stops."""
+    job.put_record(CONTROLLER, {"host": address, "pid": int(pid), "slots": int(slots), "survivable": survivable})
+
+
+def read_controller(job: JobStore) -> dict:
+    return job.get_record(CONTROLLER)
+
+
+def beat_controller(job: JobStore, count: int) -> None:
+    job.set(CONTROLLER_BEAT, str(count))
+
+
+def controller_beat(job: JobStore) -> int:
+    return job.add(CONTROLLER_BEAT, 0)
+
+
+def owner(job: JobStore) -> bytes:
+    """The election record (``term:host``; empty before any takeover)."""
+    return job.get(OWNER) if job.has(OWNER) else b""
+
+
+def elect(job: JobStore, address: str, seen: bytes) -> bool:
+    """Try to become the job's next controller, having judged dead the one of term ``seen`` (the
+    owner record when its beat last moved): a compare-and-set from ``seen`` to a value naming us.
+    Exactly one contender wins; one that judged an older controller (someone took over since)
+    loses."""
+    term = int(seen.split(b":", 1)[0]) if seen else 0
+    mine = f"{term + 1}:{address}".encode()
+    return job.compare_set(OWNER, seen, mine) == mine
 
 
 def register(job: JobStore, address: str, slots: int, pid: int) -> int:
@@ -60,6 +108,10 @@ class AgentChannel:
 
     def report(self, event: dict) -> None:
         self.job.append_record(f"{self._base}/events", event)
+
+    def skip_past_events(self) -> None:
+        """Read only events written from now on (a controller taking over a running job)."""
+        self.events_seen = self.job.add(f"{self._base}/events/seq", 0)
 
     def new_events(self) -> list[dict]:
         self.events_seen, found = self.job.records_after(f"{self._base}/events", self.events_seen)

@@ -34,4 +34,4 @@ def run_job(cfg: RunConfig, output=None) -> int:
     driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=cfg.nproc, bounds=bounds,
                               host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace,
                               slots=cfg.nproc_per_node, store=cfg.store)
-    return Driver(driver_cfg, worker_settings(cfg), output=output).run()
+    return Driver.launch(driver_cfg, worker_settings(cfg), output=output).run()

@@ -86,6 +86,9 @@ class Supervisor:
     # -- signals ----------------------------------------------------------------------
 
     def install_signal_handlers(self, signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        if self._old_handlers:
+            return  # installed already (an agent that became its job's controller keeps them)
+
         def handler(signum, _frame):
             self.signals.append(signum)
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w)

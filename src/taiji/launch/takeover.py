@@ -1,0 +1,62 @@
+"""An agent takes over a running job's controller when the launcher's host dies (etcd mode).
+
+With the job store on an etcd cluster that outlives the launcher's host, nothing the job needs
+dies with that host except the controller and the workers there. Every agent watches the
+controller's beat; when it has been silent for ``host_timeout``, the agents hold an election (a
+compare-and-set, exactly one wins), and the winner turns into the job's driver: it rebuilds the
+controller's state from the store (the latest config, the hosts with members in it, the bounds),
+keeps its own workers running, addresses the other agents, and drops the dead host's workers in
+one version — the survivors, waiting on their failed collective, retry the step. torchrun's,
+torchft's and KungFu's jobs die with the host that holds their store or controller.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+from ..cluster import controller as ctl
+from ..cluster.store import JobStore
+from . import hosts
+from .driver import ETCD_TICK_SECONDS, Driver, DriverConfig, RemoteWorker
+from .options import JoinConfig
+from .supervisor import Supervisor
+from .worker_env import WorkerSettings
+
+
+def _next_index(ids: tuple[str, ...]) -> int:
+    """Past every worker id the old controller may have handed out (its joiners included)."""
+    numbers = [int(m.group(1)) for i in ids if (m := re.fullmatch(r"w(\d+)", i))]
+    return max(numbers, default=0) + 1000
+
+
+def take_over(cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Supervisor,
+              secret: bytes, seen: bytes) -> tuple[Driver, str] | None:
+    """If this agent wins the election against the controller of term ``seen``: a Driver for the
+    job, and the dead controller's host."""
+    if not hosts.elect(job, cfg.host, seen):
+        return None
+    old = hosts.read_controller(job)
+    bounds = hosts.read_bounds(job)
+    config = job.read_config()
+    _, registrations = hosts.registrations_after(job, 0)
+    slots = {str(r["address"]): int(r["slots"]) for r in registrations}
+    slots[str(old["host"])] = int(old.get("slots") or 0) or sum(1 for w in config.workers if w.host == old["host"])
+    in_use = {w.host for w in config.workers}
+    others = [h for h in dict.fromkeys(w.host for w in config.workers) if h not in (cfg.host, old["host"])]
+    host_list = (ctl.Host(cfg.host, cfg.slots),) + tuple(ctl.Host(h, slots.get(h, 1)) for h in others if h in in_use)
+    if old["host"] != cfg.host:
+        host_list += (ctl.Host(str(old["host"]), slots[str(old["host"])]),)
+    state = ctl.adopted_state(config, bounds, host_list, _next_index(config.ids), time.monotonic())
+    driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=config.size, bounds=bounds, host=cfg.host, timeout=cfg.timeout,
+                              grace=cfg.grace, slots=cfg.slots, store=cfg.store_url)
+    driver = Driver(driver_cfg, settings, sup, job, secret, state, store_address=cfg.store_url,
+                    tick=ETCD_TICK_SECONDS)
+    for host in host_list[1:]:
+        channel = hosts.AgentChannel(job, host.address)
+        channel.skip_past_events()
+        driver.agents[host.address] = channel
+    for rank, worker in enumerate(config.workers):
+        if worker.host != cfg.host:
+            driver.remote[worker.id] = RemoteWorker(worker.host, rank)
+    driver.skip_past_records()
+    return driver, str(old["host"])
