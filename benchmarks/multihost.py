@@ -15,6 +15,10 @@ runs on host 0, then on hosts 0 and 1, one worker per host; gloo goes over each 
   the step. torchrun: `--nnodes 1:2 --max-restarts 1`: the surviving agent restarts its worker
   in a new rendezvous round, from the checkpoint. If it does not commit a step within
   ``--fault-wait`` seconds, the row reports that wait as a lower bound.
+- **head loss** — SIGKILL of the launcher on host 0 (its worker dies with it) to the next
+  committed step on host 1. taiji: the job store is an etcd server on host 2; host 1's agent takes
+  over the controller and the survivor retries. torchrun: the same two-node job loses the agent
+  that hosts its c10d rendezvous store; the row reports what happened within ``--fault-wait``.
 
     .venv/bin/python benchmarks/multihost.py --quick     # one repetition, ~2 min
 """
@@ -86,6 +90,68 @@ def taiji_side(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: d
             job.close()
 
 
+def taiji_head_loss(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
+    log = StepLog(out, "taiji")
+    job_id = "jhead"
+    env = dict(env, TAIJI_HOME=str(out / "home"))
+    deadline = time.monotonic() + args.timeout
+    cli = [sys.executable, "-m", "taiji.launch.cli"]
+    store = f"etcd://{hosts.address(2)}:2379"
+    etcd = LaunchedJob("etcd", in_host(hosts, 2, [
+        "etcd", "--name", "e", "--data-dir", str(out / "etcd-data"), "--listen-client-urls",
+        f"http://{hosts.address(2)}:2379", "--advertise-client-urls", f"http://{hosts.address(2)}:2379",
+        "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+        "--initial-cluster", "e=http://127.0.0.1:2380", "--heartbeat-interval", "10", "--election-timeout", "100",
+        "--log-level", "warn"]), out, env, log)
+    jobs = [etcd]
+    try:
+        head = LaunchedJob("taiji-head", in_host(hosts, 0, [
+            *cli, "run", "-np", "1", "--nproc-per-node", "1", "--max-np", "2", "--host", hosts.address(0),
+            "--store", store, "--job-id", job_id, "--timeout", str(args.collective_timeout),
+            "--liveness-timeout", "2", "--run-dir", str(out / "run"), "--", *train_args(args, out)]), out, env, log)
+        jobs.append(head)
+        wait_for(lambda: len(log.select("commit", worker="w0")) >= args.warm, log, jobs, deadline, "warm-up steps")
+        agent = LaunchedJob("taiji-agent", in_host(hosts, 1, [
+            *cli, "join", f"{job_id}@{store}", "--secret-file", str(out / "home" / "jobs" / f"{job_id}.secret"),
+            "--nproc-per-node", "1", "--host", hosts.address(1), "--timeout", "5"]), out, env, log)
+        jobs.append(agent)
+        wait_for(lambda: len(log.select("commit", worker="w1")) >= args.settle, log, jobs, deadline,
+                 f"{args.settle} steps on two hosts")
+        hit = _kill_session(head)  # closed at the end only: closing kills every pid in the step logs
+        # a step already past its allreduce may still commit after the kill: count the new version's
+        first = wait_for(lambda: [c for c in log.select("commit", worker="w1") if c["version"] > 2], log,
+                         [etcd, agent], deadline, "a step after the head's loss")[0]
+        (out / "stop").touch()
+        agent.session.wait(max(deadline - time.monotonic(), 1.0))
+        return {"resume_s": first["time"] - hit, "to_size": first["size"]}
+    finally:
+        for job in jobs:
+            job.close()
+
+
+def torchrun_head_loss(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
+    log = StepLog(out, "torchrun")
+    deadline = time.monotonic() + args.timeout
+    jobs = [LaunchedJob(f"torchrun-h{i}", torchrun_cmd(hosts, i, "1:2", PORT + 3, args, out, "h", 1), out, env, log)
+            for i in (0, 1)]
+    try:
+        wait_for(lambda: len(log.select("commit", tag="h", rank=0, size=2)) >= args.settle, log, jobs, deadline,
+                 f"{args.settle} steps on two hosts")
+        hit = _kill_session(jobs[0])  # closed at the end only: closing kills every pid in the step logs
+        try:
+            first = wait_for(lambda: [c for c in log.select("commit", tag="h") if c.get("restart", 0) > 0], log, jobs[1:],
+                             time.monotonic() + args.fault_wait, "a step after the head's loss")[0]
+            return {"resume_s": first["time"] - hit, "outcome": "resumed"}
+        except (TimeoutError, RuntimeError) as exc:
+            died = isinstance(exc, RuntimeError)
+            return {"resume_s": None, "lower_bound_s": args.fault_wait,
+                    "outcome": "the job died with its rendezvous host (host 1's agent exited)" if died
+                    else f"no step within {args.fault_wait:g}s"}
+    finally:
+        for job in jobs:
+            job.close()
+
+
 def torchrun_cmd(hosts: EmulatedHosts, i: int, nnodes: str, rdzv_port: int, args: argparse.Namespace,
                  out: Path, tag: str, restarts: int) -> list[str]:
     conf = "is_host=1,last_call_timeout=3" if i == 0 else "is_host=0,last_call_timeout=3"
@@ -116,13 +182,11 @@ def torchrun_side(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env
         wait_for(lambda: len([c for c in log.select("commit", tag="1", rank=0, size=2)]) >= args.settle, log, jobs,
                  deadline, f"{args.settle} steps on two hosts")
         grow = torchrun_change_figures(log.records, change, args.settle)
-        hit = _kill_session(jobs[1])
-        lost = jobs.pop(1)
-        lost.close()
+        hit = _kill_session(jobs[1])  # closed at the end only: closing kills every pid in the step logs
         loss: dict = {}
         try:
             first = wait_for(lambda: [c for c in log.select("commit", tag="1", rank=0) if c["time"] > hit
-                                      and c.get("size") == 1], log, jobs, time.monotonic() + args.fault_wait,
+                                      and c.get("size") == 1], log, jobs[:1], time.monotonic() + args.fault_wait,
                              "a step after the host loss")[0]
             loss = {"resume_s": first["time"] - hit, "outcome": "restarted on one host"}
         except (TimeoutError, RuntimeError) as exc:
@@ -166,17 +230,19 @@ def main(argv=None) -> None:
     base = Path(tempfile.mkdtemp(prefix="taiji-multihost-"))
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="eth0",
                OMP_NUM_THREADS="1")
-    runs: dict[str, list[dict]] = {"taiji": [], "torchrun": []}
+    runs: dict[str, list[dict]] = {"taiji": [], "torchrun": [], "taiji_head": [], "torchrun_head": []}
     errors: list[str] = []
     try:
         for rep in range(args.reps):
             order = [("taiji", taiji_side), ("torchrun", torchrun_side)]
+            if shutil.which("etcd"):
+                order += [("taiji_head", taiji_head_loss), ("torchrun_head", torchrun_head_loss)]
             for name, side in (order if rep % 2 == 0 else order[::-1]):
                 out = base / f"{name}-{rep}"
                 out.mkdir()
                 t0 = time.monotonic()
                 try:
-                    with EmulatedHosts(2) as hosts:
+                    with EmulatedHosts(3) as hosts:
                         runs[name].append(side(args, hosts, out, env))
                 except Exception:
                     errors.append(f"{name} rep {rep}: {traceback.format_exc(limit=3)}")
@@ -206,13 +272,20 @@ def main(argv=None) -> None:
                          higher_is_better=False,
                          anchor_outcome=[r["host_loss"]["outcome"] for r in runs["torchrun"]],
                          anchor_is_lower_bound=med("torchrun", "host_loss", "resume_s") is None)]
+    if runs["taiji_head"] or runs["torchrun_head"]:
+        rows.append(contract_row("head loss (etcd store on a third host): kill -> next committed step (s)",
+                                 med("taiji_head", "resume_s"),
+                                 med("torchrun_head", "resume_s") or med("torchrun_head", "lower_bound_s"),
+                                 higher_is_better=False,
+                                 anchor_outcome=[r["outcome"] for r in runs["torchrun_head"]],
+                                 anchor_is_lower_bound=med("torchrun_head", "resume_s") is None))
     for row in rows:
         print(f"# {row['case']}: taiji {row['taiji']}  torchrun {row['anchor']}  ratio {row['ratio']}",
               file=sys.stderr)
     for error in errors:
         print(f"# error: {error}", file=sys.stderr)
     print_result("multihost", rows, reps=args.reps, quick=args.quick, errors=len(errors),
-                 details={"taiji": runs["taiji"], "torchrun": runs["torchrun"]})
+                 details=runs)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -159,3 +160,14 @@ def test_etcd_head_killed_an_agent_takes_over_and_training_goes_on(hosts3, tmp_p
     assert result["sizes"] == [2, 4, 2], result
     assert etcd.poll() is None
     _no_process_left(hosts3, 0, 1)
+
+
+def test_a_store_nobody_serves_is_a_clear_error(hosts3, tmp_path):
+    from taiji.cluster import auth
+    secret = auth.write_secret_file(tmp_path / "s.secret", auth.new_secret())
+    result = hosts3.run(1, [sys.executable, "-m", "taiji.launch.cli", "join", f"jx@{hosts3.address(0)}:29999",
+                            "--secret-file", str(secret), "--nproc-per-node", "1", "--host", hosts3.address(1),
+                            "--timeout", "3"], timeout=60, env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "cannot reach the job store" in result.stderr, result.stderr[-2000:]
+    _no_process_left(hosts3, 1)

@@ -188,3 +188,29 @@ def test_the_job_store_listens_only_on_the_address_it_is_given():
     client = connect_store("127.0.0.1", store.port, timeout=5)
     client.set("k", "v")
     assert store.get("k") == b"v"
+
+
+def test_a_launcher_started_etcd_admits_only_the_jobs_user_on_its_own_keys():
+    if shutil.which("etcd") is None:
+        pytest.skip("no etcd server binary (apt-get install -y etcd-server)")
+    pytest.importorskip("etcd3gw")
+    from taiji.cluster import auth
+    from taiji.cluster.etcd import EtcdKV, job_credentials
+    from taiji.errors import AuthError
+    from taiji.launch.etcd_server import EtcdServer
+    server = EtcdServer("127.0.0.1").start()
+    try:
+        secret = auth.new_secret()
+        user, password = job_credentials("j", secret)
+        EtcdKV(server.url, 5).enable_auth("j", auth.derive(secret, "etcd-root").hex(), password)
+        job = EtcdKV(server.url, 5, (user, password))
+        job.set("taiji/j/config/latest", "1")
+        assert job.get("taiji/j/config/latest") == b"1" and job.add("taiji/j/n", 2) == 2
+        with pytest.raises(AuthError, match="permission denied"):
+            job.set("taiji/other/x", "1")
+        with pytest.raises(StoreError):
+            EtcdKV(server.url, 5).set("taiji/j/x", "1")  # no user: refused
+        with pytest.raises(AuthError, match="wrong secret"):
+            EtcdKV(server.url, 5, job_credentials("j", auth.new_secret()))
+    finally:
+        server.stop()

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..errors import ConfigError, StoreError
+from ..errors import AuthError, ConfigError, StoreError
+from .auth import derive
 
 POLL_START_S = 0.005
 POLL_MAX_S = 0.05
@@ -45,10 +46,22 @@ def parse_url(url: str) -> list[tuple[str, int]]:
     return endpoints
 
 
-class EtcdKV:
-    """One connection (an HTTP session) to an etcd cluster; give each thread its own."""
+def job_credentials(job_id: str, secret: bytes) -> tuple[str, str]:
+    """The job's etcd user and password (the password derived from the job secret)."""
+    return f"taiji-{job_id}", derive(secret, "etcd").hex()
 
-    def __init__(self, url: str, timeout: float = 60.0):
+
+def _prefix_end(prefix: str) -> str:
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+class EtcdKV:
+    """One connection (an HTTP session) to an etcd cluster; give each thread its own.
+
+    With ``credentials`` (user, password) it authenticates when the cluster has auth on, and
+    again when its token expires; a cluster without auth is used as it is."""
+
+    def __init__(self, url: str, timeout: float = 60.0, credentials: tuple[str, str] | None = None):
         try:
             from etcd3gw.client import Etcd3Client
             from etcd3gw import exceptions
@@ -59,11 +72,30 @@ class EtcdKV:
         self._errors = (exceptions.Etcd3Exception,)
         self._clients = [Etcd3Client(host=h, port=p, timeout=min(timeout, 10.0)) for h, p in parse_url(url)]
         self._current = 0
+        self._credentials = credentials
+        if credentials is not None:
+            self._authenticate()
+
+    def _authenticate(self) -> None:
+        assert self._credentials is not None
+        user, password = self._credentials
+        try:
+            token = self._post("/auth/authenticate", {"name": user, "password": password}, retry_auth=False)["token"]
+        except StoreError as exc:
+            if "authentication is not enabled" in str(exc):
+                return  # an open cluster: nothing to present
+            if "authentication failed" in str(exc):
+                raise AuthError(f"etcd at {self.url} refused user {user}: the password derived from the job "
+                                "secret does not match (a wrong secret file?)") from None
+            raise
+        for client in self._clients:
+            client.session.headers["Authorization"] = token
 
     # -- transport -------------------------------------------------------------------------
 
-    def _post(self, path: str, payload: dict) -> dict:
-        """POST to the first endpoint that answers (the others are tried in turn)."""
+    def _post(self, path: str, payload: dict, retry_auth: bool = True) -> dict:
+        """POST to the first endpoint that answers (the others are tried in turn); an expired
+        token is renewed once."""
         last: Exception | None = None
         for attempt in range(len(self._clients)):
             client = self._clients[(self._current + attempt) % len(self._clients)]
@@ -72,8 +104,21 @@ class EtcdKV:
                 self._current = (self._current + attempt) % len(self._clients)
                 return result
             except self._errors as exc:
+                detail = str(getattr(exc, "detail_text", "") or exc)
+                if "invalid auth token" in detail and retry_auth and self._credentials is not None:
+                    self._authenticate()
+                    return self._post(path, payload, retry_auth=False)
+                if "permission denied" in detail:
+                    raise AuthError(f"etcd at {self.url}: permission denied for {path} (this job's etcd user may "
+                                    "touch only its own keys)") from None
+                if any(word in detail for word in ("etcdserver:", "authentication")):
+                    raise StoreError(f"etcd at {self.url} refused {path}: {detail}") from None
                 last = exc
         raise StoreError(f"etcd at {self.url} did not answer {path}: {last}")
+
+    def reachable(self) -> None:
+        """Raise StoreError unless an endpoint answers (needs no permission)."""
+        self._post("/maintenance/status", {})
 
     def _range(self, key: str) -> dict | None:
         kvs = self._post("/kv/range", {"key": _b64(key)}).get("kvs")
@@ -153,7 +198,23 @@ class EtcdKV:
         return int(self._post("/kv/deleterange", {"key": _b64(key)}).get("deleted", 0)) > 0
 
     def another(self) -> "EtcdKV":
-        return EtcdKV(self.url, self._timeout)
+        return EtcdKV(self.url, self._timeout, self._credentials)
+
+    def enable_auth(self, job_id: str, root_password: str, password: str) -> None:
+        """On a cluster this job owns (`--store etcd`): a root user, a user and role for the job
+        that may read and write only ``taiji/<job>/``, and auth on."""
+        prefix = f"taiji/{job_id}/"
+        user = f"taiji-{job_id}"
+        for path, payload in (
+                ("/auth/user/add", {"name": "root", "password": root_password}),
+                ("/auth/user/grant", {"user": "root", "role": "root"}),
+                ("/auth/role/add", {"name": user}),
+                ("/auth/role/grant", {"name": user, "perm": {"permType": "READWRITE", "key": _b64(prefix),
+                                                             "range_end": _b64(_prefix_end(prefix))}}),
+                ("/auth/user/add", {"name": user, "password": password}),
+                ("/auth/user/grant", {"user": user, "role": user}),
+                ("/auth/enable", {})):
+            self._post(path, payload)
 
     def close(self) -> None:
         for client in self._clients:

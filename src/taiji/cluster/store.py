@@ -366,14 +366,17 @@ def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) ->
         raise StoreError(f"cannot start the job store on {host}:{bound_port}: {exc}") from exc
 
 
-def open_store(url: str, timeout: float = 60.0) -> dist.Store:
+def open_store(url: str, timeout: float = 60.0, credentials: tuple[str, str] | None = None) -> dist.Store:
     """A client of the job store at ``url``: ``tcp://HOST:PORT`` (the launcher's TCPStore) or
-    ``etcd://HOST:PORT[,HOST:PORT...]``; both are ``torch.distributed.Store``s (gloo rendezvous)."""
+    ``etcd://HOST:PORT[,HOST:PORT...]`` (as the job's etcd user when ``credentials`` are given);
+    both are ``torch.distributed.Store``s (gloo rendezvous)."""
     if url.startswith("etcd://"):
         from .etcd import EtcdC10dStore, EtcdKV
-        store = EtcdC10dStore(EtcdKV(url, timeout))
         try:
-            store.check(["taiji/"])
+            kv = EtcdKV(url, timeout)
+            kv.reachable()
+            kv.close()
+            store = EtcdC10dStore(EtcdKV(url, timeout, credentials))
         except StoreError as exc:
             raise StoreError(f"cannot reach the job store {url}: {exc}. Is the launcher (or the etcd cluster) "
                              "running, and is this host on its network?") from exc

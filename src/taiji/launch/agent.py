@@ -14,6 +14,7 @@ import threading
 import time
 
 from ..cluster.auth import Signer
+from ..cluster.controller import Bounds
 from ..cluster.store import JobStore, open_store
 from ..errors import AuthError, LaunchError, StoreError
 from . import hosts
@@ -39,14 +40,23 @@ class Agent:
         self._controller_heard = time.monotonic()
         self._owner_seen = b""
         self._survivable: bool | None = None  # read once the controller has announced itself
-        self._host_timeout = 5.0
+        self._bounds = Bounds()
 
     def say(self, text: str) -> None:
         self.sup.write(f"taiji join: {text}\n")
 
     def _connect(self) -> None:
         cfg = self.cfg
-        raw = open_store(cfg.store_url, cfg.timeout)
+        credentials = None
+        if cfg.store_url.startswith("etcd://"):
+            from ..cluster.etcd import job_credentials
+            credentials = job_credentials(cfg.job_id, cfg.secret)
+        try:
+            raw = open_store(cfg.store_url, cfg.timeout, credentials)
+        except AuthError:
+            raise AuthError(f"job {cfg.job_id} at {cfg.store_url} refused this host: its etcd does not accept the "
+                            "credentials derived from the --secret-file (not this job's secret; copy the file "
+                            "`taiji run` printed, unchanged). Nothing was changed in the job.") from None
         job = JobStore(raw, cfg.job_id, Signer(cfg.secret))
         if not job.has(hosts.SPEC):
             raise LaunchError(f"no job {cfg.job_id} at {cfg.store_url} (the store there does not know it); "
@@ -108,7 +118,7 @@ class Agent:
             if not self.job.has(hosts.CONTROLLER):
                 return False
             self._survivable = bool(hosts.read_controller(self.job).get("survivable"))
-            self._host_timeout = hosts.read_bounds(self.job).host_timeout
+            self._bounds = hosts.read_bounds(self.job)
         if not self._survivable:
             return False
         beat = hosts.controller_beat(self.job)
@@ -116,7 +126,12 @@ class Agent:
             self._controller_beat, self._controller_heard = beat, now
             self._owner_seen = hosts.owner(self.job)  # the term of the controller that beats
             return False
-        return now - self._controller_heard > self._host_timeout
+        silent = now - self._controller_heard
+        if silent > self._bounds.host_timeout:
+            return True
+        # workers already report failed collectives (the controller's host took its workers with
+        # it): a shorter silence tells, as for any other host (controller.py)
+        return silent > self._bounds.stale_after and self.job.failures_reported(self.job.latest_version())
 
     def _take_over(self) -> int | None:
         """Become the job's controller if this agent wins the election; its exit code if it did."""

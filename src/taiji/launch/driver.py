@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from ..cluster import auth
 from ..cluster import controller as ctl
 from ..cluster import spec
-from ..cluster.etcd import parse_url
+from ..cluster.etcd import EtcdKV, job_credentials, parse_url
 from ..cluster.store import JobStore, host_store, open_store
 from ..errors import StoreError
 from . import hosts, registry
@@ -92,19 +92,22 @@ class Driver:
     def launch(cfg: DriverConfig, settings: WorkerSettings, output=None) -> "Driver":
         """`taiji run`'s driver: the store hosted here (TCPStore or an etcd server) or opened."""
         etcd: EtcdServer | None = None
+        secret = auth.new_secret()
         if cfg.store == "tcp":
             store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
             settings = replace(settings, store_host=cfg.host, store_port=store.port, store_url="")
             address, tick = f"{cfg.host}:{store.port}", TICK_SECONDS
         else:
-            if cfg.store == "etcd":
+            credentials = job_credentials(cfg.job_id, secret)
+            if cfg.store == "etcd":  # our own server: only this job's user may touch it
                 etcd = EtcdServer(cfg.host, cfg.port).start()
+                EtcdKV(etcd.url, cfg.timeout).enable_auth(cfg.job_id, auth.derive(secret, "etcd-root").hex(),
+                                                          credentials[1])
             url = etcd.url if etcd is not None else cfg.store
-            store = open_store(url, cfg.timeout)
+            store = open_store(url, cfg.timeout, credentials)
             host, port = parse_url(url)[0]
             settings = replace(settings, store_host=host, store_port=port, store_url=url)
             address, tick = url, ETCD_TICK_SECONDS
-        secret = auth.new_secret()
         return Driver(cfg, settings, Supervisor(output=output), JobStore(store, cfg.job_id, auth.Signer(secret)),
                       secret, ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None),
                       store_address=address, tick=tick, etcd=etcd)

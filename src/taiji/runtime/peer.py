@@ -190,8 +190,12 @@ class Peer:
             raise ConfigError(f"{env.STORE_PORT.name} is set but {env.JOB_ID.name} or "
                               f"{env.WORKER_ID.name} is missing; start workers with `taiji run`.")
         url = env.STORE_URL.get() or f"tcp://{env.STORE_HOST.get()}:{env.STORE_PORT.get()}"
-        raw = open_store(url, options.timeout)
         secret = secret_from_env()
+        credentials = None
+        if url.startswith("etcd://") and secret is not None:
+            from ..cluster.etcd import job_credentials
+            credentials = job_credentials(job_id, secret)
+        raw = open_store(url, options.timeout, credentials)
         job_store = JobStore(raw, job_id, Signer(secret) if secret is not None else None)
         try:
             config = job_store.read_config()
