@@ -388,6 +388,17 @@ def open_store(url: str, timeout: float = 60.0, credentials: tuple[str, str] | N
     return connect_store(host.strip("[]"), int(port), timeout)
 
 
+def connect_job(url: str, job_id: str, secret: bytes | None, timeout: float = 60.0) -> tuple[dist.Store, "JobStore"]:
+    """The store at ``url`` and job ``job_id``'s view of it: records signed and checked with the
+    job secret, and on etcd as the job's own user (when the cluster has auth on)."""
+    credentials = None
+    if url.startswith("etcd://") and secret is not None:
+        from .etcd import job_credentials
+        credentials = job_credentials(job_id, secret)
+    raw = open_store(url, timeout, credentials)
+    return raw, JobStore(raw, job_id, Signer(secret) if secret is not None else None)
+
+
 def connect_store(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
     """Connect to the job's TCPStore (a worker's side)."""
     try:

@@ -13,9 +13,8 @@ import signal
 import threading
 import time
 
-from ..cluster.auth import Signer
 from ..cluster.controller import Bounds
-from ..cluster.store import JobStore, open_store
+from ..cluster.store import JobStore, connect_job
 from ..errors import AuthError, LaunchError, StoreError
 from . import hosts
 from .options import JoinConfig
@@ -47,17 +46,12 @@ class Agent:
 
     def _connect(self) -> None:
         cfg = self.cfg
-        credentials = None
-        if cfg.store_url.startswith("etcd://"):
-            from ..cluster.etcd import job_credentials
-            credentials = job_credentials(cfg.job_id, cfg.secret)
         try:
-            raw = open_store(cfg.store_url, cfg.timeout, credentials)
+            _, job = connect_job(cfg.store_url, cfg.job_id, cfg.secret, cfg.timeout)
         except AuthError:
             raise AuthError(f"job {cfg.job_id} at {cfg.store_url} refused this host: its etcd does not accept the "
                             "credentials derived from the --secret-file (not this job's secret; copy the file "
                             "`taiji run` printed, unchanged). Nothing was changed in the job.") from None
-        job = JobStore(raw, cfg.job_id, Signer(cfg.secret))
         if not job.has(hosts.SPEC):
             raise LaunchError(f"no job {cfg.job_id} at {cfg.store_url} (the store there does not know it); "
                               "check the JOB@STORE that `taiji run` printed")

@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from .. import env
 from ..cluster import spec
-from ..cluster.auth import Signer, secret_from_env
-from ..cluster.store import JobStore, open_store
+from ..cluster.auth import secret_from_env
+from ..cluster.store import JobStore, connect_job
 from ..comm.communicator import CommOptions, Communicator, reap_closed_groups
 from ..comm.default import set_default_provider
 from ..errors import ConfigError, StoreError
@@ -190,13 +190,7 @@ class Peer:
             raise ConfigError(f"{env.STORE_PORT.name} is set but {env.JOB_ID.name} or "
                               f"{env.WORKER_ID.name} is missing; start workers with `taiji run`.")
         url = env.STORE_URL.get() or f"tcp://{env.STORE_HOST.get()}:{env.STORE_PORT.get()}"
-        secret = secret_from_env()
-        credentials = None
-        if url.startswith("etcd://") and secret is not None:
-            from ..cluster.etcd import job_credentials
-            credentials = job_credentials(job_id, secret)
-        raw = open_store(url, options.timeout, credentials)
-        job_store = JobStore(raw, job_id, Signer(secret) if secret is not None else None)
+        raw, job_store = connect_job(url, job_id, secret_from_env(), options.timeout)
         try:
             config = job_store.read_config()
         except StoreError as exc:
