@@ -41,6 +41,10 @@ def test_grow_onto_a_second_host_then_a_third_and_shrink_off_the_newest(hosts3, 
     job.wait_log("resize requested by test schedule: 2 -> 4")
     job.join(1, 1)
     job.wait_log("3 worker(s)")
+    twin = hosts3.run(1, [sys.executable, "-m", "taiji.launch.cli", "join", f"{job.job_id}@{job.head}:{job.PORT}",
+                          "--secret-file", str(job.secret_file), "--nproc-per-node", "1", "--host",
+                          hosts3.address(1), "--timeout", "5"], timeout=60, env=job.env)
+    assert twin.returncode == 2 and "refused by the job's controller" in twin.stdout, twin.stdout + twin.stderr
     job.join(2, 1)  # joins while training; the job grows onto it
     assert job.finish() == 0, job.log()[-4000:]
     for i in (1, 2):

@@ -176,12 +176,12 @@ def test_a_forged_config_or_proposal_is_rejected_by_a_signed_job_store():
 
 def test_agent_channel_streams_commands_events_and_beats():
     job = JobStore(FakeStore(), "j", auth.Signer(auth.new_secret()))
-    head, agent = hosts.AgentChannel(job, H2), hosts.AgentChannel(job, H2)
+    head, agent = hosts.AgentChannel(job, H2, "s1"), hosts.AgentChannel(job, H2, "s1")
     settings = WorkerSettings("j", HEAD, 29400, ("python", "train.py"), interpreter="python")
     hosts.publish_settings(job, settings)
     assert hosts.read_settings(job) == settings
-    assert hosts.register(job, H2, 2, 123) == 1
-    assert hosts.registrations_after(job, 0) == (1, [{"address": H2, "slots": 2, "pid": 123}])
+    assert hosts.register(job, H2, 2, 123, "s1") == 1
+    assert hosts.registrations_after(job, 0) == (1, [{"address": H2, "slots": 2, "pid": 123, "session": "s1"}])
     head.send({"op": "spawn", "id": "w2", "rank": 2, "size": 3})
     assert agent.new_commands() == [{"op": "spawn", "id": "w2", "rank": 2, "size": 3}]
     assert agent.new_commands() == []
@@ -190,6 +190,8 @@ def test_agent_channel_streams_commands_events_and_beats():
     assert not head.beat_moved()
     agent.beat()
     assert head.beat_moved() and not head.beat_moved()
+    rejoined = hosts.AgentChannel(job, H2, "s2")  # the same address, a new agent: no replay
+    assert rejoined.new_commands() == [] and rejoined.new_events() == []
 
 
 def test_worker_env_carries_identity_local_rank_and_the_secret(monkeypatch):
@@ -270,7 +272,16 @@ def test_bounds_and_controller_records_round_trip():
     assert hosts.read_controller(job) == {"host": HEAD, "pid": 42, "slots": 2, "survivable": True}
     hosts.beat_controller(job, 5)
     assert hosts.controller_beat(job) == 5
-    channel = hosts.AgentChannel(job, H2)
-    channel.report({"op": "exit", "id": "w9", "code": 0})
-    channel.skip_past_events()
-    assert channel.new_events() == []
+
+
+def test_below_min_np_with_no_free_slot_the_job_stops_after_the_join_timeout():
+    s = initial_state(2, Bounds(min_np=4, max_np=4, join_timeout=10), HEAD, 2)
+    s, acts = run(s, HostJoined(H2, 2))
+    s, _ = run(s, *[WorkerReady(w) for sp in of(acts, Spawn) for w in sp.ids])
+    assert s.config.size == 4
+    s, acts = run(s, HostLost(H2, "gone"), now=1.0)
+    assert not of(acts, Spawn) and not of(acts, Publish) and s.removed_pending == ("w2", "w3")
+    s, acts = run(s, Tick(), now=5.0)
+    assert not s.finished
+    s, acts = run(s, Tick(), now=11.5)
+    assert s.finished and "no free slot" in acts[-1].reason

@@ -91,6 +91,7 @@ class ControllerState:
     exited: frozenset[str] = frozenset()      # config members whose process is gone
     killed: frozenset[str] = frozenset()      # processes we stopped on purpose
     removed_pending: tuple[str, ...] = ()     # failed members to drop with the next grow
+    short_since: float | None = None          # since when removed_pending waits for replacements
     failures: int = 0
     first_failure: tuple[str, int] | None = None
     reports: frozenset[str] = frozenset()     # members that reported a failure in config.version
@@ -255,7 +256,7 @@ def _admit(state: ControllerState, ready: tuple[Joiner, ...], actions: list[Acti
     if state.removed_pending:
         reason += f", drop failed {list(state.removed_pending)}"
     state = replace(state, joiners=tuple(j for j in state.joiners if j.id not in admitted),
-                    removed_pending=(), exited=state.exited - set(state.removed_pending))
+                    removed_pending=(), exited=state.exited - set(state.removed_pending), short_since=None)
     return _publish(state, config, reason), actions + [Publish(config, reason)]
 
 
@@ -319,7 +320,8 @@ def _count_failure(state: ControllerState, wids: tuple[str, ...], code: int, now
             state = _publish(replace(state, exited=state.exited - gone), config, reason)
             actions.append(Publish(config, reason))
         else:
-            state = replace(state, removed_pending=state.removed_pending + members, exited=state.exited - gone)
+            state = replace(state, removed_pending=state.removed_pending + members, exited=state.exited - gone,
+                            short_since=state.short_since if state.short_since is not None else now)
             actions.append(Log("warning", f"{len(survivors)} worker(s) left, below --min-np "
                                           f"{state.bounds.min_np}: waiting for replacements"))
         return _reconcile(state, now, actions)
@@ -438,6 +440,10 @@ def _frozen(state: ControllerState, now: float) -> Reaction:
 
 def _on_tick(state: ControllerState, now: float) -> Reaction:
     actions: list[Action] = []
+    if state.removed_pending and not state.joiners and state.short_since is not None and \
+            now - state.short_since > state.bounds.join_timeout:  # no slot for a replacement anywhere
+        return _finish(state, actions, f"below --min-np {state.bounds.min_np}: no free slot for a replacement "
+                                       f"within {state.bounds.join_timeout:g}s")
     late = [j for j in state.joiners if not j.ready and now - j.spawned_at > state.bounds.join_timeout]
     if late:
         ready = tuple(j for j in state.joiners if j.ready)

@@ -22,6 +22,12 @@ from .auth import derive
 
 POLL_START_S = 0.005
 POLL_MAX_S = 0.05
+RETRY_S = 10.0  # how long a request is retried through an election or an unreachable member
+TRANSIENT = ("leader changed", "request timed out", "no leader", "too many requests", "not capable")
+
+
+class _Transient(Exception):
+    """No endpoint answered, or the cluster is between leaders: worth another try."""
 
 
 def _b64(data: str | bytes) -> str:
@@ -94,8 +100,20 @@ class EtcdKV:
     # -- transport -------------------------------------------------------------------------
 
     def _post(self, path: str, payload: dict, retry_auth: bool = True) -> dict:
-        """POST to the first endpoint that answers (the others are tried in turn); an expired
-        token is renewed once."""
+        """POST to the first endpoint that answers (the others are tried in turn), through
+        elections and brief outages for up to ``RETRY_S``; an expired token is renewed once."""
+        deadline = time.monotonic() + min(self._timeout, RETRY_S)
+        pause = POLL_START_S
+        while True:
+            try:
+                return self._post_once(path, payload, retry_auth)
+            except _Transient as exc:
+                if time.monotonic() >= deadline:
+                    raise StoreError(f"etcd at {self.url} did not answer {path}: {exc}") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+
+    def _post_once(self, path: str, payload: dict, retry_auth: bool) -> dict:
         last: Exception | None = None
         for attempt in range(len(self._clients)):
             client = self._clients[(self._current + attempt) % len(self._clients)]
@@ -107,14 +125,16 @@ class EtcdKV:
                 detail = str(getattr(exc, "detail_text", "") or exc)
                 if "invalid auth token" in detail and retry_auth and self._credentials is not None:
                     self._authenticate()
-                    return self._post(path, payload, retry_auth=False)
+                    return self._post_once(path, payload, retry_auth=False)
                 if "permission denied" in detail:
                     raise AuthError(f"etcd at {self.url}: permission denied for {path} (this job's etcd user may "
                                     "touch only its own keys)") from None
+                if any(word in detail for word in TRANSIENT):
+                    raise _Transient(detail) from None
                 if any(word in detail for word in ("etcdserver:", "authentication")):
                     raise StoreError(f"etcd at {self.url} refused {path}: {detail}") from None
                 last = exc
-        raise StoreError(f"etcd at {self.url} did not answer {path}: {last}")
+        raise _Transient(str(last))
 
     def reachable(self) -> None:
         """Raise StoreError unless an endpoint answers (needs no permission)."""

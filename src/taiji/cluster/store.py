@@ -135,9 +135,12 @@ class JobStore:
     """Typed access to one job's keys in a store (real TCPStore or FakeStore).
 
     With a ``signer`` (every process `taiji run` or `taiji join` starts has one), control records
-    — configs, proposals, agents' registrations, commands and exits — are sealed with the job
-    secret and a record that fails its check is rejected: on a store anyone on the network can
-    write to, a forged config or spawn command is refused instead of obeyed."""
+    — configs, proposals, settings, bounds, agents' registrations, commands and exits — are sealed
+    with the job secret and a record that fails its check is rejected: on a store anyone on the
+    network can write to, a forged config or spawn command is refused instead of obeyed. Flags and
+    counters (ready, failure reports, done, fatal, heartbeats, the doorbell, the election record)
+    are not signed: forging them can stop or stall the job — which anyone who reaches an open
+    store can do anyway — but cannot make it run anything or train with anyone else."""
 
     def __init__(self, kv: KeyValue, job_id: str, signer: Signer | None = None):
         self.kv = kv

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 
 from ..cluster.controller import Bounds
 from ..cluster.store import JobStore, connect_job
@@ -62,7 +63,8 @@ class Agent:
                             "--secret-file is not this job's (copy the file `taiji run` printed, unchanged). "
                             "Nothing was changed in the job.") from None
         self.job = job
-        self.channel = hosts.AgentChannel(job, cfg.host)
+        self.session = uuid.uuid4().hex[:12]
+        self.channel = hosts.AgentChannel(job, cfg.host, self.session)
 
     def _spawn(self, command: dict) -> None:
         assert self.settings is not None
@@ -133,20 +135,23 @@ class Agent:
         assert self.job is not None and self.settings is not None
         won = take_over(self.cfg, self.job, self.settings, self.sup, self.cfg.secret, self._owner_seen)
         if won is None:
-            self._controller_heard = time.monotonic()  # another agent won: give it time to beat
+            # another agent won: give it time to beat, and judge the term it runs under next
+            self._controller_heard = time.monotonic()
+            self._owner_seen = hosts.owner(self.job)
             return None
-        driver, lost = won
+        driver, lost, missed = won
         self._done.set()  # the driver's loop talks to the store from here on
-        return driver.resume(lost, f"the controller on {lost} stopped beating")
+        return driver.resume(lost, f"the controller on {lost} stopped beating", missed)
 
     def run(self) -> int:
         cfg = self.cfg
         self._connect()
         assert self.job is not None and self.channel is not None and self.settings is not None
-        if cfg.host == self.settings.store_host:
-            raise LaunchError(f"host {cfg.host} is the launcher's own host: its workers are started by "
-                              "`taiji run` (-np/--nproc-per-node); give this agent its host's address with --host")
-        self.host_rank = hosts.register(self.job, cfg.host, cfg.slots, os.getpid())
+        controller = hosts.read_controller(self.job) if self.job.has(hosts.CONTROLLER) else {}
+        if cfg.host == controller.get("host", self.settings.store_host):
+            raise LaunchError(f"host {cfg.host} runs the job's controller: its workers are started there "
+                              "(-np/--nproc-per-node); give this agent its own host's address with --host")
+        self.host_rank = hosts.register(self.job, cfg.host, cfg.slots, os.getpid(), self.session)
         self.say(f"joined job {cfg.job_id} at {cfg.store_url} as host {cfg.host} with {cfg.slots} "
                  f"slot(s); command: {' '.join(self.settings.command_here())}")
         self.sup.install_signal_handlers()
@@ -170,6 +175,9 @@ class Agent:
                         self._spawn(command)
                     elif op == "kill":
                         self.sup.kill(str(command["id"]))
+                    elif op == "refuse":
+                        self.say(f"refused by the job's controller: {command.get('reason')}; nothing was started")
+                        return 2
                     elif op == "stop":
                         self.say(f"stopping: {command.get('reason', 'asked by the launcher')}")
                         self._stop_workers()

@@ -19,7 +19,7 @@ from ..cluster import controller as ctl
 from ..cluster import spec
 from ..cluster.etcd import EtcdKV, job_credentials, parse_url
 from ..cluster.store import JobStore, host_store, open_store
-from ..errors import StoreError
+from ..errors import LaunchError, StoreError
 from . import hosts, registry
 from .control import ControlServer
 from .etcd_server import EtcdServer
@@ -47,6 +47,10 @@ class DriverConfig:
     store: str = "tcp"  # tcp (hosted here) | etcd (a server started here) | etcd://HOST:PORT,... (the user's)
 
 
+class Deposed(LaunchError):
+    """Another controller took the job over (this one was judged dead): stop, touching nothing else."""
+
+
 @dataclass
 class RemoteWorker:
     host: str
@@ -62,7 +66,7 @@ class Driver:
 
     def __init__(self, cfg: DriverConfig, settings: WorkerSettings, sup: Supervisor, job: JobStore,
                  secret: bytes, state: ctl.ControllerState, *, store_address: str, tick: float,
-                 etcd: EtcdServer | None = None):
+                 etcd: EtcdServer | None = None, term: bytes = b""):
         self.cfg = cfg
         self.settings = settings
         self.sup = sup
@@ -72,6 +76,8 @@ class Driver:
         self.store_address = store_address
         self.tick = tick
         self.etcd = etcd
+        self.term = term  # the election record this controller runs under (b"": the launcher)
+        self.survivable = etcd is None and cfg.store != "tcp"  # the store outlives this host
         self.agents: dict[str, hosts.AgentChannel] = {}
         self.remote: dict[str, RemoteWorker] = {}
         self._registrations_seen = 0
@@ -101,8 +107,14 @@ class Driver:
             credentials = job_credentials(cfg.job_id, secret)
             if cfg.store == "etcd":  # our own server: only this job's user may touch it
                 etcd = EtcdServer(cfg.host, cfg.port).start()
-                EtcdKV(etcd.url, cfg.timeout).enable_auth(cfg.job_id, auth.derive(secret, "etcd-root").hex(),
-                                                          credentials[1])
+                admin = EtcdKV(etcd.url, cfg.timeout)
+                try:
+                    admin.enable_auth(cfg.job_id, auth.derive(secret, "etcd-root").hex(), credentials[1])
+                except BaseException:
+                    etcd.stop()
+                    raise
+                finally:
+                    admin.close()
             url = etcd.url if etcd is not None else cfg.store
             store = open_store(url, cfg.timeout, credentials)
             host, port = parse_url(url)[0]
@@ -151,8 +163,9 @@ class Driver:
 
     def _publish(self, config: spec.ClusterConfig, reason: str) -> None:
         if not self.job.publish(config):
-            raise StoreError(f"job {self.cfg.job_id}: could not publish cluster v{config.version} "
-                             "(another writer published it); the job store is corrupt")
+            raise Deposed(f"job {self.cfg.job_id}: could not publish cluster v{config.version}: another controller "
+                          f"did (the election record says {hosts.owner(self.job)!r}; this controller's term is "
+                          f"{self.term!r}). This one stops its own workers and leaves the job to it.")
         for wid, worker in list(self.sup.workers.items()) + list(self.remote.items()):
             rank = config.rank_of(wid)
             if rank is not None:
@@ -225,11 +238,13 @@ class Driver:
             self._registrations_seen, found = hosts.registrations_after(self.job, self._registrations_seen)
         for record in found:
             address, slots = str(record.get("address")), int(record.get("slots", 0))
+            channel = hosts.AgentChannel(self.job, address, str(record.get("session", "")))
             if address == self.cfg.host or address in self.agents:
-                self.say(f"refused a second registration of host {address} (pid {record.get('pid')}): "
-                         "one agent per host address")
+                why = "the controller runs there" if address == self.cfg.host else "another agent serves it"
+                self.say(f"refused a second registration of host {address} (pid {record.get('pid')}): {why}")
+                channel.send({"op": "refuse", "reason": f"host {address} is in the job already ({why})"})
                 continue
-            self.agents[address] = hosts.AgentChannel(self.job, address)
+            self.agents[address] = channel
             self.say(f"host {address} joined (agent pid {record.get('pid')}, {slots} slot(s))")
             events.append(ctl.HostJoined(address, slots))
         for address, channel in list(self.agents.items()):
@@ -299,6 +314,10 @@ class Driver:
             return []
         self._controller_beats += 1
         hosts.beat_controller(self.job, self._controller_beats)
+        if self.survivable and hosts.owner(self.job) != self.term:
+            raise Deposed(f"job {self.cfg.job_id}: another controller took over (the election record says "
+                          f"{hosts.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
+                          "leaves the job to the new one")
         running = [w.worker_id for w in self.sup.running()] + [
             wid for wid, w in self.remote.items() if w.exit_code is None]
         counts = self.job.beats(running)
@@ -348,16 +367,16 @@ class Driver:
         self._publish(self.state.config, "start")
         return self._serve(lambda: self._spawn(self.state.config.workers))
 
-    def resume(self, lost_host: str, reason: str) -> int:
-        """Serve a running job whose controller (on ``lost_host``) is gone: drop that host first."""
+    def resume(self, lost_host: str, reason: str, missed: list[ctl.Event]) -> int:
+        """Serve a running job whose controller (on ``lost_host``) is gone: drop that host first,
+        then feed what happened here while nobody controlled the job (``missed``)."""
         self.say(f"took over job {self.cfg.job_id} at cluster v{self.state.config.version} as its controller "
                  f"({reason})")
-        return self._serve(lambda: None, [ctl.HostLost(lost_host, reason)])
+        return self._serve(lambda: None, [ctl.HostLost(lost_host, reason), *missed])
 
     def _announce_controller(self) -> None:
         """Who controls the job (agents watch its beat to take over when it stops, etcd mode)."""
-        hosts.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots,
-                                 survivable=self.etcd is None and self.cfg.store != "tcp")
+        hosts.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots, survivable=self.survivable)
         auth.write_secret_file(self.secret_file, self.secret)
         if self.cfg.slots:
             self.say(f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
@@ -408,6 +427,10 @@ class Driver:
                                      f"{time.monotonic() - started:.1f}s")
                         return code
                 self._refresh_snapshot(now)
+        except Deposed as exc:
+            self.say(str(exc))
+            self.sup.stop_all(cfg.grace)
+            return 1
         except BaseException:
             self.sup.stop_all(cfg.grace)
             self._stop_agents()

@@ -3,12 +3,15 @@
 Keys (under the job's prefix), each record sealed with the job secret (cluster/auth.py):
 - ``job/spec``: the workers' settings (``WorkerSettings``), written once by the launcher; an
   agent that cannot verify it holds the wrong secret and leaves before writing anything;
-- ``hosts/N``: agents' registrations ``{address, slots, pid}``;
-- ``agent/<address>/cmd/N``: the launcher's orders to one agent: ``spawn`` (id, rank, size),
-  ``kill`` (id), ``stop`` (the job is over, or the host was declared lost);
-- ``agent/<address>/events/N``: what the agent saw: ``exit`` (id, code, last lines), ``leave``
-  (the agent is stopping), ``bye`` (it stopped its workers after a ``stop``);
-- ``agent/<address>/beat``: a counter the agent bumps while it runs (its lease).
+- ``hosts/N``: agents' registrations ``{address, slots, pid, session}``;
+- ``agent/<address>/<session>/cmd/N``: the controller's orders to one agent: ``spawn`` (id, rank,
+  size), ``kill`` (id), ``stop`` (the job is over, or the host was declared lost), ``refuse``
+  (another agent holds that address);
+- ``agent/<address>/<session>/events/N``: what the agent saw: ``exit`` (id, code, last lines),
+  ``leave`` (the agent is stopping), ``bye`` (it stopped its workers after a ``stop``);
+- ``agent/<address>/<session>/beat``: a counter the agent bumps while it runs (its lease).
+Each registration has a session of its own, so an agent that joins again at the same address
+never replays an earlier agent's orders.
 
 A stream is polled with one atomic add per look (``records_after``), which on the launcher's
 host is a local round trip.
@@ -79,8 +82,9 @@ def elect(job: JobStore, address: str, seen: bytes) -> bool:
     return job.compare_set(OWNER, seen, mine) == mine
 
 
-def register(job: JobStore, address: str, slots: int, pid: int) -> int:
-    return job.append_record(REGISTRATIONS, {"address": address, "slots": int(slots), "pid": int(pid)})
+def register(job: JobStore, address: str, slots: int, pid: int, session: str) -> int:
+    return job.append_record(REGISTRATIONS, {"address": address, "slots": int(slots), "pid": int(pid),
+                                             "session": session})
 
 
 def registrations_after(job: JobStore, seen: int) -> tuple[int, list[dict]]:
@@ -90,10 +94,10 @@ def registrations_after(job: JobStore, seen: int) -> tuple[int, list[dict]]:
 class AgentChannel:
     """One host's streams: the launcher's commands to its agent, and the agent's events back."""
 
-    def __init__(self, job: JobStore, address: str):
+    def __init__(self, job: JobStore, address: str, session: str):
         self.job = job
         self.address = address
-        self._base = f"agent/{address}"
+        self._base = f"agent/{address}/{session}"
         self.commands_seen = 0
         self.events_seen = 0
         self.beats_seen = 0
@@ -108,10 +112,6 @@ class AgentChannel:
 
     def report(self, event: dict) -> None:
         self.job.append_record(f"{self._base}/events", event)
-
-    def skip_past_events(self) -> None:
-        """Read only events written from now on (a controller taking over a running job)."""
-        self.events_seen = self.job.add(f"{self._base}/events/seq", 0)
 
     def new_events(self) -> list[dict]:
         self.events_seen, found = self.job.records_after(f"{self._base}/events", self.events_seen)

@@ -30,33 +30,38 @@ def _next_index(ids: tuple[str, ...]) -> int:
 
 
 def take_over(cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Supervisor,
-              secret: bytes, seen: bytes) -> tuple[Driver, str] | None:
+              secret: bytes, seen: bytes) -> tuple[Driver, str, list[ctl.Event]] | None:
     """If this agent wins the election against the controller of term ``seen``: a Driver for the
-    job, and the dead controller's host."""
+    job, the dead controller's host, and what happened while nobody controlled the job (this
+    host's workers that exited meanwhile) to feed it first."""
     if not hosts.elect(job, cfg.host, seen):
         return None
     old = hosts.read_controller(job)
+    old_host = str(old["host"])
     bounds = hosts.read_bounds(job)
     config = job.read_config()
     _, registrations = hosts.registrations_after(job, 0)
-    slots = {str(r["address"]): int(r["slots"]) for r in registrations}
-    slots[str(old["host"])] = int(old.get("slots") or 0) or sum(1 for w in config.workers if w.host == old["host"])
-    in_use = {w.host for w in config.workers}
-    others = [h for h in dict.fromkeys(w.host for w in config.workers) if h not in (cfg.host, old["host"])]
-    host_list = (ctl.Host(cfg.host, cfg.slots),) + tuple(ctl.Host(h, slots.get(h, 1)) for h in others if h in in_use)
-    if old["host"] != cfg.host:
-        host_list += (ctl.Host(str(old["host"]), slots[str(old["host"])]),)
+    latest = {str(r["address"]): r for r in registrations}  # an address's newest agent
+    slots = {address: int(r["slots"]) for address, r in latest.items()}
+    slots[old_host] = int(old.get("slots") or 0) or sum(1 for w in config.workers if w.host == old_host)
+    # every registered host stays in the pool (those whose agents are gone fall silent and are
+    # dropped); the dead controller's host goes last, to be dropped at once
+    others = [a for a in latest if a not in (cfg.host, old_host)]
+    host_list = ((ctl.Host(cfg.host, cfg.slots),) + tuple(ctl.Host(a, slots[a]) for a in others)
+                 + ((ctl.Host(old_host, slots[old_host]),) if old_host != cfg.host else ()))
     state = ctl.adopted_state(config, bounds, host_list, _next_index(config.ids), time.monotonic())
     driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=config.size, bounds=bounds, host=cfg.host, timeout=cfg.timeout,
                               grace=cfg.grace, slots=cfg.slots, store=cfg.store_url)
     driver = Driver(driver_cfg, settings, sup, job, secret, state, store_address=cfg.store_url,
-                    tick=ETCD_TICK_SECONDS)
-    for host in host_list[1:]:
-        channel = hosts.AgentChannel(job, host.address)
-        channel.skip_past_events()
-        driver.agents[host.address] = channel
+                    tick=ETCD_TICK_SECONDS, term=hosts.owner(job))
+    for address in others:
+        # read from the start: exits written while nobody controlled the job are not lost
+        # (exits of workers no longer members are ignored by the controller)
+        driver.agents[address] = hosts.AgentChannel(job, address, str(latest[address].get("session", "")))
     for rank, worker in enumerate(config.workers):
         if worker.host != cfg.host:
             driver.remote[worker.id] = RemoteWorker(worker.host, rank)
     driver.skip_past_records()
-    return driver, str(old["host"])
+    gone_here = [ctl.WorkerExited(w.worker_id, w.exit_code, job.is_training(w.worker_id))
+                 for w in sup.workers.values() if w.exit_code is not None and w.worker_id in config.ids]
+    return driver, old_host, gone_here
