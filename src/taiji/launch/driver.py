@@ -120,7 +120,8 @@ class Driver:
             host, port = parse_url(url)[0]
             settings = replace(settings, store_host=host, store_port=port, store_url=url)
             address, tick = url, ETCD_TICK_SECONDS
-        return Driver(cfg, settings, Supervisor(output=output), JobStore(store, cfg.job_id, auth.Signer(secret)),
+        sup = Supervisor(output=output, prefix=f"{cfg.host} " if cfg.slots else "")  # many hosts: say which
+        return Driver(cfg, settings, sup, JobStore(store, cfg.job_id, auth.Signer(secret)),
                       secret, ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None),
                       store_address=address, tick=tick, etcd=etcd)
 
