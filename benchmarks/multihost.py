@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from _common import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
 from _elastic_analysis import taiji_change_figures, torchrun_change_figures  # noqa: E402
 from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for  # noqa: E402
-from _netns import EmulatedHosts, unavailable  # noqa: E402
+from _netns import EmulatedHosts, etcd_command, unavailable  # noqa: E402
 
 PORT = 29400
 
@@ -54,26 +54,38 @@ def _kill_session(job: LaunchedJob) -> float:
     return hit
 
 
+CLI = [sys.executable, "-m", "taiji.launch.cli"]
+
+
+def taiji_head(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict, log: StepLog, job_id: str,
+               *store: str) -> LaunchedJob:
+    """`taiji run` on host 0: one worker there, up to two in all."""
+    return LaunchedJob("taiji-head", in_host(hosts, 0, [
+        *CLI, "run", "-np", "1", "--nproc-per-node", "1", "--max-np", "2", "--host", hosts.address(0), *store,
+        "--job-id", job_id, "--timeout", str(args.collective_timeout), "--liveness-timeout", "2",
+        "--run-dir", str(out / "run"), "--", *train_args(args, out)]), out, env, log)
+
+
+def taiji_agent(hosts: EmulatedHosts, out: Path, env: dict, log: StepLog, job_id: str, store: str) -> LaunchedJob:
+    """`taiji join` on host 1 with one slot."""
+    return LaunchedJob("taiji-agent", in_host(hosts, 1, [
+        *CLI, "join", f"{job_id}@{store}", "--secret-file", str(out / "home" / "jobs" / f"{job_id}.secret"),
+        "--nproc-per-node", "1", "--host", hosts.address(1), "--timeout", "5"]), out, env, log)
+
+
 def taiji_side(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
     log = StepLog(out, "taiji")
     job_id = "jbench"
     env = dict(env, TAIJI_HOME=str(out / "home"))
     deadline = time.monotonic() + args.timeout
-    cli = [sys.executable, "-m", "taiji.launch.cli"]
-    head = LaunchedJob("taiji-head", in_host(hosts, 0, [
-        *cli, "run", "-np", "1", "--nproc-per-node", "1", "--max-np", "2", "--host", hosts.address(0),
-        "--port", str(PORT), "--job-id", job_id, "--timeout", str(args.collective_timeout),
-        "--liveness-timeout", "2", "--run-dir", str(out / "run"), "--", *train_args(args, out)]), out, env, log)
+    head = taiji_head(args, hosts, out, env, log, job_id, "--port", str(PORT))
     jobs = [head]
     try:
         def w0(version: int | None = None) -> list[dict]:
             return [c for c in log.select("commit", worker="w0") if version is None or c["version"] == version]
         wait_for(lambda: len(w0()) >= args.warm, log, jobs, deadline, "warm-up steps")
         requested = time.time()
-        agent = LaunchedJob("taiji-agent", in_host(hosts, 1, [
-            *cli, "join", f"{job_id}@{hosts.address(0)}:{PORT}", "--secret-file",
-            str(out / "home" / "jobs" / f"{job_id}.secret"), "--nproc-per-node", "1", "--host", hosts.address(1),
-            "--timeout", "5"]), out, env, log)
+        agent = taiji_agent(hosts, out, env, log, job_id, f"{hosts.address(0)}:{PORT}")
         jobs.append(agent)
         wait_for(lambda: len(w0(2)) >= args.settle, log, jobs, deadline, f"{args.settle} steps on two hosts")
         grow = taiji_change_figures(log.records, {"to_version": 2, "to_size": 2, "requested": requested}, args.settle)
@@ -95,25 +107,15 @@ def taiji_head_loss(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, e
     job_id = "jhead"
     env = dict(env, TAIJI_HOME=str(out / "home"))
     deadline = time.monotonic() + args.timeout
-    cli = [sys.executable, "-m", "taiji.launch.cli"]
     store = f"etcd://{hosts.address(2)}:2379"
-    etcd = LaunchedJob("etcd", in_host(hosts, 2, [
-        "etcd", "--name", "e", "--data-dir", str(out / "etcd-data"), "--listen-client-urls",
-        f"http://{hosts.address(2)}:2379", "--advertise-client-urls", f"http://{hosts.address(2)}:2379",
-        "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
-        "--initial-cluster", "e=http://127.0.0.1:2380", "--heartbeat-interval", "10", "--election-timeout", "100",
-        "--log-level", "warn"]), out, env, log)
+    etcd = LaunchedJob("etcd", in_host(hosts, 2, etcd_command(hosts.address(2), str(out / "etcd-data"))),
+                       out, env, log)
     jobs = [etcd]
     try:
-        head = LaunchedJob("taiji-head", in_host(hosts, 0, [
-            *cli, "run", "-np", "1", "--nproc-per-node", "1", "--max-np", "2", "--host", hosts.address(0),
-            "--store", store, "--job-id", job_id, "--timeout", str(args.collective_timeout),
-            "--liveness-timeout", "2", "--run-dir", str(out / "run"), "--", *train_args(args, out)]), out, env, log)
+        head = taiji_head(args, hosts, out, env, log, job_id, "--store", store)
         jobs.append(head)
         wait_for(lambda: len(log.select("commit", worker="w0")) >= args.warm, log, jobs, deadline, "warm-up steps")
-        agent = LaunchedJob("taiji-agent", in_host(hosts, 1, [
-            *cli, "join", f"{job_id}@{store}", "--secret-file", str(out / "home" / "jobs" / f"{job_id}.secret"),
-            "--nproc-per-node", "1", "--host", hosts.address(1), "--timeout", "5"]), out, env, log)
+        agent = taiji_agent(hosts, out, env, log, job_id, store)
         jobs.append(agent)
         wait_for(lambda: len(log.select("commit", worker="w1")) >= args.settle, log, jobs, deadline,
                  f"{args.settle} steps on two hosts")

@@ -38,6 +38,15 @@ def unavailable() -> str | None:
     return None
 
 
+def etcd_command(address: str, data_dir: str) -> list[str]:
+    """A single-member etcd server for clients at ``address:2379`` (a store that is not the
+    launcher's: it outlives the launcher's host). Needs the ``etcd`` binary (etcd-server)."""
+    return ["etcd", "--name", "e", "--data-dir", data_dir, "--listen-client-urls", f"http://{address}:2379",
+            "--advertise-client-urls", f"http://{address}:2379", "--listen-peer-urls", "http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls", "http://127.0.0.1:2380", "--initial-cluster", "e=http://127.0.0.1:2380",
+            "--heartbeat-interval", "10", "--election-timeout", "100", "--log-level", "warn"]
+
+
 class EmulatedHosts:
     """``n`` hosts; ``address(i)``, ``popen(i, argv)``, ``run(i, argv)``, faults, ``close()``."""
 

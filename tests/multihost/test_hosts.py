@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from _harness import HostsJob, check_invariants, wait_for
-from _netns import EmulatedHosts, unavailable
+from _netns import EmulatedHosts, etcd_command, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -146,12 +146,8 @@ def test_etcd_head_killed_an_agent_takes_over_and_training_goes_on(hosts3, tmp_p
     wins the election, drops host 0's workers in one version, and the job trains to its end."""
     etcd_host = hosts3.address(2)
     data = tmp_path / "etcd-data"
-    etcd = hosts3.popen(2, ["etcd", "--name", "e", "--data-dir", str(data), "--listen-client-urls",
-                            f"http://{etcd_host}:2379", "--advertise-client-urls", f"http://{etcd_host}:2379",
-                            "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls",
-                            "http://127.0.0.1:2380", "--initial-cluster", "e=http://127.0.0.1:2380",
-                            "--heartbeat-interval", "10", "--election-timeout", "100", "--log-level", "warn"],
-                        stdout=open(tmp_path / "etcd.log", "w"), stderr=subprocess.STDOUT)
+    etcd = hosts3.popen(2, etcd_command(etcd_host, str(data)), stdout=open(tmp_path / "etcd.log", "w"),
+                        stderr=subprocess.STDOUT)
     job = HostsJob(hosts3, tmp_path, store=f"etcd://{etcd_host}:2379")
     _grown_to_four(job)
     job.launcher.send_signal(signal.SIGKILL)  # the launcher's host dies: its workers die with it

@@ -376,10 +376,9 @@ def open_store(url: str, timeout: float = 60.0, credentials: tuple[str, str] | N
     if url.startswith("etcd://"):
         from .etcd import EtcdC10dStore, EtcdKV
         try:
-            kv = EtcdKV(url, timeout)
+            kv = EtcdKV(url, timeout, credentials)  # authenticating reaches the cluster too
             kv.reachable()
-            kv.close()
-            store = EtcdC10dStore(EtcdKV(url, timeout, credentials))
+            store = EtcdC10dStore(kv)
         except StoreError as exc:
             raise StoreError(f"cannot reach the job store {url}: {exc}. Is the launcher (or the etcd cluster) "
                              "running, and is this host on its network?") from exc
