@@ -23,9 +23,11 @@ def taiji_cmd(args: argparse.Namespace, out: Path, nproc: int, timeout: float, j
 
 def job_store(home: Path, job_id: str):
     """The job's store, found through the job registry under ``home`` (what ``taiji resize`` does)."""
+    from taiji.cluster.auth import Signer, read_secret_file
     from taiji.cluster.store import JobStore, connect_store
     info = json.loads((home / "jobs" / f"{job_id}.json").read_text())
-    return JobStore(connect_store(info["host"], int(info["port"]), timeout=10.0), job_id)
+    secret = read_secret_file(str(home / "jobs" / f"{job_id}.secret"))  # proposals are signed records
+    return JobStore(connect_store(info["host"], int(info["port"]), timeout=10.0), job_id, Signer(secret))
 
 
 def finish(job: LaunchedJob, out: Path, deadline: float) -> int:
