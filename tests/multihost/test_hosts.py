@@ -59,6 +59,26 @@ def test_grow_onto_a_second_host_then_a_third_and_shrink_off_the_newest(hosts3, 
     _no_process_left(hosts3, 0, 1, 2)
 
 
+def test_nnodes_waits_for_its_hosts_starts_across_them_and_refuses_one_more(hosts3, tmp_path):
+    """`--nnodes 2:2`: the job starts only once a second host joined, with a worker on each; a
+    third host is refused (exit 2) and changes nothing."""
+    job = HostsJob(hosts3, tmp_path)
+    job.start(["--nnodes", "2:2", "--nproc-per-node", "1"],
+              ["--batch", "16", "--steps", "300", "--step-delay", "0.02"])
+    job.wait_log("waiting for 1 more host(s) to join")
+    assert "cluster v1" not in job.log()
+    job.join(1, 1)
+    job.wait_log("cluster v1: 2 worker(s)")
+    wait_for(lambda: len(hosts3.pids(1)) >= 2, 30, "a worker beside the agent on host 1")
+    extra = job.join(2, 1)
+    assert extra.wait(timeout=60) == 2, job.log("agent2")
+    assert "MAX of --nnodes" in job.log("agent2"), job.log("agent2")
+    assert job.finish() == 0, job.log()[-4000:]
+    assert job.agents[1].wait(timeout=30) == 0, job.log("agent1")
+    assert check_invariants(tmp_path, 16)["sizes"] == [2]
+    _no_process_left(hosts3, 0, 1, 2)
+
+
 def _grown_to_four(job: HostsJob) -> None:
     """Host 0 trains with 2 workers; host 1 joins with 2 slots; a step commits at 4."""
     job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
@@ -129,12 +149,20 @@ def test_wrong_or_missing_secret_is_refused_and_changes_nothing(hosts3, tmp_path
 
 
 @pytest.mark.skipif(shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)")
-def test_etcd_store_grow_across_hosts_then_lose_an_agent(hosts3, tmp_path):
+def test_etcd_store_grow_across_hosts_then_an_agents_lease_expires(hosts3, tmp_path):
+    """An agent frozen (SIGSTOP) stops renewing its lease: etcd deletes its key, the launcher drops
+    the host's workers in one version; thawed, the agent learns it was dropped and stops them."""
     job = HostsJob(hosts3, tmp_path, store="etcd")
     _grown_to_four(job)
     assert f"store etcd://{hosts3.address(0)}:{HostsJob.PORT}" in job.log()
-    job.agents[1].send_signal(signal.SIGKILL)
+    agent = job.agents[1]
+    agent.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: "lease expired" in job.log(), 60, "the frozen agent's lease to expire")
+    finally:
+        agent.send_signal(signal.SIGCONT)
     assert job.finish() == 0, job.log()[-4000:]
+    assert agent.wait(timeout=60) in (0, 1), job.log("agent1")[-3000:]
     assert "drop failed w2, w3" in job.log(), job.log()[-3000:]
     assert check_invariants(tmp_path, 16)["sizes"] == [2, 4, 2]
     _no_process_left(hosts3, 0, 1)

@@ -187,9 +187,9 @@ def test_agent_channel_streams_commands_events_and_beats():
     assert agent.new_commands() == []
     agent.report({"op": "exit", "id": "w2", "code": 0, "tail": []})
     assert [e["op"] for e in head.new_events()] == ["exit"]
-    assert not head.beat_moved()
+    assert head.liveness() == "quiet"
     agent.beat()
-    assert head.beat_moved() and not head.beat_moved()
+    assert head.liveness() == "beat" and head.liveness() == "quiet"  # a TCP store: a counter, no lease
     rejoined = hosts.AgentChannel(job, H2, "s2")  # the same address, a new agent: no replay
     assert rejoined.new_commands() == [] and rejoined.new_events() == []
 
@@ -285,3 +285,35 @@ def test_below_min_np_with_no_free_slot_the_job_stops_after_the_join_timeout():
     assert not s.finished
     s, acts = run(s, Tick(), now=11.5)
     assert s.finished and "no free slot" in acts[-1].reason
+
+
+def test_nnodes_places_the_first_workers_across_the_hosts_that_joined_and_refuses_beyond_max():
+    from taiji.cluster.controller import Host, RefuseHost
+    bounds = Bounds(max_np=6, max_hosts=2, host_timeout=5.0)
+    s = initial_state(4, bounds, HEAD, 2, others=(Host(H2, 2),), now=100.0)
+    assert [(w.id, w.host) for w in s.config.workers] == [("w0", HEAD), ("w1", HEAD), ("w2", H2), ("w3", H2)]
+    assert s.host_beats == {H2: 100.0} and s.next_index == 4
+    s2, acts = run(s, HostJoined(H3, 2))
+    assert s2 == s and of(acts, RefuseHost) == [RefuseHost(H3, acts[0].reason)] and "--nnodes" in acts[0].reason
+    with pytest.raises(ValueError, match="do not fit the 4 slots of 2 host"):
+        initial_state(5, bounds, HEAD, 2, others=(Host(H2, 2),))
+
+
+def _run_args(*argv):
+    from taiji.launch.cli import parse_run
+    return parse_run(build_parser().parse_args(["run", *argv, "python", "-c", "pass"]))
+
+
+def test_nnodes_sets_the_start_size_the_hosts_and_max_np():
+    cfg = _run_args("--nnodes", "2:3", "--nproc-per-node", "2")
+    assert (cfg.nproc, cfg.max_np, cfg.min_hosts, cfg.max_hosts) == (4, 6, 2, 3)
+    cfg = _run_args("--nnodes", "2", "--nproc-per-node", "2", "-np", "3", "--max-np", "3")
+    assert (cfg.nproc, cfg.max_np, cfg.min_hosts, cfg.max_hosts) == (3, 3, 2, 2)
+    assert _run_args("-np", "2").max_hosts == 0  # no --nnodes: no host limit
+    for argv, message in ((["--nnodes", "2:3"], "needs --nproc-per-node"),
+                          (["--nnodes", "3:2", "--nproc-per-node", "2"], "MIN <= MAX"),
+                          (["--nnodes", "a:b", "--nproc-per-node", "2"], "MIN:MAX"),
+                          (["--nnodes", "1:2", "--nproc-per-node", "2", "-np", "3"], "must fit"),
+                          ([], "how many workers")):
+        with pytest.raises(ConfigError, match=message):
+            _run_args(*argv)

@@ -116,6 +116,65 @@ def test_etcd_store_serves_gloo_rendezvous(etcd_server):
     assert all(r is not None and torch.equal(r, torch.full((4,), 3.0)) for r in results)
 
 
+def test_etcd_watch_streams_every_new_version_and_stops_when_told(etcd_server):
+    """A worker's config watcher on etcd: a watch, not a poll; no version is missed, even ones
+    published while the stream is being reopened, and a stop ends it within the reopen period."""
+    import queue
+    from taiji.cluster.etcd import WATCH_REOPEN_S
+    from taiji.cluster.store import open_store
+    job = JobStore(open_store(etcd_server.url, timeout=5), f"w{uuid.uuid4().hex[:6]}")
+    assert job.can_watch and not JobStore(FakeStore(), "j").can_watch
+    config = spec.initial(workers("a"))
+    assert job.publish(config)
+    seen: "queue.Queue[int]" = queue.Queue()
+    stop = threading.Event()
+    watcher = threading.Thread(target=lambda: [seen.put(v) for v in job.another_connection().follow_latest(stop)])
+    watcher.start()
+    try:
+        assert seen.get(timeout=5) == 1  # the version when the watch began
+        for _ in range(3):
+            config = spec.grow(config, workers(f"x{config.version}"))
+            assert job.publish(config)
+        assert [seen.get(timeout=5) for _ in range(3)] == [2, 3, 4]
+        done = threading.Event()  # published while the stream sits idle past a reopen
+        done.wait(WATCH_REOPEN_S * 1.5)
+        assert job.publish(spec.grow(config, workers("late")))
+        assert seen.get(timeout=5) == 5
+    finally:
+        stop.set()
+        watcher.join(WATCH_REOPEN_S * 3)
+    assert not watcher.is_alive()
+
+
+def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
+    """The launcher reads an agent's liveness from a leased key: present while renewed, and
+    'expired' once etcd deletes it; the agent then learns its host was dropped."""
+    import time
+    from taiji.cluster.store import open_store
+    from taiji.launch import hosts
+    job = JobStore(open_store(etcd_server.url, timeout=5), f"l{uuid.uuid4().hex[:6]}")
+    assert job.has_leases and not JobStore(FakeStore(), "j").has_leases
+    agent = hosts.AgentChannel(job, "10.0.0.2", "s1", lease_ttl=2)
+    head = hosts.AgentChannel(job.another_connection(), "10.0.0.2", "s1", lease_ttl=2)
+    assert head.liveness() == "quiet"  # no lease yet: the controller judges silence itself
+    agent.beat()
+    renewed_until = time.monotonic() + 3.0  # longer than the TTL: renewals keep it
+    while time.monotonic() < renewed_until:
+        agent.beat()
+        assert head.liveness() == "beat"
+        threading.Event().wait(0.05)
+    deadline = time.monotonic() + 8.0
+    while head.liveness() == "beat" and time.monotonic() < deadline:
+        threading.Event().wait(0.1)
+    assert head.liveness() == "expired"
+    with pytest.raises(hosts.LeaseExpired, match="dropped this host"):
+        agent.beat()
+    left = hosts.AgentChannel(job, "10.0.0.3", "s2", lease_ttl=2)
+    left.beat()
+    left.leave()  # a clean exit ends the lease at once
+    assert not job.has("agent/10.0.0.3/s2/alive")
+
+
 def test_etcd_server_listens_only_where_it_is_told_and_stops_clean(etcd_server):
     from _harness import listening_addresses
     pid = etcd_server.process.pid
@@ -206,6 +265,10 @@ def test_a_launcher_started_etcd_admits_only_the_jobs_user_on_its_own_keys():
         job = EtcdKV(server.url, 5, (user, password))
         job.set("taiji/j/config/latest", "1")
         assert job.get("taiji/j/config/latest") == b"1" and job.add("taiji/j/n", 2) == 2
+        stream = job.changes("taiji/j/config/latest", threading.Event())
+        assert next(stream) == b"1"
+        job.set("taiji/j/config/latest", "2")
+        assert next(stream) == b"2"  # the watch stream authenticates too
         with pytest.raises(AuthError, match="permission denied"):
             job.set("taiji/other/x", "1")
         with pytest.raises(StoreError):

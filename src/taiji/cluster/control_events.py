@@ -115,10 +115,17 @@ class Log:
 
 
 @dataclass(frozen=True)
+class RefuseHost:
+    """Turn away the agent of host ``address`` (the job has as many hosts as it takes)."""
+    address: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Finish:
     code: int
     reason: str
     failed_worker: str | None = None
 
 
-Action = Union[Spawn, Kill, Publish, Log, Finish]
+Action = Union[Spawn, Kill, Publish, Log, RefuseHost, Finish]

@@ -25,7 +25,8 @@ Rules (DESIGN §3):
   ``busy_timeout``. A worker without a heartbeat for ``liveness_timeout`` is stopped or frozen
   and is killed even if no collective waits on it (asynchronous phases). Workers that never
   sent a heartbeat are judged by the report rule alone: killed at once when one is silent.
-- hosts: every worker runs on a host with a number of slots; the launcher's host is the first.
+- hosts: every worker runs on a host with a number of slots; the launcher's host is the first;
+  a host beyond ``max_hosts`` is refused.
   Joiners are placed on the oldest hosts with free slots (so shrinking, which drops the newest
   workers, empties the newest host first). A host that joins (``HostJoined``) adds its slots
   and the job grows onto them, up to ``max_np`` (or they serve a size asked for and not reached). A host whose agent stops beating for
@@ -35,112 +36,19 @@ Rules (DESIGN §3):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Mapping
+from dataclasses import replace
 
 from . import spec
 from .control_events import (  # noqa: F401 (re-exported: the controller's vocabulary)
     Proposal, WorkerReady, WorkerExited, FailureReported, FatalReported, JobDone,
     Beat, HostJoined, HostBeat, HostLost, Tick, Spawn,
-    Kill, Publish, Log, Finish, Event, Action,
+    Kill, Publish, Log, RefuseHost, Finish, Event, Action,
 )
 
 
-# -- state ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Bounds:
-    min_np: int = 1
-    max_np: int = 1 << 30
-    replace: bool = False
-    join_timeout: float = 60.0
-    suspect_window: float = 5.0   # after a failure report, how long to wait for the others'
-    max_failures: int = 3
-    liveness_timeout: float = 5.0  # no heartbeat for this long: the process is stopped or frozen
-    busy_timeout: float = 600.0    # a live worker may keep its waiting peers this long (evaluation)
-    stale_after: float = 1.0       # a heartbeat older than this at a failure report: not busy
-    host_timeout: float = 5.0      # an agent silent this long: its host is lost
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_np <= self.max_np:
-            raise ValueError(f"need 1 <= min_np <= max_np, got {self.min_np}, {self.max_np}")
-
-
-@dataclass(frozen=True)
-class Joiner:
-    id: str
-    spawned_at: float
-    ready: bool = False
-    host: str = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class Host:
-    address: str
-    slots: int
-
-
-@dataclass(frozen=True)
-class ControllerState:
-    config: spec.ClusterConfig
-    bounds: Bounds
-    desired: int
-    hosts: tuple[Host, ...] = (Host("127.0.0.1", 1 << 30),)  # the launcher's host first
-    joiners: tuple[Joiner, ...] = ()
-    next_index: int = 0
-    exited: frozenset[str] = frozenset()      # config members whose process is gone
-    killed: frozenset[str] = frozenset()      # processes we stopped on purpose
-    removed_pending: tuple[str, ...] = ()     # failed members to drop with the next grow
-    short_since: float | None = None          # since when removed_pending waits for replacements
-    failures: int = 0
-    first_failure: tuple[str, int] | None = None
-    reports: frozenset[str] = frozenset()     # members that reported a failure in config.version
-    report_started: float | None = None
-    beats: Mapping[str, float] = field(default_factory=dict)  # worker -> when its heartbeat last moved
-    noted_busy: frozenset[str] = frozenset()  # busy members already logged in this version
-    host_beats: Mapping[str, float] = field(default_factory=dict)  # joined host -> its agent's last beat
-    done: bool = False
-    finished: bool = False
-
-    @property
-    def alive_members(self) -> tuple[str, ...]:
-        return tuple(i for i in self.config.ids if i not in self.exited and i not in self.removed_pending)
-
-    def host_of(self, worker_id: str) -> str | None:
-        for worker in self.config.workers:
-            if worker.id == worker_id:
-                return worker.host
-        return next((j.host for j in self.joiners if j.id == worker_id), None)
-
-    def used_slots(self, address: str) -> int:
-        alive = set(self.alive_members)
-        return (sum(1 for w in self.config.workers if w.host == address and w.id in alive)
-                + sum(1 for j in self.joiners if j.host == address))
-
-    @property
-    def capacity(self) -> int:
-        return sum(h.slots for h in self.hosts)
-
-
-def initial_state(size: int, bounds: Bounds, host: str = "127.0.0.1", slots: int | None = None) -> ControllerState:
-    """``size`` workers on the launcher's ``host``, which has ``slots`` (default: as many as
-    ``max_np``, i.e. one host)."""
-    slots = bounds.max_np if slots is None else slots
-    if size > slots:
-        raise ValueError(f"{size} workers do not fit the launcher's host's {slots} slots")
-    workers = [spec.WorkerSpec(f"w{i}", host) for i in range(size)]
-    return ControllerState(config=spec.initial(workers), bounds=bounds, desired=size,
-                           hosts=(Host(host, slots),), next_index=size)
-
-
-def adopted_state(config: spec.ClusterConfig, bounds: Bounds, hosts: tuple[Host, ...], next_index: int,
-                  now: float) -> ControllerState:
-    """The state of a controller taking over a running job (its launcher's host died): the latest
-    published ``config``, ``hosts`` with the new controller's own host first; every member and
-    every other host counts as just heard from, so only real silence is judged from here on."""
-    return ControllerState(config=config, bounds=bounds, desired=config.size, hosts=hosts,
-                           next_index=next_index, beats={w: now for w in config.ids},
-                           host_beats={h.address: now for h in hosts[1:]})
+from .control_state import (  # noqa: F401 (re-exported)
+    Bounds, Joiner, Host, ControllerState, initial_state, adopted_state,
+)
 
 
 Reaction = tuple[ControllerState, list[Action]]
@@ -340,6 +248,9 @@ def _on_host_joined(state: ControllerState, event: HostJoined, now: float) -> Re
     if known:
         return state, [Log("warning", f"host {event.address} registered again while it is in the job: ignored "
                                       "(stop its old agent first)")]
+    if len(state.hosts) >= state.bounds.max_hosts:
+        return state, [RefuseHost(event.address, f"the job has its {state.bounds.max_hosts} host(s) already "
+                                                 "(the MAX of --nnodes MIN:MAX)")]
     state = replace(state, hosts=state.hosts + (Host(event.address, event.slots),),
                     host_beats={**state.host_beats, event.address: now})
     # a size asked for and not reached yet (no free slot) is what the new slots serve; otherwise

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import base64
 import datetime
+import json
+import math
+import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch.distributed as dist
 
@@ -23,6 +26,8 @@ from .auth import derive
 POLL_START_S = 0.005
 POLL_MAX_S = 0.05
 RETRY_S = 10.0  # how long a request is retried through an election or an unreachable member
+WATCH_REOPEN_S = 0.5  # a watch stream idle this long is reopened (from where it was): how soon a stop is seen
+MIN_LEASE_S = 2  # etcd rounds shorter leases up to about this (1.5 election timeouts)
 TRANSIENT = ("leader changed", "request timed out", "no leader", "too many requests", "not capable")
 
 
@@ -152,8 +157,11 @@ class EtcdKV:
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout.total_seconds()
 
-    def set(self, key: str, value: str | bytes) -> None:
-        self._post("/kv/put", {"key": _b64(key), "value": _b64(value)})
+    def set(self, key: str, value: str | bytes, lease: int | None = None) -> None:
+        payload = {"key": _b64(key), "value": _b64(value)}
+        if lease is not None:
+            payload["lease"] = str(lease)
+        self._post("/kv/put", payload)
 
     def _value(self, key: str) -> bytes | None:
         kv = self._range(key)
@@ -217,6 +225,60 @@ class EtcdKV:
     def delete_key(self, key: str) -> bool:
         return int(self._post("/kv/deleterange", {"key": _b64(key)}).get("deleted", 0)) > 0
 
+    # -- leases and watches ------------------------------------------------------------------
+
+    def grant_lease(self, ttl: float) -> int:
+        """A lease of ``ttl`` seconds (rounded up; etcd makes short ones about 2 s)."""
+        return int(self._post("/lease/grant", {"TTL": max(MIN_LEASE_S, math.ceil(ttl)), "ID": 0})["ID"])
+
+    def renew_lease(self, lease: int) -> bool:
+        """Keep ``lease`` alive; False if it has expired (its keys are gone)."""
+        result = self._post("/lease/keepalive", {"ID": str(lease)}).get("result", {})
+        return int(result.get("TTL", 0)) > 0
+
+    def revoke_lease(self, lease: int) -> None:
+        self._post("/lease/revoke", {"ID": str(lease)})
+
+    def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]:
+        """The key's value now (None: absent), then its value at every change (None: deleted),
+        until ``stop`` is set. One streaming watch, reopened from the last revision it saw when it
+        has been idle for ``WATCH_REOPEN_S`` (so a stop is noticed) or the connection broke: no
+        change is missed. Use a connection of its own (``another()``): the stream holds it."""
+        import requests
+        first = self._post("/kv/range", {"key": _b64(key)})
+        revision = int(first["header"]["revision"])
+        kvs = first.get("kvs")
+        yield _unb64(kvs[0].get("value", "")) if kvs else None
+        while not stop.is_set():
+            client = self._clients[self._current]
+            request = {"create_request": {"key": _b64(key), "start_revision": revision + 1}}
+            try:
+                with client.session.post(client.get_url("/watch"), json=request, stream=True,
+                                         timeout=(min(self._timeout, 10.0), WATCH_REOPEN_S)) as response:
+                    for line in response.iter_lines():
+                        if stop.is_set():
+                            return
+                        result = json.loads(line).get("result") if line.strip() else None
+                        if result is None:
+                            raise _Transient(line.decode(errors="replace")[:200])
+                        if result.get("canceled"):  # compacted past our revision: read it afresh
+                            self._current = (self._current + 1) % len(self._clients)
+                            current = self._post("/kv/range", {"key": _b64(key)})
+                            revision = int(current["header"]["revision"])
+                            kvs = current.get("kvs")
+                            yield _unb64(kvs[0].get("value", "")) if kvs else None
+                            break
+                        for event in result.get("events", ()):
+                            revision = int(event["kv"]["mod_revision"])
+                            deleted = event.get("type") == "DELETE"
+                            yield None if deleted else _unb64(event["kv"].get("value", ""))
+            except (requests.RequestException, _Transient) as exc:
+                if "auth" in str(exc) and self._credentials is not None:
+                    self._authenticate()
+                elif not isinstance(exc, requests.ConnectionError) or "timed out" not in str(exc):
+                    self._current = (self._current + 1) % len(self._clients)  # another member
+                    stop.wait(POLL_MAX_S)
+
     def another(self) -> "EtcdKV":
         return EtcdKV(self.url, self._timeout, self._credentials)
 
@@ -252,6 +314,21 @@ class EtcdC10dStore(dist.Store):
 
     def set(self, key: str, value: Any) -> None:
         self.kv.set(key, value)
+
+    # leases and watches: what the job store uses where it finds them (cluster/store.py)
+    def hold(self, key: str, value: str, ttl: float) -> int:
+        lease = self.kv.grant_lease(ttl)
+        self.kv.set(key, value, lease=lease)
+        return lease
+
+    def renew(self, lease: int) -> bool:
+        return self.kv.renew_lease(lease)
+
+    def release(self, lease: int) -> None:
+        self.kv.revoke_lease(lease)
+
+    def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]:
+        return self.kv.changes(key, stop)
 
     def get(self, key: str) -> bytes:
         return self.kv.get(key)

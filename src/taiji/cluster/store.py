@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Iterable, Protocol
+from typing import Iterable, Iterator, Protocol
 
 import torch.distributed as dist
 
@@ -196,6 +196,38 @@ class JobStore:
         if not self.has(LATEST_KEY):
             return 0
         return int(self.get(LATEST_KEY))
+
+    # -- leases and watches, where the store has them (etcd; a TCPStore has neither) ---------
+
+    @property
+    def has_leases(self) -> bool:
+        return hasattr(self.kv, "hold")
+
+    def hold(self, name: str, value: str, ttl: float) -> int:
+        """Write ``name`` under a fresh lease of ``ttl`` seconds: it vanishes unless renewed."""
+        return self._call(f"hold {name}", self.kv.hold, self.key(name), value, ttl)  # type: ignore[attr-defined]
+
+    def renew(self, lease: int) -> bool:
+        """Renew a lease; False once it has expired (its key is gone)."""
+        return self._call("renew a lease", self.kv.renew, lease)  # type: ignore[attr-defined]
+
+    def release(self, lease: int) -> None:
+        self._call("revoke a lease", self.kv.release, lease)  # type: ignore[attr-defined]
+
+    @property
+    def can_watch(self) -> bool:
+        return hasattr(self.kv, "changes")
+
+    def follow_latest(self, stop: threading.Event) -> Iterator[int]:
+        """The newest published version now and each time it moves, until ``stop`` (a watch:
+        no polling)."""
+        changes = self.kv.changes(self.key(LATEST_KEY), stop)  # type: ignore[attr-defined]
+        try:
+            for value in changes:
+                if value:
+                    yield int(value)
+        except (dist.DistError, RuntimeError, ConnectionError, OSError) as exc:
+            raise StoreError(f"job {self.job_id}: watching the latest config failed: {exc}") from exc
 
     def read_config(self, version: int | None = None) -> ClusterConfig:
         if version is None:

@@ -64,7 +64,9 @@ class Agent:
                             "Nothing was changed in the job.") from None
         self.job = job
         self.session = uuid.uuid4().hex[:12]
-        self.channel = hosts.AgentChannel(job, cfg.host, self.session)
+        if job.has(hosts.BOUNDS):
+            self._bounds = hosts.read_bounds(job)
+        self.channel = hosts.AgentChannel(job, cfg.host, self.session, self._bounds.host_timeout)
 
     def _spawn(self, command: dict) -> None:
         assert self.settings is not None
@@ -203,3 +205,7 @@ class Agent:
         finally:
             self._done.set()
             self.sup.close()
+            try:
+                self.channel.leave()
+            except StoreError:
+                pass  # the lease runs out by itself

@@ -41,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     run = sub.add_parser("run", help="start a job: N workers running CMD",
-                         usage="taiji run -np N [options] [--] CMD [ARGS...]")
-    run.add_argument("-np", "--nproc", type=int, required=True, metavar="N", help="number of workers")
+                         usage="taiji run (-np N | --nnodes MIN:MAX --nproc-per-node K) [options] [--] CMD [ARGS...]")
+    run.add_argument("-np", "--nproc", type=int, default=None, metavar="N",
+                     help="number of workers at the start (default with --nnodes: MIN x --nproc-per-node)")
     where = run.add_mutually_exclusive_group()
     where.add_argument("--host", default=None,
                        help="address the job store and the workers listen on and advertise (default: loopback)")
@@ -55,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc-per-node", type=int, default=0, metavar="K",
                      help="this host's worker slots; other hosts may then join with `taiji join` and the "
                           "job grows onto their slots up to --max-np (default: one host, no joins)")
+    run.add_argument("--nnodes", default=None, metavar="MIN:MAX",
+                     help="hosts in the job, this one included (with --nproc-per-node): the job starts once MIN "
+                          "hosts have joined (up to --join-timeout), grows onto joining hosts up to MAX and "
+                          "refuses more; --max-np defaults to MAX x --nproc-per-node. N means N:N")
     run.add_argument("--timeout", type=float, default=env.TIMEOUT.default,
                      help="seconds a collective may wait for its peers before it fails; a peer that is "
                           "busy (heartbeat fresh) is then waited for, one that is stuck is stopped "
@@ -138,12 +143,19 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    min_hosts, max_hosts = _parse_nnodes(args.nnodes, args.nproc_per_node)
+    if args.nproc is None:
+        if args.nnodes is None:
+            raise ConfigError("say how many workers: -np N (or --nnodes MIN:MAX with --nproc-per-node K)")
+        args.nproc = min_hosts * args.nproc_per_node
     if args.nproc < 1:
         raise ConfigError(f"-np must be at least 1, got {args.nproc}")
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
     min_np = 1 if args.min_np is None else args.min_np
     max_np = max(args.nproc, min_np) if args.max_np is None else args.max_np
+    if args.max_np is None and args.nnodes is not None:
+        max_np = max(max_np, max_hosts * args.nproc_per_node)
     if min_np < 1:
         raise ConfigError(f"--min-np must be at least 1, got {min_np}")
     if not min_np <= args.nproc <= max_np:
@@ -156,9 +168,10 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
         raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace}")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
-    if args.nproc_per_node < 0 or (args.nproc_per_node and args.nproc > args.nproc_per_node):
-        raise ConfigError(f"-np {args.nproc} workers must fit this host's --nproc-per-node "
-                          f"{args.nproc_per_node}; more come with the hosts that join")
+    if args.nproc_per_node < 0 or (args.nproc_per_node and args.nproc > min_hosts * args.nproc_per_node):
+        where = "this host's" if min_hosts == 1 else f"the {min_hosts} starting hosts' (--nnodes MIN) x"
+        raise ConfigError(f"-np {args.nproc} workers must fit {where} --nproc-per-node {args.nproc_per_node}; "
+                          "more come with the hosts that join")
     if command and command[0] in ("python", "python3"):
         command[0] = sys.executable  # the interpreter that has taiji, venv or not
     elif command and command[0].endswith(".py"):
@@ -172,7 +185,20 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
                      debug_collectives=args.debug_collectives, min_np=min_np, max_np=max_np,
                      replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures,
                      liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout,
-                     nproc_per_node=args.nproc_per_node, store=_parse_store(args.store))
+                     nproc_per_node=args.nproc_per_node, store=_parse_store(args.store),
+                     min_hosts=min_hosts, max_hosts=max_hosts)
+
+
+def _parse_nnodes(nnodes: str | None, per_node: int) -> tuple[int, int]:
+    """``--nnodes MIN:MAX`` (or ``N``) -> (MIN, MAX); (1, unlimited) when not given."""
+    if nnodes is None:
+        return 1, 0
+    low, _, high = nnodes.partition(":")
+    if not (low.isdigit() and (high or low).isdigit()) or not 1 <= int(low) <= int(high or low):
+        raise ConfigError(f"--nnodes takes MIN:MAX (1 <= MIN <= MAX) or N, got {nnodes!r}")
+    if per_node < 1:
+        raise ConfigError("--nnodes needs --nproc-per-node K (each host's worker slots)")
+    return int(low), int(high or low)
 
 
 def _parse_store(store: str) -> str:

@@ -45,6 +45,7 @@ class DriverConfig:
     grace: float = 5.0
     slots: int = 0  # workers this host takes; 0: up to max_np (one host)
     store: str = "tcp"  # tcp (hosted here) | etcd (a server started here) | etcd://HOST:PORT,... (the user's)
+    min_hosts: int = 1  # hosts (this one included) that must have joined before the job starts
 
 
 class Deposed(LaunchError):
@@ -121,8 +122,11 @@ class Driver:
             settings = replace(settings, store_host=host, store_port=port, store_url=url)
             address, tick = url, ETCD_TICK_SECONDS
         sup = Supervisor(output=output, prefix=f"{cfg.host} " if cfg.slots else "")  # many hosts: say which
+        # with --nnodes the first config is placed once its hosts have joined (_start); until then
+        # the state holds what fits here
+        first = min(cfg.nproc, cfg.slots) if cfg.min_hosts > 1 else cfg.nproc
         return Driver(cfg, settings, sup, JobStore(store, cfg.job_id, auth.Signer(secret)),
-                      secret, ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None),
+                      secret, ctl.initial_state(first, cfg.bounds, cfg.host, cfg.slots or None),
                       store_address=address, tick=tick, etcd=etcd)
 
     def say(self, text: str) -> None:
@@ -195,6 +199,10 @@ class Driver:
                 self._kill(action.id)
             elif isinstance(action, ctl.Publish):
                 self._publish(action.config, action.reason)
+            elif isinstance(action, ctl.RefuseHost):
+                channel = self.agents.pop(action.address, None)
+                if channel is not None:
+                    self._refuse(channel, action.reason)
             elif isinstance(action, ctl.Log):
                 self.say(action.message)
             elif isinstance(action, ctl.Finish):
@@ -239,11 +247,11 @@ class Driver:
             self._registrations_seen, found = hosts.registrations_after(self.job, self._registrations_seen)
         for record in found:
             address, slots = str(record.get("address")), int(record.get("slots", 0))
-            channel = hosts.AgentChannel(self.job, address, str(record.get("session", "")))
+            channel = hosts.AgentChannel(self.job, address, str(record.get("session", "")),
+                                         self.state.bounds.host_timeout)
             if address == self.cfg.host or address in self.agents:
                 why = "the controller runs there" if address == self.cfg.host else "another agent serves it"
-                self.say(f"refused a second registration of host {address} (pid {record.get('pid')}): {why}")
-                channel.send({"op": "refuse", "reason": f"host {address} is in the job already ({why})"})
+                self._refuse(channel, f"host {address} is in the job already ({why})")
                 continue
             self.agents[address] = channel
             self.say(f"host {address} joined (agent pid {record.get('pid')}, {slots} slot(s))")
@@ -255,9 +263,50 @@ class Driver:
                     events.append(self._remote_exit(event))
                 elif op == "leave":
                     events.append(ctl.HostLost(address, f"its agent is stopping: {event.get('reason', '')}"))
-            if self._ticks % BEAT_POLL_TICKS == 0 and channel.beat_moved():
+            liveness = channel.liveness() if self._ticks % BEAT_POLL_TICKS == 0 else "quiet"
+            if liveness == "beat":
                 events.append(ctl.HostBeat(address, now))
+            elif liveness == "expired":
+                events.append(ctl.HostLost(address, f"its agent's lease expired (not renewed for "
+                                                    f"{channel.lease_ttl:g}s)"))
         return events
+
+    def _refuse(self, channel: hosts.AgentChannel, reason: str) -> None:
+        self.say(f"refused host {channel.address}: {reason}")
+        channel.send({"op": "refuse", "reason": reason})
+
+    def _gather_hosts(self, count: int) -> tuple[ctl.Host, ...]:
+        """Before the start (`--nnodes MIN:MAX`): wait for ``count`` other hosts' agents to join,
+        up to the join timeout."""
+        joined: dict[str, ctl.Host] = {}
+        deadline = time.monotonic() + self.cfg.bounds.join_timeout
+        self.say(f"waiting for {count} more host(s) to join (--nnodes) before the job starts")
+        while len(joined) < count:
+            _, received = self.sup.wait(timeout=self.tick)
+            if received:
+                raise LaunchError(f"job {self.cfg.job_id}: {signal.Signals(received[0]).name} received while "
+                                  f"waiting for hosts ({len(joined) + 1} of {count + 1} there)")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"job {self.cfg.job_id}: only {len(joined) + 1} of the {count + 1} hosts --nnodes "
+                                  f"asks for joined within --join-timeout {self.cfg.bounds.join_timeout:g}s: start "
+                                  "`taiji join` on the others (see above), or lower the MIN of --nnodes")
+            for event in self._host_events(time.monotonic(), rang=True):
+                if isinstance(event, ctl.HostJoined):
+                    joined[event.address] = ctl.Host(event.address, event.slots)
+                elif isinstance(event, ctl.HostLost):
+                    joined.pop(event.address, None)
+                    self.agents.pop(event.address, None)
+        return tuple(joined.values())
+
+    def _start(self) -> None:
+        """Gather the hosts --nnodes waits for, publish the first config and start its workers."""
+        cfg = self.cfg
+        if cfg.min_hosts > 1:
+            others = self._gather_hosts(cfg.min_hosts - 1)
+            self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None, others,
+                                           time.monotonic())
+        self._publish(self.state.config, "start")
+        self._spawn(self.state.config.workers)
 
     def _remote_exit(self, event: dict) -> ctl.Event:
         wid, code = str(event["id"]), int(event["code"])
@@ -365,8 +414,7 @@ class Driver:
         self.say(f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`")
         hosts.publish_settings(self.job, self.settings)
         hosts.publish_bounds(self.job, cfg.bounds)
-        self._publish(self.state.config, "start")
-        return self._serve(lambda: self._spawn(self.state.config.workers))
+        return self._serve(self._start)
 
     def resume(self, lost_host: str, reason: str, missed: list[ctl.Event]) -> int:
         """Serve a running job whose controller (on ``lost_host``) is gone: drop that host first,

@@ -9,7 +9,9 @@ Keys (under the job's prefix), each record sealed with the job secret (cluster/a
   (another agent holds that address);
 - ``agent/<address>/<session>/events/N``: what the agent saw: ``exit`` (id, code, last lines),
   ``leave`` (the agent is stopping), ``bye`` (it stopped its workers after a ``stop``);
-- ``agent/<address>/<session>/beat``: a counter the agent bumps while it runs (its lease).
+- ``agent/<address>/<session>/alive`` (etcd): a key under a lease the agent renews; etcd deletes
+  it when the lease runs out (``host_timeout``), and the launcher drops the host in one version;
+- ``agent/<address>/<session>/beat`` (TCP store, which has no leases): a counter the agent bumps.
 Each registration has a session of its own, so an agent that joins again at the same address
 never replays an earlier agent's orders.
 
@@ -18,10 +20,12 @@ host is a local round trip.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 from ..cluster.controller import Bounds
 from ..cluster.store import JobStore
+from ..errors import StoreError
 from .worker_env import WorkerSettings
 
 SPEC = "job/spec"
@@ -91,17 +95,25 @@ def registrations_after(job: JobStore, seen: int) -> tuple[int, list[dict]]:
     return job.records_after(REGISTRATIONS, seen)
 
 
+class LeaseExpired(StoreError):
+    """The agent's lease ran out (it could not renew it in time): the launcher has dropped its host."""
+
+
 class AgentChannel:
     """One host's streams: the launcher's commands to its agent, and the agent's events back."""
 
-    def __init__(self, job: JobStore, address: str, session: str):
+    def __init__(self, job: JobStore, address: str, session: str, lease_ttl: float = Bounds.host_timeout):
         self.job = job
         self.address = address
         self._base = f"agent/{address}/{session}"
+        self.lease_ttl = lease_ttl
         self.commands_seen = 0
         self.events_seen = 0
         self.beats_seen = 0
         self.beats_sent = 0
+        self._lease: int | None = None
+        self._renewed = float("-inf")
+        self._alive_seen = False
 
     def send(self, command: dict) -> None:
         self.job.append_record(f"{self._base}/cmd", command)
@@ -118,11 +130,36 @@ class AgentChannel:
         return found
 
     def beat(self) -> None:
+        """Say the agent is alive: renew its lease (etcd; a few times per TTL) or bump its counter."""
+        if self.job.has_leases:
+            now = time.monotonic()
+            if self._lease is None:
+                self._lease = self.job.hold(f"{self._base}/alive", "1", self.lease_ttl)
+            elif now - self._renewed < self.lease_ttl / 4:
+                return
+            elif not self.job.renew(self._lease):
+                raise LeaseExpired(f"host {self.address}: its lease in the job store expired (not renewed for "
+                                   f"{self.lease_ttl:g}s: the store was out of reach), so the launcher has dropped "
+                                   "this host")
+            self._renewed = now
+            return
         self.beats_sent += 1  # a plain write of our own counter: one round trip on any store
         self.job.set(f"{self._base}/beat", str(self.beats_sent))
 
-    def beat_moved(self) -> bool:
-        """Has the agent beaten since the last look?"""
+    def leave(self) -> None:
+        """The agent stops: end its lease now rather than when it runs out."""
+        if self._lease is not None:
+            self.job.release(self._lease)
+            self._lease = None
+
+    def liveness(self) -> str:
+        """What the launcher sees of the agent since its last look: ``"beat"`` (alive), ``"quiet"``
+        (no sign: the controller judges the silence), or ``"expired"`` (its lease ran out: gone)."""
+        if self.job.has_leases:
+            if self.job.has(f"{self._base}/alive"):
+                self._alive_seen = True
+                return "beat"
+            return "expired" if self._alive_seen else "quiet"
         count = self.job.add(f"{self._base}/beat", 0)
         moved, self.beats_seen = count != self.beats_seen, count
-        return moved
+        return "beat" if moved else "quiet"

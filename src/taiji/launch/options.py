@@ -26,6 +26,8 @@ class RunConfig:
     busy_timeout: float = 600.0
     nproc_per_node: int = 0  # this host's slots when other hosts may join; 0: one host
     store: str = "tcp"        # tcp | etcd | etcd://HOST:PORT[,HOST:PORT...]
+    min_hosts: int = 1        # --nnodes MIN: hosts joined before the start
+    max_hosts: int = 0        # --nnodes MAX: hosts at most (0: no limit)
 
 
 @dataclass(frozen=True)

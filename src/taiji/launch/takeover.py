@@ -57,7 +57,8 @@ def take_over(cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Sup
     for address in others:
         # read from the start: exits written while nobody controlled the job are not lost
         # (exits of workers no longer members are ignored by the controller)
-        driver.agents[address] = hosts.AgentChannel(job, address, str(latest[address].get("session", "")))
+        driver.agents[address] = hosts.AgentChannel(job, address, str(latest[address].get("session", "")),
+                                                    bounds.host_timeout)
     for rank, worker in enumerate(config.workers):
         if worker.host != cfg.host:
             driver.remote[worker.id] = RemoteWorker(worker.host, rank)

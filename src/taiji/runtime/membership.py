@@ -14,6 +14,7 @@ import threading
 import weakref
 from typing import Protocol
 
+from ..cluster.etcd import WATCH_REOPEN_S
 from ..cluster.spec import ClusterConfig, ClusterView
 from ..cluster.store import JobStore, config_key
 from ..comm.communicator import Communicator
@@ -144,14 +145,20 @@ class ElasticMembership(_PeerMembership):
         self._watcher.start()
 
     def _watch(self) -> None:
-        pause = min(WATCH_POLL_S * 4, max(WATCH_POLL_S, self._watch_store.poll_interval))
-        while not self._closed.wait(pause):
-            following = max(self._newest, self.peer.version) + 1
+        store = self._watch_store
+        pause = min(WATCH_POLL_S * 4, max(WATCH_POLL_S, store.poll_interval))
+        while not self._closed.wait(0 if store.can_watch else pause):
             try:
-                if self._watch_store.has(config_key(following)):
-                    self._newest = max(following, self._watch_store.latest_version())
+                if store.can_watch:  # etcd: a stream of the latest version, no polling
+                    for version in store.follow_latest(self._closed):
+                        self._newest = max(self._newest, version)
+                    continue
+                following = max(self._newest, self.peer.version) + 1
+                if store.has(config_key(following)):
+                    self._newest = max(following, store.latest_version())
             except StoreError:
-                pass  # the launcher is gone or restarting: the training thread finds out itself
+                # the launcher is gone or restarting: the training thread finds out itself
+                self._closed.wait(pause)
 
     def newest_version(self) -> int:
         if self._watcher is None and not self._closed.is_set():
@@ -186,7 +193,7 @@ class ElasticMembership(_PeerMembership):
         watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             # a thread still inside a store call while the interpreter exits aborts the process
-            watcher.join(WATCH_POLL_S * 5)
+            watcher.join(WATCH_POLL_S * 5 + WATCH_REOPEN_S)
         _watching.discard(self)
 
 
