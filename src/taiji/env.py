@@ -50,7 +50,11 @@ WORKER_ID = EnvVar("TAIJI_WORKER_ID", "", str, "stable id of this worker across 
 STORE_HOST = EnvVar("TAIJI_STORE_HOST", "127.0.0.1", str, "host of the job's TCPStore")
 STORE_PORT = EnvVar("TAIJI_STORE_PORT", 0, int, "port of the job's TCPStore; 0 = not launched by taiji")
 STORE_URL = EnvVar("TAIJI_STORE_URL", "", str,
-                   "the job store as a URL (etcd://HOST:PORT,...); empty: the TCPStore at STORE_HOST:STORE_PORT")
+                   "the job store as a URL (etcd:// or, with TLS, etcds://HOST:PORT,...); empty: the TCPStore at STORE_HOST:STORE_PORT")
+ETCD_CA = EnvVar("TAIJI_ETCD_CA", "", str,
+                 "CA bundle that signs the etcd servers' certificates (etcds:// stores; default: the system's)")
+ETCD_CERT = EnvVar("TAIJI_ETCD_CERT", "", str, "client certificate for an etcds:// store that asks for one")
+ETCD_KEY = EnvVar("TAIJI_ETCD_KEY", "", str, "the key of TAIJI_ETCD_CERT")
 SECRET = EnvVar("TAIJI_SECRET", "", str, "job secret authenticating control and peer traffic")
 LAUNCHER_PID = EnvVar("TAIJI_LAUNCHER_PID", 0, int, "pid of the launcher; workers exit when it dies")
 TIMEOUT = EnvVar("TAIJI_TIMEOUT", 60.0, float, "seconds any collective or store wait may take")
@@ -79,6 +83,6 @@ RANK = EnvVar("RANK", 0, int, "torchrun-compatible rank (provisional for a joine
 WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provisional for a joiner)")
 
 ALL: tuple[EnvVar, ...] = (
-    JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
+    JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
 )

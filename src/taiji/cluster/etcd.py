@@ -14,12 +14,14 @@ import base64
 import datetime
 import json
 import math
+import os
 import threading
 import time
 from typing import Any, Iterator
 
 import torch.distributed as dist
 
+from .. import env
 from ..errors import AuthError, ConfigError, StoreError
 from .auth import derive
 
@@ -44,15 +46,22 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
+SCHEMES = ("etcd://", "etcds://")  # etcds: over TLS (certificates from TAIJI_ETCD_CA/CERT/KEY, env.py)
+
+
+def is_etcd_url(url: str) -> bool:
+    return url.startswith(SCHEMES)
+
+
 def parse_url(url: str) -> list[tuple[str, int]]:
-    """``etcd://h1:2379,h2:2379`` -> [(h1, 2379), (h2, 2379)]."""
-    if not url.startswith("etcd://"):
-        raise ConfigError(f"an etcd store URL starts with etcd://, got {url!r}")
+    """``etcd://h1:2379,h2:2379`` (or ``etcds://``, TLS) -> [(h1, 2379), (h2, 2379)]."""
+    if not is_etcd_url(url):
+        raise ConfigError(f"an etcd store URL starts with etcd:// (or etcds:// for TLS), got {url!r}")
     endpoints = []
-    for part in url[len("etcd://"):].split(","):
+    for part in url.split("://", 1)[1].split(","):
         host, colon, port = part.rpartition(":")
         if not (host and colon and port.isdigit()):
-            raise ConfigError(f"expected etcd://HOST:PORT[,HOST:PORT...], got {url!r}")
+            raise ConfigError(f"expected etcd://HOST:PORT[,HOST:PORT...] (etcds:// for TLS), got {url!r}")
         endpoints.append((host.strip("[]"), int(port)))
     return endpoints
 
@@ -81,7 +90,18 @@ class EtcdKV:
         self.url = url
         self._timeout = timeout
         self._errors = (exceptions.Etcd3Exception,)
-        self._clients = [Etcd3Client(host=h, port=p, timeout=min(timeout, 10.0)) for h, p in parse_url(url)]
+        tls = url.startswith("etcds://")
+        files = {"ca_cert": env.ETCD_CA.get() or None, "cert_cert": env.ETCD_CERT.get() or None,
+                 "cert_key": env.ETCD_KEY.get() or None}
+        for name, path in files.items():
+            if tls and path is not None and not os.path.isfile(path):
+                raise ConfigError(f"the etcd TLS file {path!r} ({name}, from the environment) does not exist")
+        self._clients = [Etcd3Client(host=h, port=p, timeout=min(timeout, 10.0), protocol="https" if tls else "http",
+                                     **(files if tls else {})) for h, p in parse_url(url)]
+        if tls and files["ca_cert"] is not None:
+            for client in self._clients:
+                # requests lets REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE override a session's CA: ours must win
+                client.session.trust_env = False
         self._current = 0
         self._credentials = credentials
         if credentials is not None:
@@ -114,12 +134,16 @@ class EtcdKV:
                 return self._post_once(path, payload, retry_auth)
             except _Transient as exc:
                 if time.monotonic() >= deadline:
-                    raise StoreError(f"etcd at {self.url} did not answer {path}: {exc}") from None
+                    hint = ""
+                    if self.url.startswith("etcd://") and "without response" in str(exc):
+                        hint = (f" (an etcd that serves TLS hangs up on plain HTTP like this: if it does, write the "
+                                f"store as {self.url.replace('etcd://', 'etcds://', 1)})")
+                    raise StoreError(f"etcd at {self.url} did not answer {path}: {exc}{hint}") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
 
     def _post_once(self, path: str, payload: dict, retry_auth: bool) -> dict:
-        last: Exception | None = None
+        last = ""
         for attempt in range(len(self._clients)):
             client = self._clients[(self._current + attempt) % len(self._clients)]
             try:
@@ -131,6 +155,11 @@ class EtcdKV:
                 if "invalid auth token" in detail and retry_auth and self._credentials is not None:
                     self._authenticate()
                     return self._post_once(path, payload, retry_auth=False)
+                if any(word in detail for word in ("SSL", "CERTIFICATE", "certificate")):
+                    raise StoreError(f"etcd at {self.url}: the TLS handshake failed ({detail[:300]}). Give the CA that "
+                                     f"signed its certificate in {env.ETCD_CA.name} (--etcd-ca), and a client "
+                                     f"certificate in {env.ETCD_CERT.name}/{env.ETCD_KEY.name} if it asks for "
+                                     "one") from None
                 if "permission denied" in detail:
                     raise AuthError(f"etcd at {self.url}: permission denied for {path} (this job's etcd user may "
                                     "touch only its own keys)") from None
@@ -138,8 +167,8 @@ class EtcdKV:
                     raise _Transient(detail) from None
                 if any(word in detail for word in ("etcdserver:", "authentication")):
                     raise StoreError(f"etcd at {self.url} refused {path}: {detail}") from None
-                last = exc
-        raise _Transient(str(last))
+                last = detail
+        raise _Transient(last)
 
     def reachable(self) -> None:
         """Raise StoreError unless an endpoint answers (needs no permission)."""

@@ -403,9 +403,10 @@ def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) ->
 
 def open_store(url: str, timeout: float = 60.0, credentials: tuple[str, str] | None = None) -> dist.Store:
     """A client of the job store at ``url``: ``tcp://HOST:PORT`` (the launcher's TCPStore) or
-    ``etcd://HOST:PORT[,HOST:PORT...]`` (as the job's etcd user when ``credentials`` are given);
+    ``etcd://HOST:PORT[,HOST:PORT...]`` (``etcds://``: TLS) (as the job's etcd user when ``credentials`` are given);
     both are ``torch.distributed.Store``s (gloo rendezvous)."""
-    if url.startswith("etcd://"):
+    from .etcd import is_etcd_url
+    if is_etcd_url(url):
         from .etcd import EtcdC10dStore, EtcdKV
         try:
             kv = EtcdKV(url, timeout, credentials)  # authenticating reaches the cluster too
@@ -426,8 +427,8 @@ def connect_job(url: str, job_id: str, secret: bytes | None, timeout: float = 60
     """The store at ``url`` and job ``job_id``'s view of it: records signed and checked with the
     job secret, and on etcd as the job's own user (when the cluster has auth on)."""
     credentials = None
-    if url.startswith("etcd://") and secret is not None:
-        from .etcd import job_credentials
+    from .etcd import is_etcd_url, job_credentials
+    if is_etcd_url(url) and secret is not None:
         credentials = job_credentials(job_id, secret)
     raw = open_store(url, timeout, credentials)
     return raw, JobStore(raw, job_id, Signer(secret) if secret is not None else None)

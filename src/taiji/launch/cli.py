@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds to wait for the job's store (default: %(default)s)")
     join.add_argument("--grace", type=float, default=5.0,
                       help="seconds between SIGTERM and SIGKILL when stopping workers (default: %(default)s)")
+    for command in (run, join):
+        tls = command.add_argument_group("TLS to an etcds:// store (each host gives its own paths; workers inherit them)")
+        tls.add_argument("--etcd-ca", default=None, metavar="FILE",
+                         help=f"CA that signed the etcd servers' certificates (or {env.ETCD_CA.name})")
+        tls.add_argument("--etcd-cert", default=None, metavar="FILE",
+                         help=f"client certificate, when the servers ask for one (or {env.ETCD_CERT.name})")
+        tls.add_argument("--etcd-key", default=None, metavar="FILE", help=f"its key (or {env.ETCD_KEY.name})")
     resize = sub.add_parser("resize", help="ask a running job for N workers",
                             usage="taiji resize [--job ID] N")
     resize.add_argument("--job", default=None, help="the job id `taiji run` printed (default: the only running job)")
@@ -202,26 +209,38 @@ def _parse_nnodes(nnodes: str | None, per_node: int) -> tuple[int, int]:
 
 
 def _parse_store(store: str) -> str:
+    from ..cluster.etcd import is_etcd_url, parse_url
     if store in ("tcp", "etcd"):
         return store
-    if store.startswith("etcd://"):
-        from ..cluster.etcd import parse_url
+    if is_etcd_url(store):
         parse_url(store)
         return store
-    raise ConfigError(f"--store must be tcp, etcd or etcd://HOST:PORT[,HOST:PORT...], got {store!r}")
+    raise ConfigError(f"--store must be tcp, etcd or etcd[s]://HOST:PORT[,HOST:PORT...], got {store!r}")
+
+
+def export_tls_files(args: argparse.Namespace) -> None:
+    """--etcd-ca/--etcd-cert/--etcd-key go into this process's environment, where the etcd client
+    reads them and which the workers it starts inherit."""
+    for flag, var in (("etcd_ca", env.ETCD_CA), ("etcd_cert", env.ETCD_CERT), ("etcd_key", env.ETCD_KEY)):
+        path = getattr(args, flag, None)
+        if path is None:
+            continue
+        if not Path(path).is_file():
+            raise ConfigError(f"--{flag.replace('_', '-')} {path}: no such file")
+        os.environ[var.name] = str(Path(path).resolve())
 
 
 def parse_join(args: argparse.Namespace) -> JoinConfig:
     from ..cluster.auth import read_secret_file
     job_id, at, address = args.target.partition("@")
-    if address.startswith("etcd://"):
-        from ..cluster.etcd import parse_url
+    from ..cluster.etcd import is_etcd_url, parse_url
+    if is_etcd_url(address):
         parse_url(address)
         store_url = address
     else:
         head, colon, port = address.rpartition(":")
         if not (job_id and at and head and colon and port.isdigit()):
-            raise ConfigError(f"expected JOB@HOST:PORT or JOB@etcd://HOST:PORT (as `taiji run` prints it), "
+            raise ConfigError(f"expected JOB@HOST:PORT or JOB@etcd[s]://HOST:PORT (as `taiji run` prints it), "
                               f"got {args.target!r}")
         store_url = f"tcp://{address}"
     if not (job_id and at):
@@ -296,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.subcommand in ("run", "join"):
+            export_tls_files(args)
         if args.subcommand == "run":
             from .run import run_job
             return run_job(parse_run(args))
