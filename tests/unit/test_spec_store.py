@@ -116,12 +116,14 @@ def test_etcd_store_serves_gloo_rendezvous(etcd_server):
     assert all(r is not None and torch.equal(r, torch.full((4,), 3.0)) for r in results)
 
 
-def test_etcd_watch_streams_every_new_version_and_stops_when_told(etcd_server):
+def test_etcd_watch_streams_every_new_version_and_stops_when_told(etcd_server, monkeypatch):
     """A worker's config watcher on etcd: a watch, not a poll; no version is missed, even ones
     published while the stream is being reopened, and a stop ends it within the reopen period."""
     import queue
-    from taiji.cluster.etcd import WATCH_REOPEN_S
+    from taiji.cluster import etcd
     from taiji.cluster.store import open_store
+    WATCH_REOPEN_S = 0.5
+    monkeypatch.setattr(etcd, "WATCH_REOPEN_S", WATCH_REOPEN_S)  # reopened often here: seen to lose nothing
     job = JobStore(open_store(etcd_server.url, timeout=5), f"w{uuid.uuid4().hex[:6]}")
     assert job.can_watch and not JobStore(FakeStore(), "j").can_watch
     config = spec.initial(workers("a"))

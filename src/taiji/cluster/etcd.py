@@ -28,7 +28,9 @@ from .auth import derive
 POLL_START_S = 0.005
 POLL_MAX_S = 0.05
 RETRY_S = 10.0  # how long a request is retried through an election or an unreachable member
-WATCH_REOPEN_S = 0.5  # a watch stream idle this long is reopened (from where it was): how soon a stop is seen
+# a watch stream idle this long is reopened (from where it was), which is also how soon a stop is
+# seen: opening a watch costs the server far more than a read, so not often
+WATCH_REOPEN_S = 5.0
 MIN_LEASE_S = 2  # etcd rounds shorter leases up to about this (1.5 election timeouts)
 TRANSIENT = ("leader changed", "request timed out", "no leader", "too many requests", "not capable")
 

@@ -218,16 +218,20 @@ class JobStore:
     def can_watch(self) -> bool:
         return hasattr(self.kv, "changes")
 
-    def follow_latest(self, stop: threading.Event) -> Iterator[int]:
-        """The newest published version now and each time it moves, until ``stop`` (a watch:
-        no polling)."""
-        changes = self.kv.changes(self.key(LATEST_KEY), stop)  # type: ignore[attr-defined]
+    def follow(self, name: str, stop: threading.Event) -> Iterator[bytes | None]:
+        """``name``'s value now and at each change (None: absent), until ``stop`` — a watch, no
+        polling; on a connection of its own (``another_connection()``)."""
+        changes = self.kv.changes(self.key(name), stop)  # type: ignore[attr-defined]
         try:
-            for value in changes:
-                if value:
-                    yield int(value)
+            yield from changes
         except (dist.DistError, RuntimeError, ConnectionError, OSError) as exc:
-            raise StoreError(f"job {self.job_id}: watching the latest config failed: {exc}") from exc
+            raise StoreError(f"job {self.job_id}: watching {name} failed: {exc}") from exc
+
+    def follow_latest(self, stop: threading.Event) -> Iterator[int]:
+        """The newest published version now and each time it moves, until ``stop``."""
+        for value in self.follow(LATEST_KEY, stop):
+            if value:
+                yield int(value)
 
     def read_config(self, version: int | None = None) -> ClusterConfig:
         if version is None:
@@ -361,6 +365,11 @@ class JobStore:
         """Say that something the launcher reacts to was written (after writing it)."""
         self.add("doorbell", 1)
 
+    def follow_doorbell(self) -> "KeyFollower | None":
+        """Where the store can watch (etcd): the doorbell's count kept current by a thread of its
+        own, so the launcher's tick reads a variable instead of the store."""
+        return KeyFollower(self.another_connection(), "doorbell") if self.can_watch else None
+
     def doorbell(self) -> int:
         """The doorbell's count: while it stays put, nothing the launcher reacts to was written,
         so one read per tick replaces a poll of every key (on etcd each is an HTTP round trip)."""
@@ -379,6 +388,28 @@ class JobStore:
         """Block until config ``version`` is published (StoreError after ``timeout``)."""
         key = self.key(config_key(version))
         self._call(f"wait for config v{version}", self.kv.wait, [key], datetime.timedelta(seconds=timeout))
+
+
+class KeyFollower:
+    """An integer key's latest value, followed through a watch by a daemon thread."""
+
+    def __init__(self, job: JobStore, name: str):
+        self.value = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, args=(job, name), name=f"taiji-follow-{name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _follow(self, job: JobStore, name: str) -> None:
+        while not self._stop.is_set():
+            try:
+                for raw in job.follow(name, self._stop):
+                    self.value = int(raw or 0)
+            except StoreError:
+                self._stop.wait(DEFAULT_POLL_S * 4)  # the store is away: the driver's other calls say so
+
+    def close(self) -> None:
+        self._stop.set()  # noticed at the stream's next reopen; a daemon thread, never waited for
 
 
 def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> dist.TCPStore:

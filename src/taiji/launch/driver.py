@@ -18,7 +18,7 @@ from ..cluster import auth
 from ..cluster import controller as ctl
 from ..cluster import spec
 from ..cluster.etcd import EtcdKV, job_credentials, parse_url
-from ..cluster.store import JobStore, host_store, open_store
+from ..cluster.store import JobStore, KeyFollower, host_store, open_store
 from ..errors import LaunchError, StoreError
 from . import hosts, registry
 from .control import ControlServer
@@ -83,6 +83,7 @@ class Driver:
         self.remote: dict[str, RemoteWorker] = {}
         self._registrations_seen = 0
         self._bell = -1
+        self._doorbell: KeyFollower | None = None
         self.secret_file = registry.secret_file(cfg.job_id)
         self._controller_beats = 0
         self._proposal_seq = 0
@@ -362,8 +363,9 @@ class Driver:
         self._ticks += 1
         if self._ticks % BEAT_POLL_TICKS:
             return []
-        self._controller_beats += 1
-        hosts.beat_controller(self.job, self._controller_beats)
+        if self.survivable:  # agents watch this beat to take over; nobody can where the store dies with us
+            self._controller_beats += 1
+            hosts.beat_controller(self.job, self._controller_beats)
         if self.survivable and hosts.owner(self.job) != self.term:
             raise Deposed(f"job {self.cfg.job_id}: another controller took over (the election record says "
                           f"{hosts.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
@@ -442,6 +444,7 @@ class Driver:
         started = time.monotonic()
         self.sup.install_signal_handlers()
         pending = list(first_events or [])
+        self._doorbell = self.job.follow_doorbell()
         try:
             start()
             while True:
@@ -452,7 +455,8 @@ class Driver:
                     self.sup.stop_all(cfg.grace)
                     self._stop_agents()
                     return 128 + received[0]
-                bell = self.job.doorbell()  # one read: did anyone write what we react to?
+                # did anyone write what we react to? one read, or none where a watch keeps the count
+                bell = self._doorbell.value if self._doorbell is not None else self.job.doorbell()
                 rang, self._bell = bell != self._bell, bell
                 events = self._done_event() if rang else []
                 for worker in exited:
@@ -486,6 +490,8 @@ class Driver:
             raise
         finally:
             self.sup.close()
+            if self._doorbell is not None:
+                self._doorbell.close()
             if self.control is not None:
                 self.control.close()
             registry.unregister(cfg.job_id)

@@ -14,7 +14,6 @@ import threading
 import weakref
 from typing import Protocol
 
-from ..cluster.etcd import WATCH_REOPEN_S
 from ..cluster.spec import ClusterConfig, ClusterView
 from ..cluster.store import JobStore, config_key
 from ..comm.communicator import Communicator
@@ -193,7 +192,9 @@ class ElasticMembership(_PeerMembership):
         watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
             # a thread still inside a store call while the interpreter exits aborts the process
-            watcher.join(WATCH_POLL_S * 5 + WATCH_REOPEN_S)
+            # (an etcd watch notices the stop only when its stream is reopened: not waited for, it is a
+            # daemon thread in pure-Python socket code, which an exiting interpreter leaves alone)
+            watcher.join(WATCH_POLL_S * 5)
         _watching.discard(self)
 
 

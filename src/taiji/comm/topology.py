@@ -1,0 +1,141 @@
+"""Allreduce plans over one cluster version's ranks: KungFu's topology control.
+
+- ``ring``: gloo's own allreduce over every rank (the default);
+- ``tree``: a binary tree (rank r's children are 2r+1 and 2r+2): sums flow up to rank 0, the
+  result flows back down;
+- ``star``: every rank's tensor goes to rank 0, which sums and sends the result back;
+- ``hierarchical``: reduce inside each host to its leader (its lowest rank), allreduce among the
+  leaders, broadcast inside each host — each gradient byte crosses hosts once per leader, not
+  once per rank.
+
+Every plan is exact: the same sum as the ring up to floating-point reassociation, and every rank
+ends with the *same bytes* (the result is computed in one place — rank 0, or the leaders' ring,
+which hands each chunk's one reduction to everyone — and copied), so replicas stay bitwise
+identical. Which ranks share a host comes from the cluster config (``ClusterView.hosts``); the
+layout and the tree are plain functions here, the groups are the communicator's (one per host
+and one for the leaders, built per version like every other group).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+
+TOPOLOGIES = ("ring", "tree", "star", "hierarchical")
+
+
+def check_topology(name: str) -> str:
+    if name not in TOPOLOGIES:
+        raise ConfigError(f"unknown topology {name!r}; use one of {list(TOPOLOGIES)}")
+    return name
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """Ranks grouped by host; hosts in the order of their lowest rank."""
+    groups: tuple[tuple[int, ...], ...]
+
+    @property
+    def leaders(self) -> tuple[int, ...]:
+        return tuple(group[0] for group in self.groups)
+
+    def host_index(self, rank: int) -> int:
+        return next(i for i, group in enumerate(self.groups) if rank in group)
+
+
+def host_layout(hosts: Sequence[str]) -> HostLayout:
+    """``hosts[r]`` is rank r's host -> the ranks of each host."""
+    order: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        order.setdefault(host, []).append(rank)
+    return HostLayout(tuple(tuple(ranks) for ranks in order.values()))
+
+
+def tree_links(rank: int, size: int) -> tuple[int | None, tuple[int, ...]]:
+    """Rank ``rank``'s parent (None for the root, rank 0) and children in a binary tree."""
+    parent = None if rank == 0 else (rank - 1) // 2
+    return parent, tuple(c for c in (2 * rank + 1, 2 * rank + 2) if c < size)
+
+
+class Groups(Protocol):
+    """What a plan needs from the communicator: this rank, the size, and process groups."""
+    rank: int
+    size: int
+
+    def full(self) -> Any: ...  # every rank
+    def among(self, name: str, members: tuple[int, ...]) -> Any: ...  # ``members`` only (this rank is one)
+    def layout(self) -> HostLayout: ...
+
+
+def _wait(work: Any) -> None:
+    work.wait()
+
+
+def ring(tensor: torch.Tensor, groups: Groups) -> None:
+    _wait(groups.full().allreduce([tensor], dist.AllreduceOptions()))
+
+
+def star(tensor: torch.Tensor, groups: Groups) -> None:
+    group = groups.full()
+    if groups.rank == 0:
+        parts = [torch.empty_like(tensor) for _ in range(groups.size)]
+        _wait(group.gather([parts], [tensor], _gather_to(0)))
+        total = parts[0].clone()
+        for part in parts[1:]:  # in rank order: the same sum whoever computes it
+            total.add_(part)
+        tensor.copy_(total)
+    else:
+        _wait(group.gather([], [tensor], _gather_to(0)))
+    _broadcast(group, tensor, 0)
+
+
+def tree(tensor: torch.Tensor, groups: Groups) -> None:
+    group, rank = groups.full(), groups.rank
+    parent, children = tree_links(rank, groups.size)
+    parts = [torch.empty_like(tensor) for _ in children]
+    works = [group.recv([part], child, 0) for part, child in zip(parts, children)]
+    for work in works:
+        _wait(work)
+    for part in parts:  # children in order: a fixed reassociation
+        tensor.add_(part)
+    if parent is not None:
+        _wait(group.send([tensor], parent, 0))
+        _wait(group.recv([tensor], parent, 1))
+    for child in children:
+        _wait(group.send([tensor], child, 1))
+
+
+def hierarchical(tensor: torch.Tensor, groups: Groups) -> None:
+    layout = groups.layout()
+    mine = layout.groups[layout.host_index(groups.rank)]
+    local = groups.among(f"host{layout.host_index(groups.rank)}", mine) if len(mine) > 1 else None
+    if local is not None:
+        options = dist.ReduceOptions()
+        options.rootRank = 0
+        _wait(local.reduce([tensor], options))
+    if groups.rank == mine[0] and len(layout.groups) > 1:
+        _wait(groups.among("leaders", layout.leaders).allreduce([tensor], dist.AllreduceOptions()))
+    if local is not None:
+        _broadcast(local, tensor, 0)
+
+
+def _gather_to(root: int) -> Any:
+    options = dist.GatherOptions()
+    options.rootRank = root
+    return options
+
+
+def _broadcast(group: Any, tensor: torch.Tensor, root: int) -> None:
+    options = dist.BroadcastOptions()
+    options.rootRank = root
+    options.rootTensor = 0
+    _wait(group.broadcast([tensor], options))
+
+
+PLANS: dict[str, Callable[[torch.Tensor, Groups], None]] = {
+    "ring": ring, "tree": tree, "star": star, "hierarchical": hierarchical,
+}
