@@ -58,6 +58,8 @@ ETCD_KEY = EnvVar("TAIJI_ETCD_KEY", "", str, "the key of TAIJI_ETCD_CERT")
 SECRET = EnvVar("TAIJI_SECRET", "", str, "job secret authenticating control and peer traffic")
 LAUNCHER_PID = EnvVar("TAIJI_LAUNCHER_PID", 0, int, "pid of the launcher; workers exit when it dies")
 TIMEOUT = EnvVar("TAIJI_TIMEOUT", 60.0, float, "seconds any collective or store wait may take")
+TOPOLOGY = EnvVar("TAIJI_TOPOLOGY", "ring", str,
+                  "how gradients are allreduced: ring, tree, star or hierarchical (`taiji run --topology`)")
 BUCKET_MB = EnvVar("TAIJI_BUCKET_MB", 25.0, float, "SyncSGD gradient bucket size in MB")
 DEBUG_COLLECTIVES = EnvVar(
     "TAIJI_DEBUG_COLLECTIVES", False, _parse_bool,
@@ -83,6 +85,6 @@ RANK = EnvVar("RANK", 0, int, "torchrun-compatible rank (provisional for a joine
 WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provisional for a joiner)")
 
 ALL: tuple[EnvVar, ...] = (
-    JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, BUCKET_MB,
+    JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, TOPOLOGY, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
 )

@@ -9,14 +9,10 @@ collectives). Every collective has a timeout; failures become ``PeerLost`` or
 """
 from __future__ import annotations
 
-import atexit
-import collections
 import datetime
 import hashlib
 import logging
-import sys
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Sequence, TypeVar
@@ -25,6 +21,8 @@ import torch
 import torch.distributed as dist
 
 from .addresses import gloo_device
+from .topology import PLANS, HostLayout, PlanRunner, check_topology, host_layout
+from .teardown import Pending, Teardown, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
 from ..errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
                       PeerLost)
@@ -47,149 +45,6 @@ _DTYPE_CODES = {dt: i for i, dt in enumerate((
     torch.int16, torch.int8, torch.uint8, torch.bool), start=1)}
 _SIGNATURE_LEN = 16
 _REAP_DELAY_S = 1.0
-
-
-# -- tearing closed versions down ---------------------------------------------------------
-#
-# Destroying a gloo group closes its connections and joins its worker threads (~10 ms per
-# peer and channel), so close() leaves it to one background thread. That thread is the only
-# place where a closed version's C++ objects die, and it must never be destroying one when
-# the interpreter starts finalizing: torch's bindings release the GIL around the C++
-# destructor of a ProcessGroup (and of a Work), and a non-main thread that re-takes the GIL
-# once finalization has begun is ended by CPython with pthread_exit(). Its forced unwind
-# runs into the noexcept pybind11 destructor that was re-taking the GIL, and the process dies
-# with "terminate called without an active exception" (SIGABRT, exit 134). So the reaper is
-# drained and joined at exit (atexit runs before finalization starts), and anything closed
-# after that is destroyed on the closing thread itself.
-
-
-class _Pending:
-    """An asynchronous collective's Work, shared by its Handle and its communicator: when the
-    communicator closes first, the reaper takes it over (``orphaned``), waits for it and keeps
-    how it ended for a late ``Handle.wait()``."""
-
-    __slots__ = ("work", "orphaned", "done", "error", "__weakref__")
-
-    def __init__(self, work: Any):
-        self.work = work
-        self.orphaned = False
-        self.done: threading.Event | None = None
-        self.error: BaseException | None = None
-
-    def orphan(self) -> bool:
-        if self.work is None:
-            return False
-        self.done = threading.Event()
-        self.orphaned = True
-        return True
-
-    def settle(self) -> None:
-        work = self.work
-        try:
-            if work is not None:
-                work.wait()
-        except Exception as exc:  # noqa: BLE001 - kept for a late waiter, never raised here
-            self.error = exc
-        finally:
-            self.work = work = None
-            assert self.done is not None
-            self.done.set()
-
-
-class _Teardown:
-    """One closed version's groups and its collectives still in flight."""
-
-    def __init__(self, version: int, groups: list[Any], pending: list[_Pending], delay: float):
-        self.version = version
-        self.groups = groups
-        self.pending = pending
-        self.due = time.monotonic() + delay
-
-    def run(self) -> None:
-        # A Work holds its group's gloo context (the connections): wait for each collective
-        # still in flight and let go of its Work first, so that every C++ object of the version
-        # dies here, never on whichever thread happens to drop the last Handle.
-        for pending in self.pending:
-            pending.settle()
-        self.pending = []
-        while self.groups:
-            self.groups.pop()  # the last reference: waits for its queued work, joins its threads
-
-
-class _Reaper:
-    """The one thread that destroys closed versions' groups, a delay after their close()."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._queue: collections.deque[_Teardown] = collections.deque()
-        self._thread: threading.Thread | None = None
-        self._stopping = False  # drain() in progress: the closing thread destroys its own
-        self._exiting = False  # past the exit hook: no background destruction any more
-
-    def submit(self, teardown: _Teardown) -> None:
-        with self._cond:
-            inline = self._stopping or self._exiting or sys.is_finalizing()
-            if not inline:
-                if self._thread is None or not self._thread.is_alive():
-                    thread = threading.Thread(target=self._run, name="taiji-comm-reaper", daemon=True)
-                    try:
-                        thread.start()
-                    except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                        thread, inline = None, True
-                    self._thread = thread
-                if not inline:
-                    self._queue.append(teardown)
-                    self._cond.notify_all()
-        if inline:
-            teardown.run()
-
-    def _run(self) -> None:
-        with self._cond:
-            while self._queue or not self._stopping:
-                wait_s = self._queue[0].due - time.monotonic() if self._queue else None
-                if wait_s is None or (wait_s > 0 and not self._stopping):
-                    self._cond.wait(wait_s)
-                    continue
-                teardown = self._queue.popleft()
-                self._cond.release()
-                try:
-                    teardown.run()
-                finally:
-                    del teardown
-                    self._cond.acquire()
-            self._thread = None
-
-    def drain(self, exiting: bool = False) -> None:
-        """Destroy everything closed so far, now, and end the thread (a later close() starts
-        another one unless ``exiting``)."""
-        with self._cond:
-            self._stopping = True
-            self._exiting = self._exiting or exiting
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-        with self._cond:
-            self._stopping = False
-            leftovers = list(self._queue) if self._thread is None or not self._thread.is_alive() else []
-            if leftovers:
-                self._queue.clear()
-        for teardown in leftovers:  # the thread is gone without running them (after a fork)
-            teardown.run()
-
-
-_reaper = _Reaper()
-
-
-def reap_closed_groups() -> None:
-    """Destroy closed versions' groups now and end the background reaper. Runs at exit by
-    itself; calling it earlier is harmless (a later close() starts a new reaper)."""
-    _reaper.drain()
-
-
-@atexit.register  # at import: so it runs after the exit hooks registered later (Peer's)
-def _reap_at_exit() -> None:
-    _reaper.drain(exiting=True)
 
 
 def _describe_failure(exc: BaseException) -> type[CommError]:
@@ -220,7 +75,7 @@ class Handle(Generic[T]):
     (also after its communicator was closed: then within about a second)."""
 
     def __init__(self, work: Any, finish: Callable[[], T], comm: "Communicator", op: str, channel: str):
-        self._pending = work if work is None or isinstance(work, _Pending) else _Pending(work)
+        self._pending = work if work is None or isinstance(work, Pending) else Pending(work)
         self._finish = finish
         self._comm = comm
         self._op = op
@@ -235,6 +90,8 @@ class Handle(Generic[T]):
             if work is not None and not pending.orphaned:
                 try:
                     work.wait()
+                except CommError:
+                    raise  # a plan's own (its communicator closed under it)
                 except RuntimeError as exc:
                     raise _collective_error(self._comm, exc, self._op, self._channel) from exc
                 finally:
@@ -246,7 +103,7 @@ class Handle(Generic[T]):
             self._done = True
         return self._result  # type: ignore[return-value]
 
-    def _wait_orphaned(self, pending: _Pending) -> None:
+    def _wait_orphaned(self, pending: Pending) -> None:
         limit = _REAP_DELAY_S + 2 * self._comm.options.timeout + 5.0
         assert pending.done is not None
         if not pending.done.wait(limit):
@@ -266,11 +123,23 @@ class Handle(Generic[T]):
         return work is None or work.is_completed()
 
 
+class _PlanGroups:
+    """The groups a topology plan uses (comm/topology.py ``Groups``), handed over by the
+    communicator that owns them."""
+
+    def __init__(self, rank: int, size: int, full: Callable[[], Any],
+                 among: Callable[[str, tuple[int, ...]], Any], layout: Callable[[], HostLayout]):
+        self.rank, self.size = rank, size
+        self.full, self.among, self.layout = full, among, layout
+
+
 @dataclass(frozen=True)
 class CommOptions:
     timeout: float = 60.0
     debug: bool = False
     host: str = "127.0.0.1"
+    hosts: tuple[str, ...] = ()  # each rank's host (hierarchical plans); empty: unknown
+    topology: str = "ring"       # how the grad channel allreduces (comm/topology.py)
 
 
 class Communicator:
@@ -288,9 +157,11 @@ class Communicator:
         self.version = version
         self.options = options
         self._groups: dict[str, Any] = {}
-        self._in_flight: weakref.WeakSet[_Pending] = weakref.WeakSet()  # while its Handle lives
+        self._in_flight: weakref.WeakSet[Pending] = weakref.WeakSet()  # while its Handle lives
         self._lock = threading.Lock()
         self._closed = False
+        self.topology = check_topology(options.topology)
+        self._plans = PlanRunner(f"taiji-plans-v{version}")
 
     # -- process groups ---------------------------------------------------------------
 
@@ -306,20 +177,53 @@ class Communicator:
                 self._groups[key] = group
             return group
 
-    def _build_group(self, key: str, device: torch.device, op: str) -> Any:
+    def _build_group(self, key: str, device: torch.device, op: str,
+                     members: tuple[int, ...] | None = None) -> Any:
+        """A group of every rank, or of ``members`` only (a plan's host or leaders' group)."""
         prefixed = dist.PrefixStore(f"pg/v{self.version}/{key}", self.store)
+        rank, size = (self.rank, self.size) if members is None else (members.index(self.rank), len(members))
         timeout = datetime.timedelta(seconds=self.options.timeout)
         try:
             if device.type == "cuda":
                 opts = dist.ProcessGroupNCCL.Options()
                 opts._timeout = timeout
-                return dist.ProcessGroupNCCL(prefixed, self.rank, self.size, opts)
+                return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
             opts._devices = [gloo_device(self.options.host)]
-            return dist.ProcessGroupGloo(prefixed, self.rank, self.size, opts)
+            return dist.ProcessGroupGloo(prefixed, rank, size, opts)
         except RuntimeError as exc:
             raise self._error(exc, f"{op} (connecting the group)", key) from exc
+
+    def _subgroup(self, key: str, members: tuple[int, ...]) -> Any:
+        with self._lock:
+            if self._closed:
+                raise CommError(f"{self._where()} communicator of version {self.version} is closed",
+                                channel=key, version=self.version)
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = self._build_group(key, torch.device("cpu"), "allreduce", members)
+            return group
+
+    # -- topology -----------------------------------------------------------------------
+
+    def set_topology(self, name: str) -> None:
+        """How the grad channel allreduces from the next call on; every rank must switch at the
+        same point (a step boundary)."""
+        self.topology = check_topology(name)
+
+    def layout(self) -> HostLayout:
+        if len(self.options.hosts) != self.size:
+            raise ConfigError(f"{self._where()} the {self.topology} topology needs each rank's host "
+                              f"(got {len(self.options.hosts)} for {self.size} ranks)")
+        return host_layout(self.options.hosts)
+
+    def _planned(self, channel: str, tensor: torch.Tensor) -> Any:
+        """Run the current topology's plan for ``tensor`` on the plan thread."""
+        groups = _PlanGroups(self.rank, self.size, lambda: self._group(channel, torch.device("cpu"), "allreduce"),
+                             lambda name, members: self._subgroup(f"{channel}:{name}", members), self.layout)
+        plan = PLANS[self.topology]
+        return self._plans.submit(lambda: plan(tensor, groups))
 
     def connect(self, channels: Sequence[str] = CHANNELS) -> None:
         """Build the CPU groups of ``channels`` now rather than on first use."""
@@ -336,6 +240,7 @@ class Communicator:
         """
         with self._lock:
             self._closed = True
+            self._plans.close()
             groups, self._groups = list(self._groups.values()), {}
             in_flight, self._in_flight = list(self._in_flight), weakref.WeakSet()
         orphans = [pending for pending in in_flight if pending.orphan()]
@@ -349,7 +254,7 @@ class Communicator:
             # Destroying a gloo group waits on each peer's connection (~10 ms per peer and
             # channel), and peers may still be reading what we sent last: the reaper does it
             # a moment later.
-            _reaper.submit(_Teardown(self.version, groups, orphans, _REAP_DELAY_S))
+            reaper.submit(Teardown(self.version, groups, orphans, _REAP_DELAY_S))
 
     # -- errors -----------------------------------------------------------------------
 
@@ -405,7 +310,7 @@ class Communicator:
                 work = submit(group)
             except RuntimeError as exc:
                 raise self._error(exc, op, channel) from exc
-            pending = _Pending(work)
+            pending = Pending(work)
             del work
             handle = Handle(pending, finish, self, op, channel)
             if async_op:
@@ -414,7 +319,7 @@ class Communicator:
                     if not closed:
                         self._in_flight.add(pending)
                 if closed and pending.orphan():  # closed by another thread meanwhile
-                    _reaper.submit(_Teardown(self.version, [group], [pending], _REAP_DELAY_S))
+                    reaper.submit(Teardown(self.version, [group], [pending], _REAP_DELAY_S))
         return handle if async_op else handle.wait()
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", *, channel: str = "grad",
@@ -432,8 +337,11 @@ class Communicator:
             if op == "avg" and size > 1:
                 tensor.div_(size)
             return tensor
-        return self._run("allreduce", channel, tensor, lambda g: g.allreduce([tensor], opts),
-                         finish, async_op, extra=list(_REDUCE_OPS).index(op))
+        if channel == "grad" and self.topology != "ring" and op in ("sum", "avg") and not tensor.is_cuda:
+            submit: Callable[[Any], Any] = lambda g: self._planned(channel, tensor)  # noqa: E731
+        else:
+            submit = lambda g: g.allreduce([tensor], opts)  # noqa: E731
+        return self._run("allreduce", channel, tensor, submit, finish, async_op, extra=list(_REDUCE_OPS).index(op))
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, channel: str = "ctrl",
                   async_op: bool = False) -> torch.Tensor | Handle[torch.Tensor]:

@@ -17,6 +17,8 @@ and one for the leaders, built per version like every other group).
 """
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
@@ -139,3 +141,64 @@ def _broadcast(group: Any, tensor: torch.Tensor, root: int) -> None:
 PLANS: dict[str, Callable[[torch.Tensor, Groups], None]] = {
     "ring": ring, "tree": tree, "star": star, "hierarchical": hierarchical,
 }
+
+
+class PlanWork:
+    """One plan's run on the plan thread: what a Handle waits on, like a gloo Work."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+
+class PlanRunner:
+    """One daemon thread that runs a communicator's plans in the order they were submitted.
+    Every rank submits the same plans in the same order, so each group sees its collectives in
+    the same order everywhere; and a plan's stages run while the caller goes on (a bucket's
+    allreduce overlaps the rest of backward, as gloo's own asynchronous ring does)."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._queue: "queue.SimpleQueue[tuple[Callable[[], None], PlanWork] | None]" = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, run: Callable[[], None]) -> PlanWork:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+        work = PlanWork()
+        self._queue.put((run, work))
+        return work
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            run, work = item
+            del item
+            try:
+                run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+                work.finish(exc)
+            else:
+                work.finish()
+            del run, work
+
+    def close(self) -> None:
+        """End the thread once the plans already submitted have run (they fail fast once the
+        communicator's groups are aborted)."""
+        if self._thread is not None:
+            self._queue.put(None)

@@ -16,6 +16,7 @@ class RunConfig:
     grace: float = 5.0
     job_id: str = ""
     debug_collectives: bool = False
+    topology: str = "ring"
     run_dir: str = ""
     min_np: int = 0
     max_np: int = 0

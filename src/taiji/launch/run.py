@@ -20,7 +20,7 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         recovery_timeout=max(env.RECOVERY_TIMEOUT.default, cfg.busy_timeout + cfg.timeout),
         min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc,
         run_dir=str(Path(cfg.run_dir).resolve()) if cfg.run_dir else "",
-        debug_collectives=cfg.debug_collectives)
+        debug_collectives=cfg.debug_collectives, topology=cfg.topology)
 
 
 def run_job(cfg: RunConfig, output=None) -> int:

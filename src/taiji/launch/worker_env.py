@@ -28,6 +28,7 @@ class WorkerSettings:
     max_np: int = 1
     run_dir: str = ""
     debug_collectives: bool = False
+    topology: str = "ring"          # the grad channel's allreduce plan (comm/topology.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,6 +67,7 @@ def worker_env(settings: WorkerSettings, secret: bytes, worker_id: str, rank: in
         env.MIN_NP.name: str(settings.min_np),
         env.MAX_NP.name: str(settings.max_np),
         env.RUN_DIR.name: settings.run_dir,
+        env.TOPOLOGY.name: settings.topology,
         # the torchrun contract, for scripts that read it
         "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local_rank),
         "LOCAL_WORLD_SIZE": str(local_size), "GROUP_RANK": str(host_rank),

@@ -32,10 +32,12 @@ log = logging.getLogger(__name__)
 class PeerOptions:
     timeout: float = 60.0
     debug_collectives: bool = False
+    topology: str = "ring"  # the grad channel's allreduce plan at the start (comm/topology.py)
 
     @staticmethod
     def from_env() -> "PeerOptions":
-        return PeerOptions(timeout=env.TIMEOUT.get(), debug_collectives=env.DEBUG_COLLECTIVES.get())
+        return PeerOptions(timeout=env.TIMEOUT.get(), debug_collectives=env.DEBUG_COLLECTIVES.get(),
+                           topology=env.TOPOLOGY.get())
 
 
 class Peer:
@@ -116,7 +118,8 @@ class Peer:
                                    elastic=self.elastic)
 
     def transition(self, config: spec.ClusterConfig) -> bool:
-        """Switch to ``config``'s groups; False (and no communicator) if this worker left."""
+        """Switch to ``config``'s groups (same topology); False (and no communicator) if this worker left."""
+        topology = self.options.topology if self.comm is None else self.comm.topology
         if self.comm is not None:
             self.comm.close()
         rank = config.rank_of(self.worker_id)
@@ -124,10 +127,9 @@ class Peer:
         if rank is None:
             self.comm = None  # type: ignore[assignment]
             return False
-        self.comm = self._make_comm(self._comm_store, rank, config.size, config.version,
-                                 CommOptions(timeout=self.options.timeout,
-                                             debug=self.options.debug_collectives,
-                                             host=config.workers[rank].host))
+        self.comm = self._make_comm(self._comm_store, rank, config.size, config.version, CommOptions(
+            timeout=self.options.timeout, debug=self.options.debug_collectives, host=config.workers[rank].host,
+            hosts=tuple(w.host for w in config.workers), topology=topology))
         return True
 
     def _store(self) -> JobStore:

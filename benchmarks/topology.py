@@ -1,0 +1,106 @@
+"""Allreduce topologies side by side: tree, star and host-aware hierarchical vs gloo's flat ring.
+
+On emulated hosts (network namespaces behind a bridge, tests/_netns.py; needs root), with each
+host's link shaped by a token bucket (``--rate``, default 400 Mbit/s; inside a host, ranks talk
+over loopback): 2 hosts x 2 ranks, one process per rank, each a plain taiji ``Communicator``
+(benchmarks/_topology_worker.py). For each size, every topology's allreduce time (the slowest
+rank's mean over ``--reps`` back-to-back allreduces, after a warm-up that builds its groups) and
+the bytes that crossed hosts meanwhile (the sum over hosts of ``eth0``'s tx counter, per
+allreduce). Then one host, unshaped, 2 ranks: no plan should cost more than the ring there.
+
+Rows compare each topology with the ring in the same run: time ratio = ring time / plan time,
+bytes ratio = ring bytes / plan bytes (both: > 1 means the plan is ahead).
+
+    .venv/bin/python benchmarks/topology.py --quick     # 1 and 10 MB, ~1 min
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _common import contract_row, print_result, reap_on_sigterm  # noqa: E402
+from _netns import EmulatedHosts, unavailable  # noqa: E402
+
+WORKER = str(Path(__file__).with_name("_topology_worker.py"))
+PORT = 29500
+
+
+def measure(hosts: EmulatedHosts, placement: list[int], args: argparse.Namespace, out: Path) -> dict:
+    """Run one worker per entry of ``placement`` (the emulated host of each rank); return
+    {(size, topology): {"seconds": slowest rank, "bytes": summed over hosts}}."""
+    out.mkdir(parents=True, exist_ok=True)
+    addresses = [hosts.address(i) for i in placement]
+    procs = []
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
+    for rank, host in enumerate(placement):
+        argv = [sys.executable, WORKER, str(out), str(rank), addresses[0], str(PORT), ",".join(addresses),
+                "--sizes-mb", *[str(s) for s in args.sizes_mb], "--reps", str(args.reps)]
+        procs.append(hosts.popen(host, argv, env=env, stdout=open(out / f"rank{rank}.log", "w"),
+                                 stderr=subprocess.STDOUT))
+    for rank, proc in enumerate(procs):
+        if proc.wait(timeout=args.timeout) != 0:
+            raise RuntimeError(f"rank {rank} failed:\n{(out / f'rank{rank}.log').read_text()[-3000:]}")
+    merged: dict = {}
+    for rank in range(len(placement)):
+        for row in json.loads((out / f"rank{rank}.json").read_text())["rows"]:
+            cell = merged.setdefault((row["size_mb"], row["topology"]), {"seconds": 0.0, "bytes": 0.0})
+            cell["seconds"] = max(cell["seconds"], row["seconds"])
+            cell["bytes"] += row["tx_bytes"] or 0.0
+    return merged
+
+
+def rows_for(merged: dict, where: str, sizes: list[float], with_bytes: bool) -> list[dict]:
+    rows = []
+    for size in sizes:
+        ring = merged[(size, "ring")]
+        for topology in ("hierarchical", "tree", "star"):
+            mine = merged[(size, topology)]
+            label = f"{topology} vs ring, {size:g} MB, {where}"
+            rows.append(contract_row(f"{label}: allreduce time (s)", round(mine["seconds"], 4),
+                                     round(ring["seconds"], 4), higher_is_better=False))
+            if with_bytes:
+                rows.append(contract_row(f"{label}: cross-host bytes (MB)", round(mine["bytes"] / 1e6, 3),
+                                         round(ring["bytes"] / 1e6, 3), higher_is_better=False))
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 and 10 MB, 3 reps")
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=None)
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--rate", default="400mbit", help="each host's shaped link (tc tbf rate)")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    args.sizes_mb = args.sizes_mb or ([1.0, 10.0] if args.quick else [1.0, 10.0, 100.0])
+    args.reps = args.reps or (3 if args.quick else 5)
+    reap_on_sigterm()
+    why_not = unavailable()
+    if why_not:
+        print(f"# topology: no emulated hosts here ({why_not}); nothing measured", file=sys.stderr)
+        print_result("topology", [], skipped=why_not)
+        return
+    base = Path(tempfile.mkdtemp(prefix="taiji-topology-"))
+    rows: list[dict] = []
+    with EmulatedHosts(2) as hosts:
+        for i in range(2):
+            hosts.shape(i, args.rate)
+        shaped = measure(hosts, [0, 0, 1, 1], args, base / "shaped")
+        rows += rows_for(shaped, f"2 hosts x 2, {args.rate}", args.sizes_mb, with_bytes=True)
+    with EmulatedHosts(1) as hosts:
+        one = measure(hosts, [0, 0], args, base / "one-host")
+        rows += rows_for(one, "one host x 2, unshaped", args.sizes_mb, with_bytes=False)
+    for row in rows:
+        print(f"# {row['case']}: {row['taiji']} vs ring {row['anchor']} -> {row['ratio']}x", file=sys.stderr)
+    print_result("topology", rows, sizes_mb=args.sizes_mb, reps=args.reps, rate=args.rate, quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()

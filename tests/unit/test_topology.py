@@ -1,0 +1,143 @@
+"""Allreduce plans (comm/topology.py): the pure layout and tree, then every plan on threads
+against a real TCPStore with ranks on two loopback "hosts" (127.0.0.1 and 127.0.0.2): the same
+sum as a reference, the same bytes on every rank, async handles, a switch between plans, and a
+lost peer surfacing as a CommError."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from taiji.cluster.store import connect_store, host_store
+from taiji.comm.communicator import CommOptions, Communicator
+from taiji.comm.topology import TOPOLOGIES, host_layout, tree_links
+from taiji.errors import CommError, ConfigError
+
+pytestmark = pytest.mark.timeout(120)
+
+A, B, C = "127.0.0.1", "127.0.0.2", "127.0.0.3"
+
+
+def test_host_layout_groups_ranks_by_host_in_order_of_their_lowest_rank():
+    layout = host_layout([A, A, B, B, A, C])
+    assert layout.groups == ((0, 1, 4), (2, 3), (5,)) and layout.leaders == (0, 2, 5)
+    assert [layout.host_index(r) for r in range(6)] == [0, 0, 1, 1, 0, 2]
+
+
+def test_tree_links_form_one_binary_tree():
+    size = 6
+    links = {r: tree_links(r, size) for r in range(size)}
+    assert links[0] == (None, (1, 2)) and links[2] == (0, (5,)) and links[5] == (2, ())
+    for rank, (parent, _) in links.items():  # each child is its parent's child exactly once
+        if parent is not None:
+            assert rank in links[parent][1]
+
+
+def _on_ranks(hosts: list[str], topology: str, body, timeout: float = 10.0) -> list:
+    """``body(comm)`` on one thread per rank; rank r advertises ``hosts[r]``."""
+    server = host_store()
+    results: list = [None] * len(hosts)
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        comm = Communicator(connect_store("127.0.0.1", server.port), rank, len(hosts), 1,
+                            CommOptions(timeout=timeout, host=hosts[rank], hosts=tuple(hosts), topology=topology))
+        try:
+            results[rank] = body(comm)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            comm.close()
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(hosts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _inputs(rank: int, numel: int = 1000) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("hosts", [[A, A, B, B], [A, B, A, B, C], [A, A, A]], ids=["2x2", "interleaved", "one-host"])
+def test_every_plan_sums_exactly_and_every_rank_ends_with_the_same_bytes(topology, hosts):
+    reference = torch.stack([_inputs(r).double() for r in range(len(hosts))]).sum(0)
+
+    def body(comm: Communicator) -> list[torch.Tensor]:
+        mine = _inputs(comm.rank)
+        summed = comm.allreduce(mine.clone(), "sum")
+        handles = [comm.allreduce(mine.clone() * k, "avg", async_op=True) for k in (1, 2)]  # overlapped
+        return [summed] + [h.wait() for h in handles]
+
+    results = _on_ranks(hosts, topology, body)
+    for rank_results in results:
+        for got, expected in zip(rank_results, (reference, reference / len(hosts), 2 * reference / len(hosts))):
+            assert torch.allclose(got.double(), expected, atol=1e-5), topology
+    for i in range(3):  # bitwise identical replicas
+        assert all(torch.equal(r[i], results[0][i]) for r in results), f"{topology}: ranks differ"
+
+
+def test_plans_switch_at_the_same_point_and_other_channels_stay_on_the_ring():
+    def body(comm: Communicator) -> list[float]:
+        got = []
+        for name in ("hierarchical", "tree", "ring", "star"):
+            comm.set_topology(name)
+            got.append(float(comm.allreduce(torch.ones(3), "sum")[0]))
+        got.append(float(comm.allreduce(torch.ones(1), "max", channel="ctrl")[0]))
+        return got
+
+    assert _on_ranks([A, A, B], "ring", body) == [[3.0, 3.0, 3.0, 3.0, 1.0]] * 3
+    with pytest.raises(ConfigError, match="unknown topology 'mesh'"):
+        Communicator(host_store(), 0, 1, 1, CommOptions(topology="mesh"))
+
+
+def test_a_rank_missing_from_a_hierarchical_allreduce_is_a_comm_error_not_a_hang():
+    def body(comm: Communicator):
+        comm.allreduce(torch.ones(10), "sum")  # every group of the plan is up
+        if comm.rank == 3:
+            return None  # leaves: its host's reduce fails, then the leaders', then the broadcasts
+        with pytest.raises(CommError):
+            comm.allreduce(torch.ones(10), "sum")
+        return "failed cleanly"
+
+    assert _on_ranks([A, A, B, B], "hierarchical", body, timeout=2.0)[:3] == ["failed cleanly"] * 3
+
+
+def test_hierarchical_needs_every_ranks_host():
+    def body(comm: Communicator):
+        with pytest.raises(ConfigError, match="needs each rank's host"):
+            comm.layout()
+        return True
+
+    server = host_store()
+    comm = Communicator(connect_store("127.0.0.1", server.port), 0, 2, 1, CommOptions(topology="hierarchical"))
+    assert body(comm)
+    comm.close()
+
+
+@pytest.mark.parametrize("topology", ["tree", "hierarchical"])
+def test_a_job_trains_and_grows_under_a_chosen_topology_with_identical_replicas(topology, tmp_path):
+    """`taiji run --topology`: every worker, the joiner too, allreduces gradients with the plan;
+    exactly-once data and bitwise-identical replicas hold through a grow (DESIGN §6)."""
+    from _harness import check_invariants, run_elastic
+    done = run_elastic(tmp_path, 2, "--steps", "60", "--sizes", "3", "--every", "10", "--step-delay", "0.05",
+                       launcher_args=["--topology", topology, "--max-np", "3"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert check_invariants(tmp_path, 16)["sizes"] == [2, 3]
+
+
+def test_the_launchers_topology_reaches_every_worker(monkeypatch):
+    from taiji.launch.worker_env import WorkerSettings, worker_env
+    from taiji.runtime.peer import PeerOptions
+    settings = WorkerSettings("j", "127.0.0.1", 1, ("python",), topology="star")
+    environ = worker_env(settings, b"s" * 32, "w0", 0, 1, host="127.0.0.1", local_rank=0, local_size=1)
+    assert environ["TAIJI_TOPOLOGY"] == "star"
+    monkeypatch.setenv("TAIJI_TOPOLOGY", "star")
+    assert PeerOptions.from_env().topology == "star"
