@@ -6,7 +6,9 @@ over loopback): 2 hosts x 2 ranks, one process per rank, each a plain taiji ``Co
 (benchmarks/_topology_worker.py). For each size, every topology's allreduce time (the slowest
 rank's mean over ``--reps`` back-to-back allreduces, after a warm-up that builds its groups) and
 the bytes that crossed hosts meanwhile (the sum over hosts of ``eth0``'s tx counter, per
-allreduce). Then one host, unshaped, 2 ranks: no plan should cost more than the ring there.
+allreduce). Then SyncSGD's samples/s on a comm-bound MLP under `taiji run --nnodes 2:2
+--topology ring|hierarchical` across the same hosts. Then one host, unshaped, 2 ranks: no plan
+should cost more than the ring there.
 
 Rows compare each topology with the ring in the same run: time ratio = ring time / plan time,
 bytes ratio = ring bytes / plan bytes (both: > 1 means the plan is ahead).
@@ -21,14 +23,18 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _common import contract_row, print_result, reap_on_sigterm  # noqa: E402
+from _common import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
+from _elastic_runs import LaunchedJob, StepLog, wait_for  # noqa: E402
 from _netns import EmulatedHosts, unavailable  # noqa: E402
+from multihost import CLI, in_host  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("_topology_worker.py"))
+TRAIN = str(Path(__file__).with_name("_elastic_train.py"))
 PORT = 29500
 
 
@@ -56,6 +62,41 @@ def measure(hosts: EmulatedHosts, placement: list[int], args: argparse.Namespace
     return merged
 
 
+def training_speed(hosts: EmulatedHosts, topology: str, args: argparse.Namespace, out: Path) -> float:
+    """SyncSGD samples/s of `taiji run --nnodes 2:2 --nproc-per-node 2 --topology T` across the
+    two shaped hosts, on benchmarks/_elastic_train.py's MLP (1.05M parameters: comm-bound there):
+    the global batch over rank 0's median step time after the warm-up."""
+    out.mkdir(parents=True, exist_ok=True)
+    log, job_id = StepLog(out, "taiji"), f"jt{topology[:4]}"
+    env = dict(os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
+    steps = args.warm + args.train_steps
+    head = LaunchedJob("head", in_host(hosts, 0, [
+        *CLI, "run", "--nnodes", "2:2", "--nproc-per-node", "2", "--topology", topology, "--host", hosts.address(0),
+        "--port", str(PORT + 1), "--job-id", job_id, "--run-dir", str(out / "run"), "--",
+        sys.executable, TRAIN, str(out), "--batch", str(args.batch), "--max-steps", str(steps)]), out, env, log)
+    jobs = [head]
+    try:
+        secret = out / "home" / "jobs" / f"{job_id}.secret"
+        deadline = time.monotonic() + args.timeout
+        while not secret.exists():
+            if time.monotonic() > deadline or not head.session.running():
+                raise RuntimeError(f"the launcher did not start:\n{head.session.tail()}")
+            time.sleep(0.1)
+        jobs.append(LaunchedJob("agent", in_host(hosts, 1, [
+            *CLI, "join", f"{job_id}@{hosts.address(0)}:{PORT + 1}", "--secret-file", str(secret),
+            "--nproc-per-node", "2", "--host", hosts.address(1), "--timeout", "10"]), out, env, log))
+        def measured() -> list[dict] | None:
+            commits = log.select("commit", worker="w0")
+            return commits[args.warm:steps] if len(commits) >= steps else None
+        commits = wait_for(measured, log, jobs, deadline, f"{steps} steps")
+        step_s = median(b["time"] - a["time"] for a, b in zip(commits, commits[1:]))
+        head.session.wait(max(deadline - time.monotonic(), 1.0))
+        return args.batch / step_s
+    finally:
+        for job in jobs:
+            job.close()
+
+
 def rows_for(merged: dict, where: str, sizes: list[float], with_bytes: bool) -> list[dict]:
     rows = []
     for size in sizes:
@@ -78,9 +119,13 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--rate", default="400mbit", help="each host's shaped link (tc tbf rate)")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--batch", type=int, default=64, help="global batch of the training rows")
+    parser.add_argument("--warm", type=int, default=10, help="training steps before the measured ones")
+    parser.add_argument("--train-steps", type=int, default=None, help="measured training steps")
     args = parser.parse_args(argv)
     args.sizes_mb = args.sizes_mb or ([1.0, 10.0] if args.quick else [1.0, 10.0, 100.0])
     args.reps = args.reps or (3 if args.quick else 5)
+    args.train_steps = args.train_steps or (30 if args.quick else 80)
     reap_on_sigterm()
     why_not = unavailable()
     if why_not:
@@ -94,6 +139,10 @@ def main(argv=None) -> None:
             hosts.shape(i, args.rate)
         shaped = measure(hosts, [0, 0, 1, 1], args, base / "shaped")
         rows += rows_for(shaped, f"2 hosts x 2, {args.rate}", args.sizes_mb, with_bytes=True)
+        speed = {t: training_speed(hosts, t, args, base / f"train-{t}") for t in ("ring", "hierarchical")}
+        rows.append(contract_row(f"hierarchical vs ring, SyncSGD MLP (1.05M params), 2 hosts x 2, {args.rate}: "
+                                 "samples/s", round(speed["hierarchical"], 1), round(speed["ring"], 1),
+                                 higher_is_better=True))
     with EmulatedHosts(1) as hosts:
         one = measure(hosts, [0, 0], args, base / "one-host")
         rows += rows_for(one, "one host x 2, unshaped", args.sizes_mb, with_bytes=False)

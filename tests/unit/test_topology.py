@@ -141,3 +141,9 @@ def test_the_launchers_topology_reaches_every_worker(monkeypatch):
     assert environ["TAIJI_TOPOLOGY"] == "star"
     monkeypatch.setenv("TAIJI_TOPOLOGY", "star")
     assert PeerOptions.from_env().topology == "star"
+
+
+def test_which_plans_are_gloos_ring_as_they_stand():
+    from taiji.comm.topology import runs_as_ring
+    assert runs_as_ring("ring", [A, B]) and runs_as_ring("hierarchical", [A, A, A]) and runs_as_ring("hierarchical", [A, B])
+    assert not runs_as_ring("hierarchical", [A, A, B]) and not runs_as_ring("tree", [A, A])

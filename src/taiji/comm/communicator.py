@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .addresses import gloo_device
-from .topology import PLANS, HostLayout, PlanRunner, check_topology, host_layout
+from .topology import PLANS, HostLayout, PlanRunner, check_topology, host_layout, runs_as_ring
 from .teardown import Pending, Teardown, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
 from ..errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
@@ -160,8 +160,8 @@ class Communicator:
         self._in_flight: weakref.WeakSet[Pending] = weakref.WeakSet()  # while its Handle lives
         self._lock = threading.Lock()
         self._closed = False
-        self.topology = check_topology(options.topology)
         self._plans = PlanRunner(f"taiji-plans-v{version}")
+        self.set_topology(options.topology)
 
     # -- process groups ---------------------------------------------------------------
 
@@ -211,6 +211,7 @@ class Communicator:
         """How the grad channel allreduces from the next call on; every rank must switch at the
         same point (a step boundary)."""
         self.topology = check_topology(name)
+        self._ring_plan = runs_as_ring(name, self.options.hosts or ("?",) * self.size)
 
     def layout(self) -> HostLayout:
         if len(self.options.hosts) != self.size:
@@ -337,7 +338,7 @@ class Communicator:
             if op == "avg" and size > 1:
                 tensor.div_(size)
             return tensor
-        if channel == "grad" and self.topology != "ring" and op in ("sum", "avg") and not tensor.is_cuda:
+        if channel == "grad" and not self._ring_plan and op in ("sum", "avg") and not tensor.is_cuda:
             submit: Callable[[Any], Any] = lambda g: self._planned(channel, tensor)  # noqa: E731
         else:
             submit = lambda g: g.allreduce([tensor], opts)  # noqa: E731

@@ -6,7 +6,7 @@
 - ``star``: every rank's tensor goes to rank 0, which sums and sends the result back;
 - ``hierarchical``: reduce inside each host to its leader (its lowest rank), allreduce among the
   leaders, broadcast inside each host — each gradient byte crosses hosts once per leader, not
-  once per rank.
+  once per rank (on one host, or with one rank per host, it is the ring).
 
 Every plan is exact: the same sum as the ring up to floating-point reassociation, and every rank
 ends with the *same bytes* (the result is computed in one place — rank 0, or the leaders' ring,
@@ -109,6 +109,13 @@ def tree(tensor: torch.Tensor, groups: Groups) -> None:
         _wait(group.recv([tensor], parent, 1))
     for child in children:
         _wait(group.send([tensor], child, 1))
+
+
+def runs_as_ring(name: str, hosts: Sequence[str]) -> bool:
+    """Is plan ``name`` gloo's ring over these ranks? The ring itself, and hierarchical on one
+    host or with one rank per host (then it goes straight to gloo, without the plan thread)."""
+    groups = len(set(hosts))
+    return name == "ring" or (name == "hierarchical" and (groups == 1 or groups == len(hosts)))
 
 
 def hierarchical(tensor: torch.Tensor, groups: Groups) -> None:
