@@ -1,7 +1,7 @@
 """Elastic training used by the invariant tests; logs every committed step as JSONL.
 
     taiji run -np N ... -- python elastic_train.py OUT --steps S --batch B
-        [--sizes N ...] [--step-delay SECONDS] [--policy cycle]
+        [--sizes N ...] [--step-delay SECONDS] [--policy cycle|topology]
 
 Each worker appends to OUT/<worker>.jsonl one line per committed step: step, epoch, global
 span, version, size, rank and a digest of the parameters and optimizer state after the
@@ -56,9 +56,24 @@ class RaiseOnRank(taiji.policies.Policy):
             raise RuntimeError("bad policy")
 
 
+class CyclingTopology(taiji.policies.Policy):
+    """Switches the gradients' allreduce plan every few steps, from a counter kept in (synced)
+    policy state (a joiner must adopt the plan the others use)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def after_step(self, ctx):
+        self.calls += 1
+        if self.calls % 5 == 0:
+            return taiji.policies.SetTopology(("tree", "hierarchical", "star", "ring")[(self.calls // 5) % 4])
+
+
 def make_policies(name, batch):
     if name == "raise":
         return [RaiseOnRank()]
+    if name == "topology":
+        return [CyclingTopology()]
     if name == "cycle":
         from taiji.policies import LinearLRScaling
         return [CyclingBatch(batch), LinearLRScaling()]
@@ -200,7 +215,7 @@ if __name__ == "__main__":
     parser.add_argument("--stop-at-version", type=int, default=0,
                         help="stop once the cluster reaches this config version")
     parser.add_argument("--step-delay", type=float, default=0.0)
-    parser.add_argument("--policy", default="", choices=["", "cycle", "raise"])
+    parser.add_argument("--policy", default="", choices=["", "cycle", "raise", "topology"])
     parser.add_argument("--strategy", default="", choices=["", "sync_sgd", "model_averaging", "pair_averaging"])
     parser.add_argument("--slow-rank", type=int, default=-1, help="this rank's steps take 3x --step-delay")
     parser.add_argument("--pause", nargs=3, type=float, default=None, metavar=("RANK", "STEP", "SECONDS"),

@@ -127,7 +127,7 @@ def test_a_job_trains_and_grows_under_a_chosen_topology_with_identical_replicas(
     """`taiji run --topology`: every worker, the joiner too, allreduces gradients with the plan;
     exactly-once data and bitwise-identical replicas hold through a grow (DESIGN §6)."""
     from _harness import check_invariants, run_elastic
-    done = run_elastic(tmp_path, 2, "--steps", "60", "--sizes", "3", "--every", "10", "--step-delay", "0.05",
+    done = run_elastic(tmp_path, 2, "--steps", "120", "--sizes", "3", "--every", "10", "--step-delay", "0.1",
                        launcher_args=["--topology", topology, "--max-np", "3"])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert check_invariants(tmp_path, 16)["sizes"] == [2, 3]
@@ -147,3 +147,27 @@ def test_which_plans_are_gloos_ring_as_they_stand():
     from taiji.comm.topology import runs_as_ring
     assert runs_as_ring("ring", [A, B]) and runs_as_ring("hierarchical", [A, A, A]) and runs_as_ring("hierarchical", [A, B])
     assert not runs_as_ring("hierarchical", [A, A, B]) and not runs_as_ring("tree", [A, A])
+
+
+def test_set_topology_switches_every_worker_at_a_step_boundary_and_a_joiner_adopts_it(tmp_path):
+    """A policy cycles tree -> hierarchical -> star -> ring every 5 steps while the job grows 2 -> 3
+    (the joiner syncs the plan in use): exactly-once data, bitwise-identical replicas, and the
+    trajectory of a 1-worker run with the same policy (DESIGN §6)."""
+    from _harness import check_invariants, run_elastic
+    done = run_elastic(tmp_path, 2, "--steps", "120", "--sizes", "3", "--every", "12", "--step-delay", "0.1",
+                       "--policy", "topology", launcher_args=["--max-np", "3"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert check_invariants(tmp_path, 16, "topology")["sizes"] == [2, 3]
+    events = (tmp_path / "run" / "events.jsonl").read_text()
+    assert all(f"SetTopology(name='{name}')" in events for name in ("tree", "hierarchical", "star", "ring"))
+
+
+def test_set_topology_is_validated_like_every_decision():
+    from taiji.policies import Context, SetTopology
+    from taiji.policies.runner import validate
+    ctx = Context(step=0, epoch=0, cursor=0, num_samples=10, size=2, version=1, batch_size=4, lr=0.1,
+                  strategy="sync_sgd", time=0.0, topology="ring")
+    assert validate(ctx, SetTopology("tree")) == (SetTopology("tree"), None)
+    assert validate(ctx, SetTopology("ring")) == (None, None)  # already so: nothing to do
+    decision, note = validate(ctx, SetTopology("mesh"))
+    assert decision is None and "rejected SetTopology('mesh')" in note

@@ -1,6 +1,6 @@
 """Adaptation policies: read agreed metrics, return decisions the runtime applies at step boundaries."""
 from .base import (Context, Decision, Metrics, Policy, PolicyError, Resize, ScaleLR, SetBatchSize,
-                   SetStrategy, Stop)
+                   SetStrategy, SetTopology, Stop)
 from .batch import BatchPerWorker, GNSBatchSize, gns_target_batch
 from .cluster import ScheduledResize, ThroughputScaling, parse_policy_names, parse_resize_schedule
 from .lr import AdaScaleLR, LinearLRScaling, LRScaling, SqrtLRScaling, lr_scale
@@ -8,7 +8,7 @@ from .stop import EarlyStop
 from .strategy import InterferenceSwitch, StrategyBySize
 
 __all__ = [
-    "Context", "Decision", "Metrics", "Policy", "PolicyError", "Resize", "ScaleLR", "SetBatchSize", "SetStrategy", "Stop",
+    "Context", "Decision", "Metrics", "Policy", "PolicyError", "Resize", "ScaleLR", "SetBatchSize", "SetStrategy", "SetTopology", "Stop",
     "InterferenceSwitch", "StrategyBySize",
     "BatchPerWorker", "GNSBatchSize", "gns_target_batch", "ScheduledResize", "ThroughputScaling",
     "parse_policy_names", "parse_resize_schedule",

@@ -45,13 +45,20 @@ class SetStrategy:
 
 
 @dataclass(frozen=True)
+class SetTopology:
+    """Allreduce gradients with plan ``name`` from the next step on, on every worker: "ring",
+    "tree", "star" or "hierarchical" (taiji/comm/topology.py)."""
+    name: str
+
+
+@dataclass(frozen=True)
 class Stop:
     """End training after this step boundary, on every worker."""
     reason: str = ""
 
 
-Decision = Union[Resize, SetBatchSize, ScaleLR, SetStrategy, Stop]
-DECISION_TYPES = (Resize, SetBatchSize, ScaleLR, SetStrategy, Stop)
+Decision = Union[Resize, SetBatchSize, ScaleLR, SetStrategy, SetTopology, Stop]
+DECISION_TYPES = (Resize, SetBatchSize, ScaleLR, SetStrategy, SetTopology, Stop)
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,7 @@ class Context:
     max_size: int | None = None
     elastic: bool = False     # running under `taiji run` (Resize has an effect)
     strategies: tuple[str, ...] = ()  # names SetStrategy may use
+    topology: str = "ring"    # how gradients are allreduced now (SetTopology changes it)
 
     def replace(self, **changes: Any) -> "Context":
         return replace(self, **changes)

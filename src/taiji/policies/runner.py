@@ -3,7 +3,7 @@
 Conflict rule (documented in the README): policies run in the order given, and each sees the
 Context as changed by the decisions of the policies before it at this boundary. So
 
-* ``SetBatchSize``, ``Resize`` and ``SetStrategy``: the last policy to decide wins (it saw the
+* ``SetBatchSize``, ``Resize``, ``SetStrategy`` and ``SetTopology``: the last policy to decide wins (it saw the
   earlier value);
 * ``ScaleLR`` factors multiply (an LR rule after a batch-size policy scales for the new batch);
 * ``Stop`` is final: once any policy stops, training ends at this boundary whatever follows.
@@ -19,8 +19,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
+from ..comm.topology import TOPOLOGIES
 from .base import (DECISION_TYPES, Context, Decision, Policy, PolicyError, Resize, ScaleLR, SetBatchSize,
-                   SetStrategy, Stop)
+                   SetStrategy, SetTopology, Stop)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Plan:
     lr_factor: float = 1.0          # multiply learning rates by this
     resize: int | None = None       # ask the launcher for this many workers
     strategy: str | None = None     # switch to this strategy
+    topology: str | None = None     # allreduce gradients with this plan
     stop: str | None = None         # reason, if training stops here
     applied: tuple[Applied, ...] = ()
     notes: tuple[str, ...] = ()     # clamped or rejected decisions, for the log
@@ -80,6 +82,10 @@ def validate(ctx: Context, decision: Decision) -> tuple[Decision | None, str | N
             return None, (f"rejected SetStrategy({decision.name!r}): the Job has no such strategy "
                           f"(available: {', '.join(ctx.strategies)})")
         return (None, None) if decision.name == ctx.strategy else (decision, None)
+    if isinstance(decision, SetTopology):
+        if decision.name not in TOPOLOGIES:
+            return None, f"rejected SetTopology({decision.name!r}): use one of {', '.join(TOPOLOGIES)}"
+        return (None, None) if decision.name == ctx.topology else (decision, None)
     if isinstance(decision, Stop):
         return decision, None
     raise TypeError(decision)
@@ -137,6 +143,8 @@ def _apply(ctx: Context, plan: Plan, index: int, policy: str, hook: str, decisio
         return ctx, replace(plan, resize=effective.size)
     if isinstance(effective, SetStrategy):
         return ctx.replace(strategy=effective.name), replace(plan, strategy=effective.name)
+    if isinstance(effective, SetTopology):
+        return ctx.replace(topology=effective.name), replace(plan, topology=effective.name)
     assert isinstance(effective, Stop)
     return ctx, plan if plan.stop is not None else replace(plan, stop=effective.reason or policy)
 

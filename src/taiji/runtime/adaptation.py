@@ -53,13 +53,13 @@ class Adaptation:
         self.last_clock = stats.clock if stats.clock > 0 else self.last_clock
 
     def context(self, progress: Progress, num_samples: int, view: ClusterView, lr: float, strategy: str,
-                strategies: tuple[str, ...]) -> Context:
+                strategies: tuple[str, ...], topology: str = "ring") -> Context:
         """What the policies see at this boundary: agreed state and metrics only."""
         return Context(step=progress.step, epoch=progress.epoch, cursor=progress.sampler.cursor,
                        num_samples=num_samples, size=view.size, version=view.version,
                        batch_size=progress.sampler.batch_size, lr=lr, strategy=strategy,
                        time=self.last_clock or 0.0, metrics=self.metrics, min_size=view.min_size,
-                       max_size=view.max_size, elastic=view.elastic, strategies=strategies)
+                       max_size=view.max_size, elastic=view.elastic, strategies=strategies, topology=topology)
 
     def decide(self, hooks: Sequence[str], context: Context, lead: bool) -> Plan:
         """Run ``hooks`` on every policy over ``context`` (as it reads after the metrics were

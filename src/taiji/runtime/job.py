@@ -275,6 +275,9 @@ class Job:
             scale_lr(self.optimizer, self.lr_scheduler, plan.lr_factor)
         if plan.strategy is not None:
             self._pending_strategy = plan.strategy  # after any transition at this boundary
+        if plan.topology is not None:  # from the next step's buckets on (this one's are done)
+            self._state.topology = plan.topology
+            self._membership.comm.set_topology(plan.topology)
         if plan.resize is not None and lead:
             self._membership.propose_size(plan.resize, source=f"policy {who(plan, Resize)}")
         if plan.stop is not None:
@@ -284,7 +287,7 @@ class Job:
 
     def _context(self) -> Context:
         return self._adaptation.context(self.progress, self._sampler.num_samples, self._membership.view,
-                                        self._lr(), self.strategy_name, self.strategies)
+                                        self._lr(), self.strategy_name, self.strategies, self._state.topology)
 
     def _check_consensus(self, digests: Sequence[float], step: int) -> None:
         self._adaptation.check(digests, step, self._membership.comm)
@@ -315,7 +318,8 @@ class Job:
                 self._transitions.recover(exc)
 
     def _cluster_changed(self) -> None:
-        """After every (re)sync: adopt the synced strategy, and tell it the new cluster."""
+        """After every (re)sync: adopt the synced strategy and topology, and tell it the new cluster."""
+        self._membership.comm.set_topology(self._state.topology)
         if self._state.strategy != self.strategy_name:
             self._switch_strategy(self._state.strategy, consolidate=False)
         self.strategy.cluster_changed(self._membership.view, self._membership.store)

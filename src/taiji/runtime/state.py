@@ -19,6 +19,7 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
+from .. import env
 from ..comm.communicator import Communicator
 from ..comm.transfer import broadcast_bytes, broadcast_tensors, decode, encode, module_tensors, tensor_specs
 from ..data.sampler import SamplerState, advance
@@ -69,6 +70,7 @@ class TrainState:
         self.num_samples = num_samples
         self.progress = Progress(sampler=SamplerState(batch_size=batch_size))
         self.strategy = strategy
+        self.topology = env.TOPOLOGY.get()  # how gradients are allreduced (SetTopology; comm/topology.py)
         self.parts = dict(parts)
         self.has_state = has_state  # False on a joiner until its first sync
 
@@ -110,13 +112,14 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the model's tensors (they are synced in place)."""
-        return {"progress": self.progress.to_json(), "strategy": self.strategy,
+        return {"progress": self.progress.to_json(), "strategy": self.strategy, "topology": self.topology,
                 "optimizer": self.optimizer.state_dict(),
                 "parts": {name: part.state_dict() for name, part in self.parts.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.progress = Progress.from_json(state["progress"])
         self.strategy = state["strategy"]
+        self.topology = state.get("topology", self.topology)
         self.optimizer.load_state_dict(state["optimizer"])
         for name, part_state in state["parts"].items():
             if name in self.parts:
