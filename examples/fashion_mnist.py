@@ -12,6 +12,8 @@
               a shrink lets the newest workers leave
   throughput  add workers while each adds >= 10% samples/s, then give back the last (ThroughputScaling)
   interference  switch to pair averaging when most workers slow down (InterferenceSwitch)
+  topology    try ring, hierarchical and tree allreduce for a few steps each, keep the fastest, and
+              try again when the cluster changes size (AdaptiveTopology)
   none        fixed batch and cluster
 ``--strategy`` sync_sgd (exact, the default) | model_averaging | pair_averaging (decoupled).
 Every worker applies the same decisions at the same step; no sample is lost or repeated.
@@ -77,7 +79,7 @@ def evaluate(model: nn.Module, data: torch.utils.data.TensorDataset, batch: int 
     return correct / len(labels)
 
 
-POLICIES = ("gns", "schedule", "throughput", "interference", "none")
+POLICIES = ("gns", "schedule", "throughput", "interference", "topology", "none")
 STRATEGIES = {"sync_sgd": taiji.SyncSGD, "model_averaging": lambda: taiji.ModelAveraging(alpha=1.0, every=4),
               "pair_averaging": PairAveraging}
 
@@ -94,6 +96,8 @@ def make_policies(names: list[str], args: argparse.Namespace, resizes: dict[int,
             policies.append(ThroughputScaling(threshold=0.1, window=20))
         elif name == "interference":
             policies.append(InterferenceSwitch("pair_averaging", fraction=0.7, window=20))
+        elif name == "topology":
+            policies.append(taiji.policies.AdaptiveTopology(("ring", "hierarchical", "tree"), trial_steps=10))
     if args.target_loss is not None:
         policies.append(EarlyStop("loss", target=args.target_loss, every=10))
     return policies

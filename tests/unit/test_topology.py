@@ -171,3 +171,26 @@ def test_set_topology_is_validated_like_every_decision():
     assert validate(ctx, SetTopology("ring")) == (None, None)  # already so: nothing to do
     decision, note = validate(ctx, SetTopology("mesh"))
     assert decision is None and "rejected SetTopology('mesh')" in note
+
+
+def test_adaptive_topology_tries_each_plan_keeps_the_fastest_and_retries_when_the_cluster_changes():
+    from taiji.policies import AdaptiveTopology, Context, Metrics
+    from taiji.policies.runner import run_hooks
+    cost = {"ring": 0.30, "hierarchical": 0.20, "tree": 0.80}
+    policy = AdaptiveTopology(("ring", "hierarchical", "tree"), trial_steps=3, settle=1)
+    topology, size, chosen = "ring", 4, []
+    for step in range(60):
+        if step == 30:
+            size, cost = 6, {"ring": 0.25, "hierarchical": 0.40, "tree": 0.90}  # a host joined: now the ring wins
+        ctx = Context(step=step, epoch=0, cursor=0, num_samples=1000, size=size, version=1, batch_size=8, lr=0.1,
+                      strategy="sync_sgd", time=0.0, topology=topology,
+                      metrics=Metrics(step_seconds=cost[topology]))
+        _, plan = run_hooks([policy], ["after_step"], ctx)
+        if plan.topology is not None:
+            topology = plan.topology
+            chosen.append((step, topology))
+    assert chosen[:3] == [(4, "hierarchical"), (8, "tree"), (12, "hierarchical")], chosen
+    assert policy.medians == {"ring": 0.25, "hierarchical": 0.40, "tree": 0.90} and topology == "ring"
+    assert chosen[3][0] == 30 and chosen[3][1] == "ring"  # the retry starts at the change
+    with pytest.raises(ConfigError):
+        AdaptiveTopology(("mesh",))

@@ -6,10 +6,11 @@ from .cluster import ScheduledResize, ThroughputScaling, parse_policy_names, par
 from .lr import AdaScaleLR, LinearLRScaling, LRScaling, SqrtLRScaling, lr_scale
 from .stop import EarlyStop
 from .strategy import InterferenceSwitch, StrategyBySize
+from .topology import AdaptiveTopology
 
 __all__ = [
     "Context", "Decision", "Metrics", "Policy", "PolicyError", "Resize", "ScaleLR", "SetBatchSize", "SetStrategy", "SetTopology", "Stop",
-    "InterferenceSwitch", "StrategyBySize",
+    "InterferenceSwitch", "StrategyBySize", "AdaptiveTopology",
     "BatchPerWorker", "GNSBatchSize", "gns_target_batch", "ScheduledResize", "ThroughputScaling",
     "parse_policy_names", "parse_resize_schedule",
     "AdaScaleLR", "LinearLRScaling", "LRScaling", "SqrtLRScaling", "lr_scale", "EarlyStop",

@@ -1,0 +1,54 @@
+"""AdaptiveTopology: KungFu's adaptive topology — try each allreduce plan for a few steps, keep the
+fastest, and try again when the cluster changes size (hosts joined or left)."""
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from ..comm.topology import TOPOLOGIES
+from ..errors import ConfigError
+from .base import Context, HookResult, Policy, SetTopology
+
+
+class AdaptiveTopology(Policy):
+    """Measure the agreed step time (``Metrics.step_seconds``, rank 0's clock between two control
+    messages: the same on every worker) under each of ``candidates`` for ``trial_steps`` steps,
+    after ``settle`` steps that build the plan's groups; then keep the fastest. The trials start
+    again whenever the cluster's size changes. Compute is the same under every plan, so the
+    difference between them is the gradients' allreduce."""
+
+    def __init__(self, candidates: Sequence[str] = ("ring", "hierarchical", "tree"), *, trial_steps: int = 5,
+                 settle: int = 2):
+        unknown = [c for c in candidates if c not in TOPOLOGIES]
+        if not candidates or unknown or trial_steps < 1 or settle < 0:
+            raise ConfigError(f"AdaptiveTopology needs candidates from {list(TOPOLOGIES)} (got unknown {unknown}), "
+                              "trial_steps >= 1 and settle >= 0")
+        self._candidates, self._trial_steps, self._settle = tuple(candidates), trial_steps, settle
+        self.size = 0                      # the cluster size the trials were for
+        self.trial = 0                     # index of the candidate under trial; len(candidates): settled
+        self.seen = 0                      # steps measured under it (settling ones included)
+        self.times: list[float] = []       # its step times
+        self.medians: dict[str, float] = {}
+        self.chosen = ""
+
+    def after_step(self, ctx: Context) -> HookResult:
+        if ctx.size != self.size:  # a new cluster: try every plan again, starting now
+            self.size, self.trial, self.seen, self.times, self.medians = ctx.size, 0, 0, [], {}
+            return self._try(ctx)
+        if self.trial >= len(self._candidates):
+            return None
+        self.seen += 1
+        if self.seen > self._settle and ctx.metrics.step_seconds:
+            self.times.append(ctx.metrics.step_seconds)
+        if len(self.times) < self._trial_steps:
+            return None
+        self.medians[self._candidates[self.trial]] = statistics.median(self.times)
+        self.trial, self.seen, self.times = self.trial + 1, 0, []
+        if self.trial < len(self._candidates):
+            return self._try(ctx)
+        self.chosen = min(self.medians, key=lambda name: self.medians[name])
+        return None if self.chosen == ctx.topology else SetTopology(self.chosen)
+
+    def _try(self, ctx: Context) -> HookResult:
+        name = self._candidates[self.trial]
+        return None if name == ctx.topology else SetTopology(name)
