@@ -104,8 +104,9 @@ def taiji_main(args: argparse.Namespace) -> None:
             seen_transitions = len(job.transitions)
         log.write(**record)
 
+    policies = [taiji.policies.AdaptiveTopology(trial_steps=5)] if args.adaptive_topology else []
     job = taiji.Job(model, opt, TensorDataset(*make_data()), batch_size=args.batch, epochs=10**6,
-                    max_steps=args.max_steps, peer=peer, log_every=0, on_commit=on_commit)
+                    max_steps=args.max_steps, peer=peer, log_every=0, on_commit=on_commit, policies=policies)
     stop = args.out / "stop"
     first = True
     phases = {"began": 0.0, "backward_done": 0.0}  # when the loop body got the step / backward returned
@@ -215,6 +216,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--checkpoint", type=Path, default=None, help="torchrun: checkpoint file")
     parser.add_argument("--timeout", type=float, default=60.0, help="torchrun: collective timeout")
+    parser.add_argument("--adaptive-topology", action="store_true",
+                        help="taiji: the AdaptiveTopology policy (ring, hierarchical, tree) decides the allreduce plan")
     parser.add_argument("--tag", default="", help="copied into every record (which launch wrote it)")
     parser.add_argument("--measure-broadcast", type=int, default=0,
                         help="torchrun: time this many state-sized broadcasts after the first step")

@@ -7,7 +7,8 @@ over loopback): 2 hosts x 2 ranks, one process per rank, each a plain taiji ``Co
 rank's mean over ``--reps`` back-to-back allreduces, after a warm-up that builds its groups) and
 the bytes that crossed hosts meanwhile (the sum over hosts of ``eth0``'s tx counter, per
 allreduce). Then SyncSGD's samples/s on a comm-bound MLP under `taiji run --nnodes 2:2
---topology ring|hierarchical` across the same hosts. Then one host, unshaped, 2 ranks: no plan
+--topology ring|hierarchical` across the same hosts, and under the AdaptiveTopology policy after
+its trials (is it within a few % of the best fixed plan?). Then one host, unshaped, 2 ranks: no plan
 should cost more than the ring there.
 
 Rows compare each topology with the ring in the same run: time ratio = ring time / plan time,
@@ -65,15 +66,21 @@ def measure(hosts: EmulatedHosts, placement: list[int], args: argparse.Namespace
 def training_speed(hosts: EmulatedHosts, topology: str, args: argparse.Namespace, out: Path) -> float:
     """SyncSGD samples/s of `taiji run --nnodes 2:2 --nproc-per-node 2 --topology T` across the
     two shaped hosts, on benchmarks/_elastic_train.py's MLP (1.05M parameters: comm-bound there):
-    the global batch over rank 0's median step time after the warm-up."""
+    the global batch over rank 0's median step time after the warm-up. ``adaptive``: the job
+    starts on the ring with the AdaptiveTopology policy, which tries ring, hierarchical and tree
+    for 7 steps each (2 settling, 5 timed); measured from then on."""
+    adaptive = topology == "adaptive"
     out.mkdir(parents=True, exist_ok=True)
     log, job_id = StepLog(out, "taiji"), f"jt{topology[:4]}"
     env = dict(os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
-    steps = args.warm + args.train_steps
+    warm = args.warm + (21 if adaptive else 0)
+    steps = warm + args.train_steps
     head = LaunchedJob("head", in_host(hosts, 0, [
-        *CLI, "run", "--nnodes", "2:2", "--nproc-per-node", "2", "--topology", topology, "--host", hosts.address(0),
+        *CLI, "run", "--nnodes", "2:2", "--nproc-per-node", "2", "--topology", "ring" if adaptive else topology,
+        "--host", hosts.address(0),
         "--port", str(PORT + 1), "--job-id", job_id, "--run-dir", str(out / "run"), "--",
-        sys.executable, TRAIN, str(out), "--batch", str(args.batch), "--max-steps", str(steps)]), out, env, log)
+        sys.executable, TRAIN, str(out), "--batch", str(args.batch), "--max-steps", str(steps),
+        *(["--adaptive-topology"] if adaptive else [])]), out, env, log)
     jobs = [head]
     try:
         secret = out / "home" / "jobs" / f"{job_id}.secret"
@@ -87,7 +94,7 @@ def training_speed(hosts: EmulatedHosts, topology: str, args: argparse.Namespace
             "--nproc-per-node", "2", "--host", hosts.address(1), "--timeout", "10"]), out, env, log))
         def measured() -> list[dict] | None:
             commits = log.select("commit", worker="w0")
-            return commits[args.warm:steps] if len(commits) >= steps else None
+            return commits[warm:steps] if len(commits) >= steps else None
         commits = wait_for(measured, log, jobs, deadline, f"{steps} steps")
         step_s = median(b["time"] - a["time"] for a, b in zip(commits, commits[1:]))
         head.session.wait(max(deadline - time.monotonic(), 1.0))
@@ -139,10 +146,13 @@ def main(argv=None) -> None:
             hosts.shape(i, args.rate)
         shaped = measure(hosts, [0, 0, 1, 1], args, base / "shaped")
         rows += rows_for(shaped, f"2 hosts x 2, {args.rate}", args.sizes_mb, with_bytes=True)
-        speed = {t: training_speed(hosts, t, args, base / f"train-{t}") for t in ("ring", "hierarchical")}
-        rows.append(contract_row(f"hierarchical vs ring, SyncSGD MLP (1.05M params), 2 hosts x 2, {args.rate}: "
-                                 "samples/s", round(speed["hierarchical"], 1), round(speed["ring"], 1),
-                                 higher_is_better=True))
+        speed = {t: training_speed(hosts, t, args, base / f"train-{t}") for t in ("ring", "hierarchical", "adaptive")}
+        model = f"SyncSGD MLP (1.05M params), 2 hosts x 2, {args.rate}: samples/s"
+        rows.append(contract_row(f"hierarchical vs ring, {model}", round(speed["hierarchical"], 1),
+                                 round(speed["ring"], 1), higher_is_better=True))
+        best = max(("ring", "hierarchical"), key=lambda t: speed[t])
+        rows.append(contract_row(f"AdaptiveTopology (after its trials) vs the best fixed plan ({best}), {model}",
+                                 round(speed["adaptive"], 1), round(speed[best], 1), higher_is_better=True))
     with EmulatedHosts(1) as hosts:
         one = measure(hosts, [0, 0], args, base / "one-host")
         rows += rows_for(one, "one host x 2, unshaped", args.sizes_mb, with_bytes=False)
