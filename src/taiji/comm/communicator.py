@@ -196,14 +196,24 @@ class Communicator:
             raise self._error(exc, f"{op} (connecting the group)", key) from exc
 
     def _subgroup(self, key: str, members: tuple[int, ...]) -> Any:
+        """A plan's group of ``members``, built on the plan thread (the only one that builds these)
+        *outside* the lock: its rendezvous waits for the other ranks' plan threads, and holding
+        the lock meanwhile could deadlock with a main thread building another group."""
+        closed = CommError(f"{self._where()} communicator of version {self.version} is closed",
+                           channel=key, version=self.version)
         with self._lock:
             if self._closed:
-                raise CommError(f"{self._where()} communicator of version {self.version} is closed",
-                                channel=key, version=self.version)
+                raise closed
             group = self._groups.get(key)
-            if group is None:
-                group = self._groups[key] = self._build_group(key, torch.device("cpu"), "allreduce", members)
+        if group is not None:
             return group
+        group = self._build_group(key, torch.device("cpu"), "allreduce", members)
+        with self._lock:
+            if not self._closed:
+                self._groups[key] = group
+                return group
+        reaper.submit(Teardown(self.version, [group], [], _REAP_DELAY_S))  # closed meanwhile
+        raise closed
 
     # -- topology -----------------------------------------------------------------------
 
