@@ -4,6 +4,7 @@ invariants audited (contiguous steps, identical replicas, exactly-once data) and
 in any host. Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -77,6 +78,26 @@ def test_nnodes_waits_for_its_hosts_starts_across_them_and_refuses_one_more(host
     assert job.agents[1].wait(timeout=30) == 0, job.log("agent1")
     assert check_invariants(tmp_path, 16)["sizes"] == [2]
     _no_process_left(hosts3, 0, 1, 2)
+
+
+@pytest.mark.skipif(shutil.which("tc") is None, reason="no tc (iproute2) to shape the links")
+def test_hierarchical_allreduce_across_shaped_hosts_survives_losing_a_non_leader_then_a_leader(hosts3, tmp_path):
+    """`--topology hierarchical` on 2 hosts x 2 with slower links between hosts: host 1's
+    non-leader (w3) is killed mid-allreduce, then its leader (w2): each time the survivors
+    rebuild the plan's groups for the new version and retry the step (exactly once, identical
+    replicas), down to host 0 alone."""
+    job = HostsJob(hosts3, tmp_path)
+    job.env["TAIJI_FAULTS"] = json.dumps([{"action": "kill", "worker": "w3", "step": 15, "phase": "allreduce"},
+                                          {"action": "kill", "worker": "w2", "step": 40, "phase": "allreduce"}])
+    for i in (0, 1):
+        hosts3.shape(i)
+    job.start(["--nnodes", "2:2", "--nproc-per-node", "2", "--topology", "hierarchical", "--max-failures", "3"],
+              ["--batch", "16", "--steps", "70", "--step-delay", "0.02"])
+    job.join(1, 2)
+    assert job.finish() == 0, job.log()[-4000:]
+    assert job.agents[1].wait(timeout=30) == 0, job.log("agent1")[-3000:]
+    assert check_invariants(tmp_path, 16)["sizes"] == [4, 3, 2]
+    _no_process_left(hosts3, 0, 1)
 
 
 def _grown_to_four(job: HostsJob) -> None:

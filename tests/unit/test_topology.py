@@ -141,6 +141,9 @@ def test_the_launchers_topology_reaches_every_worker(monkeypatch):
     assert environ["TAIJI_TOPOLOGY"] == "star"
     monkeypatch.setenv("TAIJI_TOPOLOGY", "star")
     assert PeerOptions.from_env().topology == "star"
+    from taiji.launch.cli import build_parser, parse_run
+    with pytest.raises(ConfigError, match="unknown topology 'mesh'"):
+        parse_run(build_parser().parse_args(["run", "-np", "1", "--topology", "mesh", "python", "-c", "pass"]))
 
 
 def test_which_plans_are_gloos_ring_as_they_stand():
@@ -194,3 +197,27 @@ def test_adaptive_topology_tries_each_plan_keeps_the_fastest_and_retries_when_th
     assert chosen[3][0] == 30 and chosen[3][1] == "ring"  # the retry starts at the change
     with pytest.raises(ConfigError):
         AdaptiveTopology(("mesh",))
+
+
+def test_job_topology_argument_reaches_every_workers_communicator():
+    """`Job(topology=...)`: the plan every worker's gradients use from the first step (threads,
+    one loopback host: hierarchical would be the ring itself, so tree)."""
+    import taiji
+    from _harness import run_threads
+
+    def body(peer):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+        job = taiji.Job(model, opt, data, 8, peer=peer, log_every=0, topology="tree", max_steps=3)
+        for step in job:
+            x, y = step.batch
+            step.backward(torch.nn.functional.cross_entropy(model(x), y))
+        return peer.comm.topology, [p.detach().clone() for p in model.parameters()]
+
+    (t0, p0), (t1, p1) = run_threads(2, body)
+    assert t0 == t1 == "tree" and all(torch.equal(a, b) for a, b in zip(p0, p1))
+    with pytest.raises(ConfigError, match="unknown topology"):
+        taiji.Job(torch.nn.Linear(1, 1), torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1),
+                  torch.utils.data.TensorDataset(torch.randn(4, 1)), 2, topology="mesh")

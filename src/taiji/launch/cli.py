@@ -18,7 +18,6 @@ from typing import Any, Sequence
 
 from .. import env
 from ..comm.addresses import interface_address
-from ..comm.topology import TOPOLOGIES
 from ..errors import AuthError, ConfigError, LaunchError, StoreError
 from . import registry
 from .control import request
@@ -74,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--grace", type=float, default=5.0,
                      help="seconds between SIGTERM and SIGKILL when stopping workers (default: %(default)s)")
     run.add_argument("--job-id", default="", help="job id (default: generated)")
-    run.add_argument("--topology", default="ring", choices=TOPOLOGIES,
+    run.add_argument("--topology", default="ring", metavar="ring|tree|star|hierarchical",
                      help="how gradients are allreduced: gloo's flat ring (default), a binary tree, a star through "
                           "rank 0, or hierarchical (inside each host, then among one leader per host)")
     run.add_argument("--debug-collectives", action="store_true",
@@ -151,6 +150,7 @@ def _check_command(command: Sequence[str]) -> None:
 
 
 def parse_run(args: argparse.Namespace) -> RunConfig:
+    from ..comm.topology import check_topology  # here: `taiji ls/status/resize` must not import torch
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -193,7 +193,8 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
     return RunConfig(nproc=args.nproc, command=tuple(command), host=host, port=args.port,
                      timeout=args.timeout, grace=args.grace,
                      job_id=job_id, run_dir=args.run_dir or str(Path("runs") / job_id),
-                     debug_collectives=args.debug_collectives, topology=args.topology, min_np=min_np, max_np=max_np,
+                     debug_collectives=args.debug_collectives, topology=check_topology(args.topology),
+                     min_np=min_np, max_np=max_np,
                      replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures,
                      liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout,
                      nproc_per_node=args.nproc_per_node, store=_parse_store(args.store),

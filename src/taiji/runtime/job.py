@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .. import env
+from ..comm.topology import check_topology
 from ..comm.transfer import average_tensors
 from ..data.fetch import BatchFetcher
 from ..data.sampler import ElasticSampler
@@ -52,7 +53,8 @@ class Job:
                  peer: Peer | None = None, recovery_timeout: float | None = None,
                  on_commit: Callable[[Step], None] | None = None, monitor_every: int = 1,
                  gns_decay: float = 0.95, run_dir: str | None = None, policies: Sequence[Policy] = (),
-                 strategies: Mapping[str, Strategy] | None = None, sync_every: int | None = None):
+                 strategies: Mapping[str, Strategy] | None = None, sync_every: int | None = None,
+                 topology: str | None = None):
         self.options = TrainingOptions(batch_size, epochs, max_steps, monitor_every, sync_every)
         self.model, self.optimizer, self.lr_scheduler, self.on_commit = model, optimizer, lr_scheduler, on_commit
         self._peer = peer or default_peer()
@@ -60,8 +62,7 @@ class Job:
         self._catalog = StrategyCatalog(strategy, strategies)
         self.strategy_name = self._catalog.initial
         self.strategy = self._catalog.get(self.strategy_name).attach(model, lambda: self._membership.comm)
-        self._signals = Signals()
-        self._stop_agreed = False
+        self._signals, self._stop_agreed = Signals(), False
         self._pending_strategy: str | None = None
         self._started = False
         self.monitors = Monitors(monitor_every, gns_decay)
@@ -69,6 +70,7 @@ class Job:
         self._sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)  # type: ignore[arg-type]
         self._state = TrainState(model, optimizer, self._sampler.num_samples, batch_size, self.strategy_name,
                                  {"gns": self.monitors, "adaptation": self._adaptation}, has_state=self._peer.joined)
+        self._state.topology = check_topology(topology) if topology else self._state.topology  # else --topology
         if lr_scheduler is not None:
             self._state.register("lr_scheduler", lr_scheduler)
         run_dir = (run_dir if run_dir is not None else env.RUN_DIR.get()) or None  # "" = none
