@@ -98,6 +98,9 @@ class EtcdKV:
         for name, path in files.items():
             if tls and path is not None and not os.path.isfile(path):
                 raise ConfigError(f"the etcd TLS file {path!r} ({name}, from the environment) does not exist")
+        if tls and (files["cert_cert"] is None) != (files["cert_key"] is None):
+            raise ConfigError(f"a client certificate needs its key: set both {env.ETCD_CERT.name} and "
+                              f"{env.ETCD_KEY.name} (--etcd-cert and --etcd-key)")
         self._clients = [Etcd3Client(host=h, port=p, timeout=min(timeout, 10.0), protocol="https" if tls else "http",
                                      **(files if tls else {})) for h, p in parse_url(url)]
         if tls and files["ca_cert"] is not None:
@@ -145,7 +148,7 @@ class EtcdKV:
                 pause = min(pause * 2, 0.5)
 
     def _post_once(self, path: str, payload: dict, retry_auth: bool) -> dict:
-        last = ""
+        last = tls_failure = ""
         for attempt in range(len(self._clients)):
             client = self._clients[(self._current + attempt) % len(self._clients)]
             try:
@@ -157,11 +160,9 @@ class EtcdKV:
                 if "invalid auth token" in detail and retry_auth and self._credentials is not None:
                     self._authenticate()
                     return self._post_once(path, payload, retry_auth=False)
-                if any(word in detail for word in ("SSL", "CERTIFICATE", "certificate")):
-                    raise StoreError(f"etcd at {self.url}: the TLS handshake failed ({detail[:300]}). Give the CA that "
-                                     f"signed its certificate in {env.ETCD_CA.name} (--etcd-ca), and a client "
-                                     f"certificate in {env.ETCD_CERT.name}/{env.ETCD_KEY.name} if it asks for "
-                                     "one") from None
+                if any(word in detail for word in ("CERTIFICATE", "certificate", "SSLError")):
+                    tls_failure = detail  # this member's; another may still answer
+                    continue
                 if "permission denied" in detail:
                     raise AuthError(f"etcd at {self.url}: permission denied for {path} (this job's etcd user may "
                                     "touch only its own keys)") from None
@@ -170,6 +171,10 @@ class EtcdKV:
                 if any(word in detail for word in ("etcdserver:", "authentication")):
                     raise StoreError(f"etcd at {self.url} refused {path}: {detail}") from None
                 last = detail
+        if tls_failure:
+            raise StoreError(f"etcd at {self.url}: the TLS handshake failed ({tls_failure[:300]}). Give the CA that "
+                             f"signed its certificate in {env.ETCD_CA.name} (--etcd-ca), and a client certificate in "
+                             f"{env.ETCD_CERT.name}/{env.ETCD_KEY.name} if it asks for one") from None
         raise _Transient(last)
 
     def reachable(self) -> None:
@@ -276,10 +281,14 @@ class EtcdKV:
         has been idle for ``WATCH_REOPEN_S`` (so a stop is noticed) or the connection broke: no
         change is missed. Use a connection of its own (``another()``): the stream holds it."""
         import requests
-        first = self._post("/kv/range", {"key": _b64(key)})
-        revision = int(first["header"]["revision"])
-        kvs = first.get("kvs")
-        yield _unb64(kvs[0].get("value", "")) if kvs else None
+
+        def current() -> tuple[int, bytes | None]:
+            answer = self._post("/kv/range", {"key": _b64(key)})
+            kvs = answer.get("kvs")
+            return int(answer["header"]["revision"]), _unb64(kvs[0].get("value", "")) if kvs else None
+
+        revision, value = current()
+        yield value
         while not stop.is_set():
             client = self._clients[self._current]
             request = {"create_request": {"key": _b64(key), "start_revision": revision + 1}}
@@ -290,25 +299,25 @@ class EtcdKV:
                         if stop.is_set():
                             return
                         result = json.loads(line).get("result") if line.strip() else None
-                        if result is None:
-                            raise _Transient(line.decode(errors="replace")[:200])
-                        if result.get("canceled"):  # compacted past our revision: read it afresh
-                            self._current = (self._current + 1) % len(self._clients)
-                            current = self._post("/kv/range", {"key": _b64(key)})
-                            revision = int(current["header"]["revision"])
-                            kvs = current.get("kvs")
-                            yield _unb64(kvs[0].get("value", "")) if kvs else None
+                        if result is None or (result.get("canceled") and not result.get("compact_revision")):
+                            raise _Transient(line.decode(errors="replace")[:300])  # an error, or a refusal
+                        if result.get("canceled"):  # compacted past our revision: read the key afresh
+                            revision, value = current()
+                            yield value
                             break
                         for event in result.get("events", ()):
                             revision = int(event["kv"]["mod_revision"])
                             deleted = event.get("type") == "DELETE"
                             yield None if deleted else _unb64(event["kv"].get("value", ""))
-            except (requests.RequestException, _Transient) as exc:
-                if "auth" in str(exc) and self._credentials is not None:
+            except (requests.RequestException, _Transient, ValueError, KeyError) as exc:
+                idle = isinstance(exc, requests.ConnectionError) and "Read timed out" in str(exc)
+                if idle:
+                    continue  # an open stream with nothing new: reopen it on the same member
+                if "auth token" in str(exc) and self._credentials is not None:
                     self._authenticate()
-                elif not isinstance(exc, requests.ConnectionError) or "timed out" not in str(exc):
-                    self._current = (self._current + 1) % len(self._clients)  # another member
-                    stop.wait(POLL_MAX_S)
+                else:  # a member that is down, partitioned or refusing: the next one, after a pause
+                    self._current = (self._current + 1) % len(self._clients)
+                stop.wait(POLL_MAX_S)
 
     def another(self) -> "EtcdKV":
         return EtcdKV(self.url, self._timeout, self._credentials)

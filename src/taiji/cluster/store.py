@@ -405,8 +405,10 @@ class KeyFollower:
             try:
                 for raw in job.follow(name, self._stop):
                     self.value = int(raw or 0)
-            except StoreError:
-                self._stop.wait(DEFAULT_POLL_S * 4)  # the store is away: the driver's other calls say so
+            except Exception as exc:  # noqa: BLE001 - a frozen value would make the launcher deaf
+                log.warning("following %s failed (%s): retrying", name, exc)
+                self.value += 1  # meanwhile the launcher re-reads what the doorbell guards
+                self._stop.wait(DEFAULT_POLL_S * 4)
 
     def close(self) -> None:
         self._stop.set()  # noticed at the stream's next reopen; a daemon thread, never waited for

@@ -160,7 +160,8 @@ class Communicator:
         self._in_flight: weakref.WeakSet[Pending] = weakref.WeakSet()  # while its Handle lives
         self._lock = threading.Lock()
         self._closed = False
-        self._plans = PlanRunner(f"taiji-plans-v{version}")
+        self._plans = PlanRunner(f"taiji-plans-v{version}", lambda: CommError(
+            f"{self._where()} communicator of version {version} is closed", channel="grad", version=version))
         self.set_topology(options.topology)
 
     # -- process groups ---------------------------------------------------------------
@@ -231,7 +232,10 @@ class Communicator:
 
     def _planned(self, channel: str, tensor: torch.Tensor) -> Any:
         """Run the current topology's plan for ``tensor`` on the plan thread."""
-        groups = _PlanGroups(self.rank, self.size, lambda: self._group(channel, torch.device("cpu"), "allreduce"),
+        # a group of every rank of the plans' own: the main thread's ops on the channel's group
+        # (an integer buffer's max, say) must not interleave with a plan's in different orders
+        everyone = tuple(range(self.size))
+        groups = _PlanGroups(self.rank, self.size, lambda: self._subgroup(f"{channel}:plan", everyone),
                              lambda name, members: self._subgroup(f"{channel}:{name}", members), self.layout)
         plan = PLANS[self.topology]
         return self._plans.submit(lambda: plan(tensor, groups))
@@ -265,7 +269,7 @@ class Communicator:
             # Destroying a gloo group waits on each peer's connection (~10 ms per peer and
             # channel), and peers may still be reading what we sent last: the reaper does it
             # a moment later.
-            reaper.submit(Teardown(self.version, groups, orphans, _REAP_DELAY_S))
+            reaper.submit(Teardown(self.version, groups, orphans, _REAP_DELAY_S, plans=self._plans))
 
     # -- errors -----------------------------------------------------------------------
 

@@ -62,13 +62,17 @@ class Pending:
 class Teardown:
     """One closed version's groups and its collectives still in flight."""
 
-    def __init__(self, version: int, groups: list[Any], pending: list[Pending], delay: float):
+    def __init__(self, version: int, groups: list[Any], pending: list[Pending], delay: float, plans: Any = None):
         self.version = version
         self.groups = groups
         self.pending = pending
         self.due = time.monotonic() + delay
+        self.plans = plans  # the version's plan thread (comm/topology.py PlanRunner), closed already
 
     def run(self) -> None:
+        if self.plans is not None:
+            self.plans.join()  # its plans end fast once the groups are aborted
+            self.plans = None
         # A Work holds its group's gloo context (the connections): wait for each collective
         # still in flight and let go of its Work first, so that every C++ object of the version
         # dies here, never on whichever thread happens to drop the last Handle.

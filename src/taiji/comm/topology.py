@@ -158,7 +158,9 @@ class PlanWork:
         self._error: BaseException | None = None
 
     def finish(self, error: BaseException | None = None) -> None:
-        self._error = error
+        # without its traceback: the plan's frames would keep its process groups alive wherever
+        # the error is dropped last, instead of on the reaper
+        self._error = None if error is None else error.with_traceback(None)
         self._done.set()
 
     def wait(self) -> None:
@@ -176,17 +178,24 @@ class PlanRunner:
     the same order everywhere; and a plan's stages run while the caller goes on (a bucket's
     allreduce overlaps the rest of backward, as gloo's own asynchronous ring does)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, closed_error: Callable[[], BaseException]):
         self._name = name
+        self._closed_error = closed_error
         self._queue: "queue.SimpleQueue[tuple[Callable[[], None], PlanWork] | None]" = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
 
     def submit(self, run: Callable[[], None]) -> PlanWork:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
-            self._thread.start()
         work = PlanWork()
-        self._queue.put((run, work))
+        with self._lock:  # so that nothing is queued behind the stop marker
+            if self._closed:
+                work.finish(self._closed_error())
+                return work
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+                self._thread.start()
+            self._queue.put((run, work))
         return work
 
     def _serve(self) -> None:
@@ -206,6 +215,15 @@ class PlanRunner:
 
     def close(self) -> None:
         """End the thread once the plans already submitted have run (they fail fast once the
-        communicator's groups are aborted)."""
-        if self._thread is not None:
-            self._queue.put(None)
+        communicator's groups are aborted); later submissions fail at once."""
+        with self._lock:
+            self._closed = True
+            if self._thread is not None:
+                self._queue.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (after ``close``): the reaper does, before it destroys the
+        groups the plans used, so no plan is inside gloo when they go."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)

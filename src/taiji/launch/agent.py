@@ -194,6 +194,10 @@ class Agent:
                         if code is not None:
                             return code
                 self._last_contact = now
+        except hosts.LeaseExpired as exc:
+            self.say(f"{exc}: stopping {len(self.sup.running())} worker(s)")
+            self._stop_workers()
+            return 1
         except StoreError as exc:
             self.say(f"lost the job store at {cfg.store_url} (the launcher's host died, or the network "
                      f"between us is down): stopping {len(self.sup.running())} worker(s). ({exc})")

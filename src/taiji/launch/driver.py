@@ -68,29 +68,18 @@ class Driver:
     def __init__(self, cfg: DriverConfig, settings: WorkerSettings, sup: Supervisor, job: JobStore,
                  secret: bytes, state: ctl.ControllerState, *, store_address: str, tick: float,
                  etcd: EtcdServer | None = None, term: bytes = b""):
-        self.cfg = cfg
-        self.settings = settings
-        self.sup = sup
-        self.job = job
-        self.secret = secret
-        self.state = state
-        self.store_address = store_address
-        self.tick = tick
-        self.etcd = etcd
+        self.cfg, self.settings, self.sup, self.job, self.secret, self.state = cfg, settings, sup, job, secret, state
+        self.store_address, self.tick, self.etcd = store_address, tick, etcd
         self.term = term  # the election record this controller runs under (b"": the launcher)
         self.survivable = etcd is None and cfg.store != "tcp"  # the store outlives this host
         self.agents: dict[str, hosts.AgentChannel] = {}
         self.remote: dict[str, RemoteWorker] = {}
-        self._registrations_seen = 0
-        self._bell = -1
+        self._registrations_seen, self._bell, self._controller_beats, self._proposal_seq, self._ticks = 0, -1, 0, 0, 0
         self._doorbell: KeyFollower | None = None
+        self._early: list[ctl.Event] = []  # hosts that joined beyond --nnodes MIN while the job gathered
         self.secret_file = registry.secret_file(cfg.job_id)
-        self._controller_beats = 0
-        self._proposal_seq = 0
         self._beat_counts: dict[str, int] = {}
-        self._ticks = 0
-        self._done_seen = False
-        self._fatal_seen = False
+        self._done_seen = self._fatal_seen = False
         self._snapshot: dict = {}
         self._snapshot_at = float("-inf")
         self._progress: dict | None = None
@@ -283,6 +272,7 @@ class Driver:
         deadline = time.monotonic() + self.cfg.bounds.join_timeout
         self.say(f"waiting for {count} more host(s) to join (--nnodes) before the job starts")
         while len(joined) < count:
+            self._beat_events(time.monotonic())  # beat meanwhile: agents must not take over a job not started
             _, received = self.sup.wait(timeout=self.tick)
             if received:
                 raise LaunchError(f"job {self.cfg.job_id}: {signal.Signals(received[0]).name} received while "
@@ -292,7 +282,9 @@ class Driver:
                                   f"asks for joined within --join-timeout {self.cfg.bounds.join_timeout:g}s: start "
                                   "`taiji join` on the others (see above), or lower the MIN of --nnodes")
             for event in self._host_events(time.monotonic(), rang=True):
-                if isinstance(event, ctl.HostJoined):
+                if isinstance(event, ctl.HostJoined) and len(joined) >= count:
+                    self._early.append(event)  # beyond MIN in the same tick: the controller decides
+                elif isinstance(event, ctl.HostJoined):
                     joined[event.address] = ctl.Host(event.address, event.slots)
                 elif isinstance(event, ctl.HostLost):
                     joined.pop(event.address, None)
@@ -304,8 +296,12 @@ class Driver:
         cfg = self.cfg
         if cfg.min_hosts > 1:
             others = self._gather_hosts(cfg.min_hosts - 1)
-            self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None, others,
-                                           time.monotonic())
+            try:
+                self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None, others,
+                                               time.monotonic())
+            except ValueError as exc:
+                raise LaunchError(f"job {cfg.job_id}: {exc}: -np {cfg.nproc} does not fit the hosts that joined "
+                                  "(an agent offered fewer slots than --nproc-per-node?)") from None
         self._publish(self.state.config, "start")
         self._spawn(self.state.config.workers)
 
@@ -447,6 +443,7 @@ class Driver:
         self._doorbell = self.job.follow_doorbell()
         try:
             start()
+            pending += self._early
             while True:
                 exited, received = self.sup.wait(timeout=self.tick)
                 if received:
