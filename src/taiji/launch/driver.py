@@ -203,9 +203,13 @@ class Driver:
         return None
 
     def _feed(self, event: ctl.Event) -> int | None:
+        before = {h.address for h in self.state.hosts}
         self.state, actions = ctl.decide(self.state, event, time.monotonic())
         code = self._apply(actions)
-        for address in set(self.agents) - {h.address for h in self.state.hosts}:
+        # release the hosts this event dropped (or a join it ignored) — not an agent registered
+        # this tick whose HostJoined comes later in the tick
+        dropped = before | ({event.address} if isinstance(event, ctl.HostJoined) else set())
+        for address in (dropped - {h.address for h in self.state.hosts}) & set(self.agents):
             self._release_host(address)
         return code
 
