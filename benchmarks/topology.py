@@ -39,7 +39,8 @@ TRAIN = str(Path(__file__).with_name("_elastic_train.py"))
 PORT = 29500
 
 
-def measure(hosts: EmulatedHosts, placement: list[int], args: argparse.Namespace, out: Path) -> dict:
+def measure(hosts: EmulatedHosts, placement: list[int], args: argparse.Namespace, out: Path,
+            reps: int | None = None) -> dict:
     """Run one worker per entry of ``placement`` (the emulated host of each rank); return
     {(size, topology): {"seconds": slowest rank, "bytes": summed over hosts}}."""
     out.mkdir(parents=True, exist_ok=True)
@@ -48,7 +49,7 @@ def measure(hosts: EmulatedHosts, placement: list[int], args: argparse.Namespace
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
     for rank, host in enumerate(placement):
         argv = [sys.executable, WORKER, str(out), str(rank), addresses[0], str(PORT), ",".join(addresses),
-                "--sizes-mb", *[str(s) for s in args.sizes_mb], "--reps", str(args.reps)]
+                "--sizes-mb", *[str(s) for s in args.sizes_mb], "--reps", str(reps or args.reps)]
         procs.append(hosts.popen(host, argv, env=env, stdout=open(out / f"rank{rank}.log", "w"),
                                  stderr=subprocess.STDOUT))
     for rank, proc in enumerate(procs):
@@ -154,7 +155,8 @@ def main(argv=None) -> None:
         rows.append(contract_row(f"AdaptiveTopology (after its trials) vs the best fixed plan ({best}), {model}",
                                  round(speed["adaptive"], 1), round(speed[best], 1), higher_is_better=True))
     with EmulatedHosts(1) as hosts:
-        one = measure(hosts, [0, 0], args, base / "one-host")
+        # milliseconds each on one host, where this box's noise is ±25% over a few reps: many more
+        one = measure(hosts, [0, 0], args, base / "one-host", reps=max(args.reps, 40))
         rows += rows_for(one, "one host x 2, unshaped", args.sizes_mb, with_bytes=False)
     for row in rows:
         print(f"# {row['case']}: {row['taiji']} vs ring {row['anchor']} -> {row['ratio']}x", file=sys.stderr)
