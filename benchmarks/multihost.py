@@ -221,13 +221,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def skipped_without_hosts(benchmark: str) -> bool:
+    """Where no emulated hosts can be made (not root, no iproute2): say so, print an empty result."""
+    why = unavailable()
+    if why:
+        print(f"# {benchmark}: no emulated hosts here ({why}); nothing measured", file=sys.stderr)
+        print_result(benchmark, [], skipped=why)
+    return bool(why)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     reap_on_sigterm()
-    why = unavailable()
-    if why:
-        print(f"# multihost: no emulated hosts here ({why}); nothing measured", file=sys.stderr)
-        print_result("multihost", [], skipped=why)
+    if skipped_without_hosts("multihost"):
         return
     base = Path(tempfile.mkdtemp(prefix="taiji-multihost-"))
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="eth0",

@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from _common import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
 from _elastic_runs import LaunchedJob, StepLog, wait_for  # noqa: E402
-from _netns import EmulatedHosts, unavailable  # noqa: E402
-from multihost import CLI, in_host  # noqa: E402
+from _netns import EmulatedHosts  # noqa: E402
+from multihost import CLI, in_host, skipped_without_hosts  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("_topology_worker.py"))
 TRAIN = str(Path(__file__).with_name("_elastic_train.py"))
@@ -135,10 +135,7 @@ def main(argv=None) -> None:
     args.reps = args.reps or (3 if args.quick else 5)
     args.train_steps = args.train_steps or (30 if args.quick else 80)
     reap_on_sigterm()
-    why_not = unavailable()
-    if why_not:
-        print(f"# topology: no emulated hosts here ({why_not}); nothing measured", file=sys.stderr)
-        print_result("topology", [], skipped=why_not)
+    if skipped_without_hosts("topology"):
         return
     base = Path(tempfile.mkdtemp(prefix="taiji-topology-"))
     rows: list[dict] = []

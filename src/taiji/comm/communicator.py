@@ -314,13 +314,15 @@ class Communicator:
     # -- collectives ------------------------------------------------------------------
 
     def _run(self, op: str, channel: str, tensor: torch.Tensor, submit: Callable[[Any], Any],
-             finish: Callable[[], T], async_op: bool, extra: int = 0) -> T | Handle[T]:
+             finish: Callable[[], T], async_op: bool, extra: int = 0, planned: bool = False) -> T | Handle[T]:
+        """``planned``: ``submit`` hands the tensor to a topology plan, which uses groups of its
+        own — the channel's group is not needed (nor built)."""
         if self.options.debug and self.size > 1:
             self._check_signature(op, tensor, extra)
         if self.size == 1:
             handle: Handle[T] = Handle(None, finish, self, op, channel)
         else:
-            group = self._group(channel, tensor.device, op)
+            group = None if planned else self._group(channel, tensor.device, op)
             try:
                 work = submit(group)
             except RuntimeError as exc:
@@ -334,7 +336,8 @@ class Communicator:
                     if not closed:
                         self._in_flight.add(pending)
                 if closed and pending.orphan():  # closed by another thread meanwhile
-                    reaper.submit(Teardown(self.version, [group], [pending], _REAP_DELAY_S))
+                    reaper.submit(Teardown(self.version, [group] if group is not None else [], [pending],
+                                           _REAP_DELAY_S))
         return handle if async_op else handle.wait()
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", *, channel: str = "grad",
@@ -352,11 +355,10 @@ class Communicator:
             if op == "avg" and size > 1:
                 tensor.div_(size)
             return tensor
-        if channel == "grad" and not self._ring_plan and op in ("sum", "avg") and not tensor.is_cuda:
-            submit: Callable[[Any], Any] = lambda g: self._planned(channel, tensor)  # noqa: E731
-        else:
-            submit = lambda g: g.allreduce([tensor], opts)  # noqa: E731
-        return self._run("allreduce", channel, tensor, submit, finish, async_op, extra=list(_REDUCE_OPS).index(op))
+        planned = channel == "grad" and not self._ring_plan and op in ("sum", "avg") and not tensor.is_cuda
+        submit = (lambda g: self._planned(channel, tensor)) if planned else (lambda g: g.allreduce([tensor], opts))
+        return self._run("allreduce", channel, tensor, submit, finish, async_op, extra=list(_REDUCE_OPS).index(op),
+                         planned=planned)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, channel: str = "ctrl",
                   async_op: bool = False) -> torch.Tensor | Handle[torch.Tensor]:

@@ -366,10 +366,10 @@ class Driver:
         if self.survivable:  # agents watch this beat to take over; nobody can where the store dies with us
             self._controller_beats += 1
             hosts.beat_controller(self.job, self._controller_beats)
-        if self.survivable and hosts.owner(self.job) != self.term:
-            raise Deposed(f"job {self.cfg.job_id}: another controller took over (the election record says "
-                          f"{hosts.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
-                          "leaves the job to the new one")
+            if hosts.owner(self.job) != self.term:
+                raise Deposed(f"job {self.cfg.job_id}: another controller took over (the election record says "
+                              f"{hosts.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
+                              "leaves the job to the new one")
         running = [w.worker_id for w in self.sup.running()] + [
             wid for wid, w in self.remote.items() if w.exit_code is None]
         counts = self.job.beats(running)
