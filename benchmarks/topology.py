@@ -8,13 +8,14 @@ rank's mean over ``--reps`` back-to-back allreduces, after a warm-up that builds
 the bytes that crossed hosts meanwhile (the sum over hosts of ``eth0``'s tx counter, per
 allreduce). Then SyncSGD's samples/s on a comm-bound MLP under `taiji run --nnodes 2:2
 --topology ring|hierarchical` across the same hosts, and under the AdaptiveTopology policy after
-its trials (is it within a few % of the best fixed plan?). Then one host, unshaped, 2 ranks: no plan
+its trials (is it within a few % of the best fixed plan?), and over a run in which a third host
+joins (the policy tries the plans again at 6 workers; is it still within a few %?). Then one host, unshaped, 2 ranks: no plan
 should cost more than the ring there.
 
 Rows compare each topology with the ring in the same run: time ratio = ring time / plan time,
 bytes ratio = ring bytes / plan bytes (both: > 1 means the plan is ahead).
 
-    .venv/bin/python benchmarks/topology.py --quick     # 1 and 10 MB, ~1 min
+    .venv/bin/python benchmarks/topology.py --quick     # 1 and 10 MB, ~4 min
 """
 from __future__ import annotations
 
@@ -64,20 +65,20 @@ def measure(hosts: EmulatedHosts, placement: list[int], args: argparse.Namespace
     return merged
 
 
-def training_speed(hosts: EmulatedHosts, topology: str, args: argparse.Namespace, out: Path) -> float:
-    """SyncSGD samples/s of `taiji run --nnodes 2:2 --nproc-per-node 2 --topology T` across the
-    two shaped hosts, on benchmarks/_elastic_train.py's MLP (1.05M parameters: comm-bound there):
-    the global batch over rank 0's median step time after the warm-up. ``adaptive``: the job
-    starts on the ring with the AdaptiveTopology policy, which tries ring, hierarchical and tree
-    for 7 steps each (2 settling, 5 timed); measured from then on."""
+def train(hosts: EmulatedHosts, topology: str, args: argparse.Namespace, out: Path, *, steps: int,
+          join_at: int | None = None) -> list[dict]:
+    """Run `taiji run --nnodes 2:3 --nproc-per-node 2 --topology T` on hosts 0 and 1 (two shaped
+    hosts) on benchmarks/_elastic_train.py's MLP (1.05M parameters: comm-bound there) for
+    ``steps`` steps; with ``join_at``, host 2's agent joins once worker w0 has committed that many
+    (the job grows to 6 workers). Returns w0's commit records. ``adaptive``: the job starts on
+    the ring under the AdaptiveTopology policy, which tries ring, hierarchical and tree for 7
+    steps each (2 settling, 5 timed), and again when the cluster's size changes."""
     adaptive = topology == "adaptive"
     out.mkdir(parents=True, exist_ok=True)
-    log, job_id = StepLog(out, "taiji"), f"jt{topology[:4]}"
+    log, job_id = StepLog(out, "taiji"), f"jt{topology[:4]}{'j' if join_at else ''}"
     env = dict(os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
-    warm = args.warm + (21 if adaptive else 0)
-    steps = warm + args.train_steps
     head = LaunchedJob("head", in_host(hosts, 0, [
-        *CLI, "run", "--nnodes", "2:2", "--nproc-per-node", "2", "--topology", "ring" if adaptive else topology,
+        *CLI, "run", "--nnodes", "2:3", "--nproc-per-node", "2", "--topology", "ring" if adaptive else topology,
         "--host", hosts.address(0),
         "--port", str(PORT + 1), "--job-id", job_id, "--run-dir", str(out / "run"), "--",
         sys.executable, TRAIN, str(out), "--batch", str(args.batch), "--max-steps", str(steps),
@@ -90,19 +91,51 @@ def training_speed(hosts: EmulatedHosts, topology: str, args: argparse.Namespace
             if time.monotonic() > deadline or not head.session.running():
                 raise RuntimeError(f"the launcher did not start:\n{head.session.tail()}")
             time.sleep(0.1)
-        jobs.append(LaunchedJob("agent", in_host(hosts, 1, [
-            *CLI, "join", f"{job_id}@{hosts.address(0)}:{PORT + 1}", "--secret-file", str(secret),
-            "--nproc-per-node", "2", "--host", hosts.address(1), "--timeout", "10"]), out, env, log))
-        def measured() -> list[dict] | None:
-            commits = log.select("commit", worker="w0")
-            return commits[warm:steps] if len(commits) >= steps else None
-        commits = wait_for(measured, log, jobs, deadline, f"{steps} steps")
-        step_s = median(b["time"] - a["time"] for a, b in zip(commits, commits[1:]))
+
+        def join(host: int) -> None:
+            jobs.append(LaunchedJob(f"agent{host}", in_host(hosts, host, [
+                *CLI, "join", f"{job_id}@{hosts.address(0)}:{PORT + 1}", "--secret-file", str(secret),
+                "--nproc-per-node", "2", "--host", hosts.address(host), "--timeout", "10"]), out, env, log))
+        join(1)
+        if join_at is not None:
+            wait_for(lambda: len(log.select("commit", worker="w0")) >= join_at or None, log, jobs, deadline,
+                     f"{join_at} steps before host 2 joins")
+            join(2)
+        commits = wait_for(lambda: (lambda c: c if len(c) >= steps else None)(log.select("commit", worker="w0")),
+                           log, jobs, deadline, f"{steps} steps")
         head.session.wait(max(deadline - time.monotonic(), 1.0))
-        return args.batch / step_s
+        return commits[:steps]
     finally:
         for job in jobs:
             job.close()
+
+
+def step_seconds(commits: list[dict]) -> float:
+    return median(b["time"] - a["time"] for a, b in zip(commits, commits[1:]))
+
+
+def training_speed(hosts: EmulatedHosts, topology: str, args: argparse.Namespace, out: Path) -> float:
+    """SyncSGD samples/s on 2 shaped hosts x 2: the global batch over w0's median step time after
+    the warm-up (and, for ``adaptive``, after its trials)."""
+    warm = args.warm + (21 if topology == "adaptive" else 0)
+    commits = train(hosts, topology, args, out, steps=warm + args.train_steps)
+    return args.batch / step_seconds(commits[warm:])
+
+
+def speeds_with_a_join(hosts: EmulatedHosts, topology: str, args: argparse.Namespace, out: Path) -> dict:
+    """A run in which a third host joins (4 -> 6 workers) after 51 steps (the warm-up, the
+    adaptive policy's first trials, 20 more): samples/s over the whole run from the warm-up on
+    (the join, its stall and every trial included), and over its last ``--train-steps`` steps
+    (after the policy's second trials) — all at 6 workers, or the run is an error."""
+    join_at, tail = args.warm + 41, args.train_steps
+    commits = train(hosts, topology, args, out, steps=join_at + args.join_steps + 21 + tail, join_at=join_at)
+    last = commits[-tail:]
+    if any(c["size"] != 6 for c in last):
+        raise RuntimeError(f"{topology}: the third host had not joined {tail} steps before the end "
+                           f"(sizes {sorted({c['size'] for c in last})}); raise --join-steps")
+    run = commits[args.warm:]
+    return {"run": args.batch * (len(run) - 1) / (run[-1]["time"] - run[0]["time"]),
+            "end": args.batch / step_seconds(last)}
 
 
 def rows_for(merged: dict, where: str, sizes: list[float], with_bytes: bool) -> list[dict]:
@@ -130,6 +163,8 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=64, help="global batch of the training rows")
     parser.add_argument("--warm", type=int, default=10, help="training steps before the measured ones")
     parser.add_argument("--train-steps", type=int, default=None, help="measured training steps")
+    parser.add_argument("--join-steps", type=int, default=80,
+                        help="steps the joining host's workers are given to boot and be admitted")
     args = parser.parse_args(argv)
     args.sizes_mb = args.sizes_mb or ([1.0, 10.0] if args.quick else [1.0, 10.0, 100.0])
     args.reps = args.reps or (3 if args.quick else 5)
@@ -139,8 +174,8 @@ def main(argv=None) -> None:
         return
     base = Path(tempfile.mkdtemp(prefix="taiji-topology-"))
     rows: list[dict] = []
-    with EmulatedHosts(2) as hosts:
-        for i in range(2):
+    with EmulatedHosts(3) as hosts:
+        for i in range(3):
             hosts.shape(i, args.rate)
         shaped = measure(hosts, [0, 0, 1, 1], args, base / "shaped")
         rows += rows_for(shaped, f"2 hosts x 2, {args.rate}", args.sizes_mb, with_bytes=True)
@@ -151,6 +186,16 @@ def main(argv=None) -> None:
         best = max(("ring", "hierarchical"), key=lambda t: speed[t])
         rows.append(contract_row(f"AdaptiveTopology (after its trials) vs the best fixed plan ({best}), {model}",
                                  round(speed["adaptive"], 1), round(speed[best], 1), higher_is_better=True))
+        joined = {t: speeds_with_a_join(hosts, t, args, base / f"join-{t}") for t in ("ring", "hierarchical", "adaptive")}
+        model = f"SyncSGD MLP, 2 -> 3 hosts x 2 (a host joins mid-run), {args.rate}: samples/s"
+        for phase, what in (("end", "over the last steps, after its second trials"),
+                            ("run", "over the whole run, the join and every trial included")):
+            best = max(("ring", "hierarchical"), key=lambda t: joined[t][phase])
+            rows.append(contract_row(f"AdaptiveTopology vs the best fixed plan ({best}) {what}, {model}",
+                                     round(joined["adaptive"][phase], 1), round(joined[best][phase], 1),
+                                     higher_is_better=True))
+            rows.append(contract_row(f"AdaptiveTopology vs ring {what}, {model}", round(joined["adaptive"][phase], 1),
+                                     round(joined["ring"][phase], 1), higher_is_better=True))
     with EmulatedHosts(1) as hosts:
         # milliseconds each on one host, where this box's noise is ±25% over a few reps: many more
         one = measure(hosts, [0, 0], args, base / "one-host", reps=max(args.reps, 40))

@@ -118,6 +118,7 @@ def test_agent_killed_its_workers_leave_in_one_version(hosts3, tmp_path):
     assert job.finish() == 0, job.log()[-4000:]
     launcher = job.log()
     assert f"host {hosts3.address(1)} is lost" in launcher, launcher[-3000:]
+    assert "tether to the controller closed" in launcher, launcher[-3000:]  # at once, not by a stale beat
     assert "drop failed w2, w3" in launcher, launcher[-3000:]  # both in one version
     result = check_invariants(tmp_path, 16)
     assert result["sizes"] == [2, 4, 2], result
@@ -204,6 +205,7 @@ def test_etcd_head_killed_an_agent_takes_over_and_training_goes_on(hosts3, tmp_p
     assert agent.wait(timeout=150) == 0, job.log("agent1")[-4000:]
     log = job.log("agent1")
     assert "took over job" in log and f"host {hosts3.address(0)} is lost" in log, log[-3000:]
+    assert "its tether closed" in log, log[-3000:]  # at once, not after its beat went stale
     assert "drop failed w0, w1" in log, log[-3000:]
     result = check_invariants(tmp_path, 16)
     assert result["sizes"] == [2, 4, 2], result

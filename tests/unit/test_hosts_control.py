@@ -268,8 +268,9 @@ def test_bounds_and_controller_records_round_trip():
     bounds = Bounds(min_np=2, max_np=7, replace=True, host_timeout=3.5)
     hosts.publish_bounds(job, bounds)
     assert hosts.read_bounds(job) == bounds
-    hosts.publish_controller(job, HEAD, 42, 2, survivable=True)
-    assert hosts.read_controller(job) == {"host": HEAD, "pid": 42, "slots": 2, "survivable": True}
+    hosts.publish_controller(job, HEAD, 42, 2, survivable=True, tether=f"{HEAD}:4000")
+    assert hosts.read_controller(job) == {"host": HEAD, "pid": 42, "slots": 2, "survivable": True,
+                                          "tether": f"{HEAD}:4000"}
     hosts.beat_controller(job, 5)
     assert hosts.controller_beat(job) == 5
 
@@ -317,3 +318,29 @@ def test_nnodes_sets_the_start_size_the_hosts_and_max_np():
                           ([], "how many workers")):
         with pytest.raises(ConfigError, match=message):
             _run_args(*argv)
+
+
+# -- tethers: each end sees the other's process die as its connection closing ----------------
+
+def test_tether_hello_is_checked_and_a_closed_agent_or_controller_is_seen_at_once():
+    from _harness import wait_for
+    from taiji.launch.tether import Tether, TetherServer, answers
+    secret = auth.new_secret()
+    server = TetherServer("127.0.0.1", secret)
+    try:
+        agent = Tether(server.address, secret, H2, "s1")
+        with pytest.raises(AuthError, match="refused this agent's tether"):
+            Tether(server.address, auth.new_secret(), H3, "s2")  # not the job's secret
+        assert answers(server.address)
+        assert server.lost() == []  # the refused stranger was never an agent
+        agent.close()  # what a killed agent's kernel does
+        lost = []
+        wait_for(lambda: bool(lost.extend(server.lost()) or lost), 5, "the agent's tether to close")
+        assert lost == [(H2, "s1")]
+        again = Tether(server.address, secret, H2, "s3")
+    finally:
+        server.close()
+    assert again.broken.wait(5), "the agent did not see the controller's end close"
+    assert not agent.broken.is_set()  # closed by its own side: not a controller's death
+    assert not answers(server.address)  # nothing listens there now: refused at once
+    again.close()

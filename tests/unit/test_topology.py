@@ -4,6 +4,7 @@ sum as a reference, the same bytes on every rank, async handles, a switch betwee
 lost peer surfacing as a CommError."""
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -169,6 +170,10 @@ def test_set_topology_switches_every_worker_at_a_step_boundary_and_a_joiner_adop
     assert check_invariants(tmp_path, 16, "topology")["sizes"] == [2, 3]
     events = (tmp_path / "run" / "events.jsonl").read_text()
     assert all(f"SetTopology(name='{name}')" in events for name in ("tree", "hierarchical", "star", "ring"))
+    # the run log says, per step, which plan the gradients went through and what the step waited for it
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {s["topology"] for s in steps} >= {"tree", "hierarchical", "star", "ring"}, steps[:3]
+    assert all(s["allreduce_wait_ms"] >= 0 for s in steps)
 
 
 def test_set_topology_is_validated_like_every_decision():

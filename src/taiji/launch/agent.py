@@ -20,6 +20,7 @@ from ..errors import AuthError, LaunchError, StoreError
 from . import hosts
 from .options import JoinConfig
 from .supervisor import Supervisor, WorkerProcess, describe_exit
+from .tether import Tether, answers
 from .worker_env import WorkerSettings, worker_env
 
 TICK_SECONDS = 0.02
@@ -41,6 +42,8 @@ class Agent:
         self._owner_seen = b""
         self._survivable: bool | None = None  # read once the controller has announced itself
         self._bounds = Bounds()
+        self._tether: Tether | None = None
+        self._tether_judged = ""  # a controller's tether address whose close was judged already
 
     def say(self, text: str) -> None:
         self.sup.write(f"taiji join: {text}\n")
@@ -131,7 +134,35 @@ class Agent:
         # it): a shorter silence tells, as for any other host (controller.py)
         return silent > self._bounds.stale_after and self.job.failures_reported(self.job.latest_version())
 
-    def _take_over(self) -> int | None:
+    def _hold_tether(self) -> None:
+        """Tether to the job's controller once it has announced one (and again after a takeover)."""
+        assert self.job is not None
+        if self._tether is not None or not self.job.has(hosts.CONTROLLER):
+            return
+        address = str(hosts.read_controller(self.job).get("tether") or "")
+        if address and address != self._tether_judged:
+            try:
+                self._tether = Tether(address, self.cfg.secret, self.cfg.host, self.session, timeout=2.0)
+            except (LaunchError, AuthError) as exc:
+                self.say(f"no tether to the controller yet ({exc}); its heartbeat still tells if it dies")
+                self._tether_judged = address
+
+    def _tether_closed(self) -> int | None:
+        """The controller's tether closed. If the controller named in the store is still that one and
+        its port refuses a connection, its process is gone: take over now (where the store
+        outlives it) instead of waiting for its beat to go stale."""
+        assert self.job is not None and self._tether is not None
+        address = self._tether.address
+        self._tether.close()
+        self._tether, self._tether_judged = None, address  # judged once: a lost election is final
+        record = hosts.read_controller(self.job)  # a StoreError here: the store died with the launcher
+        if record.get("tether") != address or answers(address):
+            return None  # another controller by now, or this one still listens: tether again
+        if not record.get("survivable"):
+            raise StoreError(f"the job's controller on {record.get('host')} is gone (its tether closed)")
+        return self._take_over(f"the controller on {record.get('host')} exited (its tether closed)")
+
+    def _take_over(self, reason: str) -> int | None:
         """Become the job's controller if this agent wins the election; its exit code if it did."""
         from .takeover import take_over
         assert self.job is not None and self.settings is not None
@@ -143,7 +174,10 @@ class Agent:
             return None
         driver, lost, missed = won
         self._done.set()  # the driver's loop talks to the store from here on
-        return driver.resume(lost, f"the controller on {lost} stopped beating", missed)
+        if self._tether is not None:
+            self._tether.close()
+            self._tether = None
+        return driver.resume(lost, reason, missed)
 
     def run(self) -> int:
         cfg = self.cfg
@@ -185,12 +219,17 @@ class Agent:
                         self._stop_workers()
                         self.channel.report({"op": "bye"})
                         return 0
+                if self._tether is not None and self._tether.broken.is_set():
+                    code = self._tether_closed()
+                    if code is not None:
+                        return code
                 now = time.monotonic()
                 if now >= next_beat:
                     self.channel.beat()
                     next_beat = now + BEAT_SECONDS
+                    self._hold_tether()
                     if self._controller_gone(now):
-                        code = self._take_over()
+                        code = self._take_over("the controller stopped beating")
                         if code is not None:
                             return code
                 self._last_contact = now
@@ -208,6 +247,8 @@ class Agent:
             raise
         finally:
             self._done.set()
+            if self._tether is not None:
+                self._tether.close()
             self.sup.close()
             try:
                 self.channel.leave()

@@ -24,6 +24,7 @@ from . import hosts, registry
 from .control import ControlServer
 from .etcd_server import EtcdServer
 from .supervisor import Supervisor, describe_exit
+from .tether import TetherServer
 from .worker_env import WorkerSettings, worker_env
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class Driver:
         self._snapshot_at = float("-inf")
         self._progress: dict | None = None
         self.control: ControlServer | None = None
+        self.tether: TetherServer | None = None
 
     @staticmethod
     def launch(cfg: DriverConfig, settings: WorkerSettings, output=None) -> "Driver":
@@ -250,6 +252,10 @@ class Driver:
             self.agents[address] = channel
             self.say(f"host {address} joined (agent pid {record.get('pid')}, {slots} slot(s))")
             events.append(ctl.HostJoined(address, slots))
+        for address, session in (self.tether.lost() if self.tether is not None else []):
+            if address in self.agents and self.agents[address].session == session:
+                events.append(ctl.HostLost(address, "its agent's tether to the controller closed: the agent's "
+                                                    "process is gone, and its workers with it"))
         for address, channel in list(self.agents.items()):
             for event in (channel.new_events() if rang else []):
                 op = event.get("op")
@@ -319,25 +325,7 @@ class Driver:
         return ctl.WorkerExited(wid, code, self.job.is_training(wid))
 
     def _stop_agents(self) -> None:
-        """Tell every agent the job is over and wait (up to the grace period) until each says bye."""
-        waiting = {}
-        for address, channel in self.agents.items():
-            try:
-                channel.send({"op": "stop", "reason": "the job is over"})
-                waiting[address] = channel
-            except StoreError:
-                pass
-        deadline = time.monotonic() + self.cfg.grace + 2.0
-        while waiting and time.monotonic() < deadline:
-            for address, channel in list(waiting.items()):
-                try:
-                    if any(e.get("op") == "bye" for e in channel.new_events()):
-                        del waiting[address]
-                except StoreError:
-                    del waiting[address]
-            time.sleep(TICK_SECONDS)
-        for address in waiting:
-            self.say(f"the agent of host {address} did not confirm that it stopped its workers")
+        hosts.stop_agents(self.agents, self.cfg.grace + 2.0, self.say)
         self.agents.clear()
 
     # -- events from the store ----------------------------------------------------------
@@ -427,7 +415,9 @@ class Driver:
 
     def _announce_controller(self) -> None:
         """Who controls the job (agents watch its beat to take over when it stops, etcd mode)."""
-        hosts.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots, survivable=self.survivable)
+        self.tether = TetherServer(self.cfg.host, self.secret) if self.cfg.slots else None  # many hosts only
+        hosts.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots, survivable=self.survivable,
+                                 tether=self.tether.address if self.tether is not None else "")
         auth.write_secret_file(self.secret_file, self.secret)
         if self.cfg.slots:
             self.say(f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
@@ -495,6 +485,8 @@ class Driver:
                 self._doorbell.close()
             if self.control is not None:
                 self.control.close()
+            if self.tether is not None:
+                self.tether.close()
             registry.unregister(cfg.job_id)
             if self.etcd is not None:
                 self.etcd.stop()

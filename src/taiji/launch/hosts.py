@@ -53,10 +53,13 @@ def read_bounds(job: JobStore) -> Bounds:
     return Bounds(**job.get_record(BOUNDS))
 
 
-def publish_controller(job: JobStore, address: str, pid: int, slots: int, survivable: bool) -> None:
+def publish_controller(job: JobStore, address: str, pid: int, slots: int, survivable: bool,
+                       tether: str = "") -> None:
     """Who runs the controller now. ``survivable``: the store outlives that host (an etcd cluster
-    of the user's), so an agent may take over when its beat stops."""
-    job.put_record(CONTROLLER, {"host": address, "pid": int(pid), "slots": int(slots), "survivable": survivable})
+    of the user's), so an agent may take over when its beat stops. ``tether``: where agents hold
+    their tether to it (launch/tether.py)."""
+    job.put_record(CONTROLLER, {"host": address, "pid": int(pid), "slots": int(slots), "survivable": survivable,
+                                "tether": tether})
 
 
 def read_controller(job: JobStore) -> dict:
@@ -95,6 +98,28 @@ def registrations_after(job: JobStore, seen: int) -> tuple[int, list[dict]]:
     return job.records_after(REGISTRATIONS, seen)
 
 
+def stop_agents(channels: dict[str, "AgentChannel"], wait: float, say) -> None:
+    """Tell every agent the job is over and wait (up to ``wait`` seconds) until each says bye."""
+    waiting = {}
+    for address, channel in channels.items():
+        try:
+            channel.send({"op": "stop", "reason": "the job is over"})
+            waiting[address] = channel
+        except StoreError:
+            pass
+    deadline = time.monotonic() + wait
+    while waiting and time.monotonic() < deadline:
+        for address, channel in list(waiting.items()):
+            try:
+                if any(e.get("op") == "bye" for e in channel.new_events()):
+                    del waiting[address]
+            except StoreError:
+                del waiting[address]
+        time.sleep(0.02)
+    for address in waiting:
+        say(f"the agent of host {address} did not confirm that it stopped its workers")
+
+
 class LeaseExpired(StoreError):
     """The agent's lease ran out (it could not renew it in time): the launcher has dropped its host."""
 
@@ -105,6 +130,7 @@ class AgentChannel:
     def __init__(self, job: JobStore, address: str, session: str, lease_ttl: float = Bounds.host_timeout):
         self.job = job
         self.address = address
+        self.session = session
         self._base = f"agent/{address}/{session}"
         self.lease_ttl = lease_ttl
         self.commands_seen = 0

@@ -150,10 +150,13 @@ class StepEngine:
             attempt.synchronized = True
             return
         try:
+            waiting_since = time.perf_counter()
             strategy.launch_all()
             pending = self.control.send(attempt.decisions, self._measurements(attempt))
             buffers = average_buffers_async(self._buffers, self.membership.comm) if self._buffers_before else None
             strategy.synchronize()
+            attempt.allreduce_wait = time.perf_counter() - waiting_since
+            attempt.topology = self.membership.comm.topology
             attempt.stats = pending.wait()
             if buffers is not None:
                 buffers.wait()

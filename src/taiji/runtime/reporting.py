@@ -50,6 +50,8 @@ class StepCommitted:
     grad_sqnorm: float | None
     trace_sigma: float | None
     lr: float | None
+    allreduce_wait: float | None = None  # what the step waited for its gradients' allreduce after backward
+    topology: str = ""
 
     @staticmethod
     def of(attempt: Any, where: Snapshot, monitors: Any, lr: float | None) -> "StepCommitted":
@@ -57,7 +59,7 @@ class StepCommitted:
         stats, gns = attempt.stats, monitors.gns
         return StepCommitted(attempt.index, attempt.epoch, where, attempt.global_batch_size, attempt.measure,
                              stats.loss, monitors.grad_variance, stats.straggler, gns.b_noise, gns.grad_sqnorm,
-                             gns.trace_sigma, lr)
+                             gns.trace_sigma, lr, attempt.allreduce_wait, attempt.topology)
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,9 @@ class Reporter:
                 "batch_size": where.batch_size, "samples": record.global_batch, "loss": record.loss,
                 "samples_per_s": record.global_batch / step_seconds if step_seconds > 0 else None,
                 "gns": record.gns, "grad_sqnorm": record.grad_sqnorm, "trace_sigma": record.trace_sigma,
-                "grad_variance": record.grad_variance, "straggler": record.straggler, "lr": record.lr})
+                "grad_variance": record.grad_variance, "straggler": record.straggler, "lr": record.lr,
+                "allreduce_wait_ms": None if record.allreduce_wait is None else 1000 * record.allreduce_wait,
+                "topology": record.topology or None})
         if not self.log_every or where.step % self.log_every:
             return
         elapsed = max(now - self._time_of_log - self._paused_since_log, 1e-9)

@@ -29,6 +29,8 @@ class Attempt:
     error: CommError | None = None
     stats: StepStats | None = None         # agreed by all workers once synchronised
     synchronized: bool = False
+    allreduce_wait: float | None = None    # seconds the step waited, after backward, for the gradients' allreduce
+    topology: str = ""                     # the allreduce plan those gradients went through (comm/topology.py)
 
     @property
     def local_batch_size(self) -> int:
