@@ -81,34 +81,78 @@ def ring(tensor: torch.Tensor, groups: Groups) -> None:
     _wait(groups.full().allreduce([tensor], dist.AllreduceOptions()))
 
 
+# Star and tree move a large tensor in pieces of this many elements (4 MB of float32): a rank
+# sends piece i+1 while its reduced piece i comes back, so a link is busy both ways at once.
+CHUNK_ELEMENTS = 1 << 20
+_UP, _DOWN = 0, 1  # message tags: piece i goes up as 2i, its sum comes down as 2i+1
+
+
+def _pieces(tensor: torch.Tensor) -> list[torch.Tensor]:
+    return list(tensor.view(-1).split(CHUNK_ELEMENTS))
+
+
+def _in_place(plan: Callable[[torch.Tensor, "Groups"], None]) -> Callable[[torch.Tensor, "Groups"], None]:
+    """``plan`` works on views of a contiguous tensor: give it one and copy the sum back."""
+    def run(tensor: torch.Tensor, groups: "Groups") -> None:
+        if tensor.is_contiguous():
+            plan(tensor, groups)
+        else:
+            flat = tensor.contiguous()
+            plan(flat, groups)
+            tensor.copy_(flat)
+    return run
+
+
 def star(tensor: torch.Tensor, groups: Groups) -> None:
-    group = groups.full()
-    if groups.rank == 0:
-        parts = [torch.empty_like(tensor) for _ in range(groups.size)]
-        _wait(group.gather([parts], [tensor], _gather_to(0)))
-        total = parts[0].clone()
-        for part in parts[1:]:  # in rank order: the same sum whoever computes it
-            total.add_(part)
-        tensor.copy_(total)
-    else:
-        _wait(group.gather([], [tensor], _gather_to(0)))
-    _broadcast(group, tensor, 0)
+    """Every rank sends to rank 0, which sums in rank order and sends the sum back, piece by piece."""
+    group, others = groups.full(), range(1, groups.size)
+    pieces = _pieces(tensor)
+    if groups.rank != 0:
+        works = [group.send([piece], 0, 2 * i + _UP) for i, piece in enumerate(pieces)]
+        # a piece's sum arrives only after rank 0 has all of that piece: its send has left
+        works += [group.recv([piece], 0, 2 * i + _DOWN) for i, piece in enumerate(pieces)]
+        for work in works:
+            _wait(work)
+        return
+    parts = [[torch.empty_like(piece) for piece in pieces] for _ in others]
+    received = [[group.recv([part], peer, 2 * i + _UP) for i, part in enumerate(mine)]
+                for peer, mine in zip(others, parts)]
+    sent = []
+    for i, piece in enumerate(pieces):
+        for peer_received, peer_parts in zip(received, parts):  # in rank order: one fixed sum
+            _wait(peer_received[i])
+            piece.add_(peer_parts[i])
+        sent += [group.send([piece], peer, 2 * i + _DOWN) for peer in others]
+    for work in sent:
+        _wait(work)
 
 
 def tree(tensor: torch.Tensor, groups: Groups) -> None:
+    """Binary tree, piece by piece: sum the children's pieces into this rank's, pass it up, and
+    pass the root's sum down."""
     group, rank = groups.full(), groups.rank
     parent, children = tree_links(rank, groups.size)
-    parts = [torch.empty_like(tensor) for _ in children]
-    works = [group.recv([part], child, 0) for part, child in zip(parts, children)]
-    for work in works:
+    pieces = _pieces(tensor)
+    parts = [[torch.empty_like(piece) for piece in pieces] for _ in children]
+    received = [[group.recv([part], child, 2 * i + _UP) for i, part in enumerate(mine)]
+                for child, mine in zip(children, parts)]
+    # a piece's sum comes down only after this rank's piece went up: receiving into it is safe
+    results = [group.recv([piece], parent, 2 * i + _DOWN) for i, piece in enumerate(pieces)] \
+        if parent is not None else []
+    sent = []
+    for i, piece in enumerate(pieces):
+        for child_received, child_parts in zip(received, parts):  # children in order: a fixed reassociation
+            _wait(child_received[i])
+            piece.add_(child_parts[i])
+        if parent is not None:
+            sent.append(group.send([piece], parent, 2 * i + _UP))
+        else:
+            sent += [group.send([piece], child, 2 * i + _DOWN) for child in children]
+    for i, piece in enumerate(pieces if parent is not None else []):
+        _wait(results[i])
+        sent += [group.send([piece], child, 2 * i + _DOWN) for child in children]
+    for work in sent:
         _wait(work)
-    for part in parts:  # children in order: a fixed reassociation
-        tensor.add_(part)
-    if parent is not None:
-        _wait(group.send([tensor], parent, 0))
-        _wait(group.recv([tensor], parent, 1))
-    for child in children:
-        _wait(group.send([tensor], child, 1))
 
 
 def runs_as_ring(name: str, hosts: Sequence[str]) -> bool:
@@ -132,12 +176,6 @@ def hierarchical(tensor: torch.Tensor, groups: Groups) -> None:
         _broadcast(local, tensor, 0)
 
 
-def _gather_to(root: int) -> Any:
-    options = dist.GatherOptions()
-    options.rootRank = root
-    return options
-
-
 def _broadcast(group: Any, tensor: torch.Tensor, root: int) -> None:
     options = dist.BroadcastOptions()
     options.rootRank = root
@@ -146,7 +184,7 @@ def _broadcast(group: Any, tensor: torch.Tensor, root: int) -> None:
 
 
 PLANS: dict[str, Callable[[torch.Tensor, Groups], None]] = {
-    "ring": ring, "tree": tree, "star": star, "hierarchical": hierarchical,
+    "ring": ring, "tree": _in_place(tree), "star": _in_place(star), "hierarchical": hierarchical,
 }
 
 
