@@ -38,6 +38,7 @@ from multihost import CLI, in_host, skipped_without_hosts  # noqa: E402
 WORKER = str(Path(__file__).with_name("_topology_worker.py"))
 TRAIN = str(Path(__file__).with_name("_elastic_train.py"))
 PORT = 29500
+TRIALS = 3 * 8  # AdaptiveTopology's trials: 3 plans x (2 settling + 1 report lag + 5 timed) steps
 
 
 def measure(hosts: EmulatedHosts, placement: list[int], args: argparse.Namespace, out: Path,
@@ -71,8 +72,9 @@ def train(hosts: EmulatedHosts, topology: str, args: argparse.Namespace, out: Pa
     hosts) on benchmarks/_elastic_train.py's MLP (1.05M parameters: comm-bound there) for
     ``steps`` steps; with ``join_at``, host 2's agent joins once worker w0 has committed that many
     (the job grows to 6 workers). Returns w0's commit records. ``adaptive``: the job starts on
-    the ring under the AdaptiveTopology policy, which tries ring, hierarchical and tree for 7
-    steps each (2 settling, 5 timed), and again when the cluster's size changes."""
+    the ring under the AdaptiveTopology policy, which tries ring, hierarchical and tree for 8
+    steps each (2 settling, 1 for its figure to arrive, 5 timed), and again when the cluster's
+    size changes."""
     adaptive = topology == "adaptive"
     out.mkdir(parents=True, exist_ok=True)
     log, job_id = StepLog(out, "taiji"), f"jt{topology[:4]}{'j' if join_at else ''}"
@@ -117,18 +119,18 @@ def step_seconds(commits: list[dict]) -> float:
 def training_speed(hosts: EmulatedHosts, topology: str, args: argparse.Namespace, out: Path) -> float:
     """SyncSGD samples/s on 2 shaped hosts x 2: the global batch over w0's median step time after
     the warm-up (and, for ``adaptive``, after its trials)."""
-    warm = args.warm + (21 if topology == "adaptive" else 0)
+    warm = args.warm + (TRIALS if topology == "adaptive" else 0)
     commits = train(hosts, topology, args, out, steps=warm + args.train_steps)
     return args.batch / step_seconds(commits[warm:])
 
 
 def speeds_with_a_join(hosts: EmulatedHosts, topology: str, args: argparse.Namespace, out: Path) -> dict:
-    """A run in which a third host joins (4 -> 6 workers) after 51 steps (the warm-up, the
-    adaptive policy's first trials, 20 more): samples/s over the whole run from the warm-up on
+    """A run in which a third host joins (4 -> 6 workers) after the warm-up, the adaptive
+    policy's first trials and 20 more steps: samples/s over the whole run from the warm-up on
     (the join, its stall and every trial included), and over its last ``--train-steps`` steps
     (after the policy's second trials) — all at 6 workers, or the run is an error."""
-    join_at, tail = args.warm + 41, args.train_steps
-    commits = train(hosts, topology, args, out, steps=join_at + args.join_steps + 21 + tail, join_at=join_at)
+    join_at, tail = args.warm + TRIALS + 20, args.train_steps
+    commits = train(hosts, topology, args, out, steps=join_at + args.join_steps + TRIALS + tail, join_at=join_at)
     last = commits[-tail:]
     if any(c["size"] != 6 for c in last):
         raise RuntimeError(f"{topology}: the third host had not joined {tail} steps before the end "
@@ -179,6 +181,14 @@ def main(argv=None) -> None:
             hosts.shape(i, args.rate)
         shaped = measure(hosts, [0, 0, 1, 1], args, base / "shaped")
         rows += rows_for(shaped, f"2 hosts x 2, {args.rate}", args.sizes_mb, with_bytes=True)
+        # 2 x 2 cannot go below 2/3 of the ring's cross-host bytes (the ring crosses on 2 of its 4
+        # links, 3 tensors' worth; each host must receive the other's partial sum, 2); with more
+        # ranks per host the bound falls: (k)/(2k - 1), 4/7 at k = 4
+        wide = measure(hosts, [0] * 4 + [1] * 4, argparse.Namespace(**{**vars(args), "sizes_mb": [1.0]}),
+                       base / "wide", reps=3)
+        ring, mine = wide[(1.0, "ring")]["bytes"], wide[(1.0, "hierarchical")]["bytes"]
+        rows.append(contract_row(f"hierarchical vs ring, 1 MB, 2 hosts x 4, {args.rate}: cross-host bytes (MB)",
+                                 round(mine / 1e6, 3), round(ring / 1e6, 3), higher_is_better=False))
         speed = {t: training_speed(hosts, t, args, base / f"train-{t}") for t in ("ring", "hierarchical", "adaptive")}
         model = f"SyncSGD MLP (1.05M params), 2 hosts x 2, {args.rate}: samples/s"
         rows.append(contract_row(f"hierarchical vs ring, {model}", round(speed["hierarchical"], 1),

@@ -45,6 +45,11 @@ def test_step_stats_reduce_is_a_pure_function_of_the_rows():
     assert stats.version_seen == 3 and stats.stop and stats.loss == pytest.approx(1.5)
     assert stats.small_sqnorm == 6.0 and stats.small_batch == 4 and stats.global_batch == 8
     assert stats.grad_variance == 4.0 and stats.straggler == 3.0
+    assert stats.previous_allreduce_wait is None  # nobody reported one (a first step)
+    waits = [ControlRow(local_batch=1, previous_allreduce_wait=w) for w in (0.1, 0.3)]
+    assert StepStats.reduce(waits, None).previous_allreduce_wait == pytest.approx(0.2)
+    joined = waits + [ControlRow(local_batch=1)]  # a joiner has no previous step: no figure this step
+    assert StepStats.reduce(joined, None).previous_allreduce_wait is None
 
 
 # -- validation against exact per-sample gradients --------------------------------------

@@ -211,6 +211,28 @@ def test_adaptive_topology_tries_each_plan_keeps_the_fastest_and_retries_when_th
         AdaptiveTopology(("mesh",))
 
 
+def test_adaptive_topology_compares_the_allreduce_waits_when_the_workers_report_them():
+    """The wait arrives a step late (it rides the next control message): the plan in use two steps
+    back is what a figure measures. Step times that say otherwise (compute noise) are ignored."""
+    from taiji.policies import AdaptiveTopology, Context, Metrics
+    from taiji.policies.runner import run_hooks
+    wait = {"ring": 0.10, "hierarchical": 0.05, "tree": 0.30}
+    policy = AdaptiveTopology(("ring", "hierarchical", "tree"), trial_steps=3, settle=1)
+    history, chosen = ["ring"], []
+    for step in range(20):
+        previous = history[-2] if len(history) > 1 else history[-1]  # the plan of the step reported late
+        ctx = Context(step=step, epoch=0, cursor=0, num_samples=1000, size=4, version=1, batch_size=8, lr=0.1,
+                      strategy="sync_sgd", time=0.0, topology=history[-1],
+                      metrics=Metrics(step_seconds=1.0 if history[-1] == "hierarchical" else 0.5,
+                                      allreduce_seconds=None if step == 0 else wait[previous]))
+        _, plan = run_hooks([policy], ["after_step"], ctx)
+        history.append(plan.topology or history[-1])
+        if plan.topology is not None:
+            chosen.append((step, plan.topology))
+    assert policy.measure == "allreduce" and policy.medians == wait, policy.medians
+    assert chosen == [(5, "hierarchical"), (10, "tree"), (15, "hierarchical")], chosen
+
+
 def test_job_topology_argument_reaches_every_workers_communicator():
     """`Job(topology=...)`: the plan every worker's gradients use from the first step (threads,
     one loopback host: hierarchical would be the ring itself, so tree)."""

@@ -154,10 +154,11 @@ class Agent:
         assert self.job is not None and self._tether is not None
         address = self._tether.address
         self._tether.close()
-        self._tether, self._tether_judged = None, address  # judged once: a lost election is final
+        self._tether = None
         record = hosts.read_controller(self.job)  # a StoreError here: the store died with the launcher
         if record.get("tether") != address or answers(address):
             return None  # another controller by now, or this one still listens: tether again
+        self._tether_judged = address  # judged dead once: after a lost election, only its beat counts
         if not record.get("survivable"):
             raise StoreError(f"the job's controller on {record.get('host')} is gone (its tether closed)")
         return self._take_over(f"the controller on {record.get('host')} exited (its tether closed)")

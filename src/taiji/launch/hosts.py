@@ -12,6 +12,8 @@ Keys (under the job's prefix), each record sealed with the job secret (cluster/a
 - ``agent/<address>/<session>/alive`` (etcd): a key under a lease the agent renews; etcd deletes
   it when the lease runs out (``host_timeout``), and the launcher drops the host in one version;
 - ``agent/<address>/<session>/beat`` (TCP store, which has no leases): a counter the agent bumps.
+Besides these keys, each agent holds a tether to the controller (launch/tether.py): a TCP
+connection whose closing says at once that the process at the other end is gone.
 Each registration has a session of its own, so an agent that joins again at the same address
 never replays an earlier agent's orders.
 

@@ -26,8 +26,11 @@ class ControlRow:
     # |ḡ|² of the averaged gradient of this worker's previous committed, measured step (nan = none):
     # only rank 0's is used, so every worker feeds the same number to the noise-scale estimator
     previous_global_sqnorm: float = math.nan
+    # seconds this worker's previous committed step waited, after backward, for its gradients'
+    # allreduce (nan = none): what the allreduce plan costs, without the compute's noise
+    previous_allreduce_wait: float = math.nan
 
-    WIDTH = 11
+    WIDTH = 12
 
     def to_row(self) -> list[float]:
         return [float(getattr(self, f.name)) for f in fields(self)]
@@ -53,6 +56,7 @@ class StepStats:
     decisions: tuple[float, ...] = ()  # every worker's decision fingerprint, by rank
     wall_seconds: tuple[float, ...] = ()  # every worker's own wall time per step, by rank
     previous_global_sqnorm: float | None = None  # rank 0's |ḡ|² of the previous measured step
+    previous_allreduce_wait: float | None = None  # the workers' mean wait for the previous step's allreduce
 
     @staticmethod
     def reduce(rows: list[ControlRow], big_sqnorm: float | None) -> "StepStats":
@@ -72,4 +76,10 @@ class StepStats:
             clock=rows[0].clock, decisions=tuple(r.decisions for r in rows),
             wall_seconds=tuple(r.wall_seconds for r in rows),
             previous_global_sqnorm=rows[0].previous_global_sqnorm if math.isfinite(rows[0].previous_global_sqnorm)
-            else None)
+            else None,
+            previous_allreduce_wait=_mean_of_finite([r.previous_allreduce_wait for r in rows]))
+
+
+def _mean_of_finite(values: list[float]) -> float | None:
+    """Every worker's number or none: a worker that has none (it just joined) makes the step's none."""
+    return sum(values) / len(values) if values and all(math.isfinite(v) for v in values) else None

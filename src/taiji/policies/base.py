@@ -74,6 +74,9 @@ class Metrics:
     worker_step_seconds: tuple[float, ...] = ()  # each worker's own wall time per step, by rank
     step_seconds: float | None = None    # rank 0's clock between the last two control messages
     samples_per_s: float | None = None   # global batch / step_seconds
+    # the workers' mean wait, after backward, for the gradients' allreduce of the step before the
+    # last (it rides the next control message): the cost of the allreduce plan, not of compute
+    allreduce_seconds: float | None = None
 
 
 @dataclass(frozen=True)

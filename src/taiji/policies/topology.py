@@ -11,11 +11,13 @@ from .base import Context, HookResult, Policy, SetTopology
 
 
 class AdaptiveTopology(Policy):
-    """Measure the agreed step time (``Metrics.step_seconds``, rank 0's clock between two control
-    messages: the same on every worker) under each of ``candidates`` for ``trial_steps`` steps,
-    after ``settle`` steps that build the plan's groups; then keep the fastest. The trials start
-    again whenever the cluster's size changes. Compute is the same under every plan, so the
-    difference between them is the gradients' allreduce."""
+    """Measure each of ``candidates`` for ``trial_steps`` steps, after ``settle`` steps that build
+    the plan's groups, and keep the fastest; the trials start again whenever the cluster's size
+    changes. What is measured: the workers' mean wait for the gradients' allreduce after backward
+    (``Metrics.allreduce_seconds``, agreed through the control message: the plans' own cost,
+    without the noise of compute), or, where a strategy does not report it, the agreed step time
+    (``Metrics.step_seconds``: compute is the same under every plan, so the difference between
+    them is still the allreduce)."""
 
     def __init__(self, candidates: Sequence[str] = ("ring", "hierarchical", "tree"), *, trial_steps: int = 5,
                  settle: int = 2):
@@ -30,16 +32,19 @@ class AdaptiveTopology(Policy):
         self.times: list[float] = []       # its step times
         self.medians: dict[str, float] = {}
         self.chosen = ""
+        self.measure = ""                  # what the trials compare: "allreduce" waits or "step" times
 
     def after_step(self, ctx: Context) -> HookResult:
         if ctx.size != self.size:  # a new cluster: try every plan again, starting now
-            self.size, self.trial, self.seen, self.times, self.medians = ctx.size, 0, 0, [], {}
+            self.size, self.trial, self.seen, self.times, self.medians, self.measure = ctx.size, 0, 0, [], {}, ""
             return self._try(ctx)
         if self.trial >= len(self._candidates):
             return None
         self.seen += 1
-        if self.seen > self._settle and ctx.metrics.step_seconds:
-            self.times.append(ctx.metrics.step_seconds)
+        sample = self._sample(ctx)
+        if sample is not None and self.measure in ("", sample[0]):  # one kind of figure per cluster
+            self.measure = sample[0]
+            self.times.append(sample[1])
         if len(self.times) < self._trial_steps:
             return None
         self.medians[self._candidates[self.trial]] = statistics.median(self.times)
@@ -48,6 +53,16 @@ class AdaptiveTopology(Policy):
             return self._try(ctx)
         self.chosen = min(self.medians, key=lambda name: self.medians[name])
         return None if self.chosen == ctx.topology else SetTopology(self.chosen)
+
+    def _sample(self, ctx: Context) -> tuple[str, float] | None:
+        """The allreduce's own wait where the workers report it (it comes a step late: one more
+        step to settle), else the agreed step time."""
+        waited = ctx.metrics.allreduce_seconds
+        if waited is not None:
+            return ("allreduce", waited) if self.seen > self._settle + 1 else None
+        if ctx.metrics.step_seconds and self.seen > self._settle:
+            return "step", ctx.metrics.step_seconds
+        return None
 
     def _try(self, ctx: Context) -> HookResult:
         name = self._candidates[self.trial]

@@ -49,7 +49,7 @@ class Adaptation:
             samples=samples, loss=stats.loss, gns=gns.b_noise, grad_sqnorm=gns.grad_sqnorm,
             trace_sigma=gns.trace_sigma, grad_variance=grad_variance, straggler=stats.straggler,
             step_seconds=seconds, samples_per_s=samples / seconds if seconds else None,
-            worker_step_seconds=stats.wall_seconds)
+            worker_step_seconds=stats.wall_seconds, allreduce_seconds=stats.previous_allreduce_wait)
         self.last_clock = stats.clock if stats.clock > 0 else self.last_clock
 
     def context(self, progress: Progress, num_samples: int, view: ClusterView, lr: float, strategy: str,

@@ -34,6 +34,7 @@ class Measurements:
     loss: float | None = None
     compute_seconds: float = 0.0
     previous_global_sqnorm: float = math.nan
+    previous_allreduce_wait: float = math.nan
 
 
 class PendingControl:
@@ -86,7 +87,8 @@ class ControlChannel:
             sqnorm_batch=measured.sqnorm_batch, local_batch=measured.local_batch,
             loss_sum=(measured.loss or 0.0) * measured.local_batch, compute_seconds=measured.compute_seconds,
             clock=time.time() if lead else 0.0, decisions=float(decisions), wall_seconds=wall,
-            previous_global_sqnorm=measured.previous_global_sqnorm)
+            previous_global_sqnorm=measured.previous_global_sqnorm,
+            previous_allreduce_wait=measured.previous_allreduce_wait)
 
     def restart_clock(self) -> None:
         """A pause (a transition, a sync point) is not a worker's step time."""

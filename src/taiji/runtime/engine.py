@@ -10,6 +10,7 @@ strategy's after-update, scheduler, monitors. Otherwise nothing is applied and t
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -64,6 +65,7 @@ class StepEngine:
         self._buffers = [b for b in model.buffers() if b.numel() > 0]
         self._buffers_before: list[torch.Tensor] = []
         self._collectives_done_at = time.perf_counter()  # when this worker last talked to its peers
+        self._last_allreduce_wait = math.nan  # of the last committed step, for the next control message
 
     def use(self, strategy: Strategy) -> None:
         self.strategy = strategy
@@ -174,7 +176,8 @@ class StepEngine:
         return Measurements(local_batch=b, local_sqnorm=local,
                             sqnorm_batch=b / 2 if split else b, loss=attempt.loss,
                             compute_seconds=time.perf_counter() - attempt.started,
-                            previous_global_sqnorm=self.monitors.own_global_sqnorm)
+                            previous_global_sqnorm=self.monitors.own_global_sqnorm,
+                            previous_allreduce_wait=self._last_allreduce_wait)
 
     # -- finish -----------------------------------------------------------------------------
 
@@ -193,6 +196,7 @@ class StepEngine:
         self.check_consensus(stats.decisions, attempt.index)
         self._update()
         self.monitors.update(stats, self._strategy().global_sqnorm())
+        self._last_allreduce_wait = math.nan if attempt.allreduce_wait is None else attempt.allreduce_wait
         return Committed(stats, max(self.membership.view.version, stats.version_seen))
 
     def commit_local(self, attempt: Attempt) -> None:
@@ -202,6 +206,7 @@ class StepEngine:
 
     def abort(self, attempt: Attempt) -> None:
         """Forget the attempt; the retry starts from clean gradients, not this attempt's."""
+        self._last_allreduce_wait = math.nan  # the retry may run on other ranks, other groups
         self._strategy().abort_step()
         self.model.zero_grad(set_to_none=True)
         self.optimizer.zero_grad(set_to_none=True)
