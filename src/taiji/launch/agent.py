@@ -125,7 +125,11 @@ class Agent:
         beat = hosts.controller_beat(self.job)
         if beat != self._controller_beat:
             self._controller_beat, self._controller_heard = beat, now
-            self._owner_seen = hosts.owner(self.job)  # the term of the controller that beats
+            owner = hosts.owner(self.job)  # the term of the controller that beats
+            if owner != self._owner_seen and self._tether is not None:
+                self._tether.close()  # to a controller taken over without its tether closing (its host
+                self._tether = None   # went silent): tether to the new one at the next beat
+            self._owner_seen = owner
             return False
         silent = now - self._controller_heard
         if silent > self._bounds.host_timeout:
