@@ -11,7 +11,10 @@ a compute-bound CNN and a communication-bound 6.3M-parameter MLP. ``ratio`` = me
 adjacent block pairs of time_off / time_on (target >= 0.99; KungFu's GNS costs ~4.6%), with
 ``ratio_quartiles`` (where the middle half of the pairs lies: how far one run can be trusted; many
 short blocks, tried as 24 x 2 steps quick and 60 x 3 full, were no steadier than these defaults on
-this machine). ``--nproc 4`` measures at 4 workers.
+this machine). ``--nproc 4`` measures at 4 workers. ``--auto``: the on-blocks run with
+``monitor_every="auto"`` (the interval chosen from the measured norm time, to keep the norms
+within 1% of the step time); the row then also says the interval chosen and the norms' own
+measured share of the on-blocks' time (``norm_share_pct``: what the A/B ratio cannot resolve here).
 The last line is the JSON result.
 """
 from __future__ import annotations
@@ -64,14 +67,21 @@ def worker(args) -> None:
         k = (i - warmup) // block
         return i < warmup or k % 2 == (k // 2) % 2
 
-    marks = []
+    marks, norm_seconds, auto_every = [], 0.0, 1
     for step in job:
         if step.index >= warmup and (step.index - warmup) % block == 0:
             marks.append(time.perf_counter())
-        # a step's mode is fixed when it is made: set the next one's (same on every worker)
-        job.monitors.every = 1 if monitored(step.index + 1) else 0
+        # a step's mode is fixed when it is made: set the next one's (same on every worker, as the
+        # interval "auto" chose is: it comes from agreed figures)
+        if job.monitors.auto:
+            auto_every = job.monitors.every
+        on = monitored(step.index + 1)
+        job.monitors.auto = on and args.auto
+        job.monitors.every = (auto_every if args.auto else 1) if on else 0
         x, y = step.batch
         step.backward(F.cross_entropy(model(x), y))
+        if step.index >= warmup:
+            norm_seconds += job.strategy.norm_seconds if monitored(step.index) else 0.0
     marks.append(time.perf_counter())
     durations = [b - a for a, b in zip(marks, marks[1:])]
     on_times, off_times = [], []
@@ -88,15 +98,17 @@ def worker(args) -> None:
                            digits=4, overhead_pct=round((1 / ratio - 1) * 100, 2),
                            ratio_quartiles=quartiles(pairs), blocks=len(on_times),
                            steps_per_block=block, gns=job.gns.b_noise,
-                           taiji_is="monitors on", anchor_is="monitors off")
+                           taiji_is="monitors auto" if args.auto else "monitors on", anchor_is="monitors off",
+                           auto_every=auto_every if args.auto else None,
+                           norm_share_pct=round(100 * norm_seconds / sum(on_times), 3))
         print(json.dumps(row), flush=True)
 
 
-def run_model(model: str, reps: int, steps: int, timeout: float, nproc: int) -> dict:
+def run_model(model: str, reps: int, steps: int, timeout: float, nproc: int, auto: bool = False) -> dict:
     out_dir = Path(tempfile.mkdtemp(prefix="taiji-monitoring-"))
     cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(nproc), "--run-dir", str(out_dir), "--",
            sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--reps", str(reps),
-           "--steps", str(steps)]
+           "--steps", str(steps), *(["--auto"] if auto else [])]
     try:
         finished = run_launcher(cmd, out_dir / "launcher.out", timeout, name=f"monitoring {model}")
     finally:
@@ -116,6 +128,7 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=None, help="on/off block pairs (default 8 quick, 20 full)")
     parser.add_argument("--steps", type=int, default=None, help="steps per block (default 5 quick, 10 full)")
     parser.add_argument("--nproc", type=int, default=2, help="workers (default 2)")
+    parser.add_argument("--auto", action="store_true", help='on-blocks use monitor_every="auto"')
     args = parser.parse_args(argv)
     args.reps = args.reps or (8 if args.quick else 20)
     args.steps = args.steps or (5 if args.quick else 10)
@@ -124,10 +137,10 @@ def main(argv=None) -> None:
         return
     reap_on_sigterm()
     started = time.monotonic()
-    rows = [run_model(m, args.reps, args.steps, timeout=120.0 if args.quick else 600.0, nproc=args.nproc)
-            for m in args.models]
+    rows = [run_model(m, args.reps, args.steps, timeout=120.0 if args.quick else 600.0, nproc=args.nproc,
+                      auto=args.auto) for m in args.models]
     print(f"# {time.monotonic() - started:.1f}s", file=sys.stderr)
-    print_result("monitoring", rows, nproc=args.nproc, quick=args.quick)
+    print_result("monitoring", rows, nproc=args.nproc, quick=args.quick, auto=args.auto)
 
 
 if __name__ == "__main__":

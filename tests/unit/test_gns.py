@@ -8,6 +8,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils.data import TensorDataset
 
 import taiji
+from taiji.errors import ConfigError
 from taiji.policies import Policy, SetBatchSize
 from taiji.monitor import GNSEstimator, StepStats, ControlRow, two_batch_estimates
 from taiji.runtime.peer import Peer
@@ -163,3 +164,38 @@ def test_decisions_from_the_noise_scale_agree_even_if_workers_compute_norms_diff
 
     (batch0, gns0), (batch1, gns1) = run_threads(2, body, timeout=30)
     assert gns0 is not None and gns0 == gns1 and batch0 == batch1
+
+
+def test_auto_interval_keeps_the_norms_within_their_budget():
+    from taiji.monitor.monitors import AUTO_MAX_EVERY, auto_interval
+    assert auto_interval(0.0004, 0.1, 1) == 1          # 0.4% of a step: every step
+    assert auto_interval(0.004, 0.1, 1) == 4           # 4%: every 4th step keeps it at 1%
+    assert auto_interval(1.0, 0.1, 1) == AUTO_MAX_EVERY  # never rarer than the cap
+    assert auto_interval(None, 0.1, 3) == 3 and auto_interval(0.004, None, 3) == 3  # no figure: unchanged
+
+
+@pytest.mark.timeout(120)
+def test_auto_monitoring_spaces_the_measured_steps_alike_on_every_worker(monkeypatch):
+    from taiji.monitor import monitors
+    monkeypatch.setattr(monitors, "AUTO_BUDGET", 1e-12)  # any norm is too costly: the interval goes to its cap
+
+    def body(peer):
+        model, data = make_model(), regression_problem()
+        seen = []
+        job = taiji.Job(model, torch.optim.SGD(model.parameters(), lr=0.01), data, BATCH, max_steps=50, epochs=100,
+                        peer=peer, log_every=0, monitor_every="auto",
+                        on_commit=lambda s: seen.append((s.index, job.monitors.every, job.stats.small_sqnorm)))
+        for step in job:
+            x, y = step.batch
+            step.backward(((model(x) - y) ** 2).mean())
+        return seen
+
+    results = run_threads(2, body, timeout=30)
+    assert results[0] == results[1]  # the same interval and the same measured steps, from agreed figures
+    measured = [index for index, _, small in results[0] if small is not None]
+    # every step until the first measured step's norm time arrives (with step 1's control message)
+    assert measured == [0, 1, 16, 32, 48], measured
+    assert results[0][-1][1] == monitors.AUTO_MAX_EVERY
+    with pytest.raises(ConfigError, match="monitor_every"):
+        taiji.Job(make_model(), torch.optim.SGD(make_model().parameters(), lr=0.1), regression_problem(), BATCH,
+                  monitor_every="sometimes")

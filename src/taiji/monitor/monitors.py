@@ -12,10 +12,22 @@ everywhere by construction.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from .gns import GNSEstimator, two_batch_estimates
 from .stats import StepStats
+
+AUTO_BUDGET = 0.01    # monitor_every="auto": the norms may take this share of the training time
+AUTO_MAX_EVERY = 16   # ... measuring at least every 16th step, so the estimate keeps up
+
+
+def auto_interval(norm_seconds: float | None, step_seconds: float | None, current: int) -> int:
+    """The smallest k for which norms costing ``norm_seconds`` every k-th step of ``step_seconds``
+    stay within ``AUTO_BUDGET`` (at most ``AUTO_MAX_EVERY``); ``current`` without both figures."""
+    if norm_seconds is None or not step_seconds or step_seconds <= 0:
+        return current
+    return min(AUTO_MAX_EVERY, max(1, math.ceil(norm_seconds / (AUTO_BUDGET * step_seconds))))
 
 
 @dataclass(frozen=True)
@@ -27,10 +39,15 @@ class SmallBatch:
 
 
 class Monitors:
-    """``every``: measure the gradient norms on every k-th step (0 = never)."""
+    """``every``: measure the gradient norms on every k-th step (0 = never); ``"auto"``: every
+    k-th step with k chosen after each measured step from the slowest worker's norm time and the
+    median step time — both agreed through the control message, so every worker measures the
+    same steps — to keep the norms within ``AUTO_BUDGET`` of the time. The noise-scale estimate
+    then averages over ~20 measured steps (decay 0.95), i.e. over up to 20 × k steps."""
 
-    def __init__(self, every: int = 1, gns_decay: float = 0.95):
-        self.every = every
+    def __init__(self, every: int | str = 1, gns_decay: float = 0.95):
+        self.auto = every == "auto"
+        self.every = 1 if self.auto else int(every)
         self.gns = GNSEstimator(gns_decay)
         self.stats: StepStats | None = None          # the last committed step's agreed statistics
         self.grad_variance: float | None = None      # mean |g_r − ḡ|² of the last paired step
@@ -52,17 +69,21 @@ class Monitors:
             if waiting.global_batch > waiting.batch > 0:
                 self.last_raw_estimates = two_batch_estimates(waiting.sqnorm, big, waiting.batch,
                                                               waiting.global_batch)
+        if self.auto and stats.wall_seconds:
+            self.every = auto_interval(stats.previous_monitor_seconds, statistics.median(stats.wall_seconds),
+                                       self.every)
         measured = stats.small_sqnorm is not None and own_global_sqnorm is not None
         self._waiting = SmallBatch(stats.small_sqnorm, stats.small_batch, stats.global_batch) if measured else None
         self.own_global_sqnorm = own_global_sqnorm if measured else math.nan
 
     def state_dict(self) -> dict:
         waiting = self._waiting
-        return {"gns": self.gns.state_dict(), "own_global_sqnorm": self.own_global_sqnorm,
+        return {"gns": self.gns.state_dict(), "own_global_sqnorm": self.own_global_sqnorm, "every": self.every,
                 "waiting": None if waiting is None else [waiting.sqnorm, waiting.batch, waiting.global_batch]}
 
     def load_state_dict(self, state: dict) -> None:
         self.gns.load_state_dict(state["gns"])
         self.own_global_sqnorm = float(state.get("own_global_sqnorm", math.nan))
+        self.every = int(state.get("every", self.every))  # "auto" chose it from agreed figures
         waiting = state.get("waiting")
         self._waiting = SmallBatch(*waiting) if waiting else None

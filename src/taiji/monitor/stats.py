@@ -29,8 +29,11 @@ class ControlRow:
     # seconds this worker's previous committed step waited, after backward, for its gradients'
     # allreduce (nan = none): what the allreduce plan costs, without the compute's noise
     previous_allreduce_wait: float = math.nan
+    # seconds this worker spent on the monitors' gradient norms in its previous committed step
+    # (nan = not measured then): what monitoring costs, for ``monitor_every="auto"``
+    previous_monitor_seconds: float = math.nan
 
-    WIDTH = 12
+    WIDTH = 13
 
     def to_row(self) -> list[float]:
         return [float(getattr(self, f.name)) for f in fields(self)]
@@ -57,6 +60,7 @@ class StepStats:
     wall_seconds: tuple[float, ...] = ()  # every worker's own wall time per step, by rank
     previous_global_sqnorm: float | None = None  # rank 0's |ḡ|² of the previous measured step
     previous_allreduce_wait: float | None = None  # the workers' mean wait for the previous step's allreduce
+    previous_monitor_seconds: float | None = None  # the slowest worker's norm time in the previous step
 
     @staticmethod
     def reduce(rows: list[ControlRow], big_sqnorm: float | None) -> "StepStats":
@@ -77,7 +81,9 @@ class StepStats:
             wall_seconds=tuple(r.wall_seconds for r in rows),
             previous_global_sqnorm=rows[0].previous_global_sqnorm if math.isfinite(rows[0].previous_global_sqnorm)
             else None,
-            previous_allreduce_wait=_mean_of_finite([r.previous_allreduce_wait for r in rows]))
+            previous_allreduce_wait=_mean_of_finite([r.previous_allreduce_wait for r in rows]),
+            previous_monitor_seconds=max((r.previous_monitor_seconds for r in rows
+                                          if math.isfinite(r.previous_monitor_seconds)), default=None))
 
 
 def _mean_of_finite(values: list[float]) -> float | None:

@@ -35,6 +35,7 @@ class Measurements:
     compute_seconds: float = 0.0
     previous_global_sqnorm: float = math.nan
     previous_allreduce_wait: float = math.nan
+    previous_monitor_seconds: float = math.nan
 
 
 class PendingControl:
@@ -88,7 +89,8 @@ class ControlChannel:
             loss_sum=(measured.loss or 0.0) * measured.local_batch, compute_seconds=measured.compute_seconds,
             clock=time.time() if lead else 0.0, decisions=float(decisions), wall_seconds=wall,
             previous_global_sqnorm=measured.previous_global_sqnorm,
-            previous_allreduce_wait=measured.previous_allreduce_wait)
+            previous_allreduce_wait=measured.previous_allreduce_wait,
+            previous_monitor_seconds=measured.previous_monitor_seconds)
 
     def restart_clock(self) -> None:
         """A pause (a transition, a sync point) is not a worker's step time."""

@@ -65,7 +65,8 @@ class StepEngine:
         self._buffers = [b for b in model.buffers() if b.numel() > 0]
         self._buffers_before: list[torch.Tensor] = []
         self._collectives_done_at = time.perf_counter()  # when this worker last talked to its peers
-        self._last_allreduce_wait = math.nan  # of the last committed step, for the next control message
+        # of the last committed step, for the next control message
+        self._last_allreduce_wait = self._last_monitor_seconds = math.nan
 
     def use(self, strategy: Strategy) -> None:
         self.strategy = strategy
@@ -177,7 +178,8 @@ class StepEngine:
                             sqnorm_batch=b / 2 if split else b, loss=attempt.loss,
                             compute_seconds=time.perf_counter() - attempt.started,
                             previous_global_sqnorm=self.monitors.own_global_sqnorm,
-                            previous_allreduce_wait=self._last_allreduce_wait)
+                            previous_allreduce_wait=self._last_allreduce_wait,
+                            previous_monitor_seconds=self._last_monitor_seconds)
 
     # -- finish -----------------------------------------------------------------------------
 
@@ -197,6 +199,7 @@ class StepEngine:
         self._update()
         self.monitors.update(stats, self._strategy().global_sqnorm())
         self._last_allreduce_wait = math.nan if attempt.allreduce_wait is None else attempt.allreduce_wait
+        self._last_monitor_seconds = self._strategy().norm_seconds if attempt.measure else math.nan
         return Committed(stats, max(self.membership.view.version, stats.version_seen))
 
     def commit_local(self, attempt: Attempt) -> None:
@@ -206,7 +209,7 @@ class StepEngine:
 
     def abort(self, attempt: Attempt) -> None:
         """Forget the attempt; the retry starts from clean gradients, not this attempt's."""
-        self._last_allreduce_wait = math.nan  # the retry may run on other ranks, other groups
+        self._last_allreduce_wait = self._last_monitor_seconds = math.nan  # the retry may run elsewhere
         self._strategy().abort_step()
         self.model.zero_grad(set_to_none=True)
         self.optimizer.zero_grad(set_to_none=True)

@@ -51,7 +51,7 @@ class Job:
                  lr_scheduler: Any = None, collate_fn: Callable[[list], Any] | None = None,
                  device: torch.device | str | None = None, log_every: int = 50,
                  peer: Peer | None = None, recovery_timeout: float | None = None,
-                 on_commit: Callable[[Step], None] | None = None, monitor_every: int = 1,
+                 on_commit: Callable[[Step], None] | None = None, monitor_every: int | str = 1,
                  gns_decay: float = 0.95, run_dir: str | None = None, policies: Sequence[Policy] = (),
                  strategies: Mapping[str, Strategy] | None = None, sync_every: int | None = None,
                  topology: str | None = None):

@@ -11,7 +11,7 @@ class TrainingOptions:
     batch_size: int                  # the initial global batch
     epochs: int = 1
     max_steps: int | None = None     # stop after this many committed steps (whatever the epochs)
-    monitor_every: int = 1           # measure the gradient norms every k-th step (0 = never)
+    monitor_every: int | str = 1     # measure the gradient norms every k-th step (0 = never; "auto": ≤ 1% of the time)
     sync_every: int | None = None    # decoupled strategies meet every this many samples (None = an epoch)
 
     def __post_init__(self) -> None:
@@ -21,8 +21,8 @@ class TrainingOptions:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"max_steps must be >= 0, got {self.max_steps}")
-        if self.monitor_every < 0:
-            raise ConfigError(f"monitor_every must be >= 0 (0 = off), got {self.monitor_every}")
+        if self.monitor_every != "auto" and not (isinstance(self.monitor_every, int) and self.monitor_every >= 0):
+            raise ConfigError(f"monitor_every must be an int >= 0 (0 = off) or \"auto\", got {self.monitor_every!r}")
         if self.sync_every is not None and self.sync_every < 1:
             raise ConfigError(f"sync_every must be >= 1 samples, got {self.sync_every}")
 

@@ -42,6 +42,7 @@ class Strategy(ABC):
     """
 
     name: str = "strategy"
+    norm_seconds: float = 0.0  # of this step, on the monitors' gradient norms (monitor_every="auto")
     exact: bool = True
     lockstep: bool = True
 

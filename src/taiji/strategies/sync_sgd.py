@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -191,6 +192,7 @@ class SyncSGD(Strategy):
         self._comm = self._comm_source()
         self._weight = float(weight)
         self._measure_norms = measure_norms
+        self.norm_seconds = 0.0
         self._next_launch = 0
         self._local_sqnorm = None
         self._global_sqnorm = None
@@ -232,9 +234,15 @@ class SyncSGD(Strategy):
     def _launch(self, bucket: _Bucket) -> None:
         assert self._comm is not None
         if self._measure_norms:  # |w·g_r|² of this bucket, read just before it is reduced in place
-            part = sqnorm(bucket.buffer)
+            part = self._timed_sqnorm(bucket.buffer)
             self._local_sqnorm = part if self._local_sqnorm is None else self._local_sqnorm + part
         bucket.handle = self._comm.allreduce(bucket.buffer, "sum", channel="grad", async_op=True)
+
+    def _timed_sqnorm(self, flat: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()  # on a CPU the norm is done when it returns
+        part = sqnorm(flat)
+        self.norm_seconds += time.perf_counter() - started
+        return part
 
     def _launch_ready(self) -> None:
         while (self._next_launch < len(self._buckets)
@@ -271,7 +279,7 @@ class SyncSGD(Strategy):
                 assert bucket.handle is not None
                 bucket.handle.wait()
                 if self._measure_norms:
-                    part = sqnorm(bucket.buffer)
+                    part = self._timed_sqnorm(bucket.buffer)
                     total = part if total is None else total + part
                 for p, slot in zip(bucket.params, bucket.slices):
                     if p.grad is not slot:
