@@ -322,25 +322,37 @@ def test_nnodes_sets_the_start_size_the_hosts_and_max_np():
 
 # -- tethers: each end sees the other's process die as its connection closing ----------------
 
-def test_tether_hello_is_checked_and_a_closed_agent_or_controller_is_seen_at_once():
+def test_tether_hello_is_checked_and_a_dead_agent_or_controller_is_seen_at_once():
+    import subprocess
+    import sys
     from _harness import wait_for
     from taiji.launch.tether import Tether, TetherServer, answers
     secret = auth.new_secret()
     server = TetherServer("127.0.0.1", secret)
+    script = ("import sys; from taiji.launch.tether import Tether; "
+              f"t = Tether({server.address!r}, bytes.fromhex({secret.hex()!r}), {H2!r}, 's1'); "
+              "print('tethered', flush=True); sys.stdin.read()")
+    agent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        agent = Tether(server.address, secret, H2, "s1")
+        assert agent.stdout.readline().strip() == "tethered"
         with pytest.raises(AuthError, match="refused this agent's tether"):
             Tether(server.address, auth.new_secret(), H3, "s2")  # not the job's secret
         assert answers(server.address)
-        assert server.lost() == []  # the refused stranger was never an agent
-        agent.close()  # what a killed agent's kernel does
+        leaving = Tether(server.address, secret, H3, "s3")
+        leaving.close()  # on purpose (it says bye): not a death
+        agent.kill()  # its kernel closes the socket, no bye
+        agent.wait(timeout=30)
         lost = []
-        wait_for(lambda: bool(lost.extend(server.lost()) or lost), 5, "the agent's tether to close")
+        wait_for(lambda: bool(lost.extend(server.lost()) or lost), 5, "the killed agent's tether to close")
         assert lost == [(H2, "s1")]
-        again = Tether(server.address, secret, H2, "s3")
+        again = Tether(server.address, secret, H2, "s4")
     finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(timeout=30)
         server.close()
     assert again.broken.wait(5), "the agent did not see the controller's end close"
-    assert not agent.broken.is_set()  # closed by its own side: not a controller's death
+    assert not leaving.broken.is_set()  # closed by its own side: not a controller's death
     assert not answers(server.address)  # nothing listens there now: refused at once
+    assert server.lost() == []
     again.close()

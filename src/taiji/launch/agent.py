@@ -25,6 +25,7 @@ from .worker_env import WorkerSettings, worker_env
 
 TICK_SECONDS = 0.02
 BEAT_SECONDS = 0.25
+TETHER_RETRY_S = 2.0
 
 
 class Agent:
@@ -43,7 +44,10 @@ class Agent:
         self._survivable: bool | None = None  # read once the controller has announced itself
         self._bounds = Bounds()
         self._tether: Tether | None = None
-        self._tether_judged = ""  # a controller's tether address whose close was judged already
+        self._tether_term = b""    # the election record when that tether was made
+        self._tether_judged = ""   # a controller's tether address judged dead (an election was held)
+        self._tether_retry_at = 0.0
+        self._tether_failed = ""   # the address a connect last failed at (said once)
 
     def say(self, text: str) -> None:
         self.sup.write(f"taiji join: {text}\n")
@@ -126,7 +130,7 @@ class Agent:
         if beat != self._controller_beat:
             self._controller_beat, self._controller_heard = beat, now
             owner = hosts.owner(self.job)  # the term of the controller that beats
-            if owner != self._owner_seen and self._tether is not None:
+            if self._tether is not None and owner != self._tether_term:
                 self._tether.close()  # to a controller taken over without its tether closing (its host
                 self._tether = None   # went silent): tether to the new one at the next beat
             self._owner_seen = owner
@@ -141,15 +145,20 @@ class Agent:
     def _hold_tether(self) -> None:
         """Tether to the job's controller once it has announced one (and again after a takeover)."""
         assert self.job is not None
-        if self._tether is not None or not self.job.has(hosts.CONTROLLER):
+        now = time.monotonic()
+        if self._tether is not None or now < self._tether_retry_at or not self.job.has(hosts.CONTROLLER):
             return
+        term = hosts.owner(self.job)  # before the record: a takeover in between shows as a newer term
         address = str(hosts.read_controller(self.job).get("tether") or "")
         if address and address != self._tether_judged:
             try:
-                self._tether = Tether(address, self.cfg.secret, self.cfg.host, self.session, timeout=2.0)
+                self._tether = Tether(address, self.cfg.secret, self.cfg.host, self.session, timeout=0.5)
+                self._tether_term, self._tether_failed = term, ""
             except (LaunchError, AuthError) as exc:
-                self.say(f"no tether to the controller yet ({exc}); its heartbeat still tells if it dies")
-                self._tether_judged = address
+                if address != self._tether_failed:
+                    self.say(f"no tether to the controller yet ({exc}); retrying every {TETHER_RETRY_S:g}s "
+                             "(meanwhile its heartbeat tells if it dies)")
+                self._tether_failed, self._tether_retry_at = address, now + TETHER_RETRY_S
 
     def _tether_closed(self) -> int | None:
         """The controller's tether closed. If the controller named in the store is still that one and
@@ -171,6 +180,11 @@ class Agent:
         """Become the job's controller if this agent wins the election; its exit code if it did."""
         from .takeover import take_over
         assert self.job is not None and self.settings is not None
+        if self.job.is_done():  # training is over: the controller went as the job ended, nothing to take
+            self.say(f"the job's training has ended and its controller is gone ({reason}): stopping "
+                     f"{len(self.sup.running())} worker(s)")
+            self._stop_workers()
+            return 0
         won = take_over(self.cfg, self.job, self.settings, self.sup, self.cfg.secret, self._owner_seen)
         if won is None:
             # another agent won: give it time to beat, and judge the term it runs under next
@@ -193,6 +207,7 @@ class Agent:
             raise LaunchError(f"host {cfg.host} runs the job's controller: its workers are started there "
                               "(-np/--nproc-per-node); give this agent its own host's address with --host")
         self.host_rank = hosts.register(self.job, cfg.host, cfg.slots, os.getpid(), self.session)
+        self._owner_seen = hosts.owner(self.job)  # the term of the controller there now
         self.say(f"joined job {cfg.job_id} at {cfg.store_url} as host {cfg.host} with {cfg.slots} "
                  f"slot(s); command: {' '.join(self.settings.command_here())}")
         self.sup.install_signal_handlers()

@@ -3,8 +3,9 @@
 Events come from worker exits (pidfds), signals, and a few store keys polled every tick
 (resize proposals, joiners ready, failure reports, job done, and the registrations, events and
 beats of other hosts' agents), and from the agents' tethers closing (launch/tether.py); the store
-is hosted in this process, so a poll is a local round trip. Workers placed on this host are started here; those placed on another host are started
-by its agent on a signed order (launch/hosts.py).
+is hosted in this process, so a poll is a local round trip. Workers placed on this host are
+started here; those placed on another host are started by its agent on a signed order
+(launch/hosts.py).
 """
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ CONTROLLER = "controller"
 CONTROLLER_BEAT = "controller/beat"
 OWNER = "controller/owner"
 REGISTRATIONS = "hosts"
+STOP_POLL_S = 0.02  # how often a stopping launcher looks for its agents' byes
 
 
 def publish_settings(job: JobStore, settings: WorkerSettings) -> None:
@@ -117,7 +118,7 @@ def stop_agents(channels: dict[str, "AgentChannel"], wait: float, say) -> None:
                     del waiting[address]
             except StoreError:
                 del waiting[address]
-        time.sleep(0.02)
+        time.sleep(STOP_POLL_S)
     for address in waiting:
         say(f"the agent of host {address} did not confirm that it stopped its workers")
 

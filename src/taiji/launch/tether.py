@@ -8,8 +8,13 @@ each end reads the other's death as the connection closing:
 - the controller sees an agent's tether close: the agent is gone, and its workers with it (they
   die with their agent), so its host leaves the job in one version now, not when its beat stops;
 - an agent sees the controller's tether close: the launcher's process is gone. Where the store
-  outlives it (etcd), the agent checks that the controller is still the one it was tethered to
-  and that its port refuses a new connection, then stands for election at once.
+  outlives it (etcd), the agent checks that the store still names that tether's address as the
+  controller's and that the port refuses a new connection, then stands for election at once.
+
+An agent that closes its tether on purpose (to tether to a new controller, or as it stops) sends
+``bye`` first, so only a death — or a reset by the network, rare on the trusted network the data
+plane needs anyway — drops a host. TCP keepalive on both ends finds a tether whose peer vanished
+without a FIN (minutes, not the heartbeat's seconds: for that case the heartbeat decides).
 
 A host that loses power or its link closes nothing: the heartbeats (leases) still judge those.
 The hello is authenticated (HMAC of the controller's nonce with a key derived from the job
@@ -36,12 +41,24 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 5.0  # a connection that has not said who it is by then is dropped
 HELLO_LIMIT = 4096
+MAX_UNNAMED = 64       # connections still owing their hello: more are refused (no file-descriptor flood)
 PROBE_TIMEOUT_S = 0.2
+BYE = b"bye\n"         # an agent closing its end on purpose (not dying) says so first
+KEEPALIVE_IDLE_S = 10  # TCP keepalive: a peer gone without a FIN or RST is found out eventually,
+KEEPALIVE_COUNT = 3    # and an idle tether is not forgotten by a stateful firewall
 
 
 def _proof(key: bytes, nonce: bytes, address: str, session: str) -> str:
     return hmac.new(key, b"tether\0" + nonce + b"\0" + address.encode() + b"\0" + session.encode(),
                     hashlib.sha256).hexdigest()
+
+
+def _keep_alive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_IDLE_S),
+                          ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+        if hasattr(socket, option):  # Linux; elsewhere the system's defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -110,6 +127,10 @@ class TetherServer:
             sock, _ = self._listener.accept()
         except OSError:
             return
+        if sum(1 for peer in self._peers.values() if peer.who is None) >= MAX_UNNAMED:
+            sock.close()
+            return
+        _keep_alive(sock)
         nonce = secrets.token_bytes(16)
         try:
             sock.sendall(nonce.hex().encode() + b"\n")
@@ -135,7 +156,10 @@ class TetherServer:
             self._drop(sock)
             return
         if peer.who is not None:
-            return  # an agent says nothing after its hello
+            if BYE in peer.buffer + data:  # it closes on purpose (to tether anew): not a death
+                self._drop(sock)
+            peer.buffer = data[-len(BYE):]
+            return
         peer.buffer += data
         if b"\n" not in peer.buffer:
             if len(peer.buffer) > HELLO_LIMIT:
@@ -151,7 +175,7 @@ class TetherServer:
             log.warning("refused a tether that could not prove it holds the job's secret")
             self._drop(sock)
             return
-        peer.who = (address, session)
+        peer.who, peer.buffer = (address, session), b""
         try:
             sock.sendall(b"ok\n")
         except OSError:
@@ -190,6 +214,7 @@ class Tether:
             self._sock.close()
             raise AuthError(f"the job's controller at {address} refused this agent's tether (not this job's secret?)")
         self._sock.settimeout(None)
+        _keep_alive(self._sock)
         threading.Thread(target=self._hold, name="taiji-tether", daemon=True).start()
 
     def _hold(self) -> None:
@@ -202,7 +227,12 @@ class Tether:
             self.broken.set()
 
     def close(self) -> None:
+        """Close on purpose: the controller is told, so it does not take it for this agent's death."""
         self._closing = True
+        try:
+            self._sock.sendall(BYE)
+        except OSError:
+            pass
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

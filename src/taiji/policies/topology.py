@@ -14,10 +14,10 @@ class AdaptiveTopology(Policy):
     """Measure each of ``candidates`` for ``trial_steps`` steps, after ``settle`` steps that build
     the plan's groups, and keep the fastest; the trials start again whenever the cluster's size
     changes. What is measured: the workers' mean wait for the gradients' allreduce after backward
-    (``Metrics.allreduce_seconds``, agreed through the control message: the plans' own cost,
-    without the noise of compute), or, where a strategy does not report it, the agreed step time
-    (``Metrics.step_seconds``: compute is the same under every plan, so the difference between
-    them is still the allreduce)."""
+    (``Metrics.allreduce_seconds``, agreed through the control message: the plans' own cost, with
+    less of compute's noise — it still includes waiting for the slowest peer's backward), or,
+    where a strategy does not report it, the agreed step time (``Metrics.step_seconds``: compute
+    is the same under every plan, so the difference between them is still the allreduce)."""
 
     def __init__(self, candidates: Sequence[str] = ("ring", "hierarchical", "tree"), *, trial_steps: int = 5,
                  settle: int = 2):
@@ -42,9 +42,14 @@ class AdaptiveTopology(Policy):
             return None
         self.seen += 1
         sample = self._sample(ctx)
-        if sample is not None and self.measure in ("", sample[0]):  # one kind of figure per cluster
+        if sample is not None and self.measure in ("", sample[0]):  # one kind of figure per round of trials
             self.measure = sample[0]
             self.times.append(sample[1])
+        elif sample is not None and sample[0] == "allreduce":
+            # the waits came (back) while the trials ran on step times: start them over on the waits
+            self.trial, self.seen, self.times, self.medians, self.measure = 0, 0, [], {}, "allreduce"
+            return self._try(ctx)
+        # else a step without a wait (a retried one): skipped
         if len(self.times) < self._trial_steps:
             return None
         self.medians[self._candidates[self.trial]] = statistics.median(self.times)
