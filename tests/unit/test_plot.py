@@ -38,10 +38,12 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     return fake
 
 
-def committed(index: int, samples: int, decided: int, epoch: int = 0, epoch_after: int = 0) -> StepCommitted:
+def committed(index: int, samples: int, decided: int, epoch: int = 0, epoch_after: int = 0,
+              allreduce_wait: float | None = None, topology: str = "") -> StepCommitted:
     where = Snapshot(step=index + 1, epoch=epoch_after, batch_size=decided, version=1, size=1)
     return StepCommitted(index, epoch, where, samples, monitored=True, loss=1.0, grad_variance=None,
-                         straggler=0.0, gns=None, grad_sqnorm=None, trace_sigma=None, lr=0.1)
+                         straggler=0.0, gns=None, grad_sqnorm=None, trace_sigma=None, lr=0.1,
+                         allreduce_wait=allreduce_wait, topology=topology)
 
 
 def reporter(run_dir: Path, log_every: int = 0) -> Reporter:
@@ -139,7 +141,8 @@ def test_plot_run_draws_pauses_and_short_batches_from_a_reporters_run_dir(tmp_pa
     report.on(Event("start", 0))
     for index in range(30):
         clock.advance(0.5)
-        report.on(committed(index, 3 if index % 10 == 9 else 4, 4))
+        report.on(committed(index, 3 if index % 10 == 9 else 4, 4, allreduce_wait=0.002 if index < 20 else None,
+                            topology="tree"))
         if index == 14:
             clock.advance(6.0)
             report.on(Paused())
@@ -149,6 +152,8 @@ def test_plot_run_draws_pauses_and_short_batches_from_a_reporters_run_dir(tmp_pa
     assert data.pauses == [(pytest.approx(107.5), pytest.approx(113.5))]
     assert set(data.series["batch_size"][1]) == {4.0} and data.short_batches[1] == [3.0, 3.0, 3.0]
     assert set(data.series["samples_per_s"][1]) == {6.0, 8.0}  # 3 or 4 samples in 0.5 s each
+    assert data.series["allreduce_wait_ms"][1] == [pytest.approx(2.0)] * 20  # none where no allreduce ran
+    assert {r["topology"] for r in read_jsonl(tmp_path / "metrics.jsonl")} == {"tree"}
     output = plot_run(tmp_path)
     assert output.read_bytes().startswith(b"\x89PNG")
 

@@ -46,6 +46,8 @@ PANELS = (  # metrics key, title, y label, colour; top to bottom
     ("batch_size", "global batch size", "samples", "tab:cyan"),
     ("gns", "gradient noise scale (B_noise = tr Σ / |G|²)", "B_noise", "tab:orange"),
     ("samples_per_s", "throughput", "samples/s", "tab:green"),
+    ("allreduce_wait_ms", "wait for the gradients' allreduce after backward (topology changes are events)", "ms",
+     "tab:purple"),
     ("loss", "training loss", "loss", "tab:brown"),
 )
 
@@ -329,7 +331,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     t0 = min(times)
     span = max(max(times) - t0, 1.0)  # a one-record run still gets a usable axis
 
-    figure = Figure(figsize=(10, 11), dpi=110)
+    figure = Figure(figsize=(10, 12.5), dpi=110)
     FigureCanvasAgg(figure)  # attaches the Agg canvas explicitly; savefig then renders with it
     marked = [e for e in events if e.get("kind") not in BRACKET_KINDS]
     # A narrow band on top holds the event labels, so they never cover data.
