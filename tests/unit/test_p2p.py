@@ -366,6 +366,40 @@ def test_background_fetcher(store):
         bg.start(store.address)
 
 
+def _polled(bg: BackgroundFetcher, address):
+    assert bg.start(address)
+    deadline = time.monotonic() + 10
+    while bg.in_flight and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return bg.poll()
+
+
+def test_one_connection_per_peer_serves_every_fetch_and_an_idle_one_is_reopened():
+    from _harness import wait_for
+    from taiji.comm.p2p import PeerConnection
+    with ModelStore(SECRET, idle_timeout=0.3) as store:
+        connection = PeerConnection(store.address, SECRET, timeout=5)
+        for version in (1, 2, 3):  # each fetch sees the latest publish, on the same connection
+            store.publish(version, [torch.full((4,), float(version))])
+            snap = connection.fetch()
+            assert snap.version == version and torch.equal(snap.tensors[0], torch.full((4,), float(version)))
+        assert store.connections_accepted == 1
+        connection.close()
+        wait_for(lambda: store.open_connections == 0, 5, "the store to end the closed connection")
+
+        bg = BackgroundFetcher(SECRET, timeout=5)
+        try:
+            assert _polled(bg, store.address).version == 3
+            assert _polled(bg, store.address).version == 3 and store.connections_accepted == 2
+            wait_for(lambda: store.open_connections == 0, 5, "the store to drop the idle connection")
+            store.publish(4, [torch.full((4,), 4.0)])
+            assert _polled(bg, store.address).version == 4  # the dropped connection is reopened, once
+            assert store.connections_accepted == 3
+        finally:
+            bg.close()
+        wait_for(lambda: store.open_connections == 0, 5, "closing the fetcher to close its connections")
+
+
 def test_fetch_25mb_is_fast(store, capsys):
     # ~25 MB over 40 tensors of mixed sizes, like a small convnet's parameters.
     tensors = [torch.randn(160_000) for _ in range(40)] + [torch.randn(64) for _ in range(20)]

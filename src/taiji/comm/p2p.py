@@ -14,6 +14,9 @@ Wire protocol (DESIGN §10: nothing is unpickled, the job secret authenticates p
    (so the client knows the server holds the secret too), a 4-byte big-endian header length,
    the JSON header ``{"version": int | null, "tensors": [{"dtype": "float32", "shape": [..]}]}``
    and then each tensor's raw bytes back to back. ``version: null`` means nothing published.
+4. The connection stays open: each further byte ``AGAIN`` gets the latest snapshot (step 3
+   without the proof); closing, or ``idle_timeout`` of silence, ends it. A worker pays the
+   connect and the handshake once per peer, not per fetch (:class:`PeerConnection`).
 
 An empty secret is accepted only on loopback (the launcher always generates a secret). The
 HMAC exchange authenticates but does not encrypt: do not carry secrets in the tensors.
@@ -49,6 +52,7 @@ _DTYPES: dict[str, torch.dtype] = {str(dt).removeprefix("torch."): dt for dt in 
     torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)}
 _MAX_NDIM = 64
 _EMPTY_HEADER = b'{"version": null, "tensors": []}'
+_AGAIN = b"\x01"
 
 Address = tuple[str, int]
 
@@ -108,15 +112,16 @@ class ModelStore:
     """
 
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0, *,
-                 io_timeout: float = 30.0, max_connections: int = 64):
+                 io_timeout: float = 30.0, max_connections: int = 64, idle_timeout: float = 300.0):
         self._key = _key(secret, host, "ModelStore")
-        self._io_timeout, self._max_conns = io_timeout, max_connections
+        self._io_timeout, self._max_conns, self._idle_timeout = io_timeout, max_connections, idle_timeout
         self._current: Snapshot | None = None
         self._spare: Snapshot | None = None      # retired, unread: its buffers can be reused
         self._readers: dict[int, int] = {}       # id(snapshot) -> connections sending it
         self._lock = threading.Lock()
         self._closed = False
         self._handlers: dict[threading.Thread, socket.socket] = {}
+        self.connections_accepted = 0  # over its life: with persistent clients, about one per peer
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, port), family=family, backlog=128)
         self._listener.settimeout(0.05)  # accept loop polls the stop flag: close() is prompt
@@ -164,6 +169,7 @@ class ModelStore:
                 th = threading.Thread(target=self._handle, args=(conn, peer), daemon=True,
                                       name=f"taiji-p2p-serve:{peer}")
                 self._handlers[th] = conn
+                self.connections_accepted += 1
             th.start()
 
     def _handle(self, conn: socket.socket, peer: object) -> None:
@@ -172,21 +178,24 @@ class ModelStore:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             server_nonce = secrets.token_bytes(_NONCE)
             conn.sendall(_MAGIC + server_nonce)
-            answer = _recv_exact_plain(conn, _NONCE + _MAC)
+            answer = conn.recv(_NONCE + _MAC, socket.MSG_WAITALL)
+            if len(answer) != _NONCE + _MAC:
+                raise EOFError(f"peer closed after {len(answer)} of {_NONCE + _MAC} bytes")
             client_nonce, mac = answer[:_NONCE], answer[_NONCE:]
             if not hmac.compare_digest(mac, _mac(self._key, b"client", server_nonce, client_nonce)):
                 log.warning("p2p store %s: rejected %s: authentication failed (wrong job secret?)",
                             self.address, peer)
                 return
-            with self._lock:
-                snap = self._current  # the one snapshot this connection serves, whatever happens
-                if snap is not None:
-                    self._readers[id(snap)] = self._readers.get(id(snap), 0) + 1
-            try:
-                self._send(conn, snap, server_nonce, client_nonce)
-            finally:
-                if snap is not None:
-                    self._release(snap)
+            conn.sendall(_mac(self._key, b"server", server_nonce, client_nonce))
+            while True:
+                self._serve_latest(conn)
+                conn.settimeout(self._idle_timeout)
+                try:
+                    if conn.recv(1) != _AGAIN:  # closed (b""), or not our protocol
+                        return
+                except TimeoutError:
+                    return  # idle: the client reconnects when it wants another
+                conn.settimeout(self._io_timeout)
         except (OSError, EOFError) as e:  # the client went away or stalled: its problem, not ours
             log.debug("p2p store %s: connection from %s ended: %s", self.address, peer, e)
         finally:
@@ -204,13 +213,21 @@ class ModelStore:
             if snap is not self._current and self._spare is None:
                 self._spare = snap
 
-    def _send(self, conn: socket.socket, snap: Snapshot | None, server_nonce: bytes, client_nonce: bytes) -> None:
-        header = _header(snap)
-        proof = _mac(self._key, b"server", server_nonce, client_nonce)
-        conn.sendall(proof + _LEN.pack(len(header)) + header)
-        for t in snap.tensors if snap is not None else ():
-            if t.numel():
-                conn.sendall(_raw(t))
+    def _serve_latest(self, conn: socket.socket) -> None:
+        """Send the current snapshot; publishing meanwhile does not touch the one being sent."""
+        with self._lock:
+            snap = self._current
+            if snap is not None:
+                self._readers[id(snap)] = self._readers.get(id(snap), 0) + 1
+        try:
+            header = _header(snap)
+            conn.sendall(_LEN.pack(len(header)) + header)
+            for t in snap.tensors if snap is not None else ():
+                if t.numel():
+                    conn.sendall(_raw(t))
+        finally:
+            if snap is not None:
+                self._release(snap)
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop serving, free the port and join the serving threads (at most ~``timeout`` s)."""
@@ -231,22 +248,16 @@ class ModelStore:
         for th in handlers:
             th.join(max(0.0, deadline - time.monotonic()))
 
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._handlers)
+
     def __enter__(self) -> "ModelStore":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _recv_exact_plain(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = conn.recv_into(view[got:])
-        if k == 0:
-            raise EOFError(f"peer closed after {got} of {n} bytes")
-        got += k
-    return bytes(buf)
 
 
 class _Client:
@@ -320,56 +331,97 @@ def _parse_header(raw: bytes, max_bytes: int, c: _Client) -> tuple[int | None, l
     return version, [torch.empty(shape, dtype=dtype) for dtype, shape in tensors]
 
 
+class PeerConnection:
+    """One authenticated connection to a peer's :class:`ModelStore`, kept for repeated fetches.
+
+    ``fetch()`` raises :class:`PeerLost` (naming the address and what happened) if the peer is
+    unreachable, closes, stalls past ``timeout`` seconds in total, sends a malformed header or
+    fails authentication (in either direction); the connection is then closed, and the next
+    ``fetch()`` opens a new one.
+    """
+
+    def __init__(self, address: Address, secret: bytes, timeout: float, *, max_bytes: int = MAX_PAYLOAD_BYTES):
+        self.address, self.timeout, self.max_bytes = address, timeout, max_bytes
+        self._key = _key(secret, address[0], "p2p fetch")
+        self._sock: socket.socket | None = None
+        self.reused = False  # the last fetch asked on a connection opened before it
+
+    def fetch(self) -> Snapshot | None:
+        """The peer's latest snapshot; ``None`` if it has published nothing yet."""
+        c = _Client(self.address, self.timeout)
+        try:
+            self.reused = self._sock is not None
+            if self._sock is None:
+                self._sock = self._open(c)
+            else:
+                c.sock = self._sock
+                c.settimeout("asking for the next snapshot")
+                self._sock.sendall(_AGAIN)
+            c.sock = self._sock
+            (hlen,) = _LEN.unpack(c.recv(_LEN.size, "reading the header length"))
+            if hlen > MAX_HEADER_BYTES:
+                raise c.fail(f"malformed header: {hlen} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+            version, tensors = _parse_header(c.recv(hlen, "reading the header"), self.max_bytes, c)
+            for i, t in enumerate(tensors):
+                if t.numel():
+                    c.recv_into(_raw(t), f"receiving tensor {i} of {len(tensors)}")
+            return None if version is None else Snapshot(version, tensors)
+        except PeerLost:
+            self.close()
+            raise
+        except OSError as e:  # reset mid-transfer and the like; timeouts are caught per step
+            self.close()
+            raise c.fail(f"connection error ({e.strerror or e})") from None
+
+    def _open(self, c: _Client) -> socket.socket:
+        try:
+            c.sock = socket.create_connection(self.address, timeout=self.timeout)
+        except TimeoutError:
+            raise c.fail(f"timed out after {self.timeout:g}s while connecting") from None
+        except OSError as e:
+            raise c.fail(f"cannot connect ({e.strerror or e}); peer gone or address stale?") from None
+        try:
+            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            hello = c.recv(len(_MAGIC) + _NONCE, "waiting for the greeting")
+            if not hello.startswith(_MAGIC):
+                raise c.fail("bad greeting: not a taiji p2p model store")
+            server_nonce, client_nonce = hello[len(_MAGIC):], secrets.token_bytes(_NONCE)
+            c.settimeout("authenticating")
+            c.sock.sendall(client_nonce + _mac(self._key, b"client", server_nonce, client_nonce))
+            proof = c.recv(_MAC, "authenticating", closed="authentication failed: the peer rejected "
+                           "our job secret and closed the connection (different TAIJI_SECRET?)")
+            if not hmac.compare_digest(proof, _mac(self._key, b"server", server_nonce, client_nonce)):
+                raise c.fail("authentication failed: the peer could not prove it holds the job "
+                             "secret (different TAIJI_SECRET, or not our peer)")
+        except BaseException:
+            c.sock.close()
+            raise
+        return c.sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
 def fetch(address: Address, secret: bytes, timeout: float, *,
           max_bytes: int = MAX_PAYLOAD_BYTES) -> Snapshot | None:
-    """Fetch a peer's latest snapshot; ``None`` if it has published nothing yet.
-
-    Raises :class:`PeerLost` (naming the address and what happened) if the peer is unreachable,
-    closes, stalls past ``timeout`` seconds in total, sends a malformed header or fails
-    authentication (in either direction).
-    """
-    key = _key(secret, address[0], "p2p fetch")
-    c = _Client(address, timeout)
+    """Fetch a peer's latest snapshot once (connect, authenticate, read, close); ``None`` if it
+    has published nothing yet. Raises :class:`PeerLost` as :meth:`PeerConnection.fetch` does."""
+    connection = PeerConnection(address, secret, timeout, max_bytes=max_bytes)
     try:
-        try:
-            c.sock = socket.create_connection(address, timeout=timeout)
-        except TimeoutError:
-            raise c.fail(f"timed out after {timeout:g}s while connecting") from None
-        except OSError as e:
-            raise c.fail(f"cannot connect ({e.strerror or e}); peer gone or address stale?"
-                         ) from None
-        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = c.recv(len(_MAGIC) + _NONCE, "waiting for the greeting")
-        if not hello.startswith(_MAGIC):
-            raise c.fail("bad greeting: not a taiji p2p model store")
-        server_nonce, client_nonce = hello[len(_MAGIC):], secrets.token_bytes(_NONCE)
-        c.settimeout("authenticating")
-        c.sock.sendall(client_nonce + _mac(key, b"client", server_nonce, client_nonce))
-        proof = c.recv(_MAC, "authenticating", closed="authentication failed: the peer rejected "
-                       "our job secret and closed the connection (different TAIJI_SECRET?)")
-        if not hmac.compare_digest(proof, _mac(key, b"server", server_nonce, client_nonce)):
-            raise c.fail("authentication failed: the peer could not prove it holds the job "
-                         "secret (different TAIJI_SECRET, or not our peer)")
-        (hlen,) = _LEN.unpack(c.recv(_LEN.size, "reading the header length"))
-        if hlen > MAX_HEADER_BYTES:
-            raise c.fail(f"malformed header: {hlen} bytes exceeds the limit of {MAX_HEADER_BYTES}")
-        version, tensors = _parse_header(c.recv(hlen, "reading the header"), max_bytes, c)
-        for i, t in enumerate(tensors):
-            if t.numel():
-                c.recv_into(_raw(t), f"receiving tensor {i} of {len(tensors)}")
-        return None if version is None else Snapshot(version, tensors)
-    except OSError as e:  # reset mid-transfer and the like; timeouts are caught per step
-        raise c.fail(f"connection error ({e.strerror or e})") from None
+        return connection.fetch()
     finally:
-        if c.sock is not None:
-            c.sock.close()
+        connection.close()
 
 
 FetchResult = Union[Snapshot, None, Exception]
 
 
 class BackgroundFetcher:
-    """Runs at most one :func:`fetch` at a time off the training thread.
+    """Runs at most one fetch at a time on one long-lived thread, off the training thread,
+    keeping one connection per peer (a connection that fails is reopened once, for a peer that
+    restarted its store or dropped an idle connection).
 
     ``poll()`` returns ``None`` both while a fetch runs and when the finished fetch found
     nothing published; ``in_flight`` tells them apart. Either way there is nothing to average.
@@ -377,16 +429,20 @@ class BackgroundFetcher:
 
     def __init__(self, secret: bytes, timeout: float):
         self._secret, self._timeout = secret, timeout
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._result: FetchResult = None
+        self._lock = threading.Condition()
+        self._connections: dict[Address, PeerConnection] = {}
+        self._asked: Address | None = None
+        self._busy = False    # a fetch was started and its result not polled yet
         self._done = False
+        self._result: FetchResult = None
         self._closed = False
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="taiji-p2p-fetch")
+        self._thread.start()
 
     @property
     def in_flight(self) -> bool:
         with self._lock:
-            return self._thread is not None and not self._done
+            return self._busy and not self._done
 
     def start(self, address: Address) -> bool:
         """Begin fetching from ``address``; False (and nothing started) if a fetch is running
@@ -394,34 +450,49 @@ class BackgroundFetcher:
         with self._lock:
             if self._closed:
                 raise CommError("BackgroundFetcher.start: the fetcher is closed", channel="p2p")
-            if self._thread is not None:
+            if self._busy:
                 return False
-            self._done, self._result = False, None
-            self._thread = threading.Thread(target=self._run, args=(address,), daemon=True,
-                                            name=f"taiji-p2p-fetch:{address[0]}:{address[1]}")
-            self._thread.start()
+            self._busy, self._done, self._result, self._asked = True, False, None, address
+            self._lock.notify()
             return True
 
-    def _run(self, address: Address) -> None:
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while self._asked is None and not self._closed:
+                    self._lock.wait()
+                if self._closed:
+                    break
+                address, self._asked = self._asked, None
+            try:
+                result: FetchResult = self._fetch(address)
+            except Exception as e:  # handed to the caller through poll(), never lost
+                result = e
+            with self._lock:
+                self._result, self._done = result, True
+        for connection in self._connections.values():
+            connection.close()
+
+    def _fetch(self, address: Address) -> Snapshot | None:
+        connection = self._connections.setdefault(address, PeerConnection(address, self._secret, self._timeout))
         try:
-            result: FetchResult = fetch(address, self._secret, self._timeout)
-        except Exception as e:  # handed to the caller through poll(), never lost
-            result = e
-        with self._lock:
-            self._result, self._done = result, True
+            return connection.fetch()
+        except PeerLost:
+            if not connection.reused:
+                raise
+            return connection.fetch()  # its store restarted, or dropped the idle connection: one fresh try
 
     def poll(self) -> FetchResult:
         """The finished fetch's snapshot, None or exception (once); None while one runs."""
         with self._lock:
-            if self._thread is None or not self._done:
+            if not self._busy or not self._done:
                 return None
-            result, self._result, self._thread = self._result, None, None
+            result, self._result, self._busy = self._result, None, False
             return result
 
     def close(self) -> None:
-        """Refuse new fetches and wait for the running one (bounded by its timeout)."""
+        """Refuse new fetches, wait for the running one (bounded by its timeout), close the connections."""
         with self._lock:
             self._closed = True
-            th = self._thread
-        if th is not None:
-            th.join(self._timeout + 1.0)
+            self._lock.notify()
+        self._thread.join(2 * self._timeout + 1.0)
