@@ -400,6 +400,38 @@ def test_one_connection_per_peer_serves_every_fetch_and_an_idle_one_is_reopened(
         wait_for(lambda: store.open_connections == 0, 5, "closing the fetcher to close its connections")
 
 
+def test_the_fetcher_keeps_only_its_most_recent_peers_connections_and_closes_promptly(monkeypatch):
+    monkeypatch.setattr(p2p, "KEPT_CONNECTIONS", 1)
+    with ModelStore(SECRET) as first, ModelStore(SECRET) as second:
+        first.publish(1, [torch.ones(2)])
+        second.publish(2, [torch.ones(2)])
+        bg = BackgroundFetcher(SECRET, timeout=5)
+        try:
+            for store in (first, first, second, first):
+                assert _polled(bg, store.address).version in (1, 2)
+            # first: one connection, then a new one after second's evicted it
+            assert (first.connections_accepted, second.connections_accepted) == (2, 1)
+        finally:
+            bg.close()
+
+    greeted, stalled = threading.Event(), threading.Event()
+
+    def silent(conn):  # greets, then never answers: a fetch hangs until its timeout
+        conn.sendall(p2p._MAGIC + b"s" * 16)
+        greeted.set()
+        stalled.wait(10)
+
+    bg = BackgroundFetcher(SECRET, timeout=8)
+    with fake_server(silent) as address:
+        assert bg.start(address)
+        assert greeted.wait(5)
+        started = time.monotonic()
+        bg.close()  # interrupts the fetch in progress instead of waiting out its timeout
+        assert time.monotonic() - started < 3
+        stalled.set()
+    assert isinstance(bg.poll(), PeerLost)
+
+
 def test_fetch_25mb_is_fast(store, capsys):
     # ~25 MB over 40 tensors of mixed sizes, like a small convnet's parameters.
     tensors = [torch.randn(160_000) for _ in range(40)] + [torch.randn(64) for _ in range(20)]

@@ -25,19 +25,20 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import logging
 import secrets
 import socket
 import struct
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence, Union
 
 import torch
 
 from ..errors import CommError, ConfigError, PeerLost
+from .p2p_header import DTYPES, EMPTY_HEADER, decode_header, encode_header
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,8 @@ _MAC = 32
 _LEN = struct.Struct(">I")
 MAX_HEADER_BYTES = 1 << 20
 MAX_PAYLOAD_BYTES = 64 << 30  # a corrupt header must not make us allocate without bound
-_DTYPES: dict[str, torch.dtype] = {str(dt).removeprefix("torch."): dt for dt in (
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-    torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)}
-_MAX_NDIM = 64
-_EMPTY_HEADER = b'{"version": null, "tensors": []}'
 _AGAIN = b"\x01"
+KEPT_CONNECTIONS = 16  # a fetcher keeps its connections to the peers it asked most recently
 
 Address = tuple[str, int]
 
@@ -88,15 +85,6 @@ def _raw(t: torch.Tensor) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
-def _header(snap: Snapshot | None) -> bytes:
-    """Built on the serving thread, per request, so ``publish`` never serializes anything."""
-    if snap is None:
-        return _EMPTY_HEADER
-    return json.dumps({"version": snap.version, "tensors": [
-        {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-        for t in snap.tensors]}).encode()
-
-
 def _same_layout(mine: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> bool:
     return len(mine) == len(theirs) and all(
         a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs))
@@ -112,7 +100,7 @@ class ModelStore:
     """
 
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0, *,
-                 io_timeout: float = 30.0, max_connections: int = 64, idle_timeout: float = 300.0):
+                 io_timeout: float = 30.0, max_connections: int = 256, idle_timeout: float = 300.0):
         self._key = _key(secret, host, "ModelStore")
         self._io_timeout, self._max_conns, self._idle_timeout = io_timeout, max_connections, idle_timeout
         self._current: Snapshot | None = None
@@ -135,9 +123,9 @@ class ModelStore:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ConfigError(f"ModelStore.publish: version must be an int >= 0, got {version!r}")
         for i, t in enumerate(tensors):
-            if t.dtype not in _DTYPES.values():
+            if t.dtype not in DTYPES.values():
                 raise ConfigError(f"ModelStore.publish: tensor {i} has dtype {t.dtype}, which "
-                                  f"p2p cannot send; supported: {sorted(_DTYPES)}")
+                                  f"p2p cannot send; supported: {sorted(DTYPES)}")
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None and not _same_layout(spare.tensors, tensors):
@@ -178,9 +166,7 @@ class ModelStore:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             server_nonce = secrets.token_bytes(_NONCE)
             conn.sendall(_MAGIC + server_nonce)
-            answer = conn.recv(_NONCE + _MAC, socket.MSG_WAITALL)
-            if len(answer) != _NONCE + _MAC:
-                raise EOFError(f"peer closed after {len(answer)} of {_NONCE + _MAC} bytes")
+            answer = _recv_exact_plain(conn, _NONCE + _MAC)
             client_nonce, mac = answer[:_NONCE], answer[_NONCE:]
             if not hmac.compare_digest(mac, _mac(self._key, b"client", server_nonce, client_nonce)):
                 log.warning("p2p store %s: rejected %s: authentication failed (wrong job secret?)",
@@ -220,7 +206,7 @@ class ModelStore:
             if snap is not None:
                 self._readers[id(snap)] = self._readers.get(id(snap), 0) + 1
         try:
-            header = _header(snap)
+            header = encode_header(snap.version, snap.tensors) if snap is not None else EMPTY_HEADER
             conn.sendall(_LEN.pack(len(header)) + header)
             for t in snap.tensors if snap is not None else ():
                 if t.numel():
@@ -260,6 +246,16 @@ class ModelStore:
         self.close()
 
 
+def _recv_exact_plain(conn: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:  # a recv with a timeout may return part: MSG_WAITALL does not help there
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise EOFError(f"peer closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
+
+
 class _Client:
     """A connection with one overall deadline: no single step can stretch past ``timeout``."""
 
@@ -268,6 +264,7 @@ class _Client:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.sock: socket.socket | None = None
+        self.timed_out = False
 
     def fail(self, what: str) -> PeerLost:
         return PeerLost(f"p2p fetch from {self.where} failed: {what}", channel="p2p", op="fetch")
@@ -275,6 +272,7 @@ class _Client:
     def settimeout(self, stage: str) -> None:
         left = self.deadline - time.monotonic()
         if left <= 0:
+            self.timed_out = True
             raise self.fail(f"timed out after {self.timeout:g}s while {stage}")
         assert self.sock is not None
         self.sock.settimeout(left)
@@ -288,6 +286,7 @@ class _Client:
             try:
                 k = self.sock.recv_into(view[got:])
             except TimeoutError:
+                self.timed_out = True
                 raise self.fail(f"timed out after {self.timeout:g}s while {stage}") from None
             if k == 0:
                 raise self.fail(closed or f"peer closed the connection while {stage} "
@@ -298,37 +297,6 @@ class _Client:
         buf = bytearray(n)
         self.recv_into(memoryview(buf), stage, closed)
         return bytes(buf)
-
-
-def _parse_header(raw: bytes, max_bytes: int, c: _Client) -> tuple[int | None, list[torch.Tensor]]:
-    try:
-        head = json.loads(raw)
-        version, specs = head["version"], head["tensors"]
-        if version is not None and (type(version) is not int or version < 0):
-            raise ValueError(f"bad version {version!r}")
-        if not isinstance(specs, list):
-            raise ValueError("'tensors' is not a list")
-        tensors, total = [], 0
-        for spec in specs:
-            name, shape = spec["dtype"], spec["shape"]
-            if not isinstance(name, str) or name not in _DTYPES:
-                raise ValueError(f"dtype {name!r} is not one of {sorted(_DTYPES)}")
-            dtype = _DTYPES[name]
-            if (not isinstance(shape, list) or len(shape) > _MAX_NDIM
-                    or any(type(d) is not int or not 0 <= d < 2**62 for d in shape)):
-                raise ValueError(f"bad shape {shape!r}")
-            numel = 1
-            for d in shape:
-                numel *= d
-            total += numel * dtype.itemsize
-            if total > max_bytes:
-                raise ValueError(f"payload exceeds the limit of {max_bytes} bytes")
-            tensors.append((dtype, shape))
-    except (ValueError, KeyError, TypeError, RecursionError) as e:  # incl. JSONDecodeError
-        raise c.fail(f"malformed header ({type(e).__name__}: {e})") from None
-    if version is None and tensors:
-        raise c.fail("malformed header (tensors without a version)")
-    return version, [torch.empty(shape, dtype=dtype) for dtype, shape in tensors]
 
 
 class PeerConnection:
@@ -344,38 +312,44 @@ class PeerConnection:
         self.address, self.timeout, self.max_bytes = address, timeout, max_bytes
         self._key = _key(secret, address[0], "p2p fetch")
         self._sock: socket.socket | None = None
-        self.reused = False  # the last fetch asked on a connection opened before it
+        # the last fetch failed on a connection opened before it, before any byte of the reply and
+        # not by a timeout: the store restarted or ended the idle connection, worth one fresh try
+        self.went_stale = False
 
     def fetch(self) -> Snapshot | None:
         """The peer's latest snapshot; ``None`` if it has published nothing yet."""
         c = _Client(self.address, self.timeout)
+        reused, replied = self._sock is not None, False
         try:
-            self.reused = self._sock is not None
             if self._sock is None:
-                self._sock = self._open(c)
+                self._open(c)
             else:
                 c.sock = self._sock
                 c.settimeout("asking for the next snapshot")
                 self._sock.sendall(_AGAIN)
             c.sock = self._sock
             (hlen,) = _LEN.unpack(c.recv(_LEN.size, "reading the header length"))
+            replied = True
             if hlen > MAX_HEADER_BYTES:
                 raise c.fail(f"malformed header: {hlen} bytes exceeds the limit of {MAX_HEADER_BYTES}")
-            version, tensors = _parse_header(c.recv(hlen, "reading the header"), self.max_bytes, c)
+            try:
+                version, tensors = decode_header(c.recv(hlen, "reading the header"), self.max_bytes)
+            except ValueError as e:
+                raise c.fail(f"malformed header ({e})") from None
             for i, t in enumerate(tensors):
                 if t.numel():
                     c.recv_into(_raw(t), f"receiving tensor {i} of {len(tensors)}")
             return None if version is None else Snapshot(version, tensors)
-        except PeerLost:
+        except (PeerLost, OSError) as e:  # OSError: reset mid-transfer and the like (timeouts are PeerLost)
             self.close()
-            raise
-        except OSError as e:  # reset mid-transfer and the like; timeouts are caught per step
-            self.close()
+            self.went_stale = reused and not replied and not c.timed_out
+            if isinstance(e, PeerLost):
+                raise
             raise c.fail(f"connection error ({e.strerror or e})") from None
 
-    def _open(self, c: _Client) -> socket.socket:
+    def _open(self, c: _Client) -> None:
         try:
-            c.sock = socket.create_connection(self.address, timeout=self.timeout)
+            c.sock = self._sock = socket.create_connection(self.address, timeout=self.timeout)
         except TimeoutError:
             raise c.fail(f"timed out after {self.timeout:g}s while connecting") from None
         except OSError as e:
@@ -394,9 +368,17 @@ class PeerConnection:
                 raise c.fail("authentication failed: the peer could not prove it holds the job "
                              "secret (different TAIJI_SECRET, or not our peer)")
         except BaseException:
-            c.sock.close()
+            self.close()
             raise
-        return c.sock
+
+    def interrupt(self) -> None:
+        """From another thread: make a fetch in progress fail now."""
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self._sock is not None:
@@ -430,7 +412,8 @@ class BackgroundFetcher:
     def __init__(self, secret: bytes, timeout: float):
         self._secret, self._timeout = secret, timeout
         self._lock = threading.Condition()
-        self._connections: dict[Address, PeerConnection] = {}
+        self._connections: OrderedDict[Address, PeerConnection] = OrderedDict()  # least recently used first
+        self._current: PeerConnection | None = None
         self._asked: Address | None = None
         self._busy = False    # a fetch was started and its result not polled yet
         self._done = False
@@ -474,13 +457,18 @@ class BackgroundFetcher:
             connection.close()
 
     def _fetch(self, address: Address) -> Snapshot | None:
-        connection = self._connections.setdefault(address, PeerConnection(address, self._secret, self._timeout))
+        connection = self._connections.pop(address, None) or PeerConnection(address, self._secret, self._timeout)
+        self._connections[address] = self._current = connection
+        while len(self._connections) > KEPT_CONNECTIONS:  # peers not asked for longest (or gone)
+            self._connections.popitem(last=False)[1].close()
         try:
             return connection.fetch()
         except PeerLost:
-            if not connection.reused:
+            if not connection.went_stale or self._closed:
                 raise
-            return connection.fetch()  # its store restarted, or dropped the idle connection: one fresh try
+            return connection.fetch()  # its store restarted, or ended the idle connection: one fresh try
+        finally:
+            self._current = None
 
     def poll(self) -> FetchResult:
         """The finished fetch's snapshot, None or exception (once); None while one runs."""
@@ -494,5 +482,10 @@ class BackgroundFetcher:
         """Refuse new fetches, wait for the running one (bounded by its timeout), close the connections."""
         with self._lock:
             self._closed = True
+            if self._busy and self._asked is not None:  # asked but not begun: settle it
+                self._asked, self._result, self._done = None, CommError("the fetcher was closed", channel="p2p"), True
             self._lock.notify()
-        self._thread.join(2 * self._timeout + 1.0)
+            current = self._current
+        if current is not None:
+            current.interrupt()
+        self._thread.join(self._timeout + 1.0)

@@ -46,8 +46,7 @@ PANELS = (  # metrics key, title, y label, colour; top to bottom
     ("batch_size", "global batch size", "samples", "tab:cyan"),
     ("gns", "gradient noise scale (B_noise = tr Σ / |G|²)", "B_noise", "tab:orange"),
     ("samples_per_s", "throughput", "samples/s", "tab:green"),
-    ("allreduce_wait_ms", "wait for the gradients' allreduce after backward (topology changes are events)", "ms",
-     "tab:purple"),
+    ("allreduce_wait_ms", "wait for the gradients' allreduce after backward", "ms", "tab:purple"),
     ("loss", "training loss", "loss", "tab:brown"),
 )
 

@@ -84,6 +84,7 @@ class Monitors:
     def load_state_dict(self, state: dict) -> None:
         self.gns.load_state_dict(state["gns"])
         self.own_global_sqnorm = float(state.get("own_global_sqnorm", math.nan))
-        self.every = int(state.get("every", self.every))  # "auto" chose it from agreed figures
+        if self.auto:  # the interval "auto" chose from agreed figures; a fixed one stays as configured
+            self.every = max(1, int(state.get("every", 1)))
         waiting = state.get("waiting")
         self._waiting = SmallBatch(*waiting) if waiting else None
