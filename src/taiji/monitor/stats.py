@@ -27,7 +27,7 @@ class ControlRow:
     # only rank 0's is used, so every worker feeds the same number to the noise-scale estimator
     previous_global_sqnorm: float = math.nan
     # seconds this worker's previous committed step waited, after backward, for its gradients'
-    # allreduce (nan = none): what the allreduce plan costs, without the compute's noise
+    # allreduce (nan = none): what the allreduce plan costs, with less of compute's noise than the step time
     previous_allreduce_wait: float = math.nan
     # seconds this worker spent on the monitors' gradient norms in its previous committed step
     # (nan = not measured then): what monitoring costs, for ``monitor_every="auto"``
