@@ -3,6 +3,7 @@ examples/fashion_mnist.py with one synchronisation strategy, optionally with one
 
     taiji run -np 4 -- python benchmarks/_strategies_train.py --strategy sync --out DIR
     taiji run -np 4 -- python benchmarks/_strategies_train.py --strategy pair --straggler 3 --out DIR
+    taiji run -np 4 -- python benchmarks/_strategies_train.py --strategy local --local-every 8 --out DIR
 
 The straggler (``--straggler RANK``) takes twice as long per step as it would: after each
 ``step.backward`` it sleeps for as long as its own forward + backward just took (wall time from
@@ -26,23 +27,26 @@ import torch
 import torch.nn.functional as F
 
 import taiji
+from taiji.strategies.local_sgd import LocalSGD
 from taiji.strategies.pair_averaging import PairAveraging
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from fashion_mnist import Net, evaluate, load_data  # noqa: E402  (the example's model and data)
 
 
-def make_strategy(args: argparse.Namespace) -> taiji.SyncSGD | taiji.ModelAveraging | PairAveraging:
+def make_strategy(args: argparse.Namespace) -> taiji.Strategy:
     if args.strategy == "sync":
         return taiji.SyncSGD()
     if args.strategy == "avg":
         return taiji.ModelAveraging(alpha=args.ma_alpha, every=args.ma_every)
-    return PairAveraging()
+    if args.strategy == "local":
+        return LocalSGD(every=args.local_every, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
+    return PairAveraging(age_scale=None if args.strategy == "pair_equal" else args.pair_age_scale)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--strategy", required=True, choices=["sync", "avg", "pair"])
+    parser.add_argument("--strategy", required=True, choices=["sync", "avg", "pair", "pair_equal", "local"])
     parser.add_argument("--straggler", type=int, default=-1, help="rank slowed 2x (-1: none)")
     parser.add_argument("--batch", type=int, default=128, help="global batch")
     parser.add_argument("--lr", type=float, default=0.05)
@@ -52,6 +56,10 @@ def main() -> None:
     parser.add_argument("--ma-every", type=int, default=4)
     parser.add_argument("--sync-every", type=int, default=0, help="PairAveraging sync point every N samples "
                                                                      "(0 = the Job's default, one epoch)")
+    parser.add_argument("--pair-age-scale", type=float, default=1.0, help="PairAveraging age_scale")
+    parser.add_argument("--local-every", type=int, default=8, help="LocalSGD: average every H global batches")
+    parser.add_argument("--outer-lr", type=float, default=1.0, help="LocalSGD outer learning rate (1: plain average)")
+    parser.add_argument("--outer-momentum", type=float, default=0.0, help="LocalSGD outer Nesterov momentum")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="directory for rank{R}.json")
     args = parser.parse_args()
@@ -112,6 +120,8 @@ def main() -> None:
               "checksum": checksum, "train_samples": len(train), "epochs": args.epochs}
     if isinstance(strategy, PairAveraging):
         result.update(pair_averaged=strategy.averaged, pair_skipped=strategy.skipped)
+    if isinstance(strategy, LocalSGD):
+        result.update(sync_points=strategy.averaged)
     if taiji.rank() == 0:
         t0 = time.perf_counter()
         result["accuracy"] = evaluate(model, test)

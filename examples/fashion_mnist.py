@@ -15,7 +15,7 @@
   topology    try ring, hierarchical and tree allreduce for a few steps each, keep the fastest, and
               try again when the cluster changes size (AdaptiveTopology)
   none        fixed batch and cluster
-``--strategy`` sync_sgd (exact, the default) | model_averaging | pair_averaging (decoupled).
+``--strategy`` sync_sgd (exact, the default) | model_averaging | pair_averaging | local_sgd (decoupled).
 Every worker applies the same decisions at the same step; no sample is lost or repeated.
 
 Uses the real data set from /usr/share/datasets/fashion-mnist (Debian package
@@ -81,7 +81,7 @@ def evaluate(model: nn.Module, data: torch.utils.data.TensorDataset, batch: int 
 
 POLICIES = ("gns", "schedule", "throughput", "interference", "topology", "none")
 STRATEGIES = {"sync_sgd": taiji.SyncSGD, "model_averaging": lambda: taiji.ModelAveraging(alpha=1.0, every=4),
-              "pair_averaging": PairAveraging}
+              "pair_averaging": PairAveraging, "local_sgd": taiji.LocalSGD}
 
 
 def make_policies(names: list[str], args: argparse.Namespace, resizes: dict[int, int]) -> list[taiji.policies.Policy]:
@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--lr-rule", default="sqrt", choices=["linear", "sqrt", "adascale"],
                         help="with --policy gns: how the learning rate follows the batch")
     parser.add_argument("--strategy", default="sync_sgd", choices=sorted(STRATEGIES),
-                        help="how replicas agree (pair_averaging: each worker at its own pace)")
+                        help="how replicas agree (pair_averaging, local_sgd: each worker at its own pace)")
     parser.add_argument("--target-loss", type=float, default=None, help="stop once the smoothed loss is below")
     args = parser.parse_args()
     try:

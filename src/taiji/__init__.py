@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .runtime.peer import init, shutdown
     from .runtime.step import Step
     from .strategies.base import Strategy
+    from .strategies.local_sgd import LocalSGD
     from .strategies.model_averaging import ModelAveraging
     from .strategies.pair_averaging import PairAveraging
     from .strategies.sync_sgd import SyncSGD
@@ -28,7 +29,7 @@ _LAZY = {
     "Job": "runtime.job", "Optimizer": "runtime.optimizer", "init": "runtime.peer",
     "shutdown": "runtime.peer", "Step": "runtime.step", "Strategy": "strategies.base",
     "ModelAveraging": "strategies.model_averaging", "PairAveraging": "strategies.pair_averaging",
-    "SyncSGD": "strategies.sync_sgd",
+    "SyncSGD": "strategies.sync_sgd", "LocalSGD": "strategies.local_sgd",
 }
 
 
@@ -102,7 +103,7 @@ def barrier() -> None:
 
 
 __all__ = [
-    "Job", "ModelAveraging", "Optimizer", "PairAveraging", "Step", "Strategy", "SyncSGD",
+    "Job", "LocalSGD", "ModelAveraging", "Optimizer", "PairAveraging", "Step", "Strategy", "SyncSGD",
     "TaijiError", "allgather", "allreduce", "barrier", "broadcast", "context", "init", "rank", "resize",
     "shutdown", "size", "version",
 ]

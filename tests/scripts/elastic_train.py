@@ -127,10 +127,11 @@ def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = Non
 
 
 def make_strategy(name):
+    from taiji.strategies.local_sgd import LocalSGD
     from taiji.strategies.model_averaging import ModelAveraging
     from taiji.strategies.pair_averaging import PairAveraging
     return {"": None, "sync_sgd": None, "model_averaging": ModelAveraging(alpha=0.5, every=2),
-            "pair_averaging": PairAveraging()}[name]
+            "pair_averaging": PairAveraging(), "local_sgd": LocalSGD(every=4)}[name]
 
 
 def audit_positions(out: Path) -> dict:
@@ -216,7 +217,8 @@ if __name__ == "__main__":
                         help="stop once the cluster reaches this config version")
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--policy", default="", choices=["", "cycle", "raise", "topology"])
-    parser.add_argument("--strategy", default="", choices=["", "sync_sgd", "model_averaging", "pair_averaging"])
+    parser.add_argument("--strategy", default="", choices=["", "sync_sgd", "model_averaging", "pair_averaging",
+                                                                      "local_sgd"])
     parser.add_argument("--slow-rank", type=int, default=-1, help="this rank's steps take 3x --step-delay")
     parser.add_argument("--pause", nargs=3, type=float, default=None, metavar=("RANK", "STEP", "SECONDS"),
                         help="rank RANK is busy for SECONDS at step STEP before its forward (an evaluation)")

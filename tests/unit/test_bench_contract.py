@@ -276,3 +276,18 @@ def test_adaptive_batch_shakespeare_target_is_the_small_loss_plus_the_margin():
     assert adaptive_batch.time_to(evals, 1.82, "train_s", text) == 20.0
     assert adaptive_batch.time_to(evals, 1.7, "train_s", text) is None
     assert adaptive_batch.time_to(evals, None, "train_s", text) is None
+
+
+def test_strategies_ratios_and_rows_with_the_straggler_setting_only():
+    strategies = load_benchmark("strategies")
+    rep = [{"strategy": name, "straggler": True, "samples_per_s": speed, "accuracy": acc}
+           for name, speed, acc in (("SyncSGD", 1000.0, 0.90), ("LocalSGD", 1600.0, 0.905),
+                                    ("PairAveraging", 1500.0, 0.88))]
+    ratios = strategies.ratios(rep)
+    assert ratios == {"LocalSGD/SyncSGD samples/s, straggler": 1.6, "LocalSGD-SyncSGD accuracy points, straggler": 0.5,
+                      "PairAveraging/SyncSGD samples/s, straggler": 1.5,
+                      "PairAveraging-SyncSGD accuracy points, straggler": -2.0}
+    rows = {row["case"]: row for row in strategies.contract_rows([rep], ["sync", "pair", "local"])}
+    assert set(rows) == {"pair_averaging_straggler", "pair_averaging_straggler_accuracy", "local_sgd_straggler",
+                         "local_sgd_straggler_accuracy"}
+    assert rows["local_sgd_straggler"]["ratio"] == 1.6 and rows["local_sgd_straggler"]["target"] == ">= 1.5"

@@ -232,8 +232,8 @@ def test_early_stop_on_target_and_on_patience():
 
 def test_top_level_holds_the_users_api_only():
     assert set(taiji.__all__) == {
-        "init", "shutdown", "Job", "Step", "Optimizer", "SyncSGD", "ModelAveraging", "PairAveraging", "Strategy",
-        "rank", "size", "version", "resize", "allreduce", "broadcast", "allgather", "barrier", "TaijiError",
+        "init", "shutdown", "Job", "Step", "Optimizer", "SyncSGD", "ModelAveraging", "PairAveraging", "LocalSGD",
+        "Strategy", "rank", "size", "version", "resize", "allreduce", "broadcast", "allgather", "barrier", "TaijiError",
         "context"}
     assert all(hasattr(taiji, name) for name in taiji.__all__)
     assert not hasattr(taiji, "Policy") and not hasattr(taiji, "CommError")

@@ -110,13 +110,14 @@ class SwitchOnceAt(Policy):
             return SetStrategy(self._plan[self.done - 1][1])
 
 
-def test_switching_into_and_out_of_decoupled_pair_averaging_keeps_exactly_once():
+@pytest.mark.parametrize("decoupled", ["pair_averaging", "local_sgd"])
+def test_switching_into_and_out_of_a_decoupled_strategy_keeps_exactly_once(decoupled):
     def body(peer):
         torch.manual_seed(peer.rank)
         model = torch.nn.Linear(4, 3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         job = taiji.Job(model, opt, data(), 8, epochs=2, peer=peer, log_every=0, sync_every=32,
-                        policies=[SwitchOnceAt({3: "pair_averaging", 12: "sync_sgd"})])
+                        policies=[SwitchOnceAt({3: decoupled, 12: "sync_sgd"})])
         record = []
         for step in job:
             x, y = step.batch
@@ -129,7 +130,7 @@ def test_switching_into_and_out_of_decoupled_pair_averaging_keeps_exactly_once()
     (r0, p0), (r1, p1) = run_threads(2, body)
     assert p0 == p1 and p0.epoch == 2
     names = [name for name, *_ in r0]
-    assert names[:3] == ["sync_sgd"] * 3 and "pair_averaging" in names and names[-1] == "sync_sgd"
+    assert names[:3] == ["sync_sgd"] * 3 and decoupled in names and names[-1] == "sync_sgd"
     counts = {}
     lockstep_steps = [rec[2] for rec in r0 if rec[2] is not None]   # the same on both ranks
     for epoch, lo, hi in lockstep_steps + [seg for rec in r0 + r1 if rec[1] for seg in rec[1]]:
@@ -193,3 +194,17 @@ def test_interference_switch_needs_a_majority_of_slowed_workers():
     assert decisions[:9] == [None] * 9, "one slow worker alone is not a majority"
     assert decisions[9] == SetStrategy("pair_averaging")
     assert policy.after_step(ctx(metrics=Metrics(worker_step_seconds=(1.0, 1.0, 1.0)))) is None
+
+
+def test_pair_averaging_gives_a_peer_model_that_lags_more_than_one_global_batch_less_weight():
+    from taiji.strategies.pair_averaging import PairAveraging
+    aged = PairAveraging(age_scale=1.0)
+    aged.claimed(1000, 100)
+    aged.claimed(900, 100)  # an adopted run from further back does not turn the clock back
+    assert [aged.weight_of(c) for c in (1200, 1000, 900)] == [0.5, 0.5, 0.5], "fresher, or the usual lag"
+    assert aged.weight_of(800) == 0.25 and aged.weight_of(600) == 0.125
+    plain = PairAveraging(age_scale=None)
+    plain.claimed(1000, 100)
+    assert plain.weight_of(0) == 0.5
+    with pytest.raises(taiji.errors.ConfigError):
+        PairAveraging(age_scale=0)

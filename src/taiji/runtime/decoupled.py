@@ -1,4 +1,4 @@
-"""Decoupled training for strategies that are not lockstep (pair averaging): each worker runs
+"""Decoupled training for strategies that are not lockstep (pair averaging, local SGD): each worker runs
 at its own pace, claiming batches from a shared counter, and all workers meet only at sync points.
 
 A **phase** runs between two sync points. Its batches are runs of global positions (epoch·N +
@@ -7,9 +7,10 @@ every position is claimed exactly once however fast each worker is. A worker rec
 is training (``inflight``) and clears it when the step is committed.
 
 A phase ends (every worker stops claiming and goes to the sync point) when a newer cluster
-config is published, a worker asked to stop, the phase consumed ``sync_every`` samples, or the
-data budget is used up. At the **sync point** (the control message on the current groups) every
-worker reads the final counter, so all agree on the new progress. The open phase is part of the
+config is published, a worker asked to stop, the phase consumed ``sync_every`` samples (or the
+strategy's ``phase_steps`` global batches), or the data budget is used up. At the **sync point**
+(the control message on the current groups) every worker reads the final counter, so all agree on
+the new progress, and the strategy's ``sync_point`` runs (LocalSGD averages the models there). The open phase is part of the
 synced state: a worker that joins at a sync point takes part in closing it. If a member died
 during the phase, the survivors recover first; the run it was training (its ``inflight``
 record) is adopted by the new rank 0 and trained first, so no sample is lost.
@@ -48,6 +49,7 @@ class PhaseState:
     local_batch: int
     members: tuple[str, ...]
     open: bool = True
+    batch_size: int = 0     # the global batch when the phase began (the unit of staleness)
 
     def key(self, name: str) -> str:
         return f"decoupled/{self.index}/{name}"
@@ -72,15 +74,18 @@ class PhaseResult:
 
 
 def plan_phase(index: int, progress: Progress, num_samples: int, epochs: int, max_steps: int | None,
-               sync_every: int | None, view: ClusterView) -> PhaseState:
+               sync_every: int | None, view: ClusterView, phase_steps: int | None = None) -> PhaseState:
     sampler = progress.sampler
     start = sampler.epoch * num_samples + sampler.cursor
     limit = epochs * num_samples
     if max_steps is not None:
         limit = min(limit, start + (max_steps - progress.step) * sampler.batch_size)
     every = sync_every or num_samples
+    if phase_steps is not None:  # the strategy's own rhythm (LocalSGD's H), in global batches
+        every = min(every, phase_steps * sampler.batch_size)
     return PhaseState(index=index, start=start, limit=limit, mark=min(limit, start + every),
-                      local_batch=max(1, math.ceil(sampler.batch_size / view.size)), members=view.members)
+                      local_batch=max(1, math.ceil(sampler.batch_size / view.size)), members=view.members,
+                      batch_size=sampler.batch_size)
 
 
 class Phases:
@@ -114,7 +119,7 @@ class Phases:
         started = time.perf_counter()
         while (claimed := self._claim(run, me)) is not None:
             segments = position_segments(*claimed, self.engine.sampler.num_samples)
-            attempt = self.engine.begin_claimed(segments, first_step + run.local_steps)
+            attempt = self.engine.begin_claimed(segments, first_step + run.local_steps, state.batch_size)
             step = yield from self.engine.offer(attempt)
             self.engine.commit_local(attempt)
             self.committed(step)
@@ -158,6 +163,7 @@ class Phases:
             try:
                 stats = self.control.meet(decisions)
                 consumed = max(min(self.store.add(state.key("pos"), 0), state.limit - state.start), 0)
+                self.engine.strategy.sync_point()  # type: ignore[union-attr]
                 break
             except (CommError, StoreError) as exc:
                 self.transitions.recover(exc)

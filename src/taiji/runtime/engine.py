@@ -92,11 +92,14 @@ class StepEngine:
         self.fire("compute", progress.step)
         return attempt
 
-    def begin_claimed(self, segments: list[tuple[int, int, int]], index: int) -> Attempt:
-        """A decoupled step over runs this worker claimed (no collective in it)."""
+    def begin_claimed(self, segments: list[tuple[int, int, int]], index: int, batch_size: int) -> Attempt:
+        """A decoupled step over runs this worker claimed (no collective in it); ``batch_size``:
+        the global batch of the phase."""
         indices = torch.cat([self.sampler.permutation(epoch)[lo:hi] for epoch, lo, hi in segments])
         batch = self.fetch(indices)
         self.membership.at_step(index)
+        n = self.sampler.num_samples
+        self._strategy().claimed(max(epoch * n + hi for epoch, _, hi in segments), batch_size)
         self._strategy().begin_step(1.0, index, False)
         attempt = Attempt(index, segments[0][0], batch, indices, (0, len(indices)), segments, len(indices))
         self.fire("compute", index)

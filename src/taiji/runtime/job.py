@@ -213,7 +213,7 @@ class Job:
     def _plan_phase(self):  # noqa: ANN202
         options = self.options
         return plan_phase(self._phases.next_index, self.progress, self._sampler.num_samples, options.epochs,
-                          options.max_steps, options.sync_every, self._membership.view)
+                          options.max_steps, options.sync_every, self._membership.view, self.strategy.phase_steps)
 
     def _close_phase(self) -> None:
         result = self._phases.close(self.progress, self._adaptation.digest)

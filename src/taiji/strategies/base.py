@@ -38,13 +38,16 @@ class Strategy(ABC):
     ``exact``: replicas hold identical state after every step (SyncSGD). Otherwise replicas
     differ between averaging rounds, and switching into an exact strategy first makes them equal.
     ``lockstep``: all workers run the same global steps together (every step ends with the
-    control message). A strategy that is not lockstep lets each worker run at its own pace.
+    control message). A strategy that is not lockstep lets each worker run at its own pace, and
+    all workers meet only at sync points (``sync_point``), at least every ``phase_steps`` global
+    batches when that is set (otherwise every ``sync_every`` samples of the Job: an epoch).
     """
 
     name: str = "strategy"
     norm_seconds: float = 0.0  # of this step, on the monitors' gradient norms (monitor_every="auto")
     exact: bool = True
     lockstep: bool = True
+    phase_steps: int | None = None
 
     @abstractmethod
     def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "Strategy":
@@ -69,6 +72,15 @@ class Strategy(ABC):
     def cluster_changed(self, view: ClusterView, directory: Directory | None = None) -> None:
         """The Job joined a cluster version (at start and after every transition). ``directory``
         is the job store, for strategies that talk to peers directly."""
+
+    def claimed(self, position: int, batch_size: int) -> None:
+        """A decoupled step is about to train samples that end at global ``position`` (epoch·N +
+        offset: a clock every worker shares, in samples) while the global batch is ``batch_size``."""
+
+    def sync_point(self) -> None:
+        """Every worker of the current cluster met at a sync point of decoupled training (a strategy
+        that is not lockstep); collectives on the current groups are allowed here. Raises CommError
+        if one failed, having changed nothing: the sync point is then retried after recovery."""
 
     def detach(self) -> None:
         """Remove whatever the strategy installed on the model."""

@@ -8,9 +8,11 @@ from .base import Strategy
 
 
 def _builtins() -> dict[str, Callable[[], Strategy]]:
+    from .local_sgd import LocalSGD
     from .model_averaging import ModelAveraging
     from .sync_sgd import SyncSGD
-    found: dict[str, Callable[[], Strategy]] = {"sync_sgd": SyncSGD, "model_averaging": ModelAveraging}
+    found: dict[str, Callable[[], Strategy]] = {"sync_sgd": SyncSGD, "model_averaging": ModelAveraging,
+                                                "local_sgd": LocalSGD}
     try:
         from .pair_averaging import PairAveraging
         found["pair_averaging"] = PairAveraging

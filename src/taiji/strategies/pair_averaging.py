@@ -5,6 +5,12 @@ Every worker trains at its own pace on the batches it claims (the Job runs this 
 the latest model of a random peer, fetched in the background while it computed, then
 publishes its own model for others to fetch. A slow peer never blocks a fast one: a fetch that
 has not arrived yet is simply used at a later step, and a peer that left or died is skipped.
+
+A stale model does not get an equal vote. Every published model carries its clock: the global
+position (in samples, shared by all workers through the claim counter) of the last batch it was
+trained on. A peer's model that is more than one global batch behind this worker's own gets the
+weight ``0.5 · s / (s + excess)`` instead of 0.5, where ``excess`` is how far beyond that one batch
+it lags and ``s = age_scale`` global batches (``age_scale=None``: always 0.5, plain AD-PSGD).
 """
 from __future__ import annotations
 
@@ -31,22 +37,27 @@ class PairAveraging(Strategy):
     exact = False
     lockstep = False
 
-    def __init__(self, fetch_timeout: float = 10.0, seed: int = 0):
+    def __init__(self, fetch_timeout: float = 10.0, seed: int = 0, age_scale: float | None = 1.0):
         if fetch_timeout <= 0:
             raise ConfigError(f"PairAveraging: fetch_timeout must be > 0, got {fetch_timeout}")
+        if age_scale is not None and age_scale <= 0:
+            raise ConfigError(f"PairAveraging: age_scale must be > 0 global batches (or None), got {age_scale}")
         self.fetch_timeout = fetch_timeout
+        self.age_scale = age_scale
         self._seed = seed
         self._params: list[torch.nn.Parameter] = []
         self._store: ModelStore | None = None
         self._fetcher: BackgroundFetcher | None = None
         self._peers: dict[str, tuple[str, int]] = {}
         self._random = random.Random(seed)
-        self._version = 0
+        self._clock = 0         # global position of the last batch this model trained on
+        self._batch_size = 1
         self._pending_members: list[str] = []
         self._directory: Directory | None = None
         self._target: str | None = None
         self.averaged = 0   # local steps that averaged with a peer's model
         self.skipped = 0    # fetches that failed (peer gone) and were skipped
+        self.weights = 0.0  # sum of the weights the peers' models got (weights / averaged: the mean)
 
     def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "PairAveraging":
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -78,6 +89,17 @@ class PairAveraging(Strategy):
         if not self._params:
             raise TaijiError("PairAveraging.begin_step() before attach(model)")
 
+    def claimed(self, position: int, batch_size: int) -> None:
+        self._clock, self._batch_size = max(self._clock, position), max(1, batch_size)
+
+    def weight_of(self, their_clock: int) -> float:
+        """The weight a peer's model published at ``their_clock`` gets against this worker's own."""
+        excess = self._clock - their_clock - self._batch_size
+        if self.age_scale is None or excess <= 0:
+            return 0.5
+        scale = self.age_scale * self._batch_size
+        return 0.5 * scale / (scale + excess)
+
     def synchronize(self) -> None:
         return None
 
@@ -90,10 +112,12 @@ class PairAveraging(Strategy):
             return
         result = self._fetcher.poll()
         if isinstance(result, Snapshot) and len(result.tensors) == len(self._params):
+            weight = self.weight_of(result.version)
             with torch.no_grad():
                 for p, theirs in zip(self._params, result.tensors):
-                    p.add_(theirs.to(device=p.device, dtype=p.dtype)).mul_(0.5)
+                    p.lerp_(theirs.to(device=p.device, dtype=p.dtype), weight)
             self.averaged += 1
+            self.weights += weight
         elif isinstance(result, CommError):
             self.skipped += 1
             self._peers.pop(self._target or "", None)  # gone: not asked again until the cluster changes
@@ -103,8 +127,7 @@ class PairAveraging(Strategy):
 
     def _publish(self) -> None:
         assert self._store is not None
-        self._version += 1
-        self._store.publish(self._version, [p.detach() for p in self._params])
+        self._store.publish(self._clock, [p.detach() for p in self._params])  # the version is the clock
 
     def _fetch_next(self) -> None:
         assert self._fetcher is not None
