@@ -34,6 +34,7 @@ POLLUX_WORKLOADS = tuple(range(1, 9))
 # Pollux's relative job load counts jobs in one fixed window: 1.0x = 160 jobs in 8 hours, 2.0x = 320
 POLLUX_JOBS_AT_LOAD_1 = 160
 POLLUX_WINDOW_S = 8 * 3600.0
+LIVE = "live"   # a live job's application: its model is fitted to its measurements (sched/live.py)
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,13 @@ class JobSpec:
 
     name: str
     submit_time: float   # seconds from the start of the workload
-    application: str     # one of model.APPLICATIONS
+    application: str     # one of model.APPLICATIONS (or LIVE: a running taiji job, sched/live.py)
     num_replicas: int    # GPUs requested (rigid policies run exactly this many); PS jobs: workers
     batch_size: int      # total batch size requested (nominal for PS jobs: their progress ignores it)
     epochs: int = 0      # PS jobs: epochs to train (> 0); allreduce jobs: 0 (the application's own)
 
     def __post_init__(self) -> None:
-        if self.application not in APPLICATIONS and self.application not in PS_MODELS:
+        if self.application not in APPLICATIONS and self.application not in PS_MODELS and self.application != LIVE:
             raise ConfigError(f"job {self.name!r}: unknown application {self.application!r}; "
                               f"known: {', '.join(APPLICATIONS + PS_MODELS)}")
         if self.submit_time < 0 or self.num_replicas < 1 or self.batch_size < 1:

@@ -1,0 +1,131 @@
+"""Live jobs as the simulator's policies see them (pure): a step-time model fitted online to what
+a running taiji job measured, turned into an :class:`~taiji.sched.model.Application`, so that the
+live scheduler runs the very policy code the simulator runs (SCHEDULER.md §4.5).
+
+The model of one global step at batch ``B`` on ``n`` workers over ``h`` hosts (local batch B/n):
+
+    t = α_c + β_c·(B/n) + [n > 1]·(α_s + β_s·(n − 2)⁺) + [h > 1]·α_x
+
+compute (a fixed part and a per-sample part) plus synchronisation (a fixed part, a part growing
+with the ring's length, and a cross-host surcharge), added without overlap: conservative for
+SyncSGD, whose allreduce overlaps backward. All five are non-negative and fitted by least squares
+on relative errors. What the measurements cannot tell is pulled towards zero by a weak prior, so
+a job measured at one size is predicted to scale linearly — optimistic, as Pollux's model is
+before it has seen a size (a policy that grows the job measures the truth one round later).
+
+A live job keeps its batch (``fixed_batch_size``), so its statistical efficiency is 1 and one
+unit of progress is one global step: an epoch is ``ceil(samples / B)`` of them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+
+from ..errors import ConfigError
+from .cluster import Allocation
+from .model import Application, Curve, Validation
+from .sim import JobView
+from .workload import LIVE, JobSpec
+
+PRIOR_WEIGHT = 1e-3   # of the prior rows against one measurement (relative errors are ~1)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A job's mean global step time while it ran ``replicas`` workers on ``hosts`` hosts."""
+    replicas: int
+    hosts: int
+    step_seconds: float
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or not 1 <= self.hosts <= self.replicas or not self.step_seconds > 0:
+            raise ConfigError(f"a measurement needs replicas >= hosts >= 1 and a step time > 0, got {self}")
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Seconds of one global step (see the module's docstring)."""
+    compute_fixed: float        # α_c
+    compute_per_sample: float   # β_c, per sample of the local batch
+    sync_fixed: float           # α_s, any job of more than one worker
+    sync_per_worker: float      # β_s, per worker beyond two
+    cross_host: float           # α_x, once the job spans hosts
+
+    def sync_time(self, hosts: int, replicas: int) -> float:
+        if replicas <= 1:
+            return 0.0
+        return self.sync_fixed + self.sync_per_worker * max(replicas - 2, 0) + (self.cross_host if hosts > 1 else 0.0)
+
+    def step_time(self, hosts: int, replicas: int, local_bsz: float) -> float:
+        return self.compute_fixed + self.compute_per_sample * local_bsz + self.sync_time(hosts, replicas)
+
+
+def features(batch_size: int, hosts: int, replicas: int) -> list[float]:
+    many = 1.0 if replicas > 1 else 0.0
+    return [1.0, batch_size / replicas, many, many * max(replicas - 2, 0), 1.0 if hosts > 1 else 0.0]
+
+
+def fit_step_model(batch_size: int, measured: Sequence[Measured]) -> StepModel:
+    """The non-negative model closest (in relative error) to the measurements. Each measurement
+    counts once per distinct (replicas, hosts): a size measured for longer is not a better fit."""
+    if not measured:
+        raise ConfigError("fit_step_model needs at least one measurement")
+    by_size: dict[tuple[int, int], list[float]] = {}
+    for m in measured:
+        by_size.setdefault((m.replicas, m.hosts), []).append(m.step_seconds)
+    rows, targets = [], []
+    for (replicas, hosts), times in sorted(by_size.items()):
+        t = float(np.median(times))
+        rows.append([x / t for x in features(batch_size, hosts, replicas)])
+        targets.append(1.0)
+    scale = float(np.median([float(np.median(v)) for v in by_size.values()]))
+    # the prior: every term but the per-sample compute is zero unless measured otherwise (the
+    # per-sample term's own prior row is tiny, so one size is explained by compute that scales)
+    for index, weight in ((0, PRIOR_WEIGHT), (2, PRIOR_WEIGHT), (3, PRIOR_WEIGHT), (4, PRIOR_WEIGHT),
+                          (1, PRIOR_WEIGHT * 1e-3)):
+        row = [0.0] * 5
+        row[index] = weight * (batch_size if index == 1 else 1.0) / scale
+        rows.append(row)
+        targets.append(0.0)
+    solution, _ = nnls(np.asarray(rows), np.asarray(targets))
+    return StepModel(*(float(x) for x in solution))
+
+
+def live_application(name: str, model: StepModel, batch_size: int, samples_per_epoch: int, epochs: int,
+                     max_replicas: int, max_hosts: int = 1, min_local_bsz: int = 1) -> Application:
+    """An Application whose step times are ``model``'s, for the simulator's policies. Its
+    progress is counted in global steps at ``batch_size`` (efficiency 1: the batch is fixed)."""
+    if batch_size < 1 or samples_per_epoch < 1 or epochs < 1 or max_replicas < 1 or max_hosts < 1:
+        raise ConfigError(f"job {name!r}: batch, samples per epoch, epochs, replicas and hosts must be >= 1")
+    largest = max(1, min(max_replicas, batch_size // max(min_local_bsz, 1)))
+    local_ends = (1.0, float(batch_size))   # the model is linear in the local batch: two points hold it
+    spreads = {}
+    for hosts in range(1, min(max_hosts, largest) + 1):
+        for replicas in range(hosts, largest + 1):
+            sync = model.sync_time(hosts, replicas)
+            spreads[(hosts, replicas)] = Curve(local_ends, tuple(model.step_time(hosts, replicas, b) for b in local_ends),
+                                               (sync, sync))
+    steps_per_epoch = math.ceil(samples_per_epoch / batch_size)
+    progress = tuple(float(steps_per_epoch * (k + 1)) for k in range(epochs))
+    flat = Validation(batch_size, progress, grad_sqr=(1.0,) * epochs, grad_var=(0.0,) * epochs)
+    return Application(name=name, max_epochs=epochs, init_batch_size=batch_size, max_batch_size=batch_size,
+                       min_local_bsz=max(min_local_bsz, 1), max_local_bsz=batch_size, max_replicas=largest,
+                       fixed_batch_size=batch_size, placements={}, spreads=spreads, validations=(flat,),
+                       epoch_progress=progress)
+
+
+def live_view(app: Application, submitted: float, requested: int, steps_done: float,
+              placement: Sequence[int] | None, attained_worker_s: float = 0.0, restarts: int = 0,
+              peak_replicas: int = 0) -> JobView:
+    """What a policy sees of a live job: ``requested`` workers asked at submission, ``steps_done``
+    global steps trained, ``placement`` workers per host (None while it waits)."""
+    batch = app.init_batch_size
+    allocation = Allocation(tuple(placement), batch) if placement is not None and any(placement) else None
+    spec = JobSpec(app.name, submitted, LIVE, requested, batch)
+    return JobView(spec=spec, app=app, progress=min(float(steps_done), app.target_progress),
+                   attained_gpu_s=attained_worker_s, allocation=allocation, restarts=restarts,
+                   peak_replicas=max(peak_replicas, allocation.replicas if allocation else 0))
