@@ -335,9 +335,9 @@ class Job:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _snapshot(self) -> Snapshot:
-        view = self._membership.view
-        return Snapshot(self.progress.step, self.progress.epoch, self.progress.sampler.batch_size,
-                        view.version, view.size)
+        view, p, position = self._membership.view, self.progress, self._state.position
+        end = self.options.samples_to_train(self._sampler.num_samples, p.step, position, p.sampler.batch_size)
+        return Snapshot(p.step, p.epoch, p.sampler.batch_size, view.version, view.size, position, end)
 
     def _report_fatal(self, exc: BaseException) -> None:
         # no peer can recover from this: the launcher stops the whole job with it as the root

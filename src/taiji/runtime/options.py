@@ -28,3 +28,11 @@ class TrainingOptions:
 
     def done(self, step: int, epoch: int) -> bool:
         return (self.max_steps is not None and step >= self.max_steps) or epoch >= self.epochs
+
+    def samples_to_train(self, num_samples: int, step: int, position: int, batch_size: int) -> int:
+        """Global position (epoch·N + cursor) where training will end, for schedulers' estimates:
+        the epochs' end, or sooner under ``max_steps`` at the current batch size."""
+        end = self.epochs * num_samples
+        if self.max_steps is not None:
+            end = min(end, position + max(self.max_steps - step, 0) * batch_size)
+        return end

@@ -26,6 +26,8 @@ class Snapshot:
     batch_size: int
     version: int
     size: int
+    position: int = 0   # samples trained since the start: epoch·N + cursor
+    end: int = 0        # the position where training will end (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -193,5 +195,6 @@ class Reporter:
     def _status(self, where: Snapshot) -> None:
         if self._lead():
             self._write_status({"step": where.step, "epoch": where.epoch, "batch_size": where.batch_size,
-                                "version": where.version, "size": where.size,
+                                "version": where.version, "size": where.size, "position": where.position,
+                                "end": where.end,
                                 "samples_per_s": round(self.samples_per_second, 1), "time": time.time()})

@@ -1,0 +1,137 @@
+"""The live scheduler's decisions against scripted job statuses (taiji/sched/daemon.py; pure, no
+processes): shrink before grow, a shrink that never lands, clamping, measurements, restart."""
+import json
+
+import pytest
+
+from taiji.errors import ConfigError
+from taiji.sched.cluster import Allocation
+from taiji.sched.daemon import Observed, Scheduler
+from taiji.sched.policies import make_policy
+from taiji.sched.rounds import Change
+from taiji.sched.sim import SYSTEMS
+
+
+class Scripted:
+    """A policy that gives each job the workers it is told to."""
+    name = "scripted"
+
+    def __init__(self):
+        self.plan = {}
+        self.seen = []
+
+    def allocate(self, now, cluster, jobs):
+        self.seen.append([job.name for job in jobs])
+        return {job.name: Allocation((self.plan[job.name],), job.spec.batch_size)
+                for job in jobs if self.plan.get(job.name)}
+
+
+def running(sched, now, job_id, size, version, sps=1000.0):
+    sched.observe(now, job_id, Observed(size=size, version=version, step=10, batch_size=128, position=1280,
+                                        end=60000, samples_per_s=sps))
+
+
+def test_a_second_job_shrinks_the_first_before_it_starts_and_its_end_grows_the_first_back():
+    policy = Scripted()
+    sched = Scheduler(slots=4, policy=policy, shrink_timeout=30.0)
+    a = sched.submit(0.0, ["python", "a.py"], min_np=1, max_np=4)
+    policy.plan = {a.id: 4}
+    assert sched.round(0.0) == [Change(a.id, (0,), (4,))]
+    running(sched, 1.0, a.id, 4, 1)
+    b = sched.submit(5.0, ["python", "b.py"], min_np=2, max_np=2)
+    policy.plan = {a.id: 2, b.id: 2}
+    assert sched.round(10.0) == [Change(a.id, (4,), (2,))], "the shrink alone: b waits"
+    assert sched.tick(11.0) == []
+    running(sched, 12.0, a.id, 2, 2)
+    assert sched.tick(12.0) == [Change(b.id, (0,), (2,))]
+    sched.launched(12.0, b.id)
+    running(sched, 13.0, b.id, 2, 1)
+    sched.ended(50.0, b.id, "finished")
+    policy.plan = {a.id: 4}
+    assert sched.round(60.0) == [Change(a.id, (2,), (4,))]
+    assert [n for _, n in sched.jobs[a.id].allocations] == [4, 2]
+
+
+def test_a_shrink_that_never_lands_keeps_the_slots_and_the_new_job_waits():
+    policy = Scripted()
+    sched = Scheduler(slots=4, policy=policy, shrink_timeout=5.0)
+    a = sched.submit(0.0, ["a"], max_np=4)
+    policy.plan = {a.id: 4}
+    sched.round(0.0)
+    running(sched, 1.0, a.id, 4, 1)
+    b = sched.submit(2.0, ["b"], min_np=2, max_np=2)
+    policy.plan = {a.id: 2, b.id: 2}
+    sched.round(2.0)
+    assert sched.tick(8.0) == [] and sched.rounds.deferred == [b.id]
+    assert sched.jobs[b.id].state == "queued"
+
+
+def test_targets_are_clamped_to_each_jobs_bounds_and_queued_jobs_below_their_minimum_wait():
+    policy = Scripted()
+    sched = Scheduler(slots=8, policy=policy)
+    a = sched.submit(0.0, ["a"], min_np=2, max_np=3)
+    b = sched.submit(0.0, ["b"], min_np=4, max_np=8)
+    policy.plan = {a.id: 6, b.id: 2}
+    assert sched.round(0.0) == [Change(a.id, (0,), (3,))], "a capped at 3; b given 2 < its minimum 4 waits"
+    running(sched, 1.0, a.id, 3, 1)
+    policy.plan = {b.id: 5}   # the policy forgets a: a running job keeps its minimum
+    assert sched.round(2.0) == [Change(a.id, (3,), (2,))]
+    running(sched, 3.0, a.id, 2, 2)
+    assert sched.tick(3.0) == [Change(b.id, (0,), (5,))]
+
+
+def test_step_times_are_measured_only_while_a_job_holds_still():
+    sched = Scheduler(slots=4, policy=Scripted())
+    a = sched.submit(0.0, ["a"])
+    running(sched, 1.0, a.id, 2, 1, sps=1000.0)     # the first read: the size just changed
+    running(sched, 2.0, a.id, 2, 1, sps=1280.0)
+    running(sched, 3.0, a.id, 4, 2, sps=2000.0)     # resized: not steady
+    running(sched, 4.0, a.id, 4, 2, sps=2560.0)
+    assert sched.jobs[a.id].measured == {"2": [0.1], "4": [0.05]}
+
+
+def test_submissions_that_can_never_run_are_refused_with_the_reason():
+    sched = Scheduler(slots=4, policy=Scripted())
+    with pytest.raises(ConfigError, match="at least 6 workers but this scheduler has 4"):
+        sched.submit(0.0, ["a"], min_np=6, max_np=8)
+    for kwargs in ({"min_np": 0}, {"min_np": 3, "max_np": 2}, {"weight": 0}, {"np": 5}):
+        with pytest.raises(ConfigError):
+            sched.submit(0.0, ["a"], **kwargs)
+    with pytest.raises(ConfigError):
+        sched.submit(0.0, [])
+
+
+def test_a_restarted_daemon_resumes_from_the_saved_state():
+    policy = Scripted()
+    sched = Scheduler(slots=4, policy=policy, shrink_timeout=30.0)
+    a = sched.submit(0.0, ["a"], max_np=4)
+    policy.plan = {a.id: 4}
+    sched.round(0.0)
+    running(sched, 1.0, a.id, 4, 1)
+    b = sched.submit(2.0, ["b"], min_np=2, max_np=2)
+    policy.plan = {a.id: 2, b.id: 2}
+    sched.round(3.0)                               # a's shrink is in flight when the daemon dies
+    saved = json.loads(json.dumps(sched.to_json()))
+    again = Scheduler(slots=4, policy=policy, shrink_timeout=30.0)
+    again.load_json(saved)
+    assert again.jobs[a.id].size == 4 and again.rounds.asked[a.id].target == (2,)
+    assert again.submit(4.0, ["c"]).id not in (a.id, b.id), "ids are not reused"
+    running(again, 5.0, a.id, 2, 2)
+    policy.plan = {a.id: 2, b.id: 2}
+    assert Change(b.id, (0,), (2,)) in again.round(6.0)
+    with pytest.raises(ConfigError, match="same --slots"):
+        Scheduler(slots=8, policy=policy).load_json(saved)
+
+
+def test_the_simulators_policies_schedule_live_jobs_without_oversubscribing():
+    for name in ("fifo", "pcrr", "tiresias"):
+        sched = Scheduler(slots=4, policy=make_policy(name, SYSTEMS["taiji"]))
+        jobs = [sched.submit(float(i), [f"job{i}"], min_np=1, max_np=4, np=2) for i in range(3)]
+        changes = sched.round(3.0)
+        started = {c.job: c.after[0] for c in changes}
+        assert 0 < sum(started.values()) <= 4, (name, changes)
+        for job in jobs:
+            if job.id in started:
+                running(sched, 4.0, job.id, started[job.id], 1)
+        later = sched.round(10.0) + sched.tick(11.0)
+        assert sum(j.size for j in sched.jobs.values()) <= 4, (name, later)
