@@ -44,6 +44,7 @@ class LiveJob:
     requested: int            # what a rigid policy (FIFO) runs it at
     weight: float
     submitted: float
+    cwd: str = ""             # where it was submitted (its command runs there)
     state: str = "queued"     # queued | running | finished | failed | cancelled
     reason: str = ""
     size: int = 0             # workers it runs now (its launcher says)
@@ -92,7 +93,7 @@ class Scheduler:
     # -- what happens to jobs -------------------------------------------------------------------
 
     def submit(self, now: float, command: list[str], min_np: int = 1, max_np: int | None = None,
-               np: int | None = None, weight: float = 1.0, name: str = "") -> LiveJob:
+               np: int | None = None, weight: float = 1.0, name: str = "", cwd: str = "") -> LiveJob:
         """Queue a job; ConfigError (with the reason) for one that can never run here."""
         max_np = self.slots if max_np is None else max_np
         if not command:
@@ -110,7 +111,7 @@ class Scheduler:
                               f"{self.slots} slot(s)")
         job_id = f"s{self.next_id:04d}"
         self.next_id += 1
-        job = LiveJob(job_id, name or job_id, list(command), min_np, max_np, requested, weight, now)
+        job = LiveJob(job_id, name or job_id, list(command), min_np, max_np, requested, weight, now, cwd=cwd)
         self.jobs[job_id] = job
         return job
 

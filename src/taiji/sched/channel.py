@@ -1,0 +1,119 @@
+"""The live scheduler's request channel: ``taiji sched submit|status|cancel|stop`` talk to the
+daemon over TCP on the one address it was given, authenticated with its secret file.
+
+Per connection: the daemon sends a fresh nonce (one JSON line), the client sends one JSON line
+``{"request": {...}, "mac": hex}`` with the MAC (HMAC-SHA256, a key derived from the secret) over
+the nonce and the request's canonical JSON, and the daemon answers one JSON line. A request
+cannot be replayed (the nonce is new each time) and nothing is unpickled. Standard library only.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import socket
+import threading
+from typing import Any, Callable
+
+from ..errors import AuthError, StoreError
+
+log = logging.getLogger(__name__)
+
+LINE_LIMIT = 1 << 20
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def channel_key(secret: bytes) -> bytes:
+    return hmac.new(secret, b"taiji/sched-requests", hashlib.sha256).digest()
+
+
+def _mac(key: bytes, nonce: str, request: dict[str, Any]) -> str:
+    body = nonce.encode() + json.dumps(request, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > LINE_LIMIT:
+            raise ValueError("line too long")
+    return data
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"an address is HOST:PORT, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+class RequestServer:
+    """Answers authenticated requests with ``handler`` on a thread (one connection at a time:
+    requests are few and small)."""
+
+    def __init__(self, address: str, secret: bytes, handler: Handler):
+        host, port = split_address(address)
+        self._key = channel_key(secret)
+        self._handler = handler
+        self._sock = socket.create_server((host, port))
+        self._sock.settimeout(0.2)
+        self.address = f"{host}:{self._sock.getsockname()[1]}"
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="taiji-sched-requests", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, peer = self._sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            with conn:
+                conn.settimeout(5.0)
+                try:
+                    nonce = secrets.token_hex(16)
+                    conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
+                    message = json.loads(_read_line(conn))
+                    request = message["request"]
+                    if not isinstance(request, dict) or not hmac.compare_digest(
+                            str(message.get("mac", "")), _mac(self._key, nonce, request)):
+                        log.warning("refused a request from %s: bad signature (not our secret)", peer)
+                        reply = {"ok": False, "error": "not authenticated: the request is not signed with "
+                                                        "this daemon's secret"}
+                    else:
+                        reply = self._handler(request)
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    reply = {"ok": False, "error": f"bad request: {exc}"}
+                try:
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                except OSError:
+                    pass   # the client gave up
+
+    def close(self) -> None:
+        self._closed.set()
+        self._sock.close()
+        self._thread.join(2.0)
+
+
+def ask(address: str, secret: bytes, request: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """Send one request; the daemon's reply (``ok`` true), or StoreError / AuthError saying why not."""
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            nonce = json.loads(_read_line(sock))["nonce"]
+            signed = {"request": request, "mac": _mac(channel_key(secret), str(nonce), request)}
+            sock.sendall(json.dumps(signed).encode() + b"\n")
+            reply = json.loads(_read_line(sock) or b"{}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"no scheduler daemon answered on {address} ({exc}); start one with "
+                         f"`taiji sched serve`") from None
+    if not reply.get("ok"):
+        error = str(reply.get("error", "no reply"))
+        raise (AuthError if error.startswith("not authenticated") else StoreError)(error)
+    return reply

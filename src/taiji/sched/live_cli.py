@@ -1,0 +1,120 @@
+"""``taiji sched serve|submit|status|cancel|stop``: the live scheduler on this host.
+
+    taiji sched serve --slots 4 --policy pcrr --round 10          # the daemon (foreground)
+    taiji sched submit --min-np 1 --max-np 4 --name mnist -- python examples/fashion_mnist.py
+    taiji sched status                                            # a table of the jobs
+    taiji sched cancel s0002
+    taiji sched stop                                              # stops the daemon and its jobs
+
+The daemon shares ``--slots`` worker slots (cores) among elastic taiji jobs: every ``--round``
+seconds it runs the same policy code as ``taiji sched simulate`` on models fitted to what each job
+measured, and resizes running jobs in place — shrinks first, grows once the shrinks landed, so the
+slots are never oversubscribed. Clients find it through ``--state-dir`` (default ``~/.taiji/sched``)
+and sign their requests with the secret there.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from ..errors import ConfigError, TaijiError
+from .channel import ask
+
+PROG = "taiji sched"
+LIVE_COMMANDS = ("serve", "submit", "status", "cancel", "stop")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve = sub.add_parser("serve", help="run the scheduler daemon in the foreground")
+    serve.add_argument("--slots", type=int, default=os.cpu_count() or 1,
+                       help="worker slots to share (default: this host's cores, %(default)s)")
+    serve.add_argument("--policy", default="pcrr", help="pcrr, fifo, tiresias, pollux, drf, srtf, optimus")
+    serve.add_argument("--round", type=float, default=10.0, metavar="SECONDS", help="seconds between rounds")
+    serve.add_argument("--address", default="127.0.0.1:0", metavar="HOST:PORT",
+                       help="where to listen for requests (default: loopback, a free port)")
+    serve.add_argument("--shrink-timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="a shrink not landed by then keeps its slots reserved and the round's grows go on")
+    submit = sub.add_parser("submit", help="queue a job: taiji sched submit [options] -- python train.py ...")
+    submit.add_argument("--min-np", type=int, default=1, metavar="A")
+    submit.add_argument("--max-np", type=int, default=None, metavar="B", help="default: all slots")
+    submit.add_argument("-np", type=int, default=None, metavar="N",
+                        help="the size a rigid policy (fifo) runs it at (default: min(B, slots))")
+    submit.add_argument("--weight", type=float, default=1.0)
+    submit.add_argument("--name", default="")
+    submit.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command")
+    sub.add_parser("status", help="the jobs: state, workers, samples/s, progress, estimated finish")
+    cancel = sub.add_parser("cancel", help="stop a job and free its slots")
+    cancel.add_argument("job", metavar="JOB")
+    sub.add_parser("stop", help="stop the daemon (and every job it runs)")
+    for command in sub.choices.values():
+        command.add_argument("--state-dir", default=None, metavar="DIR",
+                             help="the daemon's directory (default: $TAIJI_HOME/sched or ~/.taiji/sched)")
+    return parser
+
+
+def format_status(reply: dict[str, Any]) -> str:
+    now = float(reply.get("now", time.time()))
+    rows = [("JOB", "NAME", "STATE", "WORKERS", "SAMPLES/S", "PROGRESS", "ETA", "SINCE")]
+    for job in reply.get("jobs", []):
+        end, position, speed = job.get("end") or 0, job.get("position") or 0, job.get("samples_per_s") or 0.0
+        progress = f"{100 * position / end:.0f}%" if end else "-"
+        eta = f"{(end - position) / speed:.0f}s" if end and speed > 0 and job["state"] == "running" else "-"
+        since = job.get("ended") or job.get("started") or job["submitted"]
+        state = job["state"] + (f" ({job['reason']})" if job.get("reason") else "")
+        rows.append((job["id"], job["name"], state, str(job.get("size", 0)) + f" [{job['min_np']}-{job['max_np']}]",
+                     f"{speed:.0f}", progress, eta, f"{now - since:.0f}s ago"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    held = sum(job.get("size", 0) for job in reply.get("jobs", []) if job["state"] == "running")
+    lines.append(f"{held}/{reply.get('slots')} slots in use; policy {reply.get('policy')}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    from .serve import daemon_address, read_secret, run_daemon, state_dir
+    directory = state_dir(args.state_dir)
+    try:
+        if args.command == "serve":
+            from .daemon import Scheduler
+            from .policies import make_policy
+            from .sim import SYSTEMS
+            if not logging.getLogger().handlers:
+                logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+            scheduler = Scheduler(args.slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout)
+            return run_daemon(directory, scheduler, args.round, args.address)
+        address, secret = daemon_address(directory), read_secret(directory)
+        if args.command == "submit":
+            reply = ask(address, secret, {"op": "submit", "command": _command_after_dashes(argv), "min_np": args.min_np,
+                                          "max_np": args.max_np, "np": args.np, "weight": args.weight,
+                                          "name": args.name, "cwd": os.getcwd()})
+            print(reply["job"])
+        elif args.command == "status":
+            print(format_status(ask(address, secret, {"op": "status"})))
+        elif args.command == "cancel":
+            reply = ask(address, secret, {"op": "cancel", "job": args.job}, timeout=30.0)
+            print(f"{reply['job']}: {reply['state']}")
+        else:
+            ask(address, secret, {"op": "stop"})
+            print("the scheduler daemon is stopping (and stopping its jobs)")
+        return 0
+    except ConfigError as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return 2
+    except TaijiError as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return 1
+
+
+def _command_after_dashes(argv: Sequence[str]) -> list[str]:
+    argv = list(argv)
+    if "--" not in argv:
+        raise ConfigError("put the job's command after --: taiji sched submit [options] -- python train.py")
+    return argv[argv.index("--") + 1:]
