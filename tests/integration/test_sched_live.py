@@ -119,6 +119,9 @@ def test_a_second_job_shrinks_the_first_and_its_end_grows_it_back(tmp_path):
         jobs = saved_jobs(state)
         assert jobs[long_job]["state"] == "cancelled" and "stopped" in jobs[long_job]["reason"]
         assert not (state / "daemon.json").exists()
+        png = tmp_path / "allocations.png"
+        assert sched(env, state, "plot", "-o", str(png)).stdout.strip() == str(png)
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         registry = tmp_path / "home" / "jobs"
         assert not list(registry.glob("*.json")) if registry.exists() else True, "a launcher was left running"
     finally:

@@ -291,3 +291,22 @@ def test_strategies_ratios_and_rows_with_the_straggler_setting_only():
     assert set(rows) == {"pair_averaging_straggler", "pair_averaging_straggler_accuracy", "local_sgd_straggler",
                          "local_sgd_straggler_accuracy"}
     assert rows["local_sgd_straggler"]["ratio"] == 1.6 and rows["local_sgd_straggler"]["target"] == ">= 1.5"
+
+
+def test_sched_live_audits_the_slots_from_timelines_and_event_logs(tmp_path):
+    sched_live = load_benchmark("sched_live")
+    fine = {"a": [(0.0, 2), (5.0, 1), (9.0, 0)], "b": [(6.0, 1), (8.0, 0)]}
+    assert sched_live.oversubscribed(fine, 2) == 0
+    early = {"a": [(0.0, 2), (5.0, 1)], "b": [(4.0, 1)]}    # b's worker came before a's left
+    assert sched_live.oversubscribed(early, 2) == 1
+    run_dir = tmp_path / "state" / "jobs" / "s0001" / "run"
+    run_dir.mkdir(parents=True)
+    events = [{"time": 1.0, "kind": "start", "size": 2}, {"time": 3.0, "kind": "policy"},
+              {"time": 4.0, "kind": "resize", "size": 1}, {"time": 7.0, "kind": "end", "size": 1}]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    run = {"state": tmp_path / "state", "jobs": [{"id": "s0001", "started": 0.5, "ended": 7.5}]}
+    assert sched_live.logged_timelines(run) == {"s0001": [(1.0, 2), (4.0, 1), (7.0, 0)]}
+    assert sched_live.fixed_overhead([run]) == {"launch_to_first_step_s": 0.5, "last_step_to_exit_s": 0.5}
+    arrivals = sched_live.workload([10, 20, 30], 4.0, seed=3)
+    assert [n for _, n in arrivals] == [10, 20, 30] and arrivals[0][0] == 0.0
+    assert arrivals == sched_live.workload([10, 20, 30], 4.0, seed=3), "seeded"

@@ -35,6 +35,9 @@ def test_sync_point_averages_the_models_weighted_by_local_steps():
         local_steps(model, strategy, peer.rank, steps[peer.rank])
         before = [p.detach().clone() for p in model.parameters()]
         strategy.sync_point()
+        unchanged = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+        strategy.commit_sync_point()
+        assert unchanged, "nothing is applied before the sync point's agreement"
         return before, [p.detach().clone() for p in model.parameters()], strategy.local_steps
 
     (b0, a0, n0), (b1, a1, n1) = run_threads(2, body)
@@ -57,6 +60,7 @@ def test_outer_step_applies_nesterov_momentum_to_the_outer_gradient_on_every_rep
             local_steps(model, strategy, peer.rank, 2)
             history.append([p.detach().clone() for p in model.parameters()])
             strategy.sync_point()
+            strategy.commit_sync_point()
             history.append([p.detach().clone() for p in model.parameters()])
         return history
 
@@ -73,6 +77,23 @@ def test_outer_step_applies_nesterov_momentum_to_the_outer_gradient_on_every_rep
         momentum = grad.clone() if momentum is None else mu * momentum + grad
         anchor = anchor - lr * (grad + mu * momentum)
         assert torch.allclose(h0[k + 1][0], anchor, atol=1e-5)
+
+
+def test_a_sync_point_retried_after_a_failure_averages_once():
+    def body(peer):
+        torch.manual_seed(peer.rank)
+        model = torch.nn.Linear(3, 2)
+        strategy = LocalSGD(every=4).attach(model, peer.comm)
+        local_steps(model, strategy, peer.rank, 2)
+        before = [p.detach().clone() for p in model.parameters()]
+        strategy.sync_point()          # its agreement failed: the Job recovers and takes it again
+        strategy.sync_point()
+        strategy.commit_sync_point()
+        return before, [p.detach().clone() for p in model.parameters()]
+
+    (b0, a0), (b1, a1) = run_threads(2, body)
+    for w0, w1, r0 in zip(b0, b1, a0):
+        assert torch.allclose(r0, (w0 + w1) / 2, atol=1e-6)
 
 
 def test_local_sgd_validates_its_arguments():
@@ -93,12 +114,14 @@ def test_job_under_local_sgd_meets_every_h_global_batches_exactly_once_and_ends_
         strategy = LocalSGD(every=every)
         job = taiji.Job(model, opt, classification_data(n), batch, epochs=1, peer=peer, log_every=0,
                         strategy=strategy)
-        segments = []
+        segments, at_sync_points = [], []
         for step in job:
+            if strategy.local_steps == 0:   # the first step after a sync point: the replicas are one
+                at_sync_points.append(digest(list(model.parameters())))
             x, y = step.batch
             step.backward(F.cross_entropy(model(x), y))
             segments += step.segments
-        return segments, strategy.averaged, job.progress, digest(list(model.parameters()))
+        return segments, strategy.averaged, job.progress, at_sync_points
 
     (s0, m0, p0, d0), (s1, m1, p1, d1) = run_threads(2, body)
     positions = sorted(i for epoch, lo, hi in s0 + s1 for i in range(epoch * n + lo, epoch * n + hi))
@@ -106,4 +129,5 @@ def test_job_under_local_sgd_meets_every_h_global_batches_exactly_once_and_ends_
     # a phase ends once H global batches are claimed; claims already on their way may add one per worker
     assert m0 == m1 and n // (every * batch + batch) <= m0 <= -(-n // (every * batch)), m0
     assert p0 == p1 and p0.epoch == 1 and p0.sampler.cursor == 0
-    assert d0 == d1, "the replicas end identical"
+    assert len(d0) == m0 and d0 == d1, "identical at the start and after every sync point but the last"
+    assert len(set(d0)) == len(d0), "and training moved them on between sync points"

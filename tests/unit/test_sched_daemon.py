@@ -26,8 +26,9 @@ class Scripted:
                 for job in jobs if self.plan.get(job.name)}
 
 
-def running(sched, now, job_id, size, version, sps=1000.0):
-    sched.observe(now, job_id, Observed(size=size, version=version, step=10, batch_size=128, position=1280,
+def running(sched, now, job_id, size, version, sps=1000.0, step=None):
+    step = int(now * 10) if step is None else step
+    sched.observe(now, job_id, Observed(size=size, version=version, step=step, batch_size=128, position=1280,
                                         end=60000, samples_per_s=sps))
 
 
@@ -87,6 +88,7 @@ def test_step_times_are_measured_only_while_a_job_holds_still():
     running(sched, 2.0, a.id, 2, 1, sps=1280.0)
     running(sched, 3.0, a.id, 4, 2, sps=2000.0)     # resized: not steady
     running(sched, 4.0, a.id, 4, 2, sps=2560.0)
+    running(sched, 4.5, a.id, 4, 2, sps=2560.0, step=40)   # the same status read again: not a new measurement
     assert sched.jobs[a.id].measured == {"2": [0.1], "4": [0.05]}
 
 
@@ -135,3 +137,24 @@ def test_the_simulators_policies_schedule_live_jobs_without_oversubscribing():
                 running(sched, 4.0, job.id, started[job.id], 1)
         later = sched.round(10.0) + sched.tick(11.0)
         assert sum(j.size for j in sched.jobs.values()) <= 4, (name, later)
+
+
+def test_a_work_hint_stands_in_for_a_queued_jobs_length_until_it_reports_its_own():
+    policy = Scripted()
+    sched = Scheduler(slots=4, policy=policy)
+    short = sched.submit(0.0, ["a"], work=1000)
+    unknown = sched.submit(0.0, ["b"])
+    views = {view.name: view for view in (sched.view_of(job) for job in sched.jobs.values())}
+    assert views[short.id].app.target_progress == 8.0          # ceil(1000 / 128) steps
+    assert views[unknown.id].app.target_progress == 8.0        # a typical job: the one with a hint
+    running(sched, 1.0, short.id, 2, 1)                         # reports end = 60000
+    assert sched.view_of(sched.jobs[short.id]).app.target_progress == 469.0
+    with pytest.raises(ConfigError):
+        sched.submit(0.0, ["c"], work=-1)
+
+
+def test_attained_service_counts_the_allocation_held_now():
+    sched = Scheduler(slots=4, policy=Scripted())
+    a = sched.submit(0.0, ["a"])
+    running(sched, 10.0, a.id, 2, 1)
+    assert sched.view_of(sched.jobs[a.id], now=40.0).attained_gpu_s == 60.0

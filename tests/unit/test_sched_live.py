@@ -75,3 +75,20 @@ def test_bad_inputs_are_refused():
         Measured(2, 3, 0.1)
     with pytest.raises(ConfigError):
         live_application("x", TRUTH, 0, 10, 1, 1)
+
+
+def test_the_simulator_replays_live_jobs_with_their_fitted_applications():
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import LIVE, JobSpec
+    apps = {name: live_application(name, TRUTH, BATCH, samples_per_epoch=BATCH * steps, epochs=1, max_replicas=2)
+            for name, steps in (("a", 100), ("b", 50))}
+    specs = [JobSpec("a", 0.0, LIVE, 2, BATCH), JobSpec("b", 0.0, LIVE, 2, BATCH)]
+    config = SimConfig(cluster=Cluster(1, 2, 2), interval_s=1.0, resize=SYSTEMS["taiji"], live=tuple(apps.items()))
+    result = simulate(specs, make_policy("fifo"), config)
+    jct = {r.name: r.jct for r in result.records}
+    at_2 = TRUTH.step_time(1, 2, BATCH / 2)
+    # FIFO runs a at both slots first (100 steps), then b (its 50 after a's end and the next round)
+    assert jct["a"] == pytest.approx(100 * at_2, rel=0.01)
+    assert jct["b"] == pytest.approx(math.ceil(100 * at_2) + 50 * at_2, rel=0.05)
+    with pytest.raises(ConfigError, match="no Application"):
+        simulate([JobSpec("c", 0.0, LIVE, 1, BATCH)], make_policy("fifo"), SimConfig(cluster=Cluster(1, 2, 2)))

@@ -126,3 +126,32 @@ def test_random_rounds_against_slow_jobs_never_oversubscribe_a_host():
             audit(rounds, holds)
             if step == 20 and trial % 3 == 0:
                 holds.pop(rng.choice(sorted(holds)), None)   # a job ends
+
+
+def test_a_start_clipped_below_the_jobs_minimum_waits():
+    rounds = Rounds(slots=(4,))
+    holds = {"a": (2,), "c": (0,)}
+    assert rounds.start(0.0, holds, {"c": (3,)}, minimum={"c": 3}) == [] and rounds.deferred == ["c"]
+    assert rounds.start(1.0, holds, {"c": (2,)}, minimum={"c": 1}) == [Change("c", (0,), (2,))]
+
+
+def test_an_earlier_grows_slots_stay_reserved_until_the_job_moved_past_the_new_ask():
+    rounds = Rounds(slots=(4,))
+    holds, versions = {"a": (1,), "b": (0,)}, {"a": 1, "b": 0}
+    assert rounds.start(0.0, holds, {"a": (4,)}, versions=versions) == [Change("a", (1,), (4,))]
+    # before a's joiners arrive, the next round wants a at 2 and b at 2: one change for a, and b
+    # waits, since a's launcher may still bring up the workers it was asked for first
+    assert rounds.start(1.0, holds, {"a": (2,), "b": (2,)}, versions=versions) == [Change("a", (1,), (2,))]
+    assert rounds.tick(1.5, holds, versions) == [] and held(holds, rounds.asked, 1) == (4,)
+    holds, versions = {"a": (2,), "b": (0,)}, {"a": 2, "b": 0}   # a published its new version
+    assert rounds.start(2.0, holds, {"a": (2,), "b": (2,)}, versions=versions) == [Change("b", (0,), (2,))]
+    audit(rounds, holds)
+
+
+def test_a_withdrawn_ask_is_asked_again_next_round():
+    rounds = Rounds(slots=(4,))
+    holds = {"a": (2,)}
+    assert rounds.start(0.0, holds, {"a": (4,)}) == [Change("a", (2,), (4,))]
+    assert rounds.start(1.0, holds, {"a": (4,)}) == [], "asked already"
+    rounds.withdraw("a")   # the request never reached a's launcher
+    assert rounds.start(2.0, holds, {"a": (4,)}) == [Change("a", (2,), (4,))]

@@ -10,10 +10,11 @@ A phase ends (every worker stops claiming and goes to the sync point) when a new
 config is published, a worker asked to stop, the phase consumed ``sync_every`` samples (or the
 strategy's ``phase_steps`` global batches), or the data budget is used up. At the **sync point**
 (the control message on the current groups) every worker reads the final counter, so all agree on
-the new progress, and the strategy's ``sync_point`` runs (LocalSGD averages the models there). The open phase is part of the
-synced state: a worker that joins at a sync point takes part in closing it. If a member died
-during the phase, the survivors recover first; the run it was training (its ``inflight``
-record) is adopted by the new rank 0 and trained first, so no sample is lost.
+the new progress; the strategy's ``sync_point`` runs its collectives just before that agreement
+and ``commit_sync_point`` applies them after it (LocalSGD averages the models there). The open
+phase is part of the synced state: a worker that joins at a sync point takes part in closing it.
+If a member died during the phase, the survivors recover first; the run it was training (its
+``inflight`` record) is adopted by the new rank 0 and trained first, so no sample is lost.
 """
 from __future__ import annotations
 
@@ -159,14 +160,17 @@ class Phases:
         """Meet the other workers and agree on the open phase's consumption."""
         state = self.open
         assert state is not None, "no open phase to close"
+        strategy = self.engine.strategy
+        assert strategy is not None, "StepEngine.use(strategy) first"
         while True:
             try:
-                stats = self.control.meet(decisions)
+                strategy.sync_point()   # its collectives (LocalSGD's average), nothing applied yet
+                stats = self.control.meet(decisions)   # the agreement: every worker got this far
                 consumed = max(min(self.store.add(state.key("pos"), 0), state.limit - state.start), 0)
-                self.engine.strategy.sync_point()  # type: ignore[union-attr]
                 break
             except (CommError, StoreError) as exc:
                 self.transitions.recover(exc)
+        strategy.commit_sync_point()
         self._adopt_departed(state)
         self.open = None
         return PhaseResult(stats, consumed, state.start + consumed,

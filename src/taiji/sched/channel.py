@@ -15,6 +15,7 @@ import logging
 import secrets
 import socket
 import threading
+import time
 from typing import Any, Callable
 
 from ..errors import AuthError, StoreError
@@ -34,9 +35,14 @@ def _mac(key: bytes, nonce: str, request: dict[str, Any]) -> str:
     return hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
-def _read_line(sock: socket.socket) -> bytes:
+def _read_line(sock: socket.socket, within: float = 10.0) -> bytes:
+    """One line, read within ``within`` seconds in all (a client trickling bytes cannot hold the
+    one-connection server for longer)."""
+    deadline = time.monotonic() + within
     data = b""
     while not data.endswith(b"\n"):
+        if time.monotonic() > deadline:
+            raise ValueError("the request took too long to arrive")
         chunk = sock.recv(65536)
         if not chunk:
             break
@@ -90,6 +96,9 @@ class RequestServer:
                         reply = self._handler(request)
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     reply = {"ok": False, "error": f"bad request: {exc}"}
+                except Exception as exc:   # the handler's own failure: answer it, keep serving
+                    log.exception("taiji sched: a request failed")
+                    reply = {"ok": False, "error": f"the daemon failed on this request: {exc}"}
                 try:
                     conn.sendall(json.dumps(reply).encode() + b"\n")
                 except OSError:
@@ -101,15 +110,15 @@ class RequestServer:
         self._thread.join(2.0)
 
 
-def ask(address: str, secret: bytes, request: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+def ask(address: str, secret: bytes, request: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
     """Send one request; the daemon's reply (``ok`` true), or StoreError / AuthError saying why not."""
     host, port = split_address(address)
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
-            nonce = json.loads(_read_line(sock))["nonce"]
+            nonce = json.loads(_read_line(sock, timeout))["nonce"]
             signed = {"request": request, "mac": _mac(channel_key(secret), str(nonce), request)}
             sock.sendall(json.dumps(signed).encode() + b"\n")
-            reply = json.loads(_read_line(sock) or b"{}")
+            reply = json.loads(_read_line(sock, timeout) or b"{}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise StoreError(f"no scheduler daemon answered on {address} ({exc}); start one with "
                          f"`taiji sched serve`") from None

@@ -14,6 +14,7 @@ the jobs whose launchers still run.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 ENDED = ("finished", "failed", "cancelled")
 KEEP_MEASUREMENTS = 8          # recent step times kept per size
 GUESS_BATCH = 128              # a queued job's batch and work are unknown until it reports them
+                               # (the work from `submit --work` if given; else a typical job's)
 GUESS_SAMPLES = 60000
 GUESS_SECONDS_PER_SAMPLE = 1e-3
 
@@ -45,6 +47,7 @@ class LiveJob:
     weight: float
     submitted: float
     cwd: str = ""             # where it was submitted (its command runs there)
+    work_hint: int = 0        # samples to train, as the submitter guessed (until the job reports its own)
     state: str = "queued"     # queued | running | finished | failed | cancelled
     reason: str = ""
     size: int = 0             # workers it runs now (its launcher says)
@@ -93,7 +96,8 @@ class Scheduler:
     # -- what happens to jobs -------------------------------------------------------------------
 
     def submit(self, now: float, command: list[str], min_np: int = 1, max_np: int | None = None,
-               np: int | None = None, weight: float = 1.0, name: str = "", cwd: str = "") -> LiveJob:
+               np: int | None = None, weight: float = 1.0, name: str = "", cwd: str = "",
+               work: int = 0) -> LiveJob:
         """Queue a job; ConfigError (with the reason) for one that can never run here."""
         max_np = self.slots if max_np is None else max_np
         if not command:
@@ -103,15 +107,18 @@ class Scheduler:
         if min_np > self.slots:
             raise ConfigError(f"the job needs at least {min_np} workers but this scheduler has {self.slots} "
                               f"slot(s): it could never run (lower --min-np or add slots)")
-        if weight <= 0:
-            raise ConfigError(f"weight must be > 0, got {weight}")
+        if not (math.isfinite(weight) and weight > 0):
+            raise ConfigError(f"weight must be a number > 0, got {weight}")
+        if work < 0:
+            raise ConfigError(f"work must be >= 0 samples (0: unknown), got {work}")
         requested = min(max_np, self.slots) if np is None else np
         if not min_np <= requested <= max_np or requested > self.slots:
             raise ConfigError(f"-np {requested} must lie in [min_np={min_np}, max_np={max_np}] and fit "
                               f"{self.slots} slot(s)")
         job_id = f"s{self.next_id:04d}"
         self.next_id += 1
-        job = LiveJob(job_id, name or job_id, list(command), min_np, max_np, requested, weight, now, cwd=cwd)
+        job = LiveJob(job_id, name or job_id, list(command), min_np, max_np, requested, weight, now, cwd=cwd,
+                      work_hint=work)
         self.jobs[job_id] = job
         return job
 
@@ -121,8 +128,9 @@ class Scheduler:
             return
         if job.state == "queued":
             job.state, job.started = "running", now
+        fresh = seen.step > job.step   # a status its rank 0 wrote since the last read
         steady = seen.version == job.version and seen.size == job.size
-        if steady and seen.samples_per_s > 0 and seen.batch_size > 0 and seen.size > 0:
+        if fresh and steady and seen.samples_per_s > 0 and seen.batch_size > 0 and seen.size > 0:
             times = job.measured.setdefault(str(seen.size), [])
             times.append(seen.batch_size / seen.samples_per_s)
             del times[:-KEEP_MEASUREMENTS]
@@ -159,7 +167,7 @@ class Scheduler:
         active = [job for job in self.jobs.values() if job.active]
         if not active:
             return []
-        views = [self._view(job) for job in active]
+        views = [self.view_of(job, now) for job in active]
         allocations = self.policy.allocate(now, self.cluster, views)
         targets = {}
         for job in active:
@@ -170,23 +178,34 @@ class Scheduler:
             elif workers < job.min_np:
                 continue   # stays queued
             targets[job.id] = (min(workers, job.max_np),)
-        return self.rounds.start(now, self.holds(), targets)
+        active_ids = {job.id: job for job in active}
+        return self.rounds.start(now, self.holds(), targets, {j: active_ids[j].min_np for j in targets},
+                                 self.versions())
 
     def tick(self, now: float) -> list[Change]:
-        return self.rounds.tick(now, self.holds())
+        return self.rounds.tick(now, self.holds(), self.versions())
 
-    def _view(self, job: LiveJob):  # noqa: ANN202 - a sim.JobView
+    def versions(self) -> dict[str, int]:
+        return {job.id: job.version for job in self.jobs.values() if job.active}
+
+    def request_failed(self, job_id: str) -> None:
+        """A change never reached the job's launcher: the next round asks again."""
+        self.rounds.withdraw(job_id)
+
+    def view_of(self, job: LiveJob, now: float | None = None):  # noqa: ANN202 - a sim.JobView
+        """What the policy sees of ``job``: its fitted model, work, progress and placement."""
         measured = job.measurements()
         batch = job.batch_size or self._typical(lambda j: j.batch_size, GUESS_BATCH)
         if measured:
             model = fit_step_model(batch, measured)
         else:   # never measured: compute that scales linearly, at a typical job's speed
             model = StepModel(0.0, self._typical(self._seconds_per_sample, GUESS_SECONDS_PER_SAMPLE), 0.0, 0.0, 0.0)
-        work = job.end or self._typical(lambda j: j.end, GUESS_SAMPLES)
+        work = job.end or job.work_hint or self._typical(lambda j: j.end or j.work_hint, GUESS_SAMPLES)
         app = live_application(job.id, model, batch, samples_per_epoch=work, epochs=1,
                                max_replicas=min(job.max_np, self.slots))
         placement = (job.size,) if job.size else None
-        attained = sum((b[0] - a[0]) * a[1] for a, b in zip(job.allocations, job.allocations[1:]))
+        held = job.allocations + ([(now, 0)] if now is not None and job.allocations else [])
+        attained = sum((b[0] - a[0]) * a[1] for a, b in zip(held, held[1:]))   # worker-seconds so far
         return live_view(app, job.submitted, job.requested, job.position / batch, placement,
                          attained_worker_s=attained, peak_replicas=max((n for _, n in job.allocations), default=0))
 

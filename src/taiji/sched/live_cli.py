@@ -5,6 +5,7 @@
     taiji sched status                                            # a table of the jobs
     taiji sched cancel s0002
     taiji sched stop                                              # stops the daemon and its jobs
+    taiji sched plot -o allocations.png                           # workers per job over time
 
 The daemon shares ``--slots`` worker slots (cores) among elastic taiji jobs: every ``--round``
 seconds it runs the same policy code as ``taiji sched simulate`` on models fitted to what each job
@@ -19,13 +20,14 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ConfigError, TaijiError
 from .channel import ask
 
 PROG = "taiji sched"
-LIVE_COMMANDS = ("serve", "submit", "status", "cancel", "stop")
+LIVE_COMMANDS = ("serve", "submit", "status", "cancel", "stop", "plot")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,11 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the size a rigid policy (fifo) runs it at (default: min(B, slots))")
     submit.add_argument("--weight", type=float, default=1.0)
     submit.add_argument("--name", default="")
+    submit.add_argument("--work", type=int, default=0, metavar="SAMPLES",
+                        help="samples it will train (epochs x data set), for the policy until the job reports it")
     submit.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command")
     sub.add_parser("status", help="the jobs: state, workers, samples/s, progress, estimated finish")
     cancel = sub.add_parser("cancel", help="stop a job and free its slots")
     cancel.add_argument("job", metavar="JOB")
     sub.add_parser("stop", help="stop the daemon (and every job it runs)")
+    plot = sub.add_parser("plot", help="each job's workers over time, from the daemon's saved state")
+    plot.add_argument("-o", "--output", default=None, metavar="PNG", help="default: STATE_DIR/allocations.png")
     for command in sub.choices.values():
         command.add_argument("--state-dir", default=None, metavar="DIR",
                              help="the daemon's directory (default: $TAIJI_HOME/sched or ~/.taiji/sched)")
@@ -90,11 +96,14 @@ def main(argv: Sequence[str]) -> int:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
             scheduler = Scheduler(args.slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout)
             return run_daemon(directory, scheduler, args.round, args.address)
+        if args.command == "plot":
+            print(plot_state(directory, args.output))
+            return 0
         address, secret = daemon_address(directory), read_secret(directory)
         if args.command == "submit":
             reply = ask(address, secret, {"op": "submit", "command": _command_after_dashes(argv), "min_np": args.min_np,
                                           "max_np": args.max_np, "np": args.np, "weight": args.weight,
-                                          "name": args.name, "cwd": os.getcwd()})
+                                          "name": args.name, "cwd": os.getcwd(), "work": args.work})
             print(reply["job"])
         elif args.command == "status":
             print(format_status(ask(address, secret, {"op": "status"})))
@@ -111,6 +120,27 @@ def main(argv: Sequence[str]) -> int:
     except TaijiError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 1
+
+
+def plot_state(directory: Path, output: str | None) -> Path:
+    """Each job's observed workers over time (seconds since the first submission)."""
+    import json
+    from .plots import plot_allocations
+    try:
+        saved = json.loads((directory / "state.json").read_text())
+    except (OSError, ValueError):
+        raise ConfigError(f"no saved scheduler state in {directory} (state.json): has a daemon run there?") from None
+    jobs = saved.get("jobs", [])
+    if not jobs:
+        raise ConfigError(f"the scheduler in {directory} has no jobs to plot yet")
+    t0 = min(job["submitted"] for job in jobs)
+    label = {job["id"]: f"{job['id']} {job['name']}" for job in jobs}
+    allocations = {label[j["id"]]: [(t - t0, n) for t, n in j["allocations"]] for j in jobs}
+    lifetimes = {label[j["id"]]: (j["submitted"] - t0, None if j.get("ended") is None else j["ended"] - t0)
+                 for j in jobs}
+    path = Path(output) if output else directory / "allocations.png"
+    return plot_allocations(allocations, lifetimes, path, f"taiji sched ({saved.get('slots')} slots)",
+                            unit=("seconds since the first submission", 1.0), held="workers")
 
 
 def _command_after_dashes(argv: Sequence[str]) -> list[str]:

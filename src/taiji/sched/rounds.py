@@ -66,11 +66,18 @@ class Ask:
     target: Placement
     reserve: Placement
     shrink: bool
+    version: int = -1       # the job's cluster version when asked (-1: not known)
 
-    def reached(self, holds: Placement) -> bool:
+    def reached(self, holds: Placement, version: int = -1) -> bool:
         if self.shrink:  # gave back at least what was asked (a failure may have taken more)
-            return all(h <= t for h, t in zip(holds, self.target))
-        return all(h >= t for h, t in zip(holds, self.target))
+            done = all(h <= t for h, t in zip(holds, self.target))
+        else:
+            done = all(h >= t for h, t in zip(holds, self.target))
+        if not done or self.reserve == elementwise_max(holds, self.target):
+            return done
+        # it also reserves an earlier ask's slots: their workers may still arrive until the job
+        # has moved to a newer version since this ask
+        return self.version < 0 or version > self.version
 
 
 def held(holds: Mapping[str, Placement], asked: Mapping[str, Ask], hosts: int) -> Placement:
@@ -104,6 +111,8 @@ class Rounds:
     _targets: dict[str, Placement] = field(default_factory=dict)
     _shrinking: set[str] = field(default_factory=set)
     _started: float = 0.0
+    _minimum: dict[str, int] = field(default_factory=dict)
+    _versions: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.slots or any(n < 0 for n in self.slots):
@@ -113,12 +122,16 @@ class Rounds:
     def in_progress(self) -> bool:
         return bool(self._targets)
 
-    def start(self, now: float, holds: Mapping[str, Placement], targets: Mapping[str, Placement]) -> list[Change]:
+    def start(self, now: float, holds: Mapping[str, Placement], targets: Mapping[str, Placement],
+              minimum: Mapping[str, int] | None = None, versions: Mapping[str, int] | None = None) -> list[Change]:
         """Begin a round towards ``targets`` (jobs not named keep what they hold): the shrinks now,
-        the grows from ``tick`` once the shrinks landed. A round still in progress is replaced."""
+        the grows from ``tick`` once the shrinks landed. A round still in progress is replaced.
+        ``minimum``: workers a job needs to start (a start clipped below it waits); ``versions``:
+        each job's cluster version, so an ask is reached only once the job has moved past it."""
         for job, target in targets.items():
             if len(target) != len(self.slots) or any(n < 0 for n in target):
                 raise ConfigError(f"job {job!r}: target {target} does not fit {len(self.slots)} host(s)")
+        self._minimum, self._versions = dict(minimum or {}), dict(versions or {})
         self._forget_reached(holds)
         self._targets = {job: t for job, t in targets.items() if job in holds}
         self._started, self.deferred = now, []
@@ -135,9 +148,11 @@ class Rounds:
         self._shrinking = {c.job for c in changes}
         return changes + self.tick(now, holds)
 
-    def tick(self, now: float, holds: Mapping[str, Placement]) -> list[Change]:
+    def tick(self, now: float, holds: Mapping[str, Placement], versions: Mapping[str, int] | None = None) -> list[Change]:
         """Call whenever the jobs' placements were read again: the grows, once every shrink of the
         round landed (or timed out)."""
+        if versions is not None:
+            self._versions = dict(versions)
         self._forget_reached(holds)
         if not self._targets:
             return []
@@ -164,6 +179,8 @@ class Rounds:
             after = elementwise_min(target, room)
             if after != target:
                 self.deferred.append(job)
+            if not any(heading) and sum(after) < self._minimum.get(job, 1):
+                continue   # a start with fewer workers than the job needs waits for room
             if not any(after) or not any(a > h for a, h in zip(after, heading)):
                 continue   # nothing to add (or nowhere to add it)
             changes.append(Change(job, now_holds, after))
@@ -176,10 +193,17 @@ class Rounds:
         reserve = elementwise_max(holds, target)
         if previous is not None:   # an earlier ask's workers may still arrive until this one is reached
             reserve = elementwise_max(reserve, previous.reserve)
-        self.asked[job] = Ask(target, reserve, shrink)
+        self.asked[job] = Ask(target, reserve, shrink, self._versions.get(job, -1))
+
+    def withdraw(self, job: str) -> None:
+        """The change for ``job`` never reached its launcher: forget the ask (the next round asks
+        again). Any earlier ask that did reach it keeps its reservation."""
+        ask = self.asked.pop(job, None)
+        if ask is not None and ask.version >= 0 and ask.reserve != ask.target:
+            self.asked[job] = Ask(ask.reserve, ask.reserve, False, ask.version)
 
     def _forget_reached(self, holds: Mapping[str, Placement]) -> None:
         """An ask is done when the job reached it; a job that ended frees everything."""
         for job in list(self.asked):
-            if job not in holds or self.asked[job].reached(holds[job]):
+            if job not in holds or self.asked[job].reached(holds[job], self._versions.get(job, -1)):
                 del self.asked[job]

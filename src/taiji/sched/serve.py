@@ -15,6 +15,7 @@ started is left running.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -93,31 +94,40 @@ class Daemon:
 
     def serve(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        other = running_daemon_pid(self.dir)
-        if other is not None:
-            raise ConfigError(f"a scheduler daemon (pid {other}) already serves {self.dir}; stop it with "
-                              f"`taiji sched stop` or give this one another --state-dir (if pid {other} is not a "
-                              f"taiji daemon, remove {self.dir / 'daemon.json'})")
+        lock = open(self.dir / "lock", "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)   # one daemon per state directory
+        except OSError:
+            lock.close()
+            raise ConfigError(f"a scheduler daemon (pid {running_daemon_pid(self.dir)}) already serves {self.dir}; "
+                              f"stop it with `taiji sched stop` or give this one another --state-dir") from None
         secret_path = self.dir / "secret"
         if not secret_path.exists():
             write_secret_file(secret_path, new_secret())
         self._load()
-        server = RequestServer(self.address, bytes.fromhex(secret_path.read_text().strip()), self._handle)
-        (self.dir / "daemon.json").write_text(json.dumps({"address": server.address, "pid": os.getpid()}))
+        try:
+            server = RequestServer(self.address, read_secret(self.dir), self._handle)
+        except (OSError, ValueError) as exc:
+            lock.close()
+            raise ConfigError(f"cannot listen on --address {self.address}: {exc}") from None
+        _write_atomically(self.dir / "daemon.json", json.dumps({"address": server.address, "pid": os.getpid()}))
         log.info("taiji sched: serving on %s with %d slot(s), policy %s, a round every %gs (state in %s)",
                  server.address, self.sched.slots, self.sched.policy.name, self.round_seconds, self.dir)
         next_round = time.monotonic()
         try:
             while not self.stop.is_set():
                 with self.lock:
-                    now = time.time()
-                    self._observe(now)
-                    changes = self.sched.tick(now)
-                    if time.monotonic() >= next_round:
-                        next_round = time.monotonic() + self.round_seconds
-                        changes += self.sched.round(now)
-                    self._apply(now, changes)
-                    self._save()
+                    try:
+                        now = time.time()
+                        self._observe(now)
+                        changes = self.sched.tick(now)
+                        if time.monotonic() >= next_round:
+                            next_round = time.monotonic() + self.round_seconds
+                            changes += self.sched.round(now)
+                        self._apply(now, changes)
+                        self._save()
+                    except Exception:   # one bad tick (a policy's error, a full disk) must not stop every job
+                        log.exception("taiji sched: this tick failed; the daemon goes on")
                 self.stop.wait(TICK_S)
         finally:
             server.close()
@@ -125,6 +135,7 @@ class Daemon:
                 self._stop_all()
                 self._save()
             (self.dir / "daemon.json").unlink(missing_ok=True)
+            lock.close()
         return 0
 
     def _observe(self, now: float) -> None:
@@ -153,14 +164,17 @@ class Daemon:
         for change in changes:
             workers = sum(change.after)
             job = self.sched.jobs[change.job]
-            if change.kind == "start":
+            if job.state == "queued":   # (a running job may show 0 workers while it starts: not a start)
                 self._launch(now, job.id, workers)
+                self._save()   # a daemon killed now must not launch it again after a restart
             else:
                 try:
                     control.request(registry.control_socket(launcher_id(job.id)),
                                     {"op": "resize", "size": workers, "source": "taiji sched"})
-                    log.info("job %s (%s): %s %d -> %d workers", job.id, job.name, change.kind, job.size, workers)
+                    log.info("job %s (%s): asked for %d worker(s) (%s; it runs %d)", job.id, job.name, workers,
+                             change.kind, job.size)
                 except StoreError as exc:
+                    self.sched.request_failed(job.id)
                     log.warning("job %s: could not ask for %d workers (%s); the next round asks again",
                                 job.id, workers, exc)
             self._dirty = True
@@ -172,10 +186,15 @@ class Daemon:
         command = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(workers), "--min-np", str(job.min_np),
                    "--max-np", str(job.max_np), "--job-id", launcher_id(job_id), "--run-dir", str(where / "run"),
                    "--", *job.command]
-        with open(where / "launcher.log", "ab") as out:
-            self.children[job_id] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                                     stdin=subprocess.DEVNULL, cwd=job.cwd or None,
-                                                     start_new_session=True)
+        try:
+            with open(where / "launcher.log", "ab") as out:
+                self.children[job_id] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                                         stdin=subprocess.DEVNULL, cwd=job.cwd or None,
+                                                         start_new_session=True)
+        except OSError as exc:   # e.g. the directory it was submitted from is gone
+            self.sched.launched(now, job_id)
+            self._end(now, job_id, "failed", f"could not start its launcher: {exc}")
+            return
         self.sched.launched(now, job_id)
         log.info("job %s (%s): started on %d worker(s)", job_id, job.name, workers)
 
@@ -200,7 +219,7 @@ class Daemon:
                                             None if request.get("max_np") is None else int(request["max_np"]),
                                             None if request.get("np") is None else int(request["np"]),
                                             float(request.get("weight", 1.0)), str(request.get("name", "")),
-                                            cwd=str(request.get("cwd", "")))
+                                            cwd=str(request.get("cwd", "")), work=int(request.get("work", 0)))
                     self._dirty = True
                     return {"ok": True, "job": job.id}
                 if op == "status":
@@ -229,30 +248,46 @@ class Daemon:
 
     def _terminate(self, job_id: str) -> None:
         """SIGTERM the job's launcher session (its workers stop with it), SIGKILL after a grace."""
+        if not self._signal(job_id, signal.SIGTERM):
+            return
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and self._alive(job_id):
+            time.sleep(0.1)
+        if self._alive(job_id):
+            self._signal(job_id, signal.SIGKILL)
+        child = self.children.get(job_id)
+        if child is not None:
+            try:
+                child.wait(5.0)
+            except subprocess.TimeoutExpired:
+                log.warning("job %s: its launcher (pid %d) did not exit after SIGKILL", job_id, child.pid)
+
+    def _signal(self, job_id: str, sig: int) -> bool:
         child = self.children.get(job_id)
         pid = child.pid if child is not None else self._adopted_pid(job_id)
         if pid is None:
-            return
+            return False
         try:
-            os.killpg(pid, signal.SIGTERM)
+            os.killpg(pid, sig)
+            return True
         except ProcessLookupError:
-            return
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline:
-            if (child.poll() is not None) if child is not None else not self._launcher_running(job_id):
-                return
-            time.sleep(0.1)
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if child is not None:
-            child.wait(5.0)
+            return False
+
+    def _alive(self, job_id: str) -> bool:
+        child = self.children.get(job_id)
+        return child.poll() is None if child is not None else self._launcher_running(job_id)
 
     def _stop_all(self) -> None:
+        """SIGTERM every job at once, then wait for them together (not one grace period each)."""
+        active = [j.id for j in self.sched.jobs.values() if j.active]
+        for job_id in active:
+            self._signal(job_id, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(self._alive(j) for j in active):
+            time.sleep(0.1)
         now = time.time()
-        for job in [j for j in self.sched.jobs.values() if j.active]:
-            self._cancel(now, job.id, "the scheduler daemon stopped")
+        for job_id in active:
+            self._cancel(now, job_id, "the scheduler daemon stopped")
 
     def _adopted_pid(self, job_id: str) -> int | None:
         running = [e.pid for e in registry.all_jobs() if e.job == launcher_id(job_id) and e.running]
@@ -293,11 +328,14 @@ class Daemon:
     def _save(self) -> None:
         if not self._dirty:
             return
-        path = self.dir / "state.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.sched.to_json()))
-        tmp.replace(path)
+        _write_atomically(self.dir / "state.json", json.dumps(self.sched.to_json()))
         self._dirty = False
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)   # readers never see half a file
 
 
 def run_daemon(directory: Path, scheduler: Scheduler, round_seconds: float, address: str) -> int:

@@ -51,9 +51,9 @@ import numpy as np
 
 from taiji.errors import ConfigError
 from taiji.sched.cluster import Allocation, Cluster, PolicyError
-from taiji.sched.model import AnyApplication, advance, load_application, time_to_finish
+from taiji.sched.model import AnyApplication, Application, advance, load_application, time_to_finish
 from taiji.sched.ps import PsSettings, ps_application
-from taiji.sched.workload import JobSpec
+from taiji.sched.workload import LIVE, JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class SimConfig:
     ps: PsSettings = PsSettings()   # speed model and bandwidths of parameter-server jobs
     estimation_error: float = 0.0   # e: policies see every job's speeds × a factor drawn in [1−e, 1+e]
     error_seed: int = 0
+    live: tuple[tuple[str, Application], ...] = ()   # (job name, its Application) for LIVE jobs (sched/live.py)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
@@ -272,7 +273,7 @@ class _Engine:
 
     def _arrive(self, spec: JobSpec) -> None:
         cluster = self.config.cluster
-        app = application_of(spec, self.config.ps)
+        app = application_of(spec, self.config.ps, dict(self.config.live))
         reason = ""
         if spec.num_replicas > cluster.total_gpus:
             reason = f"asks for {spec.num_replicas} GPUs, the cluster has {cluster.total_gpus}"
@@ -346,8 +347,13 @@ class _Engine:
                          restarts=job.restarts, gpu_seconds=job.attained, reason=reason)
 
 
-def application_of(spec: JobSpec, ps: PsSettings) -> AnyApplication:
-    """A job's ground truth: Pollux's measured application, or a DL2 PS model under ``ps``."""
+def application_of(spec: JobSpec, ps: PsSettings, live: Mapping[str, Application] | None = None) -> AnyApplication:
+    """A job's ground truth: Pollux's measured application, a DL2 PS model under ``ps``, or for a
+    LIVE job (a replay of taiji jobs) the Application fitted to it, from ``live`` by job name."""
+    if spec.application == LIVE:
+        if not live or spec.name not in live:
+            raise ConfigError(f"job {spec.name!r} is a live job but SimConfig.live has no Application for it")
+        return live[spec.name]
     if spec.is_ps:
         return ps_application(spec.application, spec.epochs, spec.batch_size, ps)
     return load_application(spec.application)

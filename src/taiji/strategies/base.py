@@ -78,9 +78,12 @@ class Strategy(ABC):
         offset: a clock every worker shares, in samples) while the global batch is ``batch_size``."""
 
     def sync_point(self) -> None:
-        """Every worker of the current cluster met at a sync point of decoupled training (a strategy
-        that is not lockstep); collectives on the current groups are allowed here. Raises CommError
-        if one failed, having changed nothing: the sync point is then retried after recovery."""
+        """Every worker of the current cluster reached a sync point of decoupled training (a
+        strategy that is not lockstep): collectives on the current groups are allowed here, but
+        nothing may be applied yet. Raises CommError if one failed; the sync point is retried."""
+
+    def commit_sync_point(self) -> None:
+        """Every worker agreed at the sync point: apply what ``sync_point`` prepared."""
 
     def detach(self) -> None:
         """Remove whatever the strategy installed on the model."""

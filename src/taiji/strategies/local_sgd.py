@@ -13,7 +13,9 @@ equal vote would; a worker that just joined has weight 0). With ``outer_lr`` and
 ``outer_momentum`` the average becomes a DiLoCo-style outer step instead: the outer gradient is
 ``anchor - average`` (``anchor``: the model all workers held after the previous sync point),
 applied with (Nesterov) momentum. Every worker computes the same outer step from the same
-allreduced values, so the replicas are identical after every sync point. The outer momentum
+allreduced values, so the replicas are identical after every sync point. The average is taken
+before the sync point's agreement and applied only after it: a worker lost in between changes
+nothing, and the survivors take the sync point again. The outer momentum
 starts afresh whenever the cluster changes (on every member at once, so they stay equal).
 """
 from __future__ import annotations
@@ -49,6 +51,7 @@ class LocalSGD(Strategy):
         self._groups: dict[Key, list[torch.nn.Parameter]] = {}
         self._anchor: dict[Key, torch.Tensor] = {}     # the models at the last sync point (outer step only)
         self._momentum: dict[Key, torch.Tensor] = {}
+        self._means: dict[Key, torch.Tensor] = {}     # a sync point's average, until it is committed
         self.local_steps = 0    # since the last sync point: this worker's weight in the average
         self.averaged = 0       # sync points that averaged models
 
@@ -90,21 +93,28 @@ class LocalSGD(Strategy):
         self.local_steps += 1
 
     def sync_point(self) -> None:
-        """Average the models weighted by local steps (or take the outer step). The collectives
-        work on copies, so a failure changes nothing and the sync point can be retried."""
+        """The steps-weighted average of the models, into buffers: nothing is applied until
+        ``commit_sync_point`` (after every worker agreed at the sync point), so a failure here or
+        in the agreement changes nothing and the sync point is retried on the survivors."""
         if self._comm_source is None:
             raise TaijiError("LocalSGD.sync_point() before attach(model)")
+        self._means = {}
         comm = self._comm_source()
-        if comm.size > 1:
-            total = comm.allreduce(torch.tensor([float(self.local_steps)], dtype=torch.float64), "sum", channel="ctrl")
-            share = self.local_steps / float(total.item()) if total.item() > 0 else 1.0 / comm.size
-            means: dict[Key, torch.Tensor] = {}
-            for key, group in self._groups.items():
-                means[key] = comm.allreduce(Coalesced.flat(group).mul_(share), "sum", channel="grad")
-            for key, group in self._groups.items():
-                Coalesced.scatter(self._outer_step(key, means[key]), group)
+        if comm.size == 1:
+            return
+        total = comm.allreduce(torch.tensor([float(self.local_steps)], dtype=torch.float64), "sum", channel="ctrl")
+        share = self.local_steps / float(total.item()) if total.item() > 0 else 1.0 / comm.size
+        for key, group in self._groups.items():
+            self._means[key] = comm.allreduce(Coalesced.flat(group).mul_(share), "sum", channel="grad")
+
+    def commit_sync_point(self) -> None:
+        """Every worker agreed: take the average (or the outer step) and start counting afresh."""
+        for key, group in self._groups.items():
+            if key in self._means:
+                Coalesced.scatter(self._outer_step(key, self._means[key]), group)
+        if self._means:
             self.averaged += 1
-        self.local_steps = 0
+        self._means, self.local_steps = {}, 0
 
     def _outer_step(self, key: Key, mean: torch.Tensor) -> torch.Tensor:
         if self.plain_average:

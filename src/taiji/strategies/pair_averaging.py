@@ -72,7 +72,8 @@ class PairAveraging(Strategy):
         if self._store is None:
             self._store = ModelStore(secret, host=view.host)
             self._fetcher = BackgroundFetcher(secret, self.fetch_timeout)
-            self._publish()
+            # nothing is published before this worker's first step: a model with clock 0 (a joiner's,
+            # synced from a peer) would look stale to everyone, and it is a peer's model anyway
         self._peers = {}
         self._directory = directory
         if directory is None:

@@ -1,0 +1,50 @@
+"""One job of `benchmarks/sched_live.py`: the CNN of examples/fashion_mnist.py trained on a fixed
+subset of Fashion-MNIST (``--samples``, one epoch by default), started by the scheduler daemon as
+``taiji run ... -- python benchmarks/_sched_job.py --samples N``. It reports its progress every
+few steps (the daemon reads samples/s and position from it) and prints its last loss at the end
+on rank 0 (no test evaluation: its seconds would count in the job's completion time)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import taiji
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from fashion_mnist import Net, load_data  # noqa: E402  (the example's model and data)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, required=True, help="training samples (a fixed random subset)")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(1)
+    taiji.init()
+    torch.manual_seed(args.seed)
+    train, _, name = load_data(None)
+    keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(1234))[:args.samples]
+    train = torch.utils.data.TensorDataset(*(t[keep] for t in train.tensors))
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs, seed=args.seed, log_every=5)
+    loss = torch.zeros(())
+    for step in job:
+        images, labels = step.batch
+        loss = F.cross_entropy(model(images), labels)
+        step.backward(loss)
+    if taiji.rank() == 0:
+        print(f"done: {len(train)} samples x {args.epochs} epoch(s) of {name}, last loss {float(loss):.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

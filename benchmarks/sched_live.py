@@ -1,0 +1,257 @@
+"""The live scheduler on real jobs: PCRR vs FIFO on one host, and the simulator's replay of both.
+
+    .venv/bin/python benchmarks/sched_live.py --quick   # 5 jobs, 2 slots: ~3 min here
+    .venv/bin/python benchmarks/sched_live.py           # 8 jobs, 2 slots: ~8 min here
+
+A workload of Fashion-MNIST jobs (the CNN of examples/fashion_mnist.py, two epochs on subsets of
+different sizes, heavy-tailed: a long job first, then shorter ones; ``_sched_job.py``) arrives on
+a seeded Poisson schedule. The same workload runs
+twice, each time under a fresh ``taiji sched serve --slots S --round R``: once with ``--policy
+pcrr``, once with ``--policy fifo`` (every job asks for all S slots: FIFO runs them one after
+another, whole). Each job's JCT = when the daemon saw it end − when it was submitted.
+
+The simulator then replays the same workload (same arrival times, same cluster of 1 × S slots,
+same round length) under both policies, with each job's Application fitted to the step times the
+daemon measured for it in both live runs (:mod:`taiji.sched.live`) and a start cost equal to a
+job's measured fixed overhead (``fixed_overhead``: the median time from its launch to its first
+step, plus from its last step to the daemon seeing its launcher exit); taiji's in-place resizes
+cost what the simulator's ``taiji`` system says. ``sim_error_max`` is the largest
+per-job |simulated − live| / live JCT.
+
+``oversubscribed`` counts the instants at which the jobs' workers exceeded the slots, rebuilt two
+ways: from the daemon's observations of each job (``observed``) and from the jobs' own event logs
+(start / resize / end with sizes, written by each job's rank 0: ``logged``). Both must be 0.
+
+Rows (DESIGN §9 contract): ``live avg JCT: PCRR vs fifo`` (taiji = PCRR's average JCT, anchor =
+FIFO's, ratio = FIFO / PCRR; target >= 1.2) and ``simulated avg JCT: PCRR vs fifo`` (the same from
+the replay); the JSON line also carries ``sim_error_max`` (target <= 0.25) and ``oversubscribed``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import contract_row, print_result, reap_on_sigterm
+
+from taiji.sched.channel import ask
+from taiji.sched.cluster import Cluster
+from taiji.sched.live import Measured, fit_step_model, live_application
+from taiji.sched.policies import make_policy
+from taiji.sched.serve import read_secret
+from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig, simulate
+from taiji.sched.workload import LIVE, JobSpec
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "_sched_job.py"
+BATCH = 128
+# heavy-tailed lengths (a long job first, then short ones), as in the clusters' traces; 2 epochs each
+QUICK = {"samples": [24000, 4000, 8000, 3000, 12000], "mean_gap_s": 4.0}
+FULL = {"samples": [30000, 5000, 10000, 3000, 20000, 6000, 15000, 4000], "mean_gap_s": 6.0}
+EPOCHS = 2
+GOAL_SPEEDUP, GOAL_SIM_ERROR = 1.2, 0.25
+
+
+def workload(samples: list[int], mean_gap: float, seed: int) -> list[tuple[float, int]]:
+    """(arrival offset s, training samples) per job: Poisson arrivals, the first at 0."""
+    rng = random.Random(seed)
+    t, jobs = 0.0, []
+    for n in samples:
+        jobs.append((round(t, 2), n))
+        t += rng.expovariate(1.0 / mean_gap)
+    return jobs
+
+
+def run_live(policy: str, jobs: list[tuple[float, int]], slots: int, round_s: float, out: Path,
+             timeout: float) -> dict[str, Any]:
+    """One live run: a fresh daemon, the workload submitted on schedule, until every job ended."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    state = out / "state"
+    env = {**os.environ, "TAIJI_HOME": str(out / "home")}
+    log = open(out / "daemon.log", "w")
+    daemon = subprocess.Popen([sys.executable, "-m", "taiji.launch.cli", "sched", "serve", "--slots", str(slots),
+                               "--policy", policy, "--round", str(round_s), "--state-dir", str(state)],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        address = wait_for_daemon(state, daemon)
+        secret = read_secret(state)
+        t0 = time.time()
+        for offset, samples in jobs:
+            time.sleep(max(0.0, t0 + offset - time.time()))
+            ask(address, secret, {"op": "submit", "command": [sys.executable, str(JOB), "--samples", str(samples),
+                                                              "--epochs", str(EPOCHS)],
+                                  "min_np": 1, "max_np": slots, "np": slots, "name": f"{samples // 1000}k",
+                                  "work": samples * EPOCHS,
+                                  "cwd": str(HERE.parent)})
+        deadline = time.monotonic() + timeout
+        while True:
+            saved = json.loads((state / "state.json").read_text())
+            if len(saved["jobs"]) == len(jobs) and all(j["state"] not in ("queued", "running") for j in saved["jobs"]):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{policy}: jobs still running after {timeout:.0f}s: "
+                                   f"{[(j['id'], j['state']) for j in saved['jobs']]}")
+            time.sleep(0.5)
+        ask(address, secret, {"op": "stop"})
+        daemon.wait(60)
+        return {"t0": t0, "jobs": saved["jobs"], "state": state}
+    finally:
+        stop_everything(daemon, out)
+        log.close()
+
+
+def wait_for_daemon(state: Path, daemon: subprocess.Popen) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            info = json.loads((state / "daemon.json").read_text())
+            if info["pid"] == daemon.pid:
+                return str(info["address"])
+        except (OSError, ValueError, KeyError):
+            pass
+        if daemon.poll() is not None:
+            raise RuntimeError(f"the scheduler daemon exited with {daemon.returncode}")
+        time.sleep(0.1)
+    raise RuntimeError("the scheduler daemon did not start within 60 s")
+
+
+def stop_everything(daemon: subprocess.Popen, out: Path) -> None:
+    """The daemon and every job launcher it started (each in a session of its own)."""
+    if daemon.poll() is None:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait(10)
+    for entry in (out / "home" / "jobs").glob("sched-*.json"):
+        try:
+            os.killpg(json.loads(entry.read_text())["pid"], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError, ValueError, KeyError):
+            pass
+
+
+def job_events(state: Path, job_id: str) -> list[dict]:
+    path = state / "jobs" / job_id / "run" / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def oversubscribed(timelines: dict[str, list[tuple[float, int]]], slots: int) -> int:
+    """Instants (change points) at which the jobs' workers together exceed ``slots``."""
+    holding, count = {}, 0
+    for t, job, n in sorted((t, job, n) for job, steps in timelines.items() for t, n in steps):
+        holding[job] = n
+        count += sum(holding.values()) > slots
+    return count
+
+
+def logged_timelines(run: dict[str, Any]) -> dict[str, list[tuple[float, int]]]:
+    """Each job's workers over time from its own event log: start / resize sizes, 0 at the end."""
+    timelines = {}
+    for job in run["jobs"]:
+        steps = []
+        for event in job_events(run["state"], job["id"]):
+            if event["kind"] in ("start", "resize", "recovery") and "size" in event:
+                steps.append((event["time"], int(event["size"])))
+            elif event["kind"] == "end":
+                steps.append((event["time"], 0))
+        timelines[job["id"]] = steps
+    return timelines
+
+
+def fixed_overhead(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Per job, outside training: launch -> first step (interpreter, torch, data, join) and last
+    step -> the daemon seeing the launcher exit; medians over every job of every run."""
+    before, after = [], []
+    for run in runs:
+        for job in run["jobs"]:
+            events = job_events(run["state"], job["id"])
+            starts = [e["time"] for e in events if e["kind"] == "start"]
+            ends = [e["time"] for e in events if e["kind"] == "end"]
+            if starts and job.get("started"):
+                before.append(starts[0] - job["started"])
+            if ends and job.get("ended"):
+                after.append(job["ended"] - ends[-1])
+    return {"launch_to_first_step_s": round(statistics.median(before), 2) if before else 0.0,
+            "last_step_to_exit_s": round(statistics.median(after), 2) if after else 0.0}
+
+
+def replay(policy: str, run: dict[str, Any], apps: dict, slots: int, round_s: float, startup: float) -> dict[str, float]:
+    """The simulator's JCT per job for the live run's workload."""
+    specs = [JobSpec(job["id"], job["submitted"] - run["t0"], LIVE, job["requested"], BATCH) for job in run["jobs"]]
+    taiji = SYSTEMS["taiji"]
+    cost = ResizeCost(start=startup, grow=taiji.grow, shrink=taiji.shrink, move=taiji.move)
+    config = SimConfig(cluster=Cluster(1, slots, slots), interval_s=round_s, resize=cost, live=tuple(apps.items()))
+    result = simulate(specs, make_policy(policy, cost), config)
+    return {record.name: record.jct for record in result.records}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5 jobs (default 8)")
+    parser.add_argument("--slots", type=int, default=2, help="worker slots (default 2: this box's cores)")
+    parser.add_argument("--round", type=float, default=2.0, help="seconds between the daemon's rounds")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the arrival times")
+    parser.add_argument("--timeout", type=float, default=None, help="per live run, seconds (default 300; full 900)")
+    parser.add_argument("--out", default="runs/sched_live", help="daemon state and job logs (git-ignored runs/)")
+    args = parser.parse_args(argv)
+    reap_on_sigterm()
+    shape = QUICK if args.quick else FULL
+    jobs = workload(shape["samples"], shape["mean_gap_s"], args.seed)
+    timeout = args.timeout or (300.0 if args.quick else 900.0)
+    out = Path(args.out)
+    runs = {}
+    for policy in ("pcrr", "fifo"):
+        started = time.monotonic()
+        runs[policy] = run_live(policy, jobs, args.slots, args.round, out / policy, timeout)
+        failed = [(j["id"], j["reason"]) for j in runs[policy]["jobs"] if j["state"] != "finished"]
+        if failed:
+            raise RuntimeError(f"{policy}: jobs did not finish: {failed} (logs under {out / policy})")
+        print(f"# {policy}: {len(jobs)} jobs in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+
+    live_jct = {p: {j["id"]: j["ended"] - j["submitted"] for j in run["jobs"]} for p, run in runs.items()}
+    measured: dict[str, list[Measured]] = {}
+    work: dict[str, int] = {}
+    for run in runs.values():
+        for job in run["jobs"]:
+            measured.setdefault(job["id"], []).extend(
+                Measured(int(n), 1, statistics.median(times)) for n, times in job["measured"].items() if times)
+            work[job["id"]] = job["end"] or work.get(job["id"], 0)
+    apps = {job_id: live_application(job_id, fit_step_model(BATCH, m), BATCH, max(work[job_id], 1), 1, args.slots)
+            for job_id, m in measured.items()}
+    overhead = fixed_overhead(list(runs.values()))
+    startup = sum(overhead.values())   # the simulator charges a job's fixed overhead as its start cost
+    sim_jct = {p: replay(p, runs[p], apps, args.slots, args.round, startup) for p in runs}
+    errors = {p: {j: abs(sim_jct[p][j] - live_jct[p][j]) / live_jct[p][j] for j in live_jct[p]} for p in runs}
+    sim_error_max = max(e for per in errors.values() for e in per.values())
+    over = {p: {"observed": oversubscribed({j["id"]: [tuple(a) for a in j["allocations"]] for j in run["jobs"]},
+                                           args.slots),
+                "logged": oversubscribed(logged_timelines(run), args.slots)} for p, run in runs.items()}
+    total_over = sum(v for per in over.values() for v in per.values())
+
+    def avg(values: dict[str, float]) -> float:
+        return round(statistics.mean(values.values()), 2)
+    rows = [contract_row("live avg JCT: PCRR vs fifo", avg(live_jct["pcrr"]), avg(live_jct["fifo"]),
+                         higher_is_better=False, unit="s", target=GOAL_SPEEDUP,
+                         target_met=avg(live_jct["fifo"]) / avg(live_jct["pcrr"]) >= GOAL_SPEEDUP),
+            contract_row("simulated avg JCT: PCRR vs fifo", avg(sim_jct["pcrr"]), avg(sim_jct["fifo"]),
+                         higher_is_better=False, unit="s", source="the simulator replaying the live workload")]
+    per_job = [{"job": j["id"], "samples": j["end"], "submitted_s": round(j["submitted"] - runs["pcrr"]["t0"], 2),
+                **{f"{p}_live_jct_s": round(live_jct[p][j["id"]], 2) for p in runs},
+                **{f"{p}_sim_jct_s": round(sim_jct[p][j["id"]], 2) for p in runs},
+                "measured_sizes": sorted(int(n) for n in j["measured"])} for j in runs["pcrr"]["jobs"]]
+    print_result("sched_live", rows, sim_error_max=round(sim_error_max, 3), sim_error_target=GOAL_SIM_ERROR,
+                 oversubscribed=total_over, oversubscribed_by_run=over, fixed_overhead=overhead,
+                 slots=args.slots, round_s=args.round, quick=args.quick, jobs=per_job,
+                 arrivals=[{"offset_s": t, "samples": n} for t, n in jobs])
+
+
+if __name__ == "__main__":
+    main()
