@@ -43,11 +43,11 @@ from typing import Any
 
 from _common import contract_row, print_result, reap_on_sigterm
 
-from taiji.sched.channel import ask
+from taiji.launch.sched_channel import ask
 from taiji.sched.cluster import Cluster
 from taiji.sched.live import Measured, fit_step_model, live_application
 from taiji.sched.policies import make_policy
-from taiji.sched.serve import read_secret
+from taiji.launch.sched_daemon import read_secret
 from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig, simulate
 from taiji.sched.workload import LIVE, JobSpec
 

@@ -208,3 +208,25 @@ def test_pair_averaging_gives_a_peer_model_that_lags_more_than_one_global_batch_
     assert plain.weight_of(0) == 0.5
     with pytest.raises(taiji.errors.ConfigError):
         PairAveraging(age_scale=0)
+
+
+def test_pair_averaging_fetches_only_every_k_local_steps_when_asked():
+    from taiji.strategies.pair_averaging import PairAveraging
+
+    def body(peer):
+        torch.manual_seed(peer.rank)
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        strategy = PairAveraging(fetch_every=3)
+        job = taiji.Job(model, opt, data(), 8, epochs=2, peer=peer, log_every=0, strategy=strategy)
+        steps = 0
+        for step in job:
+            x, y = step.batch
+            step.backward(F.cross_entropy(model(x), y))
+            steps += 1
+        return steps, strategy.averaged + strategy.skipped
+
+    for steps, tried in run_threads(2, body):
+        assert 0 < tried <= steps // 3, (steps, tried)
+    with pytest.raises(taiji.errors.ConfigError):
+        PairAveraging(fetch_every=0)

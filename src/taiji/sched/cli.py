@@ -318,8 +318,8 @@ def draw_plots(out: Path, runs: Sequence[PolicyRun], cluster: Cluster, allocatio
 # -- the command -------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Cluster scheduling: simulate policies on workloads "
-                                            "(and run the live scheduler: serve, submit, status, cancel, stop).")
+    parser = _Parser(prog=PROG, description="Cluster scheduling: simulate policies on workloads (the live "
+                                            "scheduler: taiji sched serve|submit|status|cancel|stop|plot).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     simulate_cmd = sub.add_parser(
@@ -418,10 +418,6 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    from taiji.sched.live_cli import LIVE_COMMANDS, main as live_main
-    if argv[:1] and argv[0] in LIVE_COMMANDS:   # the live scheduler: serve, submit, status, cancel, stop
-        return live_main(argv)
     args = build_parser().parse_args(argv)
     try:
         return simulate_command(args)

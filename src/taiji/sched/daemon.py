@@ -1,5 +1,5 @@
 """The live scheduler's state and decisions (pure): submissions, observations and time in,
-changes out — like ``cluster/controller.py`` for one job. ``sched/serve.py`` does the effects
+changes out — like ``cluster/controller.py`` for one job. ``launch/sched_daemon.py`` does the effects
 (launching jobs, reading their launchers, proposing resizes, the request socket).
 
 One host today: the slots are its cores and every placement is ``(workers,)``. Each round the

@@ -11,6 +11,7 @@ position (in samples, shared by all workers through the claim counter) of the la
 trained on. A peer's model that is more than one global batch behind this worker's own gets the
 weight ``0.5 · s / (s + excess)`` instead of 0.5, where ``excess`` is how far beyond that one batch
 it lags and ``s = age_scale`` global batches (``age_scale=None``: always 0.5, plain AD-PSGD).
+``fetch_every=k`` averages (and fetches) only every k-th local step, for slow networks.
 """
 from __future__ import annotations
 
@@ -37,9 +38,14 @@ class PairAveraging(Strategy):
     exact = False
     lockstep = False
 
-    def __init__(self, fetch_timeout: float = 10.0, seed: int = 0, age_scale: float | None = 1.0):
+    def __init__(self, fetch_timeout: float = 10.0, seed: int = 0, age_scale: float | None = 1.0,
+                 fetch_every: int = 1):
         if fetch_timeout <= 0:
             raise ConfigError(f"PairAveraging: fetch_timeout must be > 0, got {fetch_timeout}")
+        if fetch_every < 1:
+            raise ConfigError(f"PairAveraging: fetch_every must be >= 1 local steps, got {fetch_every}")
+        self.fetch_every = fetch_every
+        self._steps = 0
         if age_scale is not None and age_scale <= 0:
             raise ConfigError(f"PairAveraging: age_scale must be > 0 global batches (or None), got {age_scale}")
         self.fetch_timeout = fetch_timeout
@@ -108,8 +114,13 @@ class PairAveraging(Strategy):
         return None
 
     def after_update(self) -> None:
-        """Average with the peer model that arrived (if any), publish ours, fetch the next."""
+        """Average with the peer model that arrived (if any), publish ours, fetch the next (every
+        ``fetch_every`` local steps; the model is published after each)."""
         if self._fetcher is None:
+            return
+        self._steps += 1
+        if self._steps % self.fetch_every:
+            self._publish()
             return
         result = self._fetcher.poll()
         if isinstance(result, Snapshot) and len(result.tensors) == len(self._params):

@@ -1,4 +1,4 @@
-"""``taiji sched serve``: the live scheduler daemon (effects around :mod:`taiji.sched.daemon`).
+"""``taiji sched serve``: the live scheduler daemon (effects around :mod:`taiji.sched.daemon`: processes and sockets live in launch/).
 
 Files under the state directory (default ``$TAIJI_HOME/sched``, i.e. ``~/.taiji/sched``):
 ``secret`` (0600; what clients sign requests with), ``daemon.json`` (the address and pid of the
@@ -30,11 +30,11 @@ from typing import Any
 from .. import env
 from ..cluster.auth import new_secret, write_secret_file
 from ..errors import ConfigError, StoreError, TaijiError
-from ..launch import control, registry
+from . import control, registry
 from ..metrics.runlog import EVENTS_FILE
-from .channel import RequestServer
-from .daemon import Observed, Scheduler
-from .rounds import Change
+from ..sched.daemon import Observed, Scheduler
+from .sched_channel import RequestServer
+from ..sched.rounds import Change
 
 log = logging.getLogger(__name__)
 

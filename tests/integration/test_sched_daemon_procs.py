@@ -1,7 +1,7 @@
 """The live scheduler with real jobs on one host (`taiji sched serve|submit|status|stop`): a
 second job's arrival shrinks the first, its end grows the first back, the slots are never
 oversubscribed, and nothing is left running after the daemon stops. Decisions alone:
-tests/unit/test_sched_daemon.py, tests/unit/test_sched_rounds.py."""
+tests/unit/test_sched_daemon.py, tests/unit/test_sched_rounds.py, tests/unit/test_sched_live_model.py."""
 import json
 import os
 import signal

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ConfigError, TaijiError
-from .channel import ask
+from .sched_channel import ask
 
 PROG = "taiji sched"
 LIVE_COMMANDS = ("serve", "submit", "status", "cancel", "stop", "plot")
@@ -85,13 +85,13 @@ def format_status(reply: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    from .serve import daemon_address, read_secret, run_daemon, state_dir
+    from .sched_daemon import daemon_address, read_secret, run_daemon, state_dir
     directory = state_dir(args.state_dir)
     try:
         if args.command == "serve":
-            from .daemon import Scheduler
-            from .policies import make_policy
-            from .sim import SYSTEMS
+            from ..sched.daemon import Scheduler
+            from ..sched.policies import make_policy
+            from ..sched.sim import SYSTEMS
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
             scheduler = Scheduler(args.slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout)
@@ -125,7 +125,7 @@ def main(argv: Sequence[str]) -> int:
 def plot_state(directory: Path, output: str | None) -> Path:
     """Each job's observed workers over time (seconds since the first submission)."""
     import json
-    from .plots import plot_allocations
+    from ..sched.plots import plot_allocations
     try:
         saved = json.loads((directory / "state.json").read_text())
     except (OSError, ValueError):
