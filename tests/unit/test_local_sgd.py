@@ -114,10 +114,10 @@ def test_job_under_local_sgd_meets_every_h_global_batches_exactly_once_and_ends_
         strategy = LocalSGD(every=every)
         job = taiji.Job(model, opt, classification_data(n), batch, epochs=1, peer=peer, log_every=0,
                         strategy=strategy)
-        segments, at_sync_points = [], []
+        segments, at_sync_points = [], {}
         for step in job:
             if strategy.local_steps == 0:   # the first step after a sync point: the replicas are one
-                at_sync_points.append(digest(list(model.parameters())))
+                at_sync_points[strategy.averaged] = digest(list(model.parameters()))
             x, y = step.batch
             step.backward(F.cross_entropy(model(x), y))
             segments += step.segments
@@ -129,5 +129,7 @@ def test_job_under_local_sgd_meets_every_h_global_batches_exactly_once_and_ends_
     # a phase ends once H global batches are claimed; claims already on their way may add one per worker
     assert m0 == m1 and n // (every * batch + batch) <= m0 <= -(-n // (every * batch)), m0
     assert p0 == p1 and p0.epoch == 1 and p0.sampler.cursor == 0
-    assert len(d0) == m0 and d0 == d1, "identical at the start and after every sync point but the last"
-    assert len(set(d0)) == len(d0), "and training moved them on between sync points"
+    # a rank may take no step in a phase (the other claimed it all): compare the phases both began
+    both = sorted(set(d0) & set(d1))
+    assert len(both) >= 2 and all(d0[k] == d1[k] for k in both), "identical after every sync point"
+    assert len({d0[k] for k in both}) == len(both), "and training moved them on between sync points"
