@@ -356,3 +356,21 @@ def test_tether_hello_is_checked_and_a_dead_agent_or_controller_is_seen_at_once(
     assert not answers(server.address)  # nothing listens there now: refused at once
     assert server.lost() == []
     again.close()
+
+
+def test_a_placed_proposal_chooses_which_hosts_shrink_and_where_joiners_go():
+    from taiji.cluster.controller import Log
+    s = grown((2, 2, 2), max_np=6)   # w0 w1 on the head, w2 w3 on H2, w4 w5 on H3
+    assert [w.host for w in s.config.workers] == [HEAD, HEAD, H2, H2, H3, H3]
+    s, acts = run(s, Proposal(3, "sched", ((HEAD, 1), (H3, 2))))
+    config = of(acts, Publish)[0].config
+    assert [(w.id, w.host) for w in config.workers] == [("w0", HEAD), ("w4", H3), ("w5", H3)], \
+        "the hosts holding more than wanted lose their newest members (not the newest overall)"
+    s, acts = run(s, Proposal(5, "sched", ((HEAD, 1), (H2, 2), (H3, 2))))
+    assert [w.host for spawn in of(acts, Spawn) for w in spawn.workers] == [H2, H2]
+    for refused in [Proposal(4, "sched", ((HEAD, 1), (H3, 2))),            # adds up to 3, not 4
+                    Proposal(3, "sched", (("10.9.9.9", 1), (H3, 2))),       # not one of the job's hosts
+                    Proposal(4, "sched", ((HEAD, 3), (H3, 1)))]:            # the head has 2 slots
+        after, acts = run(s, refused)
+        assert after == s and not of(acts, Spawn) and not of(acts, Publish)
+        assert "refused" in of(acts, Log)[0].message

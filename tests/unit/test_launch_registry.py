@@ -69,7 +69,10 @@ def test_control_socket_answers_status_and_queues_resizes(home):
         assert oct(os.stat(registry.control_socket("j1")).st_mode & 0o777) == "0o600", "owner only"
         assert request(registry.control_socket("j1"), {"op": "status"})["workers"] == ["w0"]
         request(registry.control_socket("j1"), {"op": "resize", "size": 3})
-        assert server.take_proposals() == [(3, "taiji resize")]
+        request(registry.control_socket("j1"), {"op": "resize", "size": 3, "source": "taiji sched",
+                                                "placement": {"10.0.0.1": 1, "10.0.0.2": 2}})
+        assert server.take_proposals() == [(3, "taiji resize", ()),
+                                           (3, "taiji sched", (("10.0.0.1", 1), ("10.0.0.2", 2)))]
         assert server.take_proposals() == []
         with pytest.raises(StoreError, match="unknown request"):
             request(registry.control_socket("j1"), {"op": "drop tables"})
@@ -85,3 +88,15 @@ def test_the_store_commands_do_not_import_torch():
             "assert 'torch' not in sys.modules, 'taiji ls imported torch'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_resize_placement_is_parsed_and_checked_before_asking():
+    from taiji.errors import ConfigError
+    from taiji.launch.cli import parse_placement, resize_job
+    assert parse_placement("10.0.0.1=2, 10.0.0.2=1") == {"10.0.0.1": 2, "10.0.0.2": 1}
+    assert parse_placement(None) == {} and parse_placement("fe80::1=1") == {"fe80::1": 1}
+    for bad in ("10.0.0.1", "=2", "10.0.0.1=two"):
+        with pytest.raises(ConfigError, match="--placement wants"):
+            parse_placement(bad)
+    with pytest.raises(ConfigError, match="puts 3 workers on hosts, not the 4"):
+        resize_job(None, 4, "a=1,b=2")

@@ -14,6 +14,7 @@ from . import spec
 class Proposal:
     size: int
     source: str = "user"
+    placement: tuple[tuple[str, int], ...] = ()   # (host address, workers) wanted there; () = any hosts
 
 
 @dataclass(frozen=True)

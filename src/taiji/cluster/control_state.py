@@ -50,6 +50,7 @@ class ControllerState:
     bounds: Bounds
     desired: int
     hosts: tuple[Host, ...] = (Host("127.0.0.1", 1 << 30),)  # the launcher's host first
+    placement: tuple[tuple[str, int], ...] = ()  # workers wanted per host (a scheduler's); () = any
     joiners: tuple[Joiner, ...] = ()
     next_index: int = 0
     exited: frozenset[str] = frozenset()      # config members whose process is gone
@@ -80,6 +81,13 @@ class ControllerState:
         alive = set(self.alive_members)
         return (sum(1 for w in self.config.workers if w.host == address and w.id in alive)
                 + sum(1 for j in self.joiners if j.host == address))
+
+    def wanted_on(self, address: str) -> int | None:
+        """Workers the placement wants on ``address`` (0 if it names other hosts only); None
+        without a placement."""
+        if not self.placement:
+            return None
+        return dict(self.placement).get(address, 0)
 
     @property
     def capacity(self) -> int:

@@ -28,7 +28,9 @@ Rules (DESIGN §3):
 - hosts: every worker runs on a host with a number of slots; the launcher's host is the first;
   a host beyond ``max_hosts`` is refused.
   Joiners are placed on the oldest hosts with free slots (so shrinking, which drops the newest
-  workers, empties the newest host first). A host that joins (``HostJoined``) adds its slots
+  workers, empties the newest host first) — unless a proposal names a placement (a scheduler's
+  workers per host): then joiners go where it wants more than run, and a shrink drops the newest
+  members of the hosts that hold more than it wants. A host that joins (``HostJoined``) adds its slots
   and the job grows onto them, up to ``max_np`` (or they serve a size asked for and not reached). A host whose agent stops beating for
   ``host_timeout`` — or, once its members' peers report failed collectives, for ``stale_after``
   — is lost (``HostLost`` does the same at once): all its members leave in one version, which
@@ -100,20 +102,61 @@ def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Reactio
         return state, [Log("error", f"resize to {event.size} refused: below --min-np {b.min_np}")]
     actions: list[Action] = []
     size = event.size
-    if size > b.max_np:
+    if event.placement:
+        refused = _check_placement(state, event)
+        if refused:
+            return state, [Log("error", f"resize to {event.placement} refused: {refused}")]
+    elif size > b.max_np:
         actions.append(Log("warning", f"resize to {size} clamped to --max-np {b.max_np}"))
         size = b.max_np
-    actions.append(Log("info", f"resize requested by {event.source}: {state.config.size} -> {size} workers"))
-    return _reconcile(replace(state, desired=size), now, actions)
+    where = f" placed {dict(event.placement)}" if event.placement else ""
+    actions.append(Log("info", f"resize requested by {event.source}: {state.config.size} -> {size} workers{where}"))
+    return _reconcile(replace(state, desired=size, placement=event.placement), now, actions)
+
+
+def _check_placement(state: ControllerState, event: Proposal) -> str:
+    """Why a placed proposal cannot be honoured ('' if it can)."""
+    slots = {h.address: h.slots for h in state.hosts}
+    if sum(n for _, n in event.placement) != event.size:
+        return f"its hosts' workers add up to {sum(n for _, n in event.placement)}, not {event.size}"
+    if event.size > state.bounds.max_np:
+        return f"{event.size} workers exceed --max-np {state.bounds.max_np}"
+    for address, count in event.placement:
+        if address not in slots:
+            return f"host {address} is not one of this job's hosts ({', '.join(slots)})"
+        if not 0 <= count <= slots[address]:
+            return f"host {address} has {slots[address]} slot(s), not {count}"
+    return ""
 
 
 def _place(state: ControllerState, count: int) -> list[str]:
-    """Hosts for ``count`` new workers: the oldest hosts' free slots first (fewer if full)."""
+    """Hosts for ``count`` new workers: where the placement wants more than run there, else the
+    oldest hosts' free slots first (fewer if full)."""
     placed: list[str] = []
     for host in state.hosts:
         free = host.slots - state.used_slots(host.address)
+        wanted = state.wanted_on(host.address)
+        if wanted is not None:
+            free = min(free, wanted - state.used_slots(host.address))
         placed += [host.address] * max(0, min(free, count - len(placed)))
     return placed
+
+
+def _leavers(state: ControllerState, count: int) -> list[str]:
+    """``count`` members to drop in a shrink: the newest on hosts holding more than the placement
+    wants there, then the newest anywhere (without a placement: the newest)."""
+    members = [w for w in state.config.workers if w.id in set(state.alive_members)]
+    leaving: list[str] = []
+    if state.placement:
+        surplus = {h.address: state.used_slots(h.address) - (state.wanted_on(h.address) or 0) for h in state.hosts}
+        for worker in reversed(members):
+            if len(leaving) < count and surplus.get(worker.host, 0) > 0:
+                leaving.append(worker.id)
+                surplus[worker.host] -= 1
+    for worker in reversed(members):
+        if len(leaving) < count and worker.id not in leaving:
+            leaving.append(worker.id)
+    return leaving
 
 
 def _spawn(state: ControllerState, count: int, now: float) -> Reaction:
@@ -137,7 +180,8 @@ def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Rea
     if state.desired < alive and not state.removed_pending:
         kills = [Kill(j.id, "no longer needed") for j in state.joiners]
         state = replace(state, joiners=(), killed=state.killed | {j.id for j in state.joiners})
-        config = spec.shrink(state.config, state.desired)
+        config = (spec.remove(state.config, _leavers(state, alive - state.desired)) if state.placement
+                  else spec.shrink(state.config, state.desired))
         reason = f"shrink {alive} -> {state.desired}"
         return _publish(state, config, reason), actions + kills + [Publish(config, reason)]
     wanted_joiners = state.desired - alive

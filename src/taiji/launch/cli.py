@@ -113,8 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"client certificate, when the servers ask for one (or {env.ETCD_CERT.name})")
         tls.add_argument("--etcd-key", default=None, metavar="FILE", help=f"its key (or {env.ETCD_KEY.name})")
     resize = sub.add_parser("resize", help="ask a running job for N workers",
-                            usage="taiji resize [--job ID] N")
+                            usage="taiji resize [--job ID] [--placement HOST=K,...] N")
     resize.add_argument("--job", default=None, help="the job id `taiji run` printed (default: the only running job)")
+    resize.add_argument("--placement", default=None, metavar="HOST=K,...",
+                        help="how many of the N workers each host runs (the hosts' addresses as `taiji status` "
+                             "shows them); joiners go where a host has fewer, a shrink takes them where it has more")
     resize.add_argument("size", type=int, metavar="N")
     status = sub.add_parser("status", help="show a running job's cluster and progress",
                             usage="taiji status [--job ID]")
@@ -257,11 +260,28 @@ def parse_join(args: argparse.Namespace) -> JoinConfig:
                       slots=args.nproc_per_node, host=host, timeout=args.timeout, grace=args.grace)
 
 
-def resize_job(job_id: str | None, size: int) -> int:
+def parse_placement(text: str | None) -> dict[str, int]:
+    """``HOST=K,HOST=K`` -> {host: K}; ConfigError naming what is wrong."""
+    placement: dict[str, int] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        host, sep, count = part.strip().rpartition("=")
+        if not sep or not host or not count.isdigit():
+            raise ConfigError(f"--placement wants HOST=K,... (e.g. 10.0.0.1=2,10.0.0.2=1), got {part!r}")
+        placement[host] = int(count)
+    return placement
+
+
+def resize_job(job_id: str | None, size: int, placement: str | None = None) -> int:
     if size < 1:
         raise ConfigError(f"cannot resize to {size} workers")
+    where = parse_placement(placement)
+    if where and sum(where.values()) != size:
+        raise ConfigError(f"--placement puts {sum(where.values())} workers on hosts, not the {size} asked for")
     entry = registry.find_job(job_id)
-    request(registry.control_socket(entry.job), {"op": "resize", "size": size, "source": "taiji resize"})
+    request(registry.control_socket(entry.job), {"op": "resize", "size": size, "source": "taiji resize",
+                                                 **({"placement": where} if where else {})})
     print(f"taiji: asked job {entry.job} for {size} worker(s); the launcher logs what it does")
     return 0
 
@@ -332,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .agent import Agent
             return Agent(parse_join(args)).run()
         if args.subcommand == "resize":
-            return resize_job(args.job, args.size)
+            return resize_job(args.job, args.size, args.placement)
         if args.subcommand == "status":
             return job_status(args.job)
         if args.subcommand == "ls":

@@ -27,7 +27,7 @@ class ControlServer:
     def __init__(self, path: Path, snapshot: Callable[[], dict[str, Any]]):
         self.path = path
         self.snapshot = snapshot
-        self.proposals: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+        self.proposals: queue.SimpleQueue[tuple[int, str, tuple[tuple[str, int], ...]]] = queue.SimpleQueue()
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.unlink(missing_ok=True)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -65,11 +65,14 @@ class ControlServer:
             return {"ok": True, **self.snapshot()}
         if op == "resize":
             size = int(request["size"])
-            self.proposals.put((size, str(request.get("source", "taiji resize"))))
+            placement = tuple((str(host), int(n)) for host, n in dict(request.get("placement") or {}).items())
+            self.proposals.put((size, str(request.get("source", "taiji resize")), placement))
             return {"ok": True}
         return {"ok": False, "error": f"unknown request {op!r}"}
 
-    def take_proposals(self) -> list[tuple[int, str]]:
+    def take_proposals(self) -> list[tuple[int, str, tuple[tuple[str, int], ...]]]:
+        """(size, source, placement) of each resize asked since the last call; placement: (host,
+        workers) pairs a scheduler wants, or () for any hosts."""
         taken = []
         while True:
             try:

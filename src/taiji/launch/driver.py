@@ -370,7 +370,7 @@ class Driver:
         """Resizes asked through the control socket (`taiji resize`)."""
         if self.control is None:
             return []
-        return [ctl.Proposal(size, source) for size, source in self.control.take_proposals()]
+        return [ctl.Proposal(size, source, placement) for size, source, placement in self.control.take_proposals()]
 
     def _refresh_snapshot(self, now: float) -> None:
         """What `taiji status` shows, rebuilt every tick on this thread (the control thread only
