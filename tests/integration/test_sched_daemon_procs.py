@@ -151,3 +151,25 @@ def test_a_killed_daemon_leaves_its_jobs_running_and_a_restarted_one_adopts_them
         assert daemon.wait(60) == 0
     finally:
         clean_up(tmp_path, state, daemon)
+
+
+def test_a_job_whose_launcher_is_killed_fails_with_the_reason_and_frees_its_slots(tmp_path):
+    state = tmp_path / "sched"
+    env = {**os.environ, "TAIJI_HOME": str(tmp_path / "home")}
+    (tmp_path / "out").mkdir()
+    daemon = start_daemon(tmp_path, env, state)
+    try:
+        job = sched(env, state, "submit", "--max-np", "2", "--", *TRAIN, str(tmp_path / "out"),
+                    "--steps", "100000", "--step-delay", "0.01").stdout.strip()
+        wait_for(lambda: state_of(state, job, "running") and saved_jobs(state)[job]["size"] == 2, 90,
+                 "the job on both slots")
+        entry = json.loads((tmp_path / "home" / "jobs" / f"sched-{job}.json").read_text())
+        os.killpg(entry["pid"], signal.SIGKILL)   # its launcher and (through their parent-death signal) its workers
+        wait_for(lambda: state_of(state, job, "failed"), 30, "the daemon to notice")
+        saved = saved_jobs(state)[job]
+        assert "exited with -9" in saved["reason"] and saved["size"] == 0
+        assert "0/2 slots in use" in sched(env, state, "status").stdout
+        sched(env, state, "stop")
+        assert daemon.wait(60) == 0
+    finally:
+        clean_up(tmp_path, state, daemon)

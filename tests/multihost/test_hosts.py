@@ -222,3 +222,23 @@ def test_a_store_nobody_serves_is_a_clear_error(hosts3, tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "cannot reach the job store" in result.stderr, result.stderr[-2000:]
     _no_process_left(hosts3, 1)
+
+
+def test_a_placed_resize_shrinks_the_host_it_names_not_the_newest(hosts3, tmp_path):
+    job = HostsJob(hosts3, tmp_path)
+    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
+              ["--batch", "16", "--steps", "100000", "--stop-at-version", "3", "--step-delay", "0.02"])
+    job.join(1, 2)   # the job grows onto the second host's two slots: v2, 4 workers
+    job.wait_log("cluster v2: 4 worker(s)")
+    head, second = job.head, hosts3.address(1)
+    resize = subprocess.run([sys.executable, "-m", "taiji.launch.cli", "resize", "--job", job.job_id,
+                             "--placement", f"{head}=1,{second}=2", "3"],
+                            env=job.env, capture_output=True, text=True, timeout=30)
+    assert resize.returncode == 0, resize.stdout + resize.stderr
+    assert job.finish() == 0, job.log()[-4000:]   # the workers stop at v3
+    assert job.agents[1].wait(timeout=30) == 0, job.log("agent1")
+    launcher = job.log()
+    # without the placement the newest worker (w3, on the second host) would have left
+    assert "cluster v3: 3 worker(s) ['w0', 'w2', 'w3'] (shrink 4 -> 3)" in launcher, launcher[-3000:]
+    check_invariants(tmp_path, 16)
+    _no_process_left(hosts3, 0, 1)
