@@ -92,6 +92,16 @@ def launcher_running(tmp_path, job_id):
 TRAIN = [sys.executable, str(SCRIPTS / "elastic_train.py")]
 
 
+def one_job_on_both_slots(tmp_path, env, state):
+    """Submit an endless job and wait until it runs on both slots; its id."""
+    (tmp_path / "out").mkdir()
+    job = sched(env, state, "submit", "--max-np", "2", "--", *TRAIN, str(tmp_path / "out"),
+                "--steps", "100000", "--step-delay", "0.01").stdout.strip()
+    wait_for(lambda: state_of(state, job, "running") and saved_jobs(state)[job]["size"] == 2, 90,
+             "the job on both slots")
+    return job
+
+
 def test_a_second_job_shrinks_the_first_and_its_end_grows_it_back(tmp_path):
     state = tmp_path / "sched"
     env = {**os.environ, "TAIJI_HOME": str(tmp_path / "home")}
@@ -129,15 +139,10 @@ def test_a_second_job_shrinks_the_first_and_its_end_grows_it_back(tmp_path):
 
 
 def test_a_killed_daemon_leaves_its_jobs_running_and_a_restarted_one_adopts_them(tmp_path):
-    state = tmp_path / "sched"
-    env = {**os.environ, "TAIJI_HOME": str(tmp_path / "home")}
-    (tmp_path / "out").mkdir()
+    state, env = tmp_path / "sched", {**os.environ, "TAIJI_HOME": str(tmp_path / "home")}
     daemon = start_daemon(tmp_path, env, state)
     try:
-        job = sched(env, state, "submit", "--max-np", "2", "--", *TRAIN, str(tmp_path / "out"),
-                    "--steps", "100000", "--step-delay", "0.01").stdout.strip()
-        wait_for(lambda: state_of(state, job, "running") and saved_jobs(state)[job]["size"] == 2, 90,
-                 "the job on both slots")
+        job = one_job_on_both_slots(tmp_path, env, state)
         os.killpg(daemon.pid, signal.SIGKILL)
         daemon.wait(10)
         assert launcher_running(tmp_path, job), "the job died with its daemon"
@@ -154,15 +159,10 @@ def test_a_killed_daemon_leaves_its_jobs_running_and_a_restarted_one_adopts_them
 
 
 def test_a_job_whose_launcher_is_killed_fails_with_the_reason_and_frees_its_slots(tmp_path):
-    state = tmp_path / "sched"
-    env = {**os.environ, "TAIJI_HOME": str(tmp_path / "home")}
-    (tmp_path / "out").mkdir()
+    state, env = tmp_path / "sched", {**os.environ, "TAIJI_HOME": str(tmp_path / "home")}
     daemon = start_daemon(tmp_path, env, state)
     try:
-        job = sched(env, state, "submit", "--max-np", "2", "--", *TRAIN, str(tmp_path / "out"),
-                    "--steps", "100000", "--step-delay", "0.01").stdout.strip()
-        wait_for(lambda: state_of(state, job, "running") and saved_jobs(state)[job]["size"] == 2, 90,
-                 "the job on both slots")
+        job = one_job_on_both_slots(tmp_path, env, state)
         entry = json.loads((tmp_path / "home" / "jobs" / f"sched-{job}.json").read_text())
         os.killpg(entry["pid"], signal.SIGKILL)   # its launcher and (through their parent-death signal) its workers
         wait_for(lambda: state_of(state, job, "failed"), 30, "the daemon to notice")
