@@ -158,3 +158,12 @@ def test_attained_service_counts_the_allocation_held_now():
     a = sched.submit(0.0, ["a"])
     running(sched, 10.0, a.id, 2, 1)
     assert sched.view_of(sched.jobs[a.id], now=40.0).attained_gpu_s == 60.0
+
+
+def test_pcrr_serves_the_heavier_of_two_equal_jobs_first():
+    for heavy in (0, 1):
+        sched = Scheduler(slots=2, policy=make_policy("pcrr", SYSTEMS["taiji"]))
+        jobs = [sched.submit(0.0, [f"job{i}"], min_np=2, max_np=2, work=60000, weight=10.0 if i == heavy else 1.0)
+                for i in range(2)]
+        assert sched.view_of(jobs[heavy]).weight == 10.0
+        assert sched.round(1.0) == [Change(jobs[heavy].id, (0,), (2,))], heavy

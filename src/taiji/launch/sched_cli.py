@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-np", type=int, default=None, metavar="B", help="default: all slots")
     submit.add_argument("-np", type=int, default=None, metavar="N",
                         help="the size a rigid policy (fifo) runs it at (default: min(B, slots))")
-    submit.add_argument("--weight", type=float, default=1.0, help="recorded; no built-in policy weighs jobs yet")
+    submit.add_argument("--weight", type=float, default=1.0, help="the job's weight in PCRR's weighted completion time (other policies ignore it)")
     submit.add_argument("--name", default="")
     submit.add_argument("--work", type=int, default=0, metavar="SAMPLES",
                         help="samples it will train (epochs x data set), for the policy until the job reports it")

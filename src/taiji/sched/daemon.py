@@ -207,7 +207,8 @@ class Scheduler:
         held = job.allocations + ([(now, 0)] if now is not None and job.allocations else [])
         attained = sum((b[0] - a[0]) * a[1] for a, b in zip(held, held[1:]))   # worker-seconds so far
         return live_view(app, job.submitted, job.requested, job.position / batch, placement,
-                         attained_worker_s=attained, peak_replicas=max((n for _, n in job.allocations), default=0))
+                         attained_worker_s=attained, peak_replicas=max((n for _, n in job.allocations), default=0),
+                         weight=job.weight)
 
     def _typical(self, read, default: float):  # noqa: ANN001, ANN202
         values = [v for v in (read(j) for j in self.jobs.values()) if v]

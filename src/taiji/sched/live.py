@@ -120,7 +120,7 @@ def live_application(name: str, model: StepModel, batch_size: int, samples_per_e
 
 def live_view(app: Application, submitted: float, requested: int, steps_done: float,
               placement: Sequence[int] | None, attained_worker_s: float = 0.0, restarts: int = 0,
-              peak_replicas: int = 0) -> JobView:
+              peak_replicas: int = 0, weight: float = 1.0) -> JobView:
     """What a policy sees of a live job: ``requested`` workers asked at submission, ``steps_done``
     global steps trained, ``placement`` workers per host (None while it waits)."""
     batch = app.init_batch_size
@@ -128,4 +128,4 @@ def live_view(app: Application, submitted: float, requested: int, steps_done: fl
     spec = JobSpec(app.name, submitted, LIVE, requested, batch)
     return JobView(spec=spec, app=app, progress=min(float(steps_done), app.target_progress),
                    attained_gpu_s=attained_worker_s, allocation=allocation, restarts=restarts,
-                   peak_replicas=max(peak_replicas, allocation.replicas if allocation else 0))
+                   peak_replicas=max(peak_replicas, allocation.replicas if allocation else 0), weight=weight)

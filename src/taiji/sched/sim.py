@@ -88,6 +88,7 @@ class JobView:
     allocation: Allocation | None   # current allocation, None when waiting
     restarts: int                   # allocation changes that cost a pause
     peak_replicas: int = 0          # most GPUs held at once so far (what has been "profiled")
+    weight: float = 1.0             # its weight in a weighted objective (PCRR's); live jobs' `submit --weight`
 
     @property
     def name(self) -> str:

@@ -235,5 +235,5 @@ class Pcrr:
                 continue
             mode = "int" if count <= cluster.gpus_per_host else "ext"
             configs.append(Config.external(count, self._rate(view, shape), f"{count}@{mode}"))
-        return Job(view.name, max(view.remaining_progress, 1e-9), tuple(configs), 1.0, current,
+        return Job(view.name, max(view.remaining_progress, 1e-9), tuple(configs), view.weight, current,
                    self.hysteresis * self.change_cost_s if current is not None else 0.0)
