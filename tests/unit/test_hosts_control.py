@@ -2,6 +2,7 @@
 and signed records, the agents' store protocol, and `taiji join`'s argument checks (issue 15)."""
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -368,9 +369,31 @@ def test_a_placed_proposal_chooses_which_hosts_shrink_and_where_joiners_go():
         "the hosts holding more than wanted lose their newest members (not the newest overall)"
     s, acts = run(s, Proposal(5, "sched", ((HEAD, 1), (H2, 2), (H3, 2))))
     assert [w.host for spawn in of(acts, Spawn) for w in spawn.workers] == [H2, H2]
-    for refused in [Proposal(4, "sched", ((HEAD, 1), (H3, 2))),            # adds up to 3, not 4
-                    Proposal(3, "sched", (("10.9.9.9", 1), (H3, 2))),       # not one of the job's hosts
-                    Proposal(4, "sched", ((HEAD, 3), (H3, 1)))]:            # the head has 2 slots
+    booting = s
+    for refused, why in [(Proposal(4, "sched", ((HEAD, 1), (H3, 2))), "add up to 3, not 4"),
+                         (Proposal(3, "sched", (("10.9.9.9", 1), (H3, 2))), "not one of this job's hosts"),
+                         (Proposal(4, "sched", ((HEAD, 2), (H3, 2))), "still joining")]:
+        after, acts = run(booting, refused)
+        assert after == booting and not of(acts, Spawn) and not of(acts, Publish)
+        assert "refused" in of(acts, Log)[0].message and why in of(acts, Log)[0].message
+    s, _ = run(s, *[WorkerReady(j.id) for j in s.joiners])
+    assert [w.host for w in s.config.workers] == [HEAD, H3, H3, H2, H2]
+    for refused, why in [(Proposal(5, "sched", ((HEAD, 2), (H2, 1), (H3, 2))), "moves workers between hosts"),
+                         (Proposal(4, "sched", ((HEAD, 3), (H3, 1))), "has 2 slot(s), not 3"),
+                         (Proposal(2, "sched", ((HEAD, 1), (HEAD, 1))), "names a host twice")]:
         after, acts = run(s, refused)
-        assert after == s and not of(acts, Spawn) and not of(acts, Publish)
-        assert "refused" in of(acts, Log)[0].message
+        assert after == s and why in of(acts, Log)[0].message, of(acts, Log)
+
+
+def test_a_placement_ends_when_membership_changes_on_its_own():
+    s = grown((2, 2, 2), max_np=8)
+    s, acts = run(s, Proposal(3, "sched", ((HEAD, 1), (H3, 2))))
+    assert s.placement
+    s, acts = run(s, HostJoined("10.0.0.9", 2))   # a new host: the job grows onto it as without a placement
+    assert not s.placement and [w.host for spawn in of(acts, Spawn) for w in spawn.workers]
+    s = grown((2, 2), max_np=4)
+    s = replace(s, bounds=replace(s.bounds, replace=True))
+    s, _ = run(s, Proposal(3, "sched", ((HEAD, 2), (H2, 1))))
+    s, acts = run(s, HostJoined(H3, 2), HostLost(H2, "gone"))
+    assert not s.placement and H3 in [w.host for spawn in of(acts, Spawn) for w in spawn.workers], \
+        "the lost host's share is refilled where slots are free"

@@ -100,3 +100,37 @@ def test_resize_placement_is_parsed_and_checked_before_asking():
             parse_placement(bad)
     with pytest.raises(ConfigError, match="puts 3 workers on hosts, not the 4"):
         resize_job(None, 4, "a=1,b=2")
+
+
+def test_a_malformed_placement_is_answered_not_fatal_to_the_control_thread(home):
+    server = ControlServer(registry.control_socket("j2"), lambda: {"version": 1, "workers": ["w0"]})
+    try:
+        for bad in ({"op": "resize", "size": 2, "placement": 7}, {"op": "resize", "size": 2, "placement": {"a": "x"}},
+                    {"op": "resize"}):
+            with pytest.raises(StoreError):
+                request(registry.control_socket("j2"), bad)
+        assert request(registry.control_socket("j2"), {"op": "status"})["workers"] == ["w0"], "still answering"
+        assert server.take_proposals() == []
+    finally:
+        server.close()
+
+
+def test_resize_placement_is_checked_against_the_jobs_hosts_before_it_is_sent(home, capsys):
+    from taiji.errors import ConfigError
+    from taiji.launch.cli import job_status, resize_job
+    registry.register(registry.JobEntry.of_this_process("j3", "h", 1, ("python", "t.py"), 2.0))
+    snapshot = {"version": 2, "workers": ["w0", "w1"], "joiners": [], "desired": 2, "min_np": 1, "max_np": 4,
+                "failures": 0, "progress": None, "hosts": [["10.0.0.1", 2, 1], ["10.0.0.2", 2, 1]]}
+    server = ControlServer(registry.control_socket("j3"), lambda: snapshot)
+    try:
+        with pytest.raises(ConfigError, match="names 10.0.0.9, not one of job j3's hosts: 10.0.0.1, 10.0.0.2"):
+            resize_job("j3", 2, "10.0.0.1=1,10.0.0.9=1")
+        with pytest.raises(ConfigError, match="puts 3 workers on 10.0.0.2, which has 2 slot"):
+            resize_job("j3", 3, "10.0.0.2=3")
+        assert server.take_proposals() == [], "nothing was sent"
+        assert resize_job("j3", 3, "10.0.0.1=1,10.0.0.2=2") == 0
+        assert server.take_proposals() == [(3, "taiji resize", (("10.0.0.1", 1), ("10.0.0.2", 2)))]
+        job_status("j3")
+        assert "hosts: 10.0.0.1 1/2, 10.0.0.2 1/2" in capsys.readouterr().out
+    finally:
+        server.close()

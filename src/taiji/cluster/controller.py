@@ -30,7 +30,9 @@ Rules (DESIGN §3):
   Joiners are placed on the oldest hosts with free slots (so shrinking, which drops the newest
   workers, empties the newest host first) — unless a proposal names a placement (a scheduler's
   workers per host): then joiners go where it wants more than run, and a shrink drops the newest
-  members of the hosts that hold more than it wants. A host that joins (``HostJoined``) adds its slots
+  members of the hosts that hold more than it wants. A placement only adds or only removes
+  (a move is a shrink, then a grow), is refused while joiners boot, and ends when membership
+  changes on its own (an exit, a failure, a host joining or lost) or a controller takes over. A host that joins (``HostJoined``) adds its slots
   and the job grows onto them, up to ``max_np`` (or they serve a size asked for and not reached). A host whose agent stops beating for
   ``host_timeout`` — or, once its members' peers report failed collectives, for ``stale_after``
   — is lost (``HostLost`` does the same at once): all its members leave in one version, which
@@ -64,6 +66,9 @@ def decide(state: ControllerState, event: Event, now: float) -> Reaction:
     if isinstance(event, WorkerReady):
         joiners = tuple(replace(j, ready=True) if j.id == event.id else j for j in state.joiners)
         return _reconcile(replace(state, joiners=joiners), now, [])
+    if isinstance(event, (WorkerExited, FailureReported, HostJoined, HostLost)):
+        # membership changing on its own ends a scheduler's placement: it was honoured once
+        state = replace(state, placement=())
     if isinstance(event, WorkerExited):
         return _on_exit(state, event, now)
     if isinstance(event, FailureReported):
@@ -105,7 +110,7 @@ def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Reactio
     if event.placement:
         refused = _check_placement(state, event)
         if refused:
-            return state, [Log("error", f"resize to {event.placement} refused: {refused}")]
+            return state, [Log("error", f"resize to {event.size} placed {dict(event.placement)} refused: {refused}")]
     elif size > b.max_np:
         actions.append(Log("warning", f"resize to {size} clamped to --max-np {b.max_np}"))
         size = b.max_np
@@ -117,15 +122,25 @@ def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Reactio
 def _check_placement(state: ControllerState, event: Proposal) -> str:
     """Why a placed proposal cannot be honoured ('' if it can)."""
     slots = {h.address: h.slots for h in state.hosts}
-    if sum(n for _, n in event.placement) != event.size:
-        return f"its hosts' workers add up to {sum(n for _, n in event.placement)}, not {event.size}"
+    wanted = dict(event.placement)
+    if len(wanted) != len(event.placement):
+        return "it names a host twice"
+    if sum(wanted.values()) != event.size:
+        return f"its hosts' workers add up to {sum(wanted.values())}, not {event.size}"
     if event.size > state.bounds.max_np:
         return f"{event.size} workers exceed --max-np {state.bounds.max_np}"
-    for address, count in event.placement:
+    for address, count in wanted.items():
         if address not in slots:
             return f"host {address} is not one of this job's hosts ({', '.join(slots)})"
         if not 0 <= count <= slots[address]:
             return f"host {address} has {slots[address]} slot(s), not {count}"
+    if state.joiners:
+        return "workers are still joining from an earlier change; ask again once it has landed"
+    more = [h for h in slots if wanted.get(h, 0) > state.used_slots(h)]
+    fewer = [h for h in slots if wanted.get(h, 0) < state.used_slots(h)]
+    if more and fewer:
+        return (f"it moves workers between hosts (more on {', '.join(more)}, fewer on {', '.join(fewer)}); "
+                f"ask for the shrink first, then the grow")
     return ""
 
 
@@ -145,7 +160,8 @@ def _place(state: ControllerState, count: int) -> list[str]:
 def _leavers(state: ControllerState, count: int) -> list[str]:
     """``count`` members to drop in a shrink: the newest on hosts holding more than the placement
     wants there, then the newest anywhere (without a placement: the newest)."""
-    members = [w for w in state.config.workers if w.id in set(state.alive_members)]
+    alive = set(state.alive_members)
+    members = [w for w in state.config.workers if w.id in alive]
     leaving: list[str] = []
     if state.placement:
         surplus = {h.address: state.used_slots(h.address) - (state.wanted_on(h.address) or 0) for h in state.hosts}

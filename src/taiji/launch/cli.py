@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     resize.add_argument("--job", default=None, help="the job id `taiji run` printed (default: the only running job)")
     resize.add_argument("--placement", default=None, metavar="HOST=K,...",
                         help="how many of the N workers each host runs (the hosts' addresses as `taiji status` "
-                             "shows them); joiners go where a host has fewer, a shrink takes them where it has more")
+                             "shows them); it only adds or only removes workers (a move is a shrink, then a grow)")
     resize.add_argument("size", type=int, metavar="N")
     status = sub.add_parser("status", help="show a running job's cluster and progress",
                             usage="taiji status [--job ID]")
@@ -267,8 +268,10 @@ def parse_placement(text: str | None) -> dict[str, int]:
         if not part.strip():
             continue
         host, sep, count = part.strip().rpartition("=")
-        if not sep or not host or not count.isdigit():
+        if not sep or not host or not re.fullmatch(r"[0-9]+", count):
             raise ConfigError(f"--placement wants HOST=K,... (e.g. 10.0.0.1=2,10.0.0.2=1), got {part!r}")
+        if host in placement:
+            raise ConfigError(f"--placement names {host} twice")
         placement[host] = int(count)
     return placement
 
@@ -280,6 +283,15 @@ def resize_job(job_id: str | None, size: int, placement: str | None = None) -> i
     if where and sum(where.values()) != size:
         raise ConfigError(f"--placement puts {sum(where.values())} workers on hosts, not the {size} asked for")
     entry = registry.find_job(job_id)
+    if where:   # the launcher would refuse in its log only: say so here
+        hosts = {address: slots for address, slots, _ in
+                 request(registry.control_socket(entry.job), {"op": "status"}).get("hosts") or []}
+        for address, count in where.items():
+            if address not in hosts:
+                raise ConfigError(f"--placement names {address}, not one of job {entry.job}'s hosts: "
+                                  f"{', '.join(hosts) or 'none reported'} (`taiji status` lists them)")
+            if count > hosts[address]:
+                raise ConfigError(f"--placement puts {count} workers on {address}, which has {hosts[address]} slot(s)")
     request(registry.control_socket(entry.job), {"op": "resize", "size": size, "source": "taiji resize",
                                                  **({"placement": where} if where else {})})
     print(f"taiji: asked job {entry.job} for {size} worker(s); the launcher logs what it does")
@@ -303,6 +315,9 @@ def job_status(job_id: str | None) -> int:
     print(f"  {_progress_line(status.get('progress'))}")
     print(f"  wanted {status['desired']} (min {status['min_np']}, max {status['max_np']}), "
           f"{status['failures']} failure(s); launcher pid {entry.pid}, command: {' '.join(entry.command)}")
+    hosts = status.get("hosts") or []
+    if len(hosts) > 1:
+        print("  hosts: " + ", ".join(f"{address} {used}/{slots}" for address, slots, used in hosts))
     return 0
 
 

@@ -52,7 +52,7 @@ class ControlServer:
                 conn.settimeout(2.0)
                 try:
                     reply = self._answer(json.loads(_read_line(conn)))
-                except (OSError, ValueError) as exc:
+                except (OSError, ValueError, KeyError, TypeError) as exc:
                     reply = {"ok": False, "error": f"bad request: {exc}"}
                 try:
                     conn.sendall(json.dumps(reply).encode() + b"\n")
@@ -65,7 +65,10 @@ class ControlServer:
             return {"ok": True, **self.snapshot()}
         if op == "resize":
             size = int(request["size"])
-            placement = tuple((str(host), int(n)) for host, n in dict(request.get("placement") or {}).items())
+            raw = request.get("placement") or {}
+            if not isinstance(raw, dict):
+                return {"ok": False, "error": "placement must map host addresses to worker counts"}
+            placement = tuple((str(host), int(n)) for host, n in raw.items())
             self.proposals.put((size, str(request.get("source", "taiji resize")), placement))
             return {"ok": True}
         return {"ok": False, "error": f"unknown request {op!r}"}

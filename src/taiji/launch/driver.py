@@ -385,7 +385,8 @@ class Driver:
         self._snapshot = {"job": self.cfg.job_id, "pid": os.getpid(), "version": state.config.version,
                           "workers": list(state.config.ids), "joiners": [j.id for j in state.joiners],
                           "desired": state.desired, "min_np": state.bounds.min_np, "max_np": state.bounds.max_np,
-                          "failures": state.failures, "progress": self._progress}
+                          "failures": state.failures, "progress": self._progress,
+                          "hosts": [[h.address, h.slots, state.used_slots(h.address)] for h in state.hosts]}
 
     def _done_event(self) -> list[ctl.Event]:
         """Fed before this tick's exits: members exiting 0 at the end are finishing, not leaving."""
