@@ -53,16 +53,22 @@ def test_a_second_job_shrinks_the_first_before_it_starts_and_its_end_grows_the_f
     assert [n for _, n in sched.jobs[a.id].allocations] == [4, 2]
 
 
-def test_a_shrink_that_never_lands_keeps_the_slots_and_the_new_job_waits():
+def a_on_all_slots_then_b_arrives(shrink_timeout, at):
+    """Job a runs on all 4 slots; b (2 workers) arrives and the round at ``at`` asks a to shrink to 2."""
     policy = Scripted()
-    sched = Scheduler(slots=4, policy=policy, shrink_timeout=5.0)
+    sched = Scheduler(slots=4, policy=policy, shrink_timeout=shrink_timeout)
     a = sched.submit(0.0, ["a"], max_np=4)
     policy.plan = {a.id: 4}
     sched.round(0.0)
     running(sched, 1.0, a.id, 4, 1)
     b = sched.submit(2.0, ["b"], min_np=2, max_np=2)
     policy.plan = {a.id: 2, b.id: 2}
-    sched.round(2.0)
+    sched.round(at)
+    return policy, sched, a, b
+
+
+def test_a_shrink_that_never_lands_keeps_the_slots_and_the_new_job_waits():
+    policy, sched, a, b = a_on_all_slots_then_b_arrives(shrink_timeout=5.0, at=2.0)
     assert sched.tick(8.0) == [] and sched.rounds.deferred == [b.id]
     assert sched.jobs[b.id].state == "queued"
 
@@ -104,15 +110,8 @@ def test_submissions_that_can_never_run_are_refused_with_the_reason():
 
 
 def test_a_restarted_daemon_resumes_from_the_saved_state():
-    policy = Scripted()
-    sched = Scheduler(slots=4, policy=policy, shrink_timeout=30.0)
-    a = sched.submit(0.0, ["a"], max_np=4)
-    policy.plan = {a.id: 4}
-    sched.round(0.0)
-    running(sched, 1.0, a.id, 4, 1)
-    b = sched.submit(2.0, ["b"], min_np=2, max_np=2)
-    policy.plan = {a.id: 2, b.id: 2}
-    sched.round(3.0)                               # a's shrink is in flight when the daemon dies
+    policy, sched, a, b = a_on_all_slots_then_b_arrives(shrink_timeout=30.0, at=3.0)
+    # a's shrink is in flight when the daemon dies
     saved = json.loads(json.dumps(sched.to_json()))
     again = Scheduler(slots=4, policy=policy, shrink_timeout=30.0)
     again.load_json(saved)

@@ -13,6 +13,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,7 +52,7 @@ class ControlServer:
             with conn:
                 conn.settimeout(2.0)
                 try:
-                    reply = self._answer(json.loads(_read_line(conn)))
+                    reply = self._answer(json.loads(read_line(conn)))
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     reply = {"ok": False, "error": f"bad request: {exc}"}
                 try:
@@ -90,15 +91,20 @@ class ControlServer:
         self.path.unlink(missing_ok=True)
 
 
-def _read_line(conn: socket.socket) -> bytes:
+def read_line(conn: socket.socket, within: float = 10.0, limit: int = REQUEST_LIMIT) -> bytes:
+    """One JSON line of a request or reply, read within ``within`` seconds in all (a client
+    trickling bytes cannot hold a one-connection server longer) and at most ``limit`` bytes."""
+    deadline = time.monotonic() + within
     data = b""
     while not data.endswith(b"\n"):
-        chunk = conn.recv(4096)
+        if time.monotonic() > deadline:
+            raise ValueError("the line took too long to arrive")
+        chunk = conn.recv(65536)
         if not chunk:
             break
         data += chunk
-        if len(data) > REQUEST_LIMIT:
-            raise ValueError("request too long")
+        if len(data) > limit:
+            raise ValueError("line too long")
     return data
 
 
@@ -109,7 +115,7 @@ def request(path: Path, message: dict[str, Any], timeout: float = 5.0) -> dict[s
             sock.settimeout(timeout)
             sock.connect(str(path))
             sock.sendall(json.dumps(message).encode() + b"\n")
-            reply = json.loads(_read_line(sock) or b"{}")
+            reply = json.loads(read_line(sock, timeout) or b"{}")
     except (OSError, ValueError) as exc:
         raise StoreError(f"the launcher did not answer on {path}: {exc}") from None
     if not reply.get("ok"):

@@ -15,10 +15,10 @@ import logging
 import secrets
 import socket
 import threading
-import time
 from typing import Any, Callable
 
 from ..errors import AuthError, StoreError
+from .control import read_line
 
 log = logging.getLogger(__name__)
 
@@ -33,23 +33,6 @@ def channel_key(secret: bytes) -> bytes:
 def _mac(key: bytes, nonce: str, request: dict[str, Any]) -> str:
     body = nonce.encode() + json.dumps(request, sort_keys=True, separators=(",", ":")).encode()
     return hmac.new(key, body, hashlib.sha256).hexdigest()
-
-
-def _read_line(sock: socket.socket, within: float = 10.0) -> bytes:
-    """One line, read within ``within`` seconds in all (a client trickling bytes cannot hold the
-    one-connection server for longer)."""
-    deadline = time.monotonic() + within
-    data = b""
-    while not data.endswith(b"\n"):
-        if time.monotonic() > deadline:
-            raise ValueError("the request took too long to arrive")
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > LINE_LIMIT:
-            raise ValueError("line too long")
-    return data
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -85,7 +68,7 @@ class RequestServer:
                 try:
                     nonce = secrets.token_hex(16)
                     conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
-                    message = json.loads(_read_line(conn))
+                    message = json.loads(read_line(conn, limit=LINE_LIMIT))
                     request = message["request"]
                     if not isinstance(request, dict) or not hmac.compare_digest(
                             str(message.get("mac", "")), _mac(self._key, nonce, request)):
@@ -115,10 +98,10 @@ def ask(address: str, secret: bytes, request: dict[str, Any], timeout: float = 3
     host, port = split_address(address)
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
-            nonce = json.loads(_read_line(sock, timeout))["nonce"]
+            nonce = json.loads(read_line(sock, timeout, LINE_LIMIT))["nonce"]
             signed = {"request": request, "mac": _mac(channel_key(secret), str(nonce), request)}
             sock.sendall(json.dumps(signed).encode() + b"\n")
-            reply = json.loads(_read_line(sock, timeout) or b"{}")
+            reply = json.loads(read_line(sock, timeout, LINE_LIMIT) or b"{}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise StoreError(f"no scheduler daemon answered on {address} ({exc}); start one with "
                          f"`taiji sched serve`") from None
