@@ -45,9 +45,10 @@ from _common import contract_row, print_result, reap_on_sigterm
 
 from taiji.launch.sched_channel import ask
 from taiji.sched.cluster import Cluster
-from taiji.sched.live import Measured, fit_step_model, live_application
+from taiji.sched.live import Measured, fit_step_model, live_application, placement_timeline
 from taiji.sched.policies import make_policy
 from taiji.launch.sched_daemon import read_secret
+from taiji.sched.rounds import oversubscribed_instants
 from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig, simulate
 from taiji.sched.workload import LIVE, JobSpec
 
@@ -71,52 +72,137 @@ def workload(samples: list[int], mean_gap: float, seed: int) -> list[tuple[float
     return jobs
 
 
-def run_live(policy: str, jobs: list[tuple[float, int]], slots: int, round_s: float, out: Path,
+class OneHost:
+    """The daemon on this host with ``slots`` slots (``taiji sched serve --slots``)."""
+
+    def __init__(self, slots: int):
+        self.addresses, self.slots = ["127.0.0.1"], slots
+
+    def start(self, policy: str, round_s: float, out: Path, env: dict) -> None:
+        self.out, self.state = out, out / "state"
+        with open(out / "daemon.log", "w") as log:
+            self.daemon = subprocess.Popen(taiji_sched("serve", self.state, "--slots", str(self.slots), "--policy",
+                                                       policy, "--round", str(round_s)),
+                                           env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.address = wait_for_daemon(self.state, self.daemon)
+        self.secret = read_secret(self.state)
+
+    def submit(self, request: dict[str, Any]) -> None:
+        ask(self.address, self.secret, {"op": "submit", **request})
+
+    def stop(self) -> None:
+        ask(self.address, self.secret, {"op": "stop"})
+        self.daemon.wait(60)
+
+    def close(self) -> None:
+        stop_everything(self.daemon, self.out)
+
+
+class NamespaceHosts:
+    """``n`` emulated hosts of ``slots`` slots each (network namespaces, tests/_netns.py; root
+    only): the daemon on host 0 with ``--hosts``, ``taiji sched agent`` on every host, the last
+    host's link shaped. Every request goes from inside host 0 (never from this namespace)."""
+
+    PORT = 29480
+
+    def __init__(self, n: int, slots: int, shape: str):
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from _netns import EmulatedHosts, unavailable
+        why = unavailable()
+        if why:
+            raise SystemExit(f"sched_live.py --hosts {n}: no emulated hosts here ({why})")
+        self.hosts = EmulatedHosts(n)
+        self.addresses, self.slots, self.shape = [self.hosts.address(i) for i in range(n)], slots, shape
+
+    def start(self, policy: str, round_s: float, out: Path, env: dict) -> None:
+        self.out, self.state, self.env = out, out / "state", env
+        if self.shape and shutil.which("tc"):
+            self.hosts.shape(len(self.addresses) - 1, self.shape)
+            self.shape = ""   # (once: the namespaces outlive the runs)
+        (out / "hosts.txt").write_text("".join(f"{a} {self.slots}\n" for a in self.addresses))
+        with open(out / "daemon.log", "w") as log:
+            self.daemon = self.hosts.popen(0, taiji_sched("serve", self.state, "--hosts", str(out / "hosts.txt"),
+                                                          "--address", f"{self.addresses[0]}:{self.PORT}", "--policy",
+                                                          policy, "--round", str(round_s)),
+                                           env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_for_daemon(self.state, self.daemon, inside=True)
+        self.agents = []
+        for i, address in enumerate(self.addresses):
+            with open(out / f"agent{i}.log", "w") as log:
+                self.agents.append(self.hosts.popen(i, taiji_sched("agent", self.state, "--host", address, "--slots",
+                                                                   str(self.slots)),
+                                                    env=env, stdout=log, stderr=subprocess.STDOUT))
+
+    def submit(self, request: dict[str, Any]) -> None:
+        done = self.hosts.run(0, taiji_sched("submit", self.state, "--min-np", str(request["min_np"]), "--max-np",
+                                             str(request["max_np"]), "-np", str(request["np"]), "--name",
+                                             request["name"], "--work", str(request["work"]), "--",
+                                             *request["command"]), env=self.env, cwd=request["cwd"])
+        if done.returncode != 0:
+            raise RuntimeError(f"submit failed: {done.stdout}{done.stderr}")
+
+    def stop(self) -> None:
+        self.hosts.run(0, taiji_sched("stop", self.state), env=self.env)
+        self.daemon.wait(60)
+        for agent in self.agents:
+            agent.send_signal(signal.SIGTERM)
+        for agent in self.agents:
+            agent.wait(30)
+
+    def close(self) -> None:
+        """Whatever is left on the hosts (a failed run's daemon, agents, jobs) before the next run."""
+        for i in range(len(self.addresses)):
+            for pid in self.hosts.pids(i):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def release(self) -> None:
+        self.hosts.close()
+
+
+def taiji_sched(command: str, state: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "taiji.launch.cli", "sched", command, "--state-dir", str(state), *args]
+
+
+def run_live(policy: str, jobs: list[tuple[float, int]], where: OneHost | NamespaceHosts, round_s: float, out: Path,
              timeout: float) -> dict[str, Any]:
     """One live run: a fresh daemon, the workload submitted on schedule, until every job ended."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    state = out / "state"
     env = {**os.environ, "TAIJI_HOME": str(out / "home")}
-    log = open(out / "daemon.log", "w")
-    daemon = subprocess.Popen([sys.executable, "-m", "taiji.launch.cli", "sched", "serve", "--slots", str(slots),
-                               "--policy", policy, "--round", str(round_s), "--state-dir", str(state)],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    slots = where.slots * len(where.addresses)
     try:
-        address = wait_for_daemon(state, daemon)
-        secret = read_secret(state)
+        where.start(policy, round_s, out, env)
         t0 = time.time()
         for offset, samples in jobs:
             time.sleep(max(0.0, t0 + offset - time.time()))
-            ask(address, secret, {"op": "submit", "command": [sys.executable, str(JOB), "--samples", str(samples),
-                                                              "--epochs", str(EPOCHS)],
-                                  "min_np": 1, "max_np": slots, "np": slots, "name": f"{samples // 1000}k",
-                                  "work": samples * EPOCHS,
-                                  "cwd": str(HERE.parent)})
+            where.submit({"command": [sys.executable, str(JOB), "--samples", str(samples), "--epochs", str(EPOCHS)],
+                          "min_np": 1, "max_np": slots, "np": slots, "name": f"{samples // 1000}k",
+                          "work": samples * EPOCHS, "cwd": str(HERE.parent)})
         deadline = time.monotonic() + timeout
         while True:
-            saved = json.loads((state / "state.json").read_text())
+            saved = json.loads((where.state / "state.json").read_text())
             if len(saved["jobs"]) == len(jobs) and all(j["state"] not in ("queued", "running") for j in saved["jobs"]):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{policy}: jobs still running after {timeout:.0f}s: "
                                    f"{[(j['id'], j['state']) for j in saved['jobs']]}")
             time.sleep(0.5)
-        ask(address, secret, {"op": "stop"})
-        daemon.wait(60)
-        return {"t0": t0, "jobs": saved["jobs"], "state": state}
+        where.stop()
+        return {"t0": t0, "jobs": saved["jobs"], "state": where.state}
     finally:
-        stop_everything(daemon, out)
-        log.close()
+        where.close()
 
 
-def wait_for_daemon(state: Path, daemon: subprocess.Popen) -> str:
+def wait_for_daemon(state: Path, daemon: subprocess.Popen, inside: bool = False) -> str:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             info = json.loads((state / "daemon.json").read_text())
-            if info["pid"] == daemon.pid:
+            if inside or info["pid"] == daemon.pid:   # (a daemon inside a namespace has another pid there)
                 return str(info["address"])
         except (OSError, ValueError, KeyError):
             pass
@@ -144,7 +230,7 @@ def job_events(state: Path, job_id: str) -> list[dict]:
 
 
 def oversubscribed(timelines: dict[str, list[tuple[float, int]]], slots: int) -> int:
-    """Instants (change points) at which the jobs' workers together exceed ``slots``."""
+    """Instants (change points) at which the jobs' workers together exceed ``slots`` (all hosts)."""
     holding, count = {}, 0
     for t, job, n in sorted((t, job, n) for job, steps in timelines.items() for t, n in steps):
         holding[job] = n
@@ -152,18 +238,11 @@ def oversubscribed(timelines: dict[str, list[tuple[float, int]]], slots: int) ->
     return count
 
 
-def logged_timelines(run: dict[str, Any]) -> dict[str, list[tuple[float, int]]]:
-    """Each job's workers over time from its own event log: start / resize sizes, 0 at the end."""
-    timelines = {}
-    for job in run["jobs"]:
-        steps = []
-        for event in job_events(run["state"], job["id"]):
-            if event["kind"] in ("start", "resize", "recovery") and "size" in event:
-                steps.append((event["time"], int(event["size"])))
-            elif event["kind"] == "end":
-                steps.append((event["time"], 0))
-        timelines[job["id"]] = steps
-    return timelines
+def logged_oversubscribed(run: dict[str, Any], addresses: list[str], slots_per_host: int) -> int:
+    """Instants at which some host held more workers than its slots, from the jobs' own event logs
+    (start / resize / recovery with the workers on each host, written by each job's rank 0; 0 at the end)."""
+    timelines = {job["id"]: placement_timeline(job_events(run["state"], job["id"]), addresses) for job in run["jobs"]}
+    return len(oversubscribed_instants((slots_per_host,) * len(addresses), timelines))
 
 
 def fixed_overhead(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -183,12 +262,13 @@ def fixed_overhead(runs: list[dict[str, Any]]) -> dict[str, float]:
             "last_step_to_exit_s": round(statistics.median(after), 2) if after else 0.0}
 
 
-def replay(policy: str, run: dict[str, Any], apps: dict, slots: int, round_s: float, startup: float) -> dict[str, float]:
+def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round_s: float,
+           startup: float) -> dict[str, float]:
     """The simulator's JCT per job for the live run's workload."""
     specs = [JobSpec(job["id"], job["submitted"] - run["t0"], LIVE, job["requested"], BATCH) for job in run["jobs"]]
     taiji = SYSTEMS["taiji"]
     cost = ResizeCost(start=startup, grow=taiji.grow, shrink=taiji.shrink, move=taiji.move)
-    config = SimConfig(cluster=Cluster(1, slots, slots), interval_s=round_s, resize=cost, live=tuple(apps.items()))
+    config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()))
     result = simulate(specs, make_policy(policy, cost), config)
     return {record.name: record.jct for record in result.records}
 
@@ -196,7 +276,12 @@ def replay(policy: str, run: dict[str, Any], apps: dict, slots: int, round_s: fl
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 jobs (default 8)")
-    parser.add_argument("--slots", type=int, default=2, help="worker slots (default 2: this box's cores)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="worker slots per host (default: 2 on one host, this box's cores; 1 with --hosts)")
+    parser.add_argument("--hosts", type=int, default=1,
+                        help="emulated hosts (network namespaces, root only) with a daemon and an agent per host "
+                             "(default 1: this host, no namespaces)")
+    parser.add_argument("--shape", default="400mbit", help="the last emulated host's link rate (tc tbf; '' for none)")
     parser.add_argument("--round", type=float, default=2.0, help="seconds between the daemon's rounds")
     parser.add_argument("--seed", type=int, default=0, help="seeds the arrival times")
     parser.add_argument("--timeout", type=float, default=None, help="per live run, seconds (default 300; full 900)")
@@ -207,14 +292,21 @@ def main(argv: list[str] | None = None) -> None:
     jobs = workload(shape["samples"], shape["mean_gap_s"], args.seed)
     timeout = args.timeout or (300.0 if args.quick else 900.0)
     out = Path(args.out)
+    per_host = args.slots or (2 if args.hosts == 1 else 1)
+    where = OneHost(per_host) if args.hosts == 1 else NamespaceHosts(args.hosts, per_host, args.shape)
+    slots = per_host * args.hosts
     runs = {}
-    for policy in ("pcrr", "fifo"):
-        started = time.monotonic()
-        runs[policy] = run_live(policy, jobs, args.slots, args.round, out / policy, timeout)
-        failed = [(j["id"], j["reason"]) for j in runs[policy]["jobs"] if j["state"] != "finished"]
-        if failed:
-            raise RuntimeError(f"{policy}: jobs did not finish: {failed} (logs under {out / policy})")
-        print(f"# {policy}: {len(jobs)} jobs in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+    try:
+        for policy in ("pcrr", "fifo"):
+            started = time.monotonic()
+            runs[policy] = run_live(policy, jobs, where, args.round, out / policy, timeout)
+            failed = [(j["id"], j["reason"]) for j in runs[policy]["jobs"] if j["state"] != "finished"]
+            if failed:
+                raise RuntimeError(f"{policy}: jobs did not finish: {failed} (logs under {out / policy})")
+            print(f"# {policy}: {len(jobs)} jobs in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+    finally:
+        if isinstance(where, NamespaceHosts):
+            where.release()
 
     live_jct = {p: {j["id"]: j["ended"] - j["submitted"] for j in run["jobs"]} for p, run in runs.items()}
     measured: dict[str, list[Measured]] = {}
@@ -224,16 +316,17 @@ def main(argv: list[str] | None = None) -> None:
             measured.setdefault(job["id"], []).extend(
                 Measured(int(n), 1, statistics.median(times)) for n, times in job["measured"].items() if times)
             work[job["id"]] = job["end"] or work.get(job["id"], 0)
-    apps = {job_id: live_application(job_id, fit_step_model(BATCH, m), BATCH, max(work[job_id], 1), 1, args.slots)
+    apps = {job_id: live_application(job_id, fit_step_model(BATCH, m), BATCH, max(work[job_id], 1), 1, slots)
             for job_id, m in measured.items()}
     overhead = fixed_overhead(list(runs.values()))
     startup = sum(overhead.values())   # the simulator charges a job's fixed overhead as its start cost
-    sim_jct = {p: replay(p, runs[p], apps, args.slots, args.round, startup) for p in runs}
+    cluster = Cluster(args.hosts, per_host, per_host)
+    sim_jct = {p: replay(p, runs[p], apps, cluster, args.round, startup) for p in runs}
     errors = {p: {j: abs(sim_jct[p][j] - live_jct[p][j]) / live_jct[p][j] for j in live_jct[p]} for p in runs}
     sim_error_max = max(e for per in errors.values() for e in per.values())
     over = {p: {"observed": oversubscribed({j["id"]: [tuple(a) for a in j["allocations"]] for j in run["jobs"]},
-                                           args.slots),
-                "logged": oversubscribed(logged_timelines(run), args.slots)} for p, run in runs.items()}
+                                           slots),
+                "logged": logged_oversubscribed(run, where.addresses, per_host)} for p, run in runs.items()}
     total_over = sum(v for per in over.values() for v in per.values())
 
     def avg(values: dict[str, float]) -> float:
@@ -249,7 +342,8 @@ def main(argv: list[str] | None = None) -> None:
                 "measured_sizes": sorted(int(n) for n in j["measured"])} for j in runs["pcrr"]["jobs"]]
     print_result("sched_live", rows, sim_error_max=round(sim_error_max, 3), sim_error_target=GOAL_SIM_ERROR,
                  oversubscribed=total_over, oversubscribed_by_run=over, fixed_overhead=overhead,
-                 slots=args.slots, round_s=args.round, quick=args.quick, jobs=per_job,
+                 slots=slots, hosts=args.hosts, slots_per_host=per_host, shaped=args.shape if args.hosts > 1 else "",
+                 round_s=args.round, quick=args.quick, jobs=per_job,
                  arrivals=[{"offset_s": t, "samples": n} for t, n in jobs])
 
 

@@ -24,6 +24,7 @@ class Bounds:
     stale_after: float = 1.0       # a heartbeat older than this at a failure report: not busy
     host_timeout: float = 5.0      # an agent silent this long: its host is lost
     max_hosts: int = 1 << 30       # hosts in the job at once, the launcher's included (--nnodes MIN:MAX)
+    grow_on_join: bool = True      # a joining host's slots are grown onto (False: only a resize uses them)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_np <= self.max_np:

@@ -33,7 +33,8 @@ Rules (DESIGN §3):
   members of the hosts that hold more than it wants. A placement only adds or only removes
   (a move is a shrink, then a grow), is refused while joiners boot, and ends when membership
   changes on its own (an exit, a failure, a host joining or lost) or a controller takes over. A host that joins (``HostJoined``) adds its slots
-  and the job grows onto them, up to ``max_np`` (or they serve a size asked for and not reached). A host whose agent stops beating for
+  and the job grows onto them, up to ``max_np`` (or they serve a size asked for and not reached;
+  with ``grow_on_join`` off only a resize uses them: a scheduler places the workers). A host whose agent stops beating for
   ``host_timeout`` — or, once its members' peers report failed collectives, for ``stale_after``
   — is lost (``HostLost`` does the same at once): all its members leave in one version, which
   counts as one failure.
@@ -316,7 +317,8 @@ def _on_host_joined(state: ControllerState, event: HostJoined, now: float) -> Re
     # a size asked for and not reached yet (no free slot) is what the new slots serve; otherwise
     # the job grows onto them
     unmet = state.desired > len(state.alive_members) + len(state.joiners)
-    desired = state.desired if unmet else min(state.bounds.max_np, state.desired + event.slots)
+    grow = state.bounds.grow_on_join and not unmet
+    desired = min(state.bounds.max_np, state.desired + event.slots) if grow else state.desired
     actions: list[Action] = [Log("info", f"host {event.address} joined with {event.slots} slot(s); "
                                          f"{len(state.hosts)} host(s), {state.capacity} slots: the job "
                                          f"wants {desired} workers")]

@@ -6,6 +6,7 @@ that certainly holds the current training state.
 """
 from __future__ import annotations
 
+from collections import Counter
 import json
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -119,6 +120,11 @@ class ClusterView:
     @property
     def host(self) -> str:
         return self.hosts[self.rank]
+
+    @property
+    def per_host(self) -> dict[str, int]:
+        """Workers on each host (what a scheduler audits its slots against)."""
+        return dict(Counter(self.hosts))
 
     @staticmethod
     def of(config: ClusterConfig, worker_id: str, *, min_size: int = 1, max_size: int | None = None,

@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="spawn a replacement for every failed worker")
     run.add_argument("--join-timeout", type=float, default=120.0,
                      help="seconds a joiner may take to become ready (default: %(default)s)")
+    run.add_argument("--secret-file", default=None, metavar="FILE",
+                     help="the job's secret (an owner-only file of 64 hex digits) instead of a new one: a "
+                          "scheduler that starts `taiji join` on other hosts derives it there")
+    run.add_argument("--no-grow-on-join", dest="grow_on_join", action="store_false",
+                     help="a host that joins adds slots, but only a resize (`--placement`) puts workers there "
+                          "(a scheduler places them); default: the job grows onto them")
     run.add_argument("--max-failures", type=int, default=3,
                      help="worker failures the job survives before it stops (default: %(default)s)")
     join = sub.add_parser("join", help="add this host to a running job (an agent for its workers)",
@@ -202,7 +208,13 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
                      replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures,
                      liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout,
                      nproc_per_node=args.nproc_per_node, store=_parse_store(args.store),
-                     min_hosts=min_hosts, max_hosts=max_hosts)
+                     min_hosts=min_hosts, max_hosts=max_hosts, grow_on_join=args.grow_on_join,
+                     secret=_read_secret(args.secret_file))
+
+
+def _read_secret(path: str | None) -> bytes | None:
+    from ..cluster.auth import read_secret_file
+    return None if path is None else read_secret_file(path)
 
 
 def _parse_nnodes(nnodes: str | None, per_node: int) -> tuple[int, int]:

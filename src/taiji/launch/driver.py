@@ -48,6 +48,7 @@ class DriverConfig:
     slots: int = 0  # workers this host takes; 0: up to max_np (one host)
     store: str = "tcp"  # tcp (hosted here) | etcd (a server started here) | etcd://HOST:PORT,... (the user's)
     min_hosts: int = 1  # hosts (this one included) that must have joined before the job starts
+    secret: bytes | None = None  # the job's secret when given (a scheduler derives it); else a new one
 
 
 class Deposed(LaunchError):
@@ -92,7 +93,7 @@ class Driver:
     def launch(cfg: DriverConfig, settings: WorkerSettings, output=None) -> "Driver":
         """`taiji run`'s driver: the store hosted here (TCPStore or an etcd server) or opened."""
         etcd: EtcdServer | None = None
-        secret = auth.new_secret()
+        secret = cfg.secret or auth.new_secret()
         if cfg.store == "tcp":
             store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
             settings = replace(settings, store_host=cfg.host, store_port=store.port, store_url="")

@@ -29,6 +29,8 @@ class RunConfig:
     store: str = "tcp"        # tcp | etcd | etcd://HOST:PORT[,HOST:PORT...]
     min_hosts: int = 1        # --nnodes MIN: hosts joined before the start
     max_hosts: int = 0        # --nnodes MAX: hosts at most (0: no limit)
+    grow_on_join: bool = True  # grow onto a joining host's slots (off: only resizes place workers there)
+    secret: bytes | None = None  # the job's secret (--secret-file); None: a new one
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,10 @@ def run_job(cfg: RunConfig, output=None) -> int:
                         max_failures=cfg.max_failures, liveness_timeout=cfg.liveness_timeout,
                         busy_timeout=cfg.busy_timeout,
                         stale_after=4 * heartbeat_interval(cfg.liveness_timeout),
-                        host_timeout=cfg.liveness_timeout, max_hosts=cfg.max_hosts or ctl.Bounds.max_hosts)
+                        host_timeout=cfg.liveness_timeout, max_hosts=cfg.max_hosts or ctl.Bounds.max_hosts,
+                        grow_on_join=cfg.grow_on_join)
     driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=cfg.nproc, bounds=bounds,
                               host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace,
-                              slots=cfg.nproc_per_node, store=cfg.store, min_hosts=cfg.min_hosts)
+                              slots=cfg.nproc_per_node, store=cfg.store, min_hosts=cfg.min_hosts,
+                              secret=cfg.secret)
     return Driver.launch(driver_cfg, worker_settings(cfg), output=output).run()

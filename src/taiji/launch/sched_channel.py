@@ -17,7 +17,7 @@ import socket
 import threading
 from typing import Any, Callable
 
-from ..errors import AuthError, StoreError
+from ..errors import AuthError, ConfigError, StoreError
 from .control import read_line
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 class RequestServer:
-    """Answers authenticated requests with ``handler`` on a thread (one connection at a time:
-    requests are few and small)."""
+    """Answers authenticated requests with ``handler``, each connection on a thread of its own
+    (the handler does its own locking)."""
 
     def __init__(self, address: str, secret: bytes, handler: Handler):
         host, port = split_address(address)
@@ -63,29 +63,34 @@ class RequestServer:
                 conn, peer = self._sock.accept()
             except (socket.timeout, OSError):
                 continue
-            with conn:
-                conn.settimeout(5.0)
-                try:
-                    nonce = secrets.token_hex(16)
-                    conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
-                    message = json.loads(read_line(conn, limit=LINE_LIMIT))
-                    request = message["request"]
-                    if not isinstance(request, dict) or not hmac.compare_digest(
-                            str(message.get("mac", "")), _mac(self._key, nonce, request)):
-                        log.warning("refused a request from %s: bad signature (not our secret)", peer)
-                        reply = {"ok": False, "error": "not authenticated: the request is not signed with "
-                                                        "this daemon's secret"}
-                    else:
-                        reply = self._handler(request)
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    reply = {"ok": False, "error": f"bad request: {exc}"}
-                except Exception as exc:   # the handler's own failure: answer it, keep serving
-                    log.exception("taiji sched: a request failed")
-                    reply = {"ok": False, "error": f"the daemon failed on this request: {exc}"}
-                try:
-                    conn.sendall(json.dumps(reply).encode() + b"\n")
-                except OSError:
-                    pass   # the client gave up
+            # a thread per connection: a request may wait (a cancel, until its job is gone) while
+            # others, the agents' polls among them, are answered
+            threading.Thread(target=self._answer, args=(conn, peer), name="taiji-sched-request", daemon=True).start()
+
+    def _answer(self, conn: socket.socket, peer: Any) -> None:
+        with conn:
+            conn.settimeout(5.0)
+            try:
+                nonce = secrets.token_hex(16)
+                conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
+                message = json.loads(read_line(conn, limit=LINE_LIMIT))
+                request = message["request"]
+                if not isinstance(request, dict) or not hmac.compare_digest(
+                        str(message.get("mac", "")), _mac(self._key, nonce, request)):
+                    log.warning("refused a request from %s: bad signature (not our secret)", peer)
+                    reply = {"ok": False, "error": "not authenticated: the request is not signed with "
+                                                    "this daemon's secret"}
+                else:
+                    reply = self._handler(request)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                reply = {"ok": False, "error": f"bad request: {exc}"}
+            except Exception as exc:   # the handler's own failure: answer it, keep serving
+                log.exception("taiji sched: a request failed")
+                reply = {"ok": False, "error": f"the daemon failed on this request: {exc}"}
+            try:
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+            except OSError:
+                pass   # the client gave up
 
     def close(self) -> None:
         self._closed.set()
@@ -107,5 +112,7 @@ def ask(address: str, secret: bytes, request: dict[str, Any], timeout: float = 3
                          f"`taiji sched serve`") from None
     if not reply.get("ok"):
         error = str(reply.get("error", "no reply"))
+        if reply.get("refused"):   # the daemon will not take this client as it is configured
+            raise ConfigError(error)
         raise (AuthError if error.startswith("not authenticated") else StoreError)(error)
     return reply

@@ -1,13 +1,16 @@
 """``taiji sched serve|submit|status|cancel|stop``: the live scheduler on this host.
 
     taiji sched serve --slots 4 --policy pcrr --round 10          # the daemon (foreground)
+    taiji sched serve --hosts hosts.txt --address 10.0.0.1:7070   # many hosts: "ADDRESS SLOTS" per line,
+    taiji sched agent --host 10.0.0.2 --slots 4 --daemon 10.0.0.1:7070 --secret-file FILE  # on each
     taiji sched submit --min-np 1 --max-np 4 --name mnist -- python examples/fashion_mnist.py
     taiji sched status                                            # a table of the jobs
     taiji sched cancel s0002
     taiji sched stop                                              # stops the daemon and its jobs
     taiji sched plot -o allocations.png                           # workers per job over time
 
-The daemon shares ``--slots`` worker slots (cores) among elastic taiji jobs: every ``--round``
+The daemon shares ``--slots`` worker slots (cores) — or the slots of every host in ``--hosts``, each
+driven by its ``taiji sched agent`` — among elastic taiji jobs: every ``--round``
 seconds it runs the same policy code as ``taiji sched simulate`` on models fitted to what each job
 measured, and resizes running jobs in place — shrinks first, grows once the shrinks landed, so the
 slots are never oversubscribed. Clients find it through ``--state-dir`` (default ``~/.taiji/sched``)
@@ -27,7 +30,7 @@ from ..errors import ConfigError, TaijiError
 from .sched_channel import ask
 
 PROG = "taiji sched"
-LIVE_COMMANDS = ("serve", "submit", "status", "cancel", "stop", "plot")
+LIVE_COMMANDS = ("serve", "agent", "submit", "status", "cancel", "stop", "plot")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where to listen for requests (default: loopback, a free port)")
     serve.add_argument("--shrink-timeout", type=float, default=30.0, metavar="SECONDS",
                        help="a shrink not landed by then keeps its slots reserved and the round's grows go on")
+    serve.add_argument("--hosts", default=None, metavar="FILE",
+                       help="many hosts: one 'ADDRESS SLOTS' line per host (all with the same slots), each running "
+                            "`taiji sched agent`; listen on an address they reach (--address)")
+    serve.add_argument("--host-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="a host whose agent is silent this long is down: its slots leave the pool")
+    agent = sub.add_parser("agent", help="run one host's jobs for a `serve --hosts` daemon (foreground)")
+    agent.add_argument("--host", required=True, help="this host's address, as the daemon's --hosts file names it")
+    agent.add_argument("--slots", type=int, required=True, help="this host's worker slots (as in the --hosts file)")
+    agent.add_argument("--daemon", default=None, metavar="HOST:PORT",
+                       help="the daemon's address (default: from --state-dir's daemon.json)")
+    agent.add_argument("--secret-file", default=None, metavar="FILE",
+                       help="a copy of the daemon's secret file (default: --state-dir's secret)")
+    agent.add_argument("--work-dir", default=None, metavar="DIR",
+                       help="where the agent keeps job secrets and join logs (default: STATE_DIR/agent-HOST)")
     submit = sub.add_parser("submit", help="queue a job: taiji sched submit [options] -- python train.py ...")
     submit.add_argument("--min-np", type=int, default=1, metavar="A")
     submit.add_argument("--max-np", type=int, default=None, metavar="B", help="default: all slots")
@@ -67,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def format_status(reply: dict[str, Any]) -> str:
     now = float(reply.get("now", time.time()))
-    rows = [("JOB", "NAME", "STATE", "WORKERS", "SAMPLES/S", "PROGRESS", "ETA", "SINCE")]
+    rows = [("JOB", "NAME", "STATE", "WORKERS", "HOSTS", "SAMPLES/S", "PROGRESS", "ETA", "SINCE")]
+    names = reply.get("host_names") or ["this host"]
     for job in reply.get("jobs", []):
         end, position, speed = job.get("end") or 0, job.get("position") or 0, job.get("samples_per_s") or 0.0
         progress = f"{100 * position / end:.0f}%" if end else "-"
@@ -75,12 +93,22 @@ def format_status(reply: dict[str, Any]) -> str:
         since = job.get("ended") or job.get("started") or job["submitted"]
         state = job["state"] + (f" ({job['reason']})" if job.get("reason") else "")
         rows.append((job["id"], job["name"], state, str(job.get("size", 0)) + f" [{job['min_np']}-{job['max_np']}]",
-                     f"{speed:.0f}", progress, eta, f"{now - since:.0f}s ago"))
+                     _hosts_of(job, names), f"{speed:.0f}", progress, eta, f"{now - since:.0f}s ago"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     held = sum(job.get("size", 0) for job in reply.get("jobs", []) if job["state"] == "running")
-    lines.append(f"{held}/{reply.get('slots')} slots in use; policy {reply.get('policy')}")
+    slots, up = int(reply.get("slots", 0)), reply.get("up") or [True] * len(names)
+    down = [name for name, is_up in zip(names, up) if not is_up]
+    lines.append(f"{held}/{slots * sum(1 for u in up if u)} slots in use on {sum(1 for u in up if u)} host(s)"
+                 + (f" ({', '.join(down)} down)" if down else "") + f"; policy {reply.get('policy')}")
     return "\n".join(lines)
+
+
+def _hosts_of(job: dict[str, Any], names: list[str]) -> str:
+    placement = job.get("placement") or []
+    if job["state"] != "running" or not any(placement):
+        return "-" if job["state"] != "running" or len(names) > 1 else names[0]
+    return ",".join(f"{name}={n}" for name, n in zip(names, placement) if n)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -94,8 +122,22 @@ def main(argv: Sequence[str]) -> int:
             from ..sched.sim import SYSTEMS
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-            scheduler = Scheduler(args.slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout)
-            return run_daemon(directory, scheduler, args.round, args.address)
+            hosts = None
+            slots, count = args.slots, 1
+            if args.hosts:
+                from .sched_hosts import AgentHosts, read_hosts_file
+                listed = read_hosts_file(args.hosts)
+                hosts, slots, count = AgentHosts(listed, args.host_timeout), listed[0][1], len(listed)
+            scheduler = Scheduler(slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout, hosts=count)
+            return run_daemon(directory, scheduler, args.round, args.address, hosts)
+        if args.command == "agent":
+            from ..cluster.auth import read_secret_file
+            from .sched_agent import SchedAgent, run_agent
+            if not logging.getLogger().handlers:
+                logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+            secret = read_secret_file(args.secret_file) if args.secret_file else read_secret(directory)
+            work = Path(args.work_dir) if args.work_dir else directory / f"agent-{args.host}"
+            return run_agent(SchedAgent(args.daemon or daemon_address(directory), secret, args.host, args.slots, work))
         if args.command == "plot":
             print(plot_state(directory, args.output))
             return 0

@@ -6,12 +6,14 @@ running daemon), ``state.json`` (every job and outstanding ask, rewritten after 
 ``jobs/<id>/`` (each job's launcher log and run directory).
 
 Each job runs under its own ``taiji run -np N --min-np A --max-np B --job-id sched-<id>`` in a
-session of its own, so a daemon that is killed leaves its jobs running at their sizes; a restarted
-daemon loads ``state.json`` and re-adopts the jobs whose launchers still run. The daemon reads each
-launcher's status through its control socket (as ``taiji status`` does) every tick, proposes
-resizes through it (as ``taiji resize`` does) and starts queued jobs; ``Scheduler`` decides. A
-daemon stopped on purpose (SIGTERM, SIGINT, ``taiji sched stop``) stops its jobs first: nothing it
-started is left running.
+session of its own — on this host, or on the host an agent runs (``--hosts``; the
+:mod:`~taiji.launch.sched_hosts` part hides which) — so a daemon that is killed leaves its jobs
+running at their sizes; a restarted daemon loads ``state.json`` and re-adopts the jobs whose
+launchers still run. Every tick the daemon reads each launcher's status (as ``taiji status``
+does), proposes resizes (as ``taiji resize`` does; placed on many hosts), sends again an ask a job
+has not reached, and starts queued jobs; ``Scheduler`` decides. A cancelled job keeps its slots
+until its launcher is gone. A daemon stopped on purpose (SIGTERM, SIGINT, ``taiji sched stop``)
+stops its jobs first (agents keep polling meanwhile): nothing it started is left running.
 """
 from __future__ import annotations
 
@@ -20,8 +22,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,16 +30,16 @@ from typing import Any
 from .. import env
 from ..cluster.auth import new_secret, write_secret_file
 from ..errors import ConfigError, StoreError, TaijiError
-from . import control, registry
 from ..metrics.runlog import EVENTS_FILE
 from ..sched.daemon import Observed, Scheduler
 from .sched_channel import RequestServer
+from .sched_hosts import STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
 from ..sched.rounds import Change
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.5
-STOP_GRACE_S = 10.0
+RESEND_S = 2.0   # an ask the job has not reached is sent again this often (a launcher may refuse one)
 
 
 def state_dir(path: str | None = None) -> Path:
@@ -73,21 +73,23 @@ def running_daemon_pid(directory: Path) -> int | None:
         return None
 
 
-def launcher_id(job_id: str) -> str:
-    return f"sched-{job_id}"
-
-
 class Daemon:
-    def __init__(self, directory: Path, scheduler: Scheduler, round_seconds: float, address: str):
+    def __init__(self, directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
+                 hosts: JobHosts | None = None):
         if round_seconds <= 0:
             raise ConfigError(f"--round must be > 0 seconds, got {round_seconds}")
         self.dir = directory
         self.sched = scheduler
         self.round_seconds = round_seconds
         self.address = address
+        self.hosts: JobHosts = hosts if hosts is not None else LocalHost()
+        if len(self.hosts.addresses) != scheduler.hosts:
+            raise ConfigError(f"{len(self.hosts.addresses)} host(s) to run jobs on, but the scheduler has {scheduler.hosts}")
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.children: dict[str, subprocess.Popen] = {}
+        self.stopping: dict[str, tuple[float, str, bool]] = {}   # job -> (SIGTERM sent at, reason, SIGKILLed)
+        self.sent: dict[str, tuple[float, tuple[int, ...]]] = {}  # job -> (when, what) it was last asked
+        self.joining: dict[str, int] = {}                          # job -> its joiners still booting
         self._dirty = True
 
     # -- the loop -------------------------------------------------------------------------------
@@ -111,8 +113,9 @@ class Daemon:
             lock.close()
             raise ConfigError(f"cannot listen on --address {self.address}: {exc}") from None
         _write_atomically(self.dir / "daemon.json", json.dumps({"address": server.address, "pid": os.getpid()}))
-        log.info("taiji sched: serving on %s with %d slot(s), policy %s, a round every %gs (state in %s)",
-                 server.address, self.sched.slots, self.sched.policy.name, self.round_seconds, self.dir)
+        log.info("taiji sched: serving on %s with %d host(s) of %d slot(s), policy %s, a round every %gs "
+                 "(state in %s)", server.address, self.sched.hosts, self.sched.slots_per_host,
+                 self.sched.policy.name, self.round_seconds, self.dir)
         next_round = time.monotonic()
         try:
             while not self.stop.is_set():
@@ -125,82 +128,118 @@ class Daemon:
                             next_round = time.monotonic() + self.round_seconds
                             changes += self.sched.round(now)
                         self._apply(now, changes)
+                        self._ask_again()
                         self._save()
                     except Exception:   # one bad tick (a policy's error, a full disk) must not stop every job
                         log.exception("taiji sched: this tick failed; the daemon goes on")
                 self.stop.wait(TICK_S)
         finally:
-            server.close()
-            with self.lock:
-                self._stop_all()
-                self._save()
-            (self.dir / "daemon.json").unlink(missing_ok=True)
-            lock.close()
+            try:
+                self._stop_all()   # (agents still poll: they take the stop orders)
+            finally:
+                server.close()
+                (self.dir / "daemon.json").unlink(missing_ok=True)
+                lock.close()
         return 0
 
     def _observe(self, now: float) -> None:
+        for host, up in self.hosts.poll_hosts(now):
+            self.sched.host_state(host, up)
+            self._dirty = True
         for job in [j for j in self.sched.jobs.values() if j.state == "running"]:
-            child = self.children.get(job.id)
-            code = child.poll() if child is not None else None
+            code = self.hosts.outcome(job.id)
             if code is not None:
-                self._end(now, job.id, "finished" if code == 0 else "failed",
-                          "" if code == 0 else f"its launcher exited with {code} (see {self._job_dir(job.id)}/launcher.log)")
+                self._ended_with(now, job.id, "finished" if code == 0 else "failed",
+                                 "" if code == 0 else f"its launcher exited with {code} (see {self._job_dir(job.id)}/launcher.log)")
                 continue
-            try:
-                status = control.request(registry.control_socket(launcher_id(job.id)), {"op": "status"}, timeout=2.0)
-            except StoreError:
-                if child is None and not self._launcher_running(job.id):
-                    self._end(now, job.id, *self._outcome_of_adopted(job.id))
+            if job.id in self.stopping:
+                self._escalate(job.id)
+            status = self.hosts.status(job.id)
+            if status is None:
+                if not self.hosts.running(job.id):
+                    self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
                 continue   # starting up, or busy: read again next tick
             progress = status.get("progress") or {}
+            self.joining[job.id] = len(status.get("joiners", []))
             self.sched.observe(now, job.id, Observed(
                 size=len(status.get("workers", [])), version=int(status.get("version", 0)),
                 step=int(progress.get("step", 0)), batch_size=int(progress.get("batch_size", 0)),
                 position=int(progress.get("position", 0)), end=int(progress.get("end", 0)),
-                samples_per_s=float(progress.get("samples_per_s", 0.0))))
+                samples_per_s=float(progress.get("samples_per_s", 0.0)), placement=self._placement(status)))
             self._dirty = True
+
+    def _placement(self, status: dict[str, Any]) -> tuple[int, ...]:
+        """Workers per host (in the daemon's host order) from a launcher's status; () on one host."""
+        if len(self.hosts.addresses) == 1:
+            return ()
+        used = {str(address): int(n) for address, _, n in status.get("hosts", [])}
+        return tuple(used.get(address, 0) for address in self.hosts.addresses)
 
     def _apply(self, now: float, changes: list[Change]) -> None:
         for change in changes:
             workers = sum(change.after)
             job = self.sched.jobs[change.job]
             if job.state == "queued":   # (a running job may show 0 workers while it starts: not a start)
-                self._launch(now, job.id, workers)
+                self._launch(now, job.id, change.after)
                 self._save()   # a daemon killed now must not launch it again after a restart
             else:
                 try:
-                    control.request(registry.control_socket(launcher_id(job.id)),
-                                    {"op": "resize", "size": workers, "source": "taiji sched"})
-                    log.info("job %s (%s): asked for %d worker(s) (%s; it runs %d)", job.id, job.name, workers,
-                             change.kind, job.size)
+                    self.hosts.resize(job.id, workers, change.after)
+                    self.sent[job.id] = (time.monotonic(), change.after)
+                    log.info("job %s (%s): asked for %d worker(s) %s(%s; it runs %d)", job.id, job.name, workers,
+                             self._where(change.after), change.kind, job.size)
                 except StoreError as exc:
                     self.sched.request_failed(job.id)
                     log.warning("job %s: could not ask for %d workers (%s); the next round asks again",
                                 job.id, workers, exc)
             self._dirty = True
 
-    def _launch(self, now: float, job_id: str, workers: int) -> None:
+    def _ask_again(self) -> None:
+        """Send again what a job was asked and has not reached (a launcher refuses a placed resize
+        while joiners boot, and a round does not repeat an ask): once its joiners are in."""
+        for job_id, ask in list(self.sched.rounds.asked.items()):
+            job = self.sched.jobs.get(job_id)
+            when, what = self.sent.get(job_id, (float("-inf"), ()))
+            if (job is None or job.state != "running" or not job.size or job_id in self.stopping or self.joining.get(job_id)
+                    or (what == ask.target and time.monotonic() - when < RESEND_S)):
+                continue
+            try:
+                self.hosts.resize(job_id, sum(ask.target), ask.target)
+                self.sent[job_id] = (time.monotonic(), ask.target)
+            except StoreError as exc:
+                log.debug("job %s: asking again failed (%s)", job_id, exc)
+
+    def _where(self, placement: tuple[int, ...]) -> str:
+        if len(placement) == 1:
+            return ""
+        return "placed " + ",".join(f"{a}={n}" for a, n in zip(self.hosts.addresses, placement) if n) + " "
+
+    def _launch(self, now: float, job_id: str, placement: tuple[int, ...]) -> None:
         job = self.sched.jobs[job_id]
+        home = next(h for h, n in enumerate(placement) if n)
         where = self._job_dir(job_id)
         where.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(workers), "--min-np", str(job.min_np),
-                   "--max-np", str(job.max_np), "--job-id", launcher_id(job_id), "--run-dir", str(where / "run"),
-                   "--", *job.command]
+        run_args = ["-np", str(placement[home]), "--min-np", str(job.min_np), "--max-np", str(job.max_np),
+                    "--job-id", launcher_id(job_id), "--run-dir", str(where / "run"), "--", *job.command]
         try:
-            with open(where / "launcher.log", "ab") as out:
-                self.children[job_id] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                                         stdin=subprocess.DEVNULL, cwd=job.cwd or None,
-                                                         start_new_session=True)
+            self.hosts.launch(job_id, home, run_args, job.cwd, where / "launcher.log")
         except OSError as exc:   # e.g. the directory it was submitted from is gone
-            self.sched.launched(now, job_id)
-            self._end(now, job_id, "failed", f"could not start its launcher: {exc}")
+            self.sched.launched(now, job_id, home)
+            self._ended_with(now, job_id, "failed", f"could not start its launcher: {exc}")
             return
-        self.sched.launched(now, job_id)
-        log.info("job %s (%s): started on %d worker(s)", job_id, job.name, workers)
+        self.sched.launched(now, job_id, home)
+        self.sent[job_id] = (time.monotonic(), placement)
+        log.info("job %s (%s): started on %d worker(s) %s", job_id, job.name, placement[home],
+                 self._where(placement))
 
-    def _end(self, now: float, job_id: str, state: str, reason: str = "") -> None:
+    def _ended_with(self, now: float, job_id: str, state: str, reason: str = "") -> None:
+        """The job's launcher is gone: it ended as ``state`` — or as cancelled, if it was being stopped."""
+        if job_id in self.stopping:
+            state, reason = "cancelled", self.stopping.pop(job_id)[1]
         self.sched.ended(now, job_id, state, reason)
-        self.children.pop(job_id, None)
+        self.hosts.forget(job_id)
+        self.sent.pop(job_id, None)
+        self.joining.pop(job_id, None)
         job = self.sched.jobs[job_id]
         log.info("job %s (%s): %s%s after %.1fs", job_id, job.name, state, f" ({reason})" if reason else "",
                  now - job.submitted)
@@ -210,9 +249,13 @@ class Daemon:
 
     def _handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
+        if op == "cancel":
+            return self._cancel_request(str(request.get("job", "")))
         with self.lock:
             now = time.time()
             try:
+                if op == "agent" and isinstance(self.hosts, AgentHosts):
+                    return self.hosts.on_poll(now, request)
                 if op == "submit":
                     job = self.sched.submit(now, [str(c) for c in request.get("command", [])],
                                             int(request.get("min_np", 1)),
@@ -223,13 +266,8 @@ class Daemon:
                     self._dirty = True
                     return {"ok": True, "job": job.id}
                 if op == "status":
-                    return {"ok": True, **self.sched.to_json(), "policy": self.sched.policy.name, "now": now}
-                if op == "cancel":
-                    job_id = str(request.get("job", ""))
-                    if job_id not in self.sched.jobs:
-                        return {"ok": False, "error": f"no job {job_id!r}; `taiji sched status` lists them"}
-                    self._cancel(now, job_id, "cancelled by `taiji sched cancel`")
-                    return {"ok": True, "job": job_id, "state": self.sched.jobs[job_id].state}
+                    return {"ok": True, **self.sched.to_json(), "policy": self.sched.policy.name, "now": now,
+                            "host_names": list(self.hosts.addresses), "up": list(self.sched.up)}
                 if op == "stop":
                     self.stop.set()
                     return {"ok": True}
@@ -237,64 +275,52 @@ class Daemon:
                 return {"ok": False, "error": str(exc)}
         return {"ok": False, "error": f"unknown request {op!r}"}
 
-    def _cancel(self, now: float, job_id: str, reason: str) -> None:
-        job = self.sched.jobs[job_id]
-        if job.state == "running":
-            self._terminate(job_id)
-        if job.active:
-            self._end(now, job_id, "cancelled", reason)
-
-    # -- processes ------------------------------------------------------------------------------
-
-    def _terminate(self, job_id: str) -> None:
-        """SIGTERM the job's launcher session (its workers stop with it), SIGKILL after a grace."""
-        if not self._signal(job_id, signal.SIGTERM):
-            return
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and self._alive(job_id):
+    def _cancel_request(self, job_id: str) -> dict[str, Any]:
+        """Stop the job and answer once it ended (its slots are free only then)."""
+        with self.lock:
+            if job_id not in self.sched.jobs:
+                return {"ok": False, "error": f"no job {job_id!r}; `taiji sched status` lists them"}
+            self._cancel(time.time(), job_id, "cancelled by `taiji sched cancel`")
+        deadline = time.monotonic() + STOP_GRACE_S + 10.0
+        while time.monotonic() < deadline and self.sched.jobs[job_id].active and not self.stop.is_set():
             time.sleep(0.1)
-        if self._alive(job_id):
-            self._signal(job_id, signal.SIGKILL)
-        child = self.children.get(job_id)
-        if child is not None:
-            try:
-                child.wait(5.0)
-            except subprocess.TimeoutExpired:
-                log.warning("job %s: its launcher (pid %d) did not exit after SIGKILL", job_id, child.pid)
+        return {"ok": True, "job": job_id, "state": self.sched.jobs[job_id].state}
 
-    def _signal(self, job_id: str, sig: int) -> bool:
-        child = self.children.get(job_id)
-        pid = child.pid if child is not None else self._adopted_pid(job_id)
-        if pid is None:
-            return False
-        try:
-            os.killpg(pid, sig)
-            return True
-        except ProcessLookupError:
-            return False
+    def _cancel(self, now: float, job_id: str, reason: str) -> None:
+        """A queued job ends at once; a running one is sent SIGTERM and ends (as cancelled) when
+        its launcher is gone — its slots stay held until then."""
+        job = self.sched.jobs[job_id]
+        if job.state == "queued":
+            self._ended_with(now, job_id, "cancelled", reason)
+        elif job.state == "running" and job_id not in self.stopping:
+            self.stopping[job_id] = (time.monotonic(), reason, False)
+            self.hosts.signal(job_id, signal.SIGTERM)
 
-    def _alive(self, job_id: str) -> bool:
-        child = self.children.get(job_id)
-        return child.poll() is None if child is not None else self._launcher_running(job_id)
+    def _escalate(self, job_id: str) -> None:
+        sent, reason, killed = self.stopping[job_id]
+        if not killed and time.monotonic() - sent > STOP_GRACE_S:
+            log.warning("job %s: still running %gs after SIGTERM: SIGKILL", job_id, STOP_GRACE_S)
+            self.hosts.signal(job_id, signal.SIGKILL)
+            self.stopping[job_id] = (sent, reason, True)
 
     def _stop_all(self) -> None:
-        """SIGTERM every job at once, then wait for them together (not one grace period each)."""
-        active = [j.id for j in self.sched.jobs.values() if j.active]
-        for job_id in active:
-            self._signal(job_id, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and any(self._alive(j) for j in active):
+        """Stop every job at once, wait for them together (agents keep polling meanwhile), then
+        count what is left as cancelled."""
+        with self.lock:
+            for job in [j for j in self.sched.jobs.values() if j.active]:
+                self._cancel(time.time(), job.id, "the scheduler daemon stopped")
+        deadline = time.monotonic() + STOP_GRACE_S + 10.0
+        while time.monotonic() < deadline:
+            with self.lock:
+                self._observe(time.time())
+                if not self.stopping:
+                    break
             time.sleep(0.1)
-        now = time.time()
-        for job_id in active:
-            self._cancel(now, job_id, "the scheduler daemon stopped")
-
-    def _adopted_pid(self, job_id: str) -> int | None:
-        running = [e.pid for e in registry.all_jobs() if e.job == launcher_id(job_id) and e.running]
-        return running[0] if running else None
-
-    def _launcher_running(self, job_id: str) -> bool:
-        return self._adopted_pid(job_id) is not None
+        with self.lock:
+            for job_id in list(self.stopping):
+                log.warning("job %s: its launcher did not report its exit; counted as cancelled", job_id)
+                self._ended_with(time.time(), job_id, "cancelled")
+            self._save()
 
     def _outcome_of_adopted(self, job_id: str) -> tuple[str, str]:
         """A re-adopted job's launcher is gone: it finished if its run log says it ended."""
@@ -320,10 +346,11 @@ class Daemon:
             raise ConfigError(f"cannot read the saved scheduler state {path} ({exc}); move it away to start afresh")
         now = time.time()
         for job in [j for j in self.sched.jobs.values() if j.state == "running"]:
-            if self._launcher_running(job.id):
+            self.hosts.adopt(job.id, max(job.home, 0))
+            if self.hosts.running(job.id):
                 log.info("re-adopted job %s (%s): its launcher still runs", job.id, job.name)
             else:
-                self._end(now, job.id, *self._outcome_of_adopted(job.id))
+                self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
 
     def _save(self) -> None:
         if not self._dirty:
@@ -338,8 +365,9 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp.replace(path)   # readers never see half a file
 
 
-def run_daemon(directory: Path, scheduler: Scheduler, round_seconds: float, address: str) -> int:
-    daemon = Daemon(directory, scheduler, round_seconds, address)
+def run_daemon(directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
+               hosts: JobHosts | None = None) -> int:
+    daemon = Daemon(directory, scheduler, round_seconds, address, hosts)
     stop_on = (signal.SIGTERM, signal.SIGINT)
     previous = {s: signal.signal(s, lambda *_: daemon.stop.set()) for s in stop_on}
     try:

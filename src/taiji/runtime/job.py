@@ -181,9 +181,9 @@ class Job:
         self._transitions.enter()
         self._peer.show_context(self._context)
         self._membership.set_training(True)
-        self._reporter.on(Event("start", self.progress.step, {"size": self._membership.view.size,
-                                                            "version": self._membership.view.version,
-                                                            "batch_size": self.progress.sampler.batch_size}))
+        view, batch_size = self._membership.view, self.progress.sampler.batch_size
+        self._reporter.on(Event("start", self.progress.step, {"size": view.size, "version": view.version,
+                                                            "hosts": view.per_host, "batch_size": batch_size}))
         if fresh:
             start = ["before_epoch"] if self.progress.sampler.cursor == 0 else []
             self._decide(["before_train"] + start + ([] if self.done else ["before_step"]))

@@ -64,10 +64,11 @@ class Transitions:
             self.reporter.on(Event("failure", step, {"time": time.time() - (finished - started),
                                                      "size": before.size, "version": before.version}))
             self.reporter.on(Event("recovery", step, {"size": after.size, "version": after.version,
-                                                      "seconds": record["total_s"]}))
+                                                      "hosts": after.per_host, "seconds": record["total_s"]}))
         else:
             self.reporter.on(Event("resize", step, {"size": after.size, "from_size": before.size,
-                                                    "version": after.version, "seconds": record["total_s"]}))
+                                                    "hosts": after.per_host, "version": after.version,
+                                                    "seconds": record["total_s"]}))
         self.reporter.on(Paused(transition=True))
         log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs", before.version,
                  after.version, reason, before.size, after.size, step, finished - started)

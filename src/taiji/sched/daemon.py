@@ -2,11 +2,14 @@
 changes out — like ``cluster/controller.py`` for one job. ``launch/sched_daemon.py`` does the effects
 (launching jobs, reading their launchers, proposing resizes, the request socket).
 
-One host today: the slots are its cores and every placement is ``(workers,)``. Each round the
-jobs' measured step times refit their models (:mod:`taiji.sched.live`), the simulator's policy
-allocates, targets are clamped to each job's ``[min_np, max_np]`` (a running job never goes below
-its minimum: taiji cannot pause a job) and :class:`~taiji.sched.rounds.Rounds` turns them into
-shrinks first, grows after. A job the policy gives no slot stays queued.
+``hosts`` identical hosts of ``slots`` slots each (one host: its cores); a placement is workers
+per host (index = host). Each round the jobs' measured step times refit their models
+(:mod:`taiji.sched.live`), the simulator's policy allocates on the hosts that are up, targets are
+clamped to each job's ``[min_np, max_np]`` (a running job never goes below its minimum: taiji cannot
+pause a job) and :class:`~taiji.sched.rounds.Rounds` turns them into shrinks first, grows after. A
+job the policy gives no slot stays queued. A job *starts on one host* (its launcher's, the ``home``
+the policy gave the most workers) and grows onto others by placed resizes in later rounds, so its
+``min_np`` must fit one host. A host that is down offers no slots: the policy does not see it.
 
 The state is plain data (``to_json``/``from_json``): a restarted daemon loads it and re-adopts
 the jobs whose launchers still run.
@@ -57,6 +60,8 @@ class LiveJob:
     position: int = 0         # samples trained
     end: int = 0              # the position where it will be done (0: not reported yet)
     samples_per_s: float = 0.0
+    placement: list[int] = field(default_factory=list)   # workers per host (empty: none yet)
+    home: int = -1            # the host its launcher runs on (-1: not started)
     started: float | None = None
     ended: float | None = None
     measured: dict[str, list[float]] = field(default_factory=dict)   # workers -> recent step seconds
@@ -80,16 +85,19 @@ class Observed:
     position: int = 0
     end: int = 0
     samples_per_s: float = 0.0
+    placement: tuple[int, ...] = ()   # workers per host (empty: all on its home host)
 
 
 class Scheduler:
-    def __init__(self, slots: int, policy: Policy, shrink_timeout: float = 30.0):
-        if slots < 1:
-            raise ConfigError(f"the scheduler needs at least one slot, got {slots}")
-        self.slots = slots
+    def __init__(self, slots: int, policy: Policy, shrink_timeout: float = 30.0, hosts: int = 1):
+        if slots < 1 or hosts < 1:
+            raise ConfigError(f"the scheduler needs at least one host with one slot, got {hosts} x {slots}")
+        self.slots_per_host = slots
+        self.hosts = hosts
+        self.slots = slots * hosts
         self.policy = policy
-        self.cluster = Cluster(num_hosts=1, gpus_per_host=slots, cpus_per_host=slots)
-        self.rounds = Rounds(slots=(slots,), shrink_timeout=shrink_timeout)
+        self.up = [True] * hosts
+        self.rounds = Rounds(slots=(slots,) * hosts, shrink_timeout=shrink_timeout)
         self.jobs: dict[str, LiveJob] = {}
         self.next_id = 1
 
@@ -104,9 +112,10 @@ class Scheduler:
             raise ConfigError("submit needs a command to run (taiji sched submit -- python train.py ...)")
         if min_np < 1 or max_np < min_np:
             raise ConfigError(f"need 1 <= min_np <= max_np, got min_np={min_np}, max_np={max_np}")
-        if min_np > self.slots:
-            raise ConfigError(f"the job needs at least {min_np} workers but this scheduler has {self.slots} "
-                              f"slot(s): it could never run (lower --min-np or add slots)")
+        if min_np > self.slots_per_host:
+            where = "" if self.hosts == 1 else " per host (a job starts on one host)"
+            raise ConfigError(f"the job needs at least {min_np} workers but this scheduler has "
+                              f"{self.slots_per_host} slot(s){where}: it could never run (lower --min-np or add slots)")
         if not (math.isfinite(weight) and weight > 0):
             raise ConfigError(f"weight must be a number > 0, got {weight}")
         if work < 0:
@@ -136,15 +145,19 @@ class Scheduler:
             del times[:-KEEP_MEASUREMENTS]
         if seen.size != job.size:
             job.allocations.append((now, seen.size))
+        if seen.placement:
+            job.placement = list(seen.placement)
+        else:
+            job.placement = [seen.size if h == max(job.home, 0) else 0 for h in range(self.hosts)]
         job.size, job.version, job.step = seen.size, seen.version, seen.step
         job.batch_size = seen.batch_size or job.batch_size
         job.position, job.end, job.samples_per_s = seen.position, seen.end or job.end, seen.samples_per_s
 
-    def launched(self, now: float, job_id: str) -> None:
-        """Its launcher started (no workers reported yet)."""
+    def launched(self, now: float, job_id: str, home: int = 0) -> None:
+        """Its launcher started on host ``home`` (no workers reported yet)."""
         job = self.jobs[job_id]
         if job.state == "queued":
-            job.state, job.started = "running", now
+            job.state, job.started, job.home = "running", now, home
 
     def ended(self, now: float, job_id: str, state: str, reason: str = "") -> None:
         if state not in ENDED:
@@ -155,29 +168,41 @@ class Scheduler:
         job.state, job.reason, job.ended = state, reason, now
         if job.size:
             job.allocations.append((now, 0))
-        job.size = 0
+        job.size, job.placement = 0, []
+
+    def host_state(self, host: int, up: bool) -> None:
+        """A host's agent came (back) or went silent: its slots join or leave the pool (the jobs
+        running there shrink through their own recovery)."""
+        self.up[host] = up
+        self.rounds.slots = tuple(self.slots_per_host if u else 0 for u in self.up)
 
     # -- rounds ---------------------------------------------------------------------------------
 
     def holds(self) -> dict[str, tuple[int, ...]]:
-        return {job.id: (job.size,) for job in self.jobs.values() if job.active}
+        zero = (0,) * self.hosts
+        return {job.id: tuple(job.placement) if job.placement else zero for job in self.jobs.values() if job.active}
 
     def round(self, now: float) -> list[Change]:
         """Run the policy on every active job and start applying its targets."""
         active = [job for job in self.jobs.values() if job.active]
         if not active:
             return []
-        views = [self.view_of(job, now) for job in active]
-        allocations = self.policy.allocate(now, self.cluster, views)
+        live = [h for h in range(self.hosts) if self.up[h]]
+        if not live:
+            return []
+        views = [self.view_of(job, now, live) for job in active]
+        cluster = Cluster(num_hosts=len(live), gpus_per_host=self.slots_per_host, cpus_per_host=self.slots_per_host)
+        allocations = self.policy.allocate(now, cluster, views)
         targets = {}
         for job in active:
             given = allocations.get(job.id)
-            workers = given.replicas if given is not None else 0
+            placement = [0] * self.hosts
+            for index, count in enumerate(given.placement if given is not None else ()):
+                placement[live[index]] = count
             if job.state == "running":
-                workers = max(job.min_np, min(job.max_np, workers))
-            elif workers < job.min_np:
-                continue   # stays queued
-            targets[job.id] = (min(workers, job.max_np),)
+                targets[job.id] = clamp(placement, job.min_np, job.max_np, self.holds()[job.id], job.home)
+            elif sum(placement) >= job.min_np:   # else it stays queued
+                targets[job.id] = start_on_one_host(placement, job.max_np, self.slots_per_host)
         active_ids = {job.id: job for job in active}
         return self.rounds.start(now, self.holds(), targets, {j: active_ids[j].min_np for j in targets},
                                  self.versions())
@@ -192,8 +217,9 @@ class Scheduler:
         """A change never reached the job's launcher: the next round asks again."""
         self.rounds.withdraw(job_id)
 
-    def view_of(self, job: LiveJob, now: float | None = None):  # noqa: ANN202 - a sim.JobView
-        """What the policy sees of ``job``: its fitted model, work, progress and placement."""
+    def view_of(self, job: LiveJob, now: float | None = None, live: list[int] | None = None):  # noqa: ANN202
+        """What the policy sees of ``job`` (a sim.JobView): its fitted model, work, progress and its
+        placement on the ``live`` hosts (default: all)."""
         measured = job.measurements()
         batch = job.batch_size or self._typical(lambda j: j.batch_size, GUESS_BATCH)
         if measured:
@@ -203,7 +229,9 @@ class Scheduler:
         work = job.end or job.work_hint or self._typical(lambda j: j.end or j.work_hint, GUESS_SAMPLES)
         app = live_application(job.id, model, batch, samples_per_epoch=work, epochs=1,
                                max_replicas=min(job.max_np, self.slots))
-        placement = (job.size,) if job.size else None
+        live = list(range(self.hosts)) if live is None else live
+        held = self.holds().get(job.id, (0,) * self.hosts)
+        placement = tuple(held[h] for h in live) if any(held[h] for h in live) else None
         held = job.allocations + ([(now, 0)] if now is not None and job.allocations else [])
         attained = sum((b[0] - a[0]) * a[1] for a, b in zip(held, held[1:]))   # worker-seconds so far
         return live_view(app, job.submitted, job.requested, job.position / batch, placement,
@@ -224,17 +252,39 @@ class Scheduler:
     # -- persistence ------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        return {"slots": self.slots, "next_id": self.next_id, "jobs": [asdict(j) for j in self.jobs.values()],
+        return {"slots": self.slots_per_host, "hosts": self.hosts, "next_id": self.next_id, "jobs": [asdict(j) for j in self.jobs.values()],
                 "asked": {job: [list(a.target), list(a.reserve), a.shrink] for job, a in self.rounds.asked.items()}}
 
     def load_json(self, data: Mapping[str, Any]) -> None:
         """Jobs and outstanding asks of a previous daemon (its slots must be ours)."""
-        if int(data.get("slots", self.slots)) != self.slots:
-            raise ConfigError(f"the saved state is for {data['slots']} slots, this daemon has {self.slots}: "
-                              f"start it with the same --slots or move the state away")
+        shape = (int(data.get("hosts", 1)), int(data.get("slots", self.slots_per_host)))
+        if shape != (self.hosts, self.slots_per_host):
+            raise ConfigError(f"the saved state is for {shape[0]} host(s) of {shape[1]} slot(s), this daemon has "
+                              f"{self.hosts} of {self.slots_per_host}: start it with the same --slots/--hosts "
+                              f"or move the state away")
         self.next_id = int(data.get("next_id", 1))
         for raw in data.get("jobs", []):
             job = LiveJob(**{**raw, "allocations": [tuple(a) for a in raw.get("allocations", [])]})
             self.jobs[job.id] = job
         for job_id, (target, reserve, shrink) in data.get("asked", {}).items():
             self.rounds.asked[job_id] = Ask(tuple(target), tuple(reserve), bool(shrink))
+
+
+def clamp(placement: list[int], min_np: int, max_np: int, holds: tuple[int, ...], home: int) -> tuple[int, ...]:
+    """A running job's target within ``[min_np, max_np]``: extra workers come off the hosts with
+    the most; missing ones go where it runs now (its home host first) — the rounds clip any grow
+    to free slots."""
+    out = list(placement)
+    while sum(out) > max_np:
+        out[max(range(len(out)), key=lambda h: out[h])] -= 1
+    order = sorted(range(len(out)), key=lambda h: (h != home, -holds[h]))
+    while sum(out) < min_np:
+        out[order[0]] += 1
+    return tuple(out)
+
+
+def start_on_one_host(placement: list[int], max_np: int, slots_per_host: int) -> tuple[int, ...]:
+    """A queued job's start: all its workers on the host the policy gave it the most (its
+    launcher's); the rest come by placed grows in later rounds."""
+    home = max(range(len(placement)), key=lambda h: placement[h])
+    return tuple(min(sum(placement), max_np, slots_per_host) if h == home else 0 for h in range(len(placement)))

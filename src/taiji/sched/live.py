@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -129,3 +129,18 @@ def live_view(app: Application, submitted: float, requested: int, steps_done: fl
     return JobView(spec=spec, app=app, progress=min(float(steps_done), app.target_progress),
                    attained_gpu_s=attained_worker_s, allocation=allocation, restarts=restarts,
                    peak_replicas=max(peak_replicas, allocation.replicas if allocation else 0), weight=weight)
+
+
+def placement_timeline(events: Sequence[Mapping], addresses: Sequence[str]) -> list[tuple[float, tuple[int, ...]]]:
+    """A job's workers per host over time from its run log (``events.jsonl``: start, resize and
+    recovery carry ``hosts``, the workers on each address; ``end`` frees them). On one host, or for
+    a log without ``hosts``, all workers count on the first address."""
+    steps = []
+    for event in events:
+        if event.get("kind") in ("start", "resize", "recovery") and "size" in event:
+            on = dict(event.get("hosts") or {}) if len(addresses) > 1 else {}
+            on = on or {addresses[0]: int(event["size"])}
+            steps.append((float(event["time"]), tuple(int(on.get(a, 0)) for a in addresses)))
+        elif event.get("kind") == "end":
+            steps.append((float(event["time"]), (0,) * len(addresses)))
+    return steps

@@ -175,7 +175,7 @@ class Rounds:
             heading = ask.target if ask else now_holds
             used = held(holds, self.asked, hosts)
             mine = elementwise_max(now_holds, ask.reserve if ask else zero)
-            room = tuple(cap - (u - m) for cap, u, m in zip(self.slots, used, mine))   # what this job may hold
+            room = tuple(max(0, cap - (u - m)) for cap, u, m in zip(self.slots, used, mine))   # what it may hold
             after = elementwise_min(target, room)
             if after != target:
                 self.deferred.append(job)
@@ -207,3 +207,16 @@ class Rounds:
         for job in list(self.asked):
             if job not in holds or self.asked[job].reached(holds[job], self._versions.get(job, -1)):
                 del self.asked[job]
+
+
+def oversubscribed_instants(slots: Placement, timelines: Mapping[str, list[tuple[float, Placement]]]) -> list[float]:
+    """The audit of a whole run: the change points at which some host held more workers than its
+    slots, given each job's placement over time (``(time, placement)``, all zeros once it ended)."""
+    zero = (0,) * len(slots)
+    holding: dict[str, Placement] = {}
+    bad = []
+    for t, job, placement in sorted((t, job, tuple(p)) for job, steps in timelines.items() for t, p in steps):
+        holding[job] = placement if len(placement) == len(slots) else zero
+        if oversubscribed(slots, holding):
+            bad.append(t)
+    return bad

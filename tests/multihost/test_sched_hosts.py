@@ -1,0 +1,171 @@
+"""The live scheduler across emulated hosts (`taiji sched serve --hosts` + one `taiji sched agent`
+per host, network namespaces as in test_hosts.py): a job spreads over three hosts by placed
+resizes, a newcomer takes a host it frees and gives it back; a killed daemon re-adopts its job
+from the agents; a host that goes silent leaves the pool while its job shrinks through its own
+recovery. Audited: no host ever holds more workers than its slots (rebuilt from the jobs' own
+event logs), DESIGN §6's invariants on the spread job, every job ends, nothing is left running."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _harness import SCRIPTS, check_invariants, wait_for
+from _netns import EmulatedHosts, unavailable
+
+from taiji.sched.live import placement_timeline
+from taiji.sched.rounds import oversubscribed_instants
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+WHY_NOT = unavailable()
+PORT = 29470
+TRAIN = [sys.executable, str(SCRIPTS / "elastic_train.py")]
+
+
+class SchedOnHosts:
+    """A daemon on host 0 (serving the hosts' 1 slot each) and an agent on every host."""
+
+    def __init__(self, hosts: EmulatedHosts, out: Path):
+        self.hosts, self.out, self.state = hosts, out, out / "sched"
+        self.env = dict(os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
+        self.addresses = [hosts.address(i) for i in range(hosts.n)]
+        (out / "hosts.txt").write_text("".join(f"{a} 1\n" for a in self.addresses))
+        self.daemon: subprocess.Popen | None = None
+        self.agents: dict[int, subprocess.Popen] = {}
+
+    def cli(self, command: str, *args: str) -> list[str]:
+        return [sys.executable, "-m", "taiji.launch.cli", "sched", command, "--state-dir", str(self.state), *args]
+
+    def serve(self) -> None:
+        previous = self.daemon.pid if self.daemon is not None else None
+        with open(self.out / "daemon.log", "a") as log:
+            self.daemon = self.hosts.popen(0, self.cli("serve", "--hosts", str(self.out / "hosts.txt"), "--address",
+                                                       f"{self.addresses[0]}:{PORT}", "--policy", "drf", "--round",
+                                                       "0.5", "--host-timeout", "3"),
+                                           stdout=log, stderr=subprocess.STDOUT, env=self.env)
+
+        def serving() -> bool:
+            assert self.daemon.poll() is None, self.log("daemon")
+            try:
+                return json.loads((self.state / "daemon.json").read_text())["pid"] not in (None, previous)
+            except (OSError, ValueError, KeyError):
+                return False
+        wait_for(serving, 60, "the daemon to serve")
+
+    def agent(self, i: int) -> None:
+        with open(self.out / f"agent{i}.log", "a") as log:
+            self.agents[i] = self.hosts.popen(i, self.cli("agent", "--host", self.addresses[i], "--slots", "1"),
+                                              stdout=log, stderr=subprocess.STDOUT, env=self.env)
+
+    def sched(self, *args: str) -> str:
+        done = self.hosts.run(0, self.cli(*args), env=self.env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def submit(self, name: str, max_np: int, steps: int) -> str:
+        (self.out / name).mkdir()
+        return self.sched("submit", "--max-np", str(max_np), "--name", name, "--", *TRAIN, str(self.out / name),
+                          "--steps", str(steps), "--step-delay", "0.01").strip()
+
+    def jobs(self) -> dict[str, dict]:
+        try:
+            return {j["id"]: j for j in json.loads((self.state / "state.json").read_text())["jobs"]}
+        except (OSError, ValueError, KeyError):
+            return {}
+
+    def placed(self, job: str, placement: list[int]) -> bool:
+        seen = self.jobs().get(job, {})
+        assert seen.get("state") != "failed", seen.get("reason")
+        return seen.get("state") == "running" and seen.get("placement") == placement
+
+    def ended(self, job: str, state: str = "finished") -> bool:
+        seen = self.jobs().get(job, {})
+        assert seen.get("state") in (None, "queued", "running", state), (seen.get("state"), seen.get("reason"))
+        return seen.get("state") == state
+
+    def oversubscribed(self) -> list[float]:
+        timelines = {}
+        for job in self.jobs():
+            path = self.state / "jobs" / job / "run" / "events.jsonl"
+            events = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+            timelines[job] = placement_timeline(events, self.addresses)
+        return oversubscribed_instants((1,) * len(self.addresses), timelines)
+
+    def log(self, name: str) -> str:
+        path = self.out / f"{name}.log"
+        return path.read_text()[-3000:] if path.exists() else ""
+
+    def stop(self) -> None:
+        """`sched stop`, then the agents; every process on every host is gone."""
+        self.sched("stop")
+        assert self.daemon is not None and self.daemon.wait(60) == 0, self.log("daemon")
+        for agent in self.agents.values():
+            agent.send_signal(signal.SIGTERM)
+        for agent in self.agents.values():
+            assert agent.wait(30) == 0
+        for i in range(self.hosts.n):
+            wait_for(lambda: not self.hosts.pids(i), 30, f"every process on host {i} to exit")
+
+
+@pytest.fixture
+def on_hosts(tmp_path):
+    if WHY_NOT:
+        pytest.skip(f"no emulated hosts here: {WHY_NOT}")
+    with EmulatedHosts(3) as hosts:
+        setup = SchedOnHosts(hosts, tmp_path)
+        try:
+            yield setup
+        finally:
+            print(setup.log("daemon"), *(setup.log(f"agent{i}") for i in range(3)), sep="\n")
+
+
+def test_a_job_spreads_over_hosts_makes_room_for_a_newcomer_and_takes_it_back(on_hosts):
+    s = on_hosts
+    s.serve()
+    for i in range(3):
+        s.agent(i)
+    spread = s.submit("spread", 3, 900)
+    wait_for(lambda: s.placed(spread, [1, 1, 1]), 90, "the first job on all three hosts")
+    short = s.submit("short", 1, 60)
+    wait_for(lambda: s.ended(short), 90, "the newcomer to run on the freed host and finish")
+    wait_for(lambda: s.ended(spread), 150, "the first job to finish")
+    table = s.sched("status")
+    assert "finished" in table and "3 host(s)" in table, table
+    sizes = [n for _, n in s.jobs()[spread]["allocations"]]
+    assert sizes[:3] == [1, 3, 2] and 3 in sizes[3:], sizes   # spread, shrank for the newcomer, grew back
+    assert not s.oversubscribed()
+    check_invariants(s.out / "spread", batch=16)
+    s.stop()
+
+
+def test_a_killed_daemon_readopts_and_a_silent_host_leaves_the_pool(on_hosts):
+    s = on_hosts
+    s.serve()
+    for i in range(3):
+        s.agent(i)
+    job = s.submit("endless", 3, 100000)
+    wait_for(lambda: s.placed(job, [1, 1, 1]), 90, "the job on all three hosts")
+    os.killpg(s.daemon.pid, signal.SIGKILL)
+    s.daemon.wait(10)
+    s.serve()   # a new daemon: the job ran on meanwhile, and its agents report it
+    lost = s.addresses[2]
+    wait_for(lambda: "re-adopted job" in s.log("daemon") and s.log("daemon").count(f"host {lost} is up") == 2, 30,
+             "the job to be re-adopted and every agent to poll the new daemon")
+    s.hosts.link_down(2)   # host 2's agent falls silent and the job loses its workers there
+    wait_for(lambda: s.placed(job, [1, 1, 0]) and f"host {lost} is down" in s.log("daemon"), 60,
+             "the job to shrink off the lost host and the daemon to count it down")
+    assert f"({lost} down)" in s.sched("status")
+    assert not s.oversubscribed()
+    s.sched("stop")
+    assert s.daemon.wait(60) == 0, s.log("daemon")
+    assert s.ended(job, "cancelled")
+    for i in (0, 1):
+        s.agents[i].send_signal(signal.SIGTERM)
+        assert s.agents[i].wait(30) == 0
+        wait_for(lambda: not s.hosts.pids(i), 30, f"every process on host {i} to exit")
