@@ -305,7 +305,8 @@ def test_sched_live_audits_the_slots_from_timelines_and_event_logs(tmp_path):
               {"time": 4.0, "kind": "resize", "size": 1}, {"time": 7.0, "kind": "end", "size": 1}]
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     run = {"state": tmp_path / "state", "jobs": [{"id": "s0001", "started": 0.5, "ended": 7.5}]}
-    assert sched_live.logged_timelines(run) == {"s0001": [(1.0, 2), (4.0, 1), (7.0, 0)]}
+    assert sched_live.logged_oversubscribed(run, ["127.0.0.1"], 2) == 0
+    assert sched_live.logged_oversubscribed(run, ["127.0.0.1"], 1) == 1, "2 workers on a 1-slot host at t=1"
     assert sched_live.fixed_overhead([run]) == {"launch_to_first_step_s": 0.5, "last_step_to_exit_s": 0.5}
     arrivals = sched_live.workload([10, 20, 30], 4.0, seed=3)
     assert [n for _, n in arrivals] == [10, 20, 30] and arrivals[0][0] == 0.0

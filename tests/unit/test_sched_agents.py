@@ -16,7 +16,7 @@ from taiji.launch.sched_hosts import AgentHosts, job_secret, read_hosts_file
 from taiji.sched.cluster import Allocation
 from taiji.sched.daemon import Observed, Scheduler, clamp, start_on_one_host
 from taiji.sched.live import placement_timeline
-from taiji.sched.rounds import Change, oversubscribed_instants
+from taiji.sched.rounds import Change, Rounds, oversubscribed_instants
 
 A, B, C = "10.0.0.1", "10.0.0.2", "10.0.0.3"
 
@@ -80,8 +80,9 @@ def test_a_host_that_is_down_is_hidden_from_the_policy_and_gets_no_worker():
 
 
 def test_clamping_keeps_a_running_job_within_its_bounds_where_it_runs():
-    assert clamp([0, 0, 0], 2, 4, (0, 1, 1), home=1) == (0, 2, 0)
-    assert clamp([3, 3, 0], 1, 4, (0, 0, 0), home=0) == (2, 2, 0)
+    assert clamp([0, 0, 0], 2, 4, (0, 1, 1), home=1, slots=(1, 1, 1)) == (0, 1, 1), "each host up to its slots"
+    assert clamp([0, 0, 0], 2, 4, (0, 1, 1), home=1, slots=(2, 2, 2)) == (0, 2, 0), "its home first"
+    assert clamp([3, 3, 0], 1, 4, (0, 0, 0), home=0, slots=(4, 4, 4)) == (2, 2, 0)
     assert start_on_one_host([1, 3, 2], max_np=8, slots_per_host=2) == (0, 2, 0)
 
 
@@ -132,14 +133,33 @@ def test_agents_get_launch_join_and_resize_orders_joins_before_the_placed_resize
     poll(hosts, 2.4, A, processes={"s1/launcher": 0})
     assert hosts.outcome("s1") == 0
     hosts.forget("s1")
-    assert poll(hosts, 2.5, B, processes={"s1/join": None})["orders"][0]["op"] == "signal", "its joins are stopped"
+    orders = poll(hosts, 2.5, B, processes={"s1/join": None})["orders"]
+    assert [o["op"] for o in orders] == ["signal", "forget"], "its joins are stopped"
+
+
+def test_what_runs_for_no_job_of_the_daemon_is_stopped_and_a_stray_launcher_keeps_its_host_down():
+    hosts = AgentHosts([(A, 1), (B, 1)], host_timeout=3.0)
+    hosts.launch("s1", 1, ["-np", "1"], "", Path("/w/l.log"))
+    hosts.signal("s1", signal.SIGTERM)
+    hosts.forget("s1")   # it failed (say, while B was cut off): what was still queued for it is dropped
+    assert [o["op"] for o in hosts.agents[B].orders] == ["signal", "forget"]
+    stray = {"s1/launcher": None, "s9/join": None}
+    orders = poll(hosts, 1.0, B, processes=stray)["orders"]
+    assert sorted((o["job"], o["sig"]) for o in orders if o["op"] == "signal") == [
+        ("s1", signal.SIGTERM), ("s1", signal.SIGTERM), ("s9", signal.SIGTERM)]
+    poll(hosts, 1.0, A)
+    assert (1, True) not in hosts.poll_hosts(1.5), "a host holding a stray launcher stays down"
+    assert poll(hosts, 2.0, B, processes=stray)["orders"] == [], "told once"
+    assert {o["sig"] for o in poll(hosts, 20.0, B, processes=stray)["orders"]} == {signal.SIGKILL}
+    poll(hosts, 21.0, B, processes={"s1/launcher": -9})
+    assert (1, True) in hosts.poll_hosts(21.5)
 
 
 def test_a_silent_home_host_loses_its_job_and_unknown_or_misconfigured_agents_are_refused():
     hosts = AgentHosts([(A, 1), (B, 1)], host_timeout=3.0)
     assert poll(hosts, 0.0, "10.9.9.9")["refused"] and poll(hosts, 0.0, A, slots=2)["refused"]
-    poll(hosts, 0.0, A, processes={"s1/launcher": None})
     hosts.adopt("s1", 0)
+    poll(hosts, 0.0, A, processes={"s1/launcher": None})
     hosts.poll_hosts(1.0)
     assert hosts.running("s1") and hosts.outcome("s1") is None
     assert (0, False) in hosts.poll_hosts(10.0)
@@ -170,3 +190,10 @@ def test_a_joining_host_is_not_grown_onto_when_a_scheduler_places_the_workers():
     assert s.desired == 1 and not actions_of(acts, Spawn)
     s, acts = feed(s, Proposal(3, "taiji sched", ((A, 1), (B, 2))))
     assert [w.host for sp in actions_of(acts, Spawn) for w in sp.workers] == [B, B]
+
+
+def test_a_shrink_on_the_way_to_other_hosts_never_asks_for_fewer_workers_than_min_np():
+    changes = Rounds(slots=(2, 2, 2)).start(0.0, {"a": (2, 2, 0)}, {"a": (0, 0, 2)}, minimum={"a": 2})
+    assert changes == [Change("a", (2, 2, 0), (2, 0, 0))], "the move keeps 2 workers until its grow lands"
+    changes = Rounds(slots=(2, 2, 2)).start(0.0, {"a": (2, 1, 0)}, {"a": (0, 1, 2)}, minimum={"a": 3})
+    assert all(sum(c.after) >= 3 for c in changes), changes

@@ -317,8 +317,10 @@ def _on_host_joined(state: ControllerState, event: HostJoined, now: float) -> Re
     # a size asked for and not reached yet (no free slot) is what the new slots serve; otherwise
     # the job grows onto them
     unmet = state.desired > len(state.alive_members) + len(state.joiners)
-    grow = state.bounds.grow_on_join and not unmet
-    desired = min(state.bounds.max_np, state.desired + event.slots) if grow else state.desired
+    desired = state.desired if unmet else min(state.bounds.max_np, state.desired + event.slots)
+    if not state.bounds.grow_on_join:   # a scheduler places workers there with a resize: nothing moves now
+        return state, [Log("info", f"host {event.address} joined with {event.slots} slot(s); {len(state.hosts)} "
+                                   f"host(s), {state.capacity} slots, used where a resize places workers")]
     actions: list[Action] = [Log("info", f"host {event.address} joined with {event.slots} slot(s); "
                                          f"{len(state.hosts)} host(s), {state.capacity} slots: the job "
                                          f"wants {desired} workers")]

@@ -10,14 +10,19 @@ and store address — and carries out the orders in the reply:
 - ``control``: hand a request (a placed resize) to a launcher running here;
 - ``signal``: signal every process of a job here.
 
-A job's secret is derived from the daemon's (written 0600 under ``--state-dir``), so no secret
-crosses the network. A daemon that stops answering changes nothing here: the jobs go on, and a
-restarted daemon re-adopts them from this agent's next poll. Stopping the agent (SIGTERM,
-SIGINT) stops everything it started.
+- ``forget``: the job ended; stop reporting what of it has exited.
+
+A job's secret is derived from the daemon's (written 0600 under the agent's directory), so no
+secret crosses the network. A daemon that stops answering changes nothing here: the jobs go on,
+and a restarted daemon re-adopts them from this agent's next poll (and has it stop whatever it
+runs for no job of the daemon's). Stopping the agent (SIGTERM, SIGINT) stops everything it
+started; an agent that starts stops the launchers a previous agent of this host left behind
+(it cannot report them, so the daemon could not count their slots).
 """
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import uuid
@@ -43,7 +48,7 @@ class SchedAgent:
         self.sessions = Sessions()
         self.boot = uuid.uuid4().hex[:12]
         self.failed_starts: dict[str, int] = {}   # key -> 127: a process that could not be started
-        self.failures: list[str] = []             # said to the daemon with the next poll
+        self.failures: list[dict[str, str]] = []   # orders that failed: said to the daemon with the next poll
         self.stop = threading.Event()
         self._daemon_lost = False
 
@@ -51,6 +56,7 @@ class SchedAgent:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log.info("taiji sched agent: host %s with %d slot(s), polling the daemon at %s", self.host, self.slots,
                  self.daemon)
+        self._stop_orphans()
         try:
             while not self.stop.is_set():
                 self._poll()
@@ -79,8 +85,20 @@ class SchedAgent:
             try:
                 self.execute(order)
             except (OSError, StoreError, ConfigError, KeyError, ValueError) as exc:
-                self.failures.append(f"order {order.get('op')} for job {order.get('job')} failed: {exc}")
-                log.warning("taiji sched agent: %s", self.failures[-1])
+                self.failures.append({"job": str(order.get("job")), "error": f"{order.get('op')} failed: {exc}"})
+                log.warning("taiji sched agent: job %s: %s", order.get("job"), self.failures[-1]["error"])
+
+    def _stop_orphans(self) -> None:
+        """Launchers a previous agent of this host started and left (killed, it could not stop
+        them): this agent does not know them, so the daemon cannot count their slots — stop them."""
+        for entry in registry.all_jobs():
+            if entry.job.startswith(launcher_id("")) and entry.host == self.host and entry.running:
+                log.warning("taiji sched agent: stopping job %s's launcher (pid %d), left by a previous agent here",
+                            entry.job, entry.pid)
+                try:
+                    os.killpg(entry.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def report(self) -> dict[str, Any]:
         processes: dict[str, int | None] = {**self.failed_starts}
@@ -119,8 +137,14 @@ class SchedAgent:
             control.request(registry.control_socket(launcher_id(job)), dict(order["request"]), timeout=5.0)
         elif op == "signal":
             for key in (f"{job}/launcher", f"{job}/join"):
-                if self.sessions.code(key) is None:
+                if key in self.sessions.children and self.sessions.code(key) is None:
                     self.sessions.signal(key, int(order["sig"]))
+        elif op == "forget":   # the job ended: what of it has exited need not be reported any more
+            for key in (f"{job}/launcher", f"{job}/join"):
+                self.failed_starts.pop(key, None)
+                if key in self.sessions.children and self.sessions.code(key) is not None:
+                    del self.sessions.children[key]
+            (self.dir / "secrets" / f"{job}.secret").unlink(missing_ok=True)
         else:
             raise ValueError(f"unknown order {op!r} (is this agent older than its daemon?)")
 

@@ -143,14 +143,15 @@ class Daemon:
         return 0
 
     def _observe(self, now: float) -> None:
-        for host, up in self.hosts.poll_hosts(now):
+        for host, up in self.hosts.poll_hosts(time.monotonic()):
             self.sched.host_state(host, up)
             self._dirty = True
         for job in [j for j in self.sched.jobs.values() if j.state == "running"]:
             code = self.hosts.outcome(job.id)
             if code is not None:
+                why = self.hosts.note(job.id) or f"see {self._job_dir(job.id)}/launcher.log on its host"
                 self._ended_with(now, job.id, "finished" if code == 0 else "failed",
-                                 "" if code == 0 else f"its launcher exited with {code} (see {self._job_dir(job.id)}/launcher.log)")
+                                 "" if code == 0 else f"its launcher exited with {code} ({why})")
                 continue
             if job.id in self.stopping:
                 self._escalate(job.id)
@@ -254,8 +255,11 @@ class Daemon:
         with self.lock:
             now = time.time()
             try:
-                if op == "agent" and isinstance(self.hosts, AgentHosts):
-                    return self.hosts.on_poll(now, request)
+                if op == "agent":
+                    if not isinstance(self.hosts, AgentHosts):
+                        return {"ok": False, "refused": True, "error": "this daemon serves one host (it was started "
+                                "with --slots, not --hosts FILE): agents have nothing to do for it"}
+                    return self.hosts.on_poll(time.monotonic(), request)
                 if op == "submit":
                     job = self.sched.submit(now, [str(c) for c in request.get("command", [])],
                                             int(request.get("min_np", 1)),

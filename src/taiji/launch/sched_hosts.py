@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 HOST_TIMEOUT_S = 10.0
+JOIN_WINDOW_S = 10.0   # a join ordered this recently counts as under way (its agent reports it next poll)
 TAIJI = [sys.executable, "-m", "taiji.launch.cli"]
 
 
@@ -59,6 +60,7 @@ class JobHosts(Protocol):
     def signal(self, job_id: str, sig: int) -> bool: ...
     def forget(self, job_id: str) -> None: ...
     def adopt(self, job_id: str, host: int) -> None: ...
+    def note(self, job_id: str) -> str: ...
     def poll_hosts(self, now: float) -> list[tuple[int, bool]]: ...
 
 
@@ -144,6 +146,9 @@ class LocalHost:
     def adopt(self, job_id: str, host: int) -> None:
         pass   # found through the registry
 
+    def note(self, job_id: str) -> str:
+        return ""
+
     def poll_hosts(self, now: float) -> list[tuple[int, bool]]:
         return []
 
@@ -163,51 +168,88 @@ class AgentView:
     launchers: dict[str, dict[str, Any]] = field(default_factory=dict)   # job -> {"status", "store"}
     orders: list[dict[str, Any]] = field(default_factory=list)
     up: bool | None = None   # None: not judged yet (every host starts down until its agent polls)
+    stopping: dict[str, float] = field(default_factory=dict)   # stray job -> when it was first told to stop
+    ending: set[str] = field(default_factory=set)   # jobs already told to stop when they ended (not strays yet)
+
+    def running(self, key: str) -> bool:
+        return key in self.processes and self.processes[key] is None
 
 
 class AgentHosts:
-    """Many hosts, each driven by its ``taiji sched agent`` (see the module's doc)."""
+    """Many hosts, each driven by its ``taiji sched agent`` (see the module's doc). Times are the
+    daemon's monotonic clock."""
 
     def __init__(self, hosts: list[tuple[str, int]], host_timeout: float = HOST_TIMEOUT_S):
         self.addresses = tuple(address for address, _ in hosts)
         self.slots = {address: slots for address, slots in hosts}
         self.host_timeout = host_timeout
         self.agents = {address: AgentView() for address in self.addresses}
-        self.homes: dict[str, int] = {}                       # job -> its launcher's host
-        self.joined: dict[str, set[int]] = {}                 # job -> hosts told to join it
+        self.homes: dict[str, int] = {}                       # job -> its launcher's host (jobs not ended)
+        self.joined: dict[str, dict[int, float]] = {}         # job -> host -> when it was told to join
         self.pending: dict[str, tuple[int, tuple[int, ...]]] = {}   # resizes waiting for their hosts to join
         self.launching: dict[str, float] = {}                 # job -> when its launch was ordered (not reported yet)
+        self.errors: dict[str, str] = {}                      # job -> the last order that failed for it, and where
 
     # -- the agents' side -------------------------------------------------------------------------
 
     def on_poll(self, now: float, report: dict[str, Any]) -> dict[str, Any]:
-        """An agent's poll: take its report, hand it its orders."""
+        """An agent's poll: take its report, hand it its orders (and stop its strays)."""
         address = str(report.get("host", ""))
         if address not in self.agents:
             return {"ok": False, "refused": True, "error": f"host {address!r} is not one of this daemon's hosts "
-                                          f"({', '.join(self.addresses)}): check --host and the --hosts file"}
+                                                           f"({', '.join(self.addresses)}): check --host and the --hosts file"}
         if int(report.get("slots", 0)) != self.slots[address]:
-            return {"ok": False, "refused": True, "error": f"host {address} offers {report.get('slots')} slot(s) but the --hosts "
-                                          f"file gives it {self.slots[address]}: start the agent with --slots "
-                                          f"{self.slots[address]}"}
+            return {"ok": False, "refused": True,
+                    "error": f"host {address} offers {report.get('slots')} slot(s) but the --hosts file gives it "
+                             f"{self.slots[address]}: start the agent with --slots {self.slots[address]}"}
         agent = self.agents[address]
         if agent.boot and agent.boot != report.get("boot"):
-            log.warning("host %s: its agent restarted (the jobs it ran there are gone)", address)
+            log.warning("host %s: its agent restarted (it stopped what the previous one had left there)", address)
         agent.seen, agent.boot = now, str(report.get("boot", ""))
         agent.processes = {str(k): v for k, v in dict(report.get("processes", {})).items()}
         agent.launchers = {str(k): dict(v) for k, v in dict(report.get("launchers", {})).items()}
         for failed in report.get("failed", []):
-            log.warning("host %s: %s", address, failed)
+            job, text = str(failed.get("job", "")), str(failed.get("error", ""))
+            self.errors[job] = f"on {address}: {text}"
+            log.warning("host %s: job %s: %s", address, job, text)
+        self._stop_strays(now, address, agent)
         orders, agent.orders = agent.orders, []
         return {"ok": True, "orders": orders}
 
+    def _strays(self, address: str, agent: AgentView) -> list[tuple[str, str]]:
+        """(job, role) of what runs there for no job of ours: a job that ended (say, failed while
+        its host was cut off) or is unknown, or a launcher that is not where its job's is."""
+        here = self.addresses.index(address)
+        strays = []
+        for key in [k for k in agent.processes if agent.running(k)]:
+            job, _, role = key.partition("/")
+            if job not in self.homes or (role == "launcher" and self.homes[job] != here):
+                strays.append((job, role))
+        return strays
+
+    def _stop_strays(self, now: float, address: str, agent: AgentView) -> None:
+        strays = {job for job, _ in self._strays(address, agent)}
+        for job in strays:
+            first = agent.stopping.setdefault(job, now)
+            if first == now and job not in agent.ending:
+                log.warning("host %s still runs job %s, which is not running here for this daemon: stopping it",
+                            address, job)
+                agent.orders.append({"op": "signal", "job": job, "sig": int(signal.SIGTERM)})
+            elif now - first > STOP_GRACE_S:
+                agent.orders.append({"op": "signal", "job": job, "sig": int(signal.SIGKILL)})
+        for job in set(agent.stopping) - strays:
+            del agent.stopping[job]
+        agent.ending &= strays
+
     def poll_hosts(self, now: float) -> list[tuple[int, bool]]:
         """Hosts whose agent came or went since the last call (every host at the first call);
-        pending resizes whose hosts joined."""
+        pending resizes whose hosts joined. A host comes up only once no stray launcher runs there
+        (it would hold a slot the pool would give out)."""
         changed = []
         for index, address in enumerate(self.addresses):
             agent = self.agents[address]
-            up = now - agent.seen < self.host_timeout
+            stray_launchers = any(role == "launcher" for _, role in self._strays(address, agent))
+            up = now - agent.seen < self.host_timeout and (agent.up or not stray_launchers)
             if up != agent.up:
                 agent.up = up
                 changed.append((index, up))
@@ -224,7 +266,7 @@ class AgentHosts:
         address = self.addresses[host]
         extra = ["--nproc-per-node", str(self.slots[address]), "--no-grow-on-join"]
         self.homes[job_id] = host
-        self.joined[job_id] = {host}
+        self.joined[job_id] = {}
         self.launching[job_id] = time.monotonic()
         self.agents[address].orders.append({"op": "launch", "job": job_id, "args": extra + run_args, "cwd": cwd,
                                             "log": str(log_path)})
@@ -247,23 +289,26 @@ class AgentHosts:
     def _send_resize(self, job_id: str, size: int, placement: tuple[int, ...]) -> None:
         """Joins first: the resize goes to the launcher once the job lists every host it names."""
         agent = self._home_agent(job_id)
+        if agent is None:
+            self.pending.pop(job_id, None)
+            return
         status = self.status(job_id) or {}
-        launcher = (agent.launchers.get(job_id) if agent else None) or {}
+        launcher = agent.launchers.get(job_id) or {}
         listed = {str(h[0]) for h in status.get("hosts", [])}
         missing = [h for h, n in enumerate(placement) if n and self.addresses[h] not in listed]
         if missing:
             self.pending[job_id] = (size, placement)
             store = launcher.get("store")
+            told = self.joined.setdefault(job_id, {})
             for host in missing:
                 there = self.agents[self.addresses[host]]
-                joining = host in self.joined.setdefault(job_id, set()) or f"{job_id}/join" in there.processes
+                joining = there.running(f"{job_id}/join") or time.monotonic() - told.get(host, float("-inf")) < JOIN_WINDOW_S
                 if store and there.up and not joining:   # (a down host's agent cannot take the order)
-                    self.joined[job_id].add(host)
+                    told[host] = time.monotonic()
                     there.orders.append({"op": "join", "job": job_id, "store": store})
             return
         self.pending.pop(job_id, None)
         wanted = {self.addresses[h]: n for h, n in enumerate(placement) if n or self.addresses[h] in listed}
-        assert agent is not None
         agent.orders.append({"op": "control", "job": job_id,
                              "request": {"op": "resize", "size": size, "placement": wanted, "source": "taiji sched"}})
 
@@ -289,30 +334,41 @@ class AgentHosts:
             self.launching.pop(job_id, None)
         elif time.monotonic() - self.launching.get(job_id, float("-inf")) < self.host_timeout + 5.0:
             return bool(agent.up)   # ordered, and its agent has not reported it yet
-        return f"{job_id}/launcher" in agent.processes and self.outcome(job_id) is None
+        return agent.running(f"{job_id}/launcher") and self.outcome(job_id) is None
+
+    def note(self, job_id: str) -> str:
+        """Why an order for the job failed, where (for its end's reason)."""
+        return self.errors.get(job_id, "")
 
     def adopt(self, job_id: str, host: int) -> None:
         """A job a previous daemon started: its agents report it (and its joins) at their next poll."""
         self.homes[job_id] = host
-        self.joined[job_id] = {host}
+        self.joined[job_id] = {}
 
     def signal(self, job_id: str, sig: int) -> bool:
         """Signal the job's launcher (it stops its workers on every host; the joins end with the job)."""
         agent = self._home_agent(job_id)
         if agent is None:
             return False
+        self.pending.pop(job_id, None)   # (a job being stopped grows nowhere)
         agent.orders.append({"op": "signal", "job": job_id, "sig": int(sig)})
         return True
 
     def forget(self, job_id: str) -> None:
-        """The job ended: stop what is left of it on other hosts (its joins)."""
-        told = self.joined.pop(job_id, set())
+        """The job ended: drop what was still to be sent for it, stop what is left of it on other
+        hosts (its joins); from now on anything of it an agent reports is a stray."""
+        home = self.homes.pop(job_id, None)
+        told = self.joined.pop(job_id, {})
         for host, address in enumerate(self.addresses):
             agent = self.agents[address]
-            if host != self.homes.get(job_id) and (host in told or f"{job_id}/join" in agent.processes):
+            agent.orders = [o for o in agent.orders if o.get("job") != job_id or o.get("op") == "signal"]
+            if host != home and (host in told or agent.running(f"{job_id}/join")):
                 agent.orders.append({"op": "signal", "job": job_id, "sig": int(signal.SIGTERM)})
+                agent.ending.add(job_id)
+            agent.orders.append({"op": "forget", "job": job_id})
         self.pending.pop(job_id, None)
         self.launching.pop(job_id, None)
+        self.errors.pop(job_id, None)
 
 
 def read_hosts_file(path: str) -> list[tuple[str, int]]:

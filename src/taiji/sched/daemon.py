@@ -200,7 +200,8 @@ class Scheduler:
             for index, count in enumerate(given.placement if given is not None else ()):
                 placement[live[index]] = count
             if job.state == "running":
-                targets[job.id] = clamp(placement, job.min_np, job.max_np, self.holds()[job.id], job.home)
+                targets[job.id] = clamp(placement, job.min_np, job.max_np, self.holds()[job.id], job.home,
+                                        self.rounds.slots)
             elif sum(placement) >= job.min_np:   # else it stays queued
                 targets[job.id] = start_on_one_host(placement, job.max_np, self.slots_per_host)
         active_ids = {job.id: job for job in active}
@@ -270,16 +271,16 @@ class Scheduler:
             self.rounds.asked[job_id] = Ask(tuple(target), tuple(reserve), bool(shrink))
 
 
-def clamp(placement: list[int], min_np: int, max_np: int, holds: tuple[int, ...], home: int) -> tuple[int, ...]:
+def clamp(placement: list[int], min_np: int, max_np: int, holds: tuple[int, ...], home: int,
+          slots: tuple[int, ...]) -> tuple[int, ...]:
     """A running job's target within ``[min_np, max_np]``: extra workers come off the hosts with
-    the most; missing ones go where it runs now (its home host first) — the rounds clip any grow
-    to free slots."""
+    the most; missing ones go where it runs now (its home host first, then where it holds most),
+    each host up to its slots — the rounds clip any grow to the slots free there."""
     out = list(placement)
     while sum(out) > max_np:
         out[max(range(len(out)), key=lambda h: out[h])] -= 1
-    order = sorted(range(len(out)), key=lambda h: (h != home, -holds[h]))
-    while sum(out) < min_np:
-        out[order[0]] += 1
+    for host in sorted(range(len(out)), key=lambda h: (h != home, -holds[h], h)):
+        out[host] += max(0, min(min_np - sum(out), slots[host] - out[host]))
     return tuple(out)
 
 

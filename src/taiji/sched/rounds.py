@@ -53,10 +53,14 @@ def elementwise_min(a: Placement, b: Placement) -> Placement:
     return tuple(min(x, y) for x, y in zip(a, b))
 
 
-def keep_one(placement: Placement) -> Placement:
-    """One worker on the first host ``placement`` uses (a running job never goes to zero)."""
-    first = next(h for h, n in enumerate(placement) if n > 0)
-    return tuple(1 if h == first else 0 for h in range(len(placement)))
+def keep_at_least(lower: Placement, heading: Placement, target: Placement, count: int) -> Placement:
+    """``lower`` with workers of ``heading`` kept back until it has ``count`` (a running job never
+    goes below its minimum, nor to zero, on its way to ``target``): the hosts the target keeps
+    first, then the others in order."""
+    out = list(lower)
+    for host in sorted(range(len(out)), key=lambda h: (target[h] == 0, h)):
+        out[host] += max(0, min(count - sum(out), heading[host] - out[host]))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -140,8 +144,8 @@ class Rounds:
             ask = self.asked.get(job)
             heading = ask.target if ask else holds[job]   # where the job is going now
             lower = elementwise_min(heading, target)
-            if not any(lower) and any(heading) and any(target):
-                lower = keep_one(heading)   # a move: a running job keeps a worker until the grow lands
+            if any(heading) and any(target):   # a running job keeps its minimum (and a worker) meanwhile
+                lower = keep_at_least(lower, heading, target, max(1, self._minimum.get(job, 1)))
             if lower != heading:
                 changes.append(Change(job, holds[job], lower))
                 self._ask(job, lower, holds[job], shrink=True)
