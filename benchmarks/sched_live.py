@@ -1,7 +1,13 @@
-"""The live scheduler on real jobs: PCRR vs FIFO on one host, and the simulator's replay of both.
+"""The live scheduler on real jobs: PCRR vs FIFO on one host or on emulated hosts, and the
+simulator's replay of both.
 
-    .venv/bin/python benchmarks/sched_live.py --quick   # 5 jobs, 2 slots: ~3 min here
-    .venv/bin/python benchmarks/sched_live.py           # 8 jobs, 2 slots: ~8 min here
+    .venv/bin/python benchmarks/sched_live.py --quick             # 5 jobs, 2 slots: ~3 min here
+    .venv/bin/python benchmarks/sched_live.py                     # 8 jobs, 2 slots: ~8 min here
+    .venv/bin/python benchmarks/sched_live.py --quick --hosts 3   # 3 namespace hosts x 1 slot (root): ~5 min
+
+With ``--hosts N`` the daemon runs in emulated host 0 with ``--hosts FILE`` and one ``taiji sched
+agent`` per host (network namespaces, tests/_netns.py; the last host's link shaped with ``--shape``);
+every request goes from inside host 0, and the simulator replays on an N x slots cluster.
 
 A workload of Fashion-MNIST jobs (the CNN of examples/fashion_mnist.py, two epochs on subsets of
 different sizes, heavy-tailed: a long job first, then shorter ones; ``_sched_job.py``) arrives on

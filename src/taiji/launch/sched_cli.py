@@ -181,7 +181,8 @@ def plot_state(directory: Path, output: str | None) -> Path:
     lifetimes = {label[j["id"]]: (j["submitted"] - t0, None if j.get("ended") is None else j["ended"] - t0)
                  for j in jobs}
     path = Path(output) if output else directory / "allocations.png"
-    return plot_allocations(allocations, lifetimes, path, f"taiji sched ({saved.get('slots')} slots)",
+    shape = f"{saved.get('hosts', 1)} host(s) x {saved.get('slots')} slot(s)"
+    return plot_allocations(allocations, lifetimes, path, f"taiji sched ({shape})",
                             unit=("seconds since the first submission", 1.0), held="workers")
 
 
