@@ -163,8 +163,10 @@ def test_a_stopped_worker_outside_any_collective_is_found_by_its_heartbeat(tmp_p
     """SIGSTOP while its peers are not waiting on it yet (in compute): the heartbeat stops, and the
     launcher stops the worker after --liveness-timeout, not after the collective timeout."""
     faults = [{"action": "hang", "rank": 1, "step": 8, "phase": "compute"}]
+    # (a collective timeout far above the liveness timeout, yet short enough that a run in which
+    # the heartbeat path misses does not cost the suite a minute)
     proc = run_elastic(tmp_path, 3, "--steps", "30", faults=faults,
-                       launcher_args=["--timeout", "60", "--liveness-timeout", "2"])
+                       launcher_args=["--timeout", "20", "--liveness-timeout", "2"])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
     assert "stopped or frozen" in proc.stdout or "heartbeat stopped" in proc.stdout, proc.stdout[-4000:]
     result = check_invariants(tmp_path, 16)
