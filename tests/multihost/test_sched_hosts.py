@@ -69,6 +69,16 @@ class SchedOnHosts:
         wait_for(lambda: all(self.log("daemon", all_of_it=True).count(f"host {a} is up") >= daemons
                              for a in self.addresses), 30, "every host's agent to poll the daemon")
 
+    def spread(self, name: str, steps: int) -> str:
+        """A daemon and every agent up, then a job that grows onto all three hosts; its id."""
+        self.serve()
+        for i in range(self.hosts.n):
+            self.agent(i)
+        self.all_up()
+        job = self.submit(name, 3, steps)
+        wait_for(lambda: self.placed(job, [1, 1, 1]), 90, "the job on all three hosts")
+        return job
+
     def sched(self, *args: str) -> str:
         done = self.hosts.run(0, self.cli(*args), env=self.env)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -134,12 +144,7 @@ def on_hosts(tmp_path):
 
 def test_a_job_spreads_over_hosts_makes_room_for_a_newcomer_and_takes_it_back(on_hosts):
     s = on_hosts
-    s.serve()
-    for i in range(3):
-        s.agent(i)
-    s.all_up()
-    spread = s.submit("spread", 3, 750)
-    wait_for(lambda: s.placed(spread, [1, 1, 1]), 90, "the first job on all three hosts")
+    spread = s.spread("spread", 750)
     short = s.submit("short", 1, 60)
     wait_for(lambda: s.ended(short), 90, "the newcomer to run on the freed host and finish")
     wait_for(lambda: s.ended(spread), 150, "the first job to finish")
@@ -154,12 +159,7 @@ def test_a_job_spreads_over_hosts_makes_room_for_a_newcomer_and_takes_it_back(on
 
 def test_a_killed_daemon_readopts_and_a_silent_host_leaves_the_pool(on_hosts):
     s = on_hosts
-    s.serve()
-    for i in range(3):
-        s.agent(i)
-    s.all_up()
-    job = s.submit("endless", 3, 100000)
-    wait_for(lambda: s.placed(job, [1, 1, 1]), 90, "the job on all three hosts")
+    job = s.spread("endless", 100000)
     os.killpg(s.daemon.pid, signal.SIGKILL)
     s.daemon.wait(10)
     s.serve()   # a new daemon: the job ran on meanwhile, and its agents report it

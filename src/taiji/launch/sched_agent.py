@@ -33,7 +33,7 @@ from ..cluster.auth import write_secret_file
 from ..errors import ConfigError, StoreError
 from . import control, registry
 from .sched_channel import ask
-from .sched_hosts import TAIJI, Sessions, job_secret, launcher_id
+from .sched_hosts import TAIJI, Sessions, job_secret, launcher_id, launcher_status
 
 log = logging.getLogger(__name__)
 
@@ -107,16 +107,9 @@ class SchedAgent:
         for key, code in processes.items():
             job, _, role = key.partition("/")
             if role == "launcher" and code is None:
-                launchers[job] = {"status": self._status(job), "store": self._store(job)}
+                launchers[job] = {"status": launcher_status(job, timeout=1.0), "store": self._store(job)}
         return {"op": "agent", "host": self.host, "slots": self.slots, "boot": self.boot, "processes": processes,
                 "launchers": launchers, "failed": self.failures}
-
-    @staticmethod
-    def _status(job: str) -> dict[str, Any] | None:
-        try:
-            return control.request(registry.control_socket(launcher_id(job)), {"op": "status"}, timeout=1.0)
-        except StoreError:
-            return None   # starting, or busy
 
     @staticmethod
     def _store(job: str) -> str:

@@ -44,6 +44,14 @@ def launcher_id(job_id: str) -> str:
     return f"sched-{job_id}"
 
 
+def launcher_status(job_id: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """A scheduled job's launcher status on this host (None: starting, or busy: read again later)."""
+    try:
+        return control.request(registry.control_socket(launcher_id(job_id)), {"op": "status"}, timeout=timeout)
+    except StoreError:
+        return None
+
+
 def job_secret(daemon_secret: bytes, job_id: str) -> bytes:
     """A scheduled job's secret, derived on every host from the daemon's (nothing secret on the wire)."""
     return auth.derive(daemon_secret, f"sched-job/{job_id}")
@@ -120,10 +128,7 @@ class LocalHost:
         self.sessions.start(job_id, TAIJI + ["run", *run_args], cwd, log_path)
 
     def status(self, job_id: str) -> dict[str, Any] | None:
-        try:
-            return control.request(registry.control_socket(launcher_id(job_id)), {"op": "status"}, timeout=2.0)
-        except StoreError:
-            return None   # starting up, or busy: read again next tick
+        return launcher_status(job_id)
 
     def resize(self, job_id: str, size: int, placement: tuple[int, ...]) -> None:
         control.request(registry.control_socket(launcher_id(job_id)),
