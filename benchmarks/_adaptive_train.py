@@ -1,10 +1,11 @@
 """Worker of `benchmarks/adaptive_batch.py`: one `taiji run` job training a workload's model with a
-fixed or a GNS-adaptive global batch.
+fixed or an adaptive global batch (following the gradient noise scale, or maximising goodput).
 
     taiji run -np 2 --run-dir D -- python benchmarks/_adaptive_train.py --batch 64 --lr 0.05 --result D/r.json
     ... _adaptive_train.py --batch 1024 --lr 0.05 --lr-base-batch 64 [--lr-warmup 60] --result D/r.json
     ... _adaptive_train.py --batch 64 --lr 0.05 --adaptive --max-batch 1024 --result D/r.json
     ... _adaptive_train.py --workload shakespeare --batch 64 --lr 2e-3 --adaptive --max-batch 512 --result D/r.json
+    ... _adaptive_train.py --batch 64 --lr 0.05 --adaptive goodput --max-batch 1024 --result D/r.json
 
 Workloads: ``fashion_mnist`` (the CNN of examples/fashion_mnist.py, SGD with momentum, scored by
 test accuracy) and ``shakespeare`` (the character-level transformer of
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import taiji
-from taiji.policies import GNSBatchSize, LRScaling, Policy, lr_scale
+from taiji.policies import GNSBatchSize, GoodputBatchSize, LRScaling, Policy, lr_scale
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -92,6 +93,7 @@ def shakespeare(args: argparse.Namespace) -> Setup:
 
 
 WORKLOADS = {"fashion_mnist": fashion_mnist, "shakespeare": shakespeare}
+BATCH_POLICIES = {"gns": GNSBatchSize, "goodput": GoodputBatchSize}
 
 
 def main() -> None:
@@ -107,7 +109,8 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=128, help="shakespeare: model width")
     parser.add_argument("--layers", type=int, default=2, help="shakespeare: transformer layers")
     parser.add_argument("--eval-every", type=float, default=0.125, help="evaluate every this fraction of an epoch")
-    parser.add_argument("--adaptive", action="store_true", help="GNSBatchSize + LRScaling")
+    parser.add_argument("--adaptive", nargs="?", const="gns", choices=sorted(BATCH_POLICIES),
+                        help="the batch follows gns (GNSBatchSize) or goodput (GoodputBatchSize), with LRScaling")
     parser.add_argument("--max-batch", type=int, default=1024)
     parser.add_argument("--lr-rule", default="sqrt", choices=["linear", "sqrt", "adascale"])
     parser.add_argument("--lr-base-batch", type=int, default=0,
@@ -127,8 +130,8 @@ def main() -> None:
     model, optimizer, train, held_out = setup.model, setup.optimizer, setup.train, setup.held_out
     policies: list[Policy] = []
     if args.adaptive:
-        policies = [GNSBatchSize(max_batch=args.max_batch, warmup=args.warmup, interval=args.interval),
-                    LRScaling(args.lr_rule)]
+        policies = [BATCH_POLICIES[args.adaptive](max_batch=args.max_batch, warmup=args.warmup,
+                                                  interval=args.interval), LRScaling(args.lr_rule)]
     elif args.lr_base_batch:  # the same rule, and the same code, as the adaptive run's LR
         policies = [LRScaling(args.lr_rule, base_batch=args.lr_base_batch)]
 

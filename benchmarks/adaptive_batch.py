@@ -13,6 +13,8 @@ the real Fashion-MNIST with the same epoch budget, seed and optimizer (SGD, mome
   30-step ramp, but not with 60);
 - ``adaptive``: starts at 64 with lr 0.05; ``GNSBatchSize(max_batch=1024)`` moves the batch
   towards the gradient noise scale and ``LRScaling(rule)`` keeps the LR on the same rule.
+- ``goodput``: the same, with ``GoodputBatchSize(max_batch=1024)``: the batch goes where measured
+  samples/s times statistical efficiency is highest (``--arms`` picks the adaptive runs; default both).
 
 Each job writes its own run directory (``--out``/NAME, default under ``runs/``, which git
 ignores) and ``taiji plot`` renders NAME/timeline.png from it. Every ``--eval-every`` of an epoch
@@ -27,7 +29,8 @@ training (less disturbed by other jobs on a shared machine). Accuracies are dete
 seed (same trajectory bit for bit); only the times vary between repetitions, which run the jobs
 in the given order and then in reverse.
 
-The last line of stdout is the result line of DESIGN §9. Its rows (taiji = the adaptive run):
+The last line of stdout is the result line of DESIGN §9. Its rows (taiji = an adaptive run; each
+arm has its own rows, named by it):
 time to the target against each large run's whole training time and against the small run's
 time to the target, on both clocks (ratio = anchor / taiji, > 1: adaptive sooner; the goal is
 ratio >= 1/1.2 against ``large``), and final accuracy against the small run (ratio = taiji /
@@ -63,6 +66,7 @@ NPROC = 2
 GOAL_TIME_RATIO = 1.2
 GOAL_ACC_POINTS = 0.5
 GOAL_LOSS_NATS = 0.02  # --workload shakespeare: the margin on validation loss
+ADAPTIVE_ARMS = {"adaptive": "gns", "goodput": "goodput"}  # run name: _adaptive_train.py --adaptive
 
 
 class Workload:
@@ -178,8 +182,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def configs(args: argparse.Namespace) -> dict[str, list[str]]:
     scaled = ["--batch", str(args.large), "--lr", str(args.lr), "--lr-base-batch", str(args.small)]
     runs = {"small": ["--batch", str(args.small), "--lr", str(args.lr)], "large": scaled,
-            "adaptive": ["--batch", str(args.small), "--lr", str(args.lr), "--adaptive", "--max-batch",
-                         str(args.large), "--warmup", str(args.warmup), "--interval", str(args.interval)]}
+            **{arm: ["--batch", str(args.small), "--lr", str(args.lr), "--adaptive", policy, "--max-batch",
+                     str(args.large), "--warmup", str(args.warmup), "--interval", str(args.interval)]
+               for arm, policy in ADAPTIVE_ARMS.items() if arm in args.arms}}
     if args.large_warmup:
         runs["large_warm"] = scaled + ["--lr-warmup", str(args.large_warmup)]
     return runs
@@ -207,7 +212,7 @@ def one_rep(rep: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         print(f"# rep {rep}: {name} -> {run_dir}", file=sys.stderr, flush=True)
         result = run_job(name, todo[name] + common, run_dir, args.timeout)
         result.update(name=name, run_dir=str(run_dir), png=plot(run_dir),
-                      trajectory=batch_trajectory(run_dir, args.small if name in ("small", "adaptive") else args.large),
+                      trajectory=batch_trajectory(run_dir, args.large if name.startswith("large") else args.small),
                       median_samples_per_s=median_samples_per_s(run_dir),
                       samples_per_s=result["train_samples"] * args.epochs / result["train_s"])
         runs[name] = result
@@ -217,21 +222,22 @@ def one_rep(rep: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         for clock in ("train_s", "train_cpu_s"):
             result[f"to_target_{clock}"] = time_to(result["evals"], target, clock, workload)
             result[f"to_fixed_{clock}"] = time_to(result["evals"], args.fixed_target, clock, workload)
-    small, adaptive = runs["small"], runs["adaptive"]
+    small = runs["small"]
     figures: dict[str, Any] = {"rep": rep, "order": order, "target": target, "runs": runs}
-    for clock in ("train_s", "train_cpu_s"):
-        for large in [n for n in runs if n.startswith("large")]:
-            figures[f"adaptive_ttt_over_{large}_{clock}"] = ratio(adaptive[f"to_target_{clock}"], runs[large][clock])
-        figures[f"adaptive_ttt_over_small_ttt_{clock}"] = ratio(adaptive[f"to_target_{clock}"],
-                                                                small[f"to_target_{clock}"])
+    for arm in arms_of(runs):
+        for clock in ("train_s", "train_cpu_s"):
+            for large in [n for n in runs if n.startswith("large")]:
+                figures[f"{arm}_ttt_over_{large}_{clock}"] = ratio(runs[arm][f"to_target_{clock}"], runs[large][clock])
+            figures[f"{arm}_ttt_over_small_ttt_{clock}"] = ratio(runs[arm][f"to_target_{clock}"],
+                                                                 small[f"to_target_{clock}"])
+        goal = figures[f"{arm}_ttt_over_large_train_s"]
+        figures[f"{arm}_goal_met"] = goal is not None and goal <= GOAL_TIME_RATIO
     for name in runs:
         if name != "small" and workload.higher_is_better:
             figures[f"{name}_minus_small_points"] = round((runs[name]["final_accuracy"] - small["final_accuracy"])
                                                           * 100, 2)
         elif name != "small":
             figures[f"{name}_minus_small_nats"] = round(runs[name][final] - small[final], 4)
-    goal = figures["adaptive_ttt_over_large_train_s"]
-    figures["goal_met"] = goal is not None and goal <= GOAL_TIME_RATIO
     return figures
 
 
@@ -257,36 +263,47 @@ def paired_row(reps: list[dict[str, Any]], case: str, taiji: tuple[str, str], an
 
 
 def contract_rows(reps: list[dict[str, Any]], workload: str = "fashion_mnist") -> list[dict[str, Any]]:
-    """The result rows; taiji = the adaptive run, anchors = the fixed-batch runs. The last row is the
+    """The result rows; taiji = an adaptive run (each arm that ran: ``adaptive`` follows the noise
+    scale, ``goodput`` maximises goodput), anchors = the fixed-batch runs. Each arm's last row is the
     final score: test accuracy (fashion_mnist) or validation loss (shakespeare) against the small run."""
     rows = []
     larges = [name for name in reps[0]["runs"] if name.startswith("large")]
-    for clock, unit in (("train_s", "wall s"), ("train_cpu_s", "CPU s of both workers")):
-        to_target = f"to_target_{clock}"
-        for large in larges:
-            row = paired_row(reps, f"adaptive time to target vs {large}'s whole training, {unit}",
-                             ("adaptive", to_target), (large, clock), higher_is_better=False)
-            if (large, clock) == ("large", "train_s"):  # the goal: time to target <= 1.2x large's training
-                goal = 1 / GOAL_TIME_RATIO
-                row.update(target=f">= {goal:.3f}", target_met=row["ratio"] is not None and row["ratio"] >= goal)
-            rows.append(row)
-        rows.append(paired_row(reps, f"time to target: adaptive vs small, {unit}", ("adaptive", to_target),
-                               ("small", to_target), higher_is_better=False))
-    if workload == "shakespeare":
-        row = paired_row(reps, "final validation loss: adaptive vs small", ("adaptive", "final_loss"),
-                         ("small", "final_loss"), higher_is_better=False)
-        nats = None if row["taiji"] is None else round(row["taiji"] - row["anchor"], 4)
-        row.update(loss_delta_nats=nats, target=f"loss_delta_nats <= {GOAL_LOSS_NATS}",
-                   target_met=nats is not None and nats <= GOAL_LOSS_NATS)
+    for arm in arms_of(reps[0]["runs"]):
+        for clock, unit in (("train_s", "wall s"), ("train_cpu_s", "CPU s of both workers")):
+            to_target = f"to_target_{clock}"
+            for large in larges:
+                row = paired_row(reps, f"{arm} time to target vs {large}'s whole training, {unit}",
+                                 (arm, to_target), (large, clock), higher_is_better=False)
+                if (large, clock) == ("large", "train_s"):  # the goal: time to target <= 1.2x large's training
+                    goal = 1 / GOAL_TIME_RATIO
+                    row.update(target=f">= {goal:.3f}", target_met=row["ratio"] is not None and row["ratio"] >= goal)
+                rows.append(row)
+            rows.append(paired_row(reps, f"time to target: {arm} vs small, {unit}", (arm, to_target),
+                                   ("small", to_target), higher_is_better=False))
+        if workload == "shakespeare":
+            row = paired_row(reps, f"final validation loss: {arm} vs small", (arm, "final_loss"),
+                             ("small", "final_loss"), higher_is_better=False)
+            nats = None if row["taiji"] is None else round(row["taiji"] - row["anchor"], 4)
+            row.update(loss_delta_nats=nats, target=f"loss_delta_nats <= {GOAL_LOSS_NATS}",
+                       target_met=nats is not None and nats <= GOAL_LOSS_NATS)
+        else:
+            row = paired_row(reps, f"final test accuracy: {arm} vs small", (arm, "final_accuracy"),
+                             ("small", "final_accuracy"), higher_is_better=True)
+            points = round(100 * (row["taiji"] - row["anchor"]), 2)
+            row.update(accuracy_points=points, target=f"accuracy_points >= -{GOAL_ACC_POINTS}",
+                       target_met=points >= -GOAL_ACC_POINTS)
         rows.append(row)
-        return rows
-    row = paired_row(reps, "final test accuracy: adaptive vs small", ("adaptive", "final_accuracy"),
-                     ("small", "final_accuracy"), higher_is_better=True)
-    points = round(100 * (row["taiji"] - row["anchor"]), 2)
-    row.update(accuracy_points=points, target=f"accuracy_points >= -{GOAL_ACC_POINTS}",
-               target_met=points >= -GOAL_ACC_POINTS)
-    rows.append(row)
     return rows
+
+
+def arms_of(runs: dict[str, Any]) -> list[str]:
+    """The adaptive runs present, in ADAPTIVE_ARMS order."""
+    return [arm for arm in ADAPTIVE_ARMS if arm in runs]
+
+
+def summary_key(key: str) -> bool:
+    """The per-repetition figures the report prints and the result line summarises."""
+    return "_ttt_over_" in key or key.endswith(("_points", "_nats", "_goal_met"))
 
 
 def fmt(value: float | None, spec: str = ".1f", none: str = "never") -> str:
@@ -308,16 +325,18 @@ def report(rep: dict[str, Any], fixed_target: float | None, workload: str = "fas
         print(f"{name:10} {r['final_' + metric]:14.4f} {r['train_s']:7.1f}/{r['train_cpu_s']:<5.0f} "
               f"{pair['to_target']:>13} {pair['to_fixed']:>13} {r['steps']:5d} {r['samples_per_s']:9.0f} "
               f"{r['final_batch']:7d} {r['final_lr']:8.5f}")
-    trajectory = runs["adaptive"]["trajectory"]
-    print("adaptive batch trajectory (step -> batch): " + ", ".join(f"{s}->{b}" for s, b in trajectory))
+    for arm in arms_of(runs):
+        print(f"{arm} batch trajectory (step -> batch): "
+              + ", ".join(f"{s}->{b}" for s, b in runs[arm]["trajectory"]))
     for name, r in runs.items():
         print(f"{name} {metric} by training time: " + ", ".join(
             f"{e['train_s']:.0f}s:{e[metric]:.4f}@B{e['batch']}" for e in r["evals"]))
     for key, value in rep.items():
-        if key.startswith("adaptive_ttt") or key.endswith("_points") or key.endswith("_nats"):
+        if summary_key(key) and not key.endswith("_goal_met"):
             print(f"  {key} = {fmt(value, '.4f')}")
-    print(f"goal (adaptive time to target <= {GOAL_TIME_RATIO}x the large run's train time, wall): "
-          f"{'met' if rep['goal_met'] else 'MISSED'}")
+    for arm in arms_of(runs):
+        print(f"goal ({arm} time to target <= {GOAL_TIME_RATIO}x the large run's train time, wall): "
+              f"{'met' if rep[f'{arm}_goal_met'] else 'MISSED'}")
     for name, r in runs.items():
         print(f"  {name} timeline: {r['png']}")
 
@@ -352,6 +371,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="GNSBatchSize warmup (steps; default 100; shakespeare quick 50)")
     parser.add_argument("--interval", type=int, default=None,
                         help="GNSBatchSize interval (steps; default 50; shakespeare quick 25)")
+    parser.add_argument("--arms", nargs="+", default=list(ADAPTIVE_ARMS), choices=list(ADAPTIVE_ARMS),
+                        help="the adaptive runs: adaptive (GNSBatchSize), goodput (GoodputBatchSize); default both")
     parser.add_argument("--fixed-target", type=float, default=None, help="(default 0.88; quick 0.85)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=1)
@@ -380,9 +401,10 @@ def main(argv: list[str] | None = None) -> None:
         values = [r[key] for r in reps if r[key] is not None]
         return round(median(values), 3) if values else None
 
-    keys = [k for k in reps[0] if k.startswith("adaptive_ttt") or k.endswith("_points") or k.endswith("_nats")]
+    keys = [k for k in reps[0] if summary_key(k) and not k.endswith("_goal_met")]
     summary = {key: med(key) for key in keys}
-    summary["goal_met_reps"] = sum(r["goal_met"] for r in reps)
+    for arm in arms_of(reps[0]["runs"]):
+        summary[f"{arm}_goal_met_reps"] = sum(r[f"{arm}_goal_met"] for r in reps)
     print(f"\n# {time.monotonic() - started:.0f}s in all", file=sys.stderr)
     metric = WORKLOADS[args.workload].metric
     runs = [{"rep": r["rep"], "name": name, **{k: v for k, v in run.items() if k != "evals"},
@@ -390,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in reps for name, run in r["runs"].items()]
     settings = {k: getattr(args, k) for k in ("quick", "epochs", "train_subset", "test_subset", "eval_every",
                                               "small", "large", "lr", "lr_rule", "large_warmup", "warmup", "interval",
-                                              "fixed_target", "seed", "reps")}
+                                              "fixed_target", "seed", "reps", "arms")}
     goal = f"adaptive time to (small final - {GOAL_ACC_POINTS} pt) <= {GOAL_TIME_RATIO}x large train time"
     if args.workload == "shakespeare":
         del settings["test_subset"]

@@ -7,6 +7,8 @@
 ``--policy`` (comma-separated, applied in this order):
   gns         global batch follows the gradient noise scale (GNSBatchSize, up to --max-batch),
               learning rate follows the batch (--lr-rule sqrt|linear|adascale)
+  goodput     global batch goes where measured samples/s times statistical efficiency (from the
+              noise scale) is highest (GoodputBatchSize, Pollux's goodput), learning rate as for gns
   schedule    ``--resize STEP:SIZE`` asks for SIZE workers at STEP (ScheduledResize): joiners boot
               while the others keep training, then join at a step boundary and receive the state;
               a shrink lets the newest workers leave
@@ -34,8 +36,8 @@ import torch.nn.functional as F
 
 import taiji
 from taiji.errors import ConfigError
-from taiji.policies import (EarlyStop, GNSBatchSize, InterferenceSwitch, LRScaling, ScheduledResize,
-                            ThroughputScaling, parse_policy_names, parse_resize_schedule)
+from taiji.policies import (EarlyStop, GNSBatchSize, GoodputBatchSize, InterferenceSwitch, LRScaling,
+                            ScheduledResize, ThroughputScaling, parse_policy_names, parse_resize_schedule)
 from taiji.strategies.pair_averaging import PairAveraging
 from taiji.data.datasets import FASHION_MNIST_DIR, DatasetMissing, SyntheticImages, load_fashion_mnist
 
@@ -79,7 +81,7 @@ def evaluate(model: nn.Module, data: torch.utils.data.TensorDataset, batch: int 
     return correct / len(labels)
 
 
-POLICIES = ("gns", "schedule", "throughput", "interference", "topology", "none")
+POLICIES = ("gns", "goodput", "schedule", "throughput", "interference", "topology", "none")
 STRATEGIES = {"sync_sgd": taiji.SyncSGD, "model_averaging": lambda: taiji.ModelAveraging(alpha=1.0, every=4),
               "pair_averaging": PairAveraging, "local_sgd": taiji.LocalSGD}
 
@@ -87,9 +89,9 @@ STRATEGIES = {"sync_sgd": taiji.SyncSGD, "model_averaging": lambda: taiji.ModelA
 def make_policies(names: list[str], args: argparse.Namespace, resizes: dict[int, int]) -> list[taiji.policies.Policy]:
     policies: list[taiji.policies.Policy] = []
     for name in names:
-        if name == "gns":
-            policies += [GNSBatchSize(max_batch=args.max_batch, warmup=100, interval=50),
-                         LRScaling(args.lr_rule)]
+        if name in ("gns", "goodput"):
+            batch_policy = GNSBatchSize if name == "gns" else GoodputBatchSize
+            policies += [batch_policy(max_batch=args.max_batch, warmup=100, interval=50), LRScaling(args.lr_rule)]
         elif name == "schedule":
             policies.append(ScheduledResize(resizes))
         elif name == "throughput":
@@ -116,9 +118,10 @@ def main() -> None:
                         help=f"comma-separated adaptation policies: {', '.join(POLICIES)}")
     parser.add_argument("--resize", nargs="*", default=[], metavar="STEP:SIZE",
                         help="with --policy schedule: ask for SIZE workers at STEP (needs `taiji run ... --max-np`)")
-    parser.add_argument("--max-batch", type=int, default=1024, help="with --policy gns: the largest global batch")
+    parser.add_argument("--max-batch", type=int, default=1024,
+                        help="with --policy gns|goodput: the largest global batch")
     parser.add_argument("--lr-rule", default="sqrt", choices=["linear", "sqrt", "adascale"],
-                        help="with --policy gns: how the learning rate follows the batch")
+                        help="with --policy gns|goodput: how the learning rate follows the batch")
     parser.add_argument("--strategy", default="sync_sgd", choices=sorted(STRATEGIES),
                         help="how replicas agree (pair_averaging, local_sgd: each worker at its own pace)")
     parser.add_argument("--target-loss", type=float, default=None, help="stop once the smoothed loss is below")

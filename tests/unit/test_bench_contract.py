@@ -236,7 +236,11 @@ def test_adaptive_batch_parses_the_shakespeare_workload():
     assert (quick.workload, quick.small, quick.large, quick.lr, quick.large_warmup) == (
         "shakespeare", 64, 512, 2e-3, 0)
     assert (quick.block, quick.d_model, quick.layers, quick.train_subset, quick.epochs) == (32, 64, 2, 64000, 1)
-    assert sorted(adaptive_batch.configs(quick)) == ["adaptive", "large", "small"]   # no large_warm
+    assert sorted(adaptive_batch.configs(quick)) == ["adaptive", "goodput", "large", "small"]   # no large_warm
+    goodput = adaptive_batch.configs(quick)["goodput"]
+    assert goodput[goodput.index("--adaptive") + 1] == "goodput"
+    one_arm = adaptive_batch.parse_args(["--workload", "shakespeare", "--quick", "--arms", "goodput"])
+    assert sorted(adaptive_batch.configs(one_arm)) == ["goodput", "large", "small"]
     common = adaptive_batch.worker_common(quick)
     assert "--test-subset" not in common and common[common.index("--block") + 1] == "32"
     full = adaptive_batch.parse_args(["--workload", "shakespeare", "--block", "48"])
@@ -249,7 +253,7 @@ def fixed_and_adaptive_loss_runs(adaptive_to_target: float | None, adaptive_loss
         return {"to_target_train_s": to_target, "to_target_train_cpu_s": to_target, "train_s": train_s,
                 "train_cpu_s": train_s, "final_loss": loss}
     return {"runs": {"small": run(60.0, 100.0, 1.80), "large": run(None, 50.0, 2.10),
-                     "adaptive": run(adaptive_to_target, 70.0, adaptive_loss)}}
+                     "adaptive": run(adaptive_to_target, 70.0, adaptive_loss), "goodput": run(45.0, 65.0, 1.79)}}
 
 
 def test_adaptive_batch_shakespeare_rows_score_validation_loss():
@@ -265,7 +269,13 @@ def test_adaptive_batch_shakespeare_rows_score_validation_loss():
     assert loss["target"] == "loss_delta_nats <= 0.02" and loss["target_met"] is True
     worse = adaptive_batch.contract_rows([fixed_and_adaptive_loss_runs(None, 1.85)], "shakespeare")
     assert worse[0]["taiji"] is None and worse[0]["target_met"] is False
-    assert worse[-1]["loss_delta_nats"] == 0.05 and worse[-1]["target_met"] is False
+    by_case = {row["case"]: row for row in worse}
+    assert by_case["final validation loss: adaptive vs small"]["loss_delta_nats"] == 0.05
+    assert by_case["final validation loss: adaptive vs small"]["target_met"] is False
+    # every adaptive arm has its own rows, scored against the same fixed runs
+    assert rows["goodput time to target vs large's whole training, wall s"]["ratio"] == pytest.approx(50 / 45, abs=1e-3)
+    assert rows["final validation loss: goodput vs small"]["loss_delta_nats"] == -0.01
+    assert sum("goodput" in row["case"] for row in worse) == sum("adaptive" in row["case"] for row in worse) == 5
 
 
 def test_adaptive_batch_shakespeare_target_is_the_small_loss_plus_the_margin():

@@ -1,4 +1,5 @@
 """Policy logic as plain functions: the runner's conflict rule and validation, and every built-in."""
+import json
 import math
 
 import pytest
@@ -9,9 +10,10 @@ from hypothesis import strategies as st
 import taiji
 from taiji.data.sampler import SamplerState, advance, global_span
 from taiji.errors import ConfigError
-from taiji.policies import (BatchPerWorker, Context, EarlyStop, GNSBatchSize, LRScaling, Metrics, Policy,
-                            PolicyError, Resize, ScaleLR, ScheduledResize, SetBatchSize, Stop,
-                            ThroughputScaling, gns_target_batch, lr_scale)
+from taiji.policies import (BatchPerWorker, Context, EarlyStop, GNSBatchSize, GoodputBatchSize, LRScaling, Metrics,
+                            Policy, PolicyError, Resize, ScaleLR, ScheduledResize, SetBatchSize, Stop,
+                            ThroughputScaling, gns_target_batch, goodput_target_batch, lr_scale)
+from taiji.policies.batch import fit_step_time
 from taiji.policies.runner import Plan, decision_trail, plan_digest, run_hooks
 
 
@@ -155,6 +157,64 @@ def test_gns_batch_policy_grows_the_cluster_instead_of_overfilling_a_worker():
     assert decisions == [SetBatchSize(200), Resize(3)]   # 256 needs 3 workers; 2 hold 200 meanwhile
     decisions = policy.after_step(ctx(step=6, batch_size=200, size=2, metrics=Metrics(gns=400.0)))
     assert decisions == [Resize(4)]                      # no room to grow the batch until they join
+
+
+def test_fit_step_time_recovers_a_line_and_clips_at_zero():
+    alpha, beta = fit_step_time([(64, 0.004 + 64e-4, 10), (128, 0.004 + 128e-4, 5), (256, 0.004 + 256e-4, 1)])
+    assert (alpha, beta) == (pytest.approx(0.004), pytest.approx(1e-4))
+    assert fit_step_time([(64, 0.01, 30)]) is None                       # one batch size: no slope
+    assert fit_step_time([(64, 0.02, 3), (128, 0.019, 3)]) == (pytest.approx(0.0195), 0.0)  # all fixed cost
+    alpha, beta = fit_step_time([(64, 0.01, 1), (128, 0.04, 1)])          # superlinear: no fixed cost
+    assert alpha == 0.0 and beta == pytest.approx((64 * 0.01 + 128 * 0.04) / (64 ** 2 + 128 ** 2))
+
+
+def test_goodput_target_batch_weighs_throughput_against_efficiency():
+    compute_bound = [(64, 0.004 + 64 * 3e-4, 40), (128, 0.004 + 128 * 3e-4, 20)]   # ~15 % faster per sample at 128
+    assert goodput_target_batch(compute_bound, 150.0, 64, min_batch=64, max_batch=512) is None
+    assert goodput_target_batch(compute_bound, 150.0, 128, min_batch=64, max_batch=512) == 64   # back down
+    assert goodput_target_batch(compute_bound, 5000.0, 64, min_batch=64, max_batch=512) == 128  # noise pays it
+    overhead_bound = [(64, 0.05 + 64 * 1e-5, 40), (128, 0.05 + 128 * 1e-5, 20)]
+    assert goodput_target_batch(overhead_bound, 150.0, 128, min_batch=64, max_batch=512) == 256  # <= 2x a move
+    assert goodput_target_batch(overhead_bound, 150.0, 512, min_batch=64, max_batch=512) is None  # at the cap
+    assert goodput_target_batch(overhead_bound, float("nan"), 64, min_batch=64, max_batch=512) is None
+    slight = [(64, 0.0100, 1), (72, 0.0111, 1)]                                    # gains < min_gain: stay
+    assert goodput_target_batch(slight, 1e6, 64, min_batch=64, max_batch=72, min_gain=0.05) is None
+
+
+def _run_goodput(policy, seconds_of_batch, gns, steps=300, size=2, batch=64):
+    """Drive ``policy`` for ``steps`` committed steps whose time follows ``seconds_of_batch``."""
+    policy.before_train(ctx(step=0, batch_size=batch, size=size))
+    trail = [batch]
+    for step in range(1, steps + 1):
+        seconds = seconds_of_batch(batch)
+        metrics = Metrics(samples=batch, gns=gns, worker_step_seconds=(seconds * 0.9, seconds)[:size])
+        for decision in policy.after_step(ctx(step=step, batch_size=batch, size=size, metrics=metrics)) or []:
+            batch = decision.batch_size
+            trail.append(batch)
+    return trail
+
+
+def test_goodput_policy_probes_once_then_keeps_the_batch_that_makes_most_progress_per_second():
+    options = dict(max_batch=512, warmup=20, interval=10)
+    # a CPU worker: time per sample hardly falls with the batch, so the probe up is undone
+    assert _run_goodput(GoodputBatchSize(**options), lambda b: 0.003 + 3e-4 * b, gns=150.0) == [64, 128, 64]
+    # per-step costs dominate: it keeps growing, one 2x move at a time, to the cap
+    assert _run_goodput(GoodputBatchSize(**options), lambda b: 0.05 + 1e-5 * b, gns=150.0) == [64, 128, 256, 512]
+    # GNSBatchSize follows the noise scale (~150, within hysteresis of 128) whatever a step costs
+    assert _run_goodput(GNSBatchSize(**options), lambda b: 0.003 + 3e-4 * b, gns=150.0) == [64, 128]
+
+
+def test_goodput_policy_measures_per_cluster_size_skips_settling_steps_and_resumes_from_its_state():
+    policy = GoodputBatchSize(max_batch=512, warmup=1000, settle=2)
+    policy.before_train(ctx(step=0))
+    for step, (workers, seconds) in enumerate([(2, 0.5), (2, 0.02), (2, 0.02), (2, 0.04), (3, 0.9), (3, 0.01),
+                                               (3, 0.01), (3, 0.03), (2, 0.0)]):
+        times = (seconds,) * workers if seconds else (0.0, 0.1)   # a 0: the step after a pause, not timed
+        policy.after_step(ctx(step=step + 1, metrics=Metrics(samples=64, worker_step_seconds=times)))
+    assert policy.step_times == [[2, 64, pytest.approx(0.03), 2], [3, 64, pytest.approx(0.02), 2]]  # no 0.5, 0.9
+    joiner = GoodputBatchSize(max_batch=512)
+    joiner.load_state_dict(json.loads(json.dumps(policy.state_dict())))
+    assert joiner.step_times == policy.step_times and joiner.current == policy.current
 
 
 def test_lr_scale_rules():

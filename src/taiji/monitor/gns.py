@@ -18,6 +18,12 @@ import math
 from dataclasses import dataclass
 
 
+def statistical_efficiency(noise_scale: float, init_batch: float, batch: float) -> float:
+    """Progress per sample at ``batch`` relative to ``init_batch``: ``(φ+B0)/(φ+B)`` with the noise
+    scale ``φ = B_noise`` (Pollux's E(B); from McCandlish et al.'s steps/samples trade-off)."""
+    return (noise_scale + init_batch) / (noise_scale + batch)
+
+
 def two_batch_estimates(small_sqnorm: float, big_sqnorm: float, b_small: float,
                         b_big: float) -> tuple[float, float]:
     """Unbiased (|G|², tr Σ) from mean small-batch and large-batch squared gradient norms."""

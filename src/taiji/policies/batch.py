@@ -1,10 +1,15 @@
-"""Batch-size policies: follow the gradient noise scale, or keep the per-worker batch fixed."""
+"""Batch-size policies: follow the gradient noise scale or maximise goodput, or keep the per-worker
+batch fixed."""
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from ..errors import ConfigError
-from .base import Context, HookResult, Policy, Resize, SetBatchSize
+from ..monitor.gns import statistical_efficiency
+from .base import Context, HookResult, Metrics, Policy, Resize, SetBatchSize
+
+MEASURE_WINDOW = 100  # steps: a batch's mean step time follows the latest ~this many
 
 
 def gns_target_batch(gns: float, current: int, *, min_batch: int, max_batch: int, multiple: int = 8,
@@ -65,9 +70,7 @@ class GNSBatchSize(Policy):
         if ctx.metrics.gns is None:
             return None
         self.last_check = ctx.step
-        target = gns_target_batch(ctx.metrics.gns, ctx.batch_size, min_batch=self.min_batch or 1,
-                                  max_batch=self._max_batch, multiple=self._multiple,
-                                  max_growth=self._max_growth, hysteresis=self._hysteresis)
+        target = self._target(ctx, ctx.metrics.gns)
         if target is None:
             return None
         decisions: list = []
@@ -77,6 +80,111 @@ class GNSBatchSize(Policy):
             if target <= ctx.batch_size:
                 return decisions
         return [SetBatchSize(target)] + decisions
+
+    def _target(self, ctx: Context, gns: float) -> int | None:
+        return gns_target_batch(gns, ctx.batch_size, min_batch=self.min_batch or 1, max_batch=self._max_batch,
+                                multiple=self._multiple, max_growth=self._max_growth, hysteresis=self._hysteresis)
+
+
+def fit_step_time(points: Sequence[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """``(alpha, beta)`` of ``seconds ≈ alpha + beta·batch`` by least squares over ``(batch,
+    seconds, weight)`` points, or None with fewer than two batch sizes. Both are clipped at 0: a
+    step that got no slower with a larger batch has all its cost fixed (beta 0), one that grew
+    faster than its batch has none (alpha 0)."""
+    weight = sum(w for _, _, w in points)
+    if len({b for b, _, w in points if w > 0}) < 2:
+        return None
+    mean_b = sum(b * w for b, _, w in points) / weight
+    mean_t = sum(t * w for _, t, w in points) / weight
+    spread = sum(w * (b - mean_b) ** 2 for b, _, w in points)
+    beta = max(0.0, sum(w * (b - mean_b) * (t - mean_t) for b, t, w in points) / spread)
+    alpha = mean_t - beta * mean_b
+    if alpha < 0:  # through the origin instead: time proportional to the batch
+        alpha, beta = 0.0, sum(w * b * t for b, t, w in points) / sum(w * b * b for b, _, w in points)
+    return alpha, beta
+
+
+def goodput_target_batch(points: Sequence[tuple[float, float, float]], gns: float, current: int, *,
+                         min_batch: int, max_batch: int, multiple: int = 8, max_growth: float = 2.0,
+                         min_gain: float = 0.05) -> int | None:
+    """The global batch with the most goodput within one move of ``current``, or None to stay.
+
+    Goodput (Pollux, Qiao et al. OSDI'21) is samples per second times statistical efficiency:
+    ``batch / (alpha + beta·batch) · E(batch)`` with the step time fitted to the measured
+    ``(batch, seconds, weight)`` points and ``E`` from ``B_noise = gns``. A move goes at most
+    ``max_growth``× either way (the fit extrapolates; the next measurements correct it) and must
+    gain at least ``min_gain`` (relative) over staying.
+    """
+    fit = fit_step_time(points)
+    if fit is None or not math.isfinite(gns) or gns <= 0:
+        return None
+    alpha, beta = fit
+    low = max(min_batch, math.ceil(current / max_growth))
+    high = max(low, min(max_batch, int(current * max_growth)))
+    candidates = {low, high, current} | set(range(multiple * math.ceil(low / multiple), high + 1, multiple))
+
+    def goodput(batch: int) -> float:
+        seconds = alpha + beta * batch
+        return batch / seconds * statistical_efficiency(gns, min_batch, batch) if seconds > 0 else math.inf
+
+    best = max(sorted(candidates), key=goodput)
+    if best == current or goodput(best) < (1 + min_gain) * goodput(current):
+        return None
+    return best
+
+
+class GoodputBatchSize(GNSBatchSize):
+    """Move the global batch to where it makes the most progress per second: goodput, the
+    measured samples/s at a batch times its statistical efficiency from the gradient noise scale
+    (Pollux). Where a larger batch is hardly faster per sample (compute-bound workers, e.g. CPUs)
+    it stays small; where per-step costs dominate (communication, GPUs) it grows as the noise
+    scale allows.
+
+    Step times are measured per (workers, batch) from the control message (the slowest worker's
+    wall time per step, pauses excluded), skipping ``settle`` steps after each change. While only
+    one batch size has been measured on the current cluster, the policy moves as
+    ``GNSBatchSize`` would (one probe); from two on, it fits ``seconds = alpha + beta·batch`` and
+    picks the best batch within one ``max_growth`` move. Options as ``GNSBatchSize``, plus
+    ``min_gain``: the relative goodput gain a move must bring.
+    """
+
+    def __init__(self, max_batch: int = 4096, min_batch: int | None = None, *, min_gain: float = 0.05,
+                 settle: int = 2, **options):
+        super().__init__(max_batch, min_batch, **options)
+        if min_gain < 0 or settle < 0:
+            raise ConfigError(f"GoodputBatchSize needs min_gain >= 0 and settle >= 0, got {min_gain}, {settle}")
+        self._min_gain, self._settle = min_gain, settle
+        self.step_times: list[list[float]] = []   # [workers, batch, mean seconds, steps measured]
+        self.current: list[int] = [0, 0, 0]        # [workers, batch, steps] of the latest steps
+
+    def after_step(self, ctx: Context) -> HookResult:
+        self._measure(ctx.metrics)
+        return super().after_step(ctx)
+
+    def _measure(self, metrics: Metrics) -> None:
+        seconds = metrics.worker_step_seconds
+        if not seconds or min(seconds) <= 0 or not metrics.samples:
+            return  # the first step, or one after a pause or a membership change: not timed
+        key = [len(seconds), metrics.samples]
+        if self.current[:2] != key:
+            self.current = key + [0]
+        self.current[2] += 1
+        if self.current[2] <= self._settle:
+            return
+        row = next((r for r in self.step_times if r[:2] == key), None)
+        if row is None:
+            self.step_times.append(key + [max(seconds), 1])
+            return
+        row[3] += 1
+        row[2] += (max(seconds) - row[2]) / min(row[3], MEASURE_WINDOW)
+
+    def _target(self, ctx: Context, gns: float) -> int | None:
+        points = [(batch, mean, steps) for workers, batch, mean, steps in self.step_times if workers == ctx.size]
+        if len(points) < 2:
+            return super()._target(ctx, gns)
+        return goodput_target_batch(points, gns, ctx.batch_size, min_batch=self.min_batch or 1,
+                                    max_batch=self._max_batch, multiple=self._multiple,
+                                    max_growth=self._max_growth, min_gain=self._min_gain)
 
 
 class BatchPerWorker(Policy):

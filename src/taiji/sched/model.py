@@ -33,6 +33,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from taiji.errors import ConfigError
+from taiji.monitor.gns import statistical_efficiency as efficiency
 from taiji.sched.csvio import Source, data_root, parse_number, read_rows
 from taiji.sched.ps import PsApplication, sample_time
 
@@ -219,11 +220,6 @@ def grad_stats(app: Application, batch_size: float, epoch: int) -> tuple[float, 
     weight = (batch_size - low.batch_size) / (high.batch_size - low.batch_size)
     return ((1 - weight) * low.grad_sqr[row] + weight * high.grad_sqr[row],
             (1 - weight) * low.grad_var[row] + weight * high.grad_var[row])
-
-
-def efficiency(noise_scale: float, init_batch: float, batch: float) -> float:
-    """Statistical efficiency ``E(B) = (φ+B0)/(φ+B)`` relative to the initial batch ``B0``."""
-    return (noise_scale + init_batch) / (noise_scale + batch)
 
 
 def goodput(throughput: float, noise_scale: float, init_batch: float, batch: float) -> float:
