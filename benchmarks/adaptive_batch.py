@@ -368,9 +368,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="add a run `large_warm`: the large run with its LR ramped from --lr over N steps "
                              "(default 60, ~1 epoch; quick 20; 0: no such run)")
     parser.add_argument("--warmup", type=int, default=None,
-                        help="GNSBatchSize warmup (steps; default 100; shakespeare quick 50)")
+                        help="the batch policies' warmup (steps; default 100; shakespeare quick 50)")
     parser.add_argument("--interval", type=int, default=None,
-                        help="GNSBatchSize interval (steps; default 50; shakespeare quick 25)")
+                        help="the batch policies' interval (steps; default 50; shakespeare quick 25)")
     parser.add_argument("--arms", nargs="+", default=list(ADAPTIVE_ARMS), choices=list(ADAPTIVE_ARMS),
                         help="the adaptive runs: adaptive (GNSBatchSize), goodput (GoodputBatchSize); default both")
     parser.add_argument("--fixed-target", type=float, default=None, help="(default 0.88; quick 0.85)")
@@ -413,13 +413,14 @@ def main(argv: list[str] | None = None) -> None:
     settings = {k: getattr(args, k) for k in ("quick", "epochs", "train_subset", "test_subset", "eval_every",
                                               "small", "large", "lr", "lr_rule", "large_warmup", "warmup", "interval",
                                               "fixed_target", "seed", "reps", "arms")}
-    goal = f"adaptive time to (small final - {GOAL_ACC_POINTS} pt) <= {GOAL_TIME_RATIO}x large train time"
+    arms = " / ".join(args.arms)
+    goal = f"{arms} time to (small final - {GOAL_ACC_POINTS} pt) <= {GOAL_TIME_RATIO}x large train time"
     if args.workload == "shakespeare":
         del settings["test_subset"]
         settings.update({k: getattr(args, k) for k in ("workload", "validation_windows", "block", "d_model",
                                                        "layers")})
-        goal = (f"adaptive time to (small final validation loss + {GOAL_LOSS_NATS} nats) <= {GOAL_TIME_RATIO}x "
-                f"large train time; adaptive final validation loss <= small's + {GOAL_LOSS_NATS}")
+        goal = (f"{arms} time to (small final validation loss + {GOAL_LOSS_NATS} nats) <= {GOAL_TIME_RATIO}x "
+                f"large train time; {arms} final validation loss <= small's + {GOAL_LOSS_NATS}")
     print_result("adaptive_batch", contract_rows(reps, args.workload), runs=runs, summary=summary,
                  targets=[r["target"] for r in reps], settings=settings, nproc=NPROC, goal=goal)
 

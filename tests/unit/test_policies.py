@@ -179,6 +179,7 @@ def test_goodput_target_batch_weighs_throughput_against_efficiency():
     assert goodput_target_batch(overhead_bound, float("nan"), 64, min_batch=64, max_batch=512) is None
     slight = [(64, 0.0100, 1), (72, 0.0111, 1)]                                    # gains < min_gain: stay
     assert goodput_target_batch(slight, 1e6, 64, min_batch=64, max_batch=72, min_gain=0.05) is None
+    assert goodput_target_batch(overhead_bound, 150.0, 64, min_batch=64, max_batch=512, max_growth=1.3) == 80  # x8
 
 
 def _run_goodput(policy, seconds_of_batch, gns, steps=300, size=2, batch=64):
@@ -212,6 +213,8 @@ def test_goodput_policy_measures_per_cluster_size_skips_settling_steps_and_resum
         times = (seconds,) * workers if seconds else (0.0, 0.1)   # a 0: the step after a pause, not timed
         policy.after_step(ctx(step=step + 1, metrics=Metrics(samples=64, worker_step_seconds=times)))
     assert policy.step_times == [[2, 64, pytest.approx(0.03), 2], [3, 64, pytest.approx(0.02), 2]]  # no 0.5, 0.9
+    policy.after_step(ctx(step=10, metrics=Metrics(samples=40, worker_step_seconds=(0.01, 0.01))))  # epoch's end
+    assert [row[:2] for row in policy.step_times] == [[2, 64], [3, 64]]
     joiner = GoodputBatchSize(max_batch=512)
     joiner.load_state_dict(json.loads(json.dumps(policy.state_dict())))
     assert joiner.step_times == policy.step_times and joiner.current == policy.current

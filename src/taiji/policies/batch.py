@@ -120,8 +120,8 @@ def goodput_target_batch(points: Sequence[tuple[float, float, float]], gns: floa
         return None
     alpha, beta = fit
     low = max(min_batch, math.ceil(current / max_growth))
-    high = max(low, min(max_batch, int(current * max_growth)))
-    candidates = {low, high, current} | set(range(multiple * math.ceil(low / multiple), high + 1, multiple))
+    high = min(max_batch, int(current * max_growth))
+    candidates = {current} | set(range(multiple * math.ceil(low / multiple), high + 1, multiple))
 
     def goodput(batch: int) -> float:
         seconds = alpha + beta * batch
@@ -158,13 +158,13 @@ class GoodputBatchSize(GNSBatchSize):
         self.current: list[int] = [0, 0, 0]        # [workers, batch, steps] of the latest steps
 
     def after_step(self, ctx: Context) -> HookResult:
-        self._measure(ctx.metrics)
+        self._measure(ctx.metrics, ctx.batch_size)
         return super().after_step(ctx)
 
-    def _measure(self, metrics: Metrics) -> None:
+    def _measure(self, metrics: Metrics, batch_size: int) -> None:
         seconds = metrics.worker_step_seconds
-        if not seconds or min(seconds) <= 0 or not metrics.samples:
-            return  # the first step, or one after a pause or a membership change: not timed
+        if not seconds or min(seconds) <= 0 or metrics.samples != batch_size:
+            return  # the first step, one after a pause or a membership change, an epoch's short last step
         key = [len(seconds), metrics.samples]
         if self.current[:2] != key:
             self.current = key + [0]
@@ -179,7 +179,8 @@ class GoodputBatchSize(GNSBatchSize):
         row[2] += (max(seconds) - row[2]) / min(row[3], MEASURE_WINDOW)
 
     def _target(self, ctx: Context, gns: float) -> int | None:
-        points = [(batch, mean, steps) for workers, batch, mean, steps in self.step_times if workers == ctx.size]
+        points = [(batch, mean, min(steps, MEASURE_WINDOW)) for workers, batch, mean, steps in self.step_times
+                  if workers == ctx.size]
         if len(points) < 2:
             return super()._target(ctx, gns)
         return goodput_target_batch(points, gns, ctx.batch_size, min_batch=self.min_batch or 1,
