@@ -7,10 +7,12 @@ import math
 import pytest
 
 from taiji.errors import ConfigError
+from taiji.monitor.gns import goodput
+from taiji.monitor.gns import statistical_efficiency as efficiency
 from taiji.sched import model
-from taiji.sched.model import (AllreduceModel, ThroughputParams, advance, canonical_placement,
-                               efficiency, goodput, grad_stats, load_application, pollux_step_time,
-                               progress_rate, step_time, time_to_finish, trace_efficiency)
+from taiji.sched.model import (AllreduceModel, ThroughputParams, advance, canonical_placement, grad_stats,
+                               load_application, pollux_step_time, progress_rate, step_time, time_to_finish,
+                               trace_efficiency)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,11 @@ def statistical_efficiency(noise_scale: float, init_batch: float, batch: float) 
     return (noise_scale + init_batch) / (noise_scale + batch)
 
 
+def goodput(throughput: float, noise_scale: float, init_batch: float, batch: float) -> float:
+    """Pollux's goodput: samples per second times statistical efficiency."""
+    return throughput * statistical_efficiency(noise_scale, init_batch, batch)
+
+
 def two_batch_estimates(small_sqnorm: float, big_sqnorm: float, b_small: float,
                         b_big: float) -> tuple[float, float]:
     """Unbiased (|G|², tr Σ) from mean small-batch and large-batch squared gradient norms."""

@@ -6,7 +6,7 @@ import math
 from typing import Sequence
 
 from ..errors import ConfigError
-from ..monitor.gns import statistical_efficiency
+from ..monitor.gns import goodput
 from .base import Context, HookResult, Metrics, Policy, Resize, SetBatchSize
 
 MEASURE_WINDOW = 100  # steps: a batch's mean step time follows the latest ~this many
@@ -123,12 +123,12 @@ def goodput_target_batch(points: Sequence[tuple[float, float, float]], gns: floa
     high = min(max_batch, int(current * max_growth))
     candidates = {current} | set(range(multiple * math.ceil(low / multiple), high + 1, multiple))
 
-    def goodput(batch: int) -> float:
+    def at(batch: int) -> float:
         seconds = alpha + beta * batch
-        return batch / seconds * statistical_efficiency(gns, min_batch, batch) if seconds > 0 else math.inf
+        return goodput(batch / seconds, gns, min_batch, batch) if seconds > 0 else math.inf
 
-    best = max(sorted(candidates), key=goodput)
-    if best == current or goodput(best) < (1 + min_gain) * goodput(current):
+    best = max(sorted(candidates), key=at)
+    if best == current or at(best) < (1 + min_gain) * at(current):
         return None
     return best
 

@@ -14,7 +14,7 @@ Three kinds of model live here (SCHEDULER.md §3.1, §4.1; tags as there):
   documented in the traces README; the interpolation for unmeasured spreads is ours, see
   :func:`spread_step_time`.]
 * :class:`ThroughputParams` — Pollux's fitted throughput model (``T_comp``, ``T_net`` with node
-  spread, γ overlap) and :func:`goodput`. [C]
+  spread, γ overlap) and goodput (``taiji.monitor.gns.goodput``). [C]
 * :class:`AllreduceModel` — taiji's allreduce jobs: the Pollux form plus explicit ring-allreduce
   bytes over intra-host or (shared) inter-host bandwidth. [I] Parameter-server jobs live in
   :mod:`taiji.sched.ps`; the functions below dispatch to it for a :class:`~taiji.sched.ps.PsApplication`.
@@ -33,7 +33,6 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from taiji.errors import ConfigError
-from taiji.monitor.gns import statistical_efficiency as efficiency
 from taiji.sched.csvio import Source, data_root, parse_number, read_rows
 from taiji.sched.ps import PsApplication, sample_time
 
@@ -220,11 +219,6 @@ def grad_stats(app: Application, batch_size: float, epoch: int) -> tuple[float, 
     weight = (batch_size - low.batch_size) / (high.batch_size - low.batch_size)
     return ((1 - weight) * low.grad_sqr[row] + weight * high.grad_sqr[row],
             (1 - weight) * low.grad_var[row] + weight * high.grad_var[row])
-
-
-def goodput(throughput: float, noise_scale: float, init_batch: float, batch: float) -> float:
-    """Pollux's goodput: samples per second times statistical efficiency."""
-    return throughput * efficiency(noise_scale, init_batch, batch)
 
 
 def trace_efficiency(app: Application, batch_size: float, epoch: int) -> float:
