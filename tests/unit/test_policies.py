@@ -159,27 +159,57 @@ def test_gns_batch_policy_grows_the_cluster_instead_of_overfilling_a_worker():
     assert decisions == [Resize(4)]                      # no room to grow the batch until they join
 
 
-def test_fit_step_time_recovers_a_line_and_clips_at_zero():
-    alpha, beta = fit_step_time([(64, 0.004 + 64e-4, 10), (128, 0.004 + 128e-4, 5), (256, 0.004 + 256e-4, 1)])
-    assert (alpha, beta) == (pytest.approx(0.004), pytest.approx(1e-4))
-    assert fit_step_time([(64, 0.01, 30)]) is None                       # one batch size: no slope
-    assert fit_step_time([(64, 0.02, 3), (128, 0.019, 3)]) == (pytest.approx(0.0195), 0.0)  # all fixed cost
-    alpha, beta = fit_step_time([(64, 0.01, 1), (128, 0.04, 1)])          # superlinear: no fixed cost
-    assert alpha == 0.0 and beta == pytest.approx((64 * 0.01 + 128 * 0.04) / (64 ** 2 + 128 ** 2))
+def _within(seconds, steps=40, spread=0.01):
+    """A measured point: ``steps`` step times around ``seconds`` with ``spread`` relative deviation."""
+    return (spread * seconds) ** 2 / steps
+
+
+def test_fit_step_time_recovers_a_line_clips_at_zero_and_says_how_sure_it_is():
+    fit = fit_step_time([(64, 0.004 + 64e-4, 1e-6), (128, 0.004 + 128e-4, 2e-6), (256, 0.004 + 256e-4, 1e-5)])
+    assert (fit.alpha, fit.beta) == (pytest.approx(0.004), pytest.approx(1e-4))
+    assert fit.seconds(512, fit.beta) == pytest.approx(0.004 + 512e-4)
+    assert fit_step_time([(64, 0.01, 1e-6)]) is None                         # one batch size: no slope
+    fit = fit_step_time([(64, 0.02, 1e-6), (128, 0.019, 1e-6)])              # all fixed cost
+    assert (fit.alpha, fit.beta) == (pytest.approx(0.0195), 0.0)
+    assert fit.beta_se == pytest.approx(math.sqrt(1e-6 / (2 * 32 ** 2)))     # two equal points 64 apart
+    assert fit.slopes(2.0) == (0.0, pytest.approx(2 * fit.beta_se))         # never below 0
+    fit = fit_step_time([(64, 0.01, 1e-6), (128, 0.04, 1e-6)])               # superlinear: no fixed cost
+    assert fit.alpha == 0.0 and fit.beta == pytest.approx((64 * 0.01 + 128 * 0.04) / (64 ** 2 + 128 ** 2))
+    assert fit.seconds(96, min(fit.slopes(2.0))) / fit.seconds(96, max(fit.slopes(2.0))) == pytest.approx(
+        fit.seconds(48, min(fit.slopes(2.0))) / fit.seconds(48, max(fit.slopes(2.0))))  # any slope: time ∝ batch
+    noisy, steady = (fit_step_time([(64, 0.02, v), (128, 0.03, v)]) for v in (1e-4, 1e-8))
+    assert noisy.beta == pytest.approx(steady.beta) and noisy.beta_se == pytest.approx(100 * steady.beta_se)
 
 
 def test_goodput_target_batch_weighs_throughput_against_efficiency():
-    compute_bound = [(64, 0.004 + 64 * 3e-4, 40), (128, 0.004 + 128 * 3e-4, 20)]   # ~15 % faster per sample at 128
+    compute_bound = [(b, 0.004 + b * 3e-4, _within(0.004 + b * 3e-4)) for b in (64, 128)]  # ~15 % faster/sample
     assert goodput_target_batch(compute_bound, 150.0, 64, min_batch=64, max_batch=512) is None
     assert goodput_target_batch(compute_bound, 150.0, 128, min_batch=64, max_batch=512) == 64   # back down
     assert goodput_target_batch(compute_bound, 5000.0, 64, min_batch=64, max_batch=512) == 128  # noise pays it
-    overhead_bound = [(64, 0.05 + 64 * 1e-5, 40), (128, 0.05 + 128 * 1e-5, 20)]
+    overhead_bound = [(b, 0.05 + b * 1e-5, _within(0.05 + b * 1e-5)) for b in (64, 128)]
     assert goodput_target_batch(overhead_bound, 150.0, 128, min_batch=64, max_batch=512) == 256  # <= 2x a move
     assert goodput_target_batch(overhead_bound, 150.0, 512, min_batch=64, max_batch=512) is None  # at the cap
     assert goodput_target_batch(overhead_bound, float("nan"), 64, min_batch=64, max_batch=512) is None
-    slight = [(64, 0.0100, 1), (72, 0.0111, 1)]                                    # gains < min_gain: stay
+    slight = [(64, 0.0100, 1e-9), (72, 0.0111, 1e-9)]                             # gains < min_gain: stay
     assert goodput_target_batch(slight, 1e6, 64, min_batch=64, max_batch=72, min_gain=0.05) is None
     assert goodput_target_batch(overhead_bound, 150.0, 64, min_batch=64, max_batch=512, max_growth=1.3) == 80  # x8
+
+
+def test_goodput_target_batch_does_not_extrapolate_a_fit_it_cannot_vouch_for():
+    # 64 and 88 measured at about the same step time (a drifting machine): taken at its word the fit
+    # says a step costs the same at any batch, and doubling to 176 would pay even at B_noise 82 ...
+    equal = [(64, 0.0300, 1e-6), (88, 0.0301, 1e-6)]
+    assert goodput_target_batch(equal, 82.0, 88, min_batch=64, max_batch=512, confidence=0.0) == 176
+    # ... but each mean is known only to a few percent: within two standard errors the slope may
+    # be steep enough that 176 loses, so it stays; the same points measured tightly would move
+    drifting = [(b, t, (0.05 * t) ** 2) for b, t, _ in equal]
+    assert goodput_target_batch(drifting, 82.0, 88, min_batch=64, max_batch=512) is None
+    tight = [(b, t, 1e-10) for b, t, _ in equal]
+    assert goodput_target_batch(tight, 82.0, 88, min_batch=64, max_batch=512) == 176
+    # between measured batches the fit is taken at its word: 88 is only ~5 % faster per sample, so
+    # back to 64 (+7 % goodput), though the flattest plausible slope would make it a loss
+    near = [(b, t, (0.05 * t) ** 2) for b, t in ((64, 0.0300), (88, 0.0396))]
+    assert goodput_target_batch(near, 150.0, 88, min_batch=64, max_batch=512) == 64
 
 
 def _run_goodput(policy, seconds_of_batch, gns, steps=300, size=2, batch=64):
@@ -199,10 +229,21 @@ def test_goodput_policy_probes_once_then_keeps_the_batch_that_makes_most_progres
     options = dict(max_batch=512, warmup=20, interval=10)
     # a CPU worker: time per sample hardly falls with the batch, so the probe up is undone
     assert _run_goodput(GoodputBatchSize(**options), lambda b: 0.003 + 3e-4 * b, gns=150.0) == [64, 128, 64]
-    # per-step costs dominate: it keeps growing, one 2x move at a time, to the cap
-    assert _run_goodput(GoodputBatchSize(**options), lambda b: 0.05 + 1e-5 * b, gns=150.0) == [64, 128, 256, 512]
+    # per-step costs dominate: it grows as far as its measurements, known to 5 % (drift), vouch for ...
+    assert _run_goodput(GoodputBatchSize(**options), lambda b: 0.05 + 1e-5 * b, gns=150.0) == [64, 128, 216]
+    # ... and on steadier hardware one 2x move at a time to the cap
+    steady = dict(options, drift=0.02)
+    assert _run_goodput(GoodputBatchSize(**steady), lambda b: 0.05 + 1e-5 * b, gns=150.0) == [64, 128, 256, 512]
     # GNSBatchSize follows the noise scale (~150, within hysteresis of 128) whatever a step costs
     assert _run_goodput(GNSBatchSize(**options), lambda b: 0.003 + 3e-4 * b, gns=150.0) == [64, 128]
+
+
+def test_goodput_policy_holds_still_until_the_batch_it_moved_to_is_measured():
+    options, cost = dict(max_batch=512, warmup=25, interval=1), (lambda b: 0.05 + 1e-5 * b)
+    assert _run_goodput(GNSBatchSize(**options), cost, gns=5000.0, steps=45) == [64, 128, 256, 512]
+    # 128 is timed from step 28 (2 settle steps) and counts from its 20th measured step, 47
+    assert _run_goodput(GoodputBatchSize(**options), cost, gns=5000.0, steps=46) == [64, 128]
+    assert _run_goodput(GoodputBatchSize(**options), cost, gns=5000.0, steps=47) == [64, 128, 256]
 
 
 def test_goodput_policy_measures_per_cluster_size_skips_settling_steps_and_resumes_from_its_state():
@@ -212,7 +253,8 @@ def test_goodput_policy_measures_per_cluster_size_skips_settling_steps_and_resum
                                                (3, 0.01), (3, 0.03), (2, 0.0)]):
         times = (seconds,) * workers if seconds else (0.0, 0.1)   # a 0: the step after a pause, not timed
         policy.after_step(ctx(step=step + 1, metrics=Metrics(samples=64, worker_step_seconds=times)))
-    assert policy.step_times == [[2, 64, pytest.approx(0.03), 2], [3, 64, pytest.approx(0.02), 2]]  # no 0.5, 0.9
+    assert policy.step_times == [[2, 64, pytest.approx(0.03), 2, pytest.approx(1e-4)],   # no 0.5, 0.9
+                                 [3, 64, pytest.approx(0.02), 2, pytest.approx(1e-4)]]
     policy.after_step(ctx(step=10, metrics=Metrics(samples=40, worker_step_seconds=(0.01, 0.01))))  # epoch's end
     assert [row[:2] for row in policy.step_times] == [[2, 64], [3, 64]]
     joiner = GoodputBatchSize(max_batch=512)

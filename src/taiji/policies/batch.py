@@ -3,13 +3,17 @@ batch fixed."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..errors import ConfigError
 from ..monitor.gns import goodput
 from .base import Context, HookResult, Metrics, Policy, Resize, SetBatchSize
 
-MEASURE_WINDOW = 100  # steps: a batch's mean step time follows the latest ~this many
+MEASURE_WINDOW = 50  # steps: a batch's mean step time follows the latest ~this many
+# relative: the least error of a batch's mean step time. A shared machine's speed drifts by several
+# percent between the windows in which two batch sizes are measured (seen: ±30% over a minute on 2
+# CPU cores), which no number of steps within one window averages away.
+DRIFT = 0.05
 
 
 def gns_target_batch(gns: float, current: int, *, min_batch: int, max_batch: int, multiple: int = 8,
@@ -86,49 +90,76 @@ class GNSBatchSize(Policy):
                                 multiple=self._multiple, max_growth=self._max_growth, hysteresis=self._hysteresis)
 
 
-def fit_step_time(points: Sequence[tuple[float, float, float]]) -> tuple[float, float] | None:
-    """``(alpha, beta)`` of ``seconds ≈ alpha + beta·batch`` by least squares over ``(batch,
-    seconds, weight)`` points, or None with fewer than two batch sizes. Both are clipped at 0: a
-    step that got no slower with a larger batch has all its cost fixed (beta 0), one that grew
-    faster than its batch has none (alpha 0)."""
-    weight = sum(w for _, _, w in points)
-    if len({b for b, _, w in points if w > 0}) < 2:
+class StepTimeFit(NamedTuple):
+    """``seconds ≈ alpha + beta·batch``, and how far the slope can be trusted: ``beta_se`` is its
+    standard error; every plausible line passes through the measurements' centre ``(at_batch,
+    at_seconds)``."""
+    alpha: float
+    beta: float
+    beta_se: float
+    at_batch: float
+    at_seconds: float
+
+    def slopes(self, confidence: float) -> tuple[float, ...]:
+        """The extreme slopes within ``confidence`` standard errors, kept where both costs stay >= 0."""
+        ceiling = self.at_seconds / self.at_batch if self.at_batch > 0 else math.inf
+        return tuple(min(max(0.0, self.beta + sign * confidence * self.beta_se), ceiling) for sign in (-1, 1))
+
+    def seconds(self, batch: float, slope: float) -> float:
+        return self.at_seconds + slope * (batch - self.at_batch)
+
+
+def fit_step_time(points: Sequence[tuple[float, float, float]]) -> StepTimeFit | None:
+    """Weighted least squares of ``seconds ≈ alpha + beta·batch`` over ``(batch, mean seconds,
+    variance of that mean)`` points, or None with fewer than two batch sizes. Both are clipped at
+    0: a step that got no slower with a larger batch has all its cost fixed (beta 0), one that grew
+    faster than its batch has none (alpha 0, the line through the origin)."""
+    if len({b for b, _, _ in points}) < 2 or any(v <= 0 for _, _, v in points):
         return None
-    mean_b = sum(b * w for b, _, w in points) / weight
-    mean_t = sum(t * w for _, t, w in points) / weight
-    spread = sum(w * (b - mean_b) ** 2 for b, _, w in points)
-    beta = max(0.0, sum(w * (b - mean_b) * (t - mean_t) for b, t, w in points) / spread)
-    alpha = mean_t - beta * mean_b
-    if alpha < 0:  # through the origin instead: time proportional to the batch
-        alpha, beta = 0.0, sum(w * b * t for b, t, w in points) / sum(w * b * b for b, _, w in points)
-    return alpha, beta
+    weighted = [(b, t, 1.0 / v) for b, t, v in points]
+    weight = sum(w for _, _, w in weighted)
+    mean_b = sum(b * w for b, _, w in weighted) / weight
+    mean_t = sum(t * w for _, t, w in weighted) / weight
+    spread = sum(w * (b - mean_b) ** 2 for b, _, w in weighted)
+    beta = max(0.0, sum(w * (b - mean_b) * (t - mean_t) for b, t, w in weighted) / spread)
+    if mean_t - beta * mean_b >= 0:
+        return StepTimeFit(mean_t - beta * mean_b, beta, math.sqrt(1 / spread), mean_b, mean_t)
+    through_origin = sum(w * b * b for b, _, w in weighted)  # time proportional to the batch
+    beta = sum(w * b * t for b, t, w in weighted) / through_origin
+    return StepTimeFit(0.0, beta, math.sqrt(1 / through_origin), 0.0, 0.0)
 
 
 def goodput_target_batch(points: Sequence[tuple[float, float, float]], gns: float, current: int, *,
                          min_batch: int, max_batch: int, multiple: int = 8, max_growth: float = 2.0,
-                         min_gain: float = 0.05) -> int | None:
+                         min_gain: float = 0.05, confidence: float = 2.0) -> int | None:
     """The global batch with the most goodput within one move of ``current``, or None to stay.
 
     Goodput (Pollux, Qiao et al. OSDI'21) is samples per second times statistical efficiency:
     ``batch / (alpha + beta·batch) · E(batch)`` with the step time fitted to the measured
-    ``(batch, seconds, weight)`` points and ``E`` from ``B_noise = gns``. A move goes at most
-    ``max_growth``× either way (the fit extrapolates; the next measurements correct it) and must
-    gain at least ``min_gain`` (relative) over staying.
+    ``(batch, mean seconds, variance of the mean)`` points and ``E`` from ``B_noise = gns``. A move
+    goes at most ``max_growth``× either way and must gain at least ``min_gain`` (relative) over
+    staying; beyond the measured batches, for every slope within ``confidence`` standard errors of
+    the fit: a fit from a few noisy steps extrapolates badly, and a move it cannot vouch for costs
+    sample efficiency for nothing. Within them the fitted line is taken at its word (a wrong move
+    there stays between batches already measured, and its own measurement corrects the fit).
     """
     fit = fit_step_time(points)
     if fit is None or not math.isfinite(gns) or gns <= 0:
         return None
-    alpha, beta = fit
     low = max(min_batch, math.ceil(current / max_growth))
     high = min(max_batch, int(current * max_growth))
     candidates = {current} | set(range(multiple * math.ceil(low / multiple), high + 1, multiple))
+    slopes = fit.slopes(confidence)
+    measured = (min(b for b, _, _ in points), max(b for b, _, _ in points))
 
-    def at(batch: int) -> float:
-        seconds = alpha + beta * batch
-        return goodput(batch / seconds, gns, min_batch, batch) if seconds > 0 else math.inf
+    def worst_gain(batch: int) -> float:
+        def at(size: int, slope: float) -> float:
+            return goodput(size / fit.seconds(size, slope), gns, min_batch, size)
+        inside = measured[0] <= batch <= measured[1]
+        return min(at(batch, slope) / at(current, slope) for slope in ((fit.beta,) if inside else slopes))
 
-    best = max(sorted(candidates), key=at)
-    if best == current or at(best) < (1 + min_gain) * at(current):
+    best = max(sorted(candidates), key=worst_gain)
+    if best == current or worst_gain(best) < 1 + min_gain:
         return None
     return best
 
@@ -141,20 +172,26 @@ class GoodputBatchSize(GNSBatchSize):
     scale allows.
 
     Step times are measured per (workers, batch) from the control message (the slowest worker's
-    wall time per step, pauses excluded), skipping ``settle`` steps after each change. While only
-    one batch size has been measured on the current cluster, the policy moves as
+    wall time per step, pauses excluded; a running mean and variance over the latest
+    ``MEASURE_WINDOW`` steps), skipping ``settle`` steps after each change. A batch counts once
+    ``min_steps`` of its steps are measured, and the policy holds still while the current one is
+    being measured. While only one batch size is measured on the current cluster, it moves as
     ``GNSBatchSize`` would (one probe); from two on, it fits ``seconds = alpha + beta·batch`` and
-    picks the best batch within one ``max_growth`` move. Options as ``GNSBatchSize``, plus
-    ``min_gain``: the relative goodput gain a move must bring.
+    picks the best batch within one ``max_growth`` move that gains ``min_gain`` (relative) for
+    every slope within ``confidence`` standard errors of the fit. ``drift``: the relative error a
+    batch's mean step time keeps however long it is measured (the machine's speed wanders between
+    the windows two batches are timed in); lower it on steady, dedicated hardware to move sooner.
     """
 
     def __init__(self, max_batch: int = 4096, min_batch: int | None = None, *, min_gain: float = 0.05,
-                 settle: int = 2, **options):
+                 settle: int = 2, min_steps: int = 20, confidence: float = 2.0, drift: float = DRIFT, **options):
         super().__init__(max_batch, min_batch, **options)
-        if min_gain < 0 or settle < 0:
-            raise ConfigError(f"GoodputBatchSize needs min_gain >= 0 and settle >= 0, got {min_gain}, {settle}")
-        self._min_gain, self._settle = min_gain, settle
-        self.step_times: list[list[float]] = []   # [workers, batch, mean seconds, steps measured]
+        if min_gain < 0 or settle < 0 or min_steps < 2 or confidence < 0 or drift < 0:
+            raise ConfigError("GoodputBatchSize needs min_gain >= 0, settle >= 0, min_steps >= 2, confidence >= 0 "
+                              f"and drift >= 0, got {min_gain}, {settle}, {min_steps}, {confidence}, {drift}")
+        self._min_gain, self._settle, self._min_steps, self._confidence = min_gain, settle, min_steps, confidence
+        self._drift = drift
+        self.step_times: list[list[float]] = []   # [workers, batch, mean seconds, steps measured, variance]
         self.current: list[int] = [0, 0, 0]        # [workers, batch, steps] of the latest steps
 
     def after_step(self, ctx: Context) -> HookResult:
@@ -173,19 +210,26 @@ class GoodputBatchSize(GNSBatchSize):
             return
         row = next((r for r in self.step_times if r[:2] == key), None)
         if row is None:
-            self.step_times.append(key + [max(seconds), 1])
+            self.step_times.append(key + [max(seconds), 1, 0.0])
             return
         row[3] += 1
-        row[2] += (max(seconds) - row[2]) / min(row[3], MEASURE_WINDOW)
+        share = 1 / min(row[3], MEASURE_WINDOW)   # exact mean and variance up to the window, then exponential
+        deviation = max(seconds) - row[2]
+        row[2] += share * deviation
+        row[4] = (1 - share) * (row[4] + share * deviation ** 2)
 
     def _target(self, ctx: Context, gns: float) -> int | None:
-        points = [(batch, mean, min(steps, MEASURE_WINDOW)) for workers, batch, mean, steps in self.step_times
-                  if workers == ctx.size]
-        if len(points) < 2:
+        rows = {batch: (mean, steps, variance) for workers, batch, mean, steps, variance in self.step_times
+                if workers == ctx.size and steps >= self._min_steps}
+        if ctx.batch_size not in rows:
+            return None if self.current[:2] == [ctx.size, ctx.batch_size] else super()._target(ctx, gns)
+        if len(rows) < 2:
             return super()._target(ctx, gns)
+        points = [(batch, mean, variance / min(steps, MEASURE_WINDOW) + (self._drift * mean) ** 2)
+                  for batch, (mean, steps, variance) in rows.items()]
         return goodput_target_batch(points, gns, ctx.batch_size, min_batch=self.min_batch or 1,
-                                    max_batch=self._max_batch, multiple=self._multiple,
-                                    max_growth=self._max_growth, min_gain=self._min_gain)
+                                    max_batch=self._max_batch, multiple=self._multiple, max_growth=self._max_growth,
+                                    min_gain=self._min_gain, confidence=self._confidence)
 
 
 class BatchPerWorker(Policy):
