@@ -114,3 +114,54 @@ def test_bad_configuration():
         taiji.SyncSGD().attach(model, Peer.solo().comm)
     sync.detach()
     taiji.SyncSGD().attach(model, Peer.solo().comm)  # fine once the first is detached
+
+
+def test_the_last_bucket_carries_every_workers_control_row_exactly():
+    clock = 1795538915.2211607
+
+    def row_of(rank, width):
+        values = [clock + rank / 3, float(rank), float("nan") if rank else 1e-300, -2.5e7 / 7, float("inf"), 0.1]
+        return (values * 2)[:width]
+
+    def body(peer):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+        plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+        plain.load_state_dict(model.state_dict())
+        sync = taiji.SyncSGD(bucket_mb=1e-4, first_bucket_mb=1e-4).attach(model, peer.comm)
+        reference = taiji.SyncSGD(bucket_mb=1e-4, first_bucket_mb=1e-4).attach(plain, peer.comm)
+        x = torch.randn(3, 8, generator=torch.Generator().manual_seed(peer.rank))
+        out = []
+        for width in (6, 11, 6):   # a different width re-sizes the carrying tail, keeping the grads
+            for strategy, net in ((sync, model), (reference, plain)):
+                net.zero_grad(set_to_none=True)
+                strategy.begin_step(0.5)
+                carrying = strategy is sync and strategy.carry(width, lambda: row_of(peer.rank, width))
+                net(x).square().sum().backward()
+                strategy.synchronize()
+                if strategy is sync:
+                    assert carrying and sync.num_buckets > 1
+                    out.append(sync.carried())
+            assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), plain.parameters()))
+        return out
+
+    for rows_by_step in run_threads(2, body):
+        for rows, width in zip(rows_by_step, (6, 11, 6)):
+            expected = [row_of(rank, width) for rank in range(2)]
+            for got, want in zip(rows, expected):
+                assert got[1:] == pytest.approx(want[1:], rel=1e-14, nan_ok=True)
+                assert abs(got[0] - want[0]) < 1e-5   # a clock to 10 µs survives two float32 halves
+
+
+def test_no_carry_where_the_bucket_cannot_hold_a_row_exactly():
+    def body(peer):
+        model = torch.nn.Linear(4, 2).to(torch.bfloat16)
+        sync = taiji.SyncSGD().attach(model, peer.comm)
+        sync.begin_step(0.5)
+        return sync.carry(13, lambda: [0.0] * 13)
+    assert run_threads(2, body) == [False, False]
+    solo = taiji.SyncSGD().attach(torch.nn.Linear(4, 2), Peer.solo().comm)
+    solo.begin_step(1.0)
+    assert solo.carry(13, lambda: [0.0] * 13) is False   # one worker: nothing to gather
+    with pytest.raises(TaijiError, match="carried"):
+        solo.carried()

@@ -3,8 +3,10 @@ row per worker on the ``ctrl`` channel.
 
 Every worker sends a ``ControlRow`` (newest config version it knows, stop request, the
 monitors' local sums, loss, compute time, decision fingerprint, rank 0's clock) and receives
-every worker's row, so all derive the same ``StepStats`` from the same numbers. In a step it is
-launched right after the last gradient bucket, overlapping the allreduce's tail.
+every worker's row, so all derive the same ``StepStats`` from the same numbers. In a step it
+rides in the last gradient bucket where the strategy can carry it (``SupportsCarry``: SyncSGD's
+float32 buckets), otherwise it is launched right after the last bucket, overlapping the
+allreduce's tail.
 """
 from __future__ import annotations
 
@@ -46,13 +48,18 @@ class PendingControl:
     def wait(self) -> StepStats:
         """The agreed statistics (raises CommError if a peer failed)."""
         if self._handle is None:
-            rows = [self._own]
-        else:
-            rows = [ControlRow.from_row(r.tolist()) for r in self._handle.wait()]
-        return StepStats.reduce(rows, None)
+            return StepStats.reduce([self._own], None)
+        return agree([r.tolist() for r in self._handle.wait()])
+
+
+def agree(rows: list[list[float]]) -> StepStats:
+    """The statistics every worker derives from every worker's row (rank order)."""
+    return StepStats.reduce([ControlRow.from_row(r) for r in rows], None)
 
 
 class ControlChannel:
+    WIDTH = ControlRow.WIDTH  # floats in a row
+
     def __init__(self, membership: Membership, signals: Signals):
         self.membership = membership
         self.signals = signals
@@ -67,6 +74,10 @@ class ControlChannel:
             handle = comm.allgather(torch.tensor(report.to_row(), dtype=torch.float64), channel="ctrl",
                                     async_op=True)
         return PendingControl(handle, report)  # type: ignore[arg-type]
+
+    def row(self, decisions: int, measured: Measurements) -> list[float]:
+        """This worker's row, for a strategy to carry (its clock starts over, as ``send``'s)."""
+        return self._report(decisions, measured).to_row()
 
     def meet(self, decisions: int) -> StepStats:
         """A sync point's control message: no measurements (and no step time), just agreement."""

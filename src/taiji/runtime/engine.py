@@ -2,7 +2,8 @@
 
 A lockstep step: ``begin`` builds this worker's share of the global batch and starts the
 strategy's step; the user's ``step.backward(loss)`` runs backward (the strategy sends gradient
-buckets as they are ready), then the control message goes out right after the last bucket;
+buckets as they are ready), and the control message rides in the last bucket (or, where the
+strategy cannot carry it, goes out right after it);
 ``finish`` waits for both and **commits only if every collective succeeded**: optimizer step,
 strategy's after-update, scheduler, monitors. Otherwise nothing is applied and the outcome is
 ``Failed``. A decoupled step (``begin_claimed``/``commit_local``) has no collective to fail.
@@ -13,7 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 
@@ -24,8 +25,8 @@ from ..errors import CommError
 from ..monitor.monitors import Monitors
 from ..monitor.split import split_backward
 from ..monitor.stats import StepStats
-from ..strategies.base import Strategy, SupportsNoSync
-from .control import ControlChannel, Measurements
+from ..strategies.base import Strategy, SupportsCarry, SupportsNoSync
+from .control import ControlChannel, Measurements, agree
 from .membership import Membership
 from .state import Progress
 from .step import Attempt, Step
@@ -89,6 +90,9 @@ class StepEngine:
         self._strategy().begin_step(len(indices) / (hi - lo), progress.step, measure)
         attempt = Attempt(progress.step, progress.epoch, batch, indices, (lo, hi), [(progress.epoch, lo, hi)],
                           hi - lo, decisions=decisions, measure=measure)
+        strategy = self._strategy()
+        attempt.carried = isinstance(strategy, SupportsCarry) and strategy.carry(
+            self.control.WIDTH, lambda: self.control.row(attempt.decisions, self._measurements(attempt)))
         self.fire("compute", progress.step)
         return attempt
 
@@ -125,12 +129,15 @@ class StepEngine:
                 self._check_peers_waited()
             if attempt.local_batch_size > 0:
                 strategy = self._strategy()
+                if attempt.carried:  # its control row leaves during backward (a CPU step: no device sync)
+                    attempt.loss = float(loss.detach().mean())
                 if loss.dim() == 1 and self._can_split(attempt) and isinstance(strategy, SupportsNoSync):
                     params = [p for p in self.model.parameters() if p.requires_grad]
                     attempt.split_sqnorm = split_backward(loss, params, strategy.no_sync)
                 else:
                     (loss.mean() if loss.dim() == 1 else loss).backward()
-                attempt.loss = float(loss.detach().mean())
+                if not attempt.carried:
+                    attempt.loss = float(loss.detach().mean())
             self.fire("allreduce", attempt.index)
             self.gradients_done(attempt)
         except CommError as exc:
@@ -158,12 +165,12 @@ class StepEngine:
         try:
             waiting_since = time.perf_counter()
             strategy.launch_all()
-            pending = self.control.send(attempt.decisions, self._measurements(attempt))
+            pending = None if attempt.carried else self.control.send(attempt.decisions, self._measurements(attempt))
             buffers = average_buffers_async(self._buffers, self.membership.comm) if self._buffers_before else None
             strategy.synchronize()
             attempt.allreduce_wait = time.perf_counter() - waiting_since
             attempt.topology = self.membership.comm.topology
-            attempt.stats = pending.wait()
+            attempt.stats = pending.wait() if pending is not None else agree(cast(SupportsCarry, strategy).carried())
             if buffers is not None:
                 buffers.wait()
         except CommError:

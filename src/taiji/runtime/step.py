@@ -23,6 +23,7 @@ class Attempt:
     global_batch_size: int
     decisions: int = 0                     # fingerprint of the decisions taken before this step
     measure: bool = False                  # take the gradient norms the monitors need
+    carried: bool = False                  # the strategy carries this step's control rows
     started: float = field(default_factory=time.perf_counter)
     loss: float | None = None
     split_sqnorm: float | None = None      # one worker: mean |g|² of two half-batches

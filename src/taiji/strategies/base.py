@@ -30,6 +30,18 @@ class SupportsNoSync(Protocol):
     def no_sync(self) -> ContextManager[None]: ...
 
 
+@runtime_checkable
+class SupportsCarry(Protocol):
+    """A strategy whose step ends in a sum-allreduce that can carry the step's control rows too
+    (each worker's row in its own zeroed slot, so the sum is the allgather): one collective a
+    step instead of two. ``carry(width, row_of)`` after ``begin_step``: True if this step will
+    (``row_of()`` is called just before the last collective is launched, after this worker's
+    gradient norms are taken); ``carried()`` after ``synchronize``: every worker's row in rank order."""
+
+    def carry(self, width: int, row_of: Callable[[], list[float]]) -> bool: ...
+    def carried(self) -> list[list[float]]: ...
+
+
 class Strategy(ABC):
     """How replicas agree. The loop calls ``begin_step`` before backward and
     ``synchronize`` after it; only when ``synchronize`` returns may the step commit, and

@@ -7,6 +7,11 @@ bucket's ``sum`` allreduce starts as soon as it is full, overlapping the rest of
 Buckets are launched strictly in index order so every rank issues the same collectives in
 the same sequence, whatever order its hooks fire in. After the wait, ``param.grad`` is a
 view into the reduced bucket: no copy back.
+
+The last bucket can carry the step's control message (``carry``): a float32 bucket gets a
+tail of one zeroed slot per worker, each worker writes its float64 row there as two float32
+summands (``hi + lo``: 48 bits of mantissa), and the bucket's sum is then every worker's row
+exactly (a sum with one non-zero addend is exact in any order). One collective a step, not two.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -35,11 +40,12 @@ _attached_models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 @dataclass
 class _Bucket:
     params: list[torch.nn.Parameter]
-    buffer: torch.Tensor
+    buffer: torch.Tensor        # the gradients (the slices are views of it)
     slices: list[torch.Tensor]           # views of ``buffer``, one per param, param-shaped
     ready: list[bool] = field(default_factory=list)
     ready_count: int = 0
     handle: Handle | None = None
+    wire: torch.Tensor | None = None  # ``buffer`` and a tail for control rows (the last bucket, when it carries)
 
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
@@ -76,6 +82,15 @@ def sqnorm(flat: torch.Tensor) -> torch.Tensor:
     # reduction on a CPU (the copy is 1/16 of the bucket; the dot is then one vectorised pass)
     chunks = flat[: rows * SAMPLE_PERIOD].view(rows, SAMPLE_PERIOD)[:, :SAMPLE_CHUNK].contiguous().view(-1)
     return _exact_sqnorm(chunks) * (SAMPLE_PERIOD / SAMPLE_CHUNK) + _exact_sqnorm(flat[rows * SAMPLE_PERIOD:])
+
+
+def _views(buffer: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """One param-shaped view of ``buffer`` per parameter, in order."""
+    views, offset = [], 0
+    for p in params:
+        views.append(buffer[offset:offset + p.numel()].view(p.shape))
+        offset += p.numel()
+    return views
 
 
 def plan_buckets(sizes_bytes: list[int], cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
@@ -125,6 +140,8 @@ class SyncSGD(Strategy):
         self._global_sqnorm: torch.Tensor | None = None
         self._param_names: dict[torch.nn.Parameter, str] = {}
         self._model: torch.nn.Module | None = None
+        self._carrying: tuple[int, Callable[[], list[float]]] | None = None  # (width, row_of) this step
+        self._carried: list[list[float]] | None = None
 
     # -- setup ------------------------------------------------------------------------
 
@@ -154,11 +171,7 @@ class SyncSGD(Strategy):
                 members = [group[i] for i in member_ids]
                 total = sum(p.numel() for p in members)
                 buffer = torch.zeros(total, dtype=dtype, device=device)
-                slices, offset = [], 0
-                for p in members:
-                    slices.append(buffer[offset:offset + p.numel()].view(p.shape))
-                    offset += p.numel()
-                bucket = _Bucket(members, buffer, slices)
+                bucket = _Bucket(members, buffer, _views(buffer, members))
                 bucket.reset()
                 for j, p in enumerate(members):
                     self._where[p] = (len(self._buckets), j)
@@ -196,9 +209,36 @@ class SyncSGD(Strategy):
         self._next_launch = 0
         self._local_sqnorm = None
         self._global_sqnorm = None
+        self._carrying = self._carried = None
         for bucket in self._buckets:
             bucket.reset()
         self._active = True
+
+    def carry(self, width: int, row_of: Callable[[], list[float]]) -> bool:
+        """This step's last bucket carries every worker's control row (see module doc); False
+        where it cannot (one worker, not a float32 CPU bucket), and the caller sends them itself."""
+        last, comm = self._buckets[-1], self._comm
+        if not self._active or comm is None or comm.size < 2 or last.buffer.dtype != torch.float32 \
+                or last.buffer.device.type != "cpu":
+            return False
+        total = last.buffer.numel() + comm.size * 2 * width
+        if last.wire is None or last.wire.numel() != total:  # first time, or the cluster's size changed
+            wire = torch.zeros(total, dtype=last.buffer.dtype)
+            wire[:last.buffer.numel()].copy_(last.buffer)
+            last.wire, last.buffer = wire, wire[:last.buffer.numel()]
+            last.slices = _views(last.buffer, last.params)  # synchronize() points the grads at them
+        self._carrying = (width, row_of)
+        return True
+
+    def carried(self) -> list[list[float]]:
+        """Every worker's control row, in rank order (after ``synchronize`` of a carrying step)."""
+        if self._carried is None:
+            raise TaijiError("SyncSGD.carried() before synchronize() of a step that carried control rows")
+        return self._carried
+
+    def _rows(self, bucket: _Bucket) -> torch.Tensor:
+        assert bucket.wire is not None and self._carrying is not None and self._comm is not None
+        return bucket.wire[bucket.buffer.numel():].view(self._comm.size, 2, self._carrying[0])
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -236,7 +276,16 @@ class SyncSGD(Strategy):
         if self._measure_norms:  # |w·g_r|² of this bucket, read just before it is reduced in place
             part = self._timed_sqnorm(bucket.buffer)
             self._local_sqnorm = part if self._local_sqnorm is None else self._local_sqnorm + part
-        bucket.handle = self._comm.allreduce(bucket.buffer, "sum", channel="grad", async_op=True)
+        wire = bucket.buffer
+        if self._carrying is not None and bucket is self._buckets[-1]:
+            rows = self._rows(bucket)
+            rows.zero_()
+            row = torch.tensor(self._carrying[1](), dtype=torch.float64)
+            high = row.float()
+            rows[self._comm.rank, 0] = high
+            rows[self._comm.rank, 1] = torch.where(torch.isfinite(high), row - high.double(), 0.0).float()
+            wire = bucket.wire
+        bucket.handle = self._comm.allreduce(wire, "sum", channel="grad", async_op=True)
 
     def _timed_sqnorm(self, flat: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()  # on a CPU the norm is done when it returns
@@ -284,6 +333,9 @@ class SyncSGD(Strategy):
                 for p, slot in zip(bucket.params, bucket.slices):
                     if p.grad is not slot:
                         p.grad = slot
+            if self._carrying is not None:
+                rows = self._rows(self._buckets[-1]).double()
+                self._carried = (rows[:, 0] + rows[:, 1]).tolist()
             self._global_sqnorm = total
         finally:
             self._active = False
@@ -291,5 +343,6 @@ class SyncSGD(Strategy):
     def abort_step(self) -> None:
         self._active = False
         self._next_launch = 0
+        self._carrying = self._carried = None
         for bucket in self._buckets:
             bucket.reset()
