@@ -61,6 +61,7 @@ class StepEngine:
         self.check_consensus = check_consensus
         self.fire = fire
         self.strategy: Strategy | None = None
+        self._carrier: SupportsCarry | None = None  # the strategy, if it can carry control rows
         # running statistics (BatchNorm): averaged every step so replicas stay identical, and put
         # back as they were when an attempt fails (its forward already updated them)
         self._buffers = [b for b in model.buffers() if b.numel() > 0]
@@ -71,6 +72,8 @@ class StepEngine:
 
     def use(self, strategy: Strategy) -> None:
         self.strategy = strategy
+        # asked once: a runtime Protocol check costs microseconds, every step
+        self._carrier = strategy if isinstance(strategy, SupportsCarry) else None
 
     def _strategy(self) -> Strategy:
         assert self.strategy is not None, "StepEngine.use(strategy) first"
@@ -90,8 +93,7 @@ class StepEngine:
         self._strategy().begin_step(len(indices) / (hi - lo), progress.step, measure)
         attempt = Attempt(progress.step, progress.epoch, batch, indices, (lo, hi), [(progress.epoch, lo, hi)],
                           hi - lo, decisions=decisions, measure=measure)
-        strategy = self._strategy()
-        attempt.carried = isinstance(strategy, SupportsCarry) and strategy.carry(
+        attempt.carried = self._carrier is not None and self._carrier.carry(
             self.control.WIDTH, lambda: self.control.row(attempt.decisions, self._measurements(attempt)))
         self.fire("compute", progress.step)
         return attempt
@@ -170,7 +172,7 @@ class StepEngine:
             strategy.synchronize()
             attempt.allreduce_wait = time.perf_counter() - waiting_since
             attempt.topology = self.membership.comm.topology
-            attempt.stats = pending.wait() if pending is not None else agree(cast(SupportsCarry, strategy).carried())
+            attempt.stats = pending.wait() if pending is not None else agree(cast(SupportsCarry, self._carrier).carried())
             if buffers is not None:
                 buffers.wait()
         except CommError:
