@@ -246,17 +246,23 @@ def test_goodput_policy_holds_still_until_the_batch_it_moved_to_is_measured():
     assert _run_goodput(GoodputBatchSize(**options), cost, gns=5000.0, steps=47) == [64, 128, 256]
 
 
-def test_goodput_policy_measures_per_cluster_size_skips_settling_steps_and_resumes_from_its_state():
+def test_goodput_policy_measures_per_setup_skips_settling_steps_and_resumes_from_its_state():
     policy = GoodputBatchSize(max_batch=512, warmup=1000, settle=2)
     policy.before_train(ctx(step=0))
     for step, (workers, seconds) in enumerate([(2, 0.5), (2, 0.02), (2, 0.02), (2, 0.04), (3, 0.9), (3, 0.01),
                                                (3, 0.01), (3, 0.03), (2, 0.0)]):
         times = (seconds,) * workers if seconds else (0.0, 0.1)   # a 0: the step after a pause, not timed
         policy.after_step(ctx(step=step + 1, metrics=Metrics(samples=64, worker_step_seconds=times)))
-    assert policy.step_times == [[2, 64, pytest.approx(0.03), 2, pytest.approx(1e-4)],   # no 0.5, 0.9
-                                 [3, 64, pytest.approx(0.02), 2, pytest.approx(1e-4)]]
+    ring = "sync_sgd:ring"
+    assert policy.step_times == [[ring, 2, 64, pytest.approx(0.03), 2, pytest.approx(1e-4)],  # no 0.5, 0.9
+                                 [ring, 3, 64, pytest.approx(0.02), 2, pytest.approx(1e-4)]]
     policy.after_step(ctx(step=10, metrics=Metrics(samples=40, worker_step_seconds=(0.01, 0.01))))  # epoch's end
-    assert [row[:2] for row in policy.step_times] == [[2, 64], [3, 64]]
+    assert [row[:3] for row in policy.step_times] == [[ring, 2, 64], [ring, 3, 64]]
+    # another topology costs differently: its own measurements, from its own settling on
+    for step in range(11, 15):
+        policy.after_step(ctx(step=step, topology="tree", metrics=Metrics(samples=64, worker_step_seconds=(0.05,) * 2)))
+    assert policy.step_times[-1][:5] == ["sync_sgd:tree", 2, 64, pytest.approx(0.05), 2]
+    assert policy.current == ["sync_sgd:tree", 2, 64, 4]
     joiner = GoodputBatchSize(max_batch=512)
     joiner.load_state_dict(json.loads(json.dumps(policy.state_dict())))
     assert joiner.step_times == policy.step_times and joiner.current == policy.current

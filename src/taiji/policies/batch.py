@@ -7,7 +7,7 @@ from typing import NamedTuple, Sequence
 
 from ..errors import ConfigError
 from ..monitor.gns import goodput
-from .base import Context, HookResult, Metrics, Policy, Resize, SetBatchSize
+from .base import Context, HookResult, Policy, Resize, SetBatchSize
 
 MEASURE_WINDOW = 50  # steps: a batch's mean step time follows the latest ~this many
 # relative: the least error of a batch's mean step time. A shared machine's speed drifts by several
@@ -171,9 +171,9 @@ class GoodputBatchSize(GNSBatchSize):
     it stays small; where per-step costs dominate (communication, GPUs) it grows as the noise
     scale allows.
 
-    Step times are measured per (workers, batch) from the control message (the slowest worker's
-    wall time per step, pauses excluded; a running mean and variance over the latest
-    ``MEASURE_WINDOW`` steps), skipping ``settle`` steps after each change. A batch counts once
+    Step times are measured per (strategy and topology, workers, batch) from the control message
+    (the slowest worker's wall time per step, pauses excluded; a running mean and variance over the
+    latest ``MEASURE_WINDOW`` steps), skipping ``settle`` steps after each change. A batch counts once
     ``min_steps`` of its steps are measured, and the policy holds still while the current one is
     being measured. While only one batch size is measured on the current cluster, it moves as
     ``GNSBatchSize`` would (one probe); from two on, it fits ``seconds = alpha + beta·batch`` and
@@ -191,38 +191,44 @@ class GoodputBatchSize(GNSBatchSize):
                               f"and drift >= 0, got {min_gain}, {settle}, {min_steps}, {confidence}, {drift}")
         self._min_gain, self._settle, self._min_steps, self._confidence = min_gain, settle, min_steps, confidence
         self._drift = drift
-        self.step_times: list[list[float]] = []   # [workers, batch, mean seconds, steps measured, variance]
-        self.current: list[int] = [0, 0, 0]        # [workers, batch, steps] of the latest steps
+        # [setup, workers, batch, mean seconds, steps measured, variance]; setup: "strategy:topology"
+        self.step_times: list[list] = []
+        self.current: list = ["", 0, 0, 0]   # [setup, workers, batch, steps] of the latest steps
 
     def after_step(self, ctx: Context) -> HookResult:
-        self._measure(ctx.metrics, ctx.batch_size)
+        self._measure(ctx)
         return super().after_step(ctx)
 
-    def _measure(self, metrics: Metrics, batch_size: int) -> None:
-        seconds = metrics.worker_step_seconds
-        if not seconds or min(seconds) <= 0 or metrics.samples != batch_size:
+    @staticmethod
+    def _setup(ctx: Context) -> str:
+        return f"{ctx.strategy}:{ctx.topology}"  # a switch of either changes what a step costs
+
+    def _measure(self, ctx: Context) -> None:
+        metrics, seconds = ctx.metrics, ctx.metrics.worker_step_seconds
+        if not seconds or min(seconds) <= 0 or metrics.samples != ctx.batch_size:
             return  # the first step, one after a pause or a membership change, an epoch's short last step
-        key = [len(seconds), metrics.samples]
-        if self.current[:2] != key:
+        key = [self._setup(ctx), len(seconds), metrics.samples]
+        if self.current[:3] != key:
             self.current = key + [0]
-        self.current[2] += 1
-        if self.current[2] <= self._settle:
+        self.current[3] += 1
+        if self.current[3] <= self._settle:
             return
-        row = next((r for r in self.step_times if r[:2] == key), None)
+        row = next((r for r in self.step_times if r[:3] == key), None)
         if row is None:
             self.step_times.append(key + [max(seconds), 1, 0.0])
             return
-        row[3] += 1
-        share = 1 / min(row[3], MEASURE_WINDOW)   # exact mean and variance up to the window, then exponential
-        deviation = max(seconds) - row[2]
-        row[2] += share * deviation
-        row[4] = (1 - share) * (row[4] + share * deviation ** 2)
+        row[4] += 1
+        share = 1 / min(row[4], MEASURE_WINDOW)   # exact mean and variance up to the window, then exponential
+        deviation = max(seconds) - row[3]
+        row[3] += share * deviation
+        row[5] = (1 - share) * (row[5] + share * deviation ** 2)
 
     def _target(self, ctx: Context, gns: float) -> int | None:
-        rows = {batch: (mean, steps, variance) for workers, batch, mean, steps, variance in self.step_times
-                if workers == ctx.size and steps >= self._min_steps}
+        setup = self._setup(ctx)
+        rows = {batch: (mean, steps, variance) for where, workers, batch, mean, steps, variance in self.step_times
+                if (where, workers) == (setup, ctx.size) and steps >= self._min_steps}
         if ctx.batch_size not in rows:
-            return None if self.current[:2] == [ctx.size, ctx.batch_size] else super()._target(ctx, gns)
+            return None if self.current[:3] == [setup, ctx.size, ctx.batch_size] else super()._target(ctx, gns)
         if len(rows) < 2:
             return super()._target(ctx, gns)
         points = [(batch, mean, variance / min(steps, MEASURE_WINDOW) + (self._drift * mean) ** 2)

@@ -172,7 +172,10 @@ class StepEngine:
             strategy.synchronize()
             attempt.allreduce_wait = time.perf_counter() - waiting_since
             attempt.topology = self.membership.comm.topology
-            attempt.stats = pending.wait() if pending is not None else agree(cast(SupportsCarry, self._carrier).carried())
+            if pending is None:  # the rows came back with the gradients
+                attempt.stats = agree(cast(SupportsCarry, self._carrier).carried())
+            else:
+                attempt.stats = pending.wait()
             if buffers is not None:
                 buffers.wait()
         except CommError:
