@@ -179,6 +179,9 @@ def test_fit_step_time_recovers_a_line_clips_at_zero_and_says_how_sure_it_is():
         fit.seconds(48, min(fit.slopes(2.0))) / fit.seconds(48, max(fit.slopes(2.0))))  # any slope: time ∝ batch
     noisy, steady = (fit_step_time([(64, 0.02, v), (128, 0.03, v)]) for v in (1e-4, 1e-8))
     assert noisy.beta == pytest.approx(steady.beta) and noisy.beta_se == pytest.approx(100 * steady.beta_se)
+    # three points off the line by far more than their variances: the slope's error grows to match
+    on_line, off_line = (fit_step_time([(64, 0.02, 1e-8), (96, t, 1e-8), (128, 0.03, 1e-8)]) for t in (0.025, 0.03))
+    assert off_line.beta_se > 10 * on_line.beta_se and on_line.beta_se == pytest.approx(math.sqrt(1e-8 / 2048))
 
 
 def test_goodput_target_batch_weighs_throughput_against_efficiency():
@@ -204,6 +207,10 @@ def test_goodput_target_batch_does_not_extrapolate_a_fit_it_cannot_vouch_for():
     # be steep enough that 176 loses, so it stays; the same points measured tightly would move
     drifting = [(b, t, (0.05 * t) ** 2) for b, t, _ in equal]
     assert goodput_target_batch(drifting, 82.0, 88, min_batch=64, max_batch=512) is None
+    # a line through the origin from badly measured points (±90 %): no slope within its error makes
+    # a step free (it used to divide by a 0 s step); time ∝ batch, so no batch is faster per sample
+    origin = [(b, t, (0.9 * t) ** 2) for b, t in ((64, 0.10), (128, 0.40))]
+    assert goodput_target_batch(origin, 1e6, 128, min_batch=64, max_batch=512) is None
     tight = [(b, t, 1e-10) for b, t, _ in equal]
     assert goodput_target_batch(tight, 82.0, 88, min_batch=64, max_batch=512) == 176
     # between measured batches the fit is taken at its word: 88 is only ~5 % faster per sample, so
@@ -266,6 +273,11 @@ def test_goodput_policy_measures_per_setup_skips_settling_steps_and_resumes_from
     joiner = GoodputBatchSize(max_batch=512)
     joiner.load_state_dict(json.loads(json.dumps(policy.state_dict())))
     assert joiner.step_times == policy.step_times and joiner.current == policy.current
+    older = GoodputBatchSize(max_batch=512)     # saved by a taiji whose rows had no setup
+    older.load_state_dict({"step_times": [[2, 64, 0.03, 40]], "current": [2, 64, 40], "min_batch": 64})
+    assert older.step_times == [] and older.current == ["", 0, 0, 0] and older.min_batch == 64
+    with pytest.raises(ConfigError, match="drift > 0"):
+        GoodputBatchSize(drift=0.0)
 
 
 def test_lr_scale_rules():

@@ -2,12 +2,15 @@
 batch fixed."""
 from __future__ import annotations
 
+import logging
 import math
 from typing import NamedTuple, Sequence
 
 from ..errors import ConfigError
 from ..monitor.gns import goodput
 from .base import Context, HookResult, Policy, Resize, SetBatchSize
+
+log = logging.getLogger(__name__)
 
 MEASURE_WINDOW = 50  # steps: a batch's mean step time follows the latest ~this many
 # relative: the least error of a batch's mean step time. A shared machine's speed drifts by several
@@ -101,8 +104,11 @@ class StepTimeFit(NamedTuple):
     at_seconds: float
 
     def slopes(self, confidence: float) -> tuple[float, ...]:
-        """The extreme slopes within ``confidence`` standard errors, kept where both costs stay >= 0."""
-        ceiling = self.at_seconds / self.at_batch if self.at_batch > 0 else math.inf
+        """The extreme slopes within ``confidence`` standard errors, kept where both costs stay >= 0.
+        A line through the origin has one: its time ratios are the same at any slope."""
+        if self.at_batch <= 0:
+            return (self.beta,)
+        ceiling = self.at_seconds / self.at_batch
         return tuple(min(max(0.0, self.beta + sign * confidence * self.beta_se), ceiling) for sign in (-1, 1))
 
     def seconds(self, batch: float, slope: float) -> float:
@@ -113,7 +119,8 @@ def fit_step_time(points: Sequence[tuple[float, float, float]]) -> StepTimeFit |
     """Weighted least squares of ``seconds ≈ alpha + beta·batch`` over ``(batch, mean seconds,
     variance of that mean)`` points, or None with fewer than two batch sizes. Both are clipped at
     0: a step that got no slower with a larger batch has all its cost fixed (beta 0), one that grew
-    faster than its batch has none (alpha 0, the line through the origin)."""
+    faster than its batch has none (alpha 0, the line through the origin). With three or more
+    points that miss the line by more than their variances say, the slope's error grows to match."""
     if len({b for b, _, _ in points}) < 2 or any(v <= 0 for _, _, v in points):
         return None
     weighted = [(b, t, 1.0 / v) for b, t, v in points]
@@ -122,11 +129,20 @@ def fit_step_time(points: Sequence[tuple[float, float, float]]) -> StepTimeFit |
     mean_t = sum(t * w for _, t, w in weighted) / weight
     spread = sum(w * (b - mean_b) ** 2 for b, _, w in weighted)
     beta = max(0.0, sum(w * (b - mean_b) * (t - mean_t) for b, t, w in weighted) / spread)
-    if mean_t - beta * mean_b >= 0:
-        return StepTimeFit(mean_t - beta * mean_b, beta, math.sqrt(1 / spread), mean_b, mean_t)
+    alpha = mean_t - beta * mean_b
+    if alpha >= 0:
+        return StepTimeFit(alpha, beta, math.sqrt(_misfit(weighted, alpha, beta, 2) / spread), mean_b, mean_t)
     through_origin = sum(w * b * b for b, _, w in weighted)  # time proportional to the batch
     beta = sum(w * b * t for b, t, w in weighted) / through_origin
-    return StepTimeFit(0.0, beta, math.sqrt(1 / through_origin), 0.0, 0.0)
+    return StepTimeFit(0.0, beta, math.sqrt(_misfit(weighted, 0.0, beta, 1) / through_origin), 0.0, 0.0)
+
+
+def _misfit(weighted: list[tuple[float, float, float]], alpha: float, beta: float, fitted: int) -> float:
+    """The reduced chi-square of the line, at least 1 (1 when no point is left over to judge it)."""
+    left = len(weighted) - fitted
+    if left <= 0:
+        return 1.0
+    return max(1.0, sum(w * (t - alpha - beta * b) ** 2 for b, t, w in weighted) / left)
 
 
 def goodput_target_batch(points: Sequence[tuple[float, float, float]], gns: float, current: int, *,
@@ -186,9 +202,9 @@ class GoodputBatchSize(GNSBatchSize):
     def __init__(self, max_batch: int = 4096, min_batch: int | None = None, *, min_gain: float = 0.05,
                  settle: int = 2, min_steps: int = 20, confidence: float = 2.0, drift: float = DRIFT, **options):
         super().__init__(max_batch, min_batch, **options)
-        if min_gain < 0 or settle < 0 or min_steps < 2 or confidence < 0 or drift < 0:
+        if min_gain < 0 or settle < 0 or min_steps < 2 or confidence < 0 or drift <= 0:
             raise ConfigError("GoodputBatchSize needs min_gain >= 0, settle >= 0, min_steps >= 2, confidence >= 0 "
-                              f"and drift >= 0, got {min_gain}, {settle}, {min_steps}, {confidence}, {drift}")
+                              f"and drift > 0, got {min_gain}, {settle}, {min_steps}, {confidence}, {drift}")
         self._min_gain, self._settle, self._min_steps, self._confidence = min_gain, settle, min_steps, confidence
         self._drift = drift
         # [setup, workers, batch, mean seconds, steps measured, variance]; setup: "strategy:topology"
@@ -198,6 +214,12 @@ class GoodputBatchSize(GNSBatchSize):
     def after_step(self, ctx: Context) -> HookResult:
         self._measure(ctx)
         return super().after_step(ctx)
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if len(self.current) != 4 or any(len(row) != 6 for row in self.step_times):
+            log.info("GoodputBatchSize: step times saved by an older taiji are dropped; measuring afresh")
+            self.step_times, self.current = [], ["", 0, 0, 0]
 
     @staticmethod
     def _setup(ctx: Context) -> str:

@@ -131,7 +131,7 @@ class StepEngine:
                 self._check_peers_waited()
             if attempt.local_batch_size > 0:
                 strategy = self._strategy()
-                if attempt.carried:  # its control row leaves during backward (a CPU step: no device sync)
+                if attempt.carried:  # its control row leaves during backward (the carrying bucket is on the CPU)
                     attempt.loss = float(loss.detach().mean())
                 if loss.dim() == 1 and self._can_split(attempt) and isinstance(strategy, SupportsNoSync):
                     params = [p for p in self.model.parameters() if p.requires_grad]
@@ -155,8 +155,8 @@ class StepEngine:
         return self.membership.view.size == 1 and attempt.measure and attempt.local_batch_size >= 2
 
     def gradients_done(self, attempt: Attempt) -> None:
-        """Finish the step's communication: the gradients, plus the one control message
-        (launched once the last bucket is on its way, so it overlaps the allreduce)."""
+        """Finish the step's communication: the gradients, plus the one control message (carried
+        in the last bucket, or launched once that bucket is on its way, overlapping its allreduce)."""
         if attempt.synchronized:
             return
         strategy = self._strategy()

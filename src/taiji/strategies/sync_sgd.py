@@ -9,9 +9,11 @@ the same sequence, whatever order its hooks fire in. After the wait, ``param.gra
 view into the reduced bucket: no copy back.
 
 The last bucket can carry the step's control message (``carry``): a float32 bucket gets a
-tail of one zeroed slot per worker, each worker writes its float64 row there as two float32
-summands (``hi + lo``: 48 bits of mantissa), and the bucket's sum is then every worker's row
-exactly (a sum with one non-zero addend is exact in any order). One collective a step, not two.
+tail of one zeroed slot per worker, each worker writes its float64 row there as three float32
+summands (24 bits each: all 53 of a float64), and the bucket's sum is then every worker's row
+exactly (a sum with one non-zero addend is exact in any order) — for finite values within
+float32's range and above its subnormals; larger ones come back infinite. One collective a step,
+not two.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from .base import CommSource, Strategy, resolve_comm_source
 log = logging.getLogger(__name__)
 
 FIRST_BUCKET_MB = 1.0  # small first bucket so communication starts early (as DDP does)
+CARRY_PARTS = 3        # float32 summands per carried float64
 
 # two strategies hooked onto one model would each send every gradient
 _attached_models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -221,10 +224,9 @@ class SyncSGD(Strategy):
         if not self._active or comm is None or comm.size < 2 or last.buffer.dtype != torch.float32 \
                 or last.buffer.device.type != "cpu":
             return False
-        total = last.buffer.numel() + comm.size * 2 * width
+        total = last.buffer.numel() + comm.size * CARRY_PARTS * width
         if last.wire is None or last.wire.numel() != total:  # first time, or the cluster's size changed
             wire = torch.zeros(total, dtype=last.buffer.dtype)
-            wire[:last.buffer.numel()].copy_(last.buffer)
             last.wire, last.buffer = wire, wire[:last.buffer.numel()]
             last.slices = _views(last.buffer, last.params)  # synchronize() points the grads at them
         self._carrying = (width, row_of)
@@ -238,7 +240,7 @@ class SyncSGD(Strategy):
 
     def _rows(self, bucket: _Bucket) -> torch.Tensor:
         assert bucket.wire is not None and self._carrying is not None and self._comm is not None
-        return bucket.wire[bucket.buffer.numel():].view(self._comm.size, 2, self._carrying[0])
+        return bucket.wire[bucket.buffer.numel():].view(self._comm.size, CARRY_PARTS, self._carrying[0])
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -280,10 +282,11 @@ class SyncSGD(Strategy):
         if self._carrying is not None and bucket is self._buckets[-1]:
             rows = self._rows(bucket)
             rows.zero_()
-            row = torch.tensor(self._carrying[1](), dtype=torch.float64)
-            high = row.float()
-            rows[self._comm.rank, 0] = high
-            rows[self._comm.rank, 1] = torch.where(torch.isfinite(high), row - high.double(), 0.0).float()
+            rest = torch.tensor(self._carrying[1](), dtype=torch.float64)
+            for part in range(CARRY_PARTS):  # each takes the next 24 bits of what the previous left
+                piece = rest.float()
+                rows[self._comm.rank, part] = piece
+                rest = torch.where(torch.isfinite(piece), rest - piece.double(), 0.0)
             wire = bucket.wire
         bucket.handle = self._comm.allreduce(wire, "sum", channel="grad", async_op=True)
 
@@ -334,8 +337,7 @@ class SyncSGD(Strategy):
                     if p.grad is not slot:
                         p.grad = slot
             if self._carrying is not None:
-                rows = self._rows(self._buckets[-1]).double()
-                self._carried = (rows[:, 0] + rows[:, 1]).tolist()
+                self._carried = self._rows(self._buckets[-1]).double().sum(dim=1).tolist()
             self._global_sqnorm = total
         finally:
             self._active = False
