@@ -1,5 +1,6 @@
 """Collectives on 1-4 ranks (threads against a real TCPStore), async handles, timeouts,
 peer loss, the debug-mode shape check and consensus."""
+import math
 import threading
 import time
 
@@ -175,3 +176,14 @@ def test_size_one_needs_no_network():
     c.barrier()
     with pytest.raises(ConfigError):
         Communicator(dist.HashStore(), 1, 1, 1)
+
+
+def test_float32_pieces_hold_every_bit_of_a_float64():
+    from taiji.comm.transfer import float32_pieces, float64_from_pieces
+    values = [1795538915.2211607, float(2**52 - 1), -2.5e7 / 7, 0.1, 0.0, float("inf"), -float("inf")]
+    pieces = float32_pieces(values + [float("nan")])
+    assert pieces.dtype == torch.float32
+    back = float64_from_pieces(pieces).tolist()
+    assert back[:-1] == values and math.isnan(back[-1])
+    # a slot summed with zeros from the other workers (what a sum-allreduce does) is unchanged
+    assert float64_from_pieces(pieces[:, :-1] + torch.zeros_like(pieces[:, :-1])).tolist() == values

@@ -110,6 +110,27 @@ def broadcast_bytes(payload: bytes | None, comm: Communicator, src: int, channel
     return buffer.numpy().tobytes()
 
 
+FLOAT32_PIECES = 3  # float32 summands that hold a float64: 24 bits each, all 53
+
+
+def float32_pieces(values: Sequence[float]) -> torch.Tensor:
+    """``values`` as ``[FLOAT32_PIECES, len(values)]`` float32 whose column sums are the float64
+    values, for riding in a float32 sum-allreduce in a slot no other worker adds to (a sum with
+    one non-zero addend is exact in any order). Exact for finite values within float32's range and
+    above its subnormals; beyond that range a value comes back infinite; nan and inf come back."""
+    rest = torch.tensor(values, dtype=torch.float64)
+    pieces = torch.empty(FLOAT32_PIECES, len(values), dtype=torch.float32)
+    for part in range(FLOAT32_PIECES):  # each takes the next 24 bits of what the previous left
+        pieces[part] = rest.float()
+        rest = torch.where(torch.isfinite(pieces[part]), rest - pieces[part].double(), 0.0)
+    return pieces
+
+
+def float64_from_pieces(pieces: torch.Tensor) -> torch.Tensor:
+    """The float64 values of ``float32_pieces`` (``[..., FLOAT32_PIECES, n]`` → ``[..., n]``)."""
+    return pieces.double().sum(dim=-2)
+
+
 def module_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     """Parameters and buffers: what replicas of ``model`` must hold identically."""
     return [p.data for p in model.parameters()] + [b for b in model.buffers()]

@@ -9,11 +9,9 @@ the same sequence, whatever order its hooks fire in. After the wait, ``param.gra
 view into the reduced bucket: no copy back.
 
 The last bucket can carry the step's control message (``carry``): a float32 bucket gets a
-tail of one zeroed slot per worker, each worker writes its float64 row there as three float32
-summands (24 bits each: all 53 of a float64), and the bucket's sum is then every worker's row
-exactly (a sum with one non-zero addend is exact in any order) — for finite values within
-float32's range and above its subnormals; larger ones come back infinite. One collective a step,
-not two.
+tail of one zeroed slot per worker, each worker writes its float64 row there as float32 pieces
+(``comm.transfer.float32_pieces``), and the bucket's sum is then every worker's row exactly.
+One collective a step, not two.
 """
 from __future__ import annotations
 
@@ -28,13 +26,13 @@ import torch
 
 from .. import env
 from ..comm.communicator import Communicator, Handle
+from ..comm.transfer import FLOAT32_PIECES, float32_pieces, float64_from_pieces
 from ..errors import ConfigError, TaijiError
 from .base import CommSource, Strategy, resolve_comm_source
 
 log = logging.getLogger(__name__)
 
 FIRST_BUCKET_MB = 1.0  # small first bucket so communication starts early (as DDP does)
-CARRY_PARTS = 3        # float32 summands per carried float64
 
 # two strategies hooked onto one model would each send every gradient
 _attached_models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -224,7 +222,7 @@ class SyncSGD(Strategy):
         if not self._active or comm is None or comm.size < 2 or last.buffer.dtype != torch.float32 \
                 or last.buffer.device.type != "cpu":
             return False
-        total = last.buffer.numel() + comm.size * CARRY_PARTS * width
+        total = last.buffer.numel() + comm.size * FLOAT32_PIECES * width
         if last.wire is None or last.wire.numel() != total:  # first time, or the cluster's size changed
             wire = torch.zeros(total, dtype=last.buffer.dtype)
             last.wire, last.buffer = wire, wire[:last.buffer.numel()]
@@ -240,7 +238,7 @@ class SyncSGD(Strategy):
 
     def _rows(self, bucket: _Bucket) -> torch.Tensor:
         assert bucket.wire is not None and self._carrying is not None and self._comm is not None
-        return bucket.wire[bucket.buffer.numel():].view(self._comm.size, CARRY_PARTS, self._carrying[0])
+        return bucket.wire[bucket.buffer.numel():].view(self._comm.size, FLOAT32_PIECES, self._carrying[0])
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -282,11 +280,7 @@ class SyncSGD(Strategy):
         if self._carrying is not None and bucket is self._buckets[-1]:
             rows = self._rows(bucket)
             rows.zero_()
-            rest = torch.tensor(self._carrying[1](), dtype=torch.float64)
-            for part in range(CARRY_PARTS):  # each takes the next 24 bits of what the previous left
-                piece = rest.float()
-                rows[self._comm.rank, part] = piece
-                rest = torch.where(torch.isfinite(piece), rest - piece.double(), 0.0)
+            rows[self._comm.rank] = float32_pieces(self._carrying[1]())
             wire = bucket.wire
         bucket.handle = self._comm.allreduce(wire, "sum", channel="grad", async_op=True)
 
@@ -337,7 +331,7 @@ class SyncSGD(Strategy):
                     if p.grad is not slot:
                         p.grad = slot
             if self._carrying is not None:
-                self._carried = self._rows(self._buckets[-1]).double().sum(dim=1).tolist()
+                self._carried = float64_from_pieces(self._rows(self._buckets[-1])).tolist()
             self._global_sqnorm = total
         finally:
             self._active = False
