@@ -123,3 +123,28 @@ def test_pause_keeps_rank_local_work_out_of_the_step_clock():
         walls.append(job.stats.wall_seconds[0] if job.stats else None)
     # the step after the pause reports no wall time (a fresh clock), not the 0.3 s pause
     assert walls[2] < 0.2
+
+
+class CountingDataset(ListDataset):
+    def __init__(self, n):
+        super().__init__(n)
+        self.loads = 0
+
+    def __getitem__(self, i):
+        self.loads += 1
+        return super().__getitem__(i)
+
+
+def test_each_sample_is_loaded_once_the_batch_loaded_ahead_is_the_one_trained():
+    # the next step's batch is loaded while this step's allreduce is in flight; it must be the
+    # batch the next step asks for (else every sample would be loaded twice)
+    data = CountingDataset(11)
+    model, _, job = make(data, 4, epochs=2)
+    trained = 0
+    for step in job:
+        x, y = step.batch
+        assert torch.equal(x[:, 0].long(), step.indices)
+        trained += len(step.indices)
+        step.backward(F.cross_entropy(model(x), y))
+    assert trained == 22
+    assert data.loads == trained + 4, "beyond the trained samples, only the guess after the last step"

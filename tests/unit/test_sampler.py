@@ -85,3 +85,12 @@ def test_position_segments_cover_each_position_once_and_stay_in_one_epoch(num, c
             assert 0 <= start < stop <= num
             covered += [epoch * num + i for i in range(start, stop)]
     assert covered == list(range(400))
+
+
+def test_a_local_share_names_exactly_the_local_indices():
+    sampler = ElasticSampler(10, seed=5)
+    state = SamplerState(epoch=2, cursor=4, batch_size=5)
+    shares = [sampler.local_share(state, r, 3) for r in range(3)]
+    assert shares == [(2, 4, 6), (2, 6, 8), (2, 8, 9)]
+    for r, share in enumerate(shares):
+        assert torch.equal(sampler.indices_of(share), sampler.local_indices(state, r, 3))

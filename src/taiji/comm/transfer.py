@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from .communicator import Communicator
@@ -118,12 +119,15 @@ def float32_pieces(values: Sequence[float]) -> torch.Tensor:
     values, for riding in a float32 sum-allreduce in a slot no other worker adds to (a sum with
     one non-zero addend is exact in any order). Exact for finite values within float32's range and
     above its subnormals; beyond that range a value comes back infinite; nan and inf come back."""
-    rest = torch.tensor(values, dtype=torch.float64)
-    pieces = torch.empty(FLOAT32_PIECES, len(values), dtype=torch.float32)
-    for part in range(FLOAT32_PIECES):  # each takes the next 24 bits of what the previous left
-        pieces[part] = rest.float()
-        rest = torch.where(torch.isfinite(pieces[part]), rest - pieces[part].double(), 0.0)
-    return pieces
+    # numpy, not torch: this runs on the step's critical path (in the last bucket's launch), and a
+    # dozen torch ops on 13 numbers cost ~0.2 ms of dispatch, numpy's ~0.02 ms
+    rest = np.asarray(values, dtype=np.float64)
+    pieces = np.empty((FLOAT32_PIECES, len(rest)), dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: inf, as documented
+        for part in range(FLOAT32_PIECES):  # each takes the next 24 bits of what the previous left
+            pieces[part] = rest  # rounds to nearest, as a float64 -> float32 cast does
+            rest = np.where(np.isfinite(pieces[part]), rest - pieces[part], 0.0)
+    return torch.from_numpy(pieces)
 
 
 def float64_from_pieces(pieces: torch.Tensor) -> torch.Tensor:

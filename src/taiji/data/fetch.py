@@ -1,23 +1,50 @@
 """Turning a worker's sample indices into a batch."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import logging
+from typing import Any, Callable, Hashable
 
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
+log = logging.getLogger(__name__)
+
 
 class BatchFetcher:
     """Gathers ``dataset[indices]`` into a batch: tensor data sets by one index per tensor,
-    others through ``collate_fn`` (torch's default collate unless given); then to ``device``."""
+    others through ``collate_fn`` (torch's default collate unless given); then to ``device``.
+
+    ``fetch_ahead(key, indices)`` loads a batch before it is asked for (the step engine does it
+    while the step's allreduce is in flight, so loading hides in a wait); a call with the same
+    ``key`` then returns it, any other call drops it. A key names the indices (the sampler's
+    ``(epoch, start, stop)``), so a guess that turned out wrong (the batch size or the cluster
+    changed at the boundary) is never used."""
 
     def __init__(self, dataset: Dataset, collate_fn: Callable[[list], Any] | None = None,
                  device: torch.device | str | None = None):
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.device = torch.device(device) if device is not None else None
+        self._ahead: tuple[Hashable, Any] | None = None
+        self.ahead_used = self.ahead_dropped = 0
 
-    def __call__(self, indices: torch.Tensor) -> Any:
+    def __call__(self, indices: torch.Tensor, key: Hashable = None) -> Any:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if key is not None and ahead[0] == key:
+                self.ahead_used += 1
+                return ahead[1]
+            self.ahead_dropped += 1
+        return self._load(indices)
+
+    def fetch_ahead(self, key: Hashable, indices: torch.Tensor) -> None:
+        try:
+            self._ahead = (key, self._load(indices))
+        except Exception as exc:  # noqa: BLE001 - a guess must not fail the step in flight: the real fetch reports it
+            log.debug("loading the next batch ahead failed (%s); it is loaded when asked for", exc)
+            self._ahead = None
+
+    def _load(self, indices: torch.Tensor) -> Any:
         if isinstance(self.dataset, TensorDataset) and self.collate_fn is None:
             batch: Any = tuple(t[indices] for t in self.dataset.tensors)
         else:

@@ -98,10 +98,16 @@ class ElasticSampler:
         lo, hi = global_span(state, self.num_samples)
         return self.permutation(state.epoch)[lo:hi]
 
+    def local_share(self, state: SamplerState, rank: int, size: int) -> tuple[int, int, int]:
+        """``(epoch, start, stop)``: worker ``rank``'s positions in the epoch's permutation."""
+        return (state.epoch, *shard(*global_span(state, self.num_samples), rank, size))
+
+    def indices_of(self, share: tuple[int, int, int]) -> torch.Tensor:
+        epoch, start, stop = share
+        return self.permutation(epoch)[start:stop]
+
     def local_indices(self, state: SamplerState, rank: int, size: int) -> torch.Tensor:
-        lo, hi = global_span(state, self.num_samples)
-        start, stop = shard(lo, hi, rank, size)
-        return self.permutation(state.epoch)[start:stop]
+        return self.indices_of(self.local_share(state, rank, size))
 
     def steps_per_epoch(self, batch_size: int) -> int:
         return -(-self.num_samples // batch_size)

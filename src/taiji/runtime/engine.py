@@ -7,6 +7,10 @@ strategy cannot carry it, goes out right after it);
 ``finish`` waits for both and **commits only if every collective succeeded**: optimizer step,
 strategy's after-update, scheduler, monitors. Otherwise nothing is applied and the outcome is
 ``Failed``. A decoupled step (``begin_claimed``/``commit_local``) has no collective to fail.
+
+While a lockstep step's allreduce is in flight, the engine loads the batch the next step will ask
+for if nothing changes at the boundary (``BatchFetcher.fetch_ahead``): loading hides in a wait the
+worker would spend idle. A guess the boundary proves wrong (new batch size, new cluster) is dropped.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import torch
 
 from ..comm.transfer import average_buffers_async
 from ..data.fetch import BatchFetcher
-from ..data.sampler import ElasticSampler, global_span
+from ..data.sampler import ElasticSampler, advance, global_span
 from ..errors import CommError
 from ..monitor.monitors import Monitors
 from ..monitor.split import split_backward
@@ -67,6 +71,7 @@ class StepEngine:
         self._buffers = [b for b in model.buffers() if b.numel() > 0]
         self._buffers_before: list[torch.Tensor] = []
         self._collectives_done_at = time.perf_counter()  # when this worker last talked to its peers
+        self._next_share: tuple[int, int, int] | None = None  # the sampler's guess for the next step
         # of the last committed step, for the next control message
         self._last_allreduce_wait = self._last_monitor_seconds = math.nan
 
@@ -85,8 +90,13 @@ class StepEngine:
         """This worker's share of the next global batch, with the strategy's step started."""
         view = self.membership.view
         lo, hi = global_span(progress.sampler, self.sampler.num_samples)
-        indices = self.sampler.local_indices(progress.sampler, view.rank, view.size)
-        batch = self.fetch(indices)
+        share = self.sampler.local_share(progress.sampler, view.rank, view.size)
+        indices = self.sampler.indices_of(share)
+        batch = self.fetch(indices, key=share)
+        # the next step's share if this one commits and nothing changes at the boundary: loaded
+        # while this step's allreduce is in flight (``gradients_done``)
+        self._next_share = self.sampler.local_share(advance(progress.sampler, hi - lo, self.sampler.num_samples),
+                                                    view.rank, view.size)
         measure = self.monitors.measuring(progress.step)
         self._buffers_before = [b.detach().clone() for b in self._buffers] if view.size > 1 else []
         self.membership.at_step(progress.step)
@@ -169,8 +179,10 @@ class StepEngine:
             strategy.launch_all()
             pending = None if attempt.carried else self.control.send(attempt.decisions, self._measurements(attempt))
             buffers = average_buffers_async(self._buffers, self.membership.comm) if self._buffers_before else None
+            fetch_seconds = self._fetch_next()
             strategy.synchronize()
-            attempt.allreduce_wait = time.perf_counter() - waiting_since
+            # the wait the allreduce caused, not the loading done meanwhile
+            attempt.allreduce_wait = time.perf_counter() - waiting_since - fetch_seconds
             attempt.topology = self.membership.comm.topology
             if pending is None:  # the rows came back with the gradients
                 attempt.stats = agree(cast(SupportsCarry, self._carrier).carried())
@@ -184,6 +196,15 @@ class StepEngine:
         finally:
             self._collectives_done_at = time.perf_counter()
         attempt.synchronized = True
+
+    def _fetch_next(self) -> float:
+        """Load the next step's batch now, in the allreduce's wait; returns the seconds it took."""
+        if self._next_share is None:
+            return 0.0
+        started = time.perf_counter()
+        self.fetch.fetch_ahead(self._next_share, self.sampler.indices_of(self._next_share))
+        self._next_share = None
+        return time.perf_counter() - started
 
     def _measurements(self, attempt: Attempt) -> Measurements:
         b = float(attempt.local_batch_size)
