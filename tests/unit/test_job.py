@@ -146,5 +146,17 @@ def test_each_sample_is_loaded_once_the_batch_loaded_ahead_is_the_one_trained():
         assert torch.equal(x[:, 0].long(), step.indices)
         trained += len(step.indices)
         step.backward(F.cross_entropy(model(x), y))
-    assert trained == 22
-    assert data.loads == trained + 4, "beyond the trained samples, only the guess after the last step"
+    assert trained == 22 and data.loads == trained, "a sample loaded twice: the batch loaded ahead was not used"
+
+
+def test_nothing_is_loaded_ahead_across_an_epochs_end():
+    # users change their data set between epochs (augmentation): the new epoch's first batch is
+    # loaded after the boundary, not during the last step of the old epoch
+    data = CountingDataset(8)
+    model, _, job = make(data, 4, epochs=2)
+    loaded_by_backward = []
+    for step in job:
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+        loaded_by_backward.append(data.loads)
+    assert loaded_by_backward == [8, 8, 16, 16], "each epoch's second batch ahead, never the next epoch's first"

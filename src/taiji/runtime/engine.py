@@ -10,7 +10,8 @@ strategy's after-update, scheduler, monitors. Otherwise nothing is applied and t
 
 While a lockstep step's allreduce is in flight, the engine loads the batch the next step will ask
 for if nothing changes at the boundary (``BatchFetcher.fetch_ahead``): loading hides in a wait the
-worker would spend idle. A guess the boundary proves wrong (new batch size, new cluster) is dropped.
+worker would spend idle. A guess the boundary proves wrong (new batch size, new cluster) is dropped;
+none is made across an epoch's end.
 """
 from __future__ import annotations
 
@@ -94,9 +95,11 @@ class StepEngine:
         indices = self.sampler.indices_of(share)
         batch = self.fetch(indices, key=share)
         # the next step's share if this one commits and nothing changes at the boundary: loaded
-        # while this step's allreduce is in flight (``gradients_done``)
-        self._next_share = self.sampler.local_share(advance(progress.sampler, hi - lo, self.sampler.num_samples),
-                                                    view.rank, view.size)
+        # while this step's allreduce is in flight (``gradients_done``); not across an epoch's end,
+        # where users change their data set (a new epoch's augmentation)
+        after = advance(progress.sampler, hi - lo, self.sampler.num_samples)
+        self._next_share = self.sampler.local_share(after, view.rank, view.size) if after.epoch == progress.epoch \
+            else None
         measure = self.monitors.measuring(progress.step)
         self._buffers_before = [b.detach().clone() for b in self._buffers] if view.size > 1 else []
         self.membership.at_step(progress.step)
