@@ -187,3 +187,20 @@ def test_float32_pieces_hold_every_bit_of_a_float64():
     assert back[:-1] == values and math.isnan(back[-1])
     # a slot summed with zeros from the other workers (what a sum-allreduce does) is unchanged
     assert float64_from_pieces(pieces[:, :-1] + torch.zeros_like(pieces[:, :-1])).tolist() == values
+
+
+def test_float32_pieces_are_a_float64_to_float32_cast_at_the_edges_and_never_raise():
+    """Beyond float32's range a value comes back infinite, near and below its subnormals as the
+    cast rounds (as torch's ``.float()``), whatever numpy's error settings are."""
+    import numpy as np
+    from taiji.comm.transfer import float32_pieces, float64_from_pieces
+    f32 = torch.finfo(torch.float32)
+    edges = [1e300, -1e300, float(f32.max) * (1 + 2**-25), float(f32.max), 1e-40, -1e-46, 1.0000001e-39,
+             float(f32.tiny), 5e-324, -0.0, 2.0**70]
+    with np.errstate(all="raise"):
+        pieces = float32_pieces(edges)
+    back = float64_from_pieces(pieces)
+    first = torch.tensor(edges, dtype=torch.float64).float()
+    assert torch.equal(pieces[0], first), "the first piece is not the float32 cast"
+    assert back[0] == math.inf and back[1] == -math.inf and back[3] == float(f32.max)
+    assert back[-1] == 2.0**70 and back[-2] == 0.0 and math.copysign(1.0, float(pieces[0][-2])) == -1.0

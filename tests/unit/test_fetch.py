@@ -54,3 +54,23 @@ def test_tensor_data_sets_are_indexed_per_tensor():
     data = TensorDataset(torch.arange(6.0), torch.arange(6) % 3)
     x, y = BatchFetcher(data)(torch.tensor([4, 1]))
     assert x.tolist() == [4.0, 1.0] and y.tolist() == [1, 1]
+
+
+def test_a_batch_loaded_ahead_stays_on_the_host_until_asked_for(monkeypatch):
+    import taiji.data.fetch as fetch_module
+    moved = []
+    monkeypatch.setattr(fetch_module, "to_device", lambda batch, device: moved.append(device) or batch)
+    fetch = BatchFetcher(TensorDataset(torch.arange(4.0)), device="meta")
+    fetch.fetch_ahead((0, 0, 2), torch.tensor([0, 1]))
+    assert moved == [], "moved to the device in the loader's context, not the asker's"
+    fetch(torch.tensor([0, 1]), key=(0, 0, 2))
+    assert moved == [torch.device("meta")]
+
+
+def test_drop_ahead_forgets_the_guess():
+    data = Recording(4)
+    fetch = BatchFetcher(data)
+    fetch.fetch_ahead((0, 0, 2), torch.tensor([0, 1]))
+    fetch.drop_ahead()
+    fetch(torch.tensor([0, 1]), key=(0, 0, 2))
+    assert data.loaded == [0, 1, 0, 1] and fetch.ahead_dropped == 1

@@ -160,3 +160,33 @@ def test_nothing_is_loaded_ahead_across_an_epochs_end():
         step.backward(F.cross_entropy(model(x), y))
         loaded_by_backward.append(data.loads)
     assert loaded_by_backward == [8, 8, 16, 16], "each epoch's second batch ahead, never the next epoch's first"
+
+
+def test_a_guess_the_boundary_changes_is_dropped_and_the_right_batch_trained():
+    from taiji.policies.base import Policy, SetBatchSize
+
+    class SmallerAfterStep1(Policy):
+        def after_step(self, ctx):
+            return SetBatchSize(3) if ctx.step == 2 else None  # ctx.step: steps committed so far
+
+    data = CountingDataset(23)
+    model, _, job = make(data, 4, epochs=1, policies=[SmallerAfterStep1()])
+    trained = []
+    for step in job:
+        x, y = step.batch
+        assert torch.equal(x[:, 0].long(), step.indices), "a step trained a batch that is not its own"
+        trained += step.indices.tolist()
+        step.backward(F.cross_entropy(model(x), y))
+    assert sorted(trained) == list(range(23))
+    assert data.loads == 23 + 4, "only the one guess made for batch 4 was wasted"
+
+
+def test_load_ahead_off_loads_each_batch_when_its_step_begins():
+    data = CountingDataset(8)
+    model, _, job = make(data, 4, epochs=1, load_ahead=False)
+    loaded_by_backward = []
+    for step in job:
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+        loaded_by_backward.append(data.loads)
+    assert loaded_by_backward == [4, 8]

@@ -18,39 +18,50 @@ class BatchFetcher:
     while the step's allreduce is in flight, so loading hides in a wait); a call with the same
     ``key`` then returns it, any other call drops it. A key names the indices (the sampler's
     ``(epoch, start, stop)``), so a guess that turned out wrong (the batch size or the cluster
-    changed at the boundary) is never used."""
+    changed at the boundary) is never used. What is loaded ahead stays on the host: the copy to
+    ``device`` happens when the batch is asked for, on the asker's stream. ``ahead=False``: never."""
 
     def __init__(self, dataset: Dataset, collate_fn: Callable[[list], Any] | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, ahead: bool = True):
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.device = torch.device(device) if device is not None else None
+        self.ahead = ahead
         self._ahead: tuple[Hashable, Any] | None = None
         self.ahead_used = self.ahead_dropped = 0
 
     def __call__(self, indices: torch.Tensor, key: Hashable = None) -> Any:
         ahead, self._ahead = self._ahead, None
+        batch = None
         if ahead is not None:
             if key is not None and ahead[0] == key:
                 self.ahead_used += 1
-                return ahead[1]
-            self.ahead_dropped += 1
-        return self._load(indices)
+                batch = ahead[1]
+            else:
+                self.ahead_dropped += 1
+        batch = self._load(indices) if batch is None else batch
+        return batch if self.device is None else to_device(batch, self.device)
 
     def fetch_ahead(self, key: Hashable, indices: torch.Tensor) -> None:
+        if not self.ahead:
+            return
         try:
             self._ahead = (key, self._load(indices))
         except Exception as exc:  # noqa: BLE001 - a guess must not fail the step in flight: the real fetch reports it
             log.debug("loading the next batch ahead failed (%s); it is loaded when asked for", exc)
             self._ahead = None
 
+    def drop_ahead(self) -> None:
+        """Forget what was loaded ahead (the step it was for will not come as guessed)."""
+        if self._ahead is not None:
+            self.ahead_dropped += 1
+        self._ahead = None
+
     def _load(self, indices: torch.Tensor) -> Any:
         if isinstance(self.dataset, TensorDataset) and self.collate_fn is None:
-            batch: Any = tuple(t[indices] for t in self.dataset.tensors)
-        else:
-            collate = self.collate_fn or default_collate
-            batch = collate([self.dataset[int(i)] for i in indices])
-        return batch if self.device is None else to_device(batch, self.device)
+            return tuple(t[indices] for t in self.dataset.tensors)
+        collate = self.collate_fn or default_collate
+        return collate([self.dataset[int(i)] for i in indices])
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -184,8 +184,9 @@ class StepEngine:
             buffers = average_buffers_async(self._buffers, self.membership.comm) if self._buffers_before else None
             fetch_seconds = self._fetch_next()
             strategy.synchronize()
-            # the wait the allreduce caused, not the loading done meanwhile
-            attempt.allreduce_wait = time.perf_counter() - waiting_since - fetch_seconds
+            # the part of the allreduce that loading did not hide: what the plan costs this step
+            # (where loading outlasts every plan's allreduce, the plan no longer matters here)
+            attempt.allreduce_wait = max(0.0, time.perf_counter() - waiting_since - fetch_seconds)
             attempt.topology = self.membership.comm.topology
             if pending is None:  # the rows came back with the gradients
                 attempt.stats = agree(cast(SupportsCarry, self._carrier).carried())
@@ -249,6 +250,8 @@ class StepEngine:
     def abort(self, attempt: Attempt) -> None:
         """Forget the attempt; the retry starts from clean gradients, not this attempt's."""
         self._last_allreduce_wait = self._last_monitor_seconds = math.nan  # the retry may run elsewhere
+        self.fetch.drop_ahead()  # a retry reads the same batch, not the next one
+        self._next_share = None
         self._strategy().abort_step()
         self.model.zero_grad(set_to_none=True)
         self.optimizer.zero_grad(set_to_none=True)

@@ -54,7 +54,7 @@ class Job:
                  on_commit: Callable[[Step], None] | None = None, monitor_every: int | str = 1,
                  gns_decay: float = 0.95, run_dir: str | None = None, policies: Sequence[Policy] = (),
                  strategies: Mapping[str, Strategy] | None = None, sync_every: int | None = None,
-                 topology: str | None = None):
+                 topology: str | None = None, load_ahead: bool = True):
         self.options = TrainingOptions(batch_size, epochs, max_steps, monitor_every, sync_every)
         self.model, self.optimizer, self.lr_scheduler, self.on_commit = model, optimizer, lr_scheduler, on_commit
         self._peer = peer or default_peer()
@@ -79,7 +79,7 @@ class Job:
         store = self._membership.store
         self._fire = faults.for_worker(store, lambda: (self._peer.rank, self._peer.worker_id))
         self._control = ControlChannel(self._membership, self._signals)
-        self._engine = StepEngine(model, optimizer, lr_scheduler, BatchFetcher(dataset, collate_fn, device),
+        self._engine = StepEngine(model, optimizer, lr_scheduler, BatchFetcher(dataset, collate_fn, device, load_ahead),
                                   self._sampler, self._membership, self._control, self.monitors,
                                   self._check_consensus, self._fire)
         self._engine.use(self.strategy)

@@ -56,6 +56,7 @@ class Step:
         from ``reduction="none"``; their mean is used). Afterwards every worker holds the
         gradient of the mean loss over the global batch. If a peer fails meanwhile this does
         not raise: the step is marked failed and the Job retries it on the surviving workers.
+        While the gradients travel, the next step's batch is loaded (``Job(load_ahead=False)``: not).
         """
         self._submit(self._attempt, loss)
 
