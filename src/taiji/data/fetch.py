@@ -31,15 +31,14 @@ class BatchFetcher:
         self.ahead_used = self.ahead_dropped = 0
 
     def __call__(self, indices: torch.Tensor, key: Hashable = None) -> Any:
-        ahead, self._ahead = self._ahead, None
-        batch = None
-        if ahead is not None:
-            if key is not None and ahead[0] == key:
-                self.ahead_used += 1
-                batch = ahead[1]
-            else:
-                self.ahead_dropped += 1
-        batch = self._load(indices) if batch is None else batch
+        ahead = self._ahead
+        if ahead is not None and key is not None and ahead[0] == key:
+            self._ahead = None
+            self.ahead_used += 1
+            batch = ahead[1]
+        else:
+            self.drop_ahead()
+            batch = self._load(indices)
         return batch if self.device is None else to_device(batch, self.device)
 
     def fetch_ahead(self, key: Hashable, indices: torch.Tensor) -> None:

@@ -203,7 +203,7 @@ class StepEngine:
 
     def _fetch_next(self) -> float:
         """Load the next step's batch now, in the allreduce's wait; returns the seconds it took."""
-        if self._next_share is None:
+        if self._next_share is None or not self.fetch.ahead:  # (load_ahead=False: not even the indices)
             return 0.0
         started = time.perf_counter()
         self.fetch.fetch_ahead(self._next_share, self.sampler.indices_of(self._next_share))
