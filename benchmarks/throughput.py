@@ -93,6 +93,7 @@ def bench_model(name: str, args, comm) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import taiji
+    from taiji.runtime import allocator
 
     rank, n = args.rank, args.world_size
     torch.manual_seed(0)  # same initial weights on every worker and for both sides
@@ -193,6 +194,8 @@ def bench_model(name: str, args, comm) -> dict:
         params=params, taiji_buckets=taiji_buckets, ddp_bucket_cap_bytes=ddp_model.bucket_bytes_cap,
         reps=args.reps, steps_per_rep=args.steps,
         taiji_replicas_identical=bool(same.item()), taiji_params_changed=changed,
+        # the Job set glibc's malloc thresholds for this process: every side ran with them
+        malloc_tuned=allocator.applied(),
         max_abs_diff_taiji_vs_ddp=drift)
 
 

@@ -77,6 +77,8 @@ HEARTBEAT = EnvVar("TAIJI_HEARTBEAT", 0.25, float,
                    "seconds between a worker's liveness heartbeats to the launcher (0: none)")
 GLOO_SOCKET_IFNAME = EnvVar("GLOO_SOCKET_IFNAME", "", str,
                             "network interface gloo's groups use (taiji honours it; default: the advertised host)")
+MALLOC_TUNING = EnvVar("TAIJI_MALLOC_TUNING", True, _parse_bool,
+                       "keep freed CPU memory mapped between steps (glibc malloc thresholds; runtime/allocator.py)")
 MIN_NP = EnvVar("TAIJI_MIN_NP", 1, int, "the launcher's --min-np (policies clamp Resize to it)")
 MAX_NP = EnvVar("TAIJI_MAX_NP", 0, int, "the launcher's --max-np; 0 = unknown (not launched by taiji)")
 
@@ -87,4 +89,5 @@ WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provi
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, TOPOLOGY, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
+    MALLOC_TUNING,
 )

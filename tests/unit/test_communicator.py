@@ -181,12 +181,18 @@ def test_size_one_needs_no_network():
 def test_float32_pieces_hold_every_bit_of_a_float64():
     from taiji.comm.transfer import float32_pieces, float64_from_pieces
     values = [1795538915.2211607, float(2**52 - 1), -2.5e7 / 7, 0.1, 0.0, float("inf"), -float("inf")]
+    import numpy as np
     pieces = float32_pieces(values + [float("nan")])
-    assert pieces.dtype == torch.float32
+    assert pieces.dtype == np.float32 and pieces.shape == (3, len(values) + 1)
     back = float64_from_pieces(pieces).tolist()
     assert back[:-1] == values and math.isnan(back[-1])
     # a slot summed with zeros from the other workers (what a sum-allreduce does) is unchanged
-    assert float64_from_pieces(pieces[:, :-1] + torch.zeros_like(pieces[:, :-1])).tolist() == values
+    summed = torch.from_numpy(pieces[:, :-1].copy()) + torch.zeros(3, len(values))
+    assert float64_from_pieces(summed.numpy()).tolist() == values
+    # written in place into a numpy view of a tensor (the carrying bucket's slot)
+    slot = torch.full((2, 3, len(values)), 7.0)
+    float32_pieces(values, out=slot[1].numpy())
+    assert float64_from_pieces(slot.numpy())[1].tolist() == values
 
 
 def test_float32_pieces_are_a_float64_to_float32_cast_at_the_edges_and_never_raise():
@@ -201,6 +207,6 @@ def test_float32_pieces_are_a_float64_to_float32_cast_at_the_edges_and_never_rai
         pieces = float32_pieces(edges)
     back = float64_from_pieces(pieces)
     first = torch.tensor(edges, dtype=torch.float64).float()
-    assert torch.equal(pieces[0], first), "the first piece is not the float32 cast"
+    assert torch.equal(torch.from_numpy(pieces[0]), first), "the first piece is not the float32 cast"
     assert back[0] == math.inf and back[1] == -math.inf and back[3] == float(f32.max)
     assert back[-1] == 2.0**70 and back[-2] == 0.0 and math.copysign(1.0, float(pieces[0][-2])) == -1.0

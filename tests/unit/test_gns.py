@@ -119,7 +119,7 @@ def test_estimates_match_exact_per_sample_gradients_within_10_percent(n):
 
 
 def test_sampled_squared_norm_of_large_buckets_is_close_and_small_ones_exact():
-    from taiji.strategies.sync_sgd import SAMPLE_ABOVE, sqnorm
+    from taiji.monitor.norms import SAMPLE_ABOVE, sqnorm
     g = torch.Generator().manual_seed(1)
     small = torch.randn(1000, generator=g)
     assert float(sqnorm(small)) == pytest.approx(float(small.double().square().sum()), rel=1e-6)
@@ -131,6 +131,29 @@ def test_sampled_squared_norm_of_large_buckets_is_close_and_small_ones_exact():
     exact = float(big.double().square().sum())
     assert float(sqnorm(big)) == pytest.approx(exact, rel=0.05)
     assert float(sqnorm(big.to(torch.bfloat16))) == pytest.approx(exact, rel=0.06)
+
+
+def test_a_bucket_norm_is_made_once_and_measures_the_buffer_as_it_is_now():
+    """The strategy keeps one BucketNorm per buffer: its scratch and views must follow what the
+    buffer holds at each measurement (the gradients change every step), sampled or exact."""
+    from taiji.monitor.norms import SAMPLE_ABOVE, SAMPLE_CHUNK, SAMPLE_PERIOD, BucketNorm, sqnorm, sum_of_parts
+    g = torch.Generator().manual_seed(2)
+    for n in (1000, SAMPLE_ABOVE + 12_345):
+        flat = torch.randn(n, generator=g)
+        norm = BucketNorm(flat)
+        for scale in (1.0, 3.0, 0.5):
+            flat.copy_(torch.randn(n, generator=g) * scale)
+            measured = sum_of_parts(norm.parts())
+            assert measured == pytest.approx(sqnorm(flat.clone()), rel=1e-6)
+            if n <= SAMPLE_ABOVE:
+                assert measured == pytest.approx(float(flat.double().square().sum()), rel=1e-6)
+            else:  # the chunks, scaled up, and the tail exactly
+                rows = n // SAMPLE_PERIOD
+                chunks = flat[: rows * SAMPLE_PERIOD].view(rows, SAMPLE_PERIOD)[:, :SAMPLE_CHUNK].double()
+                expected = float(chunks.square().sum()) * SAMPLE_PERIOD / SAMPLE_CHUNK + \
+                    float(flat[rows * SAMPLE_PERIOD:].double().square().sum())
+                assert measured == pytest.approx(expected, rel=1e-5)
+    assert sum_of_parts(BucketNorm(torch.zeros(0)).parts()) == 0.0
 
 
 class _SensitiveBatch(Policy):

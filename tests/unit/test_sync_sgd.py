@@ -136,14 +136,19 @@ def test_the_last_bucket_carries_every_workers_control_row_exactly():
         for width in (6, 11, 6):   # a different width re-sizes the carrying tail, keeping the grads
             for strategy, net in ((sync, model), (reference, plain)):
                 net.zero_grad(set_to_none=True)
-                strategy.begin_step(0.5)
+                strategy.begin_step(0.5, measure_norms=True)
                 carrying = strategy is sync and strategy.carry(width, lambda: row_of(peer.rank, width))
-                net(x).square().sum().backward()
+                net(x * width).square().sum().backward()   # other gradients each time
                 strategy.synchronize()
                 if strategy is sync:
                     assert carrying and sync.num_buckets > 1
                     out.append(sync.carried())
             assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), plain.parameters()))
+            # the norms follow the last bucket to its new buffer (not the one it had before)
+            assert sync.local_sqnorm() == reference.local_sqnorm()
+            assert sync.global_sqnorm() == reference.global_sqnorm()
+            exact = float(sum(p.grad.double().square().sum() for p in model.parameters()))
+            assert sync.global_sqnorm() == pytest.approx(exact, rel=1e-5)
         return out
 
     for rows_by_step in run_threads(2, body):

@@ -31,12 +31,19 @@ from ..monitor.monitors import Monitors
 from ..monitor.split import split_backward
 from ..monitor.stats import StepStats
 from ..strategies.base import Strategy, SupportsCarry, SupportsNoSync
+from .allocator import keep_freed_memory
 from .control import ControlChannel, Measurements, agree
 from .membership import Membership
 from .state import Progress
 from .step import Attempt, Step
 
 log = logging.getLogger(__name__)
+
+
+def _mean_of(loss: torch.Tensor) -> float:
+    # the usual scalar loss is read with one op (on the step's critical path when its row is carried)
+    loss = loss.detach()
+    return float(loss) if loss.dim() == 0 else float(loss.mean())
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class StepEngine:
         self.check_consensus = check_consensus
         self.fire = fire
         self.strategy: Strategy | None = None
+        keep_freed_memory()  # steps reuse the same large buffers: no page faults for them every step
         self._carrier: SupportsCarry | None = None  # the strategy, if it can carry control rows
         # running statistics (BatchNorm): averaged every step so replicas stay identical, and put
         # back as they were when an attempt fails (its forward already updated them)
@@ -145,14 +153,14 @@ class StepEngine:
             if attempt.local_batch_size > 0:
                 strategy = self._strategy()
                 if attempt.carried:  # its control row leaves during backward (the carrying bucket is on the CPU)
-                    attempt.loss = float(loss.detach().mean())
+                    attempt.loss = _mean_of(loss)
                 if loss.dim() == 1 and self._can_split(attempt) and isinstance(strategy, SupportsNoSync):
                     params = [p for p in self.model.parameters() if p.requires_grad]
                     attempt.split_sqnorm = split_backward(loss, params, strategy.no_sync)
                 else:
                     (loss.mean() if loss.dim() == 1 else loss).backward()
                 if not attempt.carried:
-                    attempt.loss = float(loss.detach().mean())
+                    attempt.loss = _mean_of(loss)
             self.fire("allreduce", attempt.index)
             self.gradients_done(attempt)
         except CommError as exc:

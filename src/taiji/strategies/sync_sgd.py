@@ -22,12 +22,14 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from .. import env
 from ..comm.communicator import Communicator, Handle
 from ..comm.transfer import FLOAT32_PIECES, float32_pieces, float64_from_pieces
 from ..errors import ConfigError, TaijiError
+from ..monitor.norms import BucketNorm, Part, sum_of_parts
 from .base import CommSource, Strategy, resolve_comm_source
 
 log = logging.getLogger(__name__)
@@ -47,42 +49,13 @@ class _Bucket:
     ready_count: int = 0
     handle: Handle | None = None
     wire: torch.Tensor | None = None  # ``buffer`` and a tail for control rows (the last bucket, when it carries)
+    rows: np.ndarray | None = None    # that tail, [workers, FLOAT32_PIECES, width], as a numpy view of ``wire``
+    norm: BucketNorm | None = None    # measures ``buffer`` (made when first needed, again if ``buffer`` changes)
 
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
         self.ready_count = 0
         self.handle = None
-
-
-SAMPLE_ABOVE = 1 << 20           # buckets with more elements get a sampled norm
-SAMPLE_CHUNK, SAMPLE_PERIOD = 256, 4096
-
-
-def _exact_sqnorm(t: torch.Tensor) -> torch.Tensor:
-    if t.numel() == 0:
-        return torch.zeros((), dtype=torch.float64, device=t.device)
-    if t.dtype in (torch.float16, torch.bfloat16) or not t.is_contiguous():
-        return torch.linalg.vector_norm(t, dtype=torch.float32).to(torch.float64) ** 2
-    return torch.dot(t, t).to(torch.float64)
-
-
-def sqnorm(flat: torch.Tensor) -> torch.Tensor:
-    """Squared L2 norm of a flat bucket as a float64 scalar tensor (no host sync).
-
-    Above ``SAMPLE_ABOVE`` elements it is estimated from evenly spread contiguous chunks
-    (``SAMPLE_CHUNK`` of every ``SAMPLE_PERIOD`` elements, scaled up; the tail exactly): one
-    full pass over a large bucket costs a few ms of memory bandwidth on a CPU, and the noise
-    scale needs two per step. The same coordinates are read before and after the allreduce, so
-    the two-batch differences compare like with like.
-    """
-    n = flat.numel()
-    if n <= SAMPLE_ABOVE:
-        return _exact_sqnorm(flat)
-    rows = n // SAMPLE_PERIOD
-    # gathering the strided chunks into one contiguous run first is ~4x faster than a strided
-    # reduction on a CPU (the copy is 1/16 of the bucket; the dot is then one vectorised pass)
-    chunks = flat[: rows * SAMPLE_PERIOD].view(rows, SAMPLE_PERIOD)[:, :SAMPLE_CHUNK].contiguous().view(-1)
-    return _exact_sqnorm(chunks) * (SAMPLE_PERIOD / SAMPLE_CHUNK) + _exact_sqnorm(flat[rows * SAMPLE_PERIOD:])
 
 
 def _views(buffer: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
@@ -137,8 +110,8 @@ class SyncSGD(Strategy):
         self._next_launch = 0
         self._sync_enabled = True
         self._measure_norms = False  # this step takes the squared norms the monitors need
-        self._local_sqnorm: torch.Tensor | None = None
-        self._global_sqnorm: torch.Tensor | None = None
+        self._local_parts: list[Part] = []   # this step's measured norms, summed when asked for
+        self._global_parts: list[Part] = []
         self._param_names: dict[torch.nn.Parameter, str] = {}
         self._model: torch.nn.Module | None = None
         self._carrying: tuple[int, Callable[[], list[float]]] | None = None  # (width, row_of) this step
@@ -208,8 +181,8 @@ class SyncSGD(Strategy):
         self._measure_norms = measure_norms
         self.norm_seconds = 0.0
         self._next_launch = 0
-        self._local_sqnorm = None
-        self._global_sqnorm = None
+        self._local_parts = []
+        self._global_parts = []
         self._carrying = self._carried = None
         for bucket in self._buckets:
             bucket.reset()
@@ -222,11 +195,13 @@ class SyncSGD(Strategy):
         if not self._active or comm is None or comm.size < 2 or last.buffer.dtype != torch.float32 \
                 or last.buffer.device.type != "cpu":
             return False
-        total = last.buffer.numel() + comm.size * FLOAT32_PIECES * width
-        if last.wire is None or last.wire.numel() != total:  # first time, or the cluster's size changed
-            wire = torch.zeros(total, dtype=last.buffer.dtype)
-            last.wire, last.buffer = wire, wire[:last.buffer.numel()]
+        shape = (comm.size, FLOAT32_PIECES, width)
+        if last.rows is None or last.rows.shape != shape:  # first time, or the cluster's size changed
+            wire = torch.zeros(last.buffer.numel() + comm.size * FLOAT32_PIECES * width, dtype=last.buffer.dtype)
+            last.wire, last.buffer, last.norm = wire, wire[:last.buffer.numel()], None
             last.slices = _views(last.buffer, last.params)  # synchronize() points the grads at them
+            # numpy, not tensor ops, on the rows: 13 numbers do not pay a torch op's dispatch
+            last.rows = wire[last.buffer.numel():].numpy().reshape(shape)
         self._carrying = (width, row_of)
         return True
 
@@ -235,10 +210,6 @@ class SyncSGD(Strategy):
         if self._carried is None:
             raise TaijiError("SyncSGD.carried() before synchronize() of a step that carried control rows")
         return self._carried
-
-    def _rows(self, bucket: _Bucket) -> torch.Tensor:
-        assert bucket.wire is not None and self._carrying is not None and self._comm is not None
-        return bucket.wire[bucket.buffer.numel():].view(self._comm.size, FLOAT32_PIECES, self._carrying[0])
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -274,21 +245,21 @@ class SyncSGD(Strategy):
     def _launch(self, bucket: _Bucket) -> None:
         assert self._comm is not None
         if self._measure_norms:  # |w·g_r|² of this bucket, read just before it is reduced in place
-            part = self._timed_sqnorm(bucket.buffer)
-            self._local_sqnorm = part if self._local_sqnorm is None else self._local_sqnorm + part
+            self._measure(bucket, self._local_parts)
         wire = bucket.buffer
         if self._carrying is not None and bucket is self._buckets[-1]:
-            rows = self._rows(bucket)
-            rows.zero_()
-            rows[self._comm.rank] = float32_pieces(self._carrying[1]())
+            assert bucket.rows is not None and bucket.wire is not None
+            bucket.rows.fill(0.0)
+            float32_pieces(self._carrying[1](), out=bucket.rows[self._comm.rank])
             wire = bucket.wire
         bucket.handle = self._comm.allreduce(wire, "sum", channel="grad", async_op=True)
 
-    def _timed_sqnorm(self, flat: torch.Tensor) -> torch.Tensor:
+    def _measure(self, bucket: _Bucket, parts: list[Part]) -> None:
         started = time.perf_counter()  # on a CPU the norm is done when it returns
-        part = sqnorm(flat)
+        if bucket.norm is None or bucket.norm.flat is not bucket.buffer:
+            bucket.norm = BucketNorm(bucket.buffer)
+        parts += bucket.norm.parts()
         self.norm_seconds += time.perf_counter() - started
-        return part
 
     def _launch_ready(self) -> None:
         while (self._next_launch < len(self._buckets)
@@ -309,30 +280,29 @@ class SyncSGD(Strategy):
 
     def local_sqnorm(self) -> float | None:
         """|g_r|² of this worker's own gradient (unscaled), if measured this step."""
-        if self._local_sqnorm is None or self._weight <= 0:
+        if not self._local_parts or self._weight <= 0:
             return None
-        return float(self._local_sqnorm) / (self._weight * self._weight)
+        return sum_of_parts(self._local_parts) / (self._weight * self._weight)
 
     def global_sqnorm(self) -> float | None:
         """|ḡ|² of the averaged gradient, if measured this step (after ``synchronize``)."""
-        return None if self._global_sqnorm is None else float(self._global_sqnorm)
+        return sum_of_parts(self._global_parts) if self._global_parts else None
 
     def synchronize(self) -> None:
         try:
             self.launch_all()
-            total = None
             for bucket in self._buckets:
                 assert bucket.handle is not None
                 bucket.handle.wait()
                 if self._measure_norms:
-                    part = self._timed_sqnorm(bucket.buffer)
-                    total = part if total is None else total + part
+                    self._measure(bucket, self._global_parts)
                 for p, slot in zip(bucket.params, bucket.slices):
                     if p.grad is not slot:
                         p.grad = slot
             if self._carrying is not None:
-                self._carried = float64_from_pieces(self._rows(self._buckets[-1])).tolist()
-            self._global_sqnorm = total
+                rows = self._buckets[-1].rows
+                assert rows is not None
+                self._carried = float64_from_pieces(rows).tolist()
         finally:
             self._active = False
 
