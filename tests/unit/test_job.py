@@ -162,6 +162,17 @@ def test_nothing_is_loaded_ahead_across_an_epochs_end():
     assert loaded_by_backward == [8, 8, 16, 16], "each epoch's second batch ahead, never the next epoch's first"
 
 
+def test_no_batch_is_loaded_ahead_for_the_step_after_max_steps():
+    data = CountingDataset(40)
+    model, _, job = make(data, 4, epochs=1, max_steps=3)
+    loaded_by_backward = []
+    for step in job:
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+        loaded_by_backward.append(data.loads)
+    assert loaded_by_backward == [8, 12, 12], "the last step's backward loaded a batch no step will train"
+
+
 def test_a_guess_the_boundary_changes_is_dropped_and_the_right_batch_trained():
     from taiji.policies.base import Policy, SetBatchSize
 

@@ -42,8 +42,7 @@ log = logging.getLogger(__name__)
 
 def _mean_of(loss: torch.Tensor) -> float:
     # the usual scalar loss is read with one op (on the step's critical path when its row is carried)
-    loss = loss.detach()
-    return float(loss) if loss.dim() == 0 else float(loss.mean())
+    return loss.item() if loss.dim() == 0 else float(loss.detach().mean())
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class StepEngine:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
                  fetch: BatchFetcher, sampler: ElasticSampler, membership: Membership, control: ControlChannel,
                  monitors: Monitors, check_consensus: Callable[[Sequence[float], int], None],
-                 fire: Callable[[str, int], None]):
+                 fire: Callable[[str, int], None], max_steps: int | None = None):
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -72,6 +71,7 @@ class StepEngine:
         self.monitors = monitors
         self.check_consensus = check_consensus
         self.fire = fire
+        self.max_steps = max_steps  # no batch is loaded ahead for the step after the last
         self.strategy: Strategy | None = None
         keep_freed_memory()  # steps reuse the same large buffers: no page faults for them every step
         self._carrier: SupportsCarry | None = None  # the strategy, if it can carry control rows
@@ -104,10 +104,11 @@ class StepEngine:
         batch = self.fetch(indices, key=share)
         # the next step's share if this one commits and nothing changes at the boundary: loaded
         # while this step's allreduce is in flight (``gradients_done``); not across an epoch's end,
-        # where users change their data set (a new epoch's augmentation)
+        # where users change their data set (a new epoch's augmentation), nor past ``max_steps``
         after = advance(progress.sampler, hi - lo, self.sampler.num_samples)
-        self._next_share = self.sampler.local_share(after, view.rank, view.size) if after.epoch == progress.epoch \
-            else None
+        last = self.max_steps is not None and progress.step + 1 >= self.max_steps
+        self._next_share = self.sampler.local_share(after, view.rank, view.size) \
+            if after.epoch == progress.epoch and not last else None
         measure = self.monitors.measuring(progress.step)
         self._buffers_before = [b.detach().clone() for b in self._buffers] if view.size > 1 else []
         self.membership.at_step(progress.step)

@@ -81,7 +81,7 @@ class Job:
         self._control = ControlChannel(self._membership, self._signals)
         self._engine = StepEngine(model, optimizer, lr_scheduler, BatchFetcher(dataset, collate_fn, device, load_ahead),
                                   self._sampler, self._membership, self._control, self.monitors,
-                                  self._check_consensus, self._fire)
+                                  self._check_consensus, self._fire, max_steps)
         self._engine.use(self.strategy)
         timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
         self._transitions = Transitions(self._membership, self._state, self._reporter, self._fire, timeout,
