@@ -11,7 +11,7 @@ strategy's after-update, scheduler, monitors. Otherwise nothing is applied and t
 While a lockstep step's allreduce is in flight, the engine loads the batch the next step will ask
 for if nothing changes at the boundary (``BatchFetcher.fetch_ahead``): loading hides in a wait the
 worker would spend idle. A guess the boundary proves wrong (new batch size, new cluster) is dropped;
-none is made across an epoch's end.
+none is made across an epoch's end or past ``max_steps``.
 """
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ class SyncSGD(Strategy):
         shape = (comm.size, FLOAT32_PIECES, width)
         if last.rows is None or last.rows.shape != shape:  # first time, or the cluster's size changed
             wire = torch.zeros(last.buffer.numel() + comm.size * FLOAT32_PIECES * width, dtype=last.buffer.dtype)
-            last.wire, last.buffer, last.norm = wire, wire[:last.buffer.numel()], None
+            last.wire, last.buffer = wire, wire[:last.buffer.numel()]  # (_measure notices: a new norm)
             last.slices = _views(last.buffer, last.params)  # synchronize() points the grads at them
             # numpy, not tensor ops, on the rows: 13 numbers do not pay a torch op's dispatch
             last.rows = wire[last.buffer.numel():].numpy().reshape(shape)
