@@ -51,6 +51,23 @@ def test_step_stats_reduce_is_a_pure_function_of_the_rows():
     assert StepStats.reduce(waits, None).previous_allreduce_wait == pytest.approx(0.2)
     joined = waits + [ControlRow(local_batch=1)]  # a joiner has no previous step: no figure this step
     assert StepStats.reduce(joined, None).previous_allreduce_wait is None
+    shares = [ControlRow(local_batch=1, previous_global_sqnorm=v) for v in (1.5, 2.25)]
+    assert StepStats.reduce(shares, None).previous_global_sqnorm == 3.75  # the workers' shares of |ḡ|²
+    assert StepStats.reduce(shares + [ControlRow(local_batch=1)], None).previous_global_sqnorm is None
+
+
+def test_a_share_of_the_averaged_norm_is_sent_only_to_the_cluster_it_was_measured_in():
+    from taiji.monitor.monitors import Monitors
+    monitors = Monitors()
+    stats = StepStats.reduce([ControlRow(local_batch=4, local_sqnorm=5.0, sqnorm_batch=4)] * 2, None)
+    monitors.update(stats, 1.25, version=3)
+    assert monitors.own_share(3) == 1.25
+    assert math.isnan(monitors.own_share(4))   # another cluster split |ḡ|² otherwise: no pair
+    other = Monitors()
+    other.load_state_dict(monitors.state_dict())   # a share is this worker's: a synced peer has none
+    assert math.isnan(other.own_share(3))
+    monitors.update(StepStats.reduce([ControlRow(local_batch=4)] * 2, None), None, version=3)
+    assert math.isnan(monitors.own_share(3))   # an unmeasured step sends none
 
 
 # -- validation against exact per-sample gradients --------------------------------------
@@ -156,6 +173,21 @@ def test_a_bucket_norm_is_made_once_and_measures_the_buffer_as_it_is_now():
     assert sum_of_parts(BucketNorm(torch.zeros(0)).parts()) == 0.0
 
 
+def test_the_workers_shares_of_a_bucket_norm_sum_to_the_whole():
+    """After the allreduce each worker measures only its share of the (identical) averaged bucket."""
+    from taiji.monitor.norms import SAMPLE_ABOVE, BucketNorm, sum_of_parts
+    g = torch.Generator().manual_seed(3)
+    for n in (5, 1000, SAMPLE_ABOVE + 12_345):
+        flat = torch.randn(n, generator=g)
+        whole = sum_of_parts(BucketNorm(flat).parts())
+        for size in (1, 2, 3, 8):
+            shares = [sum_of_parts(BucketNorm(flat, rank, size).parts()) for rank in range(size)]
+            assert sum(shares) == pytest.approx(whole, rel=1e-5), (n, size)
+            if n > 8:   # nobody measures it all, nobody measures nothing
+                assert all(0 < share < whole for share in shares) or size == 1
+    assert BucketNorm(torch.ones(5), 0, 8).parts() == []   # 5 coordinates among 8: an empty share
+
+
 class _SensitiveBatch(Policy):
     """Decides from the exact bits of the noise scale: any difference between workers shows."""
 
@@ -167,8 +199,8 @@ class _SensitiveBatch(Policy):
 class _OtherHardware(taiji.SyncSGD):
     """This worker's norm of the averaged gradient differs in the last bits (another CPU, say)."""
 
-    def global_sqnorm(self):
-        value = super().global_sqnorm()
+    def global_sqnorm_share(self):
+        value = super().global_sqnorm_share()
         return None if value is None else value * (1 + 1e-12)
 
 

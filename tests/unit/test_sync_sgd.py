@@ -132,7 +132,7 @@ def test_the_last_bucket_carries_every_workers_control_row_exactly():
         sync = taiji.SyncSGD(bucket_mb=1e-4, first_bucket_mb=1e-4).attach(model, peer.comm)
         reference = taiji.SyncSGD(bucket_mb=1e-4, first_bucket_mb=1e-4).attach(plain, peer.comm)
         x = torch.randn(3, 8, generator=torch.Generator().manual_seed(peer.rank))
-        out = []
+        out, shares = [], []
         for width in (6, 11, 6):   # a different width re-sizes the carrying tail, keeping the grads
             for strategy, net in ((sync, model), (reference, plain)):
                 net.zero_grad(set_to_none=True)
@@ -146,12 +146,15 @@ def test_the_last_bucket_carries_every_workers_control_row_exactly():
             assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), plain.parameters()))
             # the norms follow the last bucket to its new buffer (not the one it had before)
             assert sync.local_sqnorm() == reference.local_sqnorm()
-            assert sync.global_sqnorm() == reference.global_sqnorm()
+            assert sync.global_sqnorm_share() == reference.global_sqnorm_share()
             exact = float(sum(p.grad.double().square().sum() for p in model.parameters()))
-            assert sync.global_sqnorm() == pytest.approx(exact, rel=1e-5)
-        return out
+            shares.append((sync.global_sqnorm_share(), exact))
+        return out, shares
 
-    for rows_by_step in run_threads(2, body):
+    results = run_threads(2, body)
+    for (share0, exact), (share1, _) in zip(results[0][1], results[1][1]):  # the workers' shares sum to |ḡ|²
+        assert 0 < share0 < exact and share0 + share1 == pytest.approx(exact, rel=1e-5)
+    for rows_by_step, _ in results:
         for rows, width in zip(rows_by_step, (6, 11, 6)):
             expected = [row_of(rank, width) for rank in range(2)]
             for got, want in zip(rows, expected):   # every bit, through three float32 pieces

@@ -3,11 +3,13 @@ last agreed statistics.
 
 The two-batch estimator pairs each step's small-batch norms (from every worker's control row)
 with the norm of the averaged gradient, which is known only after the allreduce. Every replica
-holds the same averaged gradient, but computing its norm on different hardware could differ in
-the last bit, and a policy reading the result would then decide differently on different workers.
-So the averaged norm of a step travels in the *next* step's control message from rank 0, and all
-workers pair it with that step's small-batch norms: the estimate lags one step and is identical
-everywhere by construction.
+holds the same averaged gradient, so each worker measures only its share of that norm (1/n of
+the coordinates: n times less work) and the shares travel in the *next* step's control message;
+all workers add the same shares in the same order and pair the sum with that step's small-batch
+norms: the estimate lags one step and is identical everywhere by construction (no worker's own
+arithmetic, which could differ in the last bit on other hardware, decides anything alone). A
+share is only sent to the cluster it was measured in: after a membership change the pair is
+dropped.
 """
 from __future__ import annotations
 
@@ -52,15 +54,17 @@ class Monitors:
         self.stats: StepStats | None = None          # the last committed step's agreed statistics
         self.grad_variance: float | None = None      # mean |g_r − ḡ|² of the last paired step
         self.last_raw_estimates: tuple[float, float] | None = None  # unsmoothed (|G|², tr Σ)
-        self.own_global_sqnorm = math.nan            # this worker's |ḡ|² of its last committed step
         self._waiting: SmallBatch | None = None
+        # this worker's share of |ḡ|² of the last committed, measured step, and the cluster
+        # version it was measured in (a share means nothing to another cluster)
+        self._own_share, self._own_share_version = math.nan, -1
 
     def measuring(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def update(self, stats: StepStats, own_global_sqnorm: float | None) -> None:
-        """A step was committed with these agreed statistics; ``own_global_sqnorm`` is this
-        worker's norm of its averaged gradient (sent in the next control row)."""
+    def update(self, stats: StepStats, own_share: float | None, version: int) -> None:
+        """A step was committed, in cluster ``version``, with these agreed statistics; ``own_share``
+        is this worker's share of its averaged gradient's squared norm (for the next control row)."""
         self.stats = stats
         waiting, big = self._waiting, stats.previous_global_sqnorm
         if waiting is not None and big is not None:
@@ -72,18 +76,25 @@ class Monitors:
         if self.auto and stats.wall_seconds:
             self.every = auto_interval(stats.previous_monitor_seconds, statistics.median(stats.wall_seconds),
                                        self.every)
-        measured = stats.small_sqnorm is not None and own_global_sqnorm is not None
+        measured = stats.small_sqnorm is not None and own_share is not None
         self._waiting = SmallBatch(stats.small_sqnorm, stats.small_batch, stats.global_batch) if measured else None
-        self.own_global_sqnorm = own_global_sqnorm if measured else math.nan
+        self._own_share = own_share if measured else math.nan
+        self._own_share_version = version
+
+    def own_share(self, version: int) -> float:
+        """What this worker sends as its share of the last measured |ḡ|² in a control message of
+        cluster ``version`` (nan: none, or measured in another cluster)."""
+        return self._own_share if version == self._own_share_version else math.nan
 
     def state_dict(self) -> dict:
         waiting = self._waiting
-        return {"gns": self.gns.state_dict(), "own_global_sqnorm": self.own_global_sqnorm, "every": self.every,
+        # (a worker's own share is not state: it is valid only on that worker, in its cluster)
+        return {"gns": self.gns.state_dict(), "every": self.every,
                 "waiting": None if waiting is None else [waiting.sqnorm, waiting.batch, waiting.global_batch]}
 
     def load_state_dict(self, state: dict) -> None:
         self.gns.load_state_dict(state["gns"])
-        self.own_global_sqnorm = float(state.get("own_global_sqnorm", math.nan))
+        self._own_share, self._own_share_version = math.nan, -1
         if self.auto:  # the interval "auto" chose from agreed figures; a fixed one stays as configured
             self.every = max(1, int(state.get("every", 1)))
         waiting = state.get("waiting")

@@ -12,6 +12,11 @@ Above ``SAMPLE_ABOVE`` elements the norm is estimated from evenly spread contigu
 pass over a large bucket costs milliseconds of memory bandwidth on a CPU, and the noise scale
 needs two per step. The same coordinates are read before and after the allreduce, so the
 two-batch differences compare like with like.
+
+After the allreduce every worker holds the same averaged gradient, so its norm is measured in
+shares: ``BucketNorm(flat, rank, size)`` reads worker ``rank``'s ``1/size`` of the coordinates
+(of the sampled chunks, for a sampled bucket; the tail goes with the last share), and the shares
+of all ``size`` workers sum to the whole measurement.
 """
 from __future__ import annotations
 
@@ -33,29 +38,36 @@ def _squared_norm(t: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(t, dtype=torch.float32).square()
 
 
-class BucketNorm:
-    """Measures |flat|² of one (contiguous, 1-D) buffer, exactly or sampled (see module doc)."""
+def _share(n: int, rank: int, size: int) -> slice:
+    return slice(rank * n // size, (rank + 1) * n // size)
 
-    def __init__(self, flat: torch.Tensor):
-        self.flat = flat
+
+class BucketNorm:
+    """Measures |flat|² of one (contiguous, 1-D) buffer, exactly or sampled (see module doc), or
+    worker ``rank``'s share of it among ``size``."""
+
+    def __init__(self, flat: torch.Tensor, rank: int = 0, size: int = 1):
+        self.flat, self.rank, self.size = flat, rank, size
         n = flat.numel()
         self._chunks: torch.Tensor | None = None
+        self._exact = flat[_share(n, rank, size)]
         if n > SAMPLE_ABOVE:
             rows = n // SAMPLE_PERIOD
             # gathering the strided chunks into one contiguous run first is ~4x faster than a
             # strided reduction on a CPU (the copy is 1/16 of the bucket; the dot is then one pass)
-            self._chunks = flat[: rows * SAMPLE_PERIOD].view(rows, SAMPLE_PERIOD)[:, :SAMPLE_CHUNK]
-            self._scratch = torch.empty((rows, SAMPLE_CHUNK), dtype=flat.dtype, device=flat.device)
-            self._tail = flat[rows * SAMPLE_PERIOD:]
+            chunks = flat[: rows * SAMPLE_PERIOD].view(rows, SAMPLE_PERIOD)[:, :SAMPLE_CHUNK]
+            self._chunks = chunks[_share(rows, rank, size)]
+            self._scratch = torch.empty(self._chunks.shape, dtype=flat.dtype, device=flat.device)
+            self._exact = flat[rows * SAMPLE_PERIOD:] if rank == size - 1 else flat[:0]  # the tail
 
     def parts(self) -> list[Part]:
         """The squared norm as parts, not yet summed (summing them is ``sum_of_parts``'s one sync)."""
-        if self._chunks is None:
-            return [(_squared_norm(self.flat), 1.0)] if self.flat.numel() else []
-        self._scratch.copy_(self._chunks)
-        parts = [(_squared_norm(self._scratch.view(-1)), SAMPLE_PERIOD / SAMPLE_CHUNK)]
-        if self._tail.numel():
-            parts.append((_squared_norm(self._tail), 1.0))
+        parts = []
+        if self._chunks is not None and self._scratch.numel():
+            self._scratch.copy_(self._chunks)
+            parts.append((_squared_norm(self._scratch.view(-1)), SAMPLE_PERIOD / SAMPLE_CHUNK))
+        if self._exact.numel():
+            parts.append((_squared_norm(self._exact), 1.0))
         return parts
 
 

@@ -7,7 +7,6 @@ allgathered in the step's single control message, so every worker computes the s
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, fields
 
 
@@ -23,8 +22,8 @@ class ControlRow:
     clock: float = 0.0          # rank 0's time.time() (others 0): the clock policies agree on
     decisions: float = 0.0      # fingerprint of the decisions taken at the boundary before this step
     wall_seconds: float = 0.0   # this worker's wall time since its previous control message (0 = first)
-    # |ḡ|² of the averaged gradient of this worker's previous committed, measured step (nan = none):
-    # only rank 0's is used, so every worker feeds the same number to the noise-scale estimator
+    # this worker's share of |ḡ|² of the averaged gradient of the previous committed, measured
+    # step (nan = none); the shares of all workers sum to |ḡ|² (each measures a part of it)
     previous_global_sqnorm: float = math.nan
     # seconds this worker's previous committed step waited, after backward, for its gradients'
     # allreduce (nan = none): what the allreduce plan costs, with less of compute's noise than the step time
@@ -58,34 +57,52 @@ class StepStats:
     clock: float = 0.0             # rank 0's clock at this control message
     decisions: tuple[float, ...] = ()  # every worker's decision fingerprint, by rank
     wall_seconds: tuple[float, ...] = ()  # every worker's own wall time per step, by rank
-    previous_global_sqnorm: float | None = None  # rank 0's |ḡ|² of the previous measured step
+    previous_global_sqnorm: float | None = None  # |ḡ|² of the previous measured step: the rows' shares summed
     previous_allreduce_wait: float | None = None  # the workers' mean wait for the previous step's allreduce
     previous_monitor_seconds: float | None = None  # the slowest worker's norm time in the previous step
 
     @staticmethod
     def reduce(rows: list[ControlRow], big_sqnorm: float | None) -> "StepStats":
-        total = sum(r.local_batch for r in rows)
-        measured = [r for r in rows if r.local_batch > 0 and math.isfinite(r.local_sqnorm)]
-        small = sum(r.local_sqnorm for r in measured) / len(measured) if measured else None
+        # one pass over the rows: this runs every step, on every worker
+        total = loss_sum = small_sum = small_batch_sum = 0.0
+        measured = 0
+        for r in rows:
+            total += r.local_batch
+            loss_sum += r.loss_sum
+            if r.local_batch > 0 and math.isfinite(r.local_sqnorm):
+                measured += 1
+                small_sum += r.local_sqnorm
+                small_batch_sum += r.sqnorm_batch
+        small = small_sum / measured if measured else None
         variance = small - big_sqnorm if small is not None and big_sqnorm is not None else None
         times = tuple(r.compute_seconds for r in rows)
-        median = statistics.median(times) if times else 0.0
+        median = _median(times)
         return StepStats(
             version_seen=int(max(r.version_seen for r in rows)), stop=any(r.stop > 0 for r in rows),
-            loss=sum(r.loss_sum for r in rows) / total if total > 0 else None, small_sqnorm=small,
-            global_batch=total,
-            small_batch=sum(r.sqnorm_batch for r in measured) / len(measured) if measured else 0.0,
+            loss=loss_sum / total if total > 0 else None, small_sqnorm=small,
+            global_batch=total, small_batch=small_batch_sum / measured if measured else 0.0,
             grad_variance=variance, compute_seconds=times,
             straggler=max(times) / median if median > 0 else 1.0,
             clock=rows[0].clock, decisions=tuple(r.decisions for r in rows),
             wall_seconds=tuple(r.wall_seconds for r in rows),
-            previous_global_sqnorm=rows[0].previous_global_sqnorm if math.isfinite(rows[0].previous_global_sqnorm)
-            else None,
+            previous_global_sqnorm=_sum_of_finite([r.previous_global_sqnorm for r in rows]),
             previous_allreduce_wait=_mean_of_finite([r.previous_allreduce_wait for r in rows]),
             previous_monitor_seconds=max((r.previous_monitor_seconds for r in rows
                                           if math.isfinite(r.previous_monitor_seconds)), default=None))
 
 
-def _mean_of_finite(values: list[float]) -> float | None:
+def _median(values: tuple[float, ...]) -> float:
+    if not values:
+        return 0.0
+    ordered, mid = sorted(values), len(values) // 2
+    return ordered[mid] if len(values) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _sum_of_finite(values: list[float]) -> float | None:
     """Every worker's number or none: a worker that has none (it just joined) makes the step's none."""
-    return sum(values) / len(values) if values and all(math.isfinite(v) for v in values) else None
+    return sum(values) if values and all(math.isfinite(v) for v in values) else None
+
+
+def _mean_of_finite(values: list[float]) -> float | None:
+    total = _sum_of_finite(values)
+    return None if total is None else total / len(values)

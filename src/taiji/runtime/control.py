@@ -35,7 +35,7 @@ class Measurements:
     sqnorm_batch: float = 0.0
     loss: float | None = None
     compute_seconds: float = 0.0
-    previous_global_sqnorm: float = math.nan
+    previous_global_sqnorm: float = math.nan  # this worker's share of it (see ``monitor.monitors``)
     previous_allreduce_wait: float = math.nan
     previous_monitor_seconds: float = math.nan
 

@@ -226,7 +226,7 @@ class StepEngine:
         return Measurements(local_batch=b, local_sqnorm=local,
                             sqnorm_batch=b / 2 if split else b, loss=attempt.loss,
                             compute_seconds=time.perf_counter() - attempt.started,
-                            previous_global_sqnorm=self.monitors.own_global_sqnorm,
+                            previous_global_sqnorm=self.monitors.own_share(self.membership.view.version),
                             previous_allreduce_wait=self._last_allreduce_wait,
                             previous_monitor_seconds=self._last_monitor_seconds)
 
@@ -246,7 +246,7 @@ class StepEngine:
         assert stats is not None
         self.check_consensus(stats.decisions, attempt.index)
         self._update()
-        self.monitors.update(stats, self._strategy().global_sqnorm())
+        self.monitors.update(stats, self._strategy().global_sqnorm_share(), self.membership.view.version)
         self._last_allreduce_wait = math.nan if attempt.allreduce_wait is None else attempt.allreduce_wait
         self._last_monitor_seconds = self._strategy().norm_seconds if attempt.measure else math.nan
         return Committed(stats, max(self.membership.view.version, stats.version_seen))

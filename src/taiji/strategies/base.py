@@ -107,8 +107,9 @@ class Strategy(ABC):
         """This worker's squared gradient norm before averaging, if the strategy measured it."""
         return None
 
-    def global_sqnorm(self) -> float | None:
-        """The averaged gradient's squared norm, if the strategy measured it."""
+    def global_sqnorm_share(self) -> float | None:
+        """This worker's share of the averaged gradient's squared norm, if the strategy measured
+        it: the shares of the step's workers sum to the norm (each measures a part of it)."""
         return None
 
 

@@ -51,6 +51,7 @@ class _Bucket:
     wire: torch.Tensor | None = None  # ``buffer`` and a tail for control rows (the last bucket, when it carries)
     rows: np.ndarray | None = None    # that tail, [workers, FLOAT32_PIECES, width], as a numpy view of ``wire``
     norm: BucketNorm | None = None    # measures ``buffer`` (made when first needed, again if ``buffer`` changes)
+    norm_share: BucketNorm | None = None  # this worker's share of the averaged ``buffer`` (also per cluster)
 
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
@@ -111,7 +112,7 @@ class SyncSGD(Strategy):
         self._sync_enabled = True
         self._measure_norms = False  # this step takes the squared norms the monitors need
         self._local_parts: list[Part] = []   # this step's measured norms, summed when asked for
-        self._global_parts: list[Part] = []
+        self._global_parts: list[Part] | None = None  # this worker's share, once measured
         self._param_names: dict[torch.nn.Parameter, str] = {}
         self._model: torch.nn.Module | None = None
         self._carrying: tuple[int, Callable[[], list[float]]] | None = None  # (width, row_of) this step
@@ -182,7 +183,7 @@ class SyncSGD(Strategy):
         self.norm_seconds = 0.0
         self._next_launch = 0
         self._local_parts = []
-        self._global_parts = []
+        self._global_parts = None
         self._carrying = self._carried = None
         for bucket in self._buckets:
             bucket.reset()
@@ -245,7 +246,7 @@ class SyncSGD(Strategy):
     def _launch(self, bucket: _Bucket) -> None:
         assert self._comm is not None
         if self._measure_norms:  # |w·g_r|² of this bucket, read just before it is reduced in place
-            self._measure(bucket, self._local_parts)
+            self._measure(bucket, self._local_parts, share=False)
         wire = bucket.buffer
         if self._carrying is not None and bucket is self._buckets[-1]:
             assert bucket.rows is not None and bucket.wire is not None
@@ -254,11 +255,20 @@ class SyncSGD(Strategy):
             wire = bucket.wire
         bucket.handle = self._comm.allreduce(wire, "sum", channel="grad", async_op=True)
 
-    def _measure(self, bucket: _Bucket, parts: list[Part]) -> None:
+    def _measure(self, bucket: _Bucket, parts: list[Part], share: bool) -> None:
+        """``share``: only this worker's share of the bucket (it holds the averaged gradient,
+        which every worker holds alike: each measures 1/n of it, see ``monitor.norms``)."""
         started = time.perf_counter()  # on a CPU the norm is done when it returns
-        if bucket.norm is None or bucket.norm.flat is not bucket.buffer:
-            bucket.norm = BucketNorm(bucket.buffer)
-        parts += bucket.norm.parts()
+        assert self._comm is not None
+        rank, size = (self._comm.rank, self._comm.size) if share else (0, 1)
+        norm = bucket.norm_share if share else bucket.norm
+        if norm is None or norm.flat is not bucket.buffer or (norm.rank, norm.size) != (rank, size):
+            norm = BucketNorm(bucket.buffer, rank, size)
+            if share:
+                bucket.norm_share = norm
+            else:
+                bucket.norm = norm
+        parts += norm.parts()
         self.norm_seconds += time.perf_counter() - started
 
     def _launch_ready(self) -> None:
@@ -284,18 +294,21 @@ class SyncSGD(Strategy):
             return None
         return sum_of_parts(self._local_parts) / (self._weight * self._weight)
 
-    def global_sqnorm(self) -> float | None:
-        """|ḡ|² of the averaged gradient, if measured this step (after ``synchronize``)."""
-        return sum_of_parts(self._global_parts) if self._global_parts else None
+    def global_sqnorm_share(self) -> float | None:
+        """This worker's share of |ḡ|² of the averaged gradient, if measured this step (after
+        ``synchronize``): the shares of the step's workers, in rank order, sum to |ḡ|²."""
+        return None if self._global_parts is None else sum_of_parts(self._global_parts)
 
     def synchronize(self) -> None:
         try:
             self.launch_all()
+            if self._measure_norms:
+                self._global_parts = []
             for bucket in self._buckets:
                 assert bucket.handle is not None
                 bucket.handle.wait()
-                if self._measure_norms:
-                    self._measure(bucket, self._global_parts)
+                if self._global_parts is not None:
+                    self._measure(bucket, self._global_parts, share=True)
                 for p, slot in zip(bucket.params, bucket.slices):
                     if p.grad is not slot:
                         p.grad = slot
@@ -310,5 +323,6 @@ class SyncSGD(Strategy):
         self._active = False
         self._next_launch = 0
         self._carrying = self._carried = None
+        self._global_parts = None
         for bucket in self._buckets:
             bucket.reset()
