@@ -57,7 +57,7 @@ shakespeare: setup
 	  --policy gns,schedule --resize 200:3 600:2
 
 test: setup data etcd
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs --durations=15
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
