@@ -173,15 +173,40 @@ def test_a_bucket_norm_is_made_once_and_measures_the_buffer_as_it_is_now():
     assert sum_of_parts(BucketNorm(torch.zeros(0)).parts()) == 0.0
 
 
+def test_a_sampled_norm_sees_every_column_of_a_weight_matrix():
+    """A large bucket's norm is sampled in chunks; the chunks must not all fall on the same input
+    features of a power-of-two-wide weight (here those features carry no gradient at all)."""
+    from taiji.monitor.norms import sqnorm
+    weight = torch.zeros(2048, 2048)
+    weight[:, 256:] = torch.randn(2048, 2048 - 256, generator=torch.Generator().manual_seed(4))
+    exact = float(weight.double().square().sum())
+    assert sqnorm(weight.reshape(-1)) == pytest.approx(exact, rel=0.05)
+
+
+def test_a_sampled_norm_reads_every_coordinate_once_per_cycle_of_steps():
+    """The chunks move on each step: over one cycle the sampled measurements average to the exact
+    norm (a fixed subset would settle on that subset's share), whatever the workers' shares."""
+    from taiji.monitor.norms import SAMPLE_ABOVE, SAMPLE_CHUNK, SAMPLE_PERIOD, BucketNorm, sum_of_parts
+    flat = torch.randn(SAMPLE_ABOVE + 54_321, generator=torch.Generator().manual_seed(5)).double()
+    flat[: SAMPLE_PERIOD * 100] *= 10   # uneven: a fixed subset would misjudge the whole
+    exact = float(flat.square().sum())
+    cycle = SAMPLE_PERIOD // SAMPLE_CHUNK
+    for size in (1, 3):
+        norms = [BucketNorm(flat, rank, size) for rank in range(size)]
+        per_step = [sum(sum_of_parts(norm.parts(step)) for norm in norms) for step in range(5, 5 + cycle)]
+        assert len(set(per_step)) > 1                     # the steps read different chunks
+        assert sum(per_step) / cycle == pytest.approx(exact, rel=1e-9)
+
+
 def test_the_workers_shares_of_a_bucket_norm_sum_to_the_whole():
     """After the allreduce each worker measures only its share of the (identical) averaged bucket."""
     from taiji.monitor.norms import SAMPLE_ABOVE, BucketNorm, sum_of_parts
     g = torch.Generator().manual_seed(3)
     for n in (5, 1000, SAMPLE_ABOVE + 12_345):
         flat = torch.randn(n, generator=g)
-        whole = sum_of_parts(BucketNorm(flat).parts())
+        whole = sum_of_parts(BucketNorm(flat).parts(step=7))
         for size in (1, 2, 3, 8):
-            shares = [sum_of_parts(BucketNorm(flat, rank, size).parts()) for rank in range(size)]
+            shares = [sum_of_parts(BucketNorm(flat, rank, size).parts(step=7)) for rank in range(size)]
             assert sum(shares) == pytest.approx(whole, rel=1e-5), (n, size)
             if n > 8:   # nobody measures it all, nobody measures nothing
                 assert all(0 < share < whole for share in shares) or size == 1

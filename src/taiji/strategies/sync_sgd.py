@@ -107,6 +107,7 @@ class SyncSGD(Strategy):
         self._comm_source: CommSource | None = None
         self._comm: Communicator | None = None
         self._weight = 1.0
+        self._step = 0
         self._active = False
         self._next_launch = 0
         self._sync_enabled = True
@@ -179,6 +180,7 @@ class SyncSGD(Strategy):
             self.abort_step()
         self._comm = self._comm_source()
         self._weight = float(weight)
+        self._step = step
         self._measure_norms = measure_norms
         self.norm_seconds = 0.0
         self._next_launch = 0
@@ -268,7 +270,7 @@ class SyncSGD(Strategy):
                 bucket.norm_share = norm
             else:
                 bucket.norm = norm
-        parts += norm.parts()
+        parts += norm.parts(self._step)
         self.norm_seconds += time.perf_counter() - started
 
     def _launch_ready(self) -> None:
