@@ -211,6 +211,8 @@ def test_the_workers_shares_of_a_bucket_norm_sum_to_the_whole():
             if n > 8:   # nobody measures it all, nobody measures nothing
                 assert all(0 < share < whole for share in shares) or size == 1
     assert BucketNorm(torch.ones(5), 0, 8).parts() == []   # 5 coordinates among 8: an empty share
+    with pytest.raises(ValueError, match="multiple"):
+        BucketNorm(torch.ones(5), period=1000)
 
 
 class _SensitiveBatch(Policy):

@@ -13,11 +13,11 @@ pass over a large bucket costs milliseconds of memory bandwidth on a CPU, and th
 needs two per step. Within a step the same coordinates are read before and after the allreduce,
 so the two-batch differences compare like with like; from step to step the chunks move on by one
 chunk (``parts(step)``), so every coordinate is read once per ``SAMPLE_PERIOD / SAMPLE_CHUNK``
-steps and the smoothed estimate is of the whole gradient. A fixed subset would not be: where a
-few coordinates carry the signal, the estimate settles on that subset's noise scale (in a
-6.3M-parameter MLP on Fashion-MNIST the fixed 1/16 subset read the noise scale ~30% high
-throughout; moving chunks at 1/33 came within ~15% of the exact one, at 1/16 within ~10%,
-``benchmarks/README.md``). The period is an odd multiple of the chunk, so within one step the
+steps and the smoothed estimate is of the whole gradient. A fixed subset is not: where a few
+coordinates carry the signal, the estimate settles on that subset's noise scale
+(``benchmarks/gns_sampling.py``: on MLPs trained on Fashion-MNIST the fixed 1/16 chunks taiji
+read before were ~10–30% off the exact noise scale, moving 1/17 chunks ~10%, moving 1/33 chunks
+~15%, at ~60% of the cost). The period is an odd multiple of the chunk, so within one step the
 chunks of a weight matrix whose rows are a power of two long fall on columns across the whole
 row, not on the same leading ones.
 
@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 
 SAMPLE_ABOVE = 1 << 20           # buckets with more elements get a sampled norm
-SAMPLE_CHUNK, SAMPLE_PERIOD = 256, 33 * 256   # ~3% of a large bucket (see module doc)
+SAMPLE_CHUNK, SAMPLE_PERIOD = 256, 17 * 256   # 1/17 of a large bucket (see module doc)
 
 Part = tuple[torch.Tensor, float]  # a 0-dim tensor and the factor its value counts with
 
@@ -52,22 +52,24 @@ def _share(n: int, rank: int, size: int) -> slice:
 
 class BucketNorm:
     """Measures |flat|² of one (contiguous, 1-D) buffer, exactly or sampled (see module doc), or
-    worker ``rank``'s share of it among ``size``."""
+    worker ``rank``'s share of it among ``size``; ``period``: a multiple of ``SAMPLE_CHUNK``."""
 
-    def __init__(self, flat: torch.Tensor, rank: int = 0, size: int = 1):
-        self.flat, self.rank, self.size = flat, rank, size
+    def __init__(self, flat: torch.Tensor, rank: int = 0, size: int = 1, period: int = SAMPLE_PERIOD):
+        if period < SAMPLE_CHUNK or period % SAMPLE_CHUNK:
+            raise ValueError(f"period {period} is not a multiple of the {SAMPLE_CHUNK}-element chunk")
+        self.flat, self.rank, self.size, self.period = flat, rank, size, period
         n = flat.numel()
         self._chunks: torch.Tensor | None = None
         self._exact = flat[_share(n, rank, size)]
         if n > SAMPLE_ABOVE:
-            rows = n // SAMPLE_PERIOD
+            rows = n // period
             # gathering the strided chunks into one contiguous run first is ~4x faster than a
             # strided reduction on a CPU (the copy is 1/16 of the bucket; the dot is then one pass)
-            grid = flat[: rows * SAMPLE_PERIOD].view(rows, SAMPLE_PERIOD)[_share(rows, rank, size)]
-            self._offsets = [grid[:, c:c + SAMPLE_CHUNK] for c in range(0, SAMPLE_PERIOD, SAMPLE_CHUNK)]
+            grid = flat[: rows * period].view(rows, period)[_share(rows, rank, size)]
+            self._offsets = [grid[:, c:c + SAMPLE_CHUNK] for c in range(0, period, SAMPLE_CHUNK)]
             self._chunks = self._offsets[0]
             self._scratch = torch.empty(self._chunks.shape, dtype=flat.dtype, device=flat.device)
-            self._exact = flat[rows * SAMPLE_PERIOD:] if rank == size - 1 else flat[:0]  # the tail
+            self._exact = flat[rows * period:] if rank == size - 1 else flat[:0]  # the tail
 
     def parts(self, step: int = 0) -> list[Part]:
         """The squared norm as parts, not yet summed (summing them is ``sum_of_parts``'s one sync).
@@ -75,7 +77,7 @@ class BucketNorm:
         parts = []
         if self._chunks is not None and self._scratch.numel():
             self._scratch.copy_(self._offsets[step % len(self._offsets)])
-            parts.append((_squared_norm(self._scratch.view(-1)), SAMPLE_PERIOD / SAMPLE_CHUNK))
+            parts.append((_squared_norm(self._scratch.view(-1)), self.period / SAMPLE_CHUNK))
         if self._exact.numel():
             parts.append((_squared_norm(self._exact), 1.0))
         return parts
