@@ -11,13 +11,13 @@ Above ``SAMPLE_ABOVE`` elements the norm is estimated from evenly spread contigu
 (``SAMPLE_CHUNK`` of every ``SAMPLE_PERIOD`` elements, scaled up; the tail exactly): one full
 pass over a large bucket costs milliseconds of memory bandwidth on a CPU, and the noise scale
 needs two per step. Within a step the same coordinates are read before and after the allreduce,
-so the two-batch differences compare like with like; from step to step the chunks move on by one
-chunk (``parts(step)``), so every coordinate is read once per ``SAMPLE_PERIOD / SAMPLE_CHUNK``
-steps and the smoothed estimate is of the whole gradient. A fixed subset is not: where a few
+so the two-batch differences compare like with like; from step to step the chunks move on
+(``parts(step)``: ``chunk_index``), so over a few dozen measured steps every coordinate is read
+about equally often and the smoothed estimate is of the whole gradient. A fixed subset is not: where a few
 coordinates carry the signal, the estimate settles on that subset's noise scale
 (``benchmarks/gns_sampling.py``: on MLPs trained on Fashion-MNIST the fixed 1/16 chunks taiji
-read before were ~10–30% off the exact noise scale, moving 1/17 chunks ~10%, moving 1/33 chunks
-~15%, at ~60% of the cost). The period is an odd multiple of the chunk, so within one step the
+read before were ~10–15% off the exact noise scale on average, moving 1/17 chunks ~6%, moving
+1/33 chunks ~12%, for ~3/4 of the cost). The period is an odd multiple of the chunk, so within one step the
 chunks of a weight matrix whose rows are a power of two long fall on columns across the whole
 row, not on the same leading ones.
 
@@ -28,6 +28,7 @@ of all ``size`` workers sum to the whole measurement.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -52,19 +53,21 @@ def _share(n: int, rank: int, size: int) -> slice:
 
 class BucketNorm:
     """Measures |flat|² of one (contiguous, 1-D) buffer, exactly or sampled (see module doc), or
-    worker ``rank``'s share of it among ``size``; ``period``: a multiple of ``SAMPLE_CHUNK``."""
+    worker ``rank``'s share of it among ``size``; ``period``: a multiple of ``SAMPLE_CHUNK``;
+    ``exact``: never sampled."""
 
-    def __init__(self, flat: torch.Tensor, rank: int = 0, size: int = 1, period: int = SAMPLE_PERIOD):
+    def __init__(self, flat: torch.Tensor, rank: int = 0, size: int = 1, period: int = SAMPLE_PERIOD,
+                 exact: bool = False):
         if period < SAMPLE_CHUNK or period % SAMPLE_CHUNK:
             raise ValueError(f"period {period} is not a multiple of the {SAMPLE_CHUNK}-element chunk")
         self.flat, self.rank, self.size, self.period = flat, rank, size, period
         n = flat.numel()
         self._chunks: torch.Tensor | None = None
         self._exact = flat[_share(n, rank, size)]
-        if n > SAMPLE_ABOVE:
+        if n > SAMPLE_ABOVE and not exact:
             rows = n // period
             # gathering the strided chunks into one contiguous run first is ~4x faster than a
-            # strided reduction on a CPU (the copy is 1/16 of the bucket; the dot is then one pass)
+            # strided reduction on a CPU (the copy is a fraction of the bucket; the dot is then one pass)
             grid = flat[: rows * period].view(rows, period)[_share(rows, rank, size)]
             self._offsets = [grid[:, c:c + SAMPLE_CHUNK] for c in range(0, period, SAMPLE_CHUNK)]
             self._chunks = self._offsets[0]
@@ -76,11 +79,22 @@ class BucketNorm:
         ``step`` chooses which chunk of each period a sampled norm reads (see module doc)."""
         parts = []
         if self._chunks is not None and self._scratch.numel():
-            self._scratch.copy_(self._offsets[step % len(self._offsets)])
+            self._scratch.copy_(self._offsets[chunk_index(step, len(self._offsets))])
             parts.append((_squared_norm(self._scratch.view(-1)), self.period / SAMPLE_CHUNK))
         if self._exact.numel():
             parts.append((_squared_norm(self._exact), 1.0))
         return parts
+
+
+_WEYL = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def chunk_index(step: int, chunks: int) -> int:
+    """Which of a period's ``chunks`` step ``step`` reads: the fraction of step·φ (a Weyl sequence),
+    so the steps measured every k-th step take the chunks in turn evenly whatever k is
+    (``step % chunks`` would read one chunk for ever when k is a multiple of ``chunks``). Plain
+    IEEE arithmetic: the same chunk on every worker."""
+    return int((step * _WEYL) % 1.0 * chunks)
 
 
 def sum_of_parts(parts: Sequence[Part]) -> float:

@@ -104,5 +104,6 @@ def _sum_of_finite(values: list[float]) -> float | None:
 
 
 def _mean_of_finite(values: list[float]) -> float | None:
+    """The mean of every worker's number, or none (as ``_sum_of_finite``)."""
     total = _sum_of_finite(values)
     return None if total is None else total / len(values)

@@ -61,6 +61,13 @@ class Strategy(ABC):
     lockstep: bool = True
     phase_steps: int | None = None
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "global_sqnorm" in vars(cls):  # renamed: an override would be ignored without a word
+            raise TypeError(f"{cls.__name__}.global_sqnorm: strategies now report global_sqnorm_share() "
+                            "(this worker's share of the averaged gradient's squared norm; the workers' "
+                            "shares sum to it), see taiji.Strategy")
+
     @abstractmethod
     def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "Strategy":
         """Bind to ``model``; ``comm`` gives the communicator of the current cluster version."""
