@@ -53,18 +53,16 @@ def _share(n: int, rank: int, size: int) -> slice:
 
 class BucketNorm:
     """Measures |flat|² of one (contiguous, 1-D) buffer, exactly or sampled (see module doc), or
-    worker ``rank``'s share of it among ``size``; ``period``: a multiple of ``SAMPLE_CHUNK``;
-    ``exact``: never sampled."""
+    worker ``rank``'s share of it among ``size``; ``period``: a multiple of ``SAMPLE_CHUNK``."""
 
-    def __init__(self, flat: torch.Tensor, rank: int = 0, size: int = 1, period: int = SAMPLE_PERIOD,
-                 exact: bool = False):
+    def __init__(self, flat: torch.Tensor, rank: int = 0, size: int = 1, period: int = SAMPLE_PERIOD):
         if period < SAMPLE_CHUNK or period % SAMPLE_CHUNK:
             raise ValueError(f"period {period} is not a multiple of the {SAMPLE_CHUNK}-element chunk")
         self.flat, self.rank, self.size, self.period = flat, rank, size, period
         n = flat.numel()
         self._chunks: torch.Tensor | None = None
         self._exact = flat[_share(n, rank, size)]
-        if n > SAMPLE_ABOVE and not exact:
+        if n > SAMPLE_ABOVE:
             rows = n // period
             # gathering the strided chunks into one contiguous run first is ~4x faster than a
             # strided reduction on a CPU (the copy is a fraction of the bucket; the dot is then one pass)

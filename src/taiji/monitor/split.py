@@ -3,7 +3,10 @@
 With one worker there is no second batch size to compare, so the batch's per-sample losses are
 back-propagated in two halves: the mean squared norm of the halves' gradients (batch b/2) and the
 full gradient (batch b) feed the same two-batch estimator as a multi-worker step. The summed
-gradient equals one backward of the mean loss.
+gradient equals one backward of the mean loss. The halves' norms are exact; the full gradient's is
+measured by the strategy, sampled in a large bucket (``monitor.norms``): its chunks move from step
+to step, so that adds noise to the estimate, not a bias, and a step that does not split (a scalar
+loss) pays no full pass over the bucket.
 """
 from __future__ import annotations
 

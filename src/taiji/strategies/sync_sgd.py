@@ -265,9 +265,7 @@ class SyncSGD(Strategy):
         rank, size = (self._comm.rank, self._comm.size) if share else (0, 1)
         norm = bucket.norm_share if share else bucket.norm
         if norm is None or norm.flat is not bucket.buffer or (norm.rank, norm.size) != (rank, size):
-            # one worker: the averaged norm is the big batch's, paired with halves measured exactly
-            # (``monitor.split``), so it is exact too: sampled, it would not read what they read
-            norm = BucketNorm(bucket.buffer, rank, size, exact=share and size == 1)
+            norm = BucketNorm(bucket.buffer, rank, size)
             if share:
                 bucket.norm_share = norm
             else:
