@@ -24,6 +24,9 @@ def train(record: dict, steps: int = STEPS, hold=None, **job_kw):
 
         def committed(step):
             seen[step.index] = (step.indices.tolist(), step.span)
+            # which cluster committed it, and whether its control rows brought the shares of |ḡ|²
+            record.setdefault("paired", {}).setdefault(peer.worker_id, {})[step.index] = (
+                peer.version, job.stats.previous_global_sqnorm is not None)
             if hold is not None:
                 hold(step.index)
         job = taiji.Job(model, opt, data, BATCH, max_steps=steps, epochs=100, peer=peer, log_every=0,
@@ -173,7 +176,14 @@ def test_a_worker_left_out_of_a_shrink_exits_0_at_the_boundary():
     cluster.publish(spec.shrink(cluster.config, 2))
     results = cluster.join()
     assert results["w2"] == ("exit", 0)
+    paired = record.pop("paired")
     check_invariants(results, record, ["w0", "w1"], steps=GROWN)
+    # the averaged norm's shares reach only the cluster they were measured in: none in the first
+    # step after the shrink (its workers' shares split |ḡ|² three ways), then every step again
+    for worker in ("w0", "w1"):
+        steps = sorted(paired[worker].items())
+        first_of_v2 = next(index for index, (version, _) in steps if version == 2)
+        assert [index for index, (_, has) in steps if not has] == [0, first_of_v2], steps
 
 
 def test_batchnorm_buffers_stay_identical_and_a_failed_attempt_leaves_them_untouched():
