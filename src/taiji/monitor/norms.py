@@ -60,7 +60,7 @@ class BucketNorm:
             raise ValueError(f"period {period} is not a multiple of the {SAMPLE_CHUNK}-element chunk")
         self.flat, self.rank, self.size, self.period = flat, rank, size, period
         n = flat.numel()
-        self._chunks: torch.Tensor | None = None
+        self._offsets: list[torch.Tensor] = []   # a sampled buffer's chunks, one view per offset
         self._exact = flat[_share(n, rank, size)]
         if n > SAMPLE_ABOVE:
             rows = n // period
@@ -68,15 +68,14 @@ class BucketNorm:
             # strided reduction on a CPU (the copy is a fraction of the bucket; the dot is then one pass)
             grid = flat[: rows * period].view(rows, period)[_share(rows, rank, size)]
             self._offsets = [grid[:, c:c + SAMPLE_CHUNK] for c in range(0, period, SAMPLE_CHUNK)]
-            self._chunks = self._offsets[0]
-            self._scratch = torch.empty(self._chunks.shape, dtype=flat.dtype, device=flat.device)
+            self._scratch = torch.empty(self._offsets[0].shape, dtype=flat.dtype, device=flat.device)
             self._exact = flat[rows * period:] if rank == size - 1 else flat[:0]  # the tail
 
     def parts(self, step: int = 0) -> list[Part]:
         """The squared norm as parts, not yet summed (summing them is ``sum_of_parts``'s one sync).
         ``step`` chooses which chunk of each period a sampled norm reads (see module doc)."""
         parts = []
-        if self._chunks is not None and self._scratch.numel():
+        if self._offsets and self._scratch.numel():
             self._scratch.copy_(self._offsets[chunk_index(step, len(self._offsets))])
             parts.append((_squared_norm(self._scratch.view(-1)), self.period / SAMPLE_CHUNK))
         if self._exact.numel():

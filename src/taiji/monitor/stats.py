@@ -7,6 +7,7 @@ allgathered in the step's single control message, so every worker computes the s
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, fields
 
 
@@ -76,7 +77,7 @@ class StepStats:
         small = small_sum / measured if measured else None
         variance = small - big_sqnorm if small is not None and big_sqnorm is not None else None
         times = tuple(r.compute_seconds for r in rows)
-        median = _median(times)
+        median = statistics.median(times) if times else 0.0
         return StepStats(
             version_seen=int(max(r.version_seen for r in rows)), stop=any(r.stop > 0 for r in rows),
             loss=loss_sum / total if total > 0 else None, small_sqnorm=small,
@@ -89,13 +90,6 @@ class StepStats:
             previous_allreduce_wait=_mean_of_finite([r.previous_allreduce_wait for r in rows]),
             previous_monitor_seconds=max((r.previous_monitor_seconds for r in rows
                                           if math.isfinite(r.previous_monitor_seconds)), default=None))
-
-
-def _median(values: tuple[float, ...]) -> float:
-    if not values:
-        return 0.0
-    ordered, mid = sorted(values), len(values) // 2
-    return ordered[mid] if len(values) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _sum_of_finite(values: list[float]) -> float | None:
