@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -100,10 +101,10 @@ def test_hierarchical_allreduce_across_shaped_hosts_survives_losing_a_non_leader
     _no_process_left(hosts3, 0, 1)
 
 
-def _grown_to_four(job: HostsJob) -> None:
+def _grown_to_four(job: HostsJob, steps: int = 400, timeout: float = 3) -> None:
     """Host 0 trains with 2 workers; host 1 joins with 2 slots; a step commits at 4."""
     job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
-              ["--batch", "16", "--steps", "400", "--step-delay", "0.03"])
+              ["--batch", "16", "--steps", str(steps), "--step-delay", "0.03"], timeout=timeout)
     job.join(1, 2)
     job.wait_log("4 worker(s)")
     # a step committed at 4 workers: the joiners on host 1 train
@@ -113,9 +114,13 @@ def _grown_to_four(job: HostsJob) -> None:
 
 def test_agent_killed_its_workers_leave_in_one_version(hosts3, tmp_path):
     job = HostsJob(hosts3, tmp_path)
-    _grown_to_four(job)
+    _grown_to_four(job, timeout=30)
+    killed = time.time()
     job.agents[1].send_signal(signal.SIGKILL)  # its workers die with it (parent-death signal)
     assert job.finish() == 0, job.log()[-4000:]
+    # the survivors learn of the lost host from the new version, not one by one from each other's
+    # closed sockets (~1 s apart) nor from a collective timeout (30 s here)
+    assert job.resumed_after(killed, 2) < 1.0, job.log()[-3000:]
     launcher = job.log()
     assert f"host {hosts3.address(1)} is lost" in launcher, launcher[-3000:]
     assert "tether to the controller closed" in launcher, launcher[-3000:]  # at once, not by a stale beat
@@ -127,9 +132,13 @@ def test_agent_killed_its_workers_leave_in_one_version(hosts3, tmp_path):
 
 def test_link_down_the_host_is_dropped_and_its_workers_stop(hosts3, tmp_path):
     job = HostsJob(hosts3, tmp_path)
-    _grown_to_four(job)
+    _grown_to_four(job, timeout=30)
+    cut = time.time()
     hosts3.link_down(1)
     assert job.finish() == 0, job.log()[-4000:]
+    # the survivors, stuck in the step's allreduce with the cut-off host, abandon it once the new
+    # version drops that host (its liveness timeout, 2 s), not when the 30 s collective timeout ends
+    assert job.resumed_after(cut, 2) < 2 + 3.0, job.log()[-3000:]
     assert f"host {hosts3.address(1)} is lost" in job.log(), job.log()[-3000:]
     result = check_invariants(tmp_path, 16)
     assert result["sizes"][-1] == 2, result
