@@ -158,6 +158,7 @@ def check_invariants(out: Path, batch: int, policy: str = "") -> dict:
     data, and the trajectory of an uninterrupted 1-worker run. Returns the audit."""
     result = load_script("elastic_train").audit(out, batch, policy)
     assert result["steps"] > 0 and not result["gaps"], f"committed steps are not contiguous: {result}"
+    assert not result["worker_gaps"], f"a worker skipped steps its peers committed: {result['worker_gaps']}"
     assert not result["divergences"], f"replicas differ after steps {result['divergences']}"
     assert result["lost_samples"] == 0 and result["duplicated_samples"] == 0, result
     assert result["trajectory_error"] is not None and result["trajectory_error"] < 1e-9, result
