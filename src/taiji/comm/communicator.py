@@ -294,7 +294,8 @@ class Communicator:
         """This version can never complete another collective (a newer one dropped some of its
         members as lost): every wait on it — now or later — ends at once with PeerLost, instead
         of when gloo's timeout expires. The collectives stay in flight until gloo gives up on
-        them (gloo cannot abort one); the reaper waits for them, off the training thread."""
+        them (gloo cannot abort one): they and this version's groups are kept for the life of the
+        process (``leave_behind``, ``close``), never waited for."""
         with self._lock:
             if self._abandoned is not None:
                 return
