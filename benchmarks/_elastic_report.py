@@ -190,7 +190,8 @@ def build_rows(results: dict[str, list[dict]], elastic: dict | None, model: dict
 
 
 def table(rows: list[dict]) -> str:
-    """The rows for people: case, taiji, anchor, ratio, whether taiji met its target."""
+    """The rows for people: case, taiji, anchor ("failed" where it could not complete the case),
+    ratio, whether taiji met its target."""
     def cell(value) -> str:
         if value is None:
             return "-"
@@ -199,8 +200,10 @@ def table(rows: list[dict]) -> str:
         return f"{value:g}" if isinstance(value, (int, float)) else str(value)
     width = max(len(row["case"]) for row in rows)
     lines = [f"{'case':{width}}  {'taiji':>8}  {'anchor':>8}  {'ratio':>7}  target met"]
-    lines += [f"{row['case']:{width}}  {cell(row['taiji']):>8}  {cell(row['anchor']):>8}  {cell(row['ratio']):>7}  "
-              f"{cell(row.get('target_met'))}" for row in rows]
+    for row in rows:
+        anchor = "failed" if row.get("anchor_error") else cell(row["anchor"])
+        lines.append(f"{row['case']:{width}}  {cell(row['taiji']):>8}  {anchor:>8}  {cell(row['ratio']):>7}  "
+                     f"{cell(row.get('target_met'))}")
     return "\n".join(lines)
 
 

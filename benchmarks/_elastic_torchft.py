@@ -18,7 +18,8 @@ from _common import free_port
 from _elastic_analysis import exactly_once_figures, join_figures, kill_figures, samples_per_s, worker_error
 from _elastic_runs import LaunchedJob, StepLog, joiner_steps, torchrun_cmd, wait_for
 
-INSTALL_HINT = "pip install -e '.[bench]' (torchft-nightly; the torchft 0.2.0 release works too, see benchmarks/README.md)"
+INSTALL_HINT = ("pip install -e '.[bench]' (torchft-nightly; with the torchft 0.2.0 release the survivor of a kill "
+                "dies: see benchmarks/README.md)")
 # the lighthouse as torchft's README starts it; bound to loopback
 LIGHTHOUSE_OPTIONS = ("--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000")
 STOP_GRACE_S = 5.0

@@ -64,8 +64,9 @@ from _elastic_taiji import taiji_fault, taiji_kill_join, taiji_resize  # noqa: E
 from _elastic_torchft import torchft_kill_join, torchft_missing, torchft_version  # noqa: E402
 from _elastic_torchrun import torchrun_elastic, torchrun_fault, torchrun_resize, torchrun_steady  # noqa: E402
 
-MEASURED_SETS = (("taiji_resize", "torchrun_resize"), ("taiji_crash", "torchrun_crash"),
-                  ("taiji_hang", "torchrun_hang"), ("taiji_kill_join", "torchft_kill_join", "torchrun_steady"))
+MEASURED_SETS = {"resize": ("taiji_resize", "torchrun_resize"), "crash": ("taiji_crash", "torchrun_crash"),
+                 "hang": ("taiji_hang", "torchrun_hang"),
+                 "kill-join": ("taiji_kill_join", "torchft_kill_join", "torchrun_steady")}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -95,6 +96,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "interval gives the steady-state samples/s (default: 30 quick, 60 full)")
     parser.add_argument("--torchft", action=argparse.BooleanOptionalAction, default=True,
                         help="run the torchft side (needs torchft: pip install -e '.[bench]')")
+    parser.add_argument("--only", nargs="+", choices=list(MEASURED_SETS), default=list(MEASURED_SETS),
+                        help="run only these measurements (default: all); the other rows come out empty")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (step logs, launcher output)")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -131,7 +134,8 @@ def main(argv=None) -> None:
         "torchrun_steady": lambda out: torchrun_steady(args, out, env),
     }
     skipped = set() if args.torchrun_hang else {"torchrun_hang"}
-    missing = torchft_missing() if args.torchft else "not run (--no-torchft)"
+    missing = ((torchft_missing() if args.torchft else "not run (--no-torchft)") if "kill-join" in args.only
+               else "not run (--only)")
     if missing:
         skipped.add("torchft_kill_join")
         print(f"# torchft side skipped: {missing}", file=sys.stderr, flush=True)
@@ -160,13 +164,13 @@ def main(argv=None) -> None:
     elastic = None
     try:
         for rep in range(args.reps):
-            for sides in MEASURED_SETS:  # taiji first on even repetitions, the anchor first on odd ones
-                for name in interleaved(sides, rep):
+            for sides in (MEASURED_SETS[key] for key in args.only):  # taiji first on even repetitions,
+                for name in interleaved(sides, rep):                    # the anchors first on odd ones
                     if name not in skipped:
                         run(name, rep)
-            if args.crash3:
+            if args.crash3 and "crash" in args.only:
                 run("taiji_crash3", rep)
-        if args.elastic_wait > 0:
+        if args.elastic_wait > 0 and "resize" in args.only:
             out = base / "torchrun_elastic"
             out.mkdir()
             t0 = time.monotonic()
@@ -184,8 +188,8 @@ def main(argv=None) -> None:
     print(f"# total {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
     report(rows, model={"mlp": "512-1024-512-10", **model, "global_batch": args.batch,
                         "step_delay_s": args.step_delay},
-           torchrun_elastic_scale_up=elastic, torchft=missing or torchft_version(), errors=errors, reps=args.reps, quick=args.quick,
-           cpus=os.cpu_count(), raw=results if not args.quick else None)
+           torchrun_elastic_scale_up=elastic, torchft=missing or torchft_version(), errors=errors, reps=args.reps,
+           quick=args.quick, only=args.only, cpus=os.cpu_count(), raw=results if not args.quick else None)
 
 
 if __name__ == "__main__":

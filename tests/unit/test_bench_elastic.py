@@ -298,5 +298,7 @@ def test_torchft_rows_say_what_torchft_could_not_complete():
     rows = build_rows(torchft_results(torchft_kill_join=[crashed]), None, {}, hang_timeout=2.0)[5:]
     assert [r["anchor"] for r in rows[:4]] == [None] * 4 and rows[4]["anchor"] == 900.0
     assert all(r["anchor_error"]["phase"] == "kill" for r in rows[:4]) and "anchor_error" not in rows[4]
-    missing = build_rows(torchft_results(torchft_kill_join=[]), None, {}, hang_timeout=2.0, torchft_missing="not installed")
+    assert [line.split()[-3] for line in table(rows).splitlines()[1:]] == ["failed"] * 4 + ["900", "1600"]
+    missing = build_rows(torchft_results(torchft_kill_join=[]), None, {}, hang_timeout=2.0,
+                         torchft_missing="not installed")
     assert all(r["anchor_error"] == "not installed" for r in missing[5:10])
