@@ -302,3 +302,10 @@ def test_torchft_rows_say_what_torchft_could_not_complete():
     missing = build_rows(torchft_results(torchft_kill_join=[]), None, {}, hang_timeout=2.0,
                          torchft_missing="not installed")
     assert all(r["anchor_error"] == "not installed" for r in missing[5:10])
+
+
+def test_torchft_missing_says_how_to_install_it(monkeypatch):
+    import _elastic_torchft
+    monkeypatch.setattr(_elastic_torchft.importlib.util, "find_spec", lambda name: None)
+    message = _elastic_torchft.torchft_missing()
+    assert message.startswith("not installed") and "pip install -e '.[bench]'" in message
