@@ -99,7 +99,8 @@ def torchft_kill_join(args: argparse.Namespace, out: Path, env: dict) -> dict:
         # the killed group's agent exits by design: look at the others
         watched = [job for job in jobs if phase == "start" or job is not jobs[1]]
         exited = [job for job in watched if not job.session.running()] or watched
-        result["error"] = {"phase": phase, "message": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+        first_line = (str(exc).splitlines() or [""])[0]
+        result["error"] = {"phase": phase, "message": f"{type(exc).__name__}: {first_line[:300]}",
                            "worker_errors": {job.name: worker_error(job.session.text()) for job in exited}}
     finally:
         for job in jobs:

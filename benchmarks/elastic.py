@@ -40,8 +40,8 @@ turns step-log records into figures (pure functions, unit-tested), ``_elastic_re
 the repetitions' figures into the table and the result line. This file is the command line and
 the order of the runs.
 
-    .venv/bin/python benchmarks/elastic.py --quick      # one repetition, about 2 min
-    .venv/bin/python benchmarks/elastic.py              # 3 repetitions + extras, 9-11 min
+    .venv/bin/python benchmarks/elastic.py --quick      # one repetition: 4-5 min on 2 busy cores
+    .venv/bin/python benchmarks/elastic.py              # 3 repetitions + extras: about 28 min on 2 busy cores
 """
 from __future__ import annotations
 
