@@ -45,6 +45,7 @@ _DTYPE_CODES = {dt: i for i, dt in enumerate((
     torch.int16, torch.int8, torch.uint8, torch.bool), start=1)}
 _SIGNATURE_LEN = 16
 _REAP_DELAY_S = 1.0
+_ABANDON_SLICE = datetime.timedelta(milliseconds=20)  # how soon a wait sees its version abandoned
 
 
 def _describe_failure(exc: BaseException) -> type[CommError]:
@@ -82,8 +83,10 @@ class Handle(Generic[T]):
     """An asynchronous collective in flight. ``wait()`` returns its result or raises CommError
     (also after its communicator was closed: then within about a second)."""
 
-    def __init__(self, work: Any, finish: Callable[[], T], comm: "Communicator", op: str, channel: str):
+    def __init__(self, work: Any, finish: Callable[[], T], comm: "Communicator", op: str, channel: str,
+                 sliced: bool = True):
         self._pending = work if work is None or isinstance(work, Pending) else Pending(work)
+        self._sliced = sliced  # a gloo Work: waited in short slices (see Communicator.wait_unless_abandoned)
         self._finish = finish
         self._comm = comm
         self._op = op
@@ -96,7 +99,7 @@ class Handle(Generic[T]):
             pending = self._pending
             work = pending.work if pending is not None else None
             if work is not None and not pending.orphaned:
-                if not work.is_completed() and not self._comm.wait_unless_abandoned(work):
+                if not work.is_completed() and not self._comm.wait_unless_abandoned(work, self._sliced):
                     del work
                     self._comm.leave_behind(pending)
                     raise self._comm.abandoned_error(self._op, self._channel)
@@ -309,8 +312,23 @@ class Communicator:
     def abandoned(self) -> str | None:
         return self._abandoned
 
-    def wait_unless_abandoned(self, work: Any) -> bool:
-        """Block until ``work`` ends (True) or this version is abandoned first (False)."""
+    def wait_unless_abandoned(self, work: Any, sliced: bool = True) -> bool:
+        """Block until ``work`` ends (True) or this version is abandoned first (False).
+
+        ``sliced``: a gloo Work, waited on in its own condition variable in short slices (the
+        abandonment is seen within one; a Work that ends returns at once: no cost per step).
+        Otherwise (a plan's PlanWork, an NCCL Work, whose wait with a timeout may abort its
+        communicator) its future's callback and the abandonment wake one event."""
+        if sliced and not isinstance(work, PlanWork):
+            while True:
+                try:
+                    work.wait(_ABANDON_SLICE)
+                    return True
+                except RuntimeError:
+                    if work.is_completed():  # it failed: the caller's wait() raises its error
+                        return True
+                if self._abandoned is not None:  # (the slice ran out)
+                    return False
         woken, ended = threading.Event(), threading.Event()
         with self._lock:
             if self._abandoned is not None:
@@ -398,7 +416,7 @@ class Communicator:
                 raise self._error(exc, op, channel) from exc
             pending = Pending(work)
             del work
-            handle = Handle(pending, finish, self, op, channel)
+            handle = Handle(pending, finish, self, op, channel, sliced=not tensor.is_cuda)
             if async_op:
                 with self._lock:
                     closed = self._closed
