@@ -163,8 +163,9 @@ class JobStore:
         except StoreError:
             raise
         except (dist.DistError, RuntimeError, ConnectionError, OSError) as exc:
-            raise StoreError(f"job {self.job_id}: store {what} failed: {exc}. "
-                             "Is the launcher (which hosts the store) still running?") from exc
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(f"job {self.job_id}: store {what} failed: {first} (is the store's host up and "
+                             "reachable from here?)") from exc  # (torch's messages go on with C++ frames)
 
     def set(self, name: str, value: str | bytes) -> None:
         self._call(f"set {name}", self.kv.set, self.key(name), value)
