@@ -294,11 +294,9 @@ class Communicator:
     # -- abandoning a dead version -------------------------------------------------------
 
     def abandon(self, reason: str) -> None:
-        """This version can never complete another collective (a newer one dropped some of its
-        members as lost): every wait on it — now or later — ends at once with PeerLost, instead
-        of when gloo's timeout expires. The collectives stay in flight until gloo gives up on
-        them (gloo cannot abort one): they and this version's groups are kept for the life of the
-        process (``leave_behind``, ``close``), never waited for."""
+        """This version can never complete another collective (a newer one dropped members as
+        lost): every wait on it ends at once with PeerLost, not at gloo's timeout. gloo cannot
+        abort a collective: they and the groups are kept, never waited for (``leave_behind``)."""
         with self._lock:
             if self._abandoned is not None:
                 return
@@ -313,12 +311,9 @@ class Communicator:
         return self._abandoned
 
     def wait_unless_abandoned(self, work: Any, sliced: bool = True) -> bool:
-        """Block until ``work`` ends (True) or this version is abandoned first (False).
-
-        ``sliced``: a gloo Work, waited on in its own condition variable in short slices (the
-        abandonment is seen within one; a Work that ends returns at once: no cost per step).
-        Otherwise (a plan's PlanWork, an NCCL Work, whose wait with a timeout may abort its
-        communicator) its future's callback and the abandonment wake one event."""
+        """Block until ``work`` ends (True) or this version is abandoned first (False). ``sliced``:
+        a gloo Work, waited in short slices of its own condition variable (no cost when it ends);
+        else (a PlanWork; an NCCL Work, whose timed wait may abort it) a callback wakes an event."""
         if sliced and not isinstance(work, PlanWork):
             while True:
                 try:
@@ -347,8 +342,7 @@ class Communicator:
         return ended.is_set() or work.is_completed()
 
     def leave_behind(self, pending: Pending) -> None:
-        """An abandoned collective: never destroyed (teardown.keep_forever), so that no thread
-        — the reaper, or the interpreter at exit — waits for gloo's timeout to end it."""
+        """An abandoned collective: never destroyed (no thread waits for gloo's timeout to end it)."""
         work, pending.work = pending.work, None
         if work is not None:
             keep_forever(work)
