@@ -6,9 +6,10 @@ Every round this adapter turns the active :class:`~taiji.sched.sim.JobView` s in
 (α-point order, seeded rounding of the first slot, repair, work-conserving fill) and turns the chosen
 placements back into :class:`~taiji.sched.cluster.Allocation` s.
 
-**Candidates** per job (at most ~9): the allocation it holds now, kept exactly where it is (the LP's
+**Candidates** per job (at most ~10): the allocation it holds now, kept exactly where it is (the LP's
 ``Job.current``, so the LP can weigh leaving it against the resize cost); ``n`` GPUs for n = 1, 2, 4, …
-up to the GPUs per host, *internal* (one host, the consolidated rate); and multiples of a host (2, 4,
+up to the GPUs per host and the host's GPUs less each of those (1, 2, 3, 4 on a 4-GPU host),
+*internal* (one host, the consolidated rate); and multiples of a host (2, 4,
 8, … hosts) as *external* configurations at the rate of full hosts; plus the job's cap when the powers
 of two skip it. The small ones are flexible too ([I], a simplification of §4.2's "internal on each of
 the ≤3 emptiest hosts"): the LP only counts them against the cluster's aggregate capacity, and the
@@ -121,12 +122,14 @@ def gpu_cap(job: JobView, total_gpus: int, adaptive: bool) -> int:
 
 
 def candidate_counts(cap: int, gpus_per_host: int) -> list[int]:
-    """1, 2, 4, … below a host, one full host, then 2, 4, 8, … full hosts; and ``cap`` itself when
-    the doubling skips it (a job capped at 6 GPUs should be able to get 6)."""
+    """1, 2, 4, … below a host and what fills a host beside each of them (3 on a 4-GPU host: with
+    powers of two alone a job beside a one-GPU job gets 2 and a GPU idles), one full host, then 2, 4,
+    8, … full hosts; and ``cap`` itself when the doubling skips it (a job capped at 6 GPUs should be
+    able to get 6)."""
     counts = {gpus_per_host}
     n = 1
     while n < gpus_per_host:
-        counts.add(n)
+        counts.update((n, gpus_per_host - n))
         n *= 2
     n = 2 * gpus_per_host
     while n <= cap:
