@@ -215,35 +215,31 @@ def _along_replicas(app: Application, nodes: int, measured: list[int], replicas:
     return ((1 - weight) * a[0] + weight * b[0], (1 - weight) * a[1] + weight * b[1])
 
 
-def grad_stats(app: Application, batch_size: float, epoch: int) -> tuple[float, float]:
-    """(grad_sqr, grad_var) in ``epoch`` (0-based) at total batch ``batch_size``: linear between
-    the two validation runs that bracket the batch, clamped outside the measured range."""
+def _across_runs(app: Application, batch_size: float, epoch: int, *columns: str) -> tuple[float, ...]:
+    """``columns`` of the validation runs in ``epoch`` (0-based) at total batch ``batch_size``: linear
+    between the two runs that bracket the batch, clamped outside the measured range."""
     runs = app.validations
     row = min(max(epoch, 0), app.max_epochs - 1)
     sizes = [run.batch_size for run in runs]
     index = bisect.bisect_left(sizes, batch_size)
     if index == 0 or index == len(runs):
         run = runs[min(index, len(runs) - 1)]
-        return run.grad_sqr[row], run.grad_var[row]
+        return tuple(getattr(run, column)[row] for column in columns)
     low, high = runs[index - 1], runs[index]
     weight = (batch_size - low.batch_size) / (high.batch_size - low.batch_size)
-    return ((1 - weight) * low.grad_sqr[row] + weight * high.grad_sqr[row],
-            (1 - weight) * low.grad_var[row] + weight * high.grad_var[row])
+    return tuple((1 - weight) * getattr(low, column)[row] + weight * getattr(high, column)[row] for column in columns)
+
+
+def grad_stats(app: Application, batch_size: float, epoch: int) -> tuple[float, float]:
+    """(grad_sqr, grad_var) in ``epoch`` (0-based) at total batch ``batch_size``, across runs."""
+    sqr, var = _across_runs(app, batch_size, epoch, "grad_sqr", "grad_var")
+    return sqr, var
 
 
 def trace_iterations(app: Application, batch_size: float, epoch: int) -> float:
     """Optimizer steps at ``batch_size`` from the start of training to the end of ``epoch`` (0-based)
-    as the validation runs count them: linear between the two runs that bracket the batch, clamped
-    outside the measured range."""
-    runs = app.validations
-    row = min(max(epoch, 0), app.max_epochs - 1)
-    sizes = [run.batch_size for run in runs]
-    index = bisect.bisect_left(sizes, batch_size)
-    if index == 0 or index == len(runs):
-        return runs[min(index, len(runs) - 1)].iteration[row]
-    low, high = runs[index - 1], runs[index]
-    weight = (batch_size - low.batch_size) / (high.batch_size - low.batch_size)
-    return (1 - weight) * low.iteration[row] + weight * high.iteration[row]
+    as the validation runs count them, across runs."""
+    return _across_runs(app, batch_size, epoch, "iteration")[0]
 
 
 def iteration_time(app: Application, placement: Sequence[int], batch_size: int) -> float:

@@ -2,7 +2,8 @@
 
 Steps (SCHEDULER.md §2.5, §4.2): α-point order → randomized rounding of the first slot → hysteresis
 (keep a running job's configuration unless the change is worth more than its resize cost) → greedy
-placement in that order with repair (capacity is never exceeded) → work-conserving fill of leftover GPUs.
+placement in that order with repair (capacity is never exceeded; a running job the repair would change
+is kept instead when its whole resize costs the first slot more) → work-conserving fill of leftover GPUs.
 Everything is a pure function of (problem, LP solution, seed).
 """
 from __future__ import annotations

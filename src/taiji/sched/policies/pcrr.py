@@ -40,7 +40,10 @@ job are weighed by the LP itself, which charges them κ × the resize pause (``h
 rounding's own gain test priced GPUs at the LP's duals summed over the whole horizon and so refused
 nearly every grow the LP asked for; instead the rounding is sticky, a running job keeps its allocation
 when the LP gives it at least ``keep_share`` of its first-slot mass (no coin flip against the LP's
-choice under a 30 s restart).
+choice under a 30 s restart). The LP prices a running job's time share of the first slot as that
+fraction of a resize, but a job earlier in α-point order that takes its GPUs makes the repair change
+it in full; so such a displaced job is kept (placed first) whenever its whole resize plus the progress
+it would lose cost the slot more than the wait it causes (:func:`~taiji.sched.rounding.slot_loss`).
 
 **PS jobs** (:mod:`taiji.sched.ps`): the same candidates; a count up to one host is rated internal
 (workers and servers on one host, intra-host bandwidth), a larger one external. The LP and the rounding
