@@ -38,5 +38,5 @@ def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "ta
     return POLICIES[name]()
 
 
-__all__ = ["FIDELITY_MODES", "POLICIES", "ElasticDrf", "Fifo", "OptimusOracle", "Pcrr", "PolluxLike", "SrtfOracle", "Tiresias",
-           "make_policy"]
+__all__ = ["FIDELITY_MODES", "POLICIES", "ElasticDrf", "Fifo", "OptimusOracle", "Pcrr", "PolluxLike", "SrtfOracle",
+           "Tiresias", "make_policy"]
