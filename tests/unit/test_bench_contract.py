@@ -321,3 +321,18 @@ def test_sched_live_audits_the_slots_from_timelines_and_event_logs(tmp_path):
     arrivals = sched_live.workload([10, 20, 30], 4.0, seed=3)
     assert [n for _, n in arrivals] == [10, 20, 30] and arrivals[0][0] == 0.0
     assert arrivals == sched_live.workload([10, 20, 30], 4.0, seed=3), "seeded"
+
+
+def test_scheduler_fidelity_rows_carry_the_per_job_agreement():
+    scheduler = load_benchmark("scheduler")
+    check = {"ours": 4100.0, "published": 4000.0, "deviation": 0.025, "mean_abs_log_ratio": 0.04, "within_25pct": 0.97,
+             "p99_deviation": -0.01, "makespan_deviation": 0.035, "jobs": 160, "mode": "pollux",
+             "per_workload": {6: {"mean_abs_log_ratio": 0.04}}}
+    rows = scheduler.fidelity_rows({"tiresias": check, "pollux": dict(check, mode="taiji")}, [6])
+    assert [row["case"] for row in rows] == ["fidelity vs Pollux's per-job JCTs: tiresias",
+                                             "fidelity vs Pollux's per-job JCTs: pollux"]
+    tiresias, pollux = rows
+    assert (tiresias["taiji"], tiresias["anchor"], tiresias["ratio"]) == (4100.0, 4000.0, 1.025)
+    assert tiresias["mean_abs_log_ratio"] == 0.04 and tiresias["per_workload"] == {6: {"mean_abs_log_ratio": 0.04}}
+    assert tiresias["target_met"] is False   # the makespan is 3.5% off
+    assert "target" not in pollux

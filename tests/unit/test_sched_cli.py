@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from taiji.launch.cli import main as taiji_main
-from taiji.sched.cli import parse_cost, uniform_cost
+from taiji.sched.cli import configured_policy, parse_cost, uniform_cost
 from taiji.sched.sim import SYSTEMS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -55,6 +55,15 @@ def test_same_seed_same_files(tmp_path):
                         "--out", str(tmp_path / run)) == 0
     assert (tmp_path / "a" / "srtf.jobs.jsonl").read_text() == (tmp_path / "b" / "srtf.jobs.jsonl").read_text()
     assert not list((tmp_path / "a").glob("*.png"))
+
+
+def test_fidelity_mode_reaches_the_policies_and_the_settings(tmp_path):
+    out = tmp_path / "out"
+    assert simulate(*TINY, "--policy", "tiresias,optimus", "--fidelity", "pollux", "--quiet", "--no-plots",
+                    "--out", str(out)) == 0
+    assert json.loads((out / "summary.json").read_text())["settings"]["fidelity"] == "pollux"
+    assert configured_policy("optimus", seed=0, resize=SYSTEMS["restart"], fidelity="pollux").fidelity == "pollux"
+    assert configured_policy("tiresias", seed=0, resize=SYSTEMS["restart"]).fidelity == "taiji"
 
 
 def test_python_dash_m_entry_point(tmp_path):

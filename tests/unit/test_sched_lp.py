@@ -62,6 +62,21 @@ def test_lp_estimates_a_job_that_outlasts_the_horizon():
     assert predicted_completion_s(problem.jobs[0], 1.0, problem.horizon) == pytest.approx(5.0)
 
 
+def test_lp_does_not_charge_a_resize_to_a_job_that_completes_in_the_first_slot():
+    # 1 host x 4 GPUs, two 60 s slots. A runs on all 4 GPUs (current, rate 1) with 30 units left, so
+    # it finishes half-way through slot 0 and cannot run longer (its work is capped at what is left);
+    # B needs the 4 GPUs for 30 s too. Every job's cost is at least the end of slot 0 (60 s), and
+    # time-sharing slot 0 attains 120 whatever A's resize costs: finishing is not a change. (A charge
+    # on the half slot A does not run would add δ/2 to A.)
+    for resize_s in (30.0, 200.0):
+        a = Job("A", 30.0, (Config.spread({0: 4}, 1.0, "current"),), current=0, resize_cost_s=resize_s)
+        b = Job("B", 30.0, (Config.external(4, 1.0),))
+        solution = solve_lp(Problem((Host("h", 4),), (a, b), Horizon.uniform(2, 60.0)))
+        assert solution.objective == pytest.approx(120.0)
+        assert solution.completion_s == pytest.approx([60.0, 60.0])
+        assert solution.x[:, 0, 0] == pytest.approx([0.5, 0.5], abs=1e-7)
+
+
 def test_lp_without_jobs_and_alpha_points_interpolate_inside_a_slot():
     empty = solve_lp(Problem((Host("h", 4),), (), Horizon.uniform(2, 1.0)))
     assert empty.optimal and empty.x.shape == (0, 0, 2)

@@ -103,6 +103,27 @@ def test_progress_rate_counts_accumulation_and_batch_gain():
     assert progress_rate(yolo, (4,), 64, 0) == pytest.approx(gain / (step + (step - sync)))
 
 
+def test_one_gpu_accumulates_above_the_initial_batch():
+    """Pollux's rule: ncf's 32768 on one GPU runs as two micro-steps of 16384, not one of 32768."""
+    ncf = load_application("ncf")
+    config = ncf.batch_config(1, 32768)
+    assert (config.atomic_bsz, config.accum_steps, config.total) == (16384, 1, 32768)
+    step, sync = step_time(ncf, (1,), 16384)
+    gain = (32768 / 256) * trace_efficiency(ncf, 32768, 0)
+    assert progress_rate(ncf, (1,), 32768, 0) == pytest.approx(gain / (step + (step - sync)))
+    assert ncf.batch_config(1, ncf.init_batch_size).accum_steps == 0   # the initial batch: no accumulation
+    assert ncf.batch_config(2, 32768).accum_steps == 0                 # the rule is for one GPU only
+
+
+def test_per_gpu_batch_is_capped_by_the_largest_batch():
+    """bert at 384 on 6 GPUs: 64 per GPU > 12 → 6 micro-steps; 11 per micro-step would make 396 > 384,
+    so the per-GPU batch is capped at 384 // 36 = 10 and the job trains 360."""
+    bert = load_application("bert")
+    config = bert.batch_config(6, 384)
+    assert (config.atomic_bsz, config.accum_steps, config.total) == (10, 5, 360)
+    assert bert.batch_config(8, 384).total == 384   # 48 per GPU = 4 × 12: no cap needed
+
+
 def test_advance_and_time_to_finish_agree(cifar10):
     placement, batch = (4, 2), 2048
     total = time_to_finish(cifar10, 0.0, placement, batch)

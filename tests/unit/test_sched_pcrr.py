@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from taiji.sched.lp import Config, Horizon, Host, Job, Problem, solve_lp
 from taiji.sched.model import load_application
 from taiji.sched.policies import PolluxLike, make_policy
 from taiji.sched.policies.pcrr import Pcrr, batch_grid, candidate_counts, epoch_plan
-from taiji.sched.rounding import decide
+from taiji.sched.rounding import decide, slot_loss
 from taiji.sched.sim import SYSTEMS, JobView, SimConfig, simulate
 from taiji.sched.workload import JobSpec, synthetic_workload
 
@@ -119,10 +120,46 @@ def test_a_lone_job_gets_the_whole_host_that_fits_it():
 
 
 def test_candidate_counts():
-    assert candidate_counts(64, 4) == [1, 2, 4, 8, 16, 32, 64]
-    assert candidate_counts(6, 4) == [1, 2, 4, 6]
+    assert candidate_counts(64, 4) == [1, 2, 3, 4, 8, 16, 32, 64]
+    assert candidate_counts(6, 4) == [1, 2, 3, 4, 6]
     assert candidate_counts(1, 4) == [1]
     assert candidate_counts(3, 8) == [1, 2, 3]
+    assert candidate_counts(64, 8) == [1, 2, 4, 6, 7, 8, 16, 32, 64]
+
+
+def test_a_three_gpu_candidate_fills_the_host_beside_a_one_gpu_job():
+    """1 host x 4 GPUs: ncf runs on one GPU at most, cifar10 scales. With candidates 1, 2, 4 cifar10
+    got 2 and a GPU idled; with 3 among them the host is full, whether the jobs wait or run."""
+    def job(name, app, batch, placement=None):
+        allocation = None if placement is None else Allocation(placement, batch)
+        return JobView(JobSpec(name, 0.0, app, 1, batch), load_application(app), 0.0, 0.0, allocation, 0)
+    for cost in ("taiji", "restart"):
+        for held in (None, (2,)):
+            jobs = [job("ncf", "ncf", 32768, None if held is None else (1,)), job("cifar10", "cifar10", 2048, held)]
+            answer = Pcrr(resize=SYSTEMS[cost]).allocate(0.0, Cluster(1, 4), jobs)
+            assert {name: a.replicas for name, a in answer.items()} == {"ncf": 1, "cifar10": 3}, (cost, held)
+
+
+def test_a_displaced_running_job_is_charged_its_whole_resize():
+    """1 host x 4 GPUs. A runs on all 4 (rate 4; 3 GPUs give 3, 2 give 2); B needs 30 s on one GPU.
+    The LP time-shares: A keeps its GPUs for 7/8 of the first slot (charged 1/8 of its resize) and B
+    uses the rest, so B's α-point comes first and the repair would shrink A to 3 GPUs — a whole resize.
+    Charged in full, over the 60 s slot: keeping A costs B the slot (60 s); shrinking costs A its
+    resize δ plus 60·(1 − 3/4) = 15 s of progress. At δ = 100 s (115 > 60) A is kept and B waits; at
+    δ = 0.04 s (15.04 < 60) A shrinks and B runs."""
+    def problem(resize_s):
+        a = Job("A", 1e5, (Config.internal(0, 4, 4.0, "current"), Config.external(2, 2.0), Config.external(3, 3.0)),
+                current=0, resize_cost_s=resize_s)
+        return Problem((Host("h", 4),), (a, Job("B", 30.0, (Config.external(1, 1.0),))), Horizon.geometric(8, 60.0))
+    dear, cheap = problem(100.0), problem(0.04)
+    assert slot_loss(dear, [0, None]) == 60.0 and slot_loss(dear, [2, 0]) == 115.0
+    for chosen_problem, expected in ((dear, ((0, "kept"), None)), (cheap, ((2, "repaired"), 0))):
+        solution = solve_lp(chosen_problem)
+        assert solution.x[0, 0, 0] == pytest.approx(0.875) and solution.x[1, 0, 0] > 0   # the time share
+        for seed in range(3):
+            schedule = decide(chosen_problem, solution, seed=seed, hysteresis=None, keep_first=False,
+                              conditional=True, keep_share=0.5).by_job()
+            assert ((schedule["A"].config, schedule["A"].how), schedule["B"].config) == expected
 
 
 def busy_cluster_views(n_jobs: int, cluster: Cluster) -> list[JobView]:

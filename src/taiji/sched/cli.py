@@ -37,7 +37,7 @@ import numpy as np
 
 from taiji.errors import ConfigError, TaijiError
 from taiji.sched.cluster import Allocation, Cluster
-from taiji.sched.policies import make_policy
+from taiji.sched.policies import FIDELITY_MODES, make_policy
 from taiji.sched.sim import SYSTEMS, JobView, Policy, ResizeCost, SimConfig, SimResult, simulate
 from taiji.sched.ps import PsSettings
 from taiji.sched.workload import JobSpec, load_workload, mixed_workload, synthetic_workload
@@ -99,11 +99,11 @@ def workload_from(spec: str, *, seed: int, jobs: int, duration_s: float,
     return load_workload(spec)
 
 
-def configured_policy(name: str, *, seed: int, resize: ResizeCost) -> Policy:
-    """``make_policy(name, resize)`` (a policy that weighs a change against its cost must see the
+def configured_policy(name: str, *, seed: int, resize: ResizeCost, fidelity: str = "taiji") -> Policy:
+    """``make_policy(name, resize, fidelity)`` (a policy that weighs a change against its cost must see the
     cost the simulator charges, or a cost sweep measures nothing), seeded where it has a dataclass
     field ``seed`` (the randomized rounding of PCRR)."""
-    policy = make_policy(name, resize=resize)
+    policy = make_policy(name, resize=resize, fidelity=fidelity)
     if dataclasses.is_dataclass(policy) and any(spec.name == "seed" and spec.init
                                                 for spec in dataclasses.fields(policy)):
         policy = dataclasses.replace(policy, seed=seed)
@@ -193,10 +193,10 @@ def mean_utilization(result: SimResult, until: float) -> float:
 
 
 def run_policy(specs: Sequence[JobSpec], name: str, config: SimConfig, *, seed: int = 0,
-               progress: bool = False) -> PolicyRun:
-    """Simulate ``specs`` under the policy ``name`` (seeded and told ``config.resize``), with a
-    progress bar on stderr when ``progress`` is set and tqdm is installed."""
-    policy = configured_policy(name, seed=seed, resize=config.resize)
+               progress: bool = False, fidelity: str = "taiji") -> PolicyRun:
+    """Simulate ``specs`` under the policy ``name`` (seeded, told ``config.resize``, in ``fidelity``
+    mode), with a progress bar on stderr when ``progress`` is set and tqdm is installed."""
+    policy = configured_policy(name, seed=seed, resize=config.resize, fidelity=fidelity)
     bar = _progress_bar(name, len(specs)) if progress else None
     instrumented = _Instrumented(policy, sorted(spec.submit_time for spec in specs),
                                  on_round=None if bar is None else _updater(bar))
@@ -348,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cmd.add_argument("--jobs", type=int, default=160, help="synthetic: number of jobs (default: %(default)s)")
     simulate_cmd.add_argument("--duration-h", type=float, default=8.0,
                               help="synthetic: hours over which jobs arrive (default: %(default)s)")
+    simulate_cmd.add_argument("--fidelity", default="taiji", choices=FIDELITY_MODES,
+                              help="pollux: tiresias and optimus place jobs and rank GPUs as Pollux's simulator "
+                                   "does, as the check against its published per-job results runs them "
+                                   "(default: %(default)s, taiji's own choices)")
     simulate_cmd.add_argument("--interval", type=float, default=60.0,
                               help="seconds between scheduling rounds (default: %(default)s)")
     simulate_cmd.add_argument("--events", action="store_true",
@@ -390,7 +394,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     settings = {"workload": args.workload, "jobs": len(specs), "cluster": args.cluster, "seed": args.seed,
                 "cost": args.cost, "resize": resize, "interval_s": args.interval, "events": args.events,
                 "interference": args.interference, "estimation_error": args.estimation_error,
-                "ps_model": args.ps_model, "ps_fraction": args.ps_fraction}
+                "ps_model": args.ps_model, "ps_fraction": args.ps_fraction, "fidelity": args.fidelity}
     print(f"{len(specs)} jobs from {args.workload} on {cluster.num_hosts}x{cluster.gpus_per_host} GPUs, "
           f"resize cost {args.cost}, seed {args.seed}", flush=True)
     # the warnings would tear through the progress bars; their gist is summarised below the table
@@ -398,7 +402,8 @@ def simulate_command(args: argparse.Namespace) -> int:
     level = sched_logger.level
     sched_logger.setLevel(logging.WARNING if args.verbose else logging.ERROR)
     try:
-        runs = [run_policy(specs, name, config, seed=args.seed, progress=not args.quiet) for name in policies]
+        runs = [run_policy(specs, name, config, seed=args.seed, progress=not args.quiet, fidelity=args.fidelity)
+                for name in policies]
     finally:   # in-process callers (tests, notebooks) keep their logging as it was
         sched_logger.setLevel(level)
     print(summary_table([run.summary() for run in runs]), flush=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from taiji.errors import ConfigError, TaijiError
 
@@ -144,6 +144,28 @@ def pack(free: Sequence[int], count: int) -> tuple[int, ...] | None:
     return tuple(placement)
 
 
+def most_free_first(free: Sequence[int], count: int) -> tuple[int, ...] | None:
+    """Place ``count`` GPUs the way Pollux's simulator places Tiresias' and Optimus' jobs [C]: take
+    as many as possible from the host with the most free GPUs (ties: lowest host index), then the
+    next, until ``count`` are placed; None if fewer are free. Unlike :func:`pack` a small job goes on
+    the emptiest host, not the tightest, which leaves fewer whole hosts for the big jobs after it."""
+    if count < 1 or sum(max(f, 0) for f in free) < count:
+        return None
+    left = list(free)
+    placement = [0] * len(free)
+    while count:
+        host = max(range(len(left)), key=lambda h: (left[h], -h))
+        take = min(left[host], count)
+        placement[host] += take
+        left[host] -= take
+        count -= take
+    return tuple(placement)
+
+
+Placer = Callable[[Sequence[int], int], "tuple[int, ...] | None"]
+PLACERS: dict[str, Placer] = {"taiji": pack, "pollux": most_free_first}
+
+
 def packed_shape(count: int, gpus_per_host: int) -> tuple[int, ...]:
     """The consolidated shape of ``count`` GPUs on an empty cluster (full hosts, then the rest):
     what a policy assumes when it estimates speed before placing."""
@@ -218,12 +240,13 @@ def with_servers(cluster: Cluster, chosen: Sequence[tuple[str, Allocation]], nee
 
 def place_all(cluster: Cluster, wanted: Sequence[tuple[str, int, int]],
               current: Mapping[str, Allocation],
-              needs: Mapping[str, ServerNeeds] | None = None) -> dict[str, Allocation]:
+              needs: Mapping[str, ServerNeeds] | None = None, placer: Placer = pack) -> dict[str, Allocation]:
     """Placements for ``wanted`` = (job, GPUs, batch) in priority order. A job whose GPU count
     is unchanged keeps its current placement (moving it would cost a restart); the others are
     packed in order, and a job that no longer fits is left out. Callers keep the total within
-    the cluster, so with spreading allowed every job fits in GPUs. With ``needs`` (per job, what
-    its parameter servers take) PS jobs get servers by :func:`with_servers`."""
+    the cluster, so with spreading allowed every job fits in GPUs. ``placer`` puts a job's GPUs on
+    the free ones (:data:`PLACERS`). With ``needs`` (per job, what its parameter servers take) PS
+    jobs get servers by :func:`with_servers`."""
     result: dict[str, Allocation] = {}
     kept = [(name, count, batch) for name, count, batch in wanted
             if name in current and current[name].replicas == count]
@@ -233,7 +256,7 @@ def place_all(cluster: Cluster, wanted: Sequence[tuple[str, int, int]],
     for name, count, batch in wanted:
         if name in result or count < 1:
             continue
-        placement = pack(free, count)
+        placement = placer(free, count)
         if placement is None:
             logger.debug("%s: %d GPUs do not fit; left out this round", name, count)
             continue

@@ -111,11 +111,11 @@ def live_application(name: str, model: StepModel, batch_size: int, samples_per_e
                                                (sync, sync))
     steps_per_epoch = math.ceil(samples_per_epoch / batch_size)
     progress = tuple(float(steps_per_epoch * (k + 1)) for k in range(epochs))
-    flat = Validation(batch_size, progress, grad_sqr=(1.0,) * epochs, grad_var=(0.0,) * epochs)
+    flat = Validation(batch_size, progress, iteration=progress, grad_sqr=(1.0,) * epochs, grad_var=(0.0,) * epochs)
     return Application(name=name, max_epochs=epochs, init_batch_size=batch_size, max_batch_size=batch_size,
                        min_local_bsz=max(min_local_bsz, 1), max_local_bsz=batch_size, max_replicas=largest,
                        fixed_batch_size=batch_size, placements={}, spreads=spreads, validations=(flat,),
-                       epoch_progress=progress)
+                       epoch_progress=progress, pollux_batch_rules=False)
 
 
 def live_view(app: Application, submitted: float, requested: int, steps_done: float,

@@ -23,7 +23,9 @@ fixed tail cost would let the LP starve them).
 
 A running job's change (another configuration in any slot, or not its current one in the first slot,
 which includes a preemption) delays it by its resize time δ_j: one more variable ``z[j]`` ∈ [0,1] with
-``z[j] ≥ 1 − v[j,cur,0]`` and ``z[j] ≥ Σ_{k≠cur} v[j,k,t]`` adds ``ω_j δ_j z[j]`` to the objective.
+``z[j] ≥ 1 − v[j,cur,0] − u[j,0]`` and ``z[j] ≥ Σ_{k≠cur} v[j,k,t]`` adds ``ω_j δ_j z[j]`` to the
+objective. The ``u[j,0]`` term credits completion: a job that finishes inside the first slot on its
+current configuration leaves the rest of the slot without changing anything.
 Charging only the first slot would let the LP plan every change one slot later, for free, forever
 (only the first slot is executed). Starts are not charged: a start costs the same whenever it happens.
 
@@ -260,7 +262,8 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
         if job.current is not None:
             z, others = base[j] + (n_cfg + 2) * n_slots, np.delete(v, job.current, axis=0)
             cost[z] = job.weight * job.resize_cost_s
-            ub.add(np.array([v[job.current, 0], z]), np.array([-1.0, -1.0]), -1.0)
+            # z ≥ 1 − v[cur,0] − U[0]: the part of the first slot it neither runs nor has completed by
+            ub.add(np.array([v[job.current, 0], done_by[0], z]), np.array([-1.0, -1.0, -1.0]), -1.0)
             for t in range(n_slots):
                 ub.add(np.append(others[:, t], z), np.append(np.ones(len(others)), -1.0), 0.0)
         gpus = np.array([c.gpus for c in job.configs], dtype=float)

@@ -70,6 +70,7 @@ class Validation:
 
     batch_size: int
     progress: tuple[float, ...]   # cumulative statistical progress at the end of each epoch
+    iteration: tuple[float, ...]  # cumulative optimizer steps at this batch by the end of each epoch
     grad_sqr: tuple[float, ...]
     grad_var: tuple[float, ...]
 
@@ -105,6 +106,7 @@ class Application:
     epoch_progress: tuple[float, ...]         # progress at the end of epoch k+1 (min over runs)
     speed_scale: float = 1.0                  # a policy's estimate: rates × this (ground truth: 1)
     server_cpus: int = 0                      # allreduce jobs have no parameter servers
+    pollux_batch_rules: bool = True           # split a batch as Pollux's simulator does (batch_config)
 
     def servers_for(self, workers: int) -> int:
         """Parameter servers a job of ``workers`` workers needs: none (allreduce)."""
@@ -120,16 +122,24 @@ class Application:
         return bisect.bisect_right(self.epoch_progress, progress)
 
     def batch_config(self, replicas: int, batch_size: int) -> BatchConfig:
-        """Split ``batch_size`` over ``replicas``, accumulating gradients when a GPU cannot hold
-        its share (per-GPU batch above ``max_local_bsz``)."""
+        """Split ``batch_size`` over ``replicas`` by the rules of Pollux's simulator (traces README,
+        ``Job.update_local_bsz``) [C]: accumulate gradients when a GPU cannot hold its share (per-GPU
+        batch above ``max_local_bsz``); on one GPU a batch above the initial batch always takes at
+        least one accumulation step (two micro-steps); and the per-GPU batch is capped at
+        ``max_batch_size // (replicas × micro-steps)``, so the batch trained may fall short of the one
+        asked for (bert at 384 on 6 GPUs trains 6 × 10 × 6 = 360) and never exceeds the largest
+        validated batch. Without ``pollux_batch_rules`` (a live taiji job) only the first rule holds:
+        the batch is split in whole samples, rounded up."""
         if replicas < 1 or batch_size < 1:
             raise ConfigError(f"{self.name}: need replicas >= 1 and batch >= 1, got "
                               f"{replicas} x {batch_size}")
-        atomic = math.ceil(batch_size / replicas)
-        accum = 0
-        if atomic > self.max_local_bsz:
-            accum = math.ceil(atomic / self.max_local_bsz) - 1
-            atomic = math.ceil(batch_size / (replicas * (accum + 1)))
+        local = math.ceil(batch_size / replicas)
+        accum = math.ceil(local / self.max_local_bsz) - 1
+        if self.pollux_batch_rules and replicas == 1 and batch_size > self.init_batch_size:
+            accum = max(1, accum)
+        atomic = math.ceil(local / (accum + 1))
+        if self.pollux_batch_rules:
+            atomic = max(1, min(atomic, self.max_batch_size // (replicas * (accum + 1))))
         return BatchConfig(replicas, atomic, accum)
 
     def max_useful_replicas(self, batch_size: int) -> int:
@@ -205,20 +215,39 @@ def _along_replicas(app: Application, nodes: int, measured: list[int], replicas:
     return ((1 - weight) * a[0] + weight * b[0], (1 - weight) * a[1] + weight * b[1])
 
 
-def grad_stats(app: Application, batch_size: float, epoch: int) -> tuple[float, float]:
-    """(grad_sqr, grad_var) in ``epoch`` (0-based) at total batch ``batch_size``: linear between
-    the two validation runs that bracket the batch, clamped outside the measured range."""
+def _across_runs(app: Application, batch_size: float, epoch: int, *columns: str) -> tuple[float, ...]:
+    """``columns`` of the validation runs in ``epoch`` (0-based) at total batch ``batch_size``: linear
+    between the two runs that bracket the batch, clamped outside the measured range."""
     runs = app.validations
     row = min(max(epoch, 0), app.max_epochs - 1)
     sizes = [run.batch_size for run in runs]
     index = bisect.bisect_left(sizes, batch_size)
     if index == 0 or index == len(runs):
         run = runs[min(index, len(runs) - 1)]
-        return run.grad_sqr[row], run.grad_var[row]
+        return tuple(getattr(run, column)[row] for column in columns)
     low, high = runs[index - 1], runs[index]
     weight = (batch_size - low.batch_size) / (high.batch_size - low.batch_size)
-    return ((1 - weight) * low.grad_sqr[row] + weight * high.grad_sqr[row],
-            (1 - weight) * low.grad_var[row] + weight * high.grad_var[row])
+    return tuple((1 - weight) * getattr(low, column)[row] + weight * getattr(high, column)[row] for column in columns)
+
+
+def grad_stats(app: Application, batch_size: float, epoch: int) -> tuple[float, float]:
+    """(grad_sqr, grad_var) in ``epoch`` (0-based) at total batch ``batch_size``, across runs."""
+    sqr, var = _across_runs(app, batch_size, epoch, "grad_sqr", "grad_var")
+    return sqr, var
+
+
+def trace_iterations(app: Application, batch_size: float, epoch: int) -> float:
+    """Optimizer steps at ``batch_size`` from the start of training to the end of ``epoch`` (0-based)
+    as the validation runs count them, across runs."""
+    return _across_runs(app, batch_size, epoch, "iteration")[0]
+
+
+def iteration_time(app: Application, placement: Sequence[int], batch_size: int) -> float:
+    """Seconds of one optimizer step of ``batch_size`` on ``placement``, accumulation included
+    (:meth:`Application.batch_config`): ``step + accum_steps × (step − sync)``."""
+    config = app.batch_config(sum(count for count in placement if count > 0), batch_size)
+    step, sync = step_time(app, placement, config.atomic_bsz)
+    return step + config.accum_steps * (step - sync)
 
 
 def trace_efficiency(app: Application, batch_size: float, epoch: int) -> float:
@@ -248,8 +277,7 @@ def _epoch_rates(app: Application, canonical: tuple[int, ...], batch_size: int) 
     """Progress per second in every epoch (the rate only changes at epoch boundaries, where the
     gradient statistics do)."""
     config = app.batch_config(sum(canonical), batch_size)
-    step, sync = _step_time(app, canonical, float(config.atomic_bsz))
-    iteration = step + config.accum_steps * (step - sync)
+    iteration = iteration_time(app, canonical, batch_size)
     scale = config.total / app.init_batch_size
     return tuple(app.speed_scale * scale * trace_efficiency(app, config.total, epoch) / iteration
                  for epoch in range(app.max_epochs))
@@ -423,9 +451,9 @@ def _read_validations(name: str, folder) -> tuple[Validation, ...]:
         if not (file.startswith("validation-") and file.endswith(".csv.gz")):
             continue
         batch = int(file[len("validation-"):-len(".csv.gz")])
-        rows = list(read_rows(entry, ("progress", "grad_sqr", "grad_var")))
-        runs.append(Validation(
-            batch, *(tuple(parse_number(entry, r, c) for r in rows) for c in ("progress", "grad_sqr", "grad_var"))))
+        columns = ("progress", "iteration", "grad_sqr", "grad_var")
+        rows = list(read_rows(entry, columns))
+        runs.append(Validation(batch, *(tuple(parse_number(entry, r, c) for r in rows) for c in columns)))
     if not runs:
         raise ConfigError(f"{name}: no validation-<B>.csv.gz files in {folder}")
     return tuple(sorted(runs, key=lambda run: run.batch_size))

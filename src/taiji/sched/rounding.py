@@ -2,7 +2,8 @@
 
 Steps (SCHEDULER.md §2.5, §4.2): α-point order → randomized rounding of the first slot → hysteresis
 (keep a running job's configuration unless the change is worth more than its resize cost) → greedy
-placement in that order with repair (capacity is never exceeded) → work-conserving fill of leftover GPUs.
+placement in that order with repair (capacity is never exceeded; a running job the repair would change
+is kept instead when its whole resize costs the first slot more) → work-conserving fill of leftover GPUs.
 Everything is a pure function of (problem, LP solution, seed).
 """
 from __future__ import annotations
@@ -206,6 +207,63 @@ def _fill(problem: Problem, placer: _Placer, chosen: list[int | None], where: li
             return
 
 
+_Placed = tuple[_Placer, list, list, list, int]   # placer, chosen config, placement, how, repaired count
+
+
+def _place(problem: Problem, sequence: list[int], target: list[int | None]) -> _Placed:
+    """Place every job's ``target`` in ``sequence``; one that does not fit is downgraded or dropped."""
+    jobs = problem.jobs
+    placer = _Placer(problem)
+    chosen: list[int | None] = [None] * len(jobs)
+    where: list[Placement] = [()] * len(jobs)
+    how = ["none"] * len(jobs)
+    repaired = 0
+    for j in (j for j in sequence if target[j] is not None):
+        k = target[j]
+        assert k is not None
+        placement = placer.place(jobs[j].configs[k])
+        if placement is not None:
+            chosen[j], where[j] = k, placement
+            how[j] = "kept" if k == jobs[j].current else "lp"
+            continue
+        repaired += 1
+        fallback = _downgrade(placer, jobs[j], k)
+        if fallback is not None:
+            (chosen[j], where[j]), how[j] = fallback, "repaired"
+    return placer, chosen, where, how, repaired
+
+
+def slot_loss(problem: Problem, chosen: list[int | None]) -> float:
+    """Weighted seconds by which ``chosen`` delays the jobs in the first slot: a running job that
+    changes pauses its whole resize time; every job loses the part of the slot its configuration
+    trains slower than its best one (at the best rate afterwards, that is how much later it ends)."""
+    slot = problem.horizon.slots_s[0]
+    loss = 0.0
+    for job, k in zip(problem.jobs, chosen):
+        pause = job.resize_cost_s if job.current is not None and k != job.current else 0.0
+        loss += job.weight * (pause + slot * (1.0 - _rate(job, k) / job.best_rate))
+    return loss
+
+
+def _keep_displaced(problem: Problem, sequence: list[int], target: list[int | None], placed: _Placed) -> _Placed:
+    """Charge a displacement what it costs. The LP prices a running job's change at the part of the
+    first slot it time-shares (``z ≥ 1 − v[cur,0] − u[0]``), but when the rounding keeps its current
+    configuration and a job earlier in α-point order takes its GPUs, the repair changes it in full: it
+    pays its whole resize. So each running job displaced that way is placed first instead — kept —
+    whenever that costs the first slot less (:func:`slot_loss`) than the repair; the jobs it then
+    keeps out wait or are downgraded."""
+    jobs = problem.jobs
+    for j in sequence:
+        chosen = placed[1]
+        if jobs[j].current is None or target[j] != jobs[j].current or chosen[j] == jobs[j].current:
+            continue
+        keeping = _place(problem, [j] + [i for i in sequence if i != j], target)
+        if slot_loss(problem, keeping[1]) < slot_loss(problem, chosen):
+            placed = keeping
+            sequence = [j] + [i for i in sequence if i != j]
+    return placed
+
+
 def decide(problem: Problem, solution: LPSolution | None = None, *, seed: int, alpha: float | None = 0.5,
            hysteresis: float | None = 1.0, time_limit_s: float | None = None, method: str = "highs",
            keep_first: bool = True, conditional: bool = False, keep_share: float | None = None) -> Schedule:
@@ -251,25 +309,12 @@ def decide(problem: Problem, solution: LPSolution | None = None, *, seed: int, a
 
     # Placement: by default jobs keeping their configuration first (they held it, so it fits unless
     # capacity shrank), then the rest in α-point order; what does not fit is downgraded or dropped.
-    placer = _Placer(problem)
-    chosen: list[int | None] = [None] * len(jobs)
-    where: list[Placement] = [()] * len(jobs)
-    how = ["none"] * len(jobs)
-    repaired = 0
     # sorted() is stable: with keep_first, kept jobs first and both groups still in α-point order
     sequence = sorted(order, key=lambda j: target[j] != jobs[j].current) if keep_first else order
-    for j in (j for j in sequence if target[j] is not None):
-        k = target[j]
-        assert k is not None
-        placement = placer.place(jobs[j].configs[k])
-        if placement is not None:
-            chosen[j], where[j] = k, placement
-            how[j] = "kept" if k == jobs[j].current else "lp"
-            continue
-        repaired += 1
-        fallback = _downgrade(placer, jobs[j], k)
-        if fallback is not None:
-            (chosen[j], where[j]), how[j] = fallback, "repaired"
+    placed = _place(problem, sequence, target)
+    if not keep_first:
+        placed = _keep_displaced(problem, sequence, target, placed)
+    placer, chosen, where, how, repaired = placed
 
     _fill(problem, placer, chosen, where, how, order, 1.0 if hysteresis is None else hysteresis)
     assignments = tuple(Assignment(job.name, chosen[j], where[j], chosen[j] != job.current, how[j])

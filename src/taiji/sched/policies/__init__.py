@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from taiji.errors import ConfigError
+from taiji.sched.policies.common import FIDELITY_MODES, check_fidelity
 from taiji.sched.policies.drf import ElasticDrf
 from taiji.sched.policies.fifo import Fifo
 from taiji.sched.policies.optimus import OptimusOracle
@@ -15,15 +16,21 @@ POLICIES = {"fifo": Fifo, "drf": ElasticDrf, "tiresias": Tiresias, "optimus": Op
             "pollux": PolluxLike, "srtf": SrtfOracle, "pcrr": Pcrr}
 
 
-def make_policy(name: str, resize: ResizeCost | None = None):
+def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "taiji"):
     """A policy by name (``fifo``, ``drf``, ``tiresias``, ``optimus``, ``pollux``, ``srtf``, ``pcrr``).
 
     ``resize``: the simulated system's resize cost (``sim.SYSTEMS[...]``, the same as
     ``SimConfig.resize``), for the policies that weigh a change against it: ``pcrr`` (LP and
     hysteresis) and ``pollux`` (its restart factor, charged the largest pause). The simulator does
-    not tell policies what a change costs, so without it both assume a 30 s restart."""
+    not tell policies what a change costs, so without it both assume a 30 s restart.
+
+    ``fidelity`` (:data:`FIDELITY_MODES`): ``pollux`` makes ``tiresias`` and ``optimus`` place jobs and
+    rank GPUs as Pollux's simulator does (``policies.common``); the other policies have no such mode."""
+    check_fidelity(fidelity)
     if name not in POLICIES:
         raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    if name in ("tiresias", "optimus"):
+        return POLICIES[name](fidelity=fidelity)
     if resize is not None and name == "pcrr":
         return Pcrr(resize=resize)
     if resize is not None and name == "pollux":
@@ -31,5 +38,5 @@ def make_policy(name: str, resize: ResizeCost | None = None):
     return POLICIES[name]()
 
 
-__all__ = ["POLICIES", "ElasticDrf", "Fifo", "OptimusOracle", "Pcrr", "PolluxLike", "SrtfOracle", "Tiresias",
-           "make_policy"]
+__all__ = ["FIDELITY_MODES", "POLICIES", "ElasticDrf", "Fifo", "OptimusOracle", "Pcrr", "PolluxLike", "SrtfOracle",
+           "Tiresias", "make_policy"]

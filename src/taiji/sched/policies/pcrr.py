@@ -6,9 +6,10 @@ Every round this adapter turns the active :class:`~taiji.sched.sim.JobView` s in
 (α-point order, seeded rounding of the first slot, repair, work-conserving fill) and turns the chosen
 placements back into :class:`~taiji.sched.cluster.Allocation` s.
 
-**Candidates** per job (at most ~9): the allocation it holds now, kept exactly where it is (the LP's
+**Candidates** per job (at most ~10): the allocation it holds now, kept exactly where it is (the LP's
 ``Job.current``, so the LP can weigh leaving it against the resize cost); ``n`` GPUs for n = 1, 2, 4, …
-up to the GPUs per host, *internal* (one host, the consolidated rate); and multiples of a host (2, 4,
+up to the GPUs per host and the host's GPUs less each of those (1, 2, 3, 4 on a 4-GPU host),
+*internal* (one host, the consolidated rate); and multiples of a host (2, 4,
 8, … hosts) as *external* configurations at the rate of full hosts; plus the job's cap when the powers
 of two skip it. The small ones are flexible too ([I], a simplification of §4.2's "internal on each of
 the ≤3 emptiest hosts"): the LP only counts them against the cluster's aggregate capacity, and the
@@ -39,7 +40,10 @@ job are weighed by the LP itself, which charges them κ × the resize pause (``h
 rounding's own gain test priced GPUs at the LP's duals summed over the whole horizon and so refused
 nearly every grow the LP asked for; instead the rounding is sticky, a running job keeps its allocation
 when the LP gives it at least ``keep_share`` of its first-slot mass (no coin flip against the LP's
-choice under a 30 s restart).
+choice under a 30 s restart). The LP prices a running job's time share of the first slot as that
+fraction of a resize, but a job earlier in α-point order that takes its GPUs makes the repair change
+it in full; so such a displaced job is kept (placed first) whenever its whole resize plus the progress
+it would lose cost the slot more than the wait it causes (:func:`~taiji.sched.rounding.slot_loss`).
 
 **PS jobs** (:mod:`taiji.sched.ps`): the same candidates; a count up to one host is rated internal
 (workers and servers on one host, intra-host bandwidth), a larger one external. The LP and the rounding
@@ -121,12 +125,14 @@ def gpu_cap(job: JobView, total_gpus: int, adaptive: bool) -> int:
 
 
 def candidate_counts(cap: int, gpus_per_host: int) -> list[int]:
-    """1, 2, 4, … below a host, one full host, then 2, 4, 8, … full hosts; and ``cap`` itself when
-    the doubling skips it (a job capped at 6 GPUs should be able to get 6)."""
+    """1, 2, 4, … below a host and what fills a host beside each of them (3 on a 4-GPU host: with
+    powers of two alone a job beside a one-GPU job gets 2 and a GPU idles), one full host, then 2, 4,
+    8, … full hosts; and ``cap`` itself when the doubling skips it (a job capped at 6 GPUs should be
+    able to get 6)."""
     counts = {gpus_per_host}
     n = 1
     while n < gpus_per_host:
-        counts.add(n)
+        counts.update((n, gpus_per_host - n))
         n *= 2
     n = 2 * gpus_per_host
     while n <= cap:
