@@ -1,0 +1,104 @@
+"""One worker's share of a checkpoint: staged in host memory (the only stall), written in the
+background through DCP; at most one write in flight. A failed write is logged and leaves the
+checkpoint incomplete, hence invisible: the previous complete one stays the latest."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+
+from ..comm.digest import tensor_digest
+from .layout import DIGEST, MANIFEST, Manifest, checkpoint_name, part_name
+from .storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SaveRecord:
+    """What one save cost this worker."""
+    step: int
+    stall_seconds: float       # staging (and waiting for the previous write), in the step loop
+    staged_bytes: int          # host memory the staging copy holds until written
+
+
+def stage(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A host-memory copy of ``tensors`` that training may overwrite freely afterwards."""
+    return {k: t.detach().to("cpu", copy=True) for k, t in tensors.items()}
+
+
+def part_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    return tensor_digest(tensors[k] for k in sorted(tensors)).hex()
+
+
+def write_part(storage: Storage, step: int, part: int, staged: Mapping[str, torch.Tensor],
+               manifest: Manifest | None) -> None:
+    """Write one part (and the manifest, for the part that carries it); DCP's metadata last."""
+    import torch.distributed.checkpoint as dcp
+    name = checkpoint_name(step)
+    if manifest is not None:
+        storage.write_json(f"{name}/{MANIFEST}", manifest.to_json())
+    rel = f"{name}/{part_name(part)}"
+    storage.write_json(f"{rel}/{DIGEST}", {"sha256": part_digest(staged), "keys": sorted(staged)})
+    dcp.save(dict(staged), storage_writer=storage.dcp_writer(rel), no_dist=True)
+
+
+class Writer:
+    """Background writes of this worker's parts (see module doc)."""
+
+    def __init__(self, storage: Storage, after_write: Callable[[int], None] = lambda step: None):
+        self.storage = storage
+        self._after_write = after_write
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+        self.last_written: int | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def save(self, step: int, part: int, tensors: Mapping[str, torch.Tensor],
+             manifest: Manifest | None) -> SaveRecord:
+        """Stage ``tensors`` and write them in the background; returns once staged."""
+        start = time.perf_counter()
+        if self.busy:
+            log.warning("the checkpoint before step %d is still being written: waiting for it (checkpoint "
+                        "less often to avoid this stall)", step)
+        self.wait()
+        staged = stage(tensors)
+        stall = time.perf_counter() - start
+        self._thread = threading.Thread(target=self._write, args=(step, part, staged, manifest),
+                                        name=f"taiji-checkpoint-{step}", daemon=True)
+        self._thread.start()
+        return SaveRecord(step, stall, sum(t.numel() * t.element_size() for t in staged.values()))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the write in flight; False if it is still running after ``timeout``."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if thread.is_alive():
+            return False
+        self._thread = None
+        return True
+
+    def _write(self, step: int, part: int, staged: Mapping[str, torch.Tensor], manifest: Manifest | None) -> None:
+        try:
+            write_part(self.storage, step, part, staged, manifest)
+        except Exception as exc:  # noqa: BLE001 - a failed write must never stop training
+            self.failures += 1
+            log.warning("checkpoint at step %d could not be written to %s (%s: %s); training goes on and "
+                        "the previous complete checkpoint stays the one to resume from", step,
+                        self.storage.url, type(exc).__name__, exc)
+            self.storage.remove(f"{checkpoint_name(step)}/{part_name(part)}")  # free what it took
+            return
+        self.last_written = step
+        try:
+            self._after_write(step)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("after writing the checkpoint at step %d: %s", step, exc)
