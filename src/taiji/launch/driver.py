@@ -22,6 +22,7 @@ from ..cluster.etcd import EtcdKV, job_credentials, parse_url
 from ..cluster.store import JobStore, KeyFollower, host_store, open_store
 from ..errors import LaunchError, StoreError
 from . import hosts, registry
+from .checkpoint_cli import stopped_on_notice
 from .control import ControlServer
 from .etcd_server import EtcdServer
 from .supervisor import Supervisor, describe_exit
@@ -49,6 +50,7 @@ class DriverConfig:
     store: str = "tcp"  # tcp (hosted here) | etcd (a server started here) | etcd://HOST:PORT,... (the user's)
     min_hosts: int = 1  # hosts (this one included) that must have joined before the job starts
     secret: bytes | None = None  # the job's secret when given (a scheduler derives it); else a new one
+    checkpoint_grace: float = 60.0  # with --checkpoint-dir: SIGTERM -> final checkpoint -> exit, at most
 
 
 class Deposed(LaunchError):
@@ -445,10 +447,13 @@ class Driver:
                 exited, received = self.sup.wait(timeout=self.tick)
                 if received:
                     name = signal.Signals(received[0]).name
-                    self.say(f"received {name}; stopping {len(self.sup.running())} worker(s)")
-                    self.sup.stop_all(cfg.grace)
+                    saving = received[0] == signal.SIGTERM and bool(self.settings.checkpoint_dir)
+                    self.say(f"received {name}; stopping {len(self.sup.running())} worker(s)" + (
+                        f" at the next step boundary, after a final checkpoint in {self.settings.checkpoint_dir}"
+                        if saving else "" if self.settings.checkpoint_dir else "; no --checkpoint-dir: nothing was saved"))
+                    self.sup.stop_all(cfg.checkpoint_grace if saving else cfg.grace)
                     self._stop_agents()
-                    return 128 + received[0]
+                    return stopped_on_notice(self.settings.checkpoint_dir, self.say) if saving else 128 + received[0]
                 # did anyone write what we react to? one read, or none where a watch keeps the count
                 bell = self._doorbell.value if self._doorbell is not None else self.job.doorbell()
                 rang, self._bell = bell != self._bell, bell
