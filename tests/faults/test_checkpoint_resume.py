@@ -1,10 +1,10 @@
 """A whole job lost or reclaimed, then resumed from its checkpoints (tests/scripts/elastic_train.py).
 
-1. SIGKILL every process of a 2-worker job at a random step, `--resume auto` at the same size:
-   the steps after the checkpoint are retrained bitwise as they first were, every sample of each
-   epoch is trained exactly once across the two runs, and the end matches a 1-worker run.
-2. SIGTERM to the launcher: a final checkpoint at the next step boundary, every worker exits,
-   status 75 ("resumable"); `--resume auto -np 3` finishes with every invariant.
+SIGKILL every process of a 2-worker job at a random step, `--resume auto` at the same size: the
+steps after the checkpoint are retrained bitwise as they first were. SIGTERM to that launcher: a
+final checkpoint at the next step boundary, every worker exits, status 75 ("resumable"). Then
+`--resume auto -np 3` to the end: every sample of each epoch trained exactly once across the
+three runs, and the end matches an uninterrupted 1-worker run.
 Every launcher runs in its own session with a hard timeout; every process is reaped.
 """
 import json
@@ -23,7 +23,7 @@ from _harness import ELASTIC_SCRIPT, REPO, _descendants, check_invariants, run_e
 from taiji.checkpoint.storage import Storage
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
-STEPS, BATCH = 40, 16
+STEPS, BATCH = 36, 16
 
 
 def _start(out: Path, ck: Path, nproc: int, *extra: str) -> subprocess.Popen:
@@ -61,15 +61,14 @@ def _state(pid: int) -> str:
         return "zombie"
 
 
-def _merge(first: Path, second: Path, resumed_at: int, into: Path) -> None:
-    """The steps the first run committed before the checkpoint, then the resumed run's."""
+def _merge(runs: list[tuple[Path, int, int]], into: Path) -> None:
+    """Each run's committed steps in [from, to): the steps that count once the job is resumed."""
     into.mkdir()
-    for log in sorted(set(p.name for p in first.glob("w*.jsonl")) | set(p.name for p in second.glob("w*.jsonl"))):
-        lines = [ln for ln in (first / log).read_text().splitlines() if json.loads(ln)["step"] < resumed_at] \
-            if (first / log).exists() else []
-        lines += (second / log).read_text().splitlines() if (second / log).exists() else []
+    for log in sorted({p.name for out, _, _ in runs for p in out.glob("w*.jsonl")}):
+        lines = [ln for out, lo, hi in runs if (out / log).exists() for ln in (out / log).read_text().splitlines()
+                 if lo <= json.loads(ln)["step"] < hi]
         (into / log).write_text("".join(ln + "\n" for ln in lines))
-    shutil.copy(second / "final.pt", into / "final.pt")
+    shutil.copy(runs[-1][0] / "final.pt", into / "final.pt")
 
 
 def _records(out: Path) -> dict[int, str]:
@@ -85,61 +84,52 @@ def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:
     return out
 
 
-def test_whole_job_killed_at_a_random_step_resumes_exactly_once_and_bitwise(tmp_path):
-    kill_after = random.Random().randint(9, 30)
+def test_killed_then_preempted_job_resumes_exactly_once_bitwise_and_at_another_size(tmp_path):
+    """Run a (2 workers) is SIGKILLed whole at a random step; run b resumes it at the same size
+    and is preempted (SIGTERM to its launcher); run c resumes it with 3 workers to the end."""
+    kill_after = random.Random().randint(9, 24)
     ck = tmp_path / "ck"
-    first = _start(tmp_path / "a", ck, 2)
+    a = _start(tmp_path / "a", ck, 2)
     try:
-        wait_for(lambda: _committed(tmp_path / "a") >= kill_after or first.poll() is not None, 90,
+        wait_for(lambda: _committed(tmp_path / "a") >= kill_after or a.poll() is not None, 90,
                  f"{kill_after} committed steps")
     finally:
-        _kill_all(first)
-    listing = Storage(str(ck)).listing()
-    assert listing.latest is not None and listing.latest % 4 == 0, (kill_after, listing)
-    resumed_at = listing.latest
-    second = _start(tmp_path / "b", ck, 2, "--resume", "auto")
-    out = _finish(second)
-    assert second.returncode == 0, out[-4000:]
-    redone = _records(tmp_path / "b")
-    killed = _records(tmp_path / "a")
-    assert min(redone) == resumed_at, f"resumed at step {min(redone)}, the checkpoint is at {resumed_at}"
-    both = sorted(set(redone) & set(killed))
-    assert all(redone[s] == killed[s] for s in both), "a redone step differs from its first run (same size)"
-    _merge(tmp_path / "a", tmp_path / "b", resumed_at, tmp_path / "merged")
-    result = check_invariants(tmp_path / "merged", BATCH)
-    assert result["steps"] == STEPS, (kill_after, resumed_at, result)
-    events = [json.loads(ln) for ln in (tmp_path / "b" / "run" / "events.jsonl").read_text().splitlines()]
-    assert any(e["kind"] == "resume" and e["step"] == resumed_at for e in events), events
+        _kill_all(a)
+    killed_at = Storage(str(ck)).listing().latest
+    assert killed_at is not None and killed_at % 4 == 0, (kill_after, Storage(str(ck)).listing())
 
-
-def test_sigterm_takes_a_final_checkpoint_and_the_job_resumes_at_another_size(tmp_path):
-    ck = tmp_path / "ck"
-    first = _start(tmp_path / "a", ck, 2)
+    b = _start(tmp_path / "b", ck, 2, "--resume", "auto")
     try:
-        wait_for(lambda: _committed(tmp_path / "a") >= 6 or first.poll() is not None, 90, "6 committed steps")
-        first.send_signal(signal.SIGTERM)  # the launcher only: it tells its workers
-        out = _finish(first, timeout=90)
+        wait_for(lambda: _committed(tmp_path / "b") >= 3 or b.poll() is not None, 90, "3 resumed steps")
+        b.send_signal(signal.SIGTERM)  # the launcher only: it tells its workers
+        out = _finish(b, timeout=90)
     finally:
-        if first.poll() is None:
-            _kill_all(first)
-    assert first.returncode == 75, out[-4000:]
-    last = max(_records(tmp_path / "a"))
-    final = Storage(str(ck)).listing().latest
-    assert final == last + 1, f"the final checkpoint (step {final}) is not at the stop (after step index {last})"
-    assert f"resumable from {ck}/step-{final:08d}" in out, out[-3000:]
-    assert "Traceback" not in out, out[-4000:]
-    second = _start(tmp_path / "b", ck, 3, "--resume", "auto", "--max-np", "3")
-    out = _finish(second)
-    assert second.returncode == 0, out[-4000:]
-    assert min(_records(tmp_path / "b")) == final, "nothing redone after a preemption notice"
-    _merge(tmp_path / "a", tmp_path / "b", final, tmp_path / "merged")
-    result = check_invariants(tmp_path / "merged", BATCH)
-    assert result["steps"] == STEPS and result["sizes"] == [2, 3], result
+        if b.poll() is None:
+            _kill_all(b)
+    assert b.returncode == 75, out[-4000:]
+    redone, first = _records(tmp_path / "b"), _records(tmp_path / "a")
+    assert min(redone) == killed_at, f"resumed at step {min(redone)}, the checkpoint is at {killed_at}"
+    both = sorted(set(redone) & set(first))
+    assert both and all(redone[s] == first[s] for s in both), "a redone step differs from its first run"
+    stopped_at = Storage(str(ck)).listing().latest
+    assert stopped_at == max(redone) + 1, f"the final checkpoint ({stopped_at}) is not at the stop ({max(redone)})"
+    assert f"resumable from {ck}/step-{stopped_at:08d}" in out and "Traceback" not in out, out[-4000:]
+    events = [json.loads(ln) for ln in (tmp_path / "b" / "run" / "events.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "resume" and e["step"] == killed_at for e in events), events
+
+    c = _start(tmp_path / "c", ck, 3, "--resume", "auto", "--max-np", "3")
+    out = _finish(c)
+    assert c.returncode == 0, out[-4000:]
+    assert min(_records(tmp_path / "c")) == stopped_at, "nothing is redone after a preemption notice"
+    _merge([(tmp_path / "a", 0, killed_at), (tmp_path / "b", killed_at, stopped_at),
+            (tmp_path / "c", stopped_at, STEPS)], tmp_path / "merged")
+    result = check_invariants(tmp_path / "merged", BATCH)  # exactly once; the 1-worker trajectory
+    assert result["steps"] == STEPS and result["sizes"] == [2, 3], (kill_after, killed_at, stopped_at, result)
 
 
 def test_sigterm_without_a_checkpoint_dir_says_nothing_was_saved(tmp_path):
     (tmp_path / "a").mkdir()
-    args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--timeout", "3", "--", sys.executable,
+    args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "1", "--timeout", "3", "--", sys.executable,
             ELASTIC_SCRIPT, str(tmp_path / "a"), "--steps", "400", "--step-delay", "0.03"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO),
                             start_new_session=True)

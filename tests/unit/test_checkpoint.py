@@ -234,3 +234,28 @@ def test_resume_into_another_model_names_the_differences(tmp_path):
         taiji.load_checkpoint(root, other)
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         _train(Checkpoint(str(tmp_path / "empty"), resume=str(tmp_path / "empty")), 2)
+
+
+def test_checkpoint_command_and_run_flags(tmp_path, capsys):
+    from taiji.launch import checkpoint_cli
+    from taiji.launch.cli import build_parser
+    root = str(tmp_path / "ck")
+    _train(Checkpoint(root), 3)
+    assert checkpoint_cli.main(["show", root]) == 0
+    assert "step-00000003: step 3, written by 1 worker(s) in 1 part(s)" in capsys.readouterr().out
+    assert checkpoint_cli.main(["export", root, str(tmp_path / "m.pt")]) == 0
+    assert torch.load(tmp_path / "m.pt", weights_only=True)["manifest"]["step"] == 3
+    assert checkpoint_cli.main(["show", str(tmp_path / "none")]) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
+
+    def flags(*extra):
+        return checkpoint_cli.parse_run_flags(build_parser().parse_args(["run", "-np", "1", *extra, "python", "x.py"]))
+    parsed = flags("--checkpoint-dir", root, "--checkpoint-every", "5m", "--resume", "auto")
+    assert parsed.directory == root and parsed.every == "5m" and parsed.resume == "auto"
+    assert flags("--resume", root).resume == root
+    for bad, says in [(("--resume", "auto"), "needs --checkpoint-dir"), (("--checkpoint-every", "5m"), "needs"),
+                      (("--checkpoint-dir", root, "--checkpoint-every", "soon"), "cannot read"),
+                      (("--resume", str(tmp_path / "none")), "no complete checkpoint"),
+                      (("--checkpoint-dir", str(tmp_path / "m.pt" / "x")), "cannot write checkpoints")]:
+        with pytest.raises(ConfigError, match=says):
+            flags(*bad)
