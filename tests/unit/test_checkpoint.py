@@ -259,3 +259,20 @@ def test_checkpoint_command_and_run_flags(tmp_path, capsys):
                       (("--checkpoint-dir", str(tmp_path / "m.pt" / "x")), "cannot write checkpoints")]:
         with pytest.raises(ConfigError, match=says):
             flags(*bad)
+
+
+def test_sigterm_to_a_plain_process_stops_after_the_step_with_a_final_checkpoint(tmp_path):
+    import signal
+    root = str(tmp_path / "ck")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = signal.getsignal(signal.SIGTERM)
+    job = taiji.Job(model, opt, DATA, 8, peer=Peer.solo(), log_every=0, epochs=50,
+                    checkpoint=Checkpoint(root, steps=100))
+    for step in job:
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+        if step.index == 4:
+            os.kill(os.getpid(), signal.SIGTERM)  # the notice: handled between bytecodes, here
+    assert job.progress.step == 5 and Storage(root).listing().complete == (5,)
+    assert signal.getsignal(signal.SIGTERM) is before, "the Job gives SIGTERM back when it ends"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypeVar
 
 from ..errors import ConfigError
 
@@ -24,6 +24,7 @@ MANIFEST = "manifest.json"
 PART_DONE = ".metadata"         # DCP's metadata file, written last
 DIGEST = "digest.json"
 _NAME = re.compile(r"step-(\d{8,})")
+T = TypeVar("T")
 
 
 def taiji_version() -> str:
@@ -87,6 +88,14 @@ class Manifest:
                         size=int(data["size"]), time=float(data["time"]), parts=int(data["parts"]), model=model,
                         owners={k: int(v) for k, v in data["owners"].items()}, state=data.get("state"),
                         strategy=str(data.get("strategy", "")), extra=dict(data.get("extra", {})))
+
+
+def tensor_keys(model: Mapping[str, T], state: Sequence[T]) -> dict[str, T]:
+    """A checkpoint's tensors by key: the model's ``state_dict`` names under ``model.``, the
+    TrainState image's tensors by placeholder index under ``state.``."""
+    keyed = {f"model.{k}": v for k, v in model.items()}
+    keyed.update({f"state.{i}": t for i, t in enumerate(state)})
+    return keyed
 
 
 def assign(sizes: Mapping[str, int], writers: int) -> dict[str, int]:

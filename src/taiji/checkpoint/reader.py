@@ -13,7 +13,8 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 
 from ..comm.transfer import decode, tensor_specs
 from ..errors import CheckpointError
-from .layout import DIGEST, MANIFEST, Manifest, TensorInfo, checkpoint_name, model_differences, part_name, step_of
+from .layout import (DIGEST, MANIFEST, Manifest, TensorInfo, checkpoint_name, model_differences, part_name, step_of,
+                     tensor_keys)
 from .storage import Storage
 from .writer import part_digest
 
@@ -117,11 +118,9 @@ def _state_targets(manifest: Manifest) -> list[torch.Tensor]:
 def load_into(found: Found, model: torch.nn.Module) -> Any:
     """Load the model's tensors in place; return the TrainState's state (tensors on the CPU)."""
     check_model(found, model)
-    targets = {f"model.{k}": v for k, v in model.state_dict().items()}
     state = _state_targets(found.manifest)
-    targets.update({f"state.{i}": t for i, t in enumerate(state)})
     with torch.no_grad():
-        load_tensors(found, targets)
+        load_tensors(found, tensor_keys(model.state_dict(), state))
     return decode(found.manifest.state, state)
 
 
@@ -143,10 +142,8 @@ def export(path: str, out: str) -> Found:
     assert found is not None
     manifest = found.manifest
     model = {k: torch.empty(info.shape, dtype=getattr(torch, info.dtype)) for k, info in manifest.model.items()}
-    targets = {f"model.{k}": v for k, v in model.items()}
     state = _state_targets(manifest)
-    targets.update({f"state.{i}": t for i, t in enumerate(state)})
-    load_tensors(found, targets)
+    load_tensors(found, tensor_keys(model, state))
     train_state = decode(manifest.state, state)
     info = manifest.to_json()
     info.pop("state", None)

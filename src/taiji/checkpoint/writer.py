@@ -26,9 +26,20 @@ class SaveRecord:
     staged_bytes: int          # host memory the staging copy holds until written
 
 
-def stage(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A host-memory copy of ``tensors`` that training may overwrite freely afterwards."""
-    return {k: t.detach().to("cpu", copy=True) for k, t in tensors.items()}
+def stage(tensors: Mapping[str, torch.Tensor],
+          buffers: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """A host-memory copy of ``tensors`` that training may overwrite freely afterwards, into
+    ``buffers`` (the previous save's copy, written already) where shapes and dtypes match: memory
+    touched before costs no page faults."""
+    staged = {}
+    with torch.no_grad():
+        for k, t in tensors.items():
+            buffer = (buffers or {}).get(k)
+            if buffer is not None and buffer.shape == t.shape and buffer.dtype == t.dtype:
+                staged[k] = buffer.copy_(t.detach())
+            else:
+                staged[k] = t.detach().to("cpu", copy=True)
+    return staged
 
 
 def part_digest(tensors: Mapping[str, torch.Tensor]) -> str:
@@ -56,6 +67,7 @@ class Writer:
         self._thread: threading.Thread | None = None
         self.failures = 0
         self.last_written: int | None = None
+        self._buffers: dict[str, torch.Tensor] = {}  # the last staged copy, reused once written
 
     @property
     def busy(self) -> bool:
@@ -69,7 +81,7 @@ class Writer:
             log.warning("the checkpoint before step %d is still being written: waiting for it (checkpoint "
                         "less often to avoid this stall)", step)
         self.wait()
-        staged = stage(tensors)
+        staged, self._buffers = stage(tensors, self._buffers), {}
         stall = time.perf_counter() - start
         self._thread = threading.Thread(target=self._write, args=(step, part, staged, manifest),
                                         name=f"taiji-checkpoint-{step}", daemon=True)
@@ -87,7 +99,8 @@ class Writer:
         self._thread = None
         return True
 
-    def _write(self, step: int, part: int, staged: Mapping[str, torch.Tensor], manifest: Manifest | None) -> None:
+    def _write(self, step: int, part: int, staged: dict[str, torch.Tensor], manifest: Manifest | None) -> None:
+        self._buffers = staged  # read by the next save only after it joined this thread
         try:
             write_part(self.storage, step, part, staged, manifest)
         except Exception as exc:  # noqa: BLE001 - a failed write must never stop training

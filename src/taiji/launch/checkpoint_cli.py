@@ -3,11 +3,14 @@ its user, and `taiji checkpoint show | export`.
 
 `taiji run --checkpoint-dir PATH [--checkpoint-every 10m|N] [--resume auto|PATH]` is every
 Job's default (a Job's own ``taiji.Checkpoint`` wins). SIGTERM to such a launcher stops the job
-at the next step boundary with a final checkpoint, then exits ``EXIT_RESUMABLE``.
+at the next step boundary with a final checkpoint (the launcher passes the notice on to its
+workers as ``NOTICE_SIGNAL``: a worker's own SIGTERM stays a worker's death, recovered from),
+then exits ``EXIT_RESUMABLE``.
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -17,8 +20,10 @@ from ..checkpoint.layout import checkpoint_name
 from ..checkpoint.storage import Storage, is_url
 from ..errors import CheckpointError, ConfigError
 from .options import CheckpointFlags
+from .supervisor import Supervisor
 
 EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped on a notice; a complete checkpoint lets the job resume
+NOTICE_SIGNAL = signal.SIGUSR1  # the launcher's preemption notice to its workers (runtime/checkpointing.py)
 
 
 def add_run_flags(run: argparse.ArgumentParser) -> None:
@@ -60,8 +65,23 @@ def parse_run_flags(args: argparse.Namespace) -> CheckpointFlags:
     return CheckpointFlags(directory, args.checkpoint_every, resume, args.checkpoint_grace)
 
 
+def stop_workers(signum: int, sup: Supervisor, directory: str, grace: float, checkpoint_grace: float,
+                 say: Callable[[str], None]) -> int:
+    """The launcher received ``signum``: stop this host's workers; returns the launcher's status.
+    SIGTERM with a checkpoint directory is a preemption notice: the workers get ``NOTICE_SIGNAL``
+    and up to ``checkpoint_grace`` seconds to stop at a step boundary after a final checkpoint."""
+    saving = signum == signal.SIGTERM and bool(directory)
+    say(f"received {signal.Signals(signum).name}; stopping {len(sup.running())} worker(s)" + (
+        f" at the next step boundary, after a final checkpoint in {directory}" if saving
+        else "" if directory else "; no --checkpoint-dir was given: nothing was saved"))
+    if saving:
+        sup.drain(NOTICE_SIGNAL, checkpoint_grace)
+    sup.stop_all(grace)
+    return stopped_on_notice(directory, say) if saving else 128 + signum
+
+
 def stopped_on_notice(directory: str, say: Callable[[str], None]) -> int:
-    """After SIGTERM stopped a checkpointing job: say where it can resume from, and the status."""
+    """After a notice stopped a checkpointing job: say where it can resume from, and the status."""
     storage = Storage(directory)
     latest = storage.listing().latest
     if latest is None:

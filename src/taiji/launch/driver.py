@@ -22,7 +22,7 @@ from ..cluster.etcd import EtcdKV, job_credentials, parse_url
 from ..cluster.store import JobStore, KeyFollower, host_store, open_store
 from ..errors import LaunchError, StoreError
 from . import hosts, registry
-from .checkpoint_cli import stopped_on_notice
+from .checkpoint_cli import stop_workers
 from .control import ControlServer
 from .etcd_server import EtcdServer
 from .supervisor import Supervisor, describe_exit
@@ -445,15 +445,11 @@ class Driver:
             pending += self._early
             while True:
                 exited, received = self.sup.wait(timeout=self.tick)
-                if received:
-                    name = signal.Signals(received[0]).name
-                    saving = received[0] == signal.SIGTERM and bool(self.settings.checkpoint_dir)
-                    self.say(f"received {name}; stopping {len(self.sup.running())} worker(s)" + (
-                        f" at the next step boundary, after a final checkpoint in {self.settings.checkpoint_dir}"
-                        if saving else "" if self.settings.checkpoint_dir else "; no --checkpoint-dir: nothing was saved"))
-                    self.sup.stop_all(cfg.checkpoint_grace if saving else cfg.grace)
+                if received:  # SIGTERM with --checkpoint-dir: a final checkpoint first
+                    code = stop_workers(received[0], self.sup, self.settings.checkpoint_dir, cfg.grace,
+                                        cfg.checkpoint_grace, self.say)
                     self._stop_agents()
-                    return stopped_on_notice(self.settings.checkpoint_dir, self.say) if saving else 128 + received[0]
+                    return code
                 # did anyone write what we react to? one read, or none where a watch keeps the count
                 bell = self._doorbell.value if self._doorbell is not None else self.job.doorbell()
                 rang, self._bell = bell != self._bell, bell

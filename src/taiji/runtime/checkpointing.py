@@ -19,8 +19,9 @@ import torch
 
 from .. import env
 from ..checkpoint.config import Checkpoint, due
-from ..checkpoint.layout import FORMAT, Manifest, TensorInfo, assign, checkpoint_name, taiji_version, to_prune
-from ..checkpoint.reader import Found, find, load_into
+from ..checkpoint.layout import (FORMAT, Manifest, assign, checkpoint_name, taiji_version, tensor_keys,
+                                 to_prune)
+from ..checkpoint.reader import Found, find, load_into, model_info
 from ..checkpoint.storage import Storage
 from ..checkpoint.writer import SaveRecord, Writer
 from ..comm.transfer import encode
@@ -59,6 +60,7 @@ class Checkpointer:
         self.resumed: Found | None = None
         self._last_step, self._last_clock = -1, None
         self._previous_handler: Any = None
+        self._notice = signal.SIGTERM
 
     # -- resuming ----------------------------------------------------------------------------
 
@@ -109,8 +111,7 @@ class Checkpointer:
         tensors: list[torch.Tensor] = []
         image = encode(self.state.state_dict(), tensors)
         model = self.state.model.state_dict()
-        everything = {f"model.{k}": v for k, v in model.items()}
-        everything.update({f"state.{i}": t for i, t in enumerate(tensors)})
+        everything = tensor_keys(model, tensors)
         writers = view.size if self.exact() else 1  # replicas differ: the lowest rank writes all
         owners = assign({k: t.numel() * t.element_size() for k, t in everything.items()}, writers)
         mine = {k: t for k, t in everything.items() if owners[k] == view.rank}
@@ -118,7 +119,7 @@ class Checkpointer:
         if view.rank == 0:
             manifest = Manifest(
                 format=FORMAT, taiji_version=taiji_version(), step=step, size=view.size, time=clock, parts=writers,
-                model={k: TensorInfo(tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in model.items()},
+                model=model_info(self.state.model),
                 owners=owners, state=image, strategy=self.state.strategy,
                 extra={"bounds": {"min_np": env.MIN_NP.get(), "max_np": env.MAX_NP.get()},
                        "version": view.version, "epoch": self.state.progress.epoch})
@@ -139,21 +140,25 @@ class Checkpointer:
     # -- preemption notices ------------------------------------------------------------------
 
     def listen_for_notice(self) -> None:
-        """SIGTERM (the job is being reclaimed): stop at the next step boundary, where the final
-        checkpoint is taken. Only with checkpoints, and only from the main thread."""
+        """A preemption notice: stop at the next step boundary, where the final checkpoint is
+        taken. Under `taiji run` the notice is the launcher's SIGUSR1 (a worker's own SIGTERM stays
+        a failure the others recover from); in a plain process, SIGTERM. Only with checkpoints,
+        and only from the main thread."""
         if self.writer is None or threading.current_thread() is not threading.main_thread():
             return
+        signum = signal.SIGUSR1 if env.JOB_ID.is_set() else signal.SIGTERM
 
-        def notice(signum: int, frame: Any) -> None:
-            log.warning("SIGTERM: stopping at the next step boundary with a final checkpoint in %s",
-                        self.config.path if self.config else "")
+        def notice(received: int, frame: Any) -> None:
+            log.warning("%s: stopping at the next step boundary with a final checkpoint in %s",
+                        signal.Signals(received).name, self.config.path if self.config else "")
             self.request_stop()
-        self._previous_handler = signal.signal(signal.SIGTERM, notice)
+        self._notice = signum
+        self._previous_handler = signal.signal(signum, notice)
 
     def close(self) -> None:
         """Wait for the write in flight (a checkpoint is complete or invisible, never half)."""
         if self._previous_handler is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous_handler)
+            signal.signal(self._notice, self._previous_handler)
             self._previous_handler = None
         if self.writer is not None:
             self.writer.wait()
