@@ -111,7 +111,9 @@ def test_parts_round_trip_and_completeness(tmp_path, root):
     storage.check_writable()
     tensors = {"model.w": torch.randn(4, 3), "model.b": torch.randn(3), "state.0": torch.arange(5.0)}
     _write(storage, 7, tensors)
-    storage.write_json(f"{layout.checkpoint_name(9)}/{layout.MANIFEST}", {"parts": 2})  # a save in progress
+    owners = assign({k: t.numel() * 4 for k, t in tensors.items()}, 2)  # step 9: writer 1 died mid-save
+    writer_mod.write_part(storage, 9, 0, {k: t for k, t in tensors.items() if owners[k] == 0},
+                          _manifest(9, 2, tensors, owners))
     assert storage.listing() == Listing((7,), (9,))
     found = find(url)
     assert found.step == 7 and found.manifest.parts == 2
