@@ -278,3 +278,26 @@ def test_sigterm_to_a_plain_process_stops_after_the_step_with_a_final_checkpoint
             os.kill(os.getpid(), signal.SIGTERM)  # the notice: handled between bytecodes, here
     assert job.progress.step == 5 and Storage(root).listing().complete == (5,)
     assert signal.getsignal(signal.SIGTERM) is before, "the Job gives SIGTERM back when it ends"
+
+
+def test_taiji_optimizer_checkpoints_on_schedule_and_resumes(tmp_path):
+    root = str(tmp_path / "ck")
+    batches = [(DATA.tensors[0][i:i + 8], DATA.tensors[1][i:i + 8]) for i in range(0, 48, 8)]
+
+    def run(checkpoint, upto):
+        model = _model()
+        opt = taiji.Optimizer(torch.optim.Adam(model.parameters(), lr=0.01), model, peer=Peer.solo(),
+                              checkpoint=checkpoint)
+        for x, y in batches[opt.steps:upto]:  # the loop's data position follows opt.steps
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            assert opt.step()
+        opt.close()
+        return model, opt
+    reference, _ = run(None, 6)
+    _, first = run(Checkpoint(root, steps=2), 5)
+    assert Storage(root).listing().complete == (2, 4)
+    model, opt = run(Checkpoint(root, steps=2, resume="auto"), 6)
+    assert opt.steps == 6 and all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
+    with pytest.raises(ConfigError, match="needs a checkpoint path"):
+        run(None, 0)[1].save()

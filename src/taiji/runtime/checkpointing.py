@@ -59,6 +59,7 @@ class Checkpointer:
         self.records: list[SaveRecord] = []
         self.resumed: Found | None = None
         self._last_step, self._last_clock = -1, None
+        self._clock = time.time()  # the last agreed clock (rank 0's, from the control message)
         self._previous_handler: Any = None
         self._notice = signal.SIGTERM
 
@@ -94,6 +95,7 @@ class Checkpointer:
         if self.writer is None:
             return
         assert self.config is not None
+        self._clock = clock
         if self._last_clock is None:
             self._last_clock = clock
         if due(self.state.progress.step, clock, self._last_step, self._last_clock, self.config.interval):
@@ -103,10 +105,12 @@ class Checkpointer:
         """Training stopped (every worker at the same boundary): the final checkpoint."""
         if self.writer is not None and self.config is not None and self.config.final \
                 and self.state.progress.step > self._last_step:
-            self.save(time.time() if self._last_clock is None else max(self._last_clock, time.time()))
+            self.save()
 
-    def save(self, clock: float) -> SaveRecord:
+    def save(self, clock: float | None = None) -> SaveRecord:
+        """Checkpoint now (every worker at the same boundary), stamped with the last agreed clock."""
         assert self.writer is not None
+        clock = self._clock if clock is None else clock
         view, step = self.membership.view, self.state.progress.step
         tensors: list[torch.Tensor] = []
         image = encode(self.state.state_dict(), tensors)
