@@ -301,3 +301,13 @@ def test_taiji_optimizer_checkpoints_on_schedule_and_resumes(tmp_path):
     assert opt.steps == 6 and all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
     with pytest.raises(ConfigError, match="needs a checkpoint path"):
         run(None, 0)[1].save()
+
+
+def test_job_checkpoints_to_an_fsspec_url_and_resumes_from_it():
+    root = f"memory://taiji-job-{os.getpid()}/ck"
+    ref, _, _ = _train(None, 8)
+    _train(Checkpoint(root, steps=3), 6)
+    assert Storage(root).listing().complete == (3, 6)
+    model, _, job = _train(Checkpoint(root, resume="auto"), 8)
+    assert job.progress.step == 8 and all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters()))
+    Storage(root).remove("")
