@@ -143,7 +143,7 @@ def test_missing_and_corrupt_checkpoints_refused(tmp_path):
         load_tensors(find(str(tmp_path / "ck")), {k: torch.zeros_like(t) for k, t in tensors.items()})
     shard.write_bytes(original)
     digest = part / layout.DIGEST  # bytes changed in a way the file format itself cannot notice
-    digest.write_text(json.dumps({**json.loads(digest.read_text()), "sha256": "0" * 64}))
+    digest.write_text(json.dumps({**json.loads(digest.read_text()), "digest": "crc32:00000000"}))
     with pytest.raises(CheckpointError, match="do not match the digest"):
         load_tensors(find(str(tmp_path / "ck")), {k: torch.zeros_like(t) for k, t in tensors.items()})
     shard.write_bytes(bytes(data[:100]))  # truncated

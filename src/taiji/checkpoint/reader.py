@@ -84,7 +84,7 @@ def _load_part(found: Found, part: int, targets: dict[str, torch.Tensor]) -> Non
     rel = f"{checkpoint_name(found.step)}/{part_name(part)}"
     where = found.storage.url_of(rel)
     try:
-        expected = found.storage.read_json(f"{rel}/{DIGEST}")["sha256"]
+        expected = found.storage.read_json(f"{rel}/{DIGEST}")["digest"]
         if targets:
             dcp.load(targets, storage_reader=found.storage.dcp_reader(rel), no_dist=True)
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - many kinds for a damaged file

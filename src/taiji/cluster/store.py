@@ -266,10 +266,14 @@ class JobStore:
 
     # -- keys the launcher's driver watches (written by workers or `taiji resize`) -------
 
-    def propose(self, size: int, source: str) -> int:
-        """Ask for ``size`` workers; returns the proposal's sequence number."""
+    def propose(self, size: int, source: str, placement: tuple[tuple[str, int], ...] = ()) -> int:
+        """Ask for ``size`` workers (``placement``: so many on each host); returns the proposal's
+        sequence number."""
         seq = self.add("proposal/seq", 1)
-        self.put_record(f"proposal/{seq}", {"size": int(size), "source": source})
+        record: dict = {"size": int(size), "source": source}
+        if placement:
+            record["placement"] = [[host, int(count)] for host, count in placement]
+        self.put_record(f"proposal/{seq}", record)
         self.ring()
         return seq
 

@@ -337,7 +337,8 @@ class Driver:
     def _store_events(self) -> list[ctl.Event]:
         events: list[ctl.Event] = []
         self._proposal_seq, proposals = self.job.proposals_after(self._proposal_seq)
-        events += [ctl.Proposal(int(p["size"]), str(p.get("source", "user"))) for p in proposals]
+        events += [ctl.Proposal(int(p["size"]), str(p.get("source", "user")),
+                                tuple((str(h), int(n)) for h, n in p.get("placement", ()))) for p in proposals]
         events += [ctl.WorkerReady(j.id) for j in self.state.joiners
                    if not j.ready and self.job.is_ready(j.id)]
         version = self.state.config.version
