@@ -3,11 +3,14 @@
 Records are the dicts that ``_elastic_train.py`` writes, one JSON line each: ``boot`` (wall-clock
 times of a process's start-up), ``commit`` (one committed step: its wall-clock ``time``, step,
 size, rank; taiji's also carry version, worker and, on the first step after a change, the Job's
-``transitions``), ``broadcast`` (torchrun: a state-sized broadcast timed) and ``done``. A stall is
-(first commit at the new size - last commit at the old size) - one normal step at the new size.
-Nothing here starts a process or reads a file.
+``transitions``), ``broadcast`` (torchrun: a state-sized broadcast timed), ``draw`` (a step took its
+batch) and ``done``; with sample logging, ``draw`` and ``commit`` carry the batch's ``samples`` and
+``epoch``. A stall is (first commit at the new size - last commit at the old size) - one normal
+step at the new size. Nothing here starts a process or reads a file.
 """
 from __future__ import annotations
+
+import re
 
 from _common import median
 
@@ -164,6 +167,118 @@ def torchrun_fault_figures(records: list[dict], hit: float) -> dict:
         "first_step_s": after[0]["time"] - max(b["ready"] for b in boots),
         "step_ms": median(step_intervals(select(records, "commit", restart=0, rank=0))) * 1e3,
     }
+
+
+def kill_figures(records: list[dict], hit: float, survivors: set[str]) -> dict:
+    """Any side, one worker (or replica group) killed at wall-clock ``hit``: seconds to the
+    survivors' next committed step, the committed steps they redid, and the attempts they began
+    and threw away on the way (a step begun but not committed with the same batch: taiji retries
+    it on the survivors with the whole global batch, torchft skips it)."""
+    commits = [c for c in select(records, "commit") if c["worker"] in survivors]
+    after = [c for c in commits if c["time"] > hit]
+    if not after:
+        raise ValueError("no survivor committed a step after the kill")
+    resumed = after[0]["time"]
+    steps = [c["step"] for c in commits]
+    drawn = [d for d in select(records, "draw") if d["worker"] in survivors and hit - 1.0 < d["time"] < resumed]
+    committed = {(c["worker"], c["step"], tuple(c.get("samples", ()))) for c in commits}
+    return {
+        "resume_s": resumed - hit,
+        "last_committed_before": max((c["step"] for c in commits if c["time"] <= hit), default=None),
+        "first_committed_after": after[0]["step"],
+        "size_after": after[0]["size"],
+        "committed_steps_redone": len(steps) - len(set(steps)),
+        "attempts_discarded": sum(1 for d in drawn if (d["worker"], d["step"], tuple(d.get("samples", ())))
+                                 not in committed),
+    }
+
+
+def join_figures(records: list[dict], requested: float, survivors: set[str], size: int, settle: int) -> dict:
+    """Any side, a worker (or replica group) asked for at wall-clock ``requested`` joins survivors
+    at ``size``: the survivors' stall (the gap before their first commit at ``size`` - one normal
+    step there), the joiner's time from the request to its first committed step, and how long the
+    survivors went on training before it."""
+    commits = select(records, "commit")
+    joiners = {c["worker"] for c in commits if c["worker"] not in survivors and c["time"] > requested}
+    if not joiners:
+        raise ValueError("no joiner committed a step")
+    joiner_first = min(c["time"] for c in commits if c["worker"] in joiners)
+    stalls, firsts, steps_before = [], [], []
+    for worker in sorted(survivors):
+        mine = [c for c in commits if c["worker"] == worker]
+        at = [i for i, c in enumerate(mine) if c["time"] > requested and c["size"] == size]
+        if not at or at[0] == 0:
+            continue
+        new, previous = mine[at[0]:], mine[at[0] - 1]
+        stalls.append(new[0]["time"] - previous["time"] - normal_step(new, settle))
+        firsts.append(new[0]["time"])
+        steps_before.append(sum(1 for c in mine[:at[0]] if c["time"] > requested))
+    if not stalls:
+        raise ValueError(f"no survivor committed a step at size {size} after the request")
+    boots = [b for b in select(records, "boot") if b.get("worker") in joiners]
+    return {
+        "stall_s": max(stalls),
+        "joiner_first_step_s": joiner_first - requested,
+        "joiner_boot_to_first_step_s": joiner_first - min(b["exec"] for b in boots) if boots else None,
+        "request_to_new_size_s": min(firsts) - requested,
+        "steps_while_joiner_booted": min(steps_before),
+    }
+
+
+def exactly_once_figures(records: list[dict], killed: set[str]) -> dict:
+    """Samples lost or repeated, from the ``draw`` and ``commit`` records' sample indices.
+
+    Repeated: a sample's committed contributions in one epoch beyond its first. Lost: a sample
+    drawn for a step that no worker committed with it, in that epoch, by the end of the run. A
+    worker's last draw counts only if it was killed (its step can never finish) or it logged
+    something after it (the step was done with); the draws in flight when the run stops do not."""
+    commits = select(records, "commit")
+    committed: dict[tuple[int, int], int] = {}
+    for c in commits:
+        for sample in c["samples"]:
+            committed[(c["epoch"], sample)] = committed.get((c["epoch"], sample), 0) + 1
+    last_record: dict[str, float] = {}
+    for r in records:
+        if "worker" in r and "time" in r:
+            last_record[r["worker"]] = max(last_record.get(r["worker"], 0.0), r["time"])
+    lost = set()
+    for d in select(records, "draw"):
+        if d["worker"] in killed or d["time"] < last_record[d["worker"]]:
+            lost.update((d["epoch"], s) for s in d["samples"] if (d["epoch"], s) not in committed)
+    once = sum(1 for n in committed.values() if n == 1)
+    return {
+        "samples_committed": sum(committed.values()),
+        "samples_distinct": len(committed),
+        "samples_repeated": sum(n - 1 for n in committed.values()),
+        "samples_lost": len(lost),
+        # of every sample drawn, the share trained on exactly once
+        "exactly_once_share": once / (len(committed) + len(lost)) if committed or lost else None,
+    }
+
+
+def worker_error(text: str) -> str:
+    """What stopped a worker, from its output: the last exception of its traceback and where it
+    was raised, with the exception it was raised while handling (a launcher's own
+    ``ChildFailedError`` is left out)."""
+    lines = text.splitlines()
+    found = [i for i, ln in enumerate(lines) if re.match(r"(\w+\.)*\w*(Error|Exception)\b", ln)
+             and "ChildFailedError" not in ln]
+    if not found:
+        return lines[-1].strip()[:300] if lines else "no output"
+    last = found[-1]
+    where = next((ln.strip() for ln in reversed(lines[:last]) if ln.strip().startswith("File ")), "")
+    where = re.sub(r'File ".*?([^/]+/[^/]+)", line (\d+), in (\w+)', r"\1:\2 in \3", where)
+    message = lines[last].strip()[:300] + (f" at {where}" if where else "")
+    if len(found) > 1:
+        message += f" (after {lines[found[-2]].strip()[:200]})"
+    return message
+
+
+def samples_per_s(commits: list[dict], batch: int, skip: int = 2) -> float | None:
+    """Steady-state throughput of one worker's run of commits (``batch`` samples each step):
+    global batch / median interval, leaving out the first ``skip`` intervals."""
+    intervals = step_intervals(commits)[skip:]
+    return batch / median(intervals) if intervals else None
 
 
 def model_figures(records: list[dict]) -> dict:

@@ -1,6 +1,7 @@
 """The report of ``benchmarks/elastic.py``: the rows of DESIGN §9's result line from every
 repetition's figures (medians; ratio = anchor seconds / taiji seconds, > 1: taiji recovers
-sooner), a table of them for people, and the result line itself."""
+sooner; for samples/s and shares taiji / anchor), a table of them for people, and the result
+line itself. The rows against torchft name it in their case."""
 from __future__ import annotations
 
 from _common import ahead_ratio, contract_row, print_result
@@ -107,15 +108,90 @@ def hang_row(taiji_runs: list[dict], anchor_runs: list[dict], crash_anchor_runs:
         taiji_over_timeout_s=rounded(None if taiji is None else taiji - hang_timeout), anchor_kind=kind)
 
 
-def build_rows(results: dict[str, list[dict]], elastic: dict | None, model: dict, hang_timeout: float) -> list[dict]:
+def torchft_rows(taiji_runs: list[dict], torchft_runs: list[dict], ddp_runs: list[dict], torchrun: dict,
+                 torchft_missing: str | None) -> list[dict]:
+    """taiji beside torchft in one kill-and-join run each (and DDP's steady state). Each row names
+    what torchft could not complete, with its error, and carries torchrun's figure of the same
+    case (``torchrun_s``) where the benchmark measures one."""
+    done = [run for run in torchft_runs if "error" not in run]
+    errors = [run["error"] for run in torchft_runs if "error" in run]
+    version = next((run["version"] for run in torchft_runs if run.get("version")), None)
+
+    def status(*phases: str) -> dict:
+        failed = [e for e in errors if e["phase"] in ("start", *phases)]
+        if torchft_missing:
+            return {"anchor_error": torchft_missing}
+        if failed:
+            return {"anchor_error": failed[0], "anchor_failed_runs": f"{len(failed)} of {len(torchft_runs)}"}
+        return {}
+
+    def both(*path) -> tuple:
+        return median_over(taiji_runs, *path), median_over(torchft_runs, *path)
+
+    config = ("torchft: lighthouse --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000 (its README); "
+              "2 replica groups of 1 worker, each under torchrun; Manager(min_replica_size=1, PGTransport), "
+              "ProcessGroupGloo(5 s), its DistributedDataParallel, Optimizer and DistributedSampler (train_ddp.py)")
+    kill, anchor_kill = both("kill", "resume_s")
+    stall, anchor_stall = both("join", "stall_s")
+    first, anchor_first = both("join", "joiner_first_step_s")
+    share, anchor_share = both("exactly_once", "exactly_once_share")
+    rate, anchor_rate = both("samples_per_s")
+    ddp_rate = median_over(ddp_runs, "samples_per_s")
+    grow = [run["changes"][0] for run in torchrun.get("resize", []) if run.get("changes")]
+    common = {"anchor_version": version, "anchor_config": config}
+    return [
+        seconds_row("kill: SIGKILL 1 of 2 workers (replica groups) -> survivors' next committed step (s) vs torchft",
+                    kill, anchor_kill, taiji_all=each_over(taiji_runs, "kill", "resume_s"),
+                    anchor_all=each_over(torchft_runs, "kill", "resume_s"),
+                    taiji_committed_steps_redone=median_over(taiji_runs, "kill", "committed_steps_redone"),
+                    anchor_committed_steps_redone=median_over(torchft_runs, "kill", "committed_steps_redone"),
+                    taiji_attempts_discarded=median_over(taiji_runs, "kill", "attempts_discarded"),
+                    anchor_attempts_discarded=median_over(torchft_runs, "kill", "attempts_discarded"),
+                    torchrun_s=rounded(median_over(torchrun.get("crash", []), "resume_s")),
+                    **status("kill"), **common),
+        seconds_row("join: a worker (replica group) joins 1 survivor -> survivors' stall (s) vs torchft",
+                    stall, anchor_stall, taiji_all=each_over(taiji_runs, "join", "stall_s"),
+                    anchor_all=each_over(torchft_runs, "join", "stall_s"),
+                    taiji_steps_while_joiner_booted=median_over(taiji_runs, "join", "steps_while_joiner_booted"),
+                    anchor_steps_while_joiner_booted=median_over(torchft_runs, "join", "steps_while_joiner_booted"),
+                    torchrun_s=rounded(median_over(grow, "stall_s")), **status("kill", "join")),
+        seconds_row("join: request -> joiner's first committed step (s) vs torchft", first, anchor_first,
+                    taiji_all=each_over(taiji_runs, "join", "joiner_first_step_s"),
+                    anchor_all=each_over(torchft_runs, "join", "joiner_first_step_s"),
+                    taiji_boot_to_first_step_s=rounded(median_over(taiji_runs, "join", "joiner_boot_to_first_step_s")),
+                    anchor_boot_to_first_step_s=rounded(median_over(torchft_runs, "join",
+                                                                    "joiner_boot_to_first_step_s")),
+                    torchrun_s=rounded(median_over(grow, "request_to_first_step_s")), **status("kill", "join")),
+        contract_row("exactly-once across the kill and the join: share of drawn samples trained on exactly once "
+                     "vs torchft", rounded(share), rounded(anchor_share), higher_is_better=True,
+                     **{f"{side}_{key}": median_over(runs, "exactly_once", key)
+                        for side, runs in (("taiji", taiji_runs), ("anchor", torchft_runs))
+                        for key in ("samples_lost", "samples_repeated", "samples_committed")},
+                     **status("kill", "join")),
+        contract_row("steady state, 2 workers: samples/s, Job loop vs torchft's DistributedDataParallel",
+                     rounded(rate, 1), rounded(anchor_rate, 1), higher_is_better=True,
+                     taiji_all=each_over(taiji_runs, "samples_per_s", digits=1),
+                     anchor_all=each_over(torchft_runs, "samples_per_s", digits=1), **status()),
+        contract_row("steady state, 2 workers: samples/s, Job loop vs DDP", rounded(rate, 1), rounded(ddp_rate, 1),
+                     higher_is_better=True, anchor_all=each_over(ddp_runs, "samples_per_s", digits=1),
+                     anchor_kind="torchrun, plain DDP on gloo, no checkpoint"),
+    ]
+
+
+def build_rows(results: dict[str, list[dict]], elastic: dict | None, model: dict, hang_timeout: float,
+               torchft_missing: str | None = None) -> list[dict]:
     """The result rows from each measurement's repetitions (``results[name]``)."""
+    torchrun = {"crash": results["torchrun_crash"], "resize": results["torchrun_resize"]}
     return [*resize_rows(results["taiji_resize"], results["torchrun_resize"], model, elastic),
             crash_row(results["taiji_crash"], results["torchrun_crash"], results["taiji_crash3"]),
-            hang_row(results["taiji_hang"], results["torchrun_hang"], results["torchrun_crash"], hang_timeout)]
+            hang_row(results["taiji_hang"], results["torchrun_hang"], results["torchrun_crash"], hang_timeout),
+            *torchft_rows(results["taiji_kill_join"], results["torchft_kill_join"], results["torchrun_steady"],
+                          torchrun, torchft_missing)]
 
 
 def table(rows: list[dict]) -> str:
-    """The rows for people: case, taiji, anchor, ratio, whether taiji met its target."""
+    """The rows for people: case, taiji, anchor ("failed" where it could not complete the case),
+    ratio, whether taiji met its target."""
     def cell(value) -> str:
         if value is None:
             return "-"
@@ -124,8 +200,10 @@ def table(rows: list[dict]) -> str:
         return f"{value:g}" if isinstance(value, (int, float)) else str(value)
     width = max(len(row["case"]) for row in rows)
     lines = [f"{'case':{width}}  {'taiji':>8}  {'anchor':>8}  {'ratio':>7}  target met"]
-    lines += [f"{row['case']:{width}}  {cell(row['taiji']):>8}  {cell(row['anchor']):>8}  {cell(row['ratio']):>7}  "
-              f"{cell(row.get('target_met'))}" for row in rows]
+    for row in rows:
+        anchor = "failed" if row.get("anchor_error") else cell(row["anchor"])
+        lines.append(f"{row['case']:{width}}  {cell(row['taiji']):>8}  {anchor:>8}  {cell(row['ratio']):>7}  "
+                     f"{cell(row.get('target_met'))}")
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
-"""What both sides of ``benchmarks/elastic.py`` share: the training script's command line, the
-step logs its processes write (read while a job runs), a launched job, and waiting on its logs."""
+"""What the sides of ``benchmarks/elastic.py`` share: the training script's command line (also
+under torchrun), the step logs its processes write (read while a job runs), a launched job, and
+waiting on its logs."""
 from __future__ import annotations
 
 import argparse
@@ -87,7 +88,20 @@ def wait_for(condition: Callable[[], object], log: StepLog, jobs: list[LaunchedJ
         time.sleep(POLL_S)
 
 
+def torchrun_cmd(args: argparse.Namespace, out: Path, nproc: int, options: list[str], *train: str) -> list[str]:
+    """The training script under torchrun (the torchrun and torchft sides)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--monitor-interval", "0.1", *options, *train_args(args, out, *train)[1:]]
+
+
 def train_args(args: argparse.Namespace, out: Path, *extra: str) -> list[str]:
     """The training script's command line (the run's directory is its first argument)."""
     return [sys.executable, str(TRAIN), str(out), "--batch", str(args.batch), "--step-delay", str(args.step_delay),
             *extra]
+
+
+def joiner_steps(settle: int, victim_steps: int) -> int:
+    """How many steps the joiner of a kill-and-join run commits before the run ends: enough to
+    measure the stall, and more than the killed worker committed, so that a joiner that reads
+    its predecessor's data again is seen doing all of it."""
+    return max(settle, victim_steps + 2)

@@ -11,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from _elastic_analysis import taiji_change_figures, taiji_fault_figures
-from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for
+from _elastic_analysis import (exactly_once_figures, join_figures, kill_figures, samples_per_s,
+                               taiji_change_figures, taiji_fault_figures)
+from _elastic_runs import LaunchedJob, StepLog, joiner_steps, train_args, wait_for
 
 
 def taiji_cmd(args: argparse.Namespace, out: Path, nproc: int, timeout: float, job_id: str,
@@ -95,3 +96,41 @@ def taiji_fault(args: argparse.Namespace, out: Path, env: dict, nproc: int, acti
         return {**taiji_fault_figures(log.records, hit, survivors), "exit_code": code}
     finally:
         job.close()  # the stopped victim too: it is one of the step logs' pids
+
+
+def taiji_kill_join(args: argparse.Namespace, out: Path, env: dict) -> dict:
+    """The case run beside torchft: 2 workers (steady-state samples/s), SIGKILL w1 (the survivor
+    retries the step alone), then ask for 2 workers again (a new worker joins); every step's
+    samples logged for the exactly-once figures."""
+    job_id = f"bench{os.getpid()}{out.name}"
+    home = out / "home"
+    log = StepLog(out, "taiji")
+    deadline = time.monotonic() + 2 * args.timeout
+    cmd = taiji_cmd(args, out, 2, args.collective_timeout, job_id, "--max-np", "2")
+    job = LaunchedJob("taiji-kill-join", [*cmd, "--log-samples"], out, dict(env, TAIJI_HOME=str(home)), log)
+    try:
+        def w0() -> list[dict]:
+            return log.select("commit", worker="w0")
+        wait_for(lambda: len(w0()) >= args.steady and log.select("commit", worker="w1"), log, [job], deadline,
+                 "steady steps at 2 workers")
+        steady = samples_per_s(w0(), args.batch)
+        victim = log.select("boot", worker="w1")[0]["pid"]
+        hit = time.time()
+        job.signal_worker(victim, signal.SIGKILL)
+        wait_for(lambda: len([c for c in w0() if c["time"] > hit]) >= args.settle, log, [job], deadline,
+                 "steps after the kill")
+        requested = time.time()
+        job_store(home, job_id).propose(2, "benchmark")
+
+        need = joiner_steps(args.settle, len(log.select("commit", worker="w1")))
+
+        def joined() -> bool:
+            return len([c for c in log.select("commit") if c["worker"] not in ("w0", "w1")]) >= need
+        wait_for(joined, log, [job], deadline, f"{need} steps of the joiner")
+        code = finish(job, out, deadline)
+        log.poll()
+        return {"samples_per_s": steady, "kill": kill_figures(log.records, hit, {"w0"}),
+                "join": join_figures(log.records, requested, {"w0"}, 2, args.settle),
+                "exactly_once": exactly_once_figures(log.records, {"w1"}), "exit_code": code}
+    finally:
+        job.close()

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import time
 from pathlib import Path
 
 from _common import free_port
-from _elastic_analysis import torchrun_change_figures, torchrun_fault_figures
-from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for
+from _elastic_analysis import samples_per_s, torchrun_change_figures, torchrun_fault_figures
+from _elastic_runs import LaunchedJob, StepLog, torchrun_cmd, wait_for
 
 STOP_GRACE_S = 20.0  # SIGTERM to torchrun, then SIGKILL to its session after this long
-
-
-def torchrun_cmd(args: argparse.Namespace, out: Path, nproc: int, options: list[str], *train: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--monitor-interval", "0.1", *options, *train_args(args, out, *train)[1:]]
 
 
 def torchrun_resize(args: argparse.Namespace, out: Path, env: dict) -> dict:
@@ -80,6 +74,19 @@ def torchrun_fault(args: argparse.Namespace, out: Path, env: dict, action: str) 
         return torchrun_fault_figures(log.records, hit)
     finally:
         job.close()  # the stopped victim too: it is one of the step logs' pids
+
+
+def torchrun_steady(args: argparse.Namespace, out: Path, env: dict) -> dict:
+    """Plain DDP on 2 workers, no checkpoint: the steady-state samples/s of the anchor."""
+    log = StepLog(out, "torchrun")
+    job = LaunchedJob("torchrun-steady", torchrun_cmd(args, out, 2, ["--standalone", "--max-restarts", "0"],
+                                                      "--timeout", str(args.collective_timeout)), out, env, log)
+    try:
+        wait_for(lambda: len(log.select("commit", rank=0)) >= args.steady, log, [job], time.monotonic() + args.timeout,
+                 f"{args.steady} steps")
+        return {"samples_per_s": samples_per_s(log.select("commit", rank=0), args.batch)}
+    finally:
+        job.close()
 
 
 def torchrun_elastic(args: argparse.Namespace, out: Path, env: dict) -> dict:

@@ -2,8 +2,10 @@
 
     taiji run -np 1 --max-np 4 -- python benchmarks/_elastic_train.py OUT [--step-delay S]
     torchrun --standalone --nproc-per-node 2 benchmarks/_elastic_train.py OUT --checkpoint CKPT
+    REPLICA_GROUP_ID=i NUM_REPLICA_GROUPS=2 TORCHFT_LIGHTHOUSE=http://127.0.0.1:P \
+        torchrun --standalone --nproc-per-node 1 benchmarks/_elastic_train.py OUT
 
-Both sides train the same model (an MLP 512 -> 1024 -> 512 -> 10, 1.05M fp32 parameters, SGD
+All sides train the same model (an MLP 512 -> 1024 -> 512 -> 10, 1.05M fp32 parameters, SGD
 with momentum) on the same synthetic data with the same global batch, split over the workers.
 
 - Under ``taiji run`` (``TAIJI_STORE_PORT`` set) it is a ``taiji.Job`` loop: membership
@@ -11,15 +13,24 @@ with momentum) on the same synthetic data with the same global batch, split over
 - Under torchrun it is plain ``torch.distributed`` + DDP (gloo). Rank 0 checkpoints model,
   optimizer and step after every step (written to a temporary file, then renamed), and every
   worker resumes from the checkpoint when it starts: a membership change is a restart.
+- Under torchrun with ``TORCHFT_LIGHTHOUSE`` set it is one replica group of torchft (one worker,
+  configured as torchft's ``train_ddp.py`` example: ``Manager`` with ``min_replica_size=1`` and
+  a ``PGTransport`` for live recovery, ``ProcessGroupGloo`` with a 5 s timeout, its
+  ``DistributedDataParallel`` and ``Optimizer`` wrappers, and its ``DistributedSampler`` sharding
+  the data per replica group). Each group takes global batch / ``NUM_REPLICA_GROUPS`` samples per
+  step; a step the Manager does not commit is skipped, not retried.
 
 Every process appends JSON lines to ``OUT/<side>-<pid>.jsonl``: one ``boot`` record (wall-clock
 times at exec, after ``import torch``, when it joined, when its state was ready) and one
 ``commit`` record per committed step with its wall-clock ``time``, the step index, the
-cluster size and rank. ``benchmarks/elastic.py`` reads these files while the job runs.
+cluster size and rank. With ``--log-samples`` each process also writes a ``draw`` record when a
+step takes its batch, and ``draw`` and ``commit`` records carry the batch's sample indices and
+epoch: what the exactly-once figures are made of. ``benchmarks/elastic.py`` reads these files while
+the job runs.
 
 Training stops at the next step boundary once the file ``OUT/stop`` exists (taiji: rank 0
 sees it and asks the Job to stop, so every worker stops at the same step), or at
-``--max-steps``. torchrun jobs are simply stopped from outside (that is their resize path).
+``--max-steps``. torchrun and torchft jobs are simply stopped from outside (torchrun's resize path).
 """
 import sys
 import time
@@ -77,6 +88,11 @@ class Log:
         self.file.flush()
 
 
+def samples(args: argparse.Namespace, indices: torch.Tensor, epoch: int) -> dict:
+    """The sample indices and epoch of one batch, for a step-log record (with ``--log-samples``)."""
+    return {"samples": indices.tolist(), "epoch": epoch} if args.log_samples else {}
+
+
 def exit_with_parent() -> None:
     """torchrun starts workers in their own sessions and does not make them die with it: exit
     at once if the agent that started us dies, so that no worker outlives its launcher."""
@@ -98,7 +114,8 @@ def taiji_main(args: argparse.Namespace) -> None:
         nonlocal seen_transitions
         record = {"event": "commit", "step": step.index, "size": peer.size, "rank": peer.rank,
                   "version": peer.version, "pid": os.getpid(), "worker": peer.worker_id, "time": time.time(),
-                  "began": phases["began"], "backward_done": phases["backward_done"]}
+                  "began": phases["began"], "backward_done": phases["backward_done"],
+                  **samples(args, step.indices, step.epoch)}
         if len(job.transitions) > seen_transitions:  # the first commit after a membership change
             record["transitions"] = job.transitions[seen_transitions:]
             seen_transitions = len(job.transitions)
@@ -118,6 +135,9 @@ def taiji_main(args: argparse.Namespace) -> None:
             first = False
         if peer.rank == 0 and stop.exists():
             job.request_stop()
+        if args.log_samples:
+            log.write(event="draw", worker=peer.worker_id, step=step.index, time=time.time(),
+                      **samples(args, step.indices, step.epoch))
         x, y = step.batch
         loss = F.cross_entropy(model(x), y)
         if args.step_delay:
@@ -208,6 +228,63 @@ def torchrun_main(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def torchft_main(args: argparse.Namespace) -> None:
+    """One replica group of torchft (one worker), set up as torchft's ``train_ddp.py`` example does."""
+    import datetime
+
+    from torch.utils.data import DataLoader
+    from torchft import DistributedDataParallel, DistributedSampler, Manager, Optimizer, ProcessGroupGloo
+    from torchft.checkpointing.pg_transport import PGTransport
+
+    exit_with_parent()
+    replica, groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
+    log = Log(args.out, "torchft", args.tag)
+    worker = f"g{replica}-{os.getpid()}"  # a replaced group keeps its id: the pid tells the processes apart
+    model = make_model()
+    inner = make_optimizer(model)
+    x_all, y_all = make_data()
+    sampler = DistributedSampler(range(NUM_SAMPLES), replica_rank=replica, num_replica_groups=groups,
+                                 group_rank=0, num_replicas=1, shuffle=True)
+    loader = DataLoader(range(NUM_SAMPLES), batch_size=args.batch // groups, sampler=sampler)
+
+    def load_state_dict(state: dict) -> None:
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+
+    pg = ProcessGroupGloo(timeout=datetime.timedelta(seconds=5))
+    manager = Manager(pg=pg, min_replica_size=1, load_state_dict=load_state_dict,
+                      state_dict=lambda: {"model": model.state_dict(), "optim": inner.state_dict()},
+                      replica_id=f"bench_{replica}", timeout=datetime.timedelta(seconds=30),
+                      checkpoint_transport=PGTransport(pg, timeout=datetime.timedelta(seconds=10),
+                                                       device=torch.device("cpu")),
+                      hostname="localhost")  # advertised to the lighthouse: stay on loopback
+    joined = time.time()
+    ddp = DistributedDataParallel(manager, model)
+    opt = Optimizer(manager, inner)
+    log.write(event="boot", side="torchft", pid=os.getpid(), worker=worker, replica=replica, exec=EXEC_TIME,
+              imported=IMPORT_TIME, joined=joined, ready=time.time(), **state_bytes(model))
+    epoch = 0
+    while args.max_steps is None or manager.current_step() < args.max_steps:
+        sampler.set_epoch(epoch)
+        for idx in loader:
+            began = time.time()
+            if args.log_samples:
+                log.write(event="draw", worker=worker, step=manager.current_step(), time=began,
+                          **samples(args, idx, epoch))
+            opt.zero_grad()  # starts the quorum of this step
+            loss = F.cross_entropy(ddp(x_all[idx]), y_all[idx])
+            if args.step_delay:
+                time.sleep(args.step_delay)
+            loss.backward()  # the allreduce goes through the Manager
+            before = manager.current_step()
+            opt.step()  # steps the optimizer only if the Manager commits the step
+            if manager.current_step() > before:
+                log.write(event="commit", step=before, size=manager.num_participants(), rank=0, worker=worker,
+                          pid=os.getpid(), time=time.time(), began=began, **samples(args, idx, epoch))
+        epoch += 1
+    manager.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory for the step logs")
@@ -221,10 +298,14 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="copied into every record (which launch wrote it)")
     parser.add_argument("--measure-broadcast", type=int, default=0,
                         help="torchrun: time this many state-sized broadcasts after the first step")
+    parser.add_argument("--log-samples", action="store_true",
+                        help="log each step's sample indices (draw and commit records): the exactly-once figures")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if os.environ.get("TAIJI_STORE_PORT"):
         taiji_main(args)
+    elif os.environ.get("TORCHFT_LIGHTHOUSE"):
+        torchft_main(args)
     else:
         torchrun_main(args)
 

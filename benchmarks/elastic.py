@@ -1,4 +1,4 @@
-"""Membership changes: taiji's elastic transitions vs torchrun's restart path, side by side.
+"""Membership changes: taiji's elastic transitions vs torchrun's restart path and torchft, side by side.
 
 One training script (``_elastic_train.py``: an MLP of 1.05M parameters, SGD with momentum,
 global batch 64) runs under ``taiji run`` as a ``taiji.Job`` and under torchrun as plain
@@ -21,18 +21,27 @@ process logs each committed step with its wall-clock time; all figures come from
   30 s by default) and restarts. Quick mode reports a lower bound instead: timeout + the
   measured crash restart.
 
+- **beside torchft** (a lighthouse and two replica groups of one worker, each under torchrun, set
+  up as torchft's README and ``train_ddp.py`` do): one run per side trains at 2 workers
+  (steady-state samples/s), SIGKILLs one worker (replica group), then brings one back: the
+  survivors' next committed step, their stall when it joins, the joiner's time to its first
+  committed step, and exactly-once (every step's sample indices logged: samples lost or trained
+  on twice). torchrun runs plain DDP (no checkpoint) for the steady state; its crash and grow
+  1->2 figures stand beside each row. Without torchft installed those rows say so
+  (``pip install -e '.[bench]'``).
+
 Repetitions alternate which side runs first; each row gives medians, every repetition's value
 (``*_all``) and the parts the anchor's time is made of. Every launched job has a hard timeout
 and is killed with its session (and any worker torchrun started) and reaped in ``finally``.
 
-The pieces: ``_elastic_taiji.py`` and ``_elastic_torchrun.py`` run the two sides,
+The pieces: ``_elastic_taiji.py``, ``_elastic_torchrun.py`` and ``_elastic_torchft.py`` run the sides,
 ``_elastic_runs.py`` holds what they share (the step logs, a launched job), ``_elastic_analysis.py``
 turns step-log records into figures (pure functions, unit-tested), ``_elastic_report.py`` turns
 the repetitions' figures into the table and the result line. This file is the command line and
 the order of the runs.
 
-    .venv/bin/python benchmarks/elastic.py --quick      # one repetition, <= 90 s
-    .venv/bin/python benchmarks/elastic.py              # 3 repetitions + extras, 7-9 min
+    .venv/bin/python benchmarks/elastic.py --quick      # one repetition: 4-5 min on 2 busy cores
+    .venv/bin/python benchmarks/elastic.py              # 3 repetitions + extras: about 28 min on 2 busy cores
 """
 from __future__ import annotations
 
@@ -51,11 +60,13 @@ from _common import interleaved, reap_on_sigterm  # noqa: E402
 from _elastic_analysis import model_figures  # noqa: E402
 from _elastic_report import build_rows, report  # noqa: E402
 from _elastic_runs import StepLog  # noqa: E402
-from _elastic_taiji import taiji_fault, taiji_resize  # noqa: E402
-from _elastic_torchrun import torchrun_elastic, torchrun_fault, torchrun_resize  # noqa: E402
+from _elastic_taiji import taiji_fault, taiji_kill_join, taiji_resize  # noqa: E402
+from _elastic_torchft import torchft_kill_join, torchft_missing, torchft_version  # noqa: E402
+from _elastic_torchrun import torchrun_elastic, torchrun_fault, torchrun_resize, torchrun_steady  # noqa: E402
 
-MEASURED_PAIRS = (("taiji_resize", "torchrun_resize"), ("taiji_crash", "torchrun_crash"),
-                  ("taiji_hang", "torchrun_hang"))
+MEASURED_SETS = {"resize": ("taiji_resize", "torchrun_resize"), "crash": ("taiji_crash", "torchrun_crash"),
+                 "hang": ("taiji_hang", "torchrun_hang"),
+                 "kill-join": ("taiji_kill_join", "torchft_kill_join", "torchrun_steady")}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,12 +91,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="measure torchrun's hang recovery (default: full mode only)")
     parser.add_argument("--crash3", action=argparse.BooleanOptionalAction, default=None,
                         help="also kill one of 3 taiji workers (default: full mode only)")
+    parser.add_argument("--steady", type=int, default=None,
+                        help="steps at 2 workers before the kill of the runs beside torchft; their median "
+                             "interval gives the steady-state samples/s (default: 30 quick, 60 full)")
+    parser.add_argument("--torchft", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the torchft side (needs torchft: pip install -e '.[bench]')")
+    parser.add_argument("--only", nargs="+", choices=list(MEASURED_SETS), default=list(MEASURED_SETS),
+                        help="run only these measurements (default: all); the other rows come out empty")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (step logs, launcher output)")
     args = parser.parse_args(argv)
     quick = args.quick
     args.reps = args.reps or (1 if quick else 3)
     args.warm = args.warm or (10 if quick else 20)
     args.settle = args.settle or (8 if quick else 15)
+    args.steady = args.steady or (30 if quick else 60)
     args.timeout = args.timeout or (45.0 if quick else 150.0)
     args.elastic_wait = (0.0 if quick else 75.0) if args.elastic_wait is None else args.elastic_wait
     args.torchrun_hang = (not quick) if args.torchrun_hang is None else args.torchrun_hang
@@ -110,8 +129,16 @@ def main(argv=None) -> None:
         "taiji_hang": lambda out: taiji_fault(args, out, env, 2, "hang"),
         "torchrun_hang": lambda out: torchrun_fault(args, out, env, "hang"),
         "taiji_crash3": lambda out: taiji_fault(args, out, env, 3, "crash"),
+        "taiji_kill_join": lambda out: taiji_kill_join(args, out, env),
+        "torchft_kill_join": lambda out: torchft_kill_join(args, out, env),
+        "torchrun_steady": lambda out: torchrun_steady(args, out, env),
     }
     skipped = set() if args.torchrun_hang else {"torchrun_hang"}
+    missing = ((torchft_missing() if args.torchft else "not run (--no-torchft)") if "kill-join" in args.only
+               else "not run (--only)")
+    if missing:
+        skipped.add("torchft_kill_join")
+        print(f"# torchft side skipped: {missing}", file=sys.stderr, flush=True)
     results: dict[str, list[dict]] = {name: [] for name in runners}
     errors: list[str] = []
     model: dict = {}
@@ -122,7 +149,9 @@ def main(argv=None) -> None:
         t0 = time.monotonic()
         try:
             results[name].append(runners[name](out))
-            print(f"# {name} rep {rep}: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+            failed = results[name][-1].get("error")  # a side that reports what it could not complete
+            print(f"# {name} rep {rep}: {time.monotonic() - t0:.1f}s" + (f", failed: {failed}" if failed else ""),
+                  file=sys.stderr, flush=True)
         except Exception as exc:  # one bad run must not hide the others: reported in the JSON
             errors.append(f"{name} rep {rep}: {type(exc).__name__}: {str(exc)[:1500]}")
             print(f"# {name} rep {rep} FAILED after {time.monotonic() - t0:.1f}s:\n{traceback.format_exc()}",
@@ -135,13 +164,13 @@ def main(argv=None) -> None:
     elastic = None
     try:
         for rep in range(args.reps):
-            for pair in MEASURED_PAIRS:  # taiji first on even repetitions, the anchor first on odd ones
-                for name in interleaved(pair, rep):
+            for sides in (MEASURED_SETS[key] for key in args.only):  # taiji first on even repetitions,
+                for name in interleaved(sides, rep):                    # the anchors first on odd ones
                     if name not in skipped:
                         run(name, rep)
-            if args.crash3:
+            if args.crash3 and "crash" in args.only:
                 run("taiji_crash3", rep)
-        if args.elastic_wait > 0:
+        if args.elastic_wait > 0 and "resize" in args.only:
             out = base / "torchrun_elastic"
             out.mkdir()
             t0 = time.monotonic()
@@ -150,7 +179,7 @@ def main(argv=None) -> None:
             except Exception as exc:
                 elastic = {"outcome": f"attempt failed: {type(exc).__name__}: {str(exc)[:500]}"}
             print(f"# torchrun elastic scale-up attempt: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
-        rows = build_rows(results, elastic, model, args.hang_timeout)
+        rows = build_rows(results, elastic, model, args.hang_timeout, missing)
     finally:
         if args.keep:
             print(f"# run directories kept in {base}", file=sys.stderr)
@@ -159,8 +188,8 @@ def main(argv=None) -> None:
     print(f"# total {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
     report(rows, model={"mlp": "512-1024-512-10", **model, "global_batch": args.batch,
                         "step_delay_s": args.step_delay},
-           torchrun_elastic_scale_up=elastic, errors=errors, reps=args.reps, quick=args.quick,
-           cpus=os.cpu_count(), raw=results if not args.quick else None)
+           torchrun_elastic_scale_up=elastic, torchft=missing or torchft_version(), errors=errors, reps=args.reps,
+           quick=args.quick, only=args.only, cpus=os.cpu_count(), raw=results if not args.quick else None)
 
 
 if __name__ == "__main__":

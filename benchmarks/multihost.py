@@ -20,7 +20,14 @@ runs on host 0, then on hosts 0 and 1, one worker per host; gloo goes over each 
   over the controller and the survivor retries. torchrun: the same two-node job loses the agent
   that hosts its c10d rendezvous store; the row reports what happened within ``--fault-wait``.
 
-    .venv/bin/python benchmarks/multihost.py --quick     # one repetition, ~2 min
+- **agent loss / cut link at 5 workers** (``--cases faults``) — 5 workers on 3 hosts (1 + 2 + 2),
+  collective timeout ``--fault-timeout`` (30 s) on both sides: SIGKILL of host 2's agent (2
+  workers) → next committed step at 3; then host 1's link goes down → next committed step at 1.
+  taiji with the TCP store and with ``--store etcd``; torchrun ``--nnodes 1:3`` restarting from
+  its checkpoint (one anchor for both stores).
+
+    .venv/bin/python benchmarks/multihost.py --quick     # one repetition, ~8 min
+    .venv/bin/python benchmarks/multihost.py --quick --cases faults
 """
 from __future__ import annotations
 
@@ -58,19 +65,20 @@ CLI = [sys.executable, "-m", "taiji.launch.cli"]
 
 
 def taiji_head(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict, log: StepLog, job_id: str,
-               *store: str) -> LaunchedJob:
-    """`taiji run` on host 0: one worker there, up to two in all."""
+               *store: str, max_np: int = 2, timeout: float | None = None) -> LaunchedJob:
+    """`taiji run` on host 0: one worker there, up to ``max_np`` in all."""
     return LaunchedJob("taiji-head", in_host(hosts, 0, [
-        *CLI, "run", "-np", "1", "--nproc-per-node", "1", "--max-np", "2", "--host", hosts.address(0), *store,
-        "--job-id", job_id, "--timeout", str(args.collective_timeout), "--liveness-timeout", "2",
+        *CLI, "run", "-np", "1", "--nproc-per-node", "1", "--max-np", str(max_np), "--host", hosts.address(0), *store,
+        "--job-id", job_id, "--timeout", str(timeout or args.collective_timeout), "--liveness-timeout", "2",
         "--run-dir", str(out / "run"), "--", *train_args(args, out)]), out, env, log)
 
 
-def taiji_agent(hosts: EmulatedHosts, out: Path, env: dict, log: StepLog, job_id: str, store: str) -> LaunchedJob:
-    """`taiji join` on host 1 with one slot."""
-    return LaunchedJob("taiji-agent", in_host(hosts, 1, [
+def taiji_agent(hosts: EmulatedHosts, out: Path, env: dict, log: StepLog, job_id: str, store: str,
+                host: int = 1, slots: int = 1) -> LaunchedJob:
+    """`taiji join` on ``host`` with ``slots`` slots."""
+    return LaunchedJob(f"taiji-agent{host}", in_host(hosts, host, [
         *CLI, "join", f"{job_id}@{store}", "--secret-file", str(out / "home" / "jobs" / f"{job_id}.secret"),
-        "--nproc-per-node", "1", "--host", hosts.address(1), "--timeout", "5"]), out, env, log)
+        "--nproc-per-node", str(slots), "--host", hosts.address(host), "--timeout", "5"]), out, env, log)
 
 
 def taiji_side(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
@@ -155,15 +163,91 @@ def torchrun_head_loss(args: argparse.Namespace, hosts: EmulatedHosts, out: Path
 
 
 def torchrun_cmd(hosts: EmulatedHosts, i: int, nnodes: str, rdzv_port: int, args: argparse.Namespace,
-                 out: Path, tag: str, restarts: int) -> list[str]:
+                 out: Path, tag: str, restarts: int, nproc: int = 1, timeout: float | None = None) -> list[str]:
     conf = "is_host=1,last_call_timeout=3" if i == 0 else "is_host=0,last_call_timeout=3"
     return in_host(hosts, i, [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", "1",
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", str(nproc),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.address(0)}:{rdzv_port}", "--rdzv-id", f"b{tag}",
         "--rdzv-conf", conf, "--local-addr", hosts.address(i), "--max-restarts", str(restarts),
         "--monitor-interval", "0.1",
         *train_args(args, out, "--checkpoint", str(out / "ckpt.pt"), "--tag", tag,
-                    "--timeout", str(args.collective_timeout))[1:]])
+                    "--timeout", str(timeout or args.collective_timeout))[1:]])
+
+
+# 5 workers on 3 hosts: host 0 runs 1 (the launcher's, rank 0), hosts 1 and 2 run 2 each
+FAULT_SLOTS = (1, 2, 2)
+
+
+def _after(commits: list[dict], since: float, size: int) -> list[dict]:
+    return [c for c in commits if c["time"] > since and c["size"] == size]
+
+
+def taiji_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict, store: str = "tcp") -> dict:
+    """5 workers on 3 hosts (collective timeout ``--fault-timeout``): SIGKILL host 2's agent (2
+    workers) -> next commit at 3; then host 1's link goes down -> next commit at 1. ``store``: the
+    launcher's TCPStore, or ``etcd`` (an etcd server beside the launcher)."""
+    log = StepLog(out, "taiji")
+    job_id = "jfault"
+    env = dict(env, TAIJI_HOME=str(out / "home"))
+    deadline = time.monotonic() + args.timeout
+    jobs = [taiji_head(args, hosts, out, env, log, job_id, "--port", str(PORT), "--store", store,
+                       max_np=sum(FAULT_SLOTS), timeout=args.fault_timeout)]
+    where = f"etcd://{hosts.address(0)}:{PORT}" if store == "etcd" else f"{hosts.address(0)}:{PORT}"
+    try:
+        def w0() -> list[dict]:
+            return log.select("commit", worker="w0")
+        wait_for(lambda: len(w0()) >= args.warm, log, jobs, deadline, "warm-up steps")
+        agents = {i: taiji_agent(hosts, out, env, log, job_id, where, host=i, slots=FAULT_SLOTS[i]) for i in (1, 2)}
+        jobs += list(agents.values())
+        wait_for(lambda: len(_after(w0(), 0, 5)) >= args.settle, log, jobs, deadline, f"{args.settle} steps at 5")
+        step_ms = median(b["time"] - a["time"] for a, b in zip(_after(w0(), 0, 5), _after(w0(), 0, 5)[1:])) * 1e3
+        killed = _kill_session(agents[2])
+        lost = wait_for(lambda: _after(w0(), killed, 3), log, jobs[:2], deadline, "a step at 3 after the agent loss")[0]
+        wait_for(lambda: len(_after(w0(), killed, 3)) >= args.settle, log, jobs[:2], deadline, f"{args.settle} steps at 3")
+        cut = time.time()
+        hosts.link_down(1)
+        first = wait_for(lambda: _after(w0(), cut, 1), log, jobs[:1], deadline, "a step at 1 after the cut link")[0]
+        (out / "stop").touch()
+        jobs[0].session.wait(max(deadline - time.monotonic(), 1.0))
+        return {"agent_loss": {"resume_s": lost["time"] - killed}, "cut_link": {"resume_s": first["time"] - cut},
+                "step_ms": step_ms}
+    finally:
+        for job in jobs:
+            job.close()
+
+
+def torchrun_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
+    """The same 5 workers on 3 hosts under torchrun (`--nnodes 1:3`, restarts from a checkpoint
+    written every step, the same collective timeout): host 2's agent killed, then host 1's link
+    down; each row waits ``--fault-wait`` seconds at most for the next commit."""
+    log = StepLog(out, "torchrun")
+    deadline = time.monotonic() + args.timeout + 2 * args.fault_wait
+    jobs = [LaunchedJob(f"torchrun-f{i}", torchrun_cmd(hosts, i, "1:3", PORT + 4, args, out, "f", 3, FAULT_SLOTS[i],
+                                                       args.fault_timeout), out, env, log) for i in range(3)]
+    result: dict = {}
+    try:
+        def r0() -> list[dict]:
+            return log.select("commit", tag="f", rank=0)
+        wait_for(lambda: len(_after(r0(), 0, 5)) >= args.settle, log, jobs, deadline, f"{args.settle} steps at 5")
+        cases = [("agent_loss", 3, lambda: _kill_session(jobs[2]), jobs[:2]),
+                 ("cut_link", 1, lambda: (hosts.link_down(1), time.time())[1], jobs[:1])]
+        for name, size, fault, alive in cases:
+            hit = fault()
+            try:
+                first = wait_for(lambda: _after(r0(), hit, size), log, alive,
+                                 min(deadline, time.monotonic() + args.fault_wait), f"a step at {size} after {name}")[0]
+                result[name] = {"resume_s": first["time"] - hit, "outcome": f"restarted at {size}"}
+            except (TimeoutError, RuntimeError) as exc:
+                result[name] = {"resume_s": None, "lower_bound_s": args.fault_wait,
+                                "outcome": f"no step at {size} within {args.fault_wait:g}s" +
+                                           (" (the surviving agents exited)" if isinstance(exc, RuntimeError) else "")}
+                break
+            wait_for(lambda: len(_after(r0(), hit, size)) >= args.settle, log, alive, deadline,
+                     f"{args.settle} steps at {size}")
+        return result
+    finally:
+        for job in jobs:
+            job.close()
 
 
 def torchrun_side(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
@@ -215,7 +299,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=120.0, help="hard limit per side, seconds")
     parser.add_argument("--fault-wait", type=float, default=60.0,
                         help="how long to wait for torchrun to commit a step after the host loss")
+    parser.add_argument("--fault-timeout", type=float, default=30.0,
+                        help="collective timeout, both sides, in the 5-worker agent-loss and cut-link runs")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument("--cases", default="grow,head,faults",
+                        help="which runs (comma-separated): grow (grow + host loss), head (head loss, needs "
+                             "etcd), faults (agent loss and cut link at 5 workers)")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
     return args
@@ -238,12 +327,18 @@ def main(argv=None) -> None:
     base = Path(tempfile.mkdtemp(prefix="taiji-multihost-"))
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="eth0",
                OMP_NUM_THREADS="1")
-    runs: dict[str, list[dict]] = {"taiji": [], "torchrun": [], "taiji_head": [], "torchrun_head": []}
+    runs: dict[str, list[dict]] = {"taiji": [], "torchrun": [], "taiji_head": [], "torchrun_head": [],
+                                   "taiji_faults": [], "torchrun_faults": [], "taiji_faults_etcd": []}
     errors: list[str] = []
     try:
         for rep in range(args.reps):
-            order = [("taiji", taiji_side), ("torchrun", torchrun_side)]
-            if shutil.which("etcd"):
+            cases = args.cases.split(",")
+            order = [("taiji", taiji_side), ("torchrun", torchrun_side)] if "grow" in cases else []
+            if "faults" in cases:
+                order += [("taiji_faults", taiji_faults), ("torchrun_faults", torchrun_faults)]
+                if shutil.which("etcd"):
+                    order += [("taiji_faults_etcd", lambda *a: taiji_faults(*a, store="etcd"))]
+            if "head" in cases and shutil.which("etcd"):
                 order += [("taiji_head", taiji_head_loss), ("torchrun_head", torchrun_head_loss)]
             for name, side in (order if rep % 2 == 0 else order[::-1]):
                 out = base / f"{name}-{rep}"
@@ -271,15 +366,29 @@ def main(argv=None) -> None:
                 values.append(value)
         return round(median(values), 4) if values else None
 
-    rows = [contract_row("grow onto a new host: stall of running workers (s)", med("taiji", "grow", "stall_s"),
-                         med("torchrun", "grow", "stall_s"), higher_is_better=False,
-                         taiji_all=[r["grow"]["stall_s"] for r in runs["taiji"]],
-                         anchor_all=[r["grow"]["stall_s"] for r in runs["torchrun"]]),
-            contract_row("host loss: kill -> next committed step (s)", med("taiji", "host_loss", "resume_s"),
-                         med("torchrun", "host_loss", "resume_s") or med("torchrun", "host_loss", "lower_bound_s"),
-                         higher_is_better=False,
-                         anchor_outcome=[r["host_loss"]["outcome"] for r in runs["torchrun"]],
-                         anchor_is_lower_bound=med("torchrun", "host_loss", "resume_s") is None)]
+    rows = []
+    if runs["taiji"] or runs["torchrun"]:
+        rows += [contract_row("grow onto a new host: stall of running workers (s)", med("taiji", "grow", "stall_s"),
+                              med("torchrun", "grow", "stall_s"), higher_is_better=False,
+                              taiji_all=[r["grow"]["stall_s"] for r in runs["taiji"]],
+                              anchor_all=[r["grow"]["stall_s"] for r in runs["torchrun"]]),
+                 contract_row("host loss: kill -> next committed step (s)", med("taiji", "host_loss", "resume_s"),
+                              med("torchrun", "host_loss", "resume_s") or med("torchrun", "host_loss", "lower_bound_s"),
+                              higher_is_better=False,
+                              anchor_outcome=[r["host_loss"]["outcome"] for r in runs["torchrun"]],
+                              anchor_is_lower_bound=med("torchrun", "host_loss", "resume_s") is None)]
+    for side, case, label in (
+            ("taiji_faults", "agent_loss", "agent loss, 2 of 5 workers on 3 hosts: kill -> next committed step (s)"),
+            ("taiji_faults", "cut_link", "cut link, host of 2 workers: link down -> next committed step (s)"),
+            ("taiji_faults_etcd", "agent_loss", "agent loss, 2 of 5 workers, etcd store: kill -> next committed step (s)"),
+            ("taiji_faults_etcd", "cut_link", "cut link, host of 2 workers, etcd store: link down -> next committed step (s)")):
+        anchor = med("torchrun_faults", case, "resume_s")
+        if not runs[side]:
+            continue
+        rows.append(contract_row(label, med(side, case, "resume_s"),
+                                 anchor or med("torchrun_faults", case, "lower_bound_s"), higher_is_better=False,
+                                 anchor_outcome=[r.get(case, {}).get("outcome") for r in runs["torchrun_faults"]],
+                                 anchor_is_lower_bound=anchor is None, collective_timeout_s=args.fault_timeout))
     if runs["taiji_head"] or runs["torchrun_head"]:
         rows.append(contract_row("head loss (etcd store on a third host): kill -> next committed step (s)",
                                  med("taiji_head", "resume_s"),

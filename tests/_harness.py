@@ -158,6 +158,7 @@ def check_invariants(out: Path, batch: int, policy: str = "") -> dict:
     data, and the trajectory of an uninterrupted 1-worker run. Returns the audit."""
     result = load_script("elastic_train").audit(out, batch, policy)
     assert result["steps"] > 0 and not result["gaps"], f"committed steps are not contiguous: {result}"
+    assert not result["worker_gaps"], f"a worker skipped steps its peers committed: {result['worker_gaps']}"
     assert not result["divergences"], f"replicas differ after steps {result['divergences']}"
     assert result["lost_samples"] == 0 and result["duplicated_samples"] == 0, result
     assert result["trajectory_error"] is not None and result["trajectory_error"] < 1e-9, result
@@ -296,11 +297,13 @@ class HostsJob:
     def head(self) -> str:
         return self.hosts.address(0)
 
-    def start(self, launcher_args: Sequence[str], script_args: Sequence[str]) -> None:
+    def start(self, launcher_args: Sequence[str], script_args: Sequence[str], timeout: float = 3) -> None:
+        """``timeout``: the collective timeout (short by default, so a test that would wait for
+        it fails fast; long where a test shows that nothing waits for it)."""
         cli = [sys.executable, "-m", "taiji.launch.cli"]
         args = [*cli, "run", *launcher_args, "--store", self.store, "--host", self.head, "--port", str(self.PORT),
                 "--job-id", self.job_id,
-                "--timeout", "3", "--liveness-timeout", "2", "--run-dir", str(self.out / "run"),
+                "--timeout", f"{timeout:g}", "--liveness-timeout", "2", "--run-dir", str(self.out / "run"),
                 "--", sys.executable, ELASTIC_SCRIPT, str(self.out), *script_args]
         with open(self.out / "launcher.log", "w") as log:
             self.launcher = self.hosts.popen(0, args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
@@ -314,6 +317,17 @@ class HostsJob:
         with open(self.out / f"agent{i}.log", "w") as log:
             self.agents[i] = self.hosts.popen(i, args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         return self.agents[i]
+
+    def commits(self) -> list[dict]:
+        """Every worker's committed steps (tests/scripts/elastic_train.py's records), by time."""
+        records = [json.loads(line) for path in self.out.glob("w*.jsonl") for line in path.read_text().splitlines()]
+        return sorted(records, key=lambda r: r["time"])
+
+    def resumed_after(self, since: float, size: int) -> float:
+        """Seconds from ``since`` (time.time()) to the first step committed after it at ``size`` workers."""
+        first = next((r["time"] for r in self.commits() if r["time"] > since and r["size"] == size), None)
+        assert first is not None, f"no step committed at {size} workers after the fault"
+        return first - since
 
     def log(self, name: str = "launcher") -> str:
         path = self.out / f"{name}.log"

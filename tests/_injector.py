@@ -38,7 +38,8 @@ class Inject:
     channel: str         # "grad" (gradient buckets) or "ctrl" (control message, state sync)
     op: str              # "allreduce", "allgather" or "broadcast"
     nth: int             # the n-th such call of this worker in this version (1 = first)
-    action: str          # "die", "lose" (PeerLost) or "timeout" (CollectiveTimeout)
+    action: str          # "die", "lose" (PeerLost), "timeout" (CollectiveTimeout), or "lose_after":
+                         # the collective runs (its peers complete it), then raises PeerLost here
 
 
 class Injector:
@@ -62,33 +63,35 @@ class Injector:
         injector = self
 
         class InjectingCommunicator(Communicator):
-            def _fault(self, op: str, channel: str, async_op: bool) -> Handle | None:
+            def _fault(self, op: str, channel: str, async_op: bool, run: Callable[[], Handle]) -> Any:
                 fault = injector.consult(worker, self.version, channel, op)
                 if fault is None:
-                    return None
+                    return run() if async_op else run().wait()
                 if fault.action == "die":
                     raise WorkerDied(f"{worker} died in {op} on {channel} (v{self.version})")
                 kind = CollectiveTimeout if fault.action == "timeout" else PeerLost
                 error = kind(f"[rank {self.rank} v={self.version}] {op} on channel '{channel}': injected "
                              f"{fault.action}", channel=channel, op=op, version=self.version)
-                if not async_op:
-                    raise error
+                real = run() if fault.action == "lose_after" else None
 
                 def fail() -> Any:
+                    if real is not None:
+                        real.wait()  # done for every rank: only this one is told it failed
                     raise error
-                return Handle(None, fail, self, op, channel)
+                handle = Handle(None, fail, self, op, channel)
+                return handle if async_op else handle.wait()
 
             def allreduce(self, tensor, op="sum", *, channel="grad", async_op=False):  # type: ignore[override]
-                return self._fault("allreduce", channel, async_op) or super().allreduce(
-                    tensor, op, channel=channel, async_op=async_op)
+                return self._fault("allreduce", channel, async_op, lambda: super(InjectingCommunicator, self)
+                                   .allreduce(tensor, op, channel=channel, async_op=True))
 
             def allgather(self, tensor, *, channel="ctrl", async_op=False):  # type: ignore[override]
-                return self._fault("allgather", channel, async_op) or super().allgather(
-                    tensor, channel=channel, async_op=async_op)
+                return self._fault("allgather", channel, async_op, lambda: super(InjectingCommunicator, self)
+                                   .allgather(tensor, channel=channel, async_op=True))
 
             def broadcast(self, tensor, src=0, *, channel="ctrl", async_op=False):  # type: ignore[override]
-                return self._fault("broadcast", channel, async_op) or super().broadcast(
-                    tensor, src, channel=channel, async_op=async_op)
+                return self._fault("broadcast", channel, async_op, lambda: super(InjectingCommunicator, self)
+                                   .broadcast(tensor, src, channel=channel, async_op=True))
 
         return InjectingCommunicator
 

@@ -77,6 +77,9 @@ HEARTBEAT = EnvVar("TAIJI_HEARTBEAT", 0.25, float,
                    "seconds between a worker's liveness heartbeats to the launcher (0: none)")
 GLOO_SOCKET_IFNAME = EnvVar("GLOO_SOCKET_IFNAME", "", str,
                             "network interface gloo's groups use (taiji honours it; default: the advertised host)")
+TORCH_CPP_LOG_LEVEL = EnvVar("TORCH_CPP_LOG_LEVEL", "", str,
+                             "torch's C++ log level; taiji's commands quiet it for themselves (they say "
+                             "what failed in one line), never for the workers they start")
 MALLOC_TUNING = EnvVar("TAIJI_MALLOC_TUNING", True, _parse_bool,
                        "keep freed CPU memory mapped between steps (glibc malloc thresholds; runtime/allocator.py)")
 MIN_NP = EnvVar("TAIJI_MIN_NP", 1, int, "the launcher's --min-np (policies clamp Resize to it)")
@@ -94,5 +97,24 @@ WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provi
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, TOPOLOGY, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
-    MALLOC_TUNING, CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME,
+    MALLOC_TUNING, TORCH_CPP_LOG_LEVEL, CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME,
 )
+
+_quieted_cpp_logs = False
+
+
+def quiet_cpp_logs() -> None:
+    """A taiji command (not a worker), before torch loads: no C++ log lines and stack frames from
+    its store connections; it reports what failed itself. A level the user set is kept."""
+    global _quieted_cpp_logs
+    if not TORCH_CPP_LOG_LEVEL.is_set():
+        os.environ[TORCH_CPP_LOG_LEVEL.name] = "FATAL"
+        _quieted_cpp_logs = True
+
+
+def for_children(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` (a copy of this process's) as the user had it: what ``quiet_cpp_logs`` set is
+    not passed on to the workers."""
+    if _quieted_cpp_logs:
+        environ.pop(TORCH_CPP_LOG_LEVEL.name, None)
+    return environ

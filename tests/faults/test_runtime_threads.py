@@ -2,11 +2,15 @@
 injected collective failures (see tests/_injector.py): each runs in well under a second."""
 from __future__ import annotations
 
+import json
+import threading
+
 import pytest
 import torch
 
 import taiji
-from _injector import Inject, Injector, ThreadCluster, tiny_job_parts
+from _injector import Inject, Injector, ThreadCluster, WorkerDied, tiny_job_parts
+from taiji.cluster import spec
 from taiji.comm.transfer import digest
 from taiji.errors import StoreError
 
@@ -219,3 +223,53 @@ def test_batchnorm_buffers_stay_identical_and_a_failed_attempt_leaves_them_untou
     assert h0 == h1 and len(h0) == STEPS, "replicas' buffers or parameters differ after a committed step"
     assert len(at_step_3) == 2 and at_step_3[0] == at_step_3[1], "the failed attempt's forward leaked into the retry"
     assert float(buffers0[0].abs().sum()) > 0, "the running mean never moved: the test measures nothing"
+
+
+def test_a_worker_whose_attempt_failed_adopts_the_step_its_peers_committed(tmp_path):
+    """The split commit: w1 and w2 complete step 5's collectives and commit it, while w0 (the lead,
+    which writes the run log) is told its attempt failed after the last bucket; w1 and w2 then fail
+    in step 6. After the sync w0 holds step 5's commit: it adopts it — on_commit fires for it, its
+    run log has the row, its progress counts it — exactly as on its peers."""
+    injector = Injector([Inject("w0", 1, "grad", "allreduce", 6, "lose_after"),
+                         Inject("w1", 1, "grad", "allreduce", 7, "lose"),
+                         Inject("w2", 1, "grad", "allreduce", 7, "lose")])
+    cluster, record = ThreadCluster(3, injector), {}
+    for w in ("w0", "w1", "w2"):
+        cluster.start(w, train(record, steps=10, run_dir=str(tmp_path)))
+    cluster.launcher()
+    results = cluster.join()
+    assert len(injector.fired) == 3 and not cluster.died
+    record.pop("paired")
+    assert sorted(record["w0"]) == list(range(10)), "on_commit did not fire for the adopted step"
+    check_invariants(results, record, ["w0", "w1", "w2"], steps=10)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["step"] in (4, 5, 6)] == [4, 5, 6], "the run log skips the adopted step"
+    assert [t["reason"] for t in results["w0"]["transitions"]] == ["failure"]
+
+
+def test_a_version_that_lost_a_member_is_abandoned_at_once_not_at_the_collective_timeout():
+    """w2 is cut off inside step 4 (alive, never in its collectives) and a new version drops it as
+    lost: w0 and w1, waiting in step 4's allreduce, learn it from the version and recover at once,
+    not when their 30 s collective timeout expires."""
+    cluster, record = ThreadCluster(3, timeout=30.0), {}
+    frozen, cut = threading.Event(), threading.Event()
+
+    def freeze(index: int) -> None:
+        if index == 3:
+            frozen.set()
+            cut.wait(60)
+            raise WorkerDied("w2 was cut off")
+    cluster.start("w0", train(record, steps=12, hold=lambda index: index == 11 and cut.set()))
+    cluster.start("w1", train(record, steps=12))
+    cluster.start("w2", train(record, steps=12, hold=freeze))
+    try:
+        assert frozen.wait(30)
+        cluster.publish(spec.remove(cluster.config, ["w2"], lost=True))
+        results = cluster.join(timeout=25)
+    finally:
+        cut.set()
+    record.pop("paired")
+    check_invariants(results, record, ["w0", "w1"], steps=12)
+    [change] = results["w0"]["transitions"]
+    assert (change["reason"], change["from_size"], change["to_size"], change["step"]) == ("failure", 3, 2, 4)
+    assert change["total_s"] < 5.0, change  # the time training stood still, far below the 30 s timeout

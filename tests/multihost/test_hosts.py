@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -100,10 +103,10 @@ def test_hierarchical_allreduce_across_shaped_hosts_survives_losing_a_non_leader
     _no_process_left(hosts3, 0, 1)
 
 
-def _grown_to_four(job: HostsJob) -> None:
+def _grown_to_four(job: HostsJob, steps: int = 400, timeout: float = 3) -> None:
     """Host 0 trains with 2 workers; host 1 joins with 2 slots; a step commits at 4."""
     job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
-              ["--batch", "16", "--steps", "400", "--step-delay", "0.03"])
+              ["--batch", "16", "--steps", str(steps), "--step-delay", "0.03"], timeout=timeout)
     job.join(1, 2)
     job.wait_log("4 worker(s)")
     # a step committed at 4 workers: the joiners on host 1 train
@@ -113,9 +116,13 @@ def _grown_to_four(job: HostsJob) -> None:
 
 def test_agent_killed_its_workers_leave_in_one_version(hosts3, tmp_path):
     job = HostsJob(hosts3, tmp_path)
-    _grown_to_four(job)
+    _grown_to_four(job, timeout=30)
+    killed = time.time()
     job.agents[1].send_signal(signal.SIGKILL)  # its workers die with it (parent-death signal)
     assert job.finish() == 0, job.log()[-4000:]
+    # the survivors learn of the lost host from the new version, not one by one from each other's
+    # closed sockets (~1 s apart) nor from a collective timeout (30 s here)
+    assert job.resumed_after(killed, 2) < 1.0, job.log()[-3000:]
     launcher = job.log()
     assert f"host {hosts3.address(1)} is lost" in launcher, launcher[-3000:]
     assert "tether to the controller closed" in launcher, launcher[-3000:]  # at once, not by a stale beat
@@ -125,17 +132,64 @@ def test_agent_killed_its_workers_leave_in_one_version(hosts3, tmp_path):
     _no_process_left(hosts3, 0, 1)
 
 
-def test_link_down_the_host_is_dropped_and_its_workers_stop(hosts3, tmp_path):
+def test_an_agent_killed_at_many_points_of_a_step_every_survivor_commits_the_same_steps(hosts3, tmp_path):
+    """Host 1's agent (2 of 4 workers) is SIGKILLed three times, at different points of a 30 ms step,
+    and joins again each time: every survivor commits every step exactly once — none skipped by a
+    worker whose attempt failed while its peers committed (the audit checks each worker's steps) —
+    and the survivors go on within a second each time."""
     job = HostsJob(hosts3, tmp_path)
-    _grown_to_four(job)
+    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
+              ["--batch", "16", "--steps", "100000", "--step-delay", "0.03", "--stop-at-version", "8"], timeout=30)
+    offsets = random.Random(31).sample(range(30), 3)  # ms after a commit at 4 workers
+    for cycle, offset in enumerate(offsets):
+        job.join(1, 2)
+        job.wait_log(f"cluster v{2 * cycle + 2}: 4 worker(s)")
+        seen = len(job.commits())
+        wait_for(lambda: any(r["size"] == 4 for r in job.commits()[seen:]), 60, "a step committed at 4 workers")
+        time.sleep(offset / 1000)  # where in the step the kill lands (not a synchronisation)
+        killed = time.time()
+        job.agents[1].send_signal(signal.SIGKILL)
+        job.agents[1].wait(timeout=30)
+        job.wait_log(f"cluster v{2 * cycle + 3}: 2 worker(s)")
+        wait_for(lambda: any(r["time"] > killed and r["size"] == 2 for r in job.commits()), 60, "a step at 2")
+        assert job.resumed_after(killed, 2) < 1.5, job.log()[-3000:]
+    job.join(1, 2)
+    assert job.finish() == 0, job.log()[-4000:]
+    assert job.agents[1].wait(timeout=30) == 0, job.log("agent1")[-3000:]
+    result = check_invariants(tmp_path, 16)
+    assert result["sizes"] == [2, 4, 2, 4, 2, 4, 2, 4], result
+    _no_process_left(hosts3, 0, 1)
+
+
+@pytest.mark.parametrize("store", ["tcp", pytest.param("etcd", marks=pytest.mark.skipif(
+    shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)"))])
+def test_link_down_the_host_is_dropped_and_its_workers_stop(hosts3, tmp_path, store):
+    job = HostsJob(hosts3, tmp_path, store=store)
+    patience = 12.0  # the agent's --timeout: longer than an etcd call's own retries (10 s)
+    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
+              ["--batch", "16", "--steps", "400", "--step-delay", "0.03"], timeout=30)
+    job.join(1, 2, extra=["--timeout", f"{patience:g}"])
+    job.wait_log("4 worker(s)")
+    wait_for(lambda: any(r["size"] == 4 for r in job.commits()), 60, "a step committed at 4 workers")
+    exited: list[float] = []
+    agent = job.agents[1]
+    threading.Thread(target=lambda: exited.append(agent.wait() and time.time()), daemon=True).start()
+    cut = time.time()
     hosts3.link_down(1)
     assert job.finish() == 0, job.log()[-4000:]
+    # the survivors, stuck in the step's allreduce with the cut-off host, abandon it once the new
+    # version drops that host (its liveness timeout, 2 s), not when the 30 s collective timeout ends
+    assert job.resumed_after(cut, 2) < 2 + 3.0, job.log()[-3000:]
     assert f"host {hosts3.address(1)} is lost" in job.log(), job.log()[-3000:]
     result = check_invariants(tmp_path, 16)
     assert result["sizes"][-1] == 2, result
-    # cut off, the agent stops its workers and exits with an error that says why
-    assert job.agents[1].wait(timeout=60) == 1
-    assert "lost the job store" in job.log("agent1")
+    # cut off, the agent keeps trying for its --timeout, then stops its workers and says why
+    assert agent.wait(timeout=60) == 1
+    wait_for(lambda: exited, 5, "the agent's exit time")
+    gave_up = exited[0] - cut
+    assert patience - 1 < gave_up < patience + 15, gave_up
+    assert "lost the job store" in job.log("agent1"), job.log("agent1")[-2000:]
+    assert "frame #" not in job.log("agent1"), job.log("agent1")[-2000:]
     _no_process_left(hosts3, 0, 1)
 
 

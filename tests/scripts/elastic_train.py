@@ -96,13 +96,20 @@ def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = Non
 
     from taiji.runtime.peer import Peer
     by_step: dict[int, list[dict]] = defaultdict(list)
+    worker_gaps: dict[str, list[int]] = {}
     for path in Path(out).glob("w*.jsonl"):
+        mine = []
         for line in path.read_text().splitlines():
             record = json.loads(line)
             by_step[record["step"]].append(record)
+            mine += [] if record.get("decoupled") else [record["step"]]
+        # a commit is one fact: every worker commits every step from its first to its last
+        missing = sorted(set(range(min(mine), max(mine) + 1)) - set(mine)) if mine else []
+        if missing:
+            worker_gaps[path.stem] = missing
     steps = sorted(by_step)
     result = {"steps": len(steps), "sizes": [], "divergences": [], "gaps": [], "lost_samples": 0,
-              "duplicated_samples": 0, "trajectory_error": None}
+              "duplicated_samples": 0, "trajectory_error": None, "worker_gaps": worker_gaps}
     result["gaps"] = sorted(set(range(len(steps))) - set(steps)) + [s for s in steps if s >= len(steps)]
     seen: dict[int, list[int]] = defaultdict(list)
     for s in steps:

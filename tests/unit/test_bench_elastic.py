@@ -11,10 +11,12 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
-from _elastic_analysis import (each_over, median_over, model_figures, normal_step, select,  # noqa: E402
-                               step_intervals, taiji_change_figures, taiji_fault_figures,
-                               torchrun_change_figures, torchrun_fault_figures)
+from _elastic_analysis import (each_over, exactly_once_figures, join_figures, kill_figures,  # noqa: E402
+                               median_over, model_figures, normal_step, samples_per_s, select, step_intervals,
+                               taiji_change_figures, taiji_fault_figures, torchrun_change_figures,
+                               torchrun_fault_figures, worker_error)
 from _elastic_report import build_rows, table  # noqa: E402
+from _elastic_runs import joiner_steps  # noqa: E402
 
 
 def commit(time, **fields) -> dict:
@@ -162,8 +164,8 @@ def test_report_rows_put_anchor_over_taiji_and_check_targets():
     results = {"taiji_resize": [resize([0.05, 0.2, 0.01])], "torchrun_resize": [resize([5.0, 8.0, 5.0], 0.01)],
                "taiji_crash": [{"resume_s": 0.1, "retried_step": 5, "last_committed_before": 4}],
                "torchrun_crash": [{"resume_s": 3.0}], "taiji_hang": [{"resume_s": 2.1}], "torchrun_hang": [],
-               "taiji_crash3": []}
-    rows = build_rows(results, None, {"train_state_bytes": 8_000_000}, hang_timeout=2.0)
+               "taiji_crash3": [], "taiji_kill_join": [], "torchft_kill_join": [], "torchrun_steady": []}
+    rows = build_rows(results, None, {"train_state_bytes": 8_000_000}, hang_timeout=2.0)[:5]
     assert [r["ratio"] for r in rows] == [100.0, 40.0, 500.0, 30.0, 2.38]   # hang anchor: 2.0 + 3.0 (bound)
     assert [r["target_met"] for r in rows] == [True, False, True, True, True]
     assert rows[0]["target_s"] == pytest.approx(0.11) and rows[0]["broadcast_GBps"] == pytest.approx(0.8)
@@ -178,3 +180,132 @@ def test_report_table_has_one_line_per_row():
     assert len(lines) == 3 and lines[0].split()[:4] == ["case", "taiji", "anchor", "ratio"]
     assert lines[1].split() == ["grow", "0.05", "5", "100", "yes"]
     assert lines[2].split() == ["hang", "-", "5", "-", "no"]
+
+
+def drawn(time, worker, step, samples, epoch=0) -> dict:
+    return {"event": "draw", "time": time, "worker": worker, "step": step, "samples": samples, "epoch": epoch}
+
+
+def done(time, worker, step, samples, size, epoch=0) -> dict:
+    return {"event": "commit", "time": time, "worker": worker, "step": step, "samples": samples, "size": size,
+            "epoch": epoch}
+
+
+def test_kill_counts_to_the_first_survivor_commit_and_the_attempts_thrown_away():
+    records = [drawn(1.0, "a", 0, [0]), done(1.1, "a", 0, [0], 2), drawn(1.0, "b", 0, [1]), done(1.1, "b", 0, [1], 2),
+               drawn(1.15, "a", 1, [2]), drawn(1.15, "b", 1, [3]),            # b is killed at 1.2 in step 1
+               drawn(3.0, "a", 1, [4]), done(3.1, "a", 1, [4], 1),            # a skips [2]: step 1 on new data
+               drawn(3.2, "a", 2, [5]), done(3.3, "a", 2, [5], 1)]
+    figures = kill_figures(records, hit=1.2, survivors={"a"})
+    assert figures["resume_s"] == pytest.approx(1.9)
+    assert figures["last_committed_before"] == 0 and figures["first_committed_after"] == 1
+    assert figures["size_after"] == 1 and figures["committed_steps_redone"] == 0
+    assert figures["attempts_discarded"] == 1                                # the draw of [2]
+    retried = records[:6] + [drawn(1.3, "a", 1, [2, 3]), done(1.4, "a", 1, [2, 3], 1)]
+    assert kill_figures(retried, hit=1.2, survivors={"a"})["attempts_discarded"] == 1   # retried on other data
+    with pytest.raises(ValueError):
+        kill_figures(records[:6], hit=1.2, survivors={"a"})
+
+
+def test_join_stall_is_the_survivor_gap_at_the_new_size_minus_a_normal_step():
+    survivor = [done(1.0 + 0.1 * i, "a", i, [i], 1) for i in range(10)]          # last at size 1: 1.9
+    survivor += [done(2.3 + 0.1 * i, "a", 10 + i, [10 + i], 2) for i in range(5)]
+    joiner = [done(2.3 + 0.1 * i, "c", 10 + i, [20 + i], 2) for i in range(5)]
+    boot = {"event": "boot", "worker": "c", "exec": 1.5, "ready": 2.2}
+    figures = join_figures(survivor + joiner + [boot], requested=1.25, survivors={"a"}, size=2, settle=3)
+    assert figures["stall_s"] == pytest.approx(2.3 - 1.9 - 0.1)
+    assert figures["joiner_first_step_s"] == pytest.approx(2.3 - 1.25)
+    assert figures["joiner_boot_to_first_step_s"] == pytest.approx(0.8)
+    assert figures["request_to_new_size_s"] == pytest.approx(1.05)
+    assert figures["steps_while_joiner_booted"] == 7                          # 1.3 .. 1.9
+    with pytest.raises(ValueError):
+        join_figures(survivor, requested=1.25, survivors={"a"}, size=2, settle=3)
+
+
+def test_exactly_once_counts_repeats_per_epoch_and_lost_draws_but_not_the_last_in_flight():
+    records = [drawn(1.0, "a", 0, [0, 1]), done(1.1, "a", 0, [0, 1], 2),
+               drawn(1.0, "b", 0, [2, 3]), done(1.1, "b", 0, [2, 3], 2),
+               drawn(1.2, "a", 1, [4, 5]), drawn(1.2, "b", 1, [6, 7]),        # b killed; a's step not committed
+               drawn(2.0, "a", 2, [8, 9]), done(2.1, "a", 2, [8, 9], 1),
+               drawn(3.0, "c", 2, [2, 3]), done(3.1, "c", 2, [2, 3], 2),      # b's replacement reads b's data again
+               drawn(3.0, "a", 3, [2, 3], epoch=1), done(3.1, "a", 3, [2, 3], 2, epoch=1),   # a new epoch: no repeat
+               drawn(3.2, "a", 4, [10, 11])]                                  # in flight when the run stops
+    figures = exactly_once_figures(records, killed={"b"})
+    assert figures["samples_committed"] == 10 and figures["samples_distinct"] == 8
+    assert figures["samples_repeated"] == 2
+    assert figures["samples_lost"] == 4                                       # [4, 5] and b's [6, 7]
+    assert figures["exactly_once_share"] == pytest.approx(6 / 12)             # 0, 1, 8, 9 and epoch 1's 2, 3
+    retry = records[:6] + [drawn(1.3, "a", 1, [4, 5, 6, 7]), done(1.4, "a", 1, [4, 5, 6, 7], 1)]
+    clean = exactly_once_figures(retry, killed={"b"})
+    assert clean["samples_lost"] == 0 and clean["samples_repeated"] == 0 and clean["exactly_once_share"] == 1.0
+
+
+def test_samples_per_s_is_the_batch_over_the_median_interval_after_the_first_ones():
+    commits = [commit(t) for t in (0.0, 1.0, 1.5, 1.55, 1.6, 1.7, 1.75)]
+    assert samples_per_s(commits, 64, skip=2) == pytest.approx(64 / 0.05)
+    assert samples_per_s(commits[:2], 64) is None
+
+
+def test_joiner_steps_outlast_the_killed_worker():
+    assert joiner_steps(8, 3) == 8 and joiner_steps(8, 40) == 42
+
+
+def test_worker_error_names_the_last_exception_where_it_was_raised_and_its_cause():
+    text = """Traceback (most recent call last):
+  File "/x/torchft/manager.py", line 1327, in wait
+    self._work.wait()
+RuntimeError: [pair.cc:537] Read error [127.0.0.1]:62599: Connection reset by peer.
+Traceback (most recent call last):
+  File "/x/torchft/ddp.py", line 76, in _comm_hook
+    assert fut._fut
+AssertionError
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+"""
+    assert worker_error(text) == ("AssertionError at torchft/ddp.py:76 in _comm_hook (after RuntimeError: "
+                                  "[pair.cc:537] Read error [127.0.0.1]:62599: Connection reset by peer.)")
+    assert worker_error("just a line\n") == "just a line"
+    assert worker_error("") == "no output"
+
+
+def kill_join_run(resume, stall, first, share, rate, **extra) -> dict:
+    return {"samples_per_s": rate, "kill": {"resume_s": resume, "committed_steps_redone": 0, "attempts_discarded": 1},
+            "join": {"stall_s": stall, "joiner_first_step_s": first},
+            "exactly_once": {"exactly_once_share": share, "samples_lost": 0, "samples_repeated": 0}, **extra}
+
+
+def torchft_results(**changes) -> dict:
+    results = {name: [] for name in ("taiji_resize", "torchrun_resize", "taiji_crash", "torchrun_crash", "taiji_hang",
+                                     "torchrun_hang", "taiji_crash3")}
+    results.update(taiji_kill_join=[kill_join_run(0.1, 0.02, 6.0, 1.0, 2000.0)],
+                   torchft_kill_join=[kill_join_run(5.0, 0.01, 12.0, 0.9, 1000.0, version="torchft-nightly 1")],
+                   torchrun_steady=[{"samples_per_s": 1600.0}], torchrun_crash=[{"resume_s": 3.0}])
+    results.update(changes)
+    return results
+
+
+def test_torchft_rows_name_the_anchor_and_put_taiji_ahead_above_one():
+    rows = build_rows(torchft_results(), None, {}, hang_timeout=2.0)[5:]
+    assert len(rows) == 6 and all("torchft" in r["case"] for r in rows[:5]) and rows[5]["case"].endswith("vs DDP")
+    assert [r["ratio"] for r in rows] == [50.0, 0.5, 2.0, 1.111, 2.0, 1.25]
+    assert rows[0]["torchrun_s"] == 3.0 and rows[0]["anchor_version"] == "torchft-nightly 1"
+    assert not any("anchor_error" in r for r in rows)
+
+
+def test_torchft_rows_say_what_torchft_could_not_complete():
+    crashed = {"version": "torchft 0.2.0", "samples_per_s": 900.0,
+               "error": {"phase": "kill", "message": "RuntimeError: exited", "worker_errors": {"g0": "AssertionError"}}}
+    rows = build_rows(torchft_results(torchft_kill_join=[crashed]), None, {}, hang_timeout=2.0)[5:]
+    assert [r["anchor"] for r in rows[:4]] == [None] * 4 and rows[4]["anchor"] == 900.0
+    assert all(r["anchor_error"]["phase"] == "kill" for r in rows[:4]) and "anchor_error" not in rows[4]
+    assert [line.split()[-3] for line in table(rows).splitlines()[1:]] == ["failed"] * 4 + ["900", "1600"]
+    missing = build_rows(torchft_results(torchft_kill_join=[]), None, {}, hang_timeout=2.0,
+                         torchft_missing="not installed")
+    assert all(r["anchor_error"] == "not installed" for r in missing[5:10])
+
+
+def test_torchft_missing_says_how_to_install_it(monkeypatch):
+    import _elastic_torchft
+    monkeypatch.setattr(_elastic_torchft.importlib.util, "find_spec", lambda name: None)
+    message = _elastic_torchft.torchft_missing()
+    assert message.startswith("not installed") and "pip install -e '.[bench]'" in message

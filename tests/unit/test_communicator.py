@@ -97,6 +97,41 @@ def test_rank_that_never_joins_times_out_with_a_clear_error():
         assert f"rank {rank}" in message and "allreduce" in message and "'grad'" in message
 
 
+def test_an_abandoned_version_ends_waits_at_once_and_its_collectives_go_to_the_reaper():
+    """A newer version dropped a member as lost: waits in flight, and later ones, end with PeerLost
+    at once rather than at the timeout (gloo cannot abort a collective: it is left behind)."""
+    release, waiting = threading.Event(), threading.Barrier(2)
+    comms = {}
+
+    def body(peer):
+        peer.comm.connect()
+        comms[peer.rank] = peer.comm
+        if peer.rank == 2:
+            release.wait(30)  # alive, connected, and never in the collective (a cut-off host)
+            return None
+        try:
+            handle = peer.comm.allreduce(torch.ones(4), "sum", async_op=True)
+            waiting.wait(10)
+            if peer.rank == 0:
+                peer.comm.abandon("cluster v2 dropped lost worker(s) w2")
+            started = time.monotonic()
+            with pytest.raises(PeerLost) as info:
+                handle.wait()
+            elapsed = time.monotonic() - started
+            with pytest.raises(PeerLost):  # a later wait on this version fails at once too
+                peer.comm.allreduce(torch.ones(4), "sum")
+            return elapsed, str(info.value), time.monotonic() - started
+        finally:
+            if peer.rank == 0:
+                comms[1].abandon("cluster v2 dropped lost worker(s) w2")
+            waiting.abort()
+            release.set()
+    results = run_threads(3, body, timeout=30)
+    elapsed, message, both = results[0]
+    assert elapsed < 2.0 and both < 5.0, results  # not the 30 s timeout
+    assert "abandoned: cluster v2 dropped lost worker(s) w2" in message and "rank 0" in message
+
+
 def test_rank_that_never_connects_times_out_naming_the_op():
     release = threading.Event()
 

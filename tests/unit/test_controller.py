@@ -27,6 +27,7 @@ def test_shrink_publishes_at_once_dropping_the_newest():
     s, acts = run(s, Proposal(2))
     [pub] = of(acts, Publish)
     assert pub.config.ids == ("w0", "w1") and pub.config.version == 2
+    assert pub.config.lost == (), "a planned shrink: the leavers finish the step with the others"
     s, acts = run(s, WorkerExited("w3", 0, True), WorkerExited("w2", 0, True))
     assert not of(acts, Publish) and not of(acts, Finish)
 
@@ -44,6 +45,7 @@ def test_crash_publishes_survivors_and_keeps_order():
     s, acts = run(s, WorkerExited("w1", -9, True))
     [pub] = of(acts, Publish)
     assert pub.config.ids == ("w0", "w2") and not of(acts, Spawn)
+    assert pub.config.lost == ("w1",)
 
 
 def test_crash_with_replace_spawns_a_replacement_through_the_grow_path():
@@ -62,6 +64,7 @@ def test_below_min_survivors_wait_for_one_config_with_the_replacement():
     s, acts = run(s, WorkerReady("w2"))
     [pub] = of(acts, Publish)
     assert pub.config.ids == ("w0", "w2") and pub.config.version == 2
+    assert pub.config.lost == ("w1",)
 
 
 def test_below_min_with_no_joiner_fails_clearly_after_the_join_timeout():

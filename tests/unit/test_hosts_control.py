@@ -69,6 +69,8 @@ def test_a_lost_host_takes_all_its_members_in_one_version_as_one_failure():
     s, acts = run(s, HostLost(H2, "agent left"))
     [pub] = of(acts, Publish)
     assert pub.config.ids == ("w0", "w1") and pub.config.version == s.config.version
+    # marked lost: the survivors abandon the old version's collectives at once, not at their timeout
+    assert pub.config.lost == ("w2", "w3") and pub.config.dooms(("w0", "w1", "w2", "w3")) == ("w2", "w3")
     assert s.failures == 1 and all(h.address != H2 for h in s.hosts)
     # its workers' exits, if they still arrive, change nothing
     s, acts = run(s, WorkerExited("w2", -9, True), WorkerExited("w3", -9, True))

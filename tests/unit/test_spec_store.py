@@ -42,6 +42,16 @@ def test_invalid_transitions_raise(bad):
 def test_config_json_round_trip():
     c = spec.grow(spec.initial([spec.WorkerSpec("a", "10.0.0.1")]), workers("b"))
     assert spec.ClusterConfig.from_json(c.to_json()) == c
+    assert "lost" not in c.to_json()  # a config without lost members reads as before
+    lost = spec.remove(spec.grow(c, workers("c", "d")), ["d", "b"], lost=True)
+    assert lost.lost == ("b", "d") and spec.ClusterConfig.from_json(lost.to_json()) == lost
+
+
+def test_a_config_dooms_only_the_members_it_dropped_as_lost():
+    c = spec.initial(workers("a", "b", "c"))
+    assert spec.remove(c, ["c"]).dooms(c.ids) == ()  # left by plan (it finishes the step)
+    failed = spec.remove(c, ["c"], lost=True)
+    assert failed.dooms(c.ids) == ("c",) and failed.dooms(("a", "b")) == ()
 
 
 @pytest.fixture(scope="module")

@@ -70,6 +70,9 @@ def read_secret_file(path: str, stdin=None) -> bytes:
         text = file.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read the secret file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"the secret file {path} is not a taiji job secret (it is not text); copy the "
+                          "file `taiji run` printed, unchanged") from None
     if mode & 0o077:
         raise ConfigError(f"the secret file {path} is readable by other users (mode {mode & 0o777:o}); "
                           f"run `chmod 600 {path}`")

@@ -219,7 +219,8 @@ def _admit(state: ControllerState, ready: tuple[Joiner, ...], actions: list[Acti
     """Publish one config: failed members removed, ``ready`` joiners appended."""
     survivors = tuple(w for w in state.config.workers if w.id not in state.removed_pending)
     config = spec.ClusterConfig(state.config.version + 1,
-                                survivors + tuple(spec.WorkerSpec(j.id, j.host) for j in ready))
+                                survivors + tuple(spec.WorkerSpec(j.id, j.host) for j in ready),
+                                lost=tuple(sorted(state.removed_pending)))
     admitted = {j.id for j in ready}
     reason = f"grow to {config.size}: admit {sorted(admitted)}"
     if state.removed_pending:
@@ -285,7 +286,7 @@ def _count_failure(state: ControllerState, wids: tuple[str, ...], code: int, now
     if state.bounds.replace or len(survivors) < state.bounds.min_np:
         # keep the failed members out of training, but publish only with their replacement(s)
         if len(survivors) >= state.bounds.min_np:
-            config = spec.remove(state.config, members)
+            config = spec.remove(state.config, members, lost=True)
             state = _publish(replace(state, exited=state.exited - gone), config, reason)
             actions.append(Publish(config, reason))
         else:
@@ -294,7 +295,7 @@ def _count_failure(state: ControllerState, wids: tuple[str, ...], code: int, now
             actions.append(Log("warning", f"{len(survivors)} worker(s) left, below --min-np "
                                           f"{state.bounds.min_np}: waiting for replacements"))
         return _reconcile(state, now, actions)
-    config = spec.remove(state.config, members)
+    config = spec.remove(state.config, members, lost=True)
     state = _publish(replace(state, exited=state.exited - gone, desired=min(state.desired, config.size)),
                      config, reason)
     return _reconcile(state, now, actions + [Publish(config, reason)])

@@ -29,8 +29,13 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class ClusterConfig:
+    """One version of the membership. ``lost``: the previous version's members this one drops
+    because they failed (a crash, a lost host, a suspected hang) rather than by plan: a worker
+    still waiting in a collective of an older version that counted any of them knows at once
+    that it can never complete."""
     version: int
     workers: tuple[WorkerSpec, ...]
+    lost: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         ids = [w.id for w in self.workers]
@@ -55,12 +60,20 @@ class ClusterConfig:
         return None
 
     def to_dict(self) -> dict:
-        return {"version": self.version, "workers": [w.to_dict() for w in self.workers]}
+        data: dict = {"version": self.version, "workers": [w.to_dict() for w in self.workers]}
+        if self.lost:
+            data["lost"] = list(self.lost)
+        return data
 
     @staticmethod
     def from_dict(data: dict) -> "ClusterConfig":
         return ClusterConfig(version=int(data["version"]),
-                             workers=tuple(WorkerSpec.from_dict(w) for w in data["workers"]))
+                             workers=tuple(WorkerSpec.from_dict(w) for w in data["workers"]),
+                             lost=tuple(str(i) for i in data.get("lost", ())))
+
+    def dooms(self, members: Iterable[str]) -> tuple[str, ...]:
+        """Which of ``members`` (an older version's) this version dropped as lost."""
+        return tuple(i for i in self.lost if i in set(members))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -91,8 +104,9 @@ def shrink(config: ClusterConfig, size: int) -> ClusterConfig:
     return ClusterConfig(version=config.version + 1, workers=config.workers[:size])
 
 
-def remove(config: ClusterConfig, ids: Iterable[str]) -> ClusterConfig:
-    """Next version without the workers ``ids``; survivors keep their relative order."""
+def remove(config: ClusterConfig, ids: Iterable[str], lost: bool = False) -> ClusterConfig:
+    """Next version without the workers ``ids``; survivors keep their relative order.
+    ``lost``: they failed (see ``ClusterConfig.lost``), rather than leaving by plan."""
     gone = set(ids)
     unknown = gone - set(config.ids)
     if unknown:
@@ -100,7 +114,8 @@ def remove(config: ClusterConfig, ids: Iterable[str]) -> ClusterConfig:
     survivors = tuple(w for w in config.workers if w.id not in gone)
     if not survivors:
         raise ConfigError(f"removing {sorted(gone)} would leave cluster v{config.version} empty")
-    return ClusterConfig(version=config.version + 1, workers=survivors)
+    return ClusterConfig(version=config.version + 1, workers=survivors,
+                         lost=tuple(sorted(gone)) if lost else ())
 
 
 @dataclass(frozen=True)

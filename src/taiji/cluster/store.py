@@ -163,8 +163,9 @@ class JobStore:
         except StoreError:
             raise
         except (dist.DistError, RuntimeError, ConnectionError, OSError) as exc:
-            raise StoreError(f"job {self.job_id}: store {what} failed: {exc}. "
-                             "Is the launcher (which hosts the store) still running?") from exc
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(f"job {self.job_id}: store {what} failed: {first} (is the store's host up and "
+                             "reachable from here?)") from exc  # (torch's messages go on with C++ frames)
 
     def set(self, name: str, value: str | bytes) -> None:
         self._call(f"set {name}", self.kv.set, self.key(name), value)
@@ -472,10 +473,29 @@ def connect_job(url: str, job_id: str, secret: bytes | None, timeout: float = 60
 
 
 def connect_store(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
-    """Connect to the job's TCPStore (a worker's side)."""
+    """Connect to the job's TCPStore (a worker's or an agent's side), within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    why = _unreachable(host, port, deadline)
     try:
-        return dist.TCPStore(host, port, is_master=False,
-                             timeout=datetime.timedelta(seconds=timeout), use_libuv=True)
+        if why is None:
+            return dist.TCPStore(host, port, is_master=False, use_libuv=True,
+                                 timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
     except (RuntimeError, OSError) as exc:
-        raise StoreError(f"cannot reach the job store at {host}:{port} within {timeout:.0f}s: {exc}. "
-                         "Was this worker started by `taiji run`, and is the launcher still running?") from exc
+        why = str(exc).splitlines()[0]  # (torch's messages go on with C++ stack frames)
+    raise StoreError(f"cannot reach the job store at {host}:{port} within {timeout:g}s ({why}): is the "
+                     "job's launcher running there, and can this host reach that address?")
+
+
+def _unreachable(host: str, port: int, deadline: float) -> str | None:
+    """Why nothing answers at ``host:port`` until ``deadline`` (None: something listens there). A
+    refused connection is tried again (the launcher may be starting); no answer at all is not."""
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.05)).close()
+            return None
+        except ConnectionRefusedError:
+            if time.monotonic() + 0.2 > deadline:
+                return "connection refused: nothing listens on that port"
+            time.sleep(0.2)
+        except OSError as exc:
+            return "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))

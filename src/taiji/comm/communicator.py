@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from .addresses import gloo_device
-from .topology import PLANS, HostLayout, PlanRunner, check_topology, host_layout, runs_as_ring
-from .teardown import Pending, Teardown, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
+from .topology import PLANS, HostLayout, PlanRunner, PlanWork, check_topology, host_layout, runs_as_ring
+from .teardown import Pending, Teardown, keep_forever, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
 from ..errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
                       PeerLost)
@@ -45,6 +45,7 @@ _DTYPE_CODES = {dt: i for i, dt in enumerate((
     torch.int16, torch.int8, torch.uint8, torch.bool), start=1)}
 _SIGNATURE_LEN = 16
 _REAP_DELAY_S = 1.0
+_ABANDON_SLICE = datetime.timedelta(milliseconds=20)  # how soon a wait sees its version abandoned
 
 
 def _describe_failure(exc: BaseException) -> type[CommError]:
@@ -70,12 +71,22 @@ def _collective_error(comm: "Communicator", exc: BaseException, op: str, channel
     return kind(message, channel=channel, op=op, version=comm.version)
 
 
+def _when_done(work: Any, callback: Callable[[], None]) -> None:
+    """Call ``callback`` (on any thread) once ``work`` — a gloo/NCCL Work or a plan's — ends."""
+    if isinstance(work, PlanWork):
+        work.add_done_callback(callback)
+    else:
+        work.get_future().add_done_callback(lambda _: callback())
+
+
 class Handle(Generic[T]):
     """An asynchronous collective in flight. ``wait()`` returns its result or raises CommError
     (also after its communicator was closed: then within about a second)."""
 
-    def __init__(self, work: Any, finish: Callable[[], T], comm: "Communicator", op: str, channel: str):
+    def __init__(self, work: Any, finish: Callable[[], T], comm: "Communicator", op: str, channel: str,
+                 sliced: bool = True):
         self._pending = work if work is None or isinstance(work, Pending) else Pending(work)
+        self._sliced = sliced  # a gloo Work: waited in short slices (see Communicator.wait_unless_abandoned)
         self._finish = finish
         self._comm = comm
         self._op = op
@@ -88,6 +99,10 @@ class Handle(Generic[T]):
             pending = self._pending
             work = pending.work if pending is not None else None
             if work is not None and not pending.orphaned:
+                if not work.is_completed() and not self._comm.wait_unless_abandoned(work, self._sliced):
+                    del work
+                    self._comm.leave_behind(pending)
+                    raise self._comm.abandoned_error(self._op, self._channel)
                 try:
                     work.wait()
                 except CommError:
@@ -160,6 +175,8 @@ class Communicator:
         self._in_flight: weakref.WeakSet[Pending] = weakref.WeakSet()  # while its Handle lives
         self._lock = threading.Lock()
         self._closed = False
+        self._abandoned: str | None = None     # why this version can no longer complete a collective
+        self._waiters: set[threading.Event] = set()  # Handles waiting for a collective to end
         self._plans = PlanRunner(f"taiji-plans-v{version}", lambda: CommError(
             f"{self._where()} communicator of version {version} is closed", channel="grad", version=version))
         self.set_topology(options.topology)
@@ -258,6 +275,9 @@ class Communicator:
             self._plans.close()
             groups, self._groups = list(self._groups.values()), {}
             in_flight, self._in_flight = list(self._in_flight), weakref.WeakSet()
+        if self._abandoned is not None:  # its collectives may be stuck for good: keep, never wait
+            keep_forever(*groups, *[p.work for p in in_flight if p.work is not None])
+            return
         orphans = [pending for pending in in_flight if pending.orphan()]
         del in_flight
         for group in groups:
@@ -270,6 +290,73 @@ class Communicator:
             # channel), and peers may still be reading what we sent last: the reaper does it
             # a moment later.
             reaper.submit(Teardown(self.version, groups, orphans, _REAP_DELAY_S, plans=self._plans))
+
+    # -- abandoning a dead version -------------------------------------------------------
+
+    def abandon(self, reason: str) -> None:
+        """This version can never complete another collective (a newer one dropped some of its
+        members as lost): every wait on it — now or later — ends at once with PeerLost, instead
+        of when gloo's timeout expires. The collectives stay in flight until gloo gives up on
+        them (gloo cannot abort one): they and this version's groups are kept for the life of the
+        process (``leave_behind``, ``close``), never waited for."""
+        with self._lock:
+            if self._abandoned is not None:
+                return
+            self._abandoned = reason
+            waiters, self._waiters = list(self._waiters), set()
+        log.info("%s %s: collectives still waiting on this version are abandoned", self._where(), reason)
+        for woken in waiters:
+            woken.set()
+
+    @property
+    def abandoned(self) -> str | None:
+        return self._abandoned
+
+    def wait_unless_abandoned(self, work: Any, sliced: bool = True) -> bool:
+        """Block until ``work`` ends (True) or this version is abandoned first (False).
+
+        ``sliced``: a gloo Work, waited on in its own condition variable in short slices (the
+        abandonment is seen within one; a Work that ends returns at once: no cost per step).
+        Otherwise (a plan's PlanWork, an NCCL Work, whose wait with a timeout may abort its
+        communicator) its future's callback and the abandonment wake one event."""
+        if sliced and not isinstance(work, PlanWork):
+            while True:
+                try:
+                    work.wait(_ABANDON_SLICE)
+                    return True
+                except RuntimeError:
+                    if work.is_completed():  # it failed: the caller's wait() raises its error
+                        return True
+                if self._abandoned is not None:  # (the slice ran out)
+                    return False
+        woken, ended = threading.Event(), threading.Event()
+        with self._lock:
+            if self._abandoned is not None:
+                return work.is_completed()
+            self._waiters.add(woken)
+
+        def end() -> None:  # (a gloo future ends a moment before its Work says it is completed)
+            ended.set()
+            woken.set()
+        try:
+            _when_done(work, end)
+            woken.wait()
+        finally:
+            with self._lock:
+                self._waiters.discard(woken)
+        return ended.is_set() or work.is_completed()
+
+    def leave_behind(self, pending: Pending) -> None:
+        """An abandoned collective: never destroyed (teardown.keep_forever), so that no thread
+        — the reaper, or the interpreter at exit — waits for gloo's timeout to end it."""
+        work, pending.work = pending.work, None
+        if work is not None:
+            keep_forever(work)
+
+    def abandoned_error(self, op: str, channel: str) -> PeerLost:
+        return PeerLost(f"{self._where()} {op} on channel '{channel}' abandoned: {self._abandoned}. "
+                        "The survivors retry the step in the new version.",
+                        channel=channel, op=op, version=self.version)
 
     # -- errors -----------------------------------------------------------------------
 
@@ -329,7 +416,7 @@ class Communicator:
                 raise self._error(exc, op, channel) from exc
             pending = Pending(work)
             del work
-            handle = Handle(pending, finish, self, op, channel)
+            handle = Handle(pending, finish, self, op, channel, sliced=not tensor.is_cuda)
             if async_op:
                 with self._lock:
                     closed = self._closed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import sys
 import threading
 import time
@@ -26,6 +27,16 @@ from typing import Any
 # after that is destroyed on the closing thread itself.
 
 
+def keep_forever(*objects: Any) -> None:
+    """Never destroy ``objects``: a gloo group (or its Work) whose collective is stuck on a peer that
+    is gone for good cannot be aborted, and destroying it waits for that collective's timeout (a
+    minute by default) — on the reaper, and at exit. An abandoned version's few objects are kept
+    instead, for the life of the process; its gloo threads go idle once the timeout ends the
+    collective."""
+    for obj in objects:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
 class Pending:
     """An asynchronous collective's Work, shared by its Handle and its communicator: when the
     communicator closes first, the reaper takes it over (``orphaned``), waits for it and keeps
@@ -40,7 +51,7 @@ class Pending:
         self.error: BaseException | None = None
 
     def orphan(self) -> bool:
-        if self.work is None:
+        if self.work is None or self.orphaned:
             return False
         self.done = threading.Event()
         self.orphaned = True

@@ -194,12 +194,26 @@ class PlanWork:
     def __init__(self) -> None:
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
 
     def finish(self, error: BaseException | None = None) -> None:
         # without its traceback: the plan's frames would keep its process groups alive wherever
         # the error is dropped last, instead of on the reaper
         self._error = None if error is None else error.with_traceback(None)
-        self._done.set()
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """``callback()`` once the plan has run (at once if it has)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def wait(self) -> None:
         self._done.wait()

@@ -49,6 +49,7 @@ class Agent:
         self._tether_judged = ""   # a controller's tether address judged dead (an election was held)
         self._tether_retry_at = 0.0
         self._tether_failed = ""   # the address a connect last failed at (said once)
+        self._store_trouble = False  # a failed store call was said (once per outage)
         self._draining: float | None = None  # after a notice: when the grace runs out
 
     def say(self, text: str) -> None:
@@ -117,6 +118,18 @@ class Agent:
                 self._stop_workers()
                 os._exit(1)
 
+    def _store_silent_within_timeout(self, exc: StoreError) -> bool:
+        """A store call failed: keep trying while the store has been silent for less than
+        ``--timeout`` (etcd's own retries give up sooner), saying so once."""
+        silent = time.monotonic() - self._last_contact
+        if silent > self.cfg.timeout or isinstance(exc, (hosts.LeaseExpired, hosts.StoreGone)):
+            return False
+        if not self._store_trouble:
+            self._store_trouble = True
+            self.say(f"the job store does not answer ({str(exc).splitlines()[0]}); trying again for up to "
+                     f"{self.cfg.timeout:g}s (--timeout)")
+        return True
+
     def _controller_gone(self, now: float) -> bool:
         """Has the job's controller been silent for the host timeout, where another may take over
         (the store outlives its host)? Never with the launcher's own store."""
@@ -170,12 +183,15 @@ class Agent:
         address = self._tether.address
         self._tether.close()
         self._tether = None
-        record = hosts.read_controller(self.job)  # a StoreError here: the store died with the launcher
+        try:
+            record = hosts.read_controller(self.job)
+        except StoreError as exc:  # the store died with the launcher
+            raise hosts.StoreGone(str(exc).splitlines()[0]) from None
         if record.get("tether") != address or answers(address):
             return None  # another controller by now, or this one still listens: tether again
         self._tether_judged = address  # judged dead once: after a lost election, only its beat counts
         if not record.get("survivable"):
-            raise StoreError(f"the job's controller on {record.get('host')} is gone (its tether closed)")
+            raise hosts.StoreGone(f"the job's controller on {record.get('host')} is gone (its tether closed)")
         return self._take_over(f"the controller on {record.get('host')} exited (its tether closed)")
 
     def _take_over(self, reason: str) -> int | None:
@@ -242,47 +258,51 @@ class Agent:
         threading.Thread(target=self._watch_contact, name="taiji-agent-watch", daemon=True).start()
         try:
             while True:
-                exited, received = self.sup.wait(timeout=TICK_SECONDS)
-                if received and self._draining is None and self._drain(signal.Signals(received[0]).name):
-                    continue  # a preemption notice: its workers leave at the next step boundary
-                if received:
-                    name = signal.Signals(received[0]).name
-                    self.say(f"received {name}: leaving the job with {len(self.sup.running())} worker(s)")
-                    self.channel.report({"op": "leave", "reason": f"{name} received"})
-                    self._stop_workers()
-                    return 128 + received[0]
-                for worker in exited:
-                    self._reported(worker)
-                if self._draining is not None and (not self.sup.running() or time.monotonic() > self._draining):
-                    return self._drained()
-                for command in self.channel.new_commands():
-                    op = command.get("op")
-                    if op == "spawn":
-                        self._spawn(command)
-                    elif op == "kill":
-                        self.sup.kill(str(command["id"]))
-                    elif op == "refuse":
-                        self.say(f"refused by the job's controller: {command.get('reason')}; nothing was started")
-                        return 2
-                    elif op == "stop":
-                        self.say(f"stopping: {command.get('reason', 'asked by the launcher')}")
+                try:
+                    exited, received = self.sup.wait(timeout=TICK_SECONDS)
+                    if received and self._draining is None and self._drain(signal.Signals(received[0]).name):
+                        continue  # a preemption notice: its workers leave at the next step boundary
+                    if received:
+                        name = signal.Signals(received[0]).name
+                        self.say(f"received {name}: leaving the job with {len(self.sup.running())} worker(s)")
+                        self.channel.report({"op": "leave", "reason": f"{name} received"})
                         self._stop_workers()
-                        self.channel.report({"op": "bye"})
-                        return 0
-                if self._tether is not None and self._tether.broken.is_set():
-                    code = self._tether_closed()
-                    if code is not None:
-                        return code
-                now = time.monotonic()
-                if now >= next_beat:
-                    self.channel.beat()
-                    next_beat = now + BEAT_SECONDS
-                    self._hold_tether()
-                    if self._controller_gone(now):
-                        code = self._take_over("the controller stopped beating")
+                        return 128 + received[0]
+                    for worker in exited:
+                        self._reported(worker)
+                    if self._draining is not None and (not self.sup.running() or time.monotonic() > self._draining):
+                        return self._drained()
+                    for command in self.channel.new_commands():
+                        op = command.get("op")
+                        if op == "spawn":
+                            self._spawn(command)
+                        elif op == "kill":
+                            self.sup.kill(str(command["id"]))
+                        elif op == "refuse":
+                            self.say(f"refused by the job's controller: {command.get('reason')}; nothing was started")
+                            return 2
+                        elif op == "stop":
+                            self.say(f"stopping: {command.get('reason', 'asked by the launcher')}")
+                            self._stop_workers()
+                            self.channel.report({"op": "bye"})
+                            return 0
+                    if self._tether is not None and self._tether.broken.is_set():
+                        code = self._tether_closed()
                         if code is not None:
                             return code
-                self._last_contact = now
+                    now = time.monotonic()
+                    if now >= next_beat:
+                        self.channel.beat()
+                        next_beat = now + BEAT_SECONDS
+                        self._hold_tether()
+                        if self._controller_gone(now):
+                            code = self._take_over("the controller stopped beating")
+                            if code is not None:
+                                return code
+                    self._last_contact, self._store_trouble = now, False
+                except StoreError as exc:
+                    if not self._store_silent_within_timeout(exc):
+                        raise
         except hosts.LeaseExpired as exc:
             self.say(f"{exc}: stopping {len(self.sup.running())} worker(s)")
             self._stop_workers()

@@ -372,6 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sched_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    env.quiet_cpp_logs()  # before torch loads (lazily, below)
     try:
         if args.subcommand in ("run", "join"):
             export_tls_files(args)

@@ -127,6 +127,11 @@ class LeaseExpired(StoreError):
     """The agent's lease ran out (it could not renew it in time): the launcher has dropped its host."""
 
 
+class StoreGone(StoreError):
+    """The job's store died with its controller (the controller's tether closed and the store no
+    longer answers): nothing to wait for."""
+
+
 class AgentChannel:
     """One host's streams: the launcher's commands to its agent, and the agent's events back."""
 

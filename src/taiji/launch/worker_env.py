@@ -55,7 +55,7 @@ def worker_env(settings: WorkerSettings, secret: bytes, worker_id: str, rank: in
                host: str, local_rank: int, local_size: int, host_rank: int = 0) -> dict[str, str]:
     """The environment of worker ``worker_id``, started on ``host`` by this process (whose death
     the worker watches)."""
-    environ = dict(os.environ)
+    environ = env.for_children(dict(os.environ))
     environ.update({
         env.JOB_ID.name: settings.job_id,
         env.WORKER_ID.name: worker_id,

@@ -89,8 +89,11 @@ class Monitors:
     def state_dict(self) -> dict:
         waiting = self._waiting
         # (a worker's own share is not state: it is valid only on that worker, in its cluster)
+        # the last commit's agreed statistics travel too: a worker whose attempt at that step
+        # failed while its peers committed it adopts the commit from them (runtime/job.py)
         return {"gns": self.gns.state_dict(), "every": self.every,
-                "waiting": None if waiting is None else [waiting.sqnorm, waiting.batch, waiting.global_batch]}
+                "waiting": None if waiting is None else [waiting.sqnorm, waiting.batch, waiting.global_batch],
+                "stats": None if self.stats is None else self.stats.to_json(), "grad_variance": self.grad_variance}
 
     def load_state_dict(self, state: dict) -> None:
         self.gns.load_state_dict(state["gns"])
@@ -99,3 +102,6 @@ class Monitors:
             self.every = max(1, int(state.get("every", 1)))
         waiting = state.get("waiting")
         self._waiting = SmallBatch(*waiting) if waiting else None
+        stats = state.get("stats")
+        self.stats = None if stats is None else StepStats.from_json(stats)
+        self.grad_variance = state.get("grad_variance")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,13 @@ class StepStats:
     previous_global_sqnorm: float | None = None  # |ḡ|² of the previous measured step: the rows' shares summed
     previous_allreduce_wait: float | None = None  # the workers' mean wait for the previous step's allreduce
     previous_monitor_seconds: float | None = None  # the slowest worker's norm time in the previous step
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict) -> "StepStats":
+        return StepStats(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     @staticmethod
     def reduce(rows: list[ControlRow], big_sqnorm: float | None) -> "StepStats":

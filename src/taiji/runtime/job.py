@@ -20,7 +20,7 @@ from ..comm.topology import check_topology
 from ..comm.transfer import average_tensors
 from ..data.fetch import BatchFetcher
 from ..data.sampler import ElasticSampler
-from ..errors import CommError, ConfigError, ConsensusError, StoreError
+from ..errors import CommError, ConfigError, ConsensusError
 from ..monitor.monitors import Monitors
 from ..policies.base import Context, Policy, PolicyError, Resize, Stop
 from ..policies.runner import Plan
@@ -37,7 +37,7 @@ from .peer import Peer, default_peer
 from .reporting import Ended, Event, Paused, PhaseClosed, Reporter, Snapshot, StepCommitted
 from .options import TrainingOptions
 from .state import Progress, TrainState
-from .step import Step
+from .step import Attempt, Step
 from .transitions import LeftCluster, Transitions
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,6 @@ class Job:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
     # -- the loop -----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Step]:
@@ -171,7 +170,7 @@ class Job:
         try:
             yield from self._loop()
         except (PolicyError, ConsensusError) as exc:
-            self._report_fatal(exc)
+            self._membership.report_fatal(str(exc))
             raise
         except LeftCluster:
             raise SystemExit(0) from None
@@ -202,7 +201,9 @@ class Job:
                 step = yield from self._engine.offer(attempt)
                 outcome = self._engine.finish(attempt)
                 if isinstance(outcome, Failed):
-                    self._transitions.recover(outcome.error)
+                    self._transitions.recover(outcome.error, since=attempt.started)
+                    if self.progress.step == attempt.index + 1:  # its peers committed it meanwhile
+                        self._adopt(attempt, step)
                     continue
                 self._stop_agreed = self._stop_agreed or outcome.stats.stop
                 epoch_ended = self._state.advance(attempt.global_batch_size)
@@ -251,6 +252,15 @@ class Job:
         self._membership.finish()
         self._reporter.on(Event("end", self.progress.step, {"size": view.size, "version": view.version}))
         self._reporter.on(Ended(self._snapshot()))
+
+    def _adopt(self, attempt: Attempt, step: Step) -> None:
+        """The peers committed the step this worker's attempt failed at; the sync brought their state
+        (its decisions too): one commit everywhere — its row and on_commit here too (DESIGN §6)."""
+        attempt.stats = stats = self.monitors.stats
+        log.info("step %d was committed by its peers while this worker's attempt failed: adopted", attempt.index)
+        self._stop_agreed = self._stop_agreed or bool(stats and stats.stop)
+        self._reporter.on(StepCommitted.of(attempt, self._snapshot(), self.monitors, self._lr()))
+        self._after_commit(step)
 
     def _after_commit(self, step: Step) -> None:
         if self.on_commit is not None:
@@ -338,13 +348,3 @@ class Job:
         view, p, position = self._membership.view, self.progress, self._state.position
         end = self.options.samples_to_train(self._sampler.num_samples, p.step, position, p.sampler.batch_size)
         return Snapshot(p.step, p.epoch, p.sampler.batch_size, view.version, view.size, position, end)
-
-    def _report_fatal(self, exc: BaseException) -> None:
-        # no peer can recover from this: the launcher stops the whole job with it as the root
-        # cause (before peers mistake this worker's exit for a crash to recover from)
-        try:
-            self._membership.report_fatal(str(exc))
-            self._membership.set_training(False)
-        except StoreError:
-            log.warning("could not tell the launcher about: %s", exc)
-

@@ -86,7 +86,13 @@ class _PeerMembership:
         return self.peer.transition(config)
 
     def report_fatal(self, message: str) -> None:
-        self.store.report_fatal(self.peer.worker_id, message)
+        """No peer can recover from this: the launcher stops the whole job with it as the root
+        cause (before the peers mistake this worker's exit for a crash to recover from)."""
+        try:
+            self.store.report_fatal(self.peer.worker_id, message)
+            self.store.set_training(self.peer.worker_id, False)
+        except StoreError:
+            log.warning("could not tell the launcher about: %s", message)
 
     def set_training(self, training: bool) -> None:
         self.store.set_training(self.peer.worker_id, training)
@@ -131,6 +137,7 @@ class ElasticMembership(_PeerMembership):
                  watch_store: JobStore | None = None):
         super().__init__(peer, min_size, max_size)
         self._newest = peer.version
+        self._doom_checked = (peer.version, peer.version)  # (our version, newest looked at for lost members)
         self._closed = threading.Event()
         self._given_store = watch_store
         self._watcher: threading.Thread | None = None  # started by the first question it answers
@@ -151,18 +158,44 @@ class ElasticMembership(_PeerMembership):
                 if store.can_watch:  # etcd: a stream of the latest version, no polling
                     for version in store.follow_latest(self._closed):
                         self._newest = max(self._newest, version)
+                        self._abandon_if_doomed(store)
                     continue
                 following = max(self._newest, self.peer.version) + 1
                 if store.has(config_key(following)):
                     self._newest = max(following, store.latest_version())
+                self._abandon_if_doomed(store)
             except StoreError:
                 # the launcher is gone or restarting: the training thread finds out itself
                 self._closed.wait(pause)
 
+    def _abandon_if_doomed(self, store: JobStore) -> None:
+        """A newer version that dropped members of ours as lost means our version's collectives
+        can never complete: abandon them now (comm.abandon) rather than at gloo's timeout."""
+        comm, config = self.peer.comm, self.peer.config
+        if comm is None or config is None or comm.version != config.version or comm.abandoned:
+            return
+        ours, looked = self._doom_checked
+        start = looked + 1 if ours == config.version else config.version + 1
+        for version in range(start, self._newest + 1):
+            lost = store.read_config(version).dooms(config.ids)
+            if lost:
+                comm.abandon(f"cluster v{version} dropped lost worker(s) {', '.join(lost)}")
+                break
+        self._doom_checked = (config.version, max(self._newest, start - 1))
+
     def newest_version(self) -> int:
+        self._watching()
+        return max(self._newest, self.peer.version)
+
+    def at_step(self, step: int) -> None:
+        # every worker watches (not only the lead, whose control row tells the others of a
+        # resize): a worker stuck in a collective of a version that lost a member learns it here
+        super().at_step(step)
+        self._watching()
+
+    def _watching(self) -> None:
         if self._watcher is None and not self._closed.is_set():
             self._start_watching()
-        return max(self._newest, self.peer.version)
 
     def join(self, timeout: float) -> None:
         self.peer.join(timeout)

@@ -91,7 +91,8 @@ class Optimizer:
         self._fire("compute", self.steps)
 
     def step(self) -> bool:
-        """Apply the update if the step's collectives all succeeded; else recover and return False."""
+        """Apply the update if the step's collectives all succeeded; else recover and return False
+        (run the batch again) — or True if the peers committed the step meanwhile (the sync brought it)."""
         self._fire("allreduce", self.steps)
         try:
             self.sync.launch_all()
@@ -99,8 +100,9 @@ class Optimizer:
             self.sync.synchronize()
             stats = pending.wait()
         except CommError as exc:
+            attempted = self.steps
             self._recover(exc)
-            return False
+            return self.steps == attempted + 1  # a commit is one fact: adopted, as its peers made it
         self.optimizer.step()
         self._state.count_step()
         self._durable.committed(stats.clock)

@@ -73,12 +73,13 @@ class Transitions:
         log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs", before.version,
                  after.version, reason, before.size, after.size, step, finished - started)
 
-    def recover(self, error: BaseException | None) -> None:
-        """A collective failed: nothing was committed. Move to the launcher's next config."""
+    def recover(self, error: BaseException | None, since: float | None = None) -> None:
+        """A collective failed: nothing was committed here. Move to the launcher's next config.
+        ``since``: when the failed attempt began (perf_counter): training stood still from then
+        on, and that is the recovery time recorded."""
         log.warning("step %d failed (%s); waiting for a new cluster config", self.state.progress.step,
                     str(error).split(". ")[0] if error else "collective failed")
-        started = time.perf_counter()
-        self.to(self._next_config(), reason="failure", started=started)
+        self.to(self._next_config(), reason="failure", started=time.perf_counter() if since is None else since)
 
     def sync(self, force: bool) -> None:
         """Sync the TrainState on the current groups; while that fails, recover and try again."""

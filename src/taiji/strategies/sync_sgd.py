@@ -68,6 +68,14 @@ def _views(buffer: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch
     return views
 
 
+def _fresh_memory(bucket: _Bucket) -> None:
+    """A collective given up on (its cluster version was abandoned) stays in flight until gloo
+    ends it and may still write into its buffer: the retry gets new memory."""
+    bucket.buffer = torch.zeros_like(bucket.buffer)
+    bucket.slices = _views(bucket.buffer, bucket.params)
+    bucket.wire = bucket.rows = None  # carry() builds a new wire around the new buffer
+
+
 def plan_buckets(sizes_bytes: list[int], cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
     """Group consecutive items into buckets, closing a bucket once it holds ``cap_bytes``
     (the first once it holds ``first_cap_bytes``).
@@ -327,4 +335,6 @@ class SyncSGD(Strategy):
         self._carrying = self._carried = None
         self._global_parts = None
         for bucket in self._buckets:
+            if bucket.handle is not None and not bucket.handle.is_completed():
+                _fresh_memory(bucket)
             bucket.reset()
