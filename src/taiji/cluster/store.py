@@ -271,10 +271,8 @@ class JobStore:
         """Ask for ``size`` workers (``placement``: so many on each host); returns the proposal's
         sequence number."""
         seq = self.add("proposal/seq", 1)
-        record: dict = {"size": int(size), "source": source}
-        if placement:
-            record["placement"] = [[host, int(count)] for host, count in placement]
-        self.put_record(f"proposal/{seq}", record)
+        placed = {"placement": [[host, int(count)] for host, count in placement]} if placement else {}
+        self.put_record(f"proposal/{seq}", {"size": int(size), "source": source, **placed})
         self.ring()
         return seq
 
