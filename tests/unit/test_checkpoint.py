@@ -311,3 +311,36 @@ def test_job_checkpoints_to_an_fsspec_url_and_resumes_from_it():
     model, _, job = _train(Checkpoint(root, resume="auto"), 8)
     assert job.progress.step == 8 and all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters()))
     Storage(root).remove("")
+
+
+class FakeSupervisor:
+    """What the launcher's signal path asks of its Supervisor, recorded."""
+
+    def __init__(self):
+        self.calls = []
+
+    def running(self):
+        return [object(), object()]
+
+    def drain(self, signum, timeout):
+        self.calls.append(("drain", signum, timeout))
+
+    def stop_all(self, grace):
+        self.calls.append(("stop_all", grace))
+
+
+def test_launcher_signal_path_with_and_without_a_checkpoint_dir(tmp_path):
+    import signal
+    from taiji.launch.checkpoint_cli import EXIT_RESUMABLE, NOTICE_SIGNAL, stop_workers
+    said, sup = [], FakeSupervisor()
+    assert stop_workers(signal.SIGTERM, sup, "", 5.0, 60.0, said.append) == 128 + signal.SIGTERM
+    assert sup.calls == [("stop_all", 5.0)] and "nothing was saved" in said[0]
+    root = str(tmp_path / "ck")
+    _train(Checkpoint(root), 2)
+    said, sup = [], FakeSupervisor()
+    assert stop_workers(signal.SIGTERM, sup, root, 5.0, 60.0, said.append) == EXIT_RESUMABLE
+    assert sup.calls == [("drain", NOTICE_SIGNAL, 60.0), ("stop_all", 5.0)]
+    assert f"resumable from {root}/step-00000002" in said[-1]
+    said, sup = [], FakeSupervisor()
+    assert stop_workers(signal.SIGINT, sup, root, 5.0, 60.0, said.append) == 128 + signal.SIGINT
+    assert sup.calls == [("stop_all", 5.0)], "Ctrl-C stops at once, as before"
