@@ -1,4 +1,4 @@
-"""A preemption notice to one host of a many-host job (network-namespace hosts, tests/_netns.py):
+"""A preemption notice to one of 3 hosts of a job (network-namespace hosts, tests/_netns.py):
 SIGTERM to its `taiji join` agent is a planned shrink placed off that host — its workers leave at
 the next step boundary, no step fails, the agent exits 0 — audited with DESIGN §6's invariants.
 Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
@@ -10,27 +10,17 @@ import signal
 import pytest
 
 from _harness import HostsJob, check_invariants, wait_for
-from _netns import EmulatedHosts, unavailable
+from test_hosts import hosts3  # noqa: F401 - the fixture: 3 emulated hosts, skipped where none can be made
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-WHY_NOT = unavailable()
 
-
-@pytest.fixture
-def hosts2():
-    if WHY_NOT:
-        pytest.skip(f"no emulated hosts here: {WHY_NOT}")
-    with EmulatedHosts(2) as hosts:
-        yield hosts
-
-
-def test_sigterm_to_an_agent_is_a_planned_shrink_off_its_host(hosts2, tmp_path):
-    job = HostsJob(hosts2, tmp_path)
+def test_sigterm_to_an_agent_is_a_planned_shrink_off_its_host(hosts3, tmp_path):
+    job = HostsJob(hosts3, tmp_path)
     try:
         job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
                   ["--batch", "16", "--steps", "100000", "--stop-at-version", "3", "--step-delay", "0.03"])
-        job.join(1, 2)  # the job grows onto the second host's two slots: v2, 4 workers
+        job.join(1, 2, extra=["--grace", "30"])  # the job grows onto the second host's two slots: v2, 4 workers
         job.wait_log("cluster v2: 4 worker(s)")
         wait_for(lambda: (tmp_path / "w3.jsonl").exists() and (tmp_path / "w3.jsonl").stat().st_size > 0, 60,
                  "a step committed by worker w3 (on host 1)")
@@ -52,4 +42,4 @@ def test_sigterm_to_an_agent_is_a_planned_shrink_off_its_host(hosts2, tmp_path):
     result = check_invariants(tmp_path, 16)
     assert result["sizes"] == [2, 4, 2], result
     for i in (0, 1):
-        wait_for(lambda: not hosts2.pids(i), 30, f"every process on host {i} to exit")
+        wait_for(lambda: not hosts3.pids(i), 30, f"every process on host {i} to exit")
