@@ -135,7 +135,7 @@ class Job:
         return self._transitions.records
 
     def request_stop(self) -> None:
-        """Stop after this step on every worker at one boundary (it rides the control message)."""
+        """Stop after this step, every worker at one boundary (rides the control message); any worker may ask."""
         self._signals.stop_requested = True
         if not self._peer.elastic or self._peer.size == 1:
             self._stop_agreed = True
