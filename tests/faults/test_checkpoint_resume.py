@@ -5,6 +5,7 @@ steps after the checkpoint are retrained bitwise as they first were. SIGTERM to 
 final checkpoint at the next step boundary, every worker exits, status 75 ("resumable"). Then
 `--resume auto -np 3` to the end: every sample of each epoch trained exactly once across the
 three runs, and the end matches an uninterrupted 1-worker run.
+A worker SIGKILLed while a checkpoint is being written leaves it invisible: the previous one loads.
 Every launcher runs in its own session with a hard timeout; every process is reaped.
 """
 import json
@@ -124,3 +125,41 @@ def test_killed_then_preempted_job_resumes_exactly_once_bitwise_and_at_another_s
             (tmp_path / "c", stopped_at, STEPS)], tmp_path / "merged")
     result = check_invariants(tmp_path / "merged", BATCH)  # exactly once; the 1-worker trajectory
     assert result["steps"] == STEPS and result["sizes"] == [2, 3], (kill_after, killed_at, stopped_at, result)
+
+
+KILLED_WRITER = """
+import sys, torch, taiji
+from torch.utils.data import TensorDataset
+from taiji.runtime.peer import Peer
+torch.manual_seed(0)
+model = torch.nn.Linear(2048, 2048)  # 16 MiB of parameters, 48 MiB with Adam's state
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+data = TensorDataset(torch.randn(64, 2048), torch.randn(64, 2048))
+job = taiji.Job(model, opt, data, 8, peer=Peer.solo(), log_every=0, epochs=10**6,
+                checkpoint=taiji.Checkpoint(sys.argv[1], steps=1, keep=100))
+for step in job:
+    x, y = step.batch
+    step.backward(((model(x) - y) ** 2).mean())
+"""
+
+
+def test_sigkill_during_a_write_leaves_the_previous_checkpoint_the_one_that_loads(tmp_path):
+    """A worker that checkpoints every step is SIGKILLed as soon as a checkpoint directory exists
+    that is not complete (a write in flight): that one stays invisible, the previous one loads."""
+    root = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(root)], cwd=str(REPO), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    storage = Storage(str(root))
+    try:
+        wait_for(lambda: proc.poll() is not None or (storage.listing().latest is not None
+                                                     and storage.listing().incomplete), 60,
+                 "a complete checkpoint and a later one being written")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    listing = storage.listing()
+    assert listing.incomplete and listing.latest is not None and listing.incomplete[-1] > listing.latest, listing
+    import torch
+    from taiji.checkpoint.reader import load_checkpoint
+    model = torch.nn.Linear(2048, 2048)
+    assert load_checkpoint(str(root), model)["step"] == listing.latest
