@@ -66,11 +66,14 @@ def write_part(storage: Storage, step: int, part: int, staged: Mapping[str, torc
 
 
 class Writer:
-    """Background writes of this worker's parts (see module doc)."""
+    """Background writes of this worker's parts (see module doc), on one thread that lives as
+    long as the Writer: a save hands it the staged copy and returns without waiting for it."""
 
     def __init__(self, storage: Storage, after_write: Callable[[int], None] = lambda step: None):
         self.storage = storage
         self._after_write = after_write
+        self._changed = threading.Condition()
+        self._pending: tuple[int, int, dict[str, torch.Tensor], Manifest | None] | None = None
         self._thread: threading.Thread | None = None
         self.failures = 0
         self.last_written: int | None = None
@@ -78,7 +81,7 @@ class Writer:
 
     @property
     def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._pending is not None
 
     def save(self, step: int, part: int, tensors: Mapping[str, torch.Tensor],
              manifest: Manifest | None) -> SaveRecord:
@@ -89,25 +92,35 @@ class Writer:
                         "less often to avoid this stall)", step)
         self.wait()
         staged, self._buffers = stage(tensors, self._buffers), {}
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="taiji-checkpoint-writer", daemon=True)
+            self._thread.start()
+        with self._changed:
+            self._pending = (step, part, staged, manifest)
+            self._changed.notify_all()
         stall = time.perf_counter() - start
-        self._thread = threading.Thread(target=self._write, args=(step, part, staged, manifest),
-                                        name=f"taiji-checkpoint-{step}", daemon=True)
-        self._thread.start()
         return SaveRecord(step, stall, sum(t.numel() * t.element_size() for t in staged.values()))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the write in flight; False if it is still running after ``timeout``."""
-        thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout)
-        if thread.is_alive():
-            return False
-        self._thread = None
-        return True
+        with self._changed:
+            return self._changed.wait_for(lambda: self._pending is None, timeout)
+
+    def _serve(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._pending is not None)
+                job = self._pending
+            assert job is not None
+            try:
+                self._write(*job)
+            finally:
+                with self._changed:
+                    self._pending = None
+                    self._changed.notify_all()
 
     def _write(self, step: int, part: int, staged: dict[str, torch.Tensor], manifest: Manifest | None) -> None:
-        self._buffers = staged  # read by the next save only after it joined this thread
+        self._buffers = staged  # read by the next save only after the write is done
         try:
             write_part(self.storage, step, part, staged, manifest)
         except Exception as exc:  # noqa: BLE001 - a failed write must never stop training
