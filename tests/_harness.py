@@ -211,6 +211,11 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (a test that must kill a whole job, workers included)."""
+    return _descendants(pid)
+
+
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").glob("*"):

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import TaijiError
 
 if TYPE_CHECKING:
+    from .checkpoint.config import Checkpoint
+    from .checkpoint.reader import load_checkpoint
     from .policies.base import Context
     from .runtime.job import Job
     from .runtime.optimizer import Optimizer
@@ -30,6 +32,7 @@ _LAZY = {
     "shutdown": "runtime.peer", "Step": "runtime.step", "Strategy": "strategies.base",
     "ModelAveraging": "strategies.model_averaging", "PairAveraging": "strategies.pair_averaging",
     "SyncSGD": "strategies.sync_sgd", "LocalSGD": "strategies.local_sgd",
+    "Checkpoint": "checkpoint.config", "load_checkpoint": "checkpoint.reader",
 }
 
 
@@ -103,7 +106,7 @@ def barrier() -> None:
 
 
 __all__ = [
-    "Job", "LocalSGD", "ModelAveraging", "Optimizer", "PairAveraging", "Step", "Strategy", "SyncSGD",
-    "TaijiError", "allgather", "allreduce", "barrier", "broadcast", "context", "init", "rank", "resize",
+    "Checkpoint", "Job", "LocalSGD", "ModelAveraging", "Optimizer", "PairAveraging", "Step", "Strategy", "SyncSGD",
+    "TaijiError", "allgather", "allreduce", "barrier", "broadcast", "context", "init", "load_checkpoint", "rank", "resize",
     "shutdown", "size", "version",
 ]

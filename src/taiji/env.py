@@ -84,6 +84,11 @@ MALLOC_TUNING = EnvVar("TAIJI_MALLOC_TUNING", True, _parse_bool,
                        "keep freed CPU memory mapped between steps (glibc malloc thresholds; runtime/allocator.py)")
 MIN_NP = EnvVar("TAIJI_MIN_NP", 1, int, "the launcher's --min-np (policies clamp Resize to it)")
 MAX_NP = EnvVar("TAIJI_MAX_NP", 0, int, "the launcher's --max-np; 0 = unknown (not launched by taiji)")
+CHECKPOINT_DIR = EnvVar("TAIJI_CHECKPOINT_DIR", "", str,
+                        "`taiji run --checkpoint-dir`: where a Job without its own taiji.Checkpoint checkpoints")
+CHECKPOINT_EVERY = EnvVar("TAIJI_CHECKPOINT_EVERY", "", str,
+                          "`taiji run --checkpoint-every`: a duration (10m) or a number of steps")
+RESUME = EnvVar("TAIJI_RESUME", "", str, "`taiji run --resume`: auto (the latest complete checkpoint) or a path")
 
 # the torchrun contract the launcher also writes; a joiner reads its provisional rank from it
 RANK = EnvVar("RANK", 0, int, "torchrun-compatible rank (provisional for a joiner)")
@@ -92,7 +97,7 @@ WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provi
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, TOPOLOGY, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
-    MALLOC_TUNING, TORCH_CPP_LOG_LEVEL,
+    MALLOC_TUNING, TORCH_CPP_LOG_LEVEL, CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME,
 )
 
 _quieted_cpp_logs = False

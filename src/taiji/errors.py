@@ -46,3 +46,7 @@ class ConsensusError(CommError):
 
 class AuthError(TaijiError):
     """A control record or a peer failed authentication (a wrong or missing job secret)."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint cannot be used: missing, incomplete, damaged, of another model or format."""

@@ -32,7 +32,7 @@ TESTS = REPO / "tests"
 LAYERS: dict[str, int] = {
     "taiji.errors": 0, "taiji.env": 0, "taiji.log": 0,
     "taiji.cluster": 1, "taiji.data": 1, "taiji.monitor": 1, "taiji.comm": 1, "taiji.policies": 1,
-    "taiji.metrics": 1, "taiji.sched": 1,
+    "taiji.metrics": 1, "taiji.sched": 1, "taiji.checkpoint": 1,
     "taiji.strategies": 2,
     "taiji.runtime": 3,
     "taiji.launch": 4, "taiji": 4,   # "taiji" is the package root, taiji/__init__.py, only

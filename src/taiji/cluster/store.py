@@ -267,10 +267,12 @@ class JobStore:
 
     # -- keys the launcher's driver watches (written by workers or `taiji resize`) -------
 
-    def propose(self, size: int, source: str) -> int:
-        """Ask for ``size`` workers; returns the proposal's sequence number."""
+    def propose(self, size: int, source: str, placement: tuple[tuple[str, int], ...] = ()) -> int:
+        """Ask for ``size`` workers (``placement``: so many on each host); returns the proposal's
+        sequence number."""
         seq = self.add("proposal/seq", 1)
-        self.put_record(f"proposal/{seq}", {"size": int(size), "source": source})
+        placed = {"placement": [[host, int(count)] for host, count in placement]} if placement else {}
+        self.put_record(f"proposal/{seq}", {"size": int(size), "source": source, **placed})
         self.ring()
         return seq
 

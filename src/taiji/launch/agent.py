@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 import threading
 import time
 import uuid
@@ -49,6 +50,7 @@ class Agent:
         self._tether_retry_at = 0.0
         self._tether_failed = ""   # the address a connect last failed at (said once)
         self._store_trouble = False  # a failed store call was said (once per outage)
+        self._draining: float | None = None  # after a notice: when the grace runs out
 
     def say(self, text: str) -> None:
         self.sup.write(f"taiji join: {text}\n")
@@ -214,6 +216,30 @@ class Agent:
             self._tether = None
         return driver.resume(lost, reason, missed)
 
+    def _drain(self, name: str) -> bool:
+        """A preemption notice (SIGTERM): ask for a shrink placed off this host, so its workers leave
+        at the next step boundary (no failed step); False if there is nothing to drain or no grace."""
+        if self.cfg.grace <= 0 or not self.sup.running() or self.job is None:
+            return False
+        config = self.job.read_config()
+        per_host = Counter(w.host for w in config.workers)
+        per_host[self.cfg.host] = 0
+        self.job.propose(sum(per_host.values()), f"host {self.cfg.host} leaving ({name})", tuple(per_host.items()))
+        self.say(f"received {name}: asked the job to shrink off this host; its {len(self.sup.running())} "
+                 f"worker(s) leave at the next step boundary (within --grace {self.cfg.grace:g}s)")
+        self._draining = time.monotonic() + self.cfg.grace
+        return True
+
+    def _drained(self) -> int:
+        """After a notice: 0 if the workers left as a planned shrink; else the host is dropped as lost."""
+        assert self.channel is not None
+        left = not self.sup.running()
+        self.say("its workers left the job: leaving" if left else
+                 f"--grace {self.cfg.grace:g}s ran out before the workers left: the host is dropped as lost")
+        self.channel.report({"op": "leave", "reason": "drained" if left else "its grace ran out"})
+        self._stop_workers()
+        return 0 if left else 128 + signal.SIGTERM
+
     def run(self) -> int:
         cfg = self.cfg
         self._connect()
@@ -234,6 +260,8 @@ class Agent:
             while True:
                 try:
                     exited, received = self.sup.wait(timeout=TICK_SECONDS)
+                    if received and self._draining is None and self._drain(signal.Signals(received[0]).name):
+                        continue  # a preemption notice: its workers leave at the next step boundary
                     if received:
                         name = signal.Signals(received[0]).name
                         self.say(f"received {name}: leaving the job with {len(self.sup.running())} worker(s)")
@@ -242,6 +270,8 @@ class Agent:
                         return 128 + received[0]
                     for worker in exited:
                         self._reported(worker)
+                    if self._draining is not None and (not self.sup.running() or time.monotonic() > self._draining):
+                        return self._drained()
                     for command in self.channel.new_commands():
                         op = command.get("op")
                         if op == "spawn":

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from .. import env
 from ..comm.addresses import interface_address
 from ..errors import AuthError, ConfigError, LaunchError, StoreError
-from . import registry
+from . import checkpoint_cli, registry
 from .control import request
 from .options import JoinConfig, RunConfig, heartbeat_interval
 
@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(a scheduler places them); default: the job grows onto them")
     run.add_argument("--max-failures", type=int, default=3,
                      help="worker failures the job survives before it stops (default: %(default)s)")
+    checkpoint_cli.add_run_flags(run)
     join = sub.add_parser("join", help="add this host to a running job (an agent for its workers)",
                           usage="taiji join JOB@HOST:PORT --secret-file FILE --nproc-per-node K "
                                 "(--host IP | --ifname NAME)")
@@ -209,7 +210,7 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
                      liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout,
                      nproc_per_node=args.nproc_per_node, store=_parse_store(args.store),
                      min_hosts=min_hosts, max_hosts=max_hosts, grow_on_join=args.grow_on_join,
-                     secret=_read_secret(args.secret_file))
+                     secret=_read_secret(args.secret_file), checkpoint=checkpoint_cli.parse_run_flags(args))
 
 
 def _read_secret(path: str | None) -> bytes | None:
@@ -357,6 +358,8 @@ def list_jobs() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["checkpoint"]:
+        return checkpoint_cli.main(argv[1:])
     if argv[:1] == ["sched"]:
         try:   # lazily: the scheduler has parsers of its own and needs SciPy (the extra taiji[sched])
             from ..sched.cli import main as sched_main

@@ -22,6 +22,7 @@ from ..cluster.etcd import EtcdKV, job_credentials, parse_url
 from ..cluster.store import JobStore, KeyFollower, host_store, open_store
 from ..errors import LaunchError, StoreError
 from . import hosts, registry
+from .checkpoint_cli import stop_workers
 from .control import ControlServer
 from .etcd_server import EtcdServer
 from .supervisor import Supervisor, describe_exit
@@ -49,6 +50,7 @@ class DriverConfig:
     store: str = "tcp"  # tcp (hosted here) | etcd (a server started here) | etcd://HOST:PORT,... (the user's)
     min_hosts: int = 1  # hosts (this one included) that must have joined before the job starts
     secret: bytes | None = None  # the job's secret when given (a scheduler derives it); else a new one
+    checkpoint_grace: float = 60.0  # with --checkpoint-dir: SIGTERM -> final checkpoint -> exit, at most
 
 
 class Deposed(LaunchError):
@@ -335,7 +337,8 @@ class Driver:
     def _store_events(self) -> list[ctl.Event]:
         events: list[ctl.Event] = []
         self._proposal_seq, proposals = self.job.proposals_after(self._proposal_seq)
-        events += [ctl.Proposal(int(p["size"]), str(p.get("source", "user"))) for p in proposals]
+        events += [ctl.Proposal(int(p["size"]), str(p.get("source", "user")),
+                                tuple((str(h), int(n)) for h, n in p.get("placement", ()))) for p in proposals]
         events += [ctl.WorkerReady(j.id) for j in self.state.joiners
                    if not j.ready and self.job.is_ready(j.id)]
         version = self.state.config.version
@@ -443,12 +446,11 @@ class Driver:
             pending += self._early
             while True:
                 exited, received = self.sup.wait(timeout=self.tick)
-                if received:
-                    name = signal.Signals(received[0]).name
-                    self.say(f"received {name}; stopping {len(self.sup.running())} worker(s)")
-                    self.sup.stop_all(cfg.grace)
+                if received:  # SIGTERM with --checkpoint-dir: a final checkpoint first
+                    code = stop_workers(received[0], self.sup, self.settings.checkpoint_dir, cfg.grace,
+                                        cfg.checkpoint_grace, self.say)
                     self._stop_agents()
-                    return 128 + received[0]
+                    return code
                 # did anyone write what we react to? one read, or none where a watch keeps the count
                 bell = self._doorbell.value if self._doorbell is not None else self.job.doorbell()
                 rang, self._bell = bell != self._bell, bell

@@ -1,9 +1,17 @@
 """What `taiji run` was asked for: parsed options, with no I/O (the CLI builds it, the launcher reads it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import env
+
+
+@dataclass(frozen=True)
+class CheckpointFlags:
+    directory: str = ""       # --checkpoint-dir (absolute, or a URL)
+    every: str = ""           # --checkpoint-every
+    resume: str = ""          # --resume: "", "auto" or a path
+    grace: float = 60.0       # --checkpoint-grace: SIGTERM -> final checkpoint -> exit, at most
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,7 @@ class RunConfig:
     max_hosts: int = 0        # --nnodes MAX: hosts at most (0: no limit)
     grow_on_join: bool = True  # grow onto a joining host's slots (off: only resizes place workers there)
     secret: bytes | None = None  # the job's secret (--secret-file); None: a new one
+    checkpoint: CheckpointFlags = field(default_factory=lambda: CheckpointFlags())  # --checkpoint-dir, --resume
 
 
 @dataclass(frozen=True)

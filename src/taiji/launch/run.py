@@ -20,7 +20,8 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         recovery_timeout=max(env.RECOVERY_TIMEOUT.default, cfg.busy_timeout + cfg.timeout),
         min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc,
         run_dir=str(Path(cfg.run_dir).resolve()) if cfg.run_dir else "",
-        debug_collectives=cfg.debug_collectives, topology=cfg.topology)
+        debug_collectives=cfg.debug_collectives, topology=cfg.topology,
+        checkpoint_dir=cfg.checkpoint.directory, checkpoint_every=cfg.checkpoint.every, resume=cfg.checkpoint.resume)
 
 
 def run_job(cfg: RunConfig, output=None) -> int:
@@ -35,5 +36,5 @@ def run_job(cfg: RunConfig, output=None) -> int:
     driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=cfg.nproc, bounds=bounds,
                               host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace,
                               slots=cfg.nproc_per_node, store=cfg.store, min_hosts=cfg.min_hosts,
-                              secret=cfg.secret)
+                              secret=cfg.secret, checkpoint_grace=cfg.checkpoint.grace)
     return Driver.launch(driver_cfg, worker_settings(cfg), output=output).run()

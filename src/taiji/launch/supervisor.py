@@ -190,6 +190,18 @@ class Supervisor:
             except ProcessLookupError:
                 pass
 
+    def drain(self, signum: int, timeout: float) -> None:
+        """Send ``signum`` to every running worker's own process (not its group: its children keep
+        their default actions) and wait up to ``timeout`` for them to exit by themselves."""
+        for worker in self.running():
+            try:
+                os.kill(worker.pid, signum)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            self.wait(timeout=deadline - time.monotonic())
+
     def stop_all(self, grace: float = 5.0) -> None:
         """SIGTERM every running worker's process group; SIGKILL what is left after ``grace``."""
         self.signal_all(signal.SIGTERM)

@@ -29,6 +29,9 @@ class WorkerSettings:
     run_dir: str = ""
     debug_collectives: bool = False
     topology: str = "ring"          # the grad channel's allreduce plan (comm/topology.py)
+    checkpoint_dir: str = ""        # every Job's default checkpoints (`--checkpoint-dir`, `--checkpoint-every`)
+    checkpoint_every: str = ""
+    resume: str = ""                # auto | a checkpoint's path (`--resume`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,6 +71,9 @@ def worker_env(settings: WorkerSettings, secret: bytes, worker_id: str, rank: in
         env.MAX_NP.name: str(settings.max_np),
         env.RUN_DIR.name: settings.run_dir,
         env.TOPOLOGY.name: settings.topology,
+        env.CHECKPOINT_DIR.name: settings.checkpoint_dir,
+        env.CHECKPOINT_EVERY.name: settings.checkpoint_every,
+        env.RESUME.name: settings.resume,
         # the torchrun contract, for scripts that read it
         "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local_rank),
         "LOCAL_WORLD_SIZE": str(local_size), "GROUP_RANK": str(host_rank),

@@ -18,8 +18,9 @@ from ..comm.communicator import Communicator
 from ..errors import CommError, ConsensusError
 from ..monitor.gns import GNSEstimator
 from ..monitor.stats import StepStats
-from ..policies.base import HOOKS, Context, Metrics, Policy, Resize, SetBatchSize
+from ..policies.base import HOOKS, Context, Metrics, Policy, Resize, ScaleLR, SetBatchSize
 from ..policies.runner import Plan, decision_trail, plan_digest, run_hooks
+from .reporting import Event
 from .state import Progress
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,20 @@ def boundary_hooks(epoch_ended: bool, done: bool) -> list[str]:
 def who(plan: Plan, kind: type) -> str:
     names = [a.policy for a in plan.applied if isinstance(a.decision, kind)]
     return names[-1] if names else "?"
+
+
+def policy_events(plan: Plan, context: Context, lead: bool) -> list[Event]:
+    """The run-log events of a plan's applied decisions (logged by the lead worker); ScaleLR's
+    show in the metrics' "lr" (AdaScale changes it every step)."""
+    events = []
+    for applied in plan.applied:
+        if isinstance(applied.decision, ScaleLR):
+            continue
+        if lead:
+            log.info("policy %s.%s: %s", applied.policy, applied.hook, describe(applied.decision, context))
+        events.append(Event("policy", context.step, {"policy": applied.policy, "hook": applied.hook,
+                                                     "decision": repr(applied.decision), "gns": context.metrics.gns}))
+    return events
 
 
 def describe(decision: Any, context: Context) -> str:

@@ -1,10 +1,10 @@
 """The elastic training loop: the one place that composes the runtime's parts.
 
-``for step in job:`` yields one Step per global batch; the user runs forward and
-``step.backward(loss)``. When the loop comes back, the step is finished: committed if every
-collective succeeded, else recovered from (nothing committed; the survivors retry it). After a
-commit the policies decide at the step boundary, ``_apply`` carries their plan out, and if any
-worker saw a newer cluster version every worker moves to it at this same boundary.
+``for step in job:`` yields one Step per global batch; the user runs forward and ``step.backward(loss)``.
+When the loop comes back the step is finished: committed if every collective succeeded, else recovered
+from (nothing committed; the survivors retry it). After a commit the policies decide at the step boundary,
+``_apply`` carries their plan out, a checkpoint is taken if due, and if any worker saw a newer cluster
+version every worker moves to it at this same boundary.
 """
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ from ..data.fetch import BatchFetcher
 from ..data.sampler import ElasticSampler
 from ..errors import CommError, ConfigError, ConsensusError
 from ..monitor.monitors import Monitors
-from ..policies.base import Context, Policy, PolicyError, Resize, ScaleLR, Stop
+from ..policies.base import Context, Policy, PolicyError, Resize, Stop
 from ..policies.runner import Plan
 from ..strategies.base import Strategy
 from ..strategies.catalog import StrategyCatalog
 from . import faults
-from .adaptation import Adaptation, boundary_hooks, describe, scale_lr, who
+from .adaptation import Adaptation, boundary_hooks, policy_events, scale_lr, who
+from .checkpointing import Checkpoint, Checkpointer, effective
 from .control import ControlChannel, Signals
 from .decoupled import Phases, plan_phase
 from .engine import Failed, StepEngine
@@ -54,7 +55,7 @@ class Job:
                  on_commit: Callable[[Step], None] | None = None, monitor_every: int | str = 1,
                  gns_decay: float = 0.95, run_dir: str | None = None, policies: Sequence[Policy] = (),
                  strategies: Mapping[str, Strategy] | None = None, sync_every: int | None = None,
-                 topology: str | None = None, load_ahead: bool = True):
+                 topology: str | None = None, load_ahead: bool = True, checkpoint: Checkpoint | None = None):
         self.options = TrainingOptions(batch_size, epochs, max_steps, monitor_every, sync_every)
         self.model, self.optimizer, self.lr_scheduler, self.on_commit = model, optimizer, lr_scheduler, on_commit
         self._peer = peer or default_peer()
@@ -62,9 +63,8 @@ class Job:
         self._catalog = StrategyCatalog(strategy, strategies)
         self.strategy_name = self._catalog.initial
         self.strategy = self._catalog.get(self.strategy_name).attach(model, lambda: self._membership.comm)
-        self._signals, self._stop_agreed = Signals(), False
+        self._signals, self._stop_agreed, self._started = Signals(), False, False
         self._pending_strategy: str | None = None
-        self._started = False
         self.monitors = Monitors(monitor_every, gns_decay)
         self._adaptation = Adaptation(policies)
         self._sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)  # type: ignore[arg-type]
@@ -89,6 +89,9 @@ class Job:
         self._phases = Phases(store, self._membership, self._engine, self._control, self._transitions,
                               self._signals, committed=self._after_commit)
         self._state.register("phases", self._phases)
+        self._durable = Checkpointer(effective(checkpoint, Checkpoint.from_env()), self._state, self._membership,
+                                     lambda: self.strategy.exact, self.request_stop)
+        self._durable.resume()
 
     # -- what the user reads ----------------------------------------------------------------
 
@@ -132,16 +135,14 @@ class Job:
         return self._transitions.records
 
     def request_stop(self) -> None:
-        """Stop training after the current step, on every worker at the same step boundary
-        (the request rides the step's control message). Callable from any worker."""
+        """Stop after this step, every worker at one boundary (rides the control message); any worker may ask."""
         self._signals.stop_requested = True
         if not self._peer.elastic or self._peer.size == 1:
             self._stop_agreed = True
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
-        """Rank-local work between steps (an evaluation, a checkpoint): its time is not a step's,
-        neither in the logged samples/s nor in the step times policies read."""
+        """Rank-local work between steps (an evaluation): not a step's time, to samples/s or policies."""
         try:
             yield
         finally:
@@ -151,6 +152,7 @@ class Job:
     def close(self) -> None:
         """Release the model (the strategy's hooks) and this Job's threads; idempotent."""
         self._peer.show_context(None)
+        self._durable.close()
         self.strategy.detach()
         self._membership.close()
 
@@ -183,6 +185,7 @@ class Job:
         view, batch_size = self._membership.view, self.progress.sampler.batch_size
         self._reporter.on(Event("start", self.progress.step, {"size": view.size, "version": view.version,
                                                             "hosts": view.per_host, "batch_size": batch_size}))
+        self._durable.start(self._reporter)
         if fresh:
             start = ["before_epoch"] if self.progress.sampler.cursor == 0 else []
             self._decide(["before_train"] + start + ([] if self.done else ["before_step"]))
@@ -208,6 +211,7 @@ class Job:
                 self._reporter.on(StepCommitted.of(attempt, self._snapshot(), self.monitors, self._lr()))
                 self._decide(boundary_hooks(epoch_ended, self.done))
                 self._after_commit(step)
+                self._durable.committed(outcome.stats.clock)
                 self._move_if_newer(outcome.newest_version)
         self._end()
 
@@ -225,6 +229,7 @@ class Job:
         self._reporter.on(PhaseClosed(self._snapshot(), result.consumed, self._adaptation.metrics.step_seconds,
                                       self._lr(), self.strategy_name))
         self._decide(boundary_hooks(epoch_ended, self.done))
+        self._durable.committed(result.stats.clock)
         self._move_if_newer(result.stats.version_seen)
 
     def _move_if_newer(self, version: int) -> None:
@@ -242,6 +247,7 @@ class Job:
         plan = self._decide(["after_train"])
         if plan.batch_size is not None or plan.resize is not None:
             log.info("decisions taken in after_train have no effect: training has ended")
+        self._durable.ended()
         self._membership.set_training(False)
         self._membership.finish()
         self._reporter.on(Event("end", self.progress.step, {"size": view.size, "version": view.version}))
@@ -273,14 +279,8 @@ class Job:
     def _apply(self, plan: Plan, context: Context) -> None:
         """The one place where decisions take effect, identically on every worker."""
         lead = self._leads()
-        for applied in plan.applied:
-            if isinstance(applied.decision, ScaleLR):
-                continue  # reported through the metrics' "lr"; AdaScale changes it every step
-            if lead:
-                log.info("policy %s.%s: %s", applied.policy, applied.hook, describe(applied.decision, context))
-            self._reporter.on(Event("policy", context.step, {"policy": applied.policy, "hook": applied.hook,
-                                                             "decision": repr(applied.decision),
-                                                             "gns": context.metrics.gns}))
+        for event in policy_events(plan, context, lead):
+            self._reporter.on(event)
         if plan.batch_size is not None:
             self._state.set_batch_size(plan.batch_size)
         if plan.lr_factor != 1.0:

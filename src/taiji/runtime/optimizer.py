@@ -17,6 +17,11 @@ returns False — your loop retries the batch::
 Every step carries a tiny control message (an allgather of one row per worker) so that all
 workers move to a newer cluster version at the same step. Gradients are averaged with equal
 weights (1/size): give each worker an equal share of your batch.
+
+``checkpoint=taiji.Checkpoint(path, steps=N)`` (or `taiji run --checkpoint-dir`) checkpoints the
+model and optimizer on the same schedule as a Job, and resumes them (``opt.steps`` then says
+where your loop stands: your data position is yours to restore); ``opt.save()`` checkpoints now
+(every worker calls it after the same step).
 """
 from __future__ import annotations
 
@@ -26,9 +31,10 @@ from typing import Any
 import torch
 
 from .. import env
-from ..errors import CommError
+from ..errors import CommError, ConfigError
 from ..strategies.sync_sgd import SyncSGD
 from . import faults
+from .checkpointing import Checkpoint, Checkpointer, effective
 from .control import ControlChannel, Measurements, Signals
 from .membership import membership_for
 from .peer import Peer, default_peer
@@ -41,7 +47,8 @@ log = logging.getLogger(__name__)
 
 class Optimizer:
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, sync: SyncSGD | None = None,
-                 peer: Peer | None = None, recovery_timeout: float | None = None):
+                 peer: Peer | None = None, recovery_timeout: float | None = None,
+                 checkpoint: Checkpoint | None = None):
         self.optimizer, self.model = optimizer, model
         peer = peer or default_peer()
         self._membership = membership_for(peer, env.MIN_NP.get(), env.MAX_NP.get() or None)
@@ -55,6 +62,9 @@ class Optimizer:
                                         changed=self._cluster_changed)
         self._control = ControlChannel(self._membership, Signals())
         self._entered = False
+        self._durable = Checkpointer(effective(checkpoint, Checkpoint.from_env()), self._state, self._membership,
+                                     exact=lambda: True, request_stop=lambda: None)
+        self._durable.resume()
 
     @property
     def steps(self) -> int:
@@ -95,13 +105,23 @@ class Optimizer:
             return self.steps == attempted + 1  # a commit is one fact: adopted, as its peers made it
         self.optimizer.step()
         self._state.count_step()
+        self._durable.committed(stats.clock)
         if stats.version_seen > self._membership.view.version:
             config = self._membership.read_config(stats.version_seen)
             self._leave_if_not_member(lambda: self._transitions.to(config, reason="resize"))
         return True
 
+    def save(self) -> None:
+        """Checkpoint now, in the background (every worker calls it after the same step)."""
+        if self._durable.writer is None:
+            raise ConfigError("opt.save() needs a checkpoint path: taiji.Optimizer(..., checkpoint="
+                              "taiji.Checkpoint(path)) or `taiji run --checkpoint-dir`")
+        self._durable.save()
+
     def close(self) -> None:
-        """Detach from the model; tell the launcher this worker's training loop has ended."""
+        """Detach from the model; tell the launcher this worker's training loop has ended (after
+        the checkpoint being written, if any, is complete)."""
+        self._durable.close()
         if self._entered:
             self._membership.set_training(False)
             self._membership.finish()

@@ -1,0 +1,153 @@
+"""Finding, checking and loading checkpoints: into a Job at any size, into a plain script's
+model (``load_checkpoint``), or into one ``torch.save`` file (``export``).
+
+Every refusal says which checkpoint, what is wrong and what to do; nothing is written."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+from ..comm.transfer import decode, tensor_specs
+from ..errors import CheckpointError
+from .layout import (DIGEST, MANIFEST, Manifest, TensorInfo, checkpoint_name, model_differences, part_name, step_of,
+                     tensor_keys)
+from .storage import Storage
+from .writer import part_digest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Found:
+    """A complete checkpoint and its manifest."""
+    storage: Storage
+    step: int
+    manifest: Manifest
+
+    @property
+    def url(self) -> str:
+        return self.storage.url_of(checkpoint_name(self.step))
+
+
+def find(path: str, *, missing_ok: bool = False) -> Found | None:
+    """``path`` is one checkpoint (``.../step-00000120``) or a root (its latest complete one).
+    With ``missing_ok`` a root holding no complete checkpoint gives None (a fresh start)."""
+    storage = Storage(path)
+    if storage.exists(MANIFEST):
+        parent, _, name = storage.url.rpartition("/")
+        step = step_of(name)
+        if step is None or not parent:
+            raise CheckpointError(f"{path} holds a manifest but is not named step-NNNNNNNN; pass its parent "
+                                  "directory (the checkpoint root) or the checkpoint as written")
+        storage = Storage(parent)
+        if not storage.is_complete(step):
+            raise CheckpointError(f"the checkpoint {path} is incomplete (a writer died or failed before it was "
+                                  f"complete); resume from the root {parent} (its latest complete checkpoint)")
+    else:
+        listing = storage.listing()
+        if listing.latest is None:
+            if missing_ok:
+                return None
+            what = (f"only incomplete ones (steps {', '.join(map(str, listing.incomplete))})" if listing.incomplete
+                    else "none" if storage.fs.exists(storage.root) else "the path does not exist")
+            raise CheckpointError(f"no complete checkpoint in {path}: {what}; check the path "
+                                  "(--resume auto starts fresh where there is none)")
+        step = listing.latest
+    try:
+        manifest = Manifest.from_json(storage.read_json(f"{checkpoint_name(step)}/{MANIFEST}"))
+    except (ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"the manifest of {storage.url_of(checkpoint_name(step))} is damaged ({exc})") from None
+    return Found(storage, step, manifest)
+
+
+def model_info(model: torch.nn.Module) -> dict[str, TensorInfo]:
+    return {k: TensorInfo(tuple(v.shape), str(v.dtype).removeprefix("torch."))
+            for k, v in model.state_dict().items()}
+
+
+def check_model(found: Found, model: torch.nn.Module) -> None:
+    diffs = model_differences(found.manifest.model, model_info(model))
+    if diffs:
+        more = f" (and {len(diffs) - 10} more)" if len(diffs) > 10 else ""
+        raise CheckpointError(f"{found.url} holds another model: " + "; ".join(diffs[:10]) + more +
+                              "; load it into the model it was written from")
+
+
+def _load_part(found: Found, part: int, targets: dict[str, torch.Tensor]) -> None:
+    import torch.distributed.checkpoint as dcp
+    rel = f"{checkpoint_name(found.step)}/{part_name(part)}"
+    where = found.storage.url_of(rel)
+    try:
+        expected = found.storage.read_json(f"{rel}/{DIGEST}")["digest"]
+        if targets:
+            dcp.load(targets, storage_reader=found.storage.dcp_reader(rel), no_dist=True)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - many kinds for a damaged file
+        raise CheckpointError(f"{where} cannot be read ({type(exc).__name__}: {_first_line(exc)}): the "
+                              "checkpoint is damaged; resume from an earlier one (a step-NNNNNNNN beside it)") from None
+    if part_digest(targets) != expected:
+        raise CheckpointError(f"{where} is damaged (its tensors do not match the digest written with them); "
+                              "resume from an earlier checkpoint (a step-NNNNNNNN beside it)")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln]
+    return (errors[-1] if errors else lines[0] if lines else "")[:300]
+
+
+def load_tensors(found: Found, targets: dict[str, torch.Tensor]) -> None:
+    """Fill ``targets`` (every key of the checkpoint) in place, part by part, each checked."""
+    owners = found.manifest.owners
+    missing = sorted(set(owners) - set(targets))
+    if missing:
+        raise CheckpointError(f"internal: no target for {missing[:5]} of {found.url}")
+    for part in range(found.manifest.parts):
+        _load_part(found, part, {k: targets[k] for k, owner in owners.items() if owner == part})
+
+
+def _state_targets(manifest: Manifest) -> list[torch.Tensor]:
+    return [torch.empty(shape, dtype=dtype) for dtype, shape, _ in tensor_specs(manifest.state)]
+
+
+def load_into(found: Found, model: torch.nn.Module) -> Any:
+    """Load the model's tensors in place; return the TrainState's state (tensors on the CPU)."""
+    check_model(found, model)
+    state = _state_targets(found.manifest)
+    with torch.no_grad():
+        load_tensors(found, tensor_keys(model.state_dict(), state))
+    return decode(found.manifest.state, state)
+
+
+def load_checkpoint(path: str, model: torch.nn.Module) -> dict[str, Any]:
+    """Load a checkpoint written by a Job (any number of workers) into ``model`` in place, for
+    evaluation or inference in a plain script; ``path`` is a checkpoint or a root (its latest).
+    Returns the rest: ``{"step", "optimizer", "state", "manifest"}``."""
+    found = find(path)
+    assert found is not None
+    state = load_into(found, model)
+    return {"step": found.step, "optimizer": state.get("optimizer"), "state": state,
+            "manifest": found.manifest}
+
+
+def export(path: str, out: str) -> Found:
+    """Write the checkpoint at ``path`` as one ``torch.save`` file: ``{"model": state_dict,
+    "optimizer": ..., "train_state": ..., "manifest": ...}`` (loadable with ``torch.load``)."""
+    found = find(path)
+    assert found is not None
+    manifest = found.manifest
+    model = {k: torch.empty(info.shape, dtype=getattr(torch, info.dtype)) for k, info in manifest.model.items()}
+    state = _state_targets(manifest)
+    load_tensors(found, tensor_keys(model, state))
+    train_state = decode(manifest.state, state)
+    info = manifest.to_json()
+    info.pop("state", None)
+    info.pop("owners", None)
+    torch.save({"model": model, "optimizer": train_state.pop("optimizer", None), "train_state": train_state,
+                "manifest": info}, out)
+    return found

@@ -1,0 +1,168 @@
+"""The Job's durable state: when to checkpoint, what goes in, resuming, and preemption notices.
+
+After each committed step (or closed decoupled phase) every worker evaluates the same pure rule
+(``checkpoint.config.due``) on agreed values — the committed step and rank 0's clock from the
+step's control message — so all checkpoint at the same boundary without a message of their own.
+Each worker stages only the tensors ``assign`` gives it (replicated state is written once in
+all) and writes them in the background; the lowest rank adds the manifest. A SIGTERM asks the
+job to stop at the next step boundary, where the final checkpoint is taken.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+from .. import env
+from ..checkpoint.config import Checkpoint, due
+from ..checkpoint.layout import (FORMAT, Manifest, assign, checkpoint_name, taiji_version, tensor_keys,
+                                 to_prune)
+from ..checkpoint.reader import Found, find, load_into, model_info
+from ..checkpoint.storage import Storage
+from ..checkpoint.writer import SaveRecord, Writer
+from ..comm.transfer import encode
+from .membership import Membership
+from .reporting import Event, Reporter
+from .state import TrainState
+
+log = logging.getLogger(__name__)
+
+
+def effective(given: Checkpoint | None, launcher: Checkpoint | None) -> Checkpoint | None:
+    """The Job's own ``Checkpoint`` wins; the launcher's (``taiji run --checkpoint-dir``) is the
+    default, and its ``--resume`` applies to a Job's Checkpoint that does not say how to resume."""
+    if given is None:
+        return launcher
+    if given.resume is None and launcher is not None and launcher.resume is not None:
+        return Checkpoint(given.path, given.every, given.steps, given.keep, launcher.resume, given.final)
+    return given
+
+
+class Checkpointer:
+    """Checkpoints of one Job (see module doc); ``config`` None: none are taken."""
+
+    def __init__(self, config: Checkpoint | None, state: TrainState, membership: Membership,
+                 exact: Callable[[], bool], request_stop: Callable[[], None]):
+        self.config = config
+        self.state = state
+        self.membership = membership
+        self.exact = exact
+        self.request_stop = request_stop
+        self.storage = Storage(config.path) if config is not None and config.saves else None
+        if self.storage is not None:
+            self.storage.check_writable()
+        self.writer = Writer(self.storage, after_write=self._prune) if self.storage is not None else None
+        self.records: list[SaveRecord] = []
+        self.resumed: Found | None = None
+        self._last_step, self._last_clock = -1, None
+        self._clock = time.time()  # the last agreed clock (rank 0's, from the control message)
+        self._previous_handler: Any = None
+        self._notice = signal.SIGTERM
+
+    # -- resuming ----------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        """Load the checkpoint ``config.resume`` names (a worker with state, before the loop)."""
+        config = self.config
+        if config is None or config.resume is None or not self.state.has_state:
+            return  # a joiner gets its state from its peers
+        path = config.path if config.resume == "auto" else config.resume
+        found = find(path, missing_ok=config.resume == "auto")
+        if found is None:
+            log.info("no complete checkpoint in %s yet: starting fresh", path)
+            return
+        self.state.load_state_dict(load_into(found, self.state.model))
+        self._last_step, self.resumed = found.step, found
+        log.info("resumed from %s (step %d, written by %d worker(s))", found.url, found.step, found.manifest.size)
+
+    def start(self, reporter: Reporter) -> None:
+        """The loop starts: record the resume (if any), listen for preemption notices."""
+        found = self.resumed
+        if found is not None:
+            reporter.on(Event("resume", found.step, {"checkpoint": found.url, "written_by": found.manifest.size,
+                                                     "size": self.membership.view.size,
+                                                     "epoch": self.state.progress.epoch}))
+        self.listen_for_notice()
+
+    # -- saving ------------------------------------------------------------------------------
+
+    def committed(self, clock: float) -> None:
+        """After a committed step (or a closed phase): checkpoint if the schedule says so."""
+        if self.writer is None:
+            return
+        assert self.config is not None
+        self._clock = clock
+        if self._last_clock is None:
+            self._last_clock = clock
+        if due(self.state.progress.step, clock, self._last_step, self._last_clock, self.config.interval):
+            self.save(clock)
+
+    def ended(self) -> None:
+        """Training stopped (every worker at the same boundary): the final checkpoint."""
+        if self.writer is not None and self.config is not None and self.config.final \
+                and self.state.progress.step > self._last_step:
+            self.save()
+
+    def save(self, clock: float | None = None) -> SaveRecord:
+        """Checkpoint now (every worker at the same boundary), stamped with the last agreed clock."""
+        assert self.writer is not None
+        clock = self._clock if clock is None else clock
+        view, step = self.membership.view, self.state.progress.step
+        tensors: list[torch.Tensor] = []
+        image = encode(self.state.state_dict(), tensors)
+        model = self.state.model.state_dict()
+        everything = tensor_keys(model, tensors)
+        writers = view.size if self.exact() else 1  # replicas differ: the lowest rank writes all
+        owners = assign({k: t.numel() * t.element_size() for k, t in everything.items()}, writers)
+        mine = {k: t for k, t in everything.items() if owners[k] == view.rank}
+        manifest = None
+        if view.rank == 0:
+            manifest = Manifest(
+                format=FORMAT, taiji_version=taiji_version(), step=step, size=view.size, time=clock, parts=writers,
+                model=model_info(self.state.model),
+                owners=owners, state=image, strategy=self.state.strategy,
+                extra={"bounds": {"min_np": env.MIN_NP.get(), "max_np": env.MAX_NP.get()},
+                       "version": view.version, "epoch": self.state.progress.epoch})
+        record = self.writer.save(step, view.rank, mine, manifest) if view.rank < writers else SaveRecord(step, 0.0, 0)
+        self._last_step, self._last_clock = step, clock
+        self.records.append(record)
+        if view.rank == 0:
+            log.info("checkpoint at step %d: staged in %.3fs, writing to %s in the background", step,
+                     record.stall_seconds, self.storage.url_of(checkpoint_name(step)) if self.storage else "")
+        return record
+
+    def _prune(self, step: int) -> None:
+        if self.storage is None or self.config is None or self.membership.view.rank != 0:
+            return
+        for old in to_prune(self.storage.listing(), self.config.keep, in_flight=(step,)):
+            self.storage.remove(checkpoint_name(old))
+
+    # -- preemption notices ------------------------------------------------------------------
+
+    def listen_for_notice(self) -> None:
+        """A preemption notice: stop at the next step boundary, where the final checkpoint is
+        taken. Under `taiji run` the notice is the launcher's SIGUSR1 (a worker's own SIGTERM stays
+        a failure the others recover from); in a plain process, SIGTERM. Only with checkpoints,
+        and only from the main thread."""
+        if self.writer is None or threading.current_thread() is not threading.main_thread():
+            return
+        signum = signal.SIGUSR1 if env.JOB_ID.is_set() else signal.SIGTERM
+
+        def notice(received: int, frame: Any) -> None:
+            log.warning("%s: stopping at the next step boundary with a final checkpoint in %s",
+                        signal.Signals(received).name, self.config.path if self.config else "")
+            self.request_stop()
+        self._notice = signum
+        self._previous_handler = signal.signal(signum, notice)
+
+    def close(self) -> None:
+        """Wait for the write in flight (a checkpoint is complete or invisible, never half)."""
+        if self._previous_handler is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(self._notice, self._previous_handler)
+            self._previous_handler = None
+        if self.writer is not None:
+            self.writer.wait()
