@@ -88,6 +88,7 @@ class Driver:
         self._progress: dict | None = None
         self.control: ControlServer | None = None
         self.tether: TetherServer | None = None
+        self.on_actions = None  # called with each decide's actions, if set (an observer: --metrics-port)
 
     @staticmethod
     def launch(cfg: DriverConfig, settings: WorkerSettings, output=None) -> "Driver":
@@ -209,6 +210,8 @@ class Driver:
     def _feed(self, event: ctl.Event) -> int | None:
         before = {h.address for h in self.state.hosts}
         self.state, actions = ctl.decide(self.state, event, time.monotonic())
+        if self.on_actions is not None and actions:
+            self.on_actions(actions)
         code = self._apply(actions)
         # release the hosts this event dropped (or a join it ignored) — not an agent registered
         # this tick whose HostJoined comes later in the tick
@@ -387,6 +390,7 @@ class Driver:
                           "workers": list(state.config.ids), "joiners": [j.id for j in state.joiners],
                           "desired": state.desired, "min_np": state.bounds.min_np, "max_np": state.bounds.max_np,
                           "failures": state.failures, "progress": self._progress,
+                          "busy": sorted(state.noted_busy) if state.report_started is not None else [],
                           "hosts": [[h.address, h.slots, state.used_slots(h.address)] for h in state.hosts]}
 
     def _done_event(self) -> list[ctl.Event]:

@@ -1,0 +1,199 @@
+"""A running 2-worker `taiji run --metrics-port` job scraped by a real Prometheus server (Debian's
+`prometheus` package, `make prometheus`) on loopback, and `taiji top` in a real terminal (tmux).
+
+One job serves both tests. Every process started here is reaped by its id in a ``finally``; the
+Prometheus server gets its own config and data directory under the test's temp dir.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from _harness import REPO, SCRIPTS, stop_launcher, wait_for
+
+pytest.importorskip("prometheus_client", reason="the metrics extra is missing: pip install -e '.[metrics]'")
+
+CLI = [sys.executable, "-m", "taiji.launch.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RunningJob:
+    def __init__(self, tmp: Path):
+        self.env = dict(os.environ, TAIJI_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
+        self.metrics_port = _free_port()
+        args = CLI + ["run", "-np", "2", "--max-np", "3", "--metrics-port", str(self.metrics_port), "--",
+                      sys.executable, str(SCRIPTS / "elastic_train.py"), str(tmp / "out"), "--steps", "1000000",
+                      "--step-delay", "0.01"]
+        (tmp / "out").mkdir()
+        self.log = open(tmp / "launcher.log", "w+")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                     env=self.env, start_new_session=True)
+        wait_for(lambda: "job j" in self.output() or self.proc.poll() is not None, 60, "the launcher's job id")
+        self.job_id = self.output().split("job ", 1)[1].split(":", 1)[0]
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def status(self) -> dict:
+        from taiji.launch import registry
+        from taiji.launch.control import request
+        before = os.environ.get("TAIJI_HOME")
+        os.environ["TAIJI_HOME"] = self.env["TAIJI_HOME"]   # where the registry is (env.py reads it)
+        try:
+            return request(registry.control_socket(self.job_id), {"op": "status"})
+        finally:
+            if before is None:
+                del os.environ["TAIJI_HOME"]
+            else:
+                os.environ["TAIJI_HOME"] = before
+
+    def resize(self, size: int) -> None:
+        done = subprocess.run(CLI + ["resize", "--job", self.job_id, str(size)], capture_output=True, text=True,
+                              env=self.env, timeout=30)
+        assert done.returncode == 0, done.stderr
+
+    def close(self) -> None:
+        stop_launcher(self.proc)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    running = RunningJob(tmp_path_factory.mktemp("metrics_job"))
+    try:
+        def trained() -> bool:
+            assert running.proc.poll() is None, running.output()[-3000:]
+            return (running.status().get("progress") or {}).get("step", 0) > 0
+
+        wait_for(trained, 90, "the job's first status")
+        yield running
+    finally:
+        running.close()
+
+
+def _query(port: int, expr: str) -> list:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    reply = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    assert reply["status"] == "success", reply
+    return reply["data"]["result"]
+
+
+def _value(port: int, expr: str) -> float | None:
+    result = _query(port, expr)
+    return float(result[0]["value"][1]) if result else None
+
+
+def test_prometheus_scrapes_the_job_and_sees_it_train_and_resize(job, tmp_path):
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("no prometheus binary: `make prometheus` (Debian's prometheus package) installs it")
+    web = _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+                      "  - job_name: taiji\n    static_configs:\n"
+                      f"      - targets: ['127.0.0.1:{job.metrics_port}']\n")
+    log = open(tmp_path / "prometheus.log", "w")
+    server = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                               f"--web.listen-address=127.0.0.1:{web}", "--log.level=warn"],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        selector = f'{{job_id="{job.job_id}"}}'
+
+        def value(name: str) -> float | None:
+            try:
+                return _value(web, name + selector)
+            except OSError:
+                return None   # not listening yet
+
+        wait_for(lambda: value("taiji_job_step") is not None, 30, "Prometheus's first scrape of the job")
+        first = value("taiji_job_step")
+        wait_for(lambda: (value("taiji_job_step") or 0) > first, 15, "the step series to move")
+        assert _value(web, 'up{job="taiji"}') == 1
+        size = value("taiji_job_cluster_size")
+        assert size == 2
+        assert (value("taiji_job_samples_per_second") or 0) > 0
+        assert value("taiji_job_step_seconds") is not None
+        version = value("taiji_job_cluster_version")
+        job.resize(3)
+        wait_for(lambda: value("taiji_job_cluster_size") == 3, 30, "the cluster size series to reach 3")
+        assert value("taiji_job_cluster_version") > version
+        grows = _value(web, f'taiji_job_resizes_total{{job_id="{job.job_id}",reason="grow"}}')
+        assert grows == 1
+        # the scraped series has history: the size was 2 before and 3 now
+        history = _query(web, f"max_over_time(taiji_job_cluster_size{selector}[1m]) - "
+                              f"min_over_time(taiji_job_cluster_size{selector}[1m])")
+        assert float(history[0]["value"][1]) == 1
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def test_a_second_launcher_on_the_same_metrics_port_is_refused_at_start(job, tmp_path):
+    env = dict(job.env, TAIJI_HOME=str(tmp_path / "home"))
+    done = subprocess.run(CLI + ["run", "-np", "1", "--metrics-port", str(job.metrics_port), "--", sys.executable,
+                                 "-c", "pass"], capture_output=True, text=True, env=env, timeout=60, cwd=REPO)
+    assert done.returncode == 1
+    assert f"--metrics-port {job.metrics_port}: cannot listen on 127.0.0.1:{job.metrics_port}" in done.stderr
+
+
+def test_taiji_top_in_a_terminal_shows_a_resize_within_2s(job, tmp_path):
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        pytest.skip("no tmux: `apt-get install tmux` to drive `taiji top` in a terminal")
+    session = f"taiji-top-{os.getpid()}"
+    socket_path = str(tmp_path / "tmux.sock")
+    base = [tmux, "-S", socket_path]
+    command = " ".join([f"TAIJI_HOME={job.env['TAIJI_HOME']}", *CLI, "top", "--job", job.job_id])
+    subprocess.run(base + ["new-session", "-d", "-s", session, "-x", "160", "-y", "20", command], check=True,
+                   timeout=10, env=job.env)
+    server_pid = int(subprocess.run(base + ["display-message", "-p", "-t", session, "#{pid}"], capture_output=True,
+                                    text=True, timeout=10).stdout.strip())
+    try:
+        def screen() -> str:
+            return subprocess.run(base + ["capture-pane", "-p", "-t", session], capture_output=True, text=True,
+                                  timeout=5).stdout
+
+        def job_row() -> list[str]:
+            rows = [line.split() for line in screen().splitlines() if line.startswith(job.job_id)]
+            return rows[0] if rows else []
+
+        wait_for(lambda: len(job_row()) > 3, 20, "taiji top's first view")
+        size = len(job.status()["workers"])
+        target = 2 if size == 3 else 3
+        version = job_row()[2]
+        job.resize(target)
+        wait_for(lambda: job.status()["version"] > int(version[1:]), 30, "the resize to be published")
+        published = time.monotonic()
+        wait_for(lambda: job_row()[2] != version and job_row()[1] == str(target), 2.0,
+                 "taiji top to show the resize")
+        assert time.monotonic() - published <= 2.0
+        assert "SAMPLES/S" in screen()
+    finally:
+        subprocess.run(base + ["kill-server"], timeout=10)
+        try:
+            os.kill(server_pid, 0)
+            os.kill(server_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
