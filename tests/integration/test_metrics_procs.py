@@ -88,65 +88,115 @@ def job(tmp_path_factory):
         running.close()
 
 
-def _query(port: int, expr: str) -> list:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    reply = json.loads(urllib.request.urlopen(url, timeout=5).read())
-    assert reply["status"] == "success", reply
-    return reply["data"]["result"]
+class Prometheus:
+    """A Prometheus server on loopback scraping ``targets`` every second (own config and data dir)."""
 
+    def __init__(self, tmp: Path, targets: list[int]):
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.skip("no prometheus binary: `make prometheus` (Debian's prometheus package) installs it")
+        self.port = _free_port()
+        config = tmp / "prometheus.yml"
+        listed = ", ".join(f"'127.0.0.1:{t}'" for t in targets)
+        config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+                          f"  - job_name: taiji\n    static_configs:\n      - targets: [{listed}]\n")
+        self.log = open(tmp / "prometheus.log", "w")
+        self.proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+                                      f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
-def _value(port: int, expr: str) -> float | None:
-    result = _query(port, expr)
-    return float(result[0]["value"][1]) if result else None
+    def query(self, expr: str) -> list:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        reply = json.loads(urllib.request.urlopen(url, timeout=5).read())
+        assert reply["status"] == "success", reply
+        return reply["data"]["result"]
+
+    def value(self, expr: str) -> float | None:
+        try:
+            result = self.query(expr)
+        except OSError:
+            return None   # not listening yet
+        return float(result[0]["value"][1]) if result else None
+
+    def close(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
 
 
 def test_prometheus_scrapes_the_job_and_sees_it_train_and_resize(job, tmp_path):
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("no prometheus binary: `make prometheus` (Debian's prometheus package) installs it")
-    web = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
-                      "  - job_name: taiji\n    static_configs:\n"
-                      f"      - targets: ['127.0.0.1:{job.metrics_port}']\n")
-    log = open(tmp_path / "prometheus.log", "w")
-    server = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                               f"--web.listen-address=127.0.0.1:{web}", "--log.level=warn"],
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    prom = Prometheus(tmp_path, [job.metrics_port])
     try:
         selector = f'{{job_id="{job.job_id}"}}'
 
         def value(name: str) -> float | None:
-            try:
-                return _value(web, name + selector)
-            except OSError:
-                return None   # not listening yet
+            return prom.value(name + selector)
 
         wait_for(lambda: value("taiji_job_step") is not None, 30, "Prometheus's first scrape of the job")
         first = value("taiji_job_step")
         wait_for(lambda: (value("taiji_job_step") or 0) > first, 15, "the step series to move")
-        assert _value(web, 'up{job="taiji"}') == 1
-        size = value("taiji_job_cluster_size")
-        assert size == 2
+        assert prom.value('up{job="taiji"}') == 1
+        assert value("taiji_job_cluster_size") == 2
         assert (value("taiji_job_samples_per_second") or 0) > 0
         assert value("taiji_job_step_seconds") is not None
         version = value("taiji_job_cluster_version")
         job.resize(3)
         wait_for(lambda: value("taiji_job_cluster_size") == 3, 30, "the cluster size series to reach 3")
         assert value("taiji_job_cluster_version") > version
-        grows = _value(web, f'taiji_job_resizes_total{{job_id="{job.job_id}",reason="grow"}}')
-        assert grows == 1
+        assert prom.value(f'taiji_job_resizes_total{{job_id="{job.job_id}",reason="grow"}}') == 1
         # the scraped series has history: the size was 2 before and 3 now
-        history = _query(web, f"max_over_time(taiji_job_cluster_size{selector}[1m]) - "
-                              f"min_over_time(taiji_job_cluster_size{selector}[1m])")
-        assert float(history[0]["value"][1]) == 1
+        assert prom.value(f"max_over_time(taiji_job_cluster_size{selector}[1m]) - "
+                          f"min_over_time(taiji_job_cluster_size{selector}[1m])") == 1
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        prom.close()
+
+
+def test_prometheus_scrapes_the_scheduler_starting_and_cancelling_a_job(tmp_path):
+    env = dict(os.environ, TAIJI_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    state, port = tmp_path / "sched", _free_port()
+
+    def sched(*args: str) -> str:
+        done = subprocess.run(CLI + ["sched", args[0], "--state-dir", str(state), *args[1:]], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout.strip()
+
+    log = open(tmp_path / "daemon.log", "w")
+    daemon = subprocess.Popen(CLI + ["sched", "serve", "--slots", "2", "--policy", "drf", "--round", "0.5",
+                                     "--state-dir", str(state), "--metrics-port", str(port)],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    prom = Prometheus(tmp_path, [port])
+    try:
+        wait_for(lambda: (state / "daemon.json").exists() or daemon.poll() is not None, 60, "the daemon to start")
+        assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()
+        wait_for(lambda: (prom.value("taiji_sched_rounds_total") or 0) > 0, 30, "Prometheus's first scrape")
+        job_id = sched("submit", "--max-np", "2", "--name", "sleeper", "--", sys.executable, "-c",
+                       "import time; time.sleep(300)")
+        wait_for(lambda: prom.value('taiji_sched_jobs{state="running"}') == 1, 60, "the job running")
+        assert prom.value('taiji_sched_decisions_total{kind="start"}') == 1
+        wait_for(lambda: prom.value(f'taiji_sched_job_workers{{job_id="{job_id}",name="sleeper"}}') == 2, 60,
+                 "the job on both slots")
+        assert prom.value('taiji_sched_host_slots_free{host="127.0.0.1"}') == 0
+        assert prom.value("taiji_sched_round_seconds") is not None
+        sched("cancel", job_id)
+        wait_for(lambda: prom.value('taiji_sched_jobs{state="cancelled"}') == 1, 30, "the cancel to show")
+        assert prom.value('taiji_sched_host_slots_free{host="127.0.0.1"}') == 2
+        sched("stop")
+        assert daemon.wait(60) == 0
+    finally:
+        prom.close()
+        if daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait(10)
+        for entry in (tmp_path / "home" / "jobs").glob("*.json"):   # any launcher the daemon left
+            try:
+                os.killpg(json.loads(entry.read_text())["pid"], signal.SIGKILL)
+            except (ProcessLookupError, ValueError, KeyError, OSError):
+                pass
         log.close()
 
 
