@@ -202,3 +202,16 @@ def test_top_renders_one_row_per_job_with_the_figures():
     assert "67.0" in cells and "4.0" in cells and "1.10" in cells and "2s" in cells
     assert "busy: w1" in text and "j9: no answer" in text
     assert "no job is running" in top.render([], {}, now=0)
+
+
+def test_the_grafana_dashboard_names_only_metrics_that_exist():
+    import json
+    import re
+    from pathlib import Path
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "taiji.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {name for e in exprs for name in re.findall(r"\btaiji_[a-z_]+", e)}
+    reply = {"jobs": [], "slots": 1}
+    exposed = {f.exposed_name for f in job_families(SNAPSHOT, Tally()) + sched_families(reply, 0, None, {})}
+    assert used and used <= exposed, used - exposed
+    assert {"taiji_job_samples_per_second", "taiji_sched_host_slots_free"} <= used
