@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from _harness import REPO, SCRIPTS, stop_launcher, wait_for
+from taiji.errors import StoreError
 
 pytest.importorskip("prometheus_client", reason="the metrics extra is missing: pip install -e '.[metrics]'")
 
@@ -36,16 +37,15 @@ def _free_port() -> int:
 class RunningJob:
     def __init__(self, tmp: Path):
         self.env = dict(os.environ, TAIJI_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
-        self.metrics_port = _free_port()
-        args = CLI + ["run", "-np", "2", "--max-np", "3", "--metrics-port", str(self.metrics_port), "--",
+        self.metrics_port, self.job_id = _free_port(), f"jm{os.getpid()}"
+        args = CLI + ["run", "-np", "2", "--max-np", "3", "--job-id", self.job_id, "--metrics-port",
+                      str(self.metrics_port), "--",
                       sys.executable, str(SCRIPTS / "elastic_train.py"), str(tmp / "out"), "--steps", "1000000",
                       "--step-delay", "0.01"]
         (tmp / "out").mkdir()
         self.log = open(tmp / "launcher.log", "w+")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                                      env=self.env, start_new_session=True)
-        wait_for(lambda: "job j" in self.output() or self.proc.poll() is not None, 60, "the launcher's job id")
-        self.job_id = self.output().split("job ", 1)[1].split(":", 1)[0]
 
     def output(self) -> str:
         self.log.seek(0)
@@ -80,7 +80,10 @@ def job(tmp_path_factory):
     try:
         def trained() -> bool:
             assert running.proc.poll() is None, running.output()[-3000:]
-            return (running.status().get("progress") or {}).get("step", 0) > 0
+            try:
+                return (running.status().get("progress") or {}).get("step", 0) > 0
+            except StoreError:   # its control socket is not there yet
+                return False
 
         wait_for(trained, 90, "the job's first status")
         yield running

@@ -215,3 +215,17 @@ def test_the_grafana_dashboard_names_only_metrics_that_exist():
     exposed = {f.exposed_name for f in job_families(SNAPSHOT, Tally()) + sched_families(reply, 0, None, {})}
     assert used and used <= exposed, used - exposed
     assert {"taiji_job_samples_per_second", "taiji_sched_host_slots_free"} <= used
+
+
+def test_a_metrics_port_without_the_extra_says_which_extra_to_install(monkeypatch):
+    import argparse
+    import sys
+    from taiji.errors import ConfigError
+    from taiji.launch import metrics_http
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)   # as if not installed
+    args = argparse.Namespace(metrics_port=9400, metrics_host="127.0.0.1")
+    with pytest.raises(ConfigError, match=r"pip install 'taiji\[metrics\]'"):
+        metrics_http.config_of(args)
+    assert metrics_http.config_of(argparse.Namespace(metrics_port=None, metrics_host="127.0.0.1")) is None
+    with pytest.raises(ConfigError, match="0..65535"):
+        metrics_http.config_of(argparse.Namespace(metrics_port=70000, metrics_host="127.0.0.1"))

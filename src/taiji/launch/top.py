@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
 def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "-"
-    return format(value * scale if scale != 1.0 else value, spec) if spec != "d" else str(int(value))
+    return str(int(value)) if spec == "d" else format(value * scale, spec)
 
 
 def row(status: Mapping[str, Any], now: float) -> tuple[str, ...]:
