@@ -9,7 +9,7 @@ RESIZE ?= 150:3 400:2
 POLICY ?= gns,schedule
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo shakespeare test test-fast setup data etcd bench clean
+.PHONY: demo shakespeare test test-fast setup data etcd prometheus tmux bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(BIN)/python:
 # torch is pinned and installed first: an unpinned `torch` would pull a multi-GB CUDA build
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched,shakespeare,etcd]"
+	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched,shakespeare,etcd,metrics]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -46,6 +46,28 @@ etcd:
 	  echo "etcd missing: run 'sudo apt-get install -y etcd-server' for --store etcd and its tests"; \
 	fi
 
+# a Prometheus server and a terminal multiplexer for the metrics tests (tests/integration/
+# test_metrics_procs.py starts its own server on loopback and drives `taiji top` in tmux)
+prometheus:
+	@if command -v prometheus >/dev/null; then \
+	  echo "prometheus found: $$(command -v prometheus)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus) >/dev/null \
+	    || echo "could not install prometheus; the Prometheus test will be skipped"; \
+	else \
+	  echo "prometheus missing: run 'sudo apt-get install -y prometheus' for the Prometheus test"; \
+	fi
+
+tmux:
+	@if command -v tmux >/dev/null; then \
+	  echo "tmux found: $$(command -v tmux)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -q && apt-get install -y -q tmux) >/dev/null \
+	    || echo "could not install tmux; the \`taiji top\` terminal test will be skipped"; \
+	else \
+	  echo "tmux missing: run 'sudo apt-get install -y tmux' for the \`taiji top\` terminal test"; \
+	fi
+
 demo: setup data
 	$(BIN)/taiji run -np $(NP) --max-np $(MAX_NP) python examples/fashion_mnist.py --epochs $(EPOCHS) \
 	  --policy $(POLICY) --resize $(RESIZE)
@@ -56,7 +78,7 @@ shakespeare: setup
 	$(BIN)/taiji run -np $(NP) --max-np 3 python examples/shakespeare_char.py --max-steps 800 \
 	  --policy gns,schedule --resize 200:3 600:2
 
-test: setup data etcd
+test: setup data etcd prometheus tmux
 	$(BIN)/python -m pytest -q -rs --durations=15
 
 test-fast: setup

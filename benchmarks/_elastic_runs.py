@@ -88,6 +88,35 @@ def wait_for(condition: Callable[[], object], log: StepLog, jobs: list[LaunchedJ
         time.sleep(POLL_S)
 
 
+def steady_options(parser: argparse.ArgumentParser, quick_steps: int, full_steps: int, timeout: float,
+                   argv=None) -> argparse.Namespace:
+    """The options of a steady-state comparison of two ``taiji run -np 2`` sides (store_cost,
+    metrics_overhead; each adds its own ``--quick``): repetitions, measured steps after a warm-up,
+    batch, step delay, timeout."""
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per run")
+    parser.add_argument("--warm", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--step-delay", type=float, default=0.0)
+    parser.add_argument("--timeout", type=float, default=timeout)
+    args = parser.parse_args(argv)
+    args.reps = args.reps or (2 if args.quick else 5)
+    args.steps = args.steps or (quick_steps if args.quick else full_steps)
+    return args
+
+
+def steady_commits(args: argparse.Namespace, job: LaunchedJob, log: StepLog,
+                   at: Callable[[str], None] = lambda mark: None) -> list[dict]:
+    """Wait for the job to commit ``warm + steps`` steps and end; rank 0's commits after the
+    warm-up. ``at("warm")`` and ``at("end")`` are called as the warm-up and the last step are seen."""
+    deadline = time.monotonic() + args.timeout
+    for mark, count in (("warm", args.warm), ("end", args.warm + args.steps)):
+        wait_for(lambda: len(log.select("commit", worker="w0")) >= count, log, [job], deadline, f"{count} steps")
+        at(mark)
+    job.session.wait(max(deadline - time.monotonic(), 1.0))
+    return log.select("commit", worker="w0")[args.warm:]
+
+
 def torchrun_cmd(args: argparse.Namespace, out: Path, nproc: int, options: list[str], *train: str) -> list[str]:
     """The training script under torchrun (the torchrun and torchft sides)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),

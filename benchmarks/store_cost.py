@@ -16,13 +16,12 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import contract_row, interleaved, median, paired_ratio, print_result, reap_on_sigterm  # noqa: E402
 from _elastic_analysis import step_intervals  # noqa: E402
-from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for  # noqa: E402
+from _elastic_runs import LaunchedJob, StepLog, steady_commits, steady_options, train_args  # noqa: E402
 
 
 def run(args: argparse.Namespace, store: str, out: Path) -> float:
@@ -33,12 +32,7 @@ def run(args: argparse.Namespace, store: str, out: Path) -> float:
            *train_args(args, out, "--max-steps", str(args.warm + args.steps))]
     job = LaunchedJob(f"taiji-{store}", cmd, out, dict(os.environ, TAIJI_HOME=str(out / "home")), log)
     try:
-        deadline = time.monotonic() + args.timeout
-        wait_for(lambda: len(log.select("commit", worker="w0")) >= args.warm + args.steps, log, [job], deadline,
-                 f"{args.warm + args.steps} steps")
-        job.session.wait(max(deadline - time.monotonic(), 1.0))
-        commits = log.select("commit", worker="w0")[args.warm:]
-        return median(step_intervals(commits))
+        return median(step_intervals(steady_commits(args, job, log)))
     finally:
         job.close()
 
@@ -46,15 +40,7 @@ def run(args: argparse.Namespace, store: str, out: Path) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 repetitions of 150 steps")
-    parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per run")
-    parser.add_argument("--warm", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--step-delay", type=float, default=0.0)
-    parser.add_argument("--timeout", type=float, default=180.0)
-    args = parser.parse_args(argv)
-    args.reps = args.reps or (2 if args.quick else 5)
-    args.steps = args.steps or (150 if args.quick else 400)
+    args = steady_options(parser, 150, 400, 180.0, argv)
     reap_on_sigterm()
     if shutil.which("etcd") is None:
         print("# store_cost: no etcd binary (apt-get install -y etcd-server); nothing measured", file=sys.stderr)

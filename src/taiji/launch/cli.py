@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from .. import env
 from ..comm.addresses import interface_address
 from ..errors import AuthError, ConfigError, LaunchError, StoreError
-from . import checkpoint_cli, registry
+from . import checkpoint_cli, metrics_http, registry, top
 from .control import request
 from .options import JoinConfig, RunConfig, heartbeat_interval
 
@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-failures", type=int, default=3,
                      help="worker failures the job survives before it stops (default: %(default)s)")
     checkpoint_cli.add_run_flags(run)
+    metrics_http.add_flags(run)
+    top.add_parser(sub)
     join = sub.add_parser("join", help="add this host to a running job (an agent for its workers)",
                           usage="taiji join JOB@HOST:PORT --secret-file FILE --nproc-per-node K "
                                 "(--host IP | --ifname NAME)")
@@ -378,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             export_tls_files(args)
         if args.subcommand == "run":
             from .run import run_job
-            return run_job(parse_run(args))
+            return run_job(parse_run(args), metrics=metrics_http.config_of(args))
         if args.subcommand == "join":
             from .agent import Agent
             return Agent(parse_join(args)).run()
@@ -388,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return job_status(args.job)
         if args.subcommand == "ls":
             return list_jobs()
+        if args.subcommand == "top":
+            return top.main(args)
         if args.subcommand == "plot":
             from ..metrics.plot import plot_run
             print(f"taiji: wrote {plot_run(args.run_dir, args.output)}")

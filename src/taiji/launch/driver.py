@@ -90,6 +90,7 @@ class Driver:
         self._progress: dict | None = None
         self.control: ControlServer | None = None
         self.tether: TetherServer | None = None
+        self.on_actions = None  # called with each decide's actions, if set (an observer: --metrics-port)
 
     @staticmethod
     def launch(cfg: DriverConfig, settings: WorkerSettings, output=None) -> "Driver":
@@ -211,6 +212,8 @@ class Driver:
     def _feed(self, event: ctl.Event) -> int | None:
         before = {h.address for h in self.state.hosts}
         self.state, actions = ctl.decide(self.state, event, time.monotonic())
+        if self.on_actions is not None and actions:
+            self.on_actions(actions)
         code = self._apply(actions)
         # release the hosts this event dropped (or a join it ignored) — not an agent registered
         # this tick whose HostJoined comes later in the tick
@@ -280,8 +283,7 @@ class Driver:
         channel.send({"op": "refuse", "reason": reason})
 
     def _gather_hosts(self, count: int) -> tuple[ctl.Host, ...]:
-        """Before the start (`--nnodes MIN:MAX`): wait for ``count`` other hosts' agents to join,
-        up to the join timeout."""
+        """Before the start (`--nnodes MIN:MAX`): wait for ``count`` other hosts' agents to join (--join-timeout)."""
         joined: dict[str, ctl.Host] = {}
         deadline = time.monotonic() + self.cfg.bounds.join_timeout
         self.say(f"waiting for {count} more host(s) to join (--nnodes) before the job starts")
@@ -390,6 +392,7 @@ class Driver:
                           "workers": list(state.config.ids), "joiners": [j.id for j in state.joiners],
                           "desired": state.desired, "min_np": state.bounds.min_np, "max_np": state.bounds.max_np,
                           "failures": state.failures, "progress": self._progress,
+                          "busy": sorted(state.noted_busy) if state.report_started is not None else [],
                           "hosts": [[h.address, h.slots, state.used_slots(h.address)] for h in state.hosts]}
 
     def _done_event(self) -> list[ctl.Event]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from .. import env
 from ..cluster import controller as ctl
 from .driver import Driver, DriverConfig
+from .metrics_http import JobExporter, MetricsConfig, MetricsServer
 from .options import RunConfig, heartbeat_interval
 from .worker_env import WorkerSettings
 
@@ -24,8 +25,9 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         checkpoint_dir=cfg.checkpoint.directory, checkpoint_every=cfg.checkpoint.every, resume=cfg.checkpoint.resume)
 
 
-def run_job(cfg: RunConfig, output=None) -> int:
-    """Host the store, start and supervise the workers; return the job's exit code."""
+def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None) -> int:
+    """Host the store, start and supervise the workers; return the job's exit code. With
+    ``metrics``, serve the job's Prometheus metrics there (its port checked before anything starts)."""
     bounds = ctl.Bounds(min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc, replace=cfg.replace,
                         join_timeout=cfg.join_timeout, suspect_window=min(cfg.timeout, 5.0),
                         max_failures=cfg.max_failures, liveness_timeout=cfg.liveness_timeout,
@@ -37,4 +39,21 @@ def run_job(cfg: RunConfig, output=None) -> int:
                               host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace,
                               slots=cfg.nproc_per_node, store=cfg.store, min_hosts=cfg.min_hosts,
                               secret=cfg.secret, checkpoint_grace=cfg.checkpoint.grace)
-    return Driver.launch(driver_cfg, worker_settings(cfg), output=output).run()
+    drivers: list[Driver] = []  # the control server hands out the snapshot `taiji status` shows
+
+    def snapshot() -> dict:
+        control = drivers[0].control if drivers else None
+        return control.snapshot() if control is not None else {"job": cfg.job_id}
+
+    exporter = JobExporter(snapshot)
+    server = MetricsServer(metrics, exporter.families) if metrics is not None else None
+    try:
+        driver = Driver.launch(driver_cfg, worker_settings(cfg), output=output)
+        drivers.append(driver)
+        if server is not None:
+            driver.on_actions = exporter.on_actions
+            driver.say(f"Prometheus metrics on http://{metrics.host}:{server.port}/metrics")
+        return driver.run()
+    finally:
+        if server is not None:
+            server.close()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ConfigError, TaijiError
+from . import metrics_http
 from .sched_channel import ask
 
 PROG = "taiji sched"
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--hosts", default=None, metavar="FILE",
                        help="many hosts: one 'ADDRESS SLOTS' line per host (all with the same slots), each running "
                             "`taiji sched agent`; listen on an address they reach (--address)")
+    metrics_http.add_flags(serve)
     serve.add_argument("--host-timeout", type=float, default=10.0, metavar="SECONDS",
                        help="a host whose agent is silent this long is down: its slots leave the pool")
     agent = sub.add_parser("agent", help="run one host's jobs for a `serve --hosts` daemon (foreground)")
@@ -129,7 +131,7 @@ def main(argv: Sequence[str]) -> int:
                 listed = read_hosts_file(args.hosts)
                 hosts, slots, count = AgentHosts(listed, args.host_timeout), listed[0][1], len(listed)
             scheduler = Scheduler(slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout, hosts=count)
-            return run_daemon(directory, scheduler, args.round, args.address, hosts)
+            return run_daemon(directory, scheduler, args.round, args.address, hosts, metrics_http.config_of(args))
         if args.command == "agent":
             from ..cluster.auth import read_secret_file
             from .sched_agent import SchedAgent, run_agent

@@ -29,9 +29,11 @@ from typing import Any
 
 from .. import env
 from ..cluster.auth import new_secret, write_secret_file
-from ..errors import ConfigError, StoreError, TaijiError
+from ..errors import ConfigError, LaunchError, StoreError, TaijiError
+from ..metrics.prometheus import sched_families
 from ..metrics.runlog import EVENTS_FILE
 from ..sched.daemon import Observed, Scheduler
+from .metrics_http import MetricsConfig, MetricsServer
 from .sched_channel import RequestServer
 from .sched_hosts import STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
 from ..sched.rounds import Change
@@ -75,7 +77,7 @@ def running_daemon_pid(directory: Path) -> int | None:
 
 class Daemon:
     def __init__(self, directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
-                 hosts: JobHosts | None = None):
+                 hosts: JobHosts | None = None, metrics: MetricsConfig | None = None):
         if round_seconds <= 0:
             raise ConfigError(f"--round must be > 0 seconds, got {round_seconds}")
         self.dir = directory
@@ -91,6 +93,9 @@ class Daemon:
         self.sent: dict[str, tuple[float, tuple[int, ...]]] = {}  # job -> (when, what) it was last asked
         self.joining: dict[str, int] = {}                          # job -> its joiners still booting
         self._dirty = True
+        self.metrics = metrics   # --metrics-port: rounds run, the last one's decision time, changes by kind
+        self.rounds_run, self.round_took = 0, None
+        self.decisions: dict[str, int] = {}
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -112,6 +117,12 @@ class Daemon:
         except (OSError, ValueError) as exc:
             lock.close()
             raise ConfigError(f"cannot listen on --address {self.address}: {exc}") from None
+        try:
+            exporter = MetricsServer(self.metrics, self.metric_families) if self.metrics is not None else None
+        except LaunchError as exc:
+            server.close()
+            lock.close()
+            raise ConfigError(str(exc)) from None
         _write_atomically(self.dir / "daemon.json", json.dumps({"address": server.address, "pid": os.getpid()}))
         log.info("taiji sched: serving on %s with %d host(s) of %d slot(s), policy %s, a round every %gs "
                  "(state in %s)", server.address, self.sched.hosts, self.sched.slots_per_host,
@@ -126,7 +137,9 @@ class Daemon:
                         changes = self.sched.tick(now)
                         if time.monotonic() >= next_round:
                             next_round = time.monotonic() + self.round_seconds
+                            started = time.perf_counter()
                             changes += self.sched.round(now)
+                            self.rounds_run, self.round_took = self.rounds_run + 1, time.perf_counter() - started
                         self._apply(now, changes)
                         self._ask_again()
                         self._save()
@@ -138,9 +151,21 @@ class Daemon:
                 self._stop_all()   # (agents still poll: they take the stop orders)
             finally:
                 server.close()
+                if exporter is not None:
+                    exporter.close()
                 (self.dir / "daemon.json").unlink(missing_ok=True)
                 lock.close()
         return 0
+
+    def status(self, now: float) -> dict[str, Any]:
+        """What `taiji sched status` shows (call with the lock held)."""
+        return {"ok": True, **self.sched.to_json(), "policy": self.sched.policy.name, "now": now,
+                "host_names": list(self.hosts.addresses), "up": list(self.sched.up)}
+
+    def metric_families(self) -> list:
+        """The scheduler's Prometheus families (metrics/prometheus.py), read under the lock."""
+        with self.lock:
+            return sched_families(self.status(time.time()), self.rounds_run, self.round_took, dict(self.decisions))
 
     def _observe(self, now: float) -> None:
         for host, up in self.hosts.poll_hosts(time.monotonic()):
@@ -178,6 +203,7 @@ class Daemon:
 
     def _apply(self, now: float, changes: list[Change]) -> None:
         for change in changes:
+            self.decisions[change.kind] = self.decisions.get(change.kind, 0) + 1
             workers = sum(change.after)
             job = self.sched.jobs[change.job]
             if job.state == "queued":   # (a running job may show 0 workers while it starts: not a start)
@@ -270,8 +296,7 @@ class Daemon:
                     self._dirty = True
                     return {"ok": True, "job": job.id}
                 if op == "status":
-                    return {"ok": True, **self.sched.to_json(), "policy": self.sched.policy.name, "now": now,
-                            "host_names": list(self.hosts.addresses), "up": list(self.sched.up)}
+                    return self.status(now)
                 if op == "stop":
                     self.stop.set()
                     return {"ok": True}
@@ -370,8 +395,8 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def run_daemon(directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
-               hosts: JobHosts | None = None) -> int:
-    daemon = Daemon(directory, scheduler, round_seconds, address, hosts)
+               hosts: JobHosts | None = None, metrics: MetricsConfig | None = None) -> int:
+    daemon = Daemon(directory, scheduler, round_seconds, address, hosts, metrics)
     stop_on = (signal.SIGTERM, signal.SIGINT)
     previous = {s: signal.signal(s, lambda *_: daemon.stop.set()) for s in stop_on}
     try:

@@ -17,6 +17,8 @@ from ..metrics.runlog import PAUSE_EVENT, RunLog
 
 log = logging.getLogger("taiji.runtime.job")
 
+STATUS_SECONDS = 1.0  # rank 0's status is written at least this often (and every log_every steps)
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -103,6 +105,10 @@ class Reporter:
         self._paused_since_log = 0.0   # seconds of pauses within the periodic rate's window
         self._step = 0                 # committed steps, as the events' step counts them
         self.samples_per_second = 0.0
+        # the status window: its own samples/s, and the last step's figures (metrics, `taiji top`)
+        self._status_clock = self._time_of_log
+        self._samples_since_status, self._paused_since_status = 0, 0.0
+        self._last: dict[str, Any] = {}
 
     def on(self, record: Any) -> None:
         if isinstance(record, StepCommitted):
@@ -110,8 +116,8 @@ class Reporter:
         elif isinstance(record, Event):
             self._step = record.step
             if record.kind == "start":
-                self._time_of_log = self._step_clock = time.perf_counter()
-                self._paused_since_log = 0.0
+                self._time_of_log = self._step_clock = self._status_clock = time.perf_counter()
+                self._paused_since_log = self._paused_since_status = 0.0
             run_log = self._runlog()
             if run_log is not None:
                 run_log.log_event(record.kind, record.step, **record.details)
@@ -140,6 +146,7 @@ class Reporter:
         now = time.perf_counter()
         seconds, self._step_clock = now - self._step_clock, now
         self._paused_since_log += seconds
+        self._paused_since_status += seconds
         run_log = self._runlog()
         if run_log is not None and not transition:
             run_log.log_event(PAUSE_EVENT, self._step, time=time.time() - seconds, seconds=seconds)
@@ -148,8 +155,12 @@ class Reporter:
         now = time.perf_counter()
         step_seconds, self._step_clock = now - self._step_clock, now
         self._samples_since_log += record.global_batch
+        self._samples_since_status += record.global_batch
         where = record.where
         self._step = where.step
+        self._last = {"step_s": step_seconds, "allreduce_wait_s": record.allreduce_wait, "lr": record.lr,
+                      "loss": record.loss, "straggler": record.straggler,
+                      "gns": record.gns if record.gns is not None else self._last.get("gns")}
         run_log = self._runlog()
         if run_log is not None and record.monitored:
             # batch_size is the decided size; samples what the step trained on (fewer in an
@@ -163,6 +174,8 @@ class Reporter:
                 "allreduce_wait_ms": None if record.allreduce_wait is None else 1000 * record.allreduce_wait,
                 "topology": record.topology or None})
         if not self.log_every or where.step % self.log_every:
+            if now - self._status_clock >= STATUS_SECONDS:
+                self._status(where)
             return
         elapsed = max(now - self._time_of_log - self._paused_since_log, 1e-9)
         self.samples_per_second = self._samples_since_log / elapsed
@@ -193,8 +206,14 @@ class Reporter:
             self._status(where)
 
     def _status(self, where: Snapshot) -> None:
+        """Rank 0's status: where the job is, its samples/s since the last status (at least
+        ``STATUS_SECONDS`` apart, pauses left out) and the last step's figures."""
+        now = time.perf_counter()
+        elapsed = now - self._status_clock - self._paused_since_status
+        rate = self._samples_since_status / elapsed if elapsed > 0 and self._samples_since_status else None
+        self._status_clock, self._samples_since_status, self._paused_since_status = now, 0, 0.0
         if self._lead():
             self._write_status({"step": where.step, "epoch": where.epoch, "batch_size": where.batch_size,
                                 "version": where.version, "size": where.size, "position": where.position,
-                                "end": where.end,
-                                "samples_per_s": round(self.samples_per_second, 1), "time": time.time()})
+                                "end": where.end, "samples_per_s": round(rate or self.samples_per_second, 1),
+                                "time": time.time(), **self._last})
