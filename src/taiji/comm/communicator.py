@@ -275,8 +275,9 @@ class Communicator:
             self._plans.close()
             groups, self._groups = list(self._groups.values()), {}
             in_flight, self._in_flight = list(self._in_flight), weakref.WeakSet()
-        if self._abandoned is not None:  # its collectives may be stuck for good: keep, never wait
-            keep_forever(*groups, *[p.work for p in in_flight if p.work is not None])
+        if self._abandoned is not None:  # stuck collectives: kept; a plan thread in gloo is joined by the
+            keep_forever(*groups, *[p.work for p in in_flight if p.work is not None])  # reaper (leaving gloo
+            reaper.submit(Teardown(self.version, [], [], 0.0, plans=self._plans))  # at finalization aborts)
             return
         orphans = [pending for pending in in_flight if pending.orphan()]
         del in_flight
@@ -294,9 +295,8 @@ class Communicator:
     # -- abandoning a dead version -------------------------------------------------------
 
     def abandon(self, reason: str) -> None:
-        """This version can never complete another collective (a newer one dropped members as
-        lost): every wait on it ends at once with PeerLost, not at gloo's timeout. gloo cannot
-        abort a collective: they and the groups are kept, never waited for (``leave_behind``)."""
+        """A newer version dropped members of this one as lost: every wait on it ends at once with
+        PeerLost, not at gloo's timeout (gloo cannot abort a collective: see ``leave_behind``)."""
         with self._lock:
             if self._abandoned is not None:
                 return
