@@ -17,19 +17,9 @@ import time
 import pytest
 
 from _harness import HostsJob, check_invariants, wait_for
-from _netns import EmulatedHosts, etcd_command, unavailable
+from _netns import EmulatedHosts, etcd_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-WHY_NOT = unavailable()
-
-
-@pytest.fixture
-def hosts3():
-    if WHY_NOT:
-        pytest.skip(f"no emulated hosts here: {WHY_NOT}")
-    with EmulatedHosts(3) as hosts:
-        yield hosts
 
 
 def _no_process_left(hosts: EmulatedHosts, *indices: int) -> None:

@@ -10,18 +10,8 @@ import signal
 import pytest
 
 from _harness import HostsJob, check_invariants, wait_for
-from _netns import EmulatedHosts, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-WHY_NOT = unavailable()
-
-
-@pytest.fixture
-def hosts3():
-    if WHY_NOT:
-        pytest.skip(f"no emulated hosts here: {WHY_NOT}")
-    with EmulatedHosts(3) as hosts:
-        yield hosts
 
 
 def test_sigterm_to_an_agent_is_a_planned_shrink_off_its_host(hosts3, tmp_path):
