@@ -39,7 +39,7 @@ class RunningJob:
         self.env = dict(os.environ, TAIJI_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
         self.metrics_port, self.job_id = _free_port(), f"jm{os.getpid()}"
         args = CLI + ["run", "-np", "2", "--max-np", "3", "--job-id", self.job_id, "--metrics-port",
-                      str(self.metrics_port), "--",
+                      str(self.metrics_port), "--checkpoint-dir", str(tmp / "ck"), "--checkpoint-every", "20", "--",
                       sys.executable, str(SCRIPTS / "elastic_train.py"), str(tmp / "out"), "--steps", "1000000",
                       "--step-delay", "0.01"]
         (tmp / "out").mkdir()
@@ -146,6 +146,11 @@ def test_prometheus_scrapes_the_job_and_sees_it_train_and_resize(job, tmp_path):
         assert value("taiji_job_cluster_size") == 2
         assert (value("taiji_job_samples_per_second") or 0) > 0
         assert value("taiji_job_step_seconds") is not None
+        # a checkpoint every 20 steps: its step moves, its stall is measured, its age is time() - timestamp
+        wait_for(lambda: (value("taiji_job_checkpoint_step") or 0) >= 20, 30, "a checkpoint in the metrics")
+        assert value("taiji_job_checkpoint_stall_seconds") >= 0
+        age = prom.value(f"time() - taiji_job_checkpoint_timestamp_seconds{selector}")
+        assert age is not None and -5 < age < 60, age
         version = value("taiji_job_cluster_version")
         job.resize(3)
         wait_for(lambda: value("taiji_job_cluster_size") == 3, 30, "the cluster size series to reach 3")

@@ -168,6 +168,23 @@ def test_rank0s_status_carries_the_last_steps_figures_at_least_once_a_second(mon
     assert status["step_s"] == pytest.approx(0.25) and status["allreduce_wait_s"] == 0.002
     assert status["lr"] == 0.05 and status["straggler"] == 1.2 and status["loss"] == 0.5
     assert status["gns"] == 300.0   # the last estimate, kept through steps that did not measure
+    assert "checkpoint_step" not in status   # no checkpoint taken yet
+    # a checkpoint: its step, stall and time ride on every later status record
+    taken_at = clock.time()
+    report.on(Event("checkpoint", 6, {"stall_s": 0.012, "staged_bytes": 4096, "parts": 2}))
+    for index in range(6, 10):
+        clock.now += 0.25
+        report.on(StepCommitted(index, 0, Snapshot(step=index + 1, epoch=0, batch_size=16, version=1, size=2), 16,
+                                monitored=True, loss=0.5, grad_variance=None, straggler=1.2, gns=None,
+                                grad_sqnorm=None, trace_sigma=None, lr=0.05, allreduce_wait=0.002))
+    status = written[-1]
+    assert len(written) == 2 and status["step"] > 6
+    assert status["checkpoint_step"] == 6 and status["checkpoint_stall_s"] == 0.012
+    assert status["checkpoint_time"] == taken_at
+    got = values(job_families(dict(SNAPSHOT, progress=status), Tally()))
+    assert got[("taiji_job_checkpoint_step", (("job_id", "j1"),))] == 6
+    assert got[("taiji_job_checkpoint_stall_seconds", (("job_id", "j1"),))] == 0.012
+    assert got[("taiji_job_checkpoint_timestamp_seconds", (("job_id", "j1"),))] == status["checkpoint_time"]
 
 
 # -- the HTTP exporter (prometheus_client) ---------------------------------------------------

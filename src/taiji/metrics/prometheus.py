@@ -116,6 +116,12 @@ _PROGRESS = (
     ("straggler", "taiji_job_straggler_ratio", "Slowest worker's compute time over the median's", 1.0),
     ("position", "taiji_job_samples_trained", "Samples trained since the start (epoch x N + cursor)", 1.0),
     ("time", "taiji_job_status_timestamp_seconds", "Unix time of rank 0's last status record", 1.0),
+    ("checkpoint_step", "taiji_job_checkpoint_step", "Step of the last checkpoint taken (its write may be in flight)",
+     1.0),
+    ("checkpoint_stall_s", "taiji_job_checkpoint_stall_seconds",
+     "What taking the last checkpoint held rank 0's training loop (staging; the write is in the background)", 1.0),
+    ("checkpoint_time", "taiji_job_checkpoint_timestamp_seconds",
+     "Unix time the last checkpoint was taken: its age is time() minus this", 1.0),
 )
 
 

@@ -62,6 +62,7 @@ class Checkpointer:
         self._clock = time.time()  # the last agreed clock (rank 0's, from the control message)
         self._previous_handler: Any = None
         self._notice = signal.SIGTERM
+        self._reporter: Reporter | None = None
 
     # -- resuming ----------------------------------------------------------------------------
 
@@ -81,6 +82,7 @@ class Checkpointer:
 
     def start(self, reporter: Reporter) -> None:
         """The loop starts: record the resume (if any), listen for preemption notices."""
+        self._reporter = reporter
         found = self.resumed
         if found is not None:
             reporter.on(Event("resume", found.step, {"checkpoint": found.url, "written_by": found.manifest.size,
@@ -130,6 +132,9 @@ class Checkpointer:
         record = self.writer.save(step, view.rank, mine, manifest) if view.rank < writers else SaveRecord(step, 0.0, 0)
         self._last_step, self._last_clock = step, clock
         self.records.append(record)
+        if self._reporter is not None:  # the run log's checkpoint event; the metrics' stall and time
+            self._reporter.on(Event("checkpoint", step, {"stall_s": round(record.stall_seconds, 4),
+                                                         "staged_bytes": record.staged_bytes, "parts": writers}))
         if view.rank == 0:
             log.info("checkpoint at step %d: staged in %.3fs, writing to %s in the background", step,
                      record.stall_seconds, self.storage.url_of(checkpoint_name(step)) if self.storage else "")

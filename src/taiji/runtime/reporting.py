@@ -109,12 +109,16 @@ class Reporter:
         self._status_clock = self._time_of_log
         self._samples_since_status, self._paused_since_status = 0, 0.0
         self._last: dict[str, Any] = {}
+        self._checkpoint: dict[str, Any] = {}  # rank 0's last checkpoint: step, wall time, stall
 
     def on(self, record: Any) -> None:
         if isinstance(record, StepCommitted):
             self._committed(record)
         elif isinstance(record, Event):
             self._step = record.step
+            if record.kind == "checkpoint":  # staged at this boundary; written in the background
+                self._checkpoint = {"checkpoint_step": record.step, "checkpoint_time": time.time(),
+                                    "checkpoint_stall_s": record.details.get("stall_s")}
             if record.kind == "start":
                 self._time_of_log = self._step_clock = self._status_clock = time.perf_counter()
                 self._paused_since_log = self._paused_since_status = 0.0
@@ -216,4 +220,4 @@ class Reporter:
             self._write_status({"step": where.step, "epoch": where.epoch, "batch_size": where.batch_size,
                                 "version": where.version, "size": where.size, "position": where.position,
                                 "end": where.end, "samples_per_s": round(rate or self.samples_per_second, 1),
-                                "time": time.time(), **self._last})
+                                "time": time.time(), **self._last, **self._checkpoint})
