@@ -1,11 +1,12 @@
 """A preemption notice to one of 3 hosts of a job (network-namespace hosts, tests/_netns.py):
-SIGTERM to its `taiji join` agent is a planned shrink placed off that host — its workers leave at
-the next step boundary, no step fails, the agent exits 0 — audited with DESIGN §6's invariants.
+`taiji drain` on that host (a SIGTERM to its `taiji join` agent) is a planned shrink placed off that
+host — its workers leave at the next step boundary, no step fails, the agent exits 0 — audited with
+DESIGN §6's invariants.
 Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
 from __future__ import annotations
 
 import json
-import signal
+import sys
 
 import pytest
 
@@ -23,7 +24,9 @@ def test_sigterm_to_an_agent_is_a_planned_shrink_off_its_host(hosts3, tmp_path):
         job.wait_log("cluster v2: 4 worker(s)")
         wait_for(lambda: (tmp_path / "w3.jsonl").exists() and (tmp_path / "w3.jsonl").stat().st_size > 0, 60,
                  "a step committed by worker w3 (on host 1)")
-        job.agents[1].send_signal(signal.SIGTERM)
+        drained = hosts3.run(1, [sys.executable, "-m", "taiji.launch.cli", "drain", "--job", job.job_id],
+                             timeout=60, env=job.env)
+        assert drained.returncode == 0 and "the agent left after" in drained.stdout, drained.stdout + drained.stderr
         assert job.agents[1].wait(timeout=60) == 0, job.log("agent1")[-3000:]
         assert job.finish() == 0, job.log()[-4000:]  # the workers stop once at v3
     finally:

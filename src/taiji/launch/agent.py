@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections import Counter
 import threading
 import time
@@ -18,7 +19,7 @@ import uuid
 from ..cluster.controller import Bounds
 from ..cluster.store import JobStore, connect_job
 from ..errors import AuthError, LaunchError, StoreError
-from . import hosts
+from . import hosts, registry
 from .options import JoinConfig
 from .supervisor import Supervisor, WorkerProcess, describe_exit
 from .tether import Tether, answers
@@ -249,6 +250,8 @@ class Agent:
             raise LaunchError(f"host {cfg.host} runs the job's controller: its workers are started there "
                               "(-np/--nproc-per-node); give this agent its own host's address with --host")
         self.host_rank = hosts.register(self.job, cfg.host, cfg.slots, os.getpid(), self.session)
+        registry.register_agent(registry.JobEntry.of_this_process(cfg.job_id, cfg.host, 0, tuple(sys.argv),
+                                                                  time.time()))  # for `taiji drain`
         self._owner_seen = hosts.owner(self.job)  # the term of the controller there now
         self.say(f"joined job {cfg.job_id} at {cfg.store_url} as host {cfg.host} with {cfg.slots} "
                  f"slot(s); command: {' '.join(self.settings.command_here())}")
@@ -317,6 +320,7 @@ class Agent:
             raise
         finally:
             self._done.set()
+            registry.unregister_agent(cfg.job_id, cfg.host)
             if self._tether is not None:
                 self._tether.close()
             self.sup.close()

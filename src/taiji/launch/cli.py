@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from .. import env
 from ..comm.addresses import interface_address
 from ..errors import AuthError, ConfigError, LaunchError, StoreError
-from . import checkpoint_cli, metrics_http, registry, top
+from . import checkpoint_cli, drain, metrics_http, registry, top
 from .control import request
 from .options import JoinConfig, RunConfig, heartbeat_interval
 
@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint_cli.add_run_flags(run)
     metrics_http.add_flags(run)
     top.add_parser(sub)
+    drain.add_parser(sub)
     join = sub.add_parser("join", help="add this host to a running job (an agent for its workers)",
                           usage="taiji join JOB@HOST:PORT --secret-file FILE --nproc-per-node K "
                                 "(--host IP | --ifname NAME)")
@@ -392,6 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return list_jobs()
         if args.subcommand == "top":
             return top.main(args)
+        if args.subcommand == "drain":
+            return drain.main(args)
         if args.subcommand == "plot":
             from ..metrics.plot import plot_run
             print(f"taiji: wrote {plot_run(args.run_dir, args.output)}")

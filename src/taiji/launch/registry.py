@@ -37,12 +37,14 @@ def secret_file(job_id: str) -> Path:
 
 def process_start_time(pid: int) -> int | None:
     """The kernel's start time of ``pid`` (clock ticks since boot), or None if there is no such
-    process: with the pid it names one process, even after pids wrap around."""
+    process or it has exited and waits to be reaped (a zombie): with the pid it names one
+    process, even after pids wrap around."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,10 @@ class JobEntry:
 
 
 def register(entry: JobEntry) -> Path:
-    path = job_file(entry.job)
+    return _write(job_file(entry.job), entry)
+
+
+def _write(path: Path, entry: JobEntry) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(entry)))
@@ -124,3 +129,38 @@ def find_job(job_id: str | None) -> JobEntry:
                                                             else "no job is running on this host"))
     raise StoreError(f"no running job {job_id!r} (running: {running or 'none'}); job ids are printed "
                      "by `taiji run` when it starts, and `taiji ls` lists them")
+
+
+# -- `taiji join` agents on this host (found by `taiji drain`) ----------------------------
+
+def agents_dir() -> Path:
+    return Path(env.HOME.get() or Path.home() / ".taiji") / "agents"
+
+
+def agent_file(job_id: str, host: str) -> Path:
+    return agents_dir() / f"{job_id}@{host}.json"
+
+
+def register_agent(entry: JobEntry) -> Path:
+    """An agent's entry: ``host`` is the address it joined as, ``port`` 0."""
+    return _write(agent_file(entry.job, entry.host), entry)
+
+
+def unregister_agent(job_id: str, host: str) -> None:
+    agent_file(job_id, host).unlink(missing_ok=True)
+
+
+def running_agents(job_id: str | None = None) -> list[JobEntry]:
+    """The agents running on this host (of ``job_id`` if given), oldest first; stale entries are removed."""
+    if not agents_dir().exists():
+        return []
+    found = []
+    for path in agents_dir().glob("*.json"):
+        entry = _read(path)
+        if entry is None:
+            continue
+        if not entry.running:
+            path.unlink(missing_ok=True)
+        elif job_id is None or entry.job == job_id:
+            found.append(entry)
+    return sorted(found, key=lambda e: (e.started, e.job, e.host))
