@@ -181,8 +181,8 @@ DATA = TensorDataset(torch.randn(48, 4, generator=torch.Generator().manual_seed(
 
 
 def _model():
-    torch.manual_seed(3)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    torch.manual_seed(3)  # dropout draws from torch's RNG: a resumed run continues its stream bitwise
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.25), torch.nn.Linear(8, 2))
 
 
 def _train(checkpoint, max_steps, seen=None, run_dir=None):
@@ -231,7 +231,7 @@ def test_job_resumed_at_a_checkpoint_ends_bitwise_equal(tmp_path):
 def test_resume_into_another_model_names_the_differences(tmp_path):
     root = str(tmp_path / "ck")
     _train(Checkpoint(root), 2)
-    other = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    other = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.25), torch.nn.Linear(16, 2))
     with pytest.raises(CheckpointError, match=r"another model: 0.bias: shape \[8\] in the checkpoint, \[16\]"):
         taiji.load_checkpoint(root, other)
     with pytest.raises(CheckpointError, match="no complete checkpoint"):

@@ -98,6 +98,13 @@ def tensor_keys(model: Mapping[str, T], state: Sequence[T]) -> dict[str, T]:
     return keyed
 
 
+RNG_PREFIX = "rng."  # each writer's own torch RNG state (dropout etc.), written by that rank only
+
+
+def rng_key(rank: int) -> str:
+    return f"{RNG_PREFIX}{rank}"
+
+
 def assign(sizes: Mapping[str, int], writers: int) -> dict[str, int]:
     """Which writer writes each tensor: largest first, each to the least loaded writer so far
     (ties: the lowest). Pure and deterministic: every worker computes the same split."""

@@ -13,8 +13,8 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 
 from ..comm.transfer import decode, tensor_specs
 from ..errors import CheckpointError
-from .layout import (DIGEST, MANIFEST, Manifest, TensorInfo, checkpoint_name, model_differences, part_name, step_of,
-                     tensor_keys)
+from .layout import (DIGEST, MANIFEST, RNG_PREFIX, Manifest, TensorInfo, checkpoint_name, model_differences,
+                     part_name, step_of, tensor_keys)
 from .storage import Storage
 from .writer import part_digest
 
@@ -115,12 +115,22 @@ def _state_targets(manifest: Manifest) -> list[torch.Tensor]:
     return [torch.empty(shape, dtype=dtype) for dtype, shape, _ in tensor_specs(manifest.state)]
 
 
-def load_into(found: Found, model: torch.nn.Module) -> Any:
-    """Load the model's tensors in place; return the TrainState's state (tensors on the CPU)."""
+def _rng_targets(manifest: Manifest) -> dict[str, torch.Tensor]:
+    """Where each writer's RNG state loads (checkpoints taken before they were saved have none)."""
+    size = int(manifest.extra.get("rng_bytes", 0))
+    return {k: torch.empty(size, dtype=torch.uint8) for k in manifest.owners if k.startswith(RNG_PREFIX)}
+
+
+def load_into(found: Found, model: torch.nn.Module, rng: dict[str, torch.Tensor] | None = None) -> Any:
+    """Load the model's tensors in place; return the TrainState's state (tensors on the CPU).
+    ``rng`` (if given) receives each writer's RNG state by key (``layout.rng_key(rank)``)."""
     check_model(found, model)
     state = _state_targets(found.manifest)
+    targets = _rng_targets(found.manifest)
     with torch.no_grad():
-        load_tensors(found, tensor_keys(model.state_dict(), state))
+        load_tensors(found, {**tensor_keys(model.state_dict(), state), **targets})
+    if rng is not None:
+        rng.update(targets)
     return decode(found.manifest.state, state)
 
 
@@ -143,7 +153,7 @@ def export(path: str, out: str) -> Found:
     manifest = found.manifest
     model = {k: torch.empty(info.shape, dtype=getattr(torch, info.dtype)) for k, info in manifest.model.items()}
     state = _state_targets(manifest)
-    load_tensors(found, tensor_keys(model, state))
+    load_tensors(found, {**tensor_keys(model, state), **_rng_targets(manifest)})
     train_state = decode(manifest.state, state)
     info = manifest.to_json()
     info.pop("state", None)

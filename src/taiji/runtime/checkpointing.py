@@ -19,7 +19,7 @@ import torch
 
 from .. import env
 from ..checkpoint.config import Checkpoint, due
-from ..checkpoint.layout import (FORMAT, Manifest, assign, checkpoint_name, taiji_version, tensor_keys,
+from ..checkpoint.layout import (FORMAT, Manifest, assign, checkpoint_name, rng_key, taiji_version, tensor_keys,
                                  to_prune)
 from ..checkpoint.reader import Found, find, load_into, model_info
 from ..checkpoint.storage import Storage
@@ -76,7 +76,11 @@ class Checkpointer:
         if found is None:
             log.info("no complete checkpoint in %s yet: starting fresh", path)
             return
-        self.state.load_state_dict(load_into(found, self.state.model))
+        rng: dict[str, torch.Tensor] = {}
+        self.state.load_state_dict(load_into(found, self.state.model, rng))
+        mine = rng.get(rng_key(self.membership.view.rank))
+        if mine is not None and found.manifest.size == self.membership.view.size:
+            torch.set_rng_state(mine)  # the same rank's random stream continues (dropout, ...)
         self._last_step, self.resumed = found.step, found
         log.info("resumed from %s (step %d, written by %d worker(s))", found.url, found.step, found.manifest.size)
 
@@ -120,7 +124,9 @@ class Checkpointer:
         everything = tensor_keys(model, tensors)
         writers = view.size if self.exact() else 1  # replicas differ: the lowest rank writes all
         owners = assign({k: t.numel() * t.element_size() for k, t in everything.items()}, writers)
+        owners.update({rng_key(r): r for r in range(writers)})
         mine = {k: t for k, t in everything.items() if owners[k] == view.rank}
+        mine[rng_key(view.rank)] = torch.get_rng_state()
         manifest = None
         if view.rank == 0:
             manifest = Manifest(
@@ -128,6 +134,7 @@ class Checkpointer:
                 model=model_info(self.state.model),
                 owners=owners, state=image, strategy=self.state.strategy,
                 extra={"bounds": {"min_np": env.MIN_NP.get(), "max_np": env.MAX_NP.get()},
+                       "rng_bytes": mine[rng_key(view.rank)].numel(),
                        "version": view.version, "epoch": self.state.progress.epoch})
         record = self.writer.save(step, view.rank, mine, manifest) if view.rank < writers else SaveRecord(step, 0.0, 0)
         self._last_step, self._last_clock = step, clock
