@@ -49,11 +49,11 @@ from typing import Any
 
 from _common import contract_row, print_result, reap_on_sigterm
 
-from taiji.launch.sched_channel import ask
+from taiji.launch.sched.channel import ask
 from taiji.sched.cluster import Cluster
 from taiji.sched.live import Measured, fit_step_model, live_application, placement_timeline
 from taiji.sched.policies import make_policy
-from taiji.launch.sched_daemon import read_secret
+from taiji.launch.sched.daemon import read_secret
 from taiji.sched.rounds import oversubscribed_instants
 from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig, simulate
 from taiji.sched.workload import LIVE, JobSpec

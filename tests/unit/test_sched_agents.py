@@ -12,9 +12,9 @@ from _harness import actions_of, feed
 
 from taiji.cluster.controller import Bounds, HostJoined, Proposal, Spawn, initial_state
 from taiji.errors import ConfigError
-from taiji.launch.sched_hosts import AgentHosts, job_secret, read_hosts_file
+from taiji.launch.sched.hosts import AgentHosts, job_secret, read_hosts_file
 from taiji.sched.cluster import Allocation
-from taiji.sched.daemon import Observed, Scheduler, clamp, start_on_one_host
+from taiji.sched.scheduler import Observed, Scheduler, clamp, start_on_one_host
 from taiji.sched.live import placement_timeline
 from taiji.sched.rounds import Change, Rounds, oversubscribed_instants
 

@@ -365,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["sched"]:
         try:   # lazily: the scheduler has parsers of its own and needs SciPy (the extra taiji[sched])
             from ..sched.cli import main as sched_main
-            from .sched_cli import LIVE_COMMANDS, main as live_main
+            from .sched.cli import LIVE_COMMANDS, main as live_main
         except ImportError as exc:
             sys.stderr.write(f"taiji sched: error: {exc}; install the extra: pip install 'taiji[sched]'\n")
             return 2

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import ConfigError, TaijiError
-from . import metrics_http
-from .sched_channel import ask
+from ...errors import ConfigError, TaijiError
+from .. import metrics_http
+from .channel import ask
 
 PROG = "taiji sched"
 LIVE_COMMANDS = ("serve", "agent", "submit", "status", "cancel", "stop", "plot")
@@ -115,26 +115,26 @@ def _hosts_of(job: dict[str, Any], names: list[str]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    from .sched_daemon import daemon_address, read_secret, run_daemon, state_dir
+    from .daemon import daemon_address, read_secret, run_daemon, state_dir
     directory = state_dir(args.state_dir)
     try:
         if args.command == "serve":
-            from ..sched.daemon import Scheduler
-            from ..sched.policies import make_policy
-            from ..sched.sim import SYSTEMS
+            from ...sched.scheduler import Scheduler
+            from ...sched.policies import make_policy
+            from ...sched.sim import SYSTEMS
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
             hosts = None
             slots, count = args.slots, 1
             if args.hosts:
-                from .sched_hosts import AgentHosts, read_hosts_file
+                from .hosts import AgentHosts, read_hosts_file
                 listed = read_hosts_file(args.hosts)
                 hosts, slots, count = AgentHosts(listed, args.host_timeout), listed[0][1], len(listed)
             scheduler = Scheduler(slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout, hosts=count)
             return run_daemon(directory, scheduler, args.round, args.address, hosts, metrics_http.config_of(args))
         if args.command == "agent":
-            from ..cluster.auth import read_secret_file
-            from .sched_agent import SchedAgent, run_agent
+            from ...cluster.auth import read_secret_file
+            from .agent import SchedAgent, run_agent
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
             secret = read_secret_file(args.secret_file) if args.secret_file else read_secret(directory)
@@ -169,7 +169,7 @@ def main(argv: Sequence[str]) -> int:
 def plot_state(directory: Path, output: str | None) -> Path:
     """Each job's observed workers over time (seconds since the first submission)."""
     import json
-    from ..sched.plots import plot_allocations
+    from ...sched.plots import plot_allocations
     try:
         saved = json.loads((directory / "state.json").read_text())
     except (OSError, ValueError):

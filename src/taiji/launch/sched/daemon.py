@@ -1,4 +1,4 @@
-"""``taiji sched serve``: the live scheduler daemon (effects around :mod:`taiji.sched.daemon`: processes and sockets live in launch/).
+"""``taiji sched serve``: the live scheduler daemon (effects around :mod:`taiji.sched.scheduler`: processes and sockets live in launch/).
 
 Files under the state directory (default ``$TAIJI_HOME/sched``, i.e. ``~/.taiji/sched``):
 ``secret`` (0600; what clients sign requests with), ``daemon.json`` (the address and pid of the
@@ -7,7 +7,7 @@ running daemon), ``state.json`` (every job and outstanding ask, rewritten after 
 
 Each job runs under its own ``taiji run -np N --min-np A --max-np B --job-id sched-<id>`` in a
 session of its own — on this host, or on the host an agent runs (``--hosts``; the
-:mod:`~taiji.launch.sched_hosts` part hides which) — so a daemon that is killed leaves its jobs
+:mod:`~taiji.launch.sched.hosts` part hides which) — so a daemon that is killed leaves its jobs
 running at their sizes; a restarted daemon loads ``state.json`` and re-adopts the jobs whose
 launchers still run. Every tick the daemon reads each launcher's status (as ``taiji status``
 does), proposes resizes (as ``taiji resize`` does; placed on many hosts), sends again an ask a job
@@ -27,16 +27,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import env
-from ..cluster.auth import new_secret, write_secret_file
-from ..errors import ConfigError, LaunchError, StoreError, TaijiError
-from ..metrics.prometheus import sched_families
-from ..metrics.runlog import EVENTS_FILE
-from ..sched.daemon import Observed, Scheduler
-from .metrics_http import MetricsConfig, MetricsServer
-from .sched_channel import RequestServer
-from .sched_hosts import STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
-from ..sched.rounds import Change
+from ... import env
+from ...cluster.auth import new_secret, write_secret_file
+from ...errors import ConfigError, LaunchError, StoreError, TaijiError
+from ...metrics.prometheus import sched_families
+from ...metrics.runlog import EVENTS_FILE
+from ...sched.scheduler import Observed, Scheduler
+from ..metrics_http import MetricsConfig, MetricsServer
+from .channel import RequestServer
+from .hosts import STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
+from ...sched.rounds import Change
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Where the live scheduler's jobs run: the effects behind :class:`~taiji.launch.sched_daemon.Daemon`.
+"""Where the live scheduler's jobs run: the effects behind :class:`~taiji.launch.sched.daemon.Daemon`.
 
 Two kinds, one interface (:class:`JobHosts`):
 
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..cluster import auth
-from ..errors import ConfigError, StoreError
-from . import control, registry
+from ...cluster import auth
+from ...errors import ConfigError, StoreError
+from .. import control, registry
 
 log = logging.getLogger(__name__)
 

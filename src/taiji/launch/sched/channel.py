@@ -17,8 +17,8 @@ import socket
 import threading
 from typing import Any, Callable
 
-from ..errors import AuthError, ConfigError, StoreError
-from .control import read_line
+from ...errors import AuthError, ConfigError, StoreError
+from ..control import read_line
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The live scheduler's state and decisions (pure): submissions, observations and time in,
-changes out — like ``cluster/controller.py`` for one job. ``launch/sched_daemon.py`` does the effects
+changes out — like ``cluster/controller.py`` for one job. ``launch/sched/daemon.py`` does the effects
 (launching jobs, reading their launchers, proposing resizes, the request socket).
 
 ``hosts`` identical hosts of ``slots`` slots each (one host: its cores); a placement is workers

@@ -29,11 +29,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..cluster.auth import write_secret_file
-from ..errors import ConfigError, StoreError
-from . import control, registry
-from .sched_channel import ask
-from .sched_hosts import TAIJI, Sessions, job_secret, launcher_id, launcher_status
+from ...cluster.auth import write_secret_file
+from ...errors import ConfigError, StoreError
+from .. import control, registry
+from .channel import ask
+from .hosts import TAIJI, Sessions, job_secret, launcher_id, launcher_status
 
 log = logging.getLogger(__name__)
 
