@@ -71,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--name", default="")
     submit.add_argument("--work", type=int, default=0, metavar="SAMPLES",
                         help="samples it will train (epochs x data set), for the policy until the job reports it")
+    submit.add_argument("--priority", type=int, default=0, metavar="P",
+                        help="its class (default 0): a waiting job of a higher class suspends lower ones if that "
+                             "lets its --min-np start")
+    submit.add_argument("--no-preempt", action="store_true",
+                        help="never suspend it (it keeps at least --min-np workers until it ends)")
+    submit.add_argument("--checkpoint-dir", default="", metavar="DIR",
+                        help="where it checkpoints and resumes from after a suspension (default: "
+                             "STATE_DIR/jobs/ID/checkpoints; many hosts: a directory every host reaches)")
+    submit.add_argument("--checkpoint-every", default="", metavar="10m|N",
+                        help="also checkpoint periodically (what a job resumes from if its home host is lost)")
     submit.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command")
     sub.add_parser("status", help="the jobs: state, workers, samples/s, progress, estimated finish")
     cancel = sub.add_parser("cancel", help="stop a job and free its slots")
@@ -93,7 +103,9 @@ def format_status(reply: dict[str, Any]) -> str:
         progress = f"{100 * position / end:.0f}%" if end else "-"
         eta = f"{(end - position) / speed:.0f}s" if end and speed > 0 and job["state"] == "running" else "-"
         since = job.get("ended") or job.get("started") or job["submitted"]
-        state = job["state"] + (f" ({job['reason']})" if job.get("reason") else "")
+        state = job["state"] + (f" at step {job['stopped_at']}" if job["state"] == "suspended" else "")
+        state += " (suspending)" if job["state"] == "running" and job.get("suspending") is not None else ""
+        state += f" ({job['reason']})" if job.get("reason") else ""
         rows.append((job["id"], job["name"], state, str(job.get("size", 0)) + f" [{job['min_np']}-{job['max_np']}]",
                      _hosts_of(job, names), f"{speed:.0f}", progress, eta, f"{now - since:.0f}s ago"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -147,7 +159,10 @@ def main(argv: Sequence[str]) -> int:
         if args.command == "submit":
             reply = ask(address, secret, {"op": "submit", "command": _command_after_dashes(argv), "min_np": args.min_np,
                                           "max_np": args.max_np, "np": args.np, "weight": args.weight,
-                                          "name": args.name, "cwd": os.getcwd(), "work": args.work})
+                                          "name": args.name, "cwd": os.getcwd(), "work": args.work,
+                                          "priority": args.priority, "no_preempt": args.no_preempt,
+                                          "checkpoint_dir": _absolute(args.checkpoint_dir),
+                                          "checkpoint_every": args.checkpoint_every})
             print(reply["job"])
         elif args.command == "status":
             print(format_status(ask(address, secret, {"op": "status"})))
@@ -186,6 +201,13 @@ def plot_state(directory: Path, output: str | None) -> Path:
     shape = f"{saved.get('hosts', 1)} host(s) x {saved.get('slots')} slot(s)"
     return plot_allocations(allocations, lifetimes, path, f"taiji sched ({shape})",
                             unit=("seconds since the first submission", 1.0), held="workers")
+
+
+def _absolute(directory: str) -> str:
+    """A directory as the daemon must see it (a URL unchanged)."""
+    if not directory or "://" in directory:
+        return directory
+    return str(Path(directory).resolve())
 
 
 def _command_after_dashes(argv: Sequence[str]) -> list[str]:

@@ -64,6 +64,7 @@ class JobHosts(Protocol):
     def status(self, job_id: str) -> dict[str, Any] | None: ...
     def resize(self, job_id: str, size: int, placement: tuple[int, ...]) -> None: ...
     def outcome(self, job_id: str) -> int | None: ...
+    def home_lost(self, job_id: str) -> bool: ...
     def running(self, job_id: str) -> bool: ...
     def signal(self, job_id: str, sig: int) -> bool: ...
     def forget(self, job_id: str) -> None: ...
@@ -136,6 +137,9 @@ class LocalHost:
 
     def outcome(self, job_id: str) -> int | None:
         return self.sessions.code(job_id)
+
+    def home_lost(self, job_id: str) -> bool:
+        return False   # the daemon's own host
 
     def running(self, job_id: str) -> bool:
         if job_id in self.sessions.children:
@@ -327,6 +331,12 @@ class AgentHosts:
         if code is None and agent.up is False and agent.seen > float("-inf"):
             return 128 + signal.SIGKILL   # its host is lost: so are the job's launcher and store
         return code
+
+    def home_lost(self, job_id: str) -> bool:
+        """Its launcher's host went silent (its launcher and store are gone with it)."""
+        agent = self._home_agent(job_id)
+        return (agent is not None and agent.up is False and agent.seen > float("-inf")
+                and agent.processes.get(f"{job_id}/launcher") is None)
 
     def running(self, job_id: str) -> bool:
         """True while its launcher may still run (its agent has not reported yet, or reports it)."""
