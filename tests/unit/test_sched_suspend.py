@@ -91,17 +91,20 @@ def test_a_policys_zero_suspends_a_job_which_resumes_later_at_another_size():
     assert saved.jobs[a.id].suspensions == [25.0] and saved.jobs[pinned.id].preemptible is False
 
 
-def test_without_a_checkpoint_dir_or_within_the_hysteresis_a_job_keeps_its_minimum():
+def test_within_the_hysteresis_or_without_a_checkpoint_dir_a_job_keeps_its_minimum():
     policy = Scripted()
     sched = Scheduler(slots=4, policy=policy, rules=SuspendRules(min_run_factor=3.0, guess_cost_s=10.0))
     a = sched.submit(0.0, ["a"], min_np=2, max_np=4, checkpoint_dir="/ckpt/a")
-    policy.plan = {a.id: 4}
+    c = sched.submit(0.0, ["c"], min_np=1, max_np=1)   # no checkpoint directory: nothing to resume from
+    policy.plan = {a.id: 3, c.id: 1}
     sched.round(0.0)
-    started(sched, 0.0, a.id, 4)
-    policy.plan = {}
-    assert sched.round(20.0) == [Change(a.id, (4,), (2,))], "20 s < 3 x 10 s: kept at its minimum"
+    started(sched, 0.0, a.id, 3)
+    started(sched, 0.0, c.id, 1)
+    b = sched.submit(10.0, ["b"], min_np=4, max_np=4, checkpoint_dir="/ckpt/b")
+    policy.plan = {b.id: 4}
+    assert sched.round(20.0) == [Change(a.id, (3,), (2,))], "20 s < 3 x 10 s: kept at its minimum"
     seen(sched, 21.0, a.id, 2, 2, version=2)
-    assert sched.round(40.0)[0].kind == "suspend"
+    assert [(ch.job, ch.kind) for ch in sched.round(40.0)] == [(a.id, "suspend")]
 
 
 def test_tiresias_live_suspends_the_job_with_more_attained_service():
@@ -134,6 +137,10 @@ def test_a_higher_class_arrival_suspends_lower_ones_only_if_its_gang_fits():
     sched.suspending_job(30.0, low.id)
     sched.suspended(31.0, low.id, step=7)
     assert sched.tick(31.0) == [Change(high.id, (0,), (3,))]
+    started(sched, 32.0, high.id, 3)
+    policy.plan = {low.id: 3, pinned.id: 1}   # the policy would give the high class's slots back to low
+    assert sched.round(40.0) == [], "a 0 never suspends a job for a lower class"
+    assert sched.jobs[high.id].suspending is None
 
 
 def test_the_simulator_charges_a_resume_not_a_start_to_a_preempted_job():

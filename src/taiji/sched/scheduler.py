@@ -215,7 +215,7 @@ class Scheduler:
         return self._typical(lambda j: statistics.median(j.costs) if j.costs else 0.0, self.rules.guess_cost_s)
 
     def may_suspend(self, job: LiveJob, now: float) -> bool:
-        return job.state == "running" and job.suspending is None and bool(job.checkpoint_dir) and may_suspend(
+        return job.state == "running" and job.size > 0 and job.suspending is None and bool(job.checkpoint_dir) and may_suspend(
             job.preemptible, job.suspensions, last_start(job, now), now, self.suspend_cost(job), self.rules)
 
     def ended(self, now: float, job_id: str, state: str, reason: str = "") -> None:
@@ -269,23 +269,39 @@ class Scheduler:
                                             self.rounds.slots)
             elif sum(placement) >= job.min_np:   # else it stays queued (or suspended)
                 targets[job.id] = start_on_one_host(placement, job.max_np, self.slots_per_host)
+        self._keep_for_lower_classes(active, targets)
         self._preempt_for_priority(now, active, targets)
         active_ids = {job.id: job for job in active}
         return self.rounds.start(now, self.holds(), targets, {j: active_ids[j].min_np for j in targets},
                                  self.versions())
 
+    def _keep_for_lower_classes(self, active: list[LiveJob], targets: dict[str, tuple[int, ...]]) -> None:
+        """A policy's 0 suspends a job only for a job of its class or a higher one: if every job
+        the round starts or grows is of a lower class, the job keeps its minimum instead."""
+        holds = self.holds()
+        gaining = [j.priority for j in active if j.id in targets and sum(targets[j.id]) > sum(holds[j.id])]
+        for job in active:
+            if job.state == "running" and job.id in targets and not any(targets[job.id]) and job.size:
+                if not any(p >= job.priority for p in gaining):
+                    targets[job.id] = clamp([0] * self.hosts, job.min_np, job.max_np, holds[job.id], job.home,
+                                            self.rounds.slots)
+
     def _preempt_for_priority(self, now: float, active: list[LiveJob], targets: dict[str, tuple[int, ...]]) -> None:
-        """Waiting jobs left without their ``min_np``, highest class first: suspend the fewest
-        lower-class jobs that lets one start on one host (gang-aware; nobody if it would not)."""
+        """Waiting jobs left without their ``min_np``, highest class first: waiting jobs of lower
+        classes do not start before it, and the fewest lower-class running jobs whose suspension
+        lets it start on one host are suspended (gang-aware: nobody if it would not start)."""
         zero = (0,) * self.hosts
         holds = self.holds()
         for job in sorted((j for j in active if j.state in ("queued", "suspended") and j.id not in targets),
                           key=lambda j: (-j.priority, j.submitted)):
+            if not any(other.priority < job.priority for other in active):
+                continue   # the policy's choice stands among equals
+            for lower in active:   # they yield to it
+                if lower.state in ("queued", "suspended") and lower.priority < job.priority:
+                    targets.pop(lower.id, None)
             running = [Running(j.id, j.priority, True, targets.get(j.id, holds[j.id]), last_start(j, now))
                        for j in active if j.state == "running" and j.priority < job.priority
                        and targets.get(j.id) != zero and self.may_suspend(j, now)]
-            if not running:
-                continue
             used = [sum(max(holds[j][h], targets.get(j, holds[j])[h]) for j in holds) for h in range(self.hosts)]
             free = [max(0, cap - u) for cap, u in zip(self.rounds.slots, used)]
             found = priority_victims(job.min_np, job.priority, free, running)

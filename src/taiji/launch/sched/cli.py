@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 from ...errors import ConfigError, TaijiError
 from .. import metrics_http
+from ...sched.preemption import SuspendRules
 from .channel import ask
 
 PROG = "taiji sched"
@@ -47,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where to listen for requests (default: loopback, a free port)")
     serve.add_argument("--shrink-timeout", type=float, default=30.0, metavar="SECONDS",
                        help="a shrink not landed by then keeps its slots reserved and the round's grows go on")
+    serve.add_argument("--max-suspensions-per-hour", type=int, default=SuspendRules.max_per_hour, metavar="N",
+                       help="a job is suspended at most this often in any hour (default: %(default)s; 0: never)")
+    serve.add_argument("--min-run-factor", type=float, default=SuspendRules.min_run_factor, metavar="K",
+                       help="a (re)started job runs at least K x its measured suspend/resume cost before it may "
+                            "be suspended again (default: %(default)s)")
     serve.add_argument("--hosts", default=None, metavar="FILE",
                        help="many hosts: one 'ADDRESS SLOTS' line per host (all with the same slots), each running "
                             "`taiji sched agent`; listen on an address they reach (--address)")
@@ -142,7 +148,9 @@ def main(argv: Sequence[str]) -> int:
                 from .hosts import AgentHosts, read_hosts_file
                 listed = read_hosts_file(args.hosts)
                 hosts, slots, count = AgentHosts(listed, args.host_timeout), listed[0][1], len(listed)
-            scheduler = Scheduler(slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout, hosts=count)
+            rules = SuspendRules(max_per_hour=args.max_suspensions_per_hour, min_run_factor=args.min_run_factor)
+            scheduler = Scheduler(slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout, hosts=count,
+                                  rules=rules)
             return run_daemon(directory, scheduler, args.round, args.address, hosts, metrics_http.config_of(args))
         if args.command == "agent":
             from ...cluster.auth import read_secret_file

@@ -192,7 +192,8 @@ class Daemon:
                 self._escalate(job.id)
             status = self.hosts.status(job.id)
             if status is None:
-                if not self.hosts.running(job.id):
+                if not self.hosts.running(job.id) and not (
+                        job.suspending is not None and self._resumable(job.id, EXIT_RESUMABLE)):
                     self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
                 continue   # starting up, or busy: read again next tick
             progress = status.get("progress") or {}
