@@ -1,4 +1,4 @@
-"""``taiji sched serve|submit|status|cancel|stop``: the live scheduler on this host.
+"""``taiji sched``: the cluster scheduler — the live daemon and its clients, and the simulator.
 
     taiji sched serve --slots 4 --policy pcrr --round 10          # the daemon (foreground)
     taiji sched serve --hosts hosts.txt --address 10.0.0.1:7070   # many hosts: "ADDRESS SLOTS" per line,
@@ -8,6 +8,7 @@
     taiji sched cancel s0002
     taiji sched stop                                              # stops the daemon and its jobs
     taiji sched plot -o allocations.png                           # workers per job over time
+    taiji sched simulate --workload pollux:6 --policy pcrr,tiresias  # the simulator (taiji.sched.cli)
 
 The daemon shares ``--slots`` worker slots (cores) — or the slots of every host in ``--hosts``, each
 driven by its ``taiji sched agent`` — among elastic taiji jobs: every ``--round``
@@ -32,7 +33,6 @@ from ...sched.preemption import SuspendRules
 from .channel import ask
 
 PROG = "taiji sched"
-LIVE_COMMANDS = ("serve", "agent", "submit", "status", "cancel", "stop", "plot")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():
         command.add_argument("--state-dir", default=None, metavar="DIR",
                              help="the daemon's directory (default: $TAIJI_HOME/sched or ~/.taiji/sched)")
+    # its options are the simulator's own (`taiji sched simulate --help`): main() hands it over unparsed
+    sub.add_parser("simulate", add_help=False, help="run policies on a workload in the simulator and compare them")
     return parser
 
 
@@ -132,6 +134,13 @@ def _hosts_of(job: dict[str, Any], names: list[str]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
+    if list(argv[:1]) == ["simulate"]:
+        try:   # needs SciPy (the extra taiji[sched])
+            from ...sched.cli import main as simulate_main
+        except ImportError as exc:
+            sys.stderr.write(f"{PROG}: error: {exc}; install the extra: pip install 'taiji[sched]'\n")
+            return 2
+        return simulate_main(list(argv))
     args = build_parser().parse_args(list(argv))
     from .daemon import daemon_address, read_secret, run_daemon, state_dir
     directory = state_dir(args.state_dir)
