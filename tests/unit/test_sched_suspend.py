@@ -167,3 +167,16 @@ def test_a_reply_not_signed_with_the_daemons_secret_is_refused():
     finally:
         thread.join(5.0)
         server.close()
+
+
+def test_status_and_plot_show_a_suspension(tmp_path):
+    from taiji.launch.sched.cli import format_status, plot_state
+    sched = Scheduler(slots=2, policy=Scripted(), rules=SuspendRules(min_run_factor=0.0))
+    job = sched.submit(0.0, ["a"], max_np=2, checkpoint_dir="/c/a", name="long")
+    started(sched, 1.0, job.id, 2)
+    sched.suspending_job(5.0, job.id)
+    assert "running (suspending)" in format_status({**sched.to_json(), "now": 6.0})
+    sched.suspended(6.0, job.id, step=12)
+    assert "suspended at step 12" in format_status({**sched.to_json(), "now": 7.0})
+    (tmp_path / "state.json").write_text(json.dumps(sched.to_json()))
+    assert plot_state(tmp_path, str(tmp_path / "a.png")).read_bytes()[:4] == b"\x89PNG"

@@ -216,8 +216,9 @@ def plot_state(directory: Path, output: str | None) -> Path:
                  for j in jobs}
     path = Path(output) if output else directory / "allocations.png"
     shape = f"{saved.get('hosts', 1)} host(s) x {saved.get('slots')} slot(s)"
+    suspensions = {label[j["id"]]: [t - t0 for t in j.get("suspensions", [])] for j in jobs}
     return plot_allocations(allocations, lifetimes, path, f"taiji sched ({shape})",
-                            unit=("seconds since the first submission", 1.0), held="workers")
+                            unit=("seconds since the first submission", 1.0), held="workers", suspensions=suspensions)
 
 
 def _absolute(directory: str) -> str:
