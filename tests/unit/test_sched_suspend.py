@@ -180,3 +180,43 @@ def test_status_and_plot_show_a_suspension(tmp_path):
     assert "suspended at step 12" in format_status({**sched.to_json(), "now": 7.0})
     (tmp_path / "state.json").write_text(json.dumps(sched.to_json()))
     assert plot_state(tmp_path, str(tmp_path / "a.png")).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_lost_home_host_is_fenced_before_its_job_may_resume_elsewhere(tmp_path):
+    import sys
+    import time
+
+    from taiji.launch.sched.agent import SchedAgent
+    from taiji.launch.sched.hosts import AgentHosts
+    hosts = AgentHosts([("10.0.0.1", 1), ("10.0.0.2", 1)], host_timeout=3.0, fence_s=5.0, checkpoint_grace=5.0)
+    hosts.adopt("s1", 0)
+    now = time.monotonic()
+    reply = hosts.on_poll(now, {"host": "10.0.0.1", "slots": 1, "processes": {"s1/launcher": None}})
+    assert reply["fence_s"] == 5.0, "every reply tells the agents the fence"
+    assert (0, False) in hosts.poll_hosts(now + 4.0)
+    assert hosts.outcome("s1") is None and hosts.running("s1") and not hosts.home_lost("s1"), "fenced soon: wait"
+    hosts.agents["10.0.0.1"].seen = now - 21.0   # silent for longer than fence + checkpoint grace + stop grace
+    assert hosts.home_lost("s1") and hosts.outcome("s1") == 137
+    # the agent's side: a daemon silent for longer than the fence stops this host's launchers
+    agent = SchedAgent("127.0.0.1:1", b"k" * 32, "10.0.0.1", 1, tmp_path)
+    agent.sessions.start("s1/launcher", [sys.executable, "-c", "import time; time.sleep(60)"], "", tmp_path / "l.log")
+    try:
+        agent.fence_s, agent.answered = 5.0, time.monotonic() - 6.0
+        agent.fence()
+        assert agent.sessions.children["s1/launcher"].wait(10) == -15
+    finally:
+        agent.sessions.stop(["s1/launcher"], grace=1.0)
+
+
+def test_the_simulators_floor_keeps_started_jobs_that_a_preemptive_policy_suspends():
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    specs = [JobSpec("long", 0.0, "yolov3", 4, 128), JobSpec("short", 6000.0, "ncf", 4, 128)]
+    las = lambda: Tiresias(threshold_gpu_s=20000.0)   # noqa: E731  (long is demoted before short arrives)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=4), resize=SYSTEMS["taiji"])
+    preempting = {r.name: r for r in simulate(specs, las(), config).records}
+    floor = {r.name: r for r in simulate(specs, las(), SimConfig(**{**config.__dict__, "preemption": False})).records}
+    assert preempting["short"].jct < floor["short"].jct, "with preemption the short job need not wait"
+    assert preempting["long"].restarts >= 2 and floor["long"].restarts == 1
+    assert floor["short"].start_time >= floor["long"].end_time

@@ -29,6 +29,11 @@ A change of batch size alone is free; preemption (no GPUs) costs nothing until t
 when it pays ``resume`` (a suspend/resume: the checkpoint stall, a process boot and the load) rather
 than ``start``: the same cost model the live scheduler fits per job.
 
+**Preemption** (``SimConfig.preemption``, on by default): a policy may leave a started job
+without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
+such a job where it was — the live scheduler's ``--min-np`` floor without suspend/resume — and
+the changes that then no longer fit wait (the newest jobs' first), so the answer stays feasible.
+
 **Interference** (optional, ``SimConfig.interference``, Pollux's 0.25/0.5): a distributed job
 that shares a host with another distributed job trains that much slower; speeds are re-evaluated
 at every allocation change and completion, so progress stays exact.
@@ -128,6 +133,7 @@ class SimConfig:
     estimation_error: float = 0.0   # e: policies see every job's speeds × a factor drawn in [1−e, 1+e]
     error_seed: int = 0
     live: tuple[tuple[str, Application], ...] = ()   # (job name, its Application) for LIVE jobs (sched/live.py)
+    preemption: bool = True   # False: a started job keeps its GPUs until it ends (no suspend/resume)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
@@ -316,6 +322,8 @@ class _Engine:
         cluster = self.config.cluster
         answer = dict(self.policy.allocate(self.now, cluster, tuple(job.view() for job in self.active)))
         cluster.check(answer, (job.spec.name for job in self.active))
+        if not self.config.preemption:
+            answer = self._without_preemption(answer)
         for job in self.active:   # a PS job runs only with its servers (the model's W ≤ γS)
             new = answer.get(job.spec.name)
             if new is not None and new.servers != job.app.servers_for(new.replicas):
@@ -333,6 +341,28 @@ class _Engine:
             job.peak_replicas = max(job.peak_replicas, new.replicas if new else 0)
         self._retime_all()
         self._note_utilization()
+
+    def _without_preemption(self, answer: dict[str, Allocation]) -> dict[str, Allocation]:
+        """``answer`` with every running job it leaves out kept as it is; the other changes undone,
+        newest job first, until the whole fits (all undone is the previous, feasible state)."""
+        kept = {job.spec.name: job.allocation for job in self.active
+                if job.allocation is not None and answer.get(job.spec.name) is None}
+        if not kept:
+            return answer
+        answer.update(kept)
+        names = [job.spec.name for job in self.active]
+        for job in reversed(self.active):
+            try:
+                self.config.cluster.check(answer, names)
+                break
+            except PolicyError:
+                if job.spec.name in kept:
+                    continue
+                if job.allocation is None:
+                    answer.pop(job.spec.name, None)   # its start waits
+                else:
+                    answer[job.spec.name] = job.allocation   # its resize waits
+        return answer
 
     def _retime_all(self) -> None:
         """Set every job's speed (a distributed job sharing any of its hosts with another

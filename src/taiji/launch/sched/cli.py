@@ -53,12 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--min-run-factor", type=float, default=SuspendRules.min_run_factor, metavar="K",
                        help="a (re)started job runs at least K x its measured suspend/resume cost before it may "
                             "be suspended again (default: %(default)s)")
+    serve.add_argument("--las-threshold", type=float, default=None, metavar="WORKER_SECONDS",
+                       help="tiresias: attained service (worker-seconds) after which a job is demoted (default: "
+                            "16 GPU-hours, Pollux's setting)")
     serve.add_argument("--hosts", default=None, metavar="FILE",
                        help="many hosts: one 'ADDRESS SLOTS' line per host (all with the same slots), each running "
                             "`taiji sched agent`; listen on an address they reach (--address)")
     metrics_http.add_flags(serve)
     serve.add_argument("--host-timeout", type=float, default=10.0, metavar="SECONDS",
                        help="a host whose agent is silent this long is down: its slots leave the pool")
+    serve.add_argument("--fence", type=float, default=30.0, metavar="SECONDS",
+                       help="an agent that has not reached the daemon this long stops its launchers (they "
+                            "checkpoint); once that and --checkpoint-grace have passed, a job whose home host is "
+                            "down resumes from its checkpoint elsewhere (default: %(default)s; 0: such a job fails)")
+    serve.add_argument("--checkpoint-grace", type=float, default=60.0, metavar="SECONDS",
+                       help="each job's taiji run --checkpoint-grace: how long a job being suspended may take to "
+                            "reach a step boundary and checkpoint (default: %(default)s)")
     agent = sub.add_parser("agent", help="run one host's jobs for a `serve --hosts` daemon (foreground)")
     agent.add_argument("--host", required=True, help="this host's address, as the daemon's --hosts file names it")
     agent.add_argument("--slots", type=int, required=True, help="this host's worker slots (as in the --hosts file)")
@@ -156,11 +166,21 @@ def main(argv: Sequence[str]) -> int:
             if args.hosts:
                 from .hosts import AgentHosts, read_hosts_file
                 listed = read_hosts_file(args.hosts)
-                hosts, slots, count = AgentHosts(listed, args.host_timeout), listed[0][1], len(listed)
+                hosts, slots, count = (AgentHosts(listed, args.host_timeout, args.fence, args.checkpoint_grace),
+                                       listed[0][1], len(listed))
+            policy = make_policy(args.policy, SYSTEMS["taiji"])
+            if args.las_threshold is not None:
+                from ...sched.policies import Tiresias
+                if not isinstance(policy, Tiresias) or args.las_threshold <= 0:
+                    raise ConfigError("--las-threshold is a number of worker-seconds > 0 for --policy tiresias")
+                policy = Tiresias(threshold_gpu_s=args.las_threshold)
             rules = SuspendRules(max_per_hour=args.max_suspensions_per_hour, min_run_factor=args.min_run_factor)
-            scheduler = Scheduler(slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout, hosts=count,
+            scheduler = Scheduler(slots, policy, args.shrink_timeout, hosts=count,
                                   rules=rules)
-            return run_daemon(directory, scheduler, args.round, args.address, hosts, metrics_http.config_of(args))
+            if args.fence < 0 or args.checkpoint_grace <= 0:
+                raise ConfigError("--fence must be >= 0 and --checkpoint-grace > 0 seconds")
+            return run_daemon(directory, scheduler, args.round, args.address, hosts, metrics_http.config_of(args),
+                              args.checkpoint_grace)
         if args.command == "agent":
             from ...cluster.auth import read_secret_file
             from .agent import SchedAgent, run_agent

@@ -43,7 +43,7 @@ from ..checkpoint_cli import EXIT_RESUMABLE
 from ...sched.scheduler import Observed, Scheduler
 from ..metrics_http import MetricsConfig, MetricsServer
 from .channel import RequestServer
-from .hosts import STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
+from .hosts import CHECKPOINT_GRACE_S, STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
 from ...sched.rounds import Change
 
 log = logging.getLogger(__name__)
@@ -85,12 +85,14 @@ def running_daemon_pid(directory: Path) -> int | None:
 
 class Daemon:
     def __init__(self, directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
-                 hosts: JobHosts | None = None, metrics: MetricsConfig | None = None):
+                 hosts: JobHosts | None = None, metrics: MetricsConfig | None = None,
+                 checkpoint_grace: float = CHECKPOINT_GRACE_S):
         if round_seconds <= 0:
             raise ConfigError(f"--round must be > 0 seconds, got {round_seconds}")
         self.dir = directory
         self.sched = scheduler
         self.round_seconds = round_seconds
+        self.checkpoint_grace = checkpoint_grace   # each job's --checkpoint-grace
         self.address = address
         self.hosts: JobHosts = hosts if hosts is not None else LocalHost()
         if len(self.hosts.addresses) != scheduler.hosts:
@@ -287,6 +289,7 @@ class Daemon:
         run_args = ["-np", str(placement[home]), "--min-np", str(job.min_np), "--max-np", str(job.max_np),
                     "--job-id", launcher_id(job_id), "--run-dir", str(where / "run"),
                     "--checkpoint-dir", job.checkpoint_dir, "--resume", "auto",
+                    "--checkpoint-grace", f"{self.checkpoint_grace:g}",
                     *(["--checkpoint-every", job.checkpoint_every] if job.checkpoint_every else []), "--", *job.command]
         resuming = job.state == "suspended"
         try:
@@ -454,8 +457,9 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def run_daemon(directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
-               hosts: JobHosts | None = None, metrics: MetricsConfig | None = None) -> int:
-    daemon = Daemon(directory, scheduler, round_seconds, address, hosts, metrics)
+               hosts: JobHosts | None = None, metrics: MetricsConfig | None = None,
+               checkpoint_grace: float = CHECKPOINT_GRACE_S) -> int:
+    daemon = Daemon(directory, scheduler, round_seconds, address, hosts, metrics, checkpoint_grace)
     stop_on = (signal.SIGTERM, signal.SIGINT)
     previous = {s: signal.signal(s, lambda *_: daemon.stop.set()) for s in stop_on}
     try:
