@@ -20,6 +20,7 @@ import pytest
 from _harness import SCRIPTS, check_invariants, wait_for
 from _netns import EmulatedHosts, unavailable
 
+from taiji.checkpoint.storage import Storage
 from taiji.sched.live import placement_timeline
 from taiji.sched.rounds import oversubscribed_instants
 
@@ -195,8 +196,10 @@ def test_a_job_whose_home_host_is_cut_off_resumes_from_its_checkpoint_on_the_oth
             for i in range(3):
                 s.agent(i)
             s.all_up()
-            job = s.submit("moved", 3, 600, "--checkpoint-every", "10")
+            job = s.submit("moved", 3, 250, "--checkpoint-every", "10")
             wait_for(lambda: s.placed(job, [1, 1, 1]), 90, "the job on all three hosts")
+            checkpoints = Storage(str(s.state / "jobs" / job / "checkpoints"))
+            wait_for(lambda: checkpoints.listing().latest is not None, 90, "its first periodic checkpoint")
             s.hosts.link_down(0)   # its home: the launcher and store are out of reach
             wait_for(lambda: "was lost" in s.log("daemon"), 90, "the job suspended off its lost home host")
             assert "no reply from the daemon" in s.log("agent0"), "host 0's agent fenced its launcher"
