@@ -190,13 +190,13 @@ def test_a_job_whose_home_host_is_cut_off_resumes_from_its_checkpoint_on_the_oth
     if WHY_NOT:
         pytest.skip(f"no emulated hosts here: {WHY_NOT}")
     with EmulatedHosts(3) as hosts:
-        s = SchedOnHosts(hosts, tmp_path, home=2, serve_args=("--fence", "2", "--checkpoint-grace", "15"))
+        s = SchedOnHosts(hosts, tmp_path, home=2, serve_args=("--fence", "2", "--checkpoint-grace", "10"))
         try:
             s.serve()   # on host 2: the job's launcher goes to host 0 (the policy's first host)
             for i in range(3):
                 s.agent(i)
             s.all_up()
-            job = s.submit("moved", 3, 250, "--checkpoint-every", "10")
+            job = s.submit("moved", 3, 120, "--checkpoint-every", "10")
             wait_for(lambda: s.placed(job, [1, 1, 1]), 90, "the job on all three hosts")
             checkpoints = Storage(str(s.state / "jobs" / job / "checkpoints"))
             wait_for(lambda: checkpoints.listing().latest is not None, 90, "its first periodic checkpoint")
