@@ -1,9 +1,19 @@
-"""The live scheduler on real jobs: PCRR vs FIFO on one host or on emulated hosts, and the
-simulator's replay of both.
+"""The live scheduler on real jobs: PCRR vs FIFO, or PCRR and Tiresias with suspend/resume vs
+without, on one host or on emulated hosts, and the simulator's replay.
 
     .venv/bin/python benchmarks/sched_live.py --quick             # 5 jobs, 2 slots: ~3 min here
     .venv/bin/python benchmarks/sched_live.py                     # 8 jobs, 2 slots: ~8 min here
     .venv/bin/python benchmarks/sched_live.py --quick --hosts 3   # 3 namespace hosts x 1 slot (root): ~5 min
+    .venv/bin/python benchmarks/sched_live.py --quick --compare suspend   # 4 live runs of 4 jobs
+
+``--compare suspend``: long jobs that must hold every slot (``--min-np`` = the slots) arrive first,
+short elastic ones after. Each of PCRR and Tiresias (``--las-threshold``: demoted after
+``LAS_THRESHOLD`` worker-seconds) runs twice: **with** suspend/resume (the daemon's default) and
+**without** (``--max-suspensions-per-hour 0``: today's ``--min-np`` floor, a long job keeps its
+slots until it ends). Rows ``live avg JCT: <policy> with suspend vs without`` (taiji = with, anchor
+= without, ratio = without / with; target >= 1.3). The simulator replays the runs with suspension,
+charging each resume the suspend + resume cost the daemon measured (median over jobs), and
+``sim_error_max`` is over those runs.
 
 With ``--hosts N`` the daemon runs in emulated host 0 with ``--hosts FILE`` and one ``taiji sched
 agent`` per host (network namespaces, tests/_netns.py; the last host's link shaped with ``--shape``);
@@ -49,11 +59,11 @@ from typing import Any
 
 from _common import contract_row, print_result, reap_on_sigterm
 
-from taiji.launch.sched_channel import ask
+from taiji.launch.sched.channel import ask
 from taiji.sched.cluster import Cluster
 from taiji.sched.live import Measured, fit_step_model, live_application, placement_timeline
 from taiji.sched.policies import make_policy
-from taiji.launch.sched_daemon import read_secret
+from taiji.launch.sched.daemon import read_secret
 from taiji.sched.rounds import oversubscribed_instants
 from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig, simulate
 from taiji.sched.workload import LIVE, JobSpec
@@ -64,16 +74,21 @@ BATCH = 128
 # heavy-tailed lengths (a long job first, then short ones), as in the clusters' traces; 2 epochs each
 QUICK = {"samples": [24000, 4000, 8000, 3000, 12000], "mean_gap_s": 4.0}
 FULL = {"samples": [30000, 5000, 10000, 3000, 20000, 6000, 15000, 4000], "mean_gap_s": 6.0}
+# --compare suspend: (samples, holds every slot) per job: long rigid jobs first, short elastic ones after
+SUSPEND_QUICK = {"jobs": [(24000, True), (3000, False), (4000, False), (3000, False)], "mean_gap_s": 8.0}
+SUSPEND_FULL = {"jobs": [(30000, True), (3000, False), (5000, False), (24000, True), (3000, False),
+                         (4000, False)], "mean_gap_s": 10.0}
+LAS_THRESHOLD = 60.0   # worker-seconds: Tiresias demotes a job after a minute on one worker
 EPOCHS = 2
-GOAL_SPEEDUP, GOAL_SIM_ERROR = 1.2, 0.25
+GOAL_SPEEDUP, GOAL_SUSPEND_SPEEDUP, GOAL_SIM_ERROR = 1.2, 1.3, 0.25
 
 
-def workload(samples: list[int], mean_gap: float, seed: int) -> list[tuple[float, int]]:
-    """(arrival offset s, training samples) per job: Poisson arrivals, the first at 0."""
+def workload(samples: list[int], mean_gap: float, seed: int, rigid: list[bool] | None = None) -> list[tuple[float, int, bool]]:
+    """(arrival offset s, training samples, holds every slot) per job: Poisson arrivals, the first at 0."""
     rng = random.Random(seed)
     t, jobs = 0.0, []
-    for n in samples:
-        jobs.append((round(t, 2), n))
+    for i, n in enumerate(samples):
+        jobs.append((round(t, 2), n, bool(rigid[i]) if rigid else False))
         t += rng.expovariate(1.0 / mean_gap)
     return jobs
 
@@ -84,11 +99,11 @@ class OneHost:
     def __init__(self, slots: int):
         self.addresses, self.slots = ["127.0.0.1"], slots
 
-    def start(self, policy: str, round_s: float, out: Path, env: dict) -> None:
+    def start(self, policy: str, round_s: float, out: Path, env: dict, extra: tuple[str, ...] = ()) -> None:
         self.out, self.state = out, out / "state"
         with open(out / "daemon.log", "w") as log:
             self.daemon = subprocess.Popen(taiji_sched("serve", self.state, "--slots", str(self.slots), "--policy",
-                                                       policy, "--round", str(round_s)),
+                                                       policy, "--round", str(round_s), *extra),
                                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.address = wait_for_daemon(self.state, self.daemon)
         self.secret = read_secret(self.state)
@@ -120,7 +135,7 @@ class NamespaceHosts:
         self.hosts = EmulatedHosts(n)
         self.addresses, self.slots, self.shape = [self.hosts.address(i) for i in range(n)], slots, shape
 
-    def start(self, policy: str, round_s: float, out: Path, env: dict) -> None:
+    def start(self, policy: str, round_s: float, out: Path, env: dict, extra: tuple[str, ...] = ()) -> None:
         self.out, self.state, self.env = out, out / "state", env
         if self.shape and shutil.which("tc"):
             self.hosts.shape(len(self.addresses) - 1, self.shape)
@@ -129,7 +144,7 @@ class NamespaceHosts:
         with open(out / "daemon.log", "w") as log:
             self.daemon = self.hosts.popen(0, taiji_sched("serve", self.state, "--hosts", str(out / "hosts.txt"),
                                                           "--address", f"{self.addresses[0]}:{self.PORT}", "--policy",
-                                                          policy, "--round", str(round_s)),
+                                                          policy, "--round", str(round_s), *extra),
                                            env=env, stdout=log, stderr=subprocess.STDOUT)
         wait_for_daemon(self.state, self.daemon, inside=True)
         self.agents = []
@@ -172,8 +187,8 @@ def taiji_sched(command: str, state: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "taiji.launch.cli", "sched", command, "--state-dir", str(state), *args]
 
 
-def run_live(policy: str, jobs: list[tuple[float, int]], where: OneHost | NamespaceHosts, round_s: float, out: Path,
-             timeout: float) -> dict[str, Any]:
+def run_live(policy: str, jobs: list[tuple[float, int, bool]], where: OneHost | NamespaceHosts, round_s: float,
+             out: Path, timeout: float, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """One live run: a fresh daemon, the workload submitted on schedule, until every job ended."""
     if out.exists():
         shutil.rmtree(out)
@@ -181,17 +196,18 @@ def run_live(policy: str, jobs: list[tuple[float, int]], where: OneHost | Namesp
     env = {**os.environ, "TAIJI_HOME": str(out / "home")}
     slots = where.slots * len(where.addresses)
     try:
-        where.start(policy, round_s, out, env)
+        where.start(policy, round_s, out, env, extra)
         t0 = time.time()
-        for offset, samples in jobs:
+        for offset, samples, rigid in jobs:
             time.sleep(max(0.0, t0 + offset - time.time()))
             where.submit({"command": [sys.executable, str(JOB), "--samples", str(samples), "--epochs", str(EPOCHS)],
-                          "min_np": 1, "max_np": slots, "np": slots, "name": f"{samples // 1000}k",
+                          "min_np": slots if rigid else 1, "max_np": slots, "np": slots, "name": f"{samples // 1000}k",
                           "work": samples * EPOCHS, "cwd": str(HERE.parent)})
         deadline = time.monotonic() + timeout
         while True:
             saved = json.loads((where.state / "state.json").read_text())
-            if len(saved["jobs"]) == len(jobs) and all(j["state"] not in ("queued", "running") for j in saved["jobs"]):
+            if len(saved["jobs"]) == len(jobs) and all(j["state"] not in ("queued", "running", "suspended")
+                                                       for j in saved["jobs"]):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{policy}: jobs still running after {timeout:.0f}s: "
@@ -269,11 +285,13 @@ def fixed_overhead(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round_s: float,
-           startup: float) -> dict[str, float]:
-    """The simulator's JCT per job for the live run's workload."""
+           startup: float, resume: float | None = None) -> dict[str, float]:
+    """The simulator's JCT per job for the live run's workload (``resume``: the seconds a
+    suspended job's resume costs, default the simulator's ``taiji`` system's)."""
     specs = [JobSpec(job["id"], job["submitted"] - run["t0"], LIVE, job["requested"], BATCH) for job in run["jobs"]]
     taiji = SYSTEMS["taiji"]
-    cost = ResizeCost(start=startup, grow=taiji.grow, shrink=taiji.shrink, move=taiji.move)
+    cost = ResizeCost(start=startup, grow=taiji.grow, shrink=taiji.shrink, move=taiji.move,
+                      resume=taiji.resume_s if resume is None else resume)
     config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()))
     result = simulate(specs, make_policy(policy, cost), config)
     return {record.name: record.jct for record in result.records}
@@ -292,10 +310,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seeds the arrival times")
     parser.add_argument("--timeout", type=float, default=None, help="per live run, seconds (default 300; full 900)")
     parser.add_argument("--out", default="runs/sched_live", help="daemon state and job logs (git-ignored runs/)")
+    parser.add_argument("--compare", default="fifo", choices=("fifo", "suspend"),
+                        help="fifo: PCRR vs FIFO (default); suspend: PCRR and Tiresias with suspend/resume vs without")
     args = parser.parse_args(argv)
     reap_on_sigterm()
-    shape = QUICK if args.quick else FULL
-    jobs = workload(shape["samples"], shape["mean_gap_s"], args.seed)
+    if args.compare == "suspend":
+        shape = SUSPEND_QUICK if args.quick else SUSPEND_FULL
+        jobs = workload([n for n, _ in shape["jobs"]], shape["mean_gap_s"], args.seed, [r for _, r in shape["jobs"]])
+        never = ("--max-suspensions-per-hour", "0")
+        las = ("--las-threshold", str(LAS_THRESHOLD))
+        plan = {"pcrr+suspend": ("pcrr", ()), "pcrr": ("pcrr", never),
+                "tiresias+suspend": ("tiresias", las), "tiresias": ("tiresias", las + never)}
+    else:
+        shape = QUICK if args.quick else FULL
+        jobs = workload(shape["samples"], shape["mean_gap_s"], args.seed)
+        plan = {"pcrr": ("pcrr", ()), "fifo": ("fifo", ())}
     timeout = args.timeout or (300.0 if args.quick else 900.0)
     out = Path(args.out)
     per_host = args.slots or (2 if args.hosts == 1 else 1)
@@ -303,13 +332,13 @@ def main(argv: list[str] | None = None) -> None:
     slots = per_host * args.hosts
     runs = {}
     try:
-        for policy in ("pcrr", "fifo"):
+        for name, (policy, extra) in plan.items():
             started = time.monotonic()
-            runs[policy] = run_live(policy, jobs, where, args.round, out / policy, timeout)
-            failed = [(j["id"], j["reason"]) for j in runs[policy]["jobs"] if j["state"] != "finished"]
+            runs[name] = run_live(policy, jobs, where, args.round, out / name.replace("+", "_"), timeout, extra)
+            failed = [(j["id"], j["reason"]) for j in runs[name]["jobs"] if j["state"] != "finished"]
             if failed:
-                raise RuntimeError(f"{policy}: jobs did not finish: {failed} (logs under {out / policy})")
-            print(f"# {policy}: {len(jobs)} jobs in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+                raise RuntimeError(f"{name}: jobs did not finish: {failed} (logs under {out / name})")
+            print(f"# {name}: {len(jobs)} jobs in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
     finally:
         if isinstance(where, NamespaceHosts):
             where.release()
@@ -326,9 +355,12 @@ def main(argv: list[str] | None = None) -> None:
             for job_id, m in measured.items()}
     overhead = fixed_overhead(list(runs.values()))
     startup = sum(overhead.values())   # the simulator charges a job's fixed overhead as its start cost
+    costs = [c for run in runs.values() for j in run["jobs"] for c in j.get("costs", [])]
+    resume = statistics.median(costs) if costs else None   # measured: checkpoint stall + boot + load
     cluster = Cluster(args.hosts, per_host, per_host)
-    sim_jct = {p: replay(p, runs[p], apps, cluster, args.round, startup) for p in runs}
-    errors = {p: {j: abs(sim_jct[p][j] - live_jct[p][j]) / live_jct[p][j] for j in live_jct[p]} for p in runs}
+    replayed = [name for name in runs if args.compare == "fifo" or name.endswith("+suspend")]
+    sim_jct = {name: replay(plan[name][0], runs[name], apps, cluster, args.round, startup, resume) for name in replayed}
+    errors = {p: {j: abs(sim_jct[p][j] - live_jct[p][j]) / live_jct[p][j] for j in live_jct[p]} for p in replayed}
     sim_error_max = max(e for per in errors.values() for e in per.values())
     over = {p: {"observed": oversubscribed({j["id"]: [tuple(a) for a in j["allocations"]] for j in run["jobs"]},
                                            slots),
@@ -337,20 +369,32 @@ def main(argv: list[str] | None = None) -> None:
 
     def avg(values: dict[str, float]) -> float:
         return round(statistics.mean(values.values()), 2)
-    rows = [contract_row("live avg JCT: PCRR vs fifo", avg(live_jct["pcrr"]), avg(live_jct["fifo"]),
-                         higher_is_better=False, unit="s", target=GOAL_SPEEDUP,
-                         target_met=avg(live_jct["fifo"]) / avg(live_jct["pcrr"]) >= GOAL_SPEEDUP),
-            contract_row("simulated avg JCT: PCRR vs fifo", avg(sim_jct["pcrr"]), avg(sim_jct["fifo"]),
-                         higher_is_better=False, unit="s", source="the simulator replaying the live workload")]
-    per_job = [{"job": j["id"], "samples": j["end"], "submitted_s": round(j["submitted"] - runs["pcrr"]["t0"], 2),
+    if args.compare == "suspend":
+        rows = []
+        for policy in ("pcrr", "tiresias"):
+            with_, without = avg(live_jct[policy + "+suspend"]), avg(live_jct[policy])
+            rows.append(contract_row(f"live avg JCT: {policy} with suspend vs without", with_, without,
+                                     higher_is_better=False, unit="s", target=GOAL_SUSPEND_SPEEDUP,
+                                     target_met=without / with_ >= GOAL_SUSPEND_SPEEDUP,
+                                     suspensions=sum(len(j.get("suspensions", []))
+                                                     for j in runs[policy + "+suspend"]["jobs"])))
+    else:
+        rows = [contract_row("live avg JCT: PCRR vs fifo", avg(live_jct["pcrr"]), avg(live_jct["fifo"]),
+                             higher_is_better=False, unit="s", target=GOAL_SPEEDUP,
+                             target_met=avg(live_jct["fifo"]) / avg(live_jct["pcrr"]) >= GOAL_SPEEDUP),
+                contract_row("simulated avg JCT: PCRR vs fifo", avg(sim_jct["pcrr"]), avg(sim_jct["fifo"]),
+                             higher_is_better=False, unit="s", source="the simulator replaying the live workload")]
+    first = next(iter(runs.values()))
+    per_job = [{"job": j["id"], "samples": j["end"], "submitted_s": round(j["submitted"] - first["t0"], 2),
                 **{f"{p}_live_jct_s": round(live_jct[p][j["id"]], 2) for p in runs},
-                **{f"{p}_sim_jct_s": round(sim_jct[p][j["id"]], 2) for p in runs},
-                "measured_sizes": sorted(int(n) for n in j["measured"])} for j in runs["pcrr"]["jobs"]]
+                **{f"{p}_sim_jct_s": round(sim_jct[p][j["id"]], 2) for p in sim_jct},
+                "measured_sizes": sorted(int(n) for n in j["measured"])} for j in first["jobs"]]
     print_result("sched_live", rows, sim_error_max=round(sim_error_max, 3), sim_error_target=GOAL_SIM_ERROR,
                  oversubscribed=total_over, oversubscribed_by_run=over, fixed_overhead=overhead,
+                 resume_cost_s=None if resume is None else round(resume, 2), compare=args.compare,
                  slots=slots, hosts=args.hosts, slots_per_host=per_host, shaped=args.shape if args.hosts > 1 else "",
                  round_s=args.round, quick=args.quick, jobs=per_job,
-                 arrivals=[{"offset_s": t, "samples": n} for t, n in jobs])
+                 arrivals=[{"offset_s": t, "samples": n, "holds_every_slot": r} for t, n, r in jobs])
 
 
 if __name__ == "__main__":

@@ -22,6 +22,11 @@ Rows (``ratio`` > 1 = PCRR ahead):
   policy charged δ by the simulator and told δ (PCRR's LP and hysteresis and the Pollux-like restart
   factor weigh changes by it); the Pollux-like optimiser's JCT at each δ rides along as extra fields.
 
+* ``avg JCT: <policy> with preemption vs the floor`` for the candidate and tiresias at taiji's
+  resize costs (``sim.SYSTEMS["taiji"]``: a preempted job pays a ~5 s resume): the policy as it is
+  against the same policy with ``SimConfig(preemption=False)`` (a started job keeps its GPUs until
+  it ends, the live scheduler's ``--min-np`` floor without suspend/resume); target >= 1.0.
+
 * ``locality ablation b_ext/b_int=<r>: PCRR vs <baseline>`` for r = 1, 1/3, 1/10: a seeded PS-only
   workload (``mixed_workload``: 60 jobs of DL2's models over 2 h, ``--ablation-seed``) on 8 hosts × 4
   GPUs, the paper's PS speed model (``taiji.sched.ps``) with b_int = 4352 MB/s and b_ext = r·b_int;
@@ -78,6 +83,7 @@ LOADS = (0.5, 1.0, 2.0)   # issue 11: "8 workloads × loads 0.5/1.0/2.0"
 PUBLISHED_LOAD = 1.0      # the load of the shipped workloads: the fidelity check, the sweep and the targets
 DECISION_JOBS = 100
 DECISION_TARGET_S = 1.0
+PREEMPTION_TARGET = 1.0   # issue 35: preemption allowed vs the floor, on Pollux workloads
 # locality ablation (SCHEDULER.md E3): b_ext/b_int, shown as fractions in the row names
 LOCALITY_RATIOS = ((1, 1), (1, 3), (1, 10))
 ABLATION_CLUSTER = Cluster(8, 4)
@@ -143,18 +149,21 @@ class Runs:
     seed: int
     estimation_error: float = 0.0
     workloads: dict[tuple[int, float], tuple[JobSpec, ...]] = field(default_factory=dict)
-    done: dict[tuple[int, float, str, ResizeCost], PolicyRun] = field(default_factory=dict)
+    done: dict[tuple, PolicyRun] = field(default_factory=dict)
 
-    def get(self, workload: int, policy: str, cost: ResizeCost, load: float = PUBLISHED_LOAD) -> PolicyRun:
-        key = (workload, load, policy, cost)
+    def get(self, workload: int, policy: str, cost: ResizeCost, load: float = PUBLISHED_LOAD,
+            preemption: bool = True) -> PolicyRun:
+        key = (workload, load, policy, cost) if preemption else (workload, load, policy, cost, "floor")
         if key not in self.done:
             if (workload, load) not in self.workloads:
                 self.workloads[workload, load] = workload_at_load(workload, load)
             specs = self.workloads[workload, load]
-            config = SimConfig(resize=cost, estimation_error=self.estimation_error, error_seed=self.seed)
+            config = SimConfig(resize=cost, estimation_error=self.estimation_error, error_seed=self.seed,
+                               preemption=preemption)
             run = run_policy(specs, policy, config, seed=self.seed)
             summary = run.result.summary()
-            print(f"# workload {workload}{load_label(load)}, {policy}, resize {cost_label(cost)}: avg JCT "
+            print(f"# workload {workload}{load_label(load)}, {policy}{'' if preemption else ' (floor)'}, "
+                  f"resize {cost_label(cost)}: avg JCT "
                   f"{summary['avg_jct_s']:.0f} s, {summary['completed']}/{summary['jobs']} done, "
                   f"{run.wall_s:.1f} s wall", file=sys.stderr, flush=True)
             self.done[key] = run
@@ -237,6 +246,23 @@ def sweep_rows(runs: Runs, candidate: str, workloads: Sequence[int]) -> list[dic
             pollux = mean_of([runs.get(w, "pollux", cost) for w in workloads], "avg_jct_s")
             row["pollux_avg_jct_s"] = rounded(pollux)
             row["ratio_vs_pollux"] = rounded(pollux / mean_of(ours, "avg_jct_s"), 3)
+        rows.append(row)
+    return rows
+
+
+def preemption_rows(runs: Runs, candidate: str, workloads: Sequence[int]) -> list[dict]:
+    """Each of the candidate and tiresias with preemption (a job left without GPUs is suspended
+    and pays taiji's resume when it runs again) against the same policy without it (the floor: a
+    started job keeps its GPUs until it ends), at taiji's resize costs."""
+    cost = SYSTEMS["taiji"]
+    rows = []
+    for policy in dict.fromkeys((candidate, "tiresias")):
+        row = comparison_row(f"avg JCT: {label(policy)} with preemption vs the floor",
+                             [runs.get(w, policy, cost) for w in workloads],
+                             [runs.get(w, policy, cost, preemption=False) for w in workloads], workloads,
+                             resize_cost=f"taiji (resume {cost.resume_s:g} s)")
+        row["target"] = PREEMPTION_TARGET
+        row["target_met"] = row["ratio"] is not None and row["ratio"] >= PREEMPTION_TARGET
         rows.append(row)
     return rows
 
@@ -334,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for row in main_rows(runs, args.candidate, baselines, args.workloads, main_cost, load)]
     rows.append(decision_time_row(args.candidate, args.decision_rounds, args.seed))
     rows += sweep_rows(runs, args.candidate, args.workloads)
+    rows += preemption_rows(runs, args.candidate, args.workloads)
     ablation_baselines = [name for name in (QUICK_ABLATION_BASELINES if args.quick else POLICIES)
                           if name != args.candidate]
     rows += locality_rows(args.candidate, ablation_baselines, main_cost, args.seed, args.ablation_seed,

@@ -2,7 +2,8 @@
 per host, network namespaces as in test_hosts.py): a job spreads over three hosts by placed
 resizes, a newcomer takes a host it frees and gives it back; a killed daemon re-adopts its job
 from the agents; a host that goes silent leaves the pool while its job shrinks through its own
-recovery. Audited: no host ever holds more workers than its slots (rebuilt from the jobs' own
+recovery; a job whose home host is cut off is fenced there and resumes from its checkpoint on the
+other hosts. Audited: no host ever holds more workers than its slots (rebuilt from the jobs' own
 event logs), DESIGN §6's invariants on the spread job, every job ends, and nothing is left running
 once the daemon and the agents stop."""
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from _harness import SCRIPTS, check_invariants, wait_for
 from _netns import EmulatedHosts, unavailable
 
+from taiji.checkpoint.storage import Storage
 from taiji.sched.live import placement_timeline
 from taiji.sched.rounds import oversubscribed_instants
 
@@ -30,10 +32,11 @@ TRAIN = [sys.executable, str(SCRIPTS / "elastic_train.py")]
 
 
 class SchedOnHosts:
-    """A daemon on host 0 (serving the hosts' 1 slot each) and an agent on every host."""
+    """A daemon on host ``home`` (serving the hosts' 1 slot each) and an agent on every host."""
 
-    def __init__(self, hosts: EmulatedHosts, out: Path):
+    def __init__(self, hosts: EmulatedHosts, out: Path, home: int = 0, serve_args: tuple[str, ...] = ()):
         self.hosts, self.out, self.state = hosts, out, out / "sched"
+        self.home, self.serve_args = home, serve_args
         self.env = dict(os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR")
         self.addresses = [hosts.address(i) for i in range(hosts.n)]
         (out / "hosts.txt").write_text("".join(f"{a} 1\n" for a in self.addresses))
@@ -46,9 +49,10 @@ class SchedOnHosts:
     def serve(self) -> None:
         previous = self.daemon.pid if self.daemon is not None else None
         with open(self.out / "daemon.log", "a") as log:
-            self.daemon = self.hosts.popen(0, self.cli("serve", "--hosts", str(self.out / "hosts.txt"), "--address",
-                                                       f"{self.addresses[0]}:{PORT}", "--policy", "drf", "--round",
-                                                       "0.5", "--host-timeout", "3"),
+            self.daemon = self.hosts.popen(self.home, self.cli("serve", "--hosts", str(self.out / "hosts.txt"),
+                                                               "--address", f"{self.addresses[self.home]}:{PORT}",
+                                                               "--policy", "drf", "--round", "0.5", "--host-timeout",
+                                                               "3", *self.serve_args),
                                            stdout=log, stderr=subprocess.STDOUT, env=self.env)
 
         def serving() -> bool:
@@ -80,14 +84,14 @@ class SchedOnHosts:
         return job
 
     def sched(self, *args: str) -> str:
-        done = self.hosts.run(0, self.cli(*args), env=self.env)
+        done = self.hosts.run(self.home, self.cli(*args), env=self.env)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    def submit(self, name: str, max_np: int, steps: int) -> str:
+    def submit(self, name: str, max_np: int, steps: int, *options: str) -> str:
         (self.out / name).mkdir()
-        return self.sched("submit", "--max-np", str(max_np), "--name", name, "--", *TRAIN, str(self.out / name),
-                          "--steps", str(steps), "--step-delay", "0.01").strip()
+        return self.sched("submit", "--max-np", str(max_np), "--name", name, *options, "--", *TRAIN,
+                          str(self.out / name), "--steps", str(steps), "--step-delay", "0.01").strip()
 
     def jobs(self) -> dict[str, dict]:
         try:
@@ -102,7 +106,7 @@ class SchedOnHosts:
 
     def ended(self, job: str, state: str = "finished") -> bool:
         seen = self.jobs().get(job, {})
-        assert seen.get("state") in (None, "queued", "running", state), (seen.get("state"), seen.get("reason"))
+        assert seen.get("state") in (None, "queued", "running", "suspended", state), (seen.get("state"), seen.get("reason"))
         return seen.get("state") == state
 
     def oversubscribed(self) -> list[float]:
@@ -180,3 +184,29 @@ def test_a_killed_daemon_readopts_and_a_silent_host_leaves_the_pool(on_hosts):
         s.agents[i].send_signal(signal.SIGTERM)
         assert s.agents[i].wait(30) == 0
         wait_for(lambda: not s.hosts.pids(i), 30, f"every process on host {i} to exit")
+
+
+def test_a_job_whose_home_host_is_cut_off_resumes_from_its_checkpoint_on_the_others(tmp_path):
+    if WHY_NOT:
+        pytest.skip(f"no emulated hosts here: {WHY_NOT}")
+    with EmulatedHosts(3) as hosts:
+        s = SchedOnHosts(hosts, tmp_path, home=2, serve_args=("--fence", "2", "--checkpoint-grace", "10"))
+        try:
+            s.serve()   # on host 2: the job's launcher goes to host 0 (the policy's first host)
+            for i in range(3):
+                s.agent(i)
+            s.all_up()
+            job = s.submit("moved", 3, 120, "--checkpoint-every", "10")
+            wait_for(lambda: s.placed(job, [1, 1, 1]), 90, "the job on all three hosts")
+            checkpoints = Storage(str(s.state / "jobs" / job / "checkpoints"))
+            wait_for(lambda: checkpoints.listing().latest is not None, 90, "its first periodic checkpoint")
+            s.hosts.link_down(0)   # its home: the launcher and store are out of reach
+            wait_for(lambda: "was lost" in s.log("daemon"), 90, "the job suspended off its lost home host")
+            assert "no reply from the daemon" in s.log("agent0"), "host 0's agent fenced its launcher"
+            wait_for(lambda: s.ended(job), 150, "the job to resume on hosts 1 and 2 and finish")
+            homes = [p for _, p in s.jobs()[job]["allocations"]]
+            assert 0 in homes, s.jobs()[job]["allocations"]
+            check_invariants(s.out / "moved", batch=16)
+        finally:
+            print(s.log("daemon"), *(s.log(f"agent{i}") for i in range(3)), sep="\n")   # (leaving the hosts
+            # kills everything still running in them: the daemon, the agents, the jobs)

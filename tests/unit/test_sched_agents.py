@@ -12,9 +12,9 @@ from _harness import actions_of, feed
 
 from taiji.cluster.controller import Bounds, HostJoined, Proposal, Spawn, initial_state
 from taiji.errors import ConfigError
-from taiji.launch.sched_hosts import AgentHosts, job_secret, read_hosts_file
+from taiji.launch.sched.hosts import AgentHosts, job_secret, read_hosts_file
 from taiji.sched.cluster import Allocation
-from taiji.sched.daemon import Observed, Scheduler, clamp, start_on_one_host
+from taiji.sched.scheduler import Observed, Scheduler, clamp, start_on_one_host
 from taiji.sched.live import placement_timeline
 from taiji.sched.rounds import Change, Rounds, oversubscribed_instants
 
@@ -106,7 +106,7 @@ def test_agents_get_launch_join_and_resize_orders_joins_before_the_placed_resize
     hosts = AgentHosts([(A, 1), (B, 1), (C, 1)], host_timeout=3.0)
     assert hosts.poll_hosts(0.0) == [(0, False), (1, False), (2, False)], "down until their agents poll"
     for address in (A, B, C):
-        assert poll(hosts, 0.5, address) == {"ok": True, "orders": []}
+        assert poll(hosts, 0.5, address) == {"ok": True, "orders": [], "fence_s": 30.0}
     assert hosts.poll_hosts(1.0) == [(0, True), (1, True), (2, True)]
     hosts.launch("s1", 0, ["-np", "1", "--", "python", "t.py"], "/w", Path("/w/l.log"))
     [launch] = poll(hosts, 1.1, A)["orders"]

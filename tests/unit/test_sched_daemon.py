@@ -6,7 +6,7 @@ import pytest
 
 from taiji.errors import ConfigError
 from taiji.sched.cluster import Allocation
-from taiji.sched.daemon import Observed, Scheduler
+from taiji.sched.scheduler import Observed, Scheduler
 from taiji.sched.policies import make_policy
 from taiji.sched.rounds import Change
 from taiji.sched.sim import SYSTEMS

@@ -363,15 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["checkpoint"]:
         return checkpoint_cli.main(argv[1:])
-    if argv[:1] == ["sched"]:
-        try:   # lazily: the scheduler has parsers of its own and needs SciPy (the extra taiji[sched])
-            from ..sched.cli import main as sched_main
-            from .sched_cli import LIVE_COMMANDS, main as live_main
-        except ImportError as exc:
-            sys.stderr.write(f"taiji sched: error: {exc}; install the extra: pip install 'taiji[sched]'\n")
-            return 2
-        if argv[1:2] and argv[1] in LIVE_COMMANDS:   # the live scheduler: serve, submit, status, ...
-            return live_main(argv[1:])
+    if argv[:1] == ["sched"]:   # its own parser (launch/sched/cli.py), loaded only when used
+        from .sched.cli import main as sched_main
         return sched_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

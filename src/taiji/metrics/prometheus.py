@@ -177,7 +177,7 @@ def job_families(snapshot: Mapping[str, Any], tally: Tally = Tally()) -> list[Fa
 
 # -- the scheduler ------------------------------------------------------------------------
 
-JOB_STATES = ("queued", "running", "finished", "failed", "cancelled")
+JOB_STATES = ("queued", "running", "suspended", "finished", "failed", "cancelled")
 DECISIONS = ("start", "grow", "shrink", "move")
 
 

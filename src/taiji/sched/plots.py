@@ -74,11 +74,12 @@ def plot_utilization(timelines: Mapping[str, Sequence[tuple[float, int]]], total
 def plot_allocations(allocations: Mapping[str, Sequence[tuple[float, int]]],
                      lifetimes: Mapping[str, tuple[float, float | None]], path: str | Path,
                      policy: str, unit: tuple[str, float] = ("simulated time (h)", HOUR),
-                     held: str = "GPUs") -> Path:
+                     held: str = "GPUs", suspensions: Mapping[str, Sequence[float]] | None = None) -> Path:
     """One lane per job of ``lifetimes`` (job -> (submitted, completed or None); submission order,
     first at the top): grey while it waits or is preempted, coloured by its GPU count while it
     holds GPUs, nothing after it completes. ``allocations`` maps a job to its (time, GPUs from
-    then on) steps; a job missing from it never ran."""
+    then on) steps; a job missing from it never ran. ``suspensions``: when a job was suspended
+    (a red mark on its lane)."""
     label, scale = unit
     jobs = sorted(lifetimes, key=lambda job: (lifetimes[job][0], job))
     most = max((gpus for steps in allocations.values() for _, gpus in steps), default=1)
@@ -98,12 +99,18 @@ def plot_allocations(allocations: Mapping[str, Sequence[tuple[float, int]]],
             if stop > start:
                 axes.broken_barh([(start / scale, (stop - start) / scale)], (y - 0.4, 0.8),
                                  facecolors=colours.to_rgba(gpus) if gpus else WAITING_COLOUR)
+        marks = [t / scale for t in (suspensions or {}).get(job, ())]
+        if marks:
+            axes.plot(marks, [y] * len(marks), linestyle="none", marker="v", color="tab:red",
+                      label="suspended" if not axes.get_legend_handles_labels()[0] else None)
     axes.set_ylim(-1, max(len(jobs), 1))
     axes.set_yticks([])
     axes.set_ylabel(f"{len(jobs)} jobs, in submission order")
     axes.set_xlabel(label)
     axes.set_xlim(0, horizon / scale)
     axes.grid(True, axis="x", alpha=0.3)
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(loc="upper right")
     figure.colorbar(colours, ax=axes, ticks=ticks, label=f"{held} held (grey: waiting or preempted)", pad=0.01)
     axes.set_title(f"allocation per job under {policy}")
     figure.tight_layout()

@@ -31,7 +31,8 @@ Placement = tuple[int, ...]   # workers per host, index = host
 
 @dataclass(frozen=True)
 class Change:
-    """Ask ``job`` to run ``after`` (it holds ``before``); ``before`` all zeros: start the job."""
+    """Ask ``job`` to run ``after`` (it holds ``before``); ``before`` all zeros: start (or resume)
+    the job; ``after`` all zeros: suspend it (its slots are free once its launcher is gone)."""
     job: str
     before: Placement
     after: Placement
@@ -40,6 +41,8 @@ class Change:
     def kind(self) -> str:
         if not any(self.before):
             return "start"
+        if not any(self.after):
+            return "suspend"
         if all(a <= b for a, b in zip(self.after, self.before)):
             return "shrink"
         return "grow" if all(a >= b for a, b in zip(self.after, self.before)) else "move"

@@ -25,7 +25,14 @@ oversubscribed (GPUs, or server CPUs) or a PS job lacks its servers, so capacity
 **Resize cost.** Any change of a job's placement pauses it for the system's cost
 (:data:`SYSTEMS`: ``restart`` = Pollux's 30 s checkpoint-restart for every start, grow, shrink or
 move; ``taiji`` = its measured ~0.03 s grow / 0.01 s shrink). The job holds its GPUs while paused.
-A change of batch size alone is free; preemption (no GPUs) costs nothing until the job restarts.
+A change of batch size alone is free; preemption (no GPUs) costs nothing until the job restarts,
+when it pays ``resume`` (a suspend/resume: the checkpoint stall, a process boot and the load) rather
+than ``start``: the same cost model the live scheduler fits per job.
+
+**Preemption** (``SimConfig.preemption``, on by default): a policy may leave a started job
+without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
+such a job where it was — the live scheduler's ``--min-np`` floor without suspend/resume — and
+the changes that then no longer fit wait (the newest jobs' first), so the answer stays feasible.
 
 **Interference** (optional, ``SimConfig.interference``, Pollux's 0.25/0.5): a distributed job
 that shares a host with another distributed job trains that much slower; speeds are re-evaluated
@@ -66,6 +73,11 @@ class ResizeCost:
     grow: float
     shrink: float
     move: float   # same GPU count, other hosts
+    resume: float | None = None   # a preempted job starting again (suspend + resume); None: as ``start``
+
+    @property
+    def resume_s(self) -> float:
+        return self.start if self.resume is None else self.resume
 
 
 SYSTEMS: dict[str, ResizeCost] = {
@@ -73,7 +85,10 @@ SYSTEMS: dict[str, ResizeCost] = {
     "restart": ResizeCost(start=30.0, grow=30.0, shrink=30.0, move=30.0),
     # taiji in place: grow ~0.03 s, shrink ~0.01 s (SCHEDULER.md §4.1); a move is shrink + grow.
     # Starting a job is taken as a grow [I: not measured separately].
-    "taiji": ResizeCost(start=0.03, grow=0.03, shrink=0.01, move=0.04),
+    # A suspended taiji job resumes through a new launcher: boot, load the checkpoint [I: taken as
+    # the restart from a checkpoint measured on this kind of machine, ~5 s, benchmarks/README.md's
+    # elastic rows; the checkpoint's own stall is ~0.08 s]. The live scheduler fits it per job.
+    "taiji": ResizeCost(start=0.03, grow=0.03, shrink=0.01, move=0.04, resume=5.0),
 }
 
 
@@ -118,6 +133,7 @@ class SimConfig:
     estimation_error: float = 0.0   # e: policies see every job's speeds × a factor drawn in [1−e, 1+e]
     error_seed: int = 0
     live: tuple[tuple[str, Application], ...] = ()   # (job name, its Application) for LIVE jobs (sched/live.py)
+    preemption: bool = True   # False: a started job keeps its GPUs until it ends (no suspend/resume)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
@@ -210,14 +226,16 @@ class _Job:
             allocation.ps_placement) / self.speed
 
 
-def resize_cost(cost: ResizeCost, old: Allocation | None, new: Allocation | None) -> float | None:
+def resize_cost(cost: ResizeCost, old: Allocation | None, new: Allocation | None,
+                resumed: bool = False) -> float | None:
     """Pause for changing ``old`` to ``new``; None when nothing changes that needs a pause (a new
-    batch alone is free; moving a PS job's servers is a move)."""
+    batch alone is free; moving a PS job's servers is a move). ``resumed``: the job ran before (a
+    start is then a resume)."""
     if new is None or (old is not None and old.placement == new.placement
                        and old.ps_placement == new.ps_placement):
         return None
     if old is None:
-        return cost.start
+        return cost.resume_s if resumed else cost.start
     if new.replicas > old.replicas:
         return cost.grow
     return cost.shrink if new.replicas < old.replicas else cost.move
@@ -304,6 +322,8 @@ class _Engine:
         cluster = self.config.cluster
         answer = dict(self.policy.allocate(self.now, cluster, tuple(job.view() for job in self.active)))
         cluster.check(answer, (job.spec.name for job in self.active))
+        if not self.config.preemption:
+            answer = self._without_preemption(answer)
         for job in self.active:   # a PS job runs only with its servers (the model's W ≤ γS)
             new = answer.get(job.spec.name)
             if new is not None and new.servers != job.app.servers_for(new.replicas):
@@ -311,7 +331,7 @@ class _Engine:
                                   f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}")
         for job in self.active:
             new = answer.get(job.spec.name)
-            pause = resize_cost(self.config.resize, job.allocation, new)
+            pause = resize_cost(self.config.resize, job.allocation, new, resumed=job.start is not None)
             if pause is not None:
                 job.restarts += 1
                 job.pause_left = pause
@@ -321,6 +341,28 @@ class _Engine:
             job.peak_replicas = max(job.peak_replicas, new.replicas if new else 0)
         self._retime_all()
         self._note_utilization()
+
+    def _without_preemption(self, answer: dict[str, Allocation]) -> dict[str, Allocation]:
+        """``answer`` with every running job it leaves out kept as it is; the other changes undone,
+        newest job first, until the whole fits (all undone is the previous, feasible state)."""
+        kept = {job.spec.name: job.allocation for job in self.active
+                if job.allocation is not None and answer.get(job.spec.name) is None}
+        if not kept:
+            return answer
+        answer.update(kept)
+        names = [job.spec.name for job in self.active]
+        for job in reversed(self.active):
+            try:
+                self.config.cluster.check(answer, names)
+                break
+            except PolicyError:
+                if job.spec.name in kept:
+                    continue
+                if job.allocation is None:
+                    answer.pop(job.spec.name, None)   # its start waits
+                else:
+                    answer[job.spec.name] = job.allocation   # its resize waits
+        return answer
 
     def _retime_all(self) -> None:
         """Set every job's speed (a distributed job sharing any of its hosts with another

@@ -1,4 +1,4 @@
-"""``taiji sched serve|submit|status|cancel|stop``: the live scheduler on this host.
+"""``taiji sched``: the cluster scheduler — the live daemon and its clients, and the simulator.
 
     taiji sched serve --slots 4 --policy pcrr --round 10          # the daemon (foreground)
     taiji sched serve --hosts hosts.txt --address 10.0.0.1:7070   # many hosts: "ADDRESS SLOTS" per line,
@@ -8,6 +8,7 @@
     taiji sched cancel s0002
     taiji sched stop                                              # stops the daemon and its jobs
     taiji sched plot -o allocations.png                           # workers per job over time
+    taiji sched simulate --workload pollux:6 --policy pcrr,tiresias  # the simulator (taiji.sched.cli)
 
 The daemon shares ``--slots`` worker slots (cores) — or the slots of every host in ``--hosts``, each
 driven by its ``taiji sched agent`` — among elastic taiji jobs: every ``--round``
@@ -26,12 +27,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import ConfigError, TaijiError
-from . import metrics_http
-from .sched_channel import ask
+from ...errors import ConfigError, TaijiError
+from .. import metrics_http
+from ...sched.preemption import SuspendRules
+from .channel import ask
 
 PROG = "taiji sched"
-LIVE_COMMANDS = ("serve", "agent", "submit", "status", "cancel", "stop", "plot")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,12 +48,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where to listen for requests (default: loopback, a free port)")
     serve.add_argument("--shrink-timeout", type=float, default=30.0, metavar="SECONDS",
                        help="a shrink not landed by then keeps its slots reserved and the round's grows go on")
+    serve.add_argument("--max-suspensions-per-hour", type=int, default=SuspendRules.max_per_hour, metavar="N",
+                       help="a job is suspended at most this often in any hour (default: %(default)s; 0: never)")
+    serve.add_argument("--min-run-factor", type=float, default=SuspendRules.min_run_factor, metavar="K",
+                       help="a (re)started job runs at least K x its measured suspend/resume cost before it may "
+                            "be suspended again (default: %(default)s)")
+    serve.add_argument("--las-threshold", type=float, default=None, metavar="WORKER_SECONDS",
+                       help="tiresias: attained service (worker-seconds) after which a job is demoted (default: "
+                            "16 GPU-hours, Pollux's setting)")
     serve.add_argument("--hosts", default=None, metavar="FILE",
                        help="many hosts: one 'ADDRESS SLOTS' line per host (all with the same slots), each running "
                             "`taiji sched agent`; listen on an address they reach (--address)")
     metrics_http.add_flags(serve)
     serve.add_argument("--host-timeout", type=float, default=10.0, metavar="SECONDS",
                        help="a host whose agent is silent this long is down: its slots leave the pool")
+    serve.add_argument("--fence", type=float, default=30.0, metavar="SECONDS",
+                       help="an agent that has not reached the daemon this long stops its launchers (they "
+                            "checkpoint); once that and --checkpoint-grace have passed, a job whose home host is "
+                            "down resumes from its checkpoint elsewhere (default: %(default)s; 0: such a job fails)")
+    serve.add_argument("--checkpoint-grace", type=float, default=60.0, metavar="SECONDS",
+                       help="each job's taiji run --checkpoint-grace: how long a job being suspended may take to "
+                            "reach a step boundary and checkpoint (default: %(default)s)")
     agent = sub.add_parser("agent", help="run one host's jobs for a `serve --hosts` daemon (foreground)")
     agent.add_argument("--host", required=True, help="this host's address, as the daemon's --hosts file names it")
     agent.add_argument("--slots", type=int, required=True, help="this host's worker slots (as in the --hosts file)")
@@ -71,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--name", default="")
     submit.add_argument("--work", type=int, default=0, metavar="SAMPLES",
                         help="samples it will train (epochs x data set), for the policy until the job reports it")
+    submit.add_argument("--priority", type=int, default=0, metavar="P",
+                        help="its class (default 0): a waiting job of a higher class suspends lower ones if that "
+                             "lets its --min-np start")
+    submit.add_argument("--no-preempt", action="store_true",
+                        help="never suspend it (it keeps at least --min-np workers until it ends)")
+    submit.add_argument("--checkpoint-dir", default="", metavar="DIR",
+                        help="where it checkpoints and resumes from after a suspension (default: "
+                             "STATE_DIR/jobs/ID/checkpoints; many hosts: a directory every host reaches)")
+    submit.add_argument("--checkpoint-every", default="", metavar="10m|N",
+                        help="also checkpoint periodically (what a job resumes from if its home host is lost)")
     submit.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the job's command")
     sub.add_parser("status", help="the jobs: state, workers, samples/s, progress, estimated finish")
     cancel = sub.add_parser("cancel", help="stop a job and free its slots")
@@ -81,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():
         command.add_argument("--state-dir", default=None, metavar="DIR",
                              help="the daemon's directory (default: $TAIJI_HOME/sched or ~/.taiji/sched)")
+    # its options are the simulator's own (`taiji sched simulate --help`): main() hands it over unparsed
+    sub.add_parser("simulate", add_help=False, help="run policies on a workload in the simulator and compare them")
     return parser
 
 
@@ -93,7 +121,9 @@ def format_status(reply: dict[str, Any]) -> str:
         progress = f"{100 * position / end:.0f}%" if end else "-"
         eta = f"{(end - position) / speed:.0f}s" if end and speed > 0 and job["state"] == "running" else "-"
         since = job.get("ended") or job.get("started") or job["submitted"]
-        state = job["state"] + (f" ({job['reason']})" if job.get("reason") else "")
+        state = job["state"] + (f" at step {job['stopped_at']}" if job["state"] == "suspended" else "")
+        state += " (suspending)" if job["state"] == "running" and job.get("suspending") is not None else ""
+        state += f" ({job['reason']})" if job.get("reason") else ""
         rows.append((job["id"], job["name"], state, str(job.get("size", 0)) + f" [{job['min_np']}-{job['max_np']}]",
                      _hosts_of(job, names), f"{speed:.0f}", progress, eta, f"{now - since:.0f}s ago"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -114,27 +144,46 @@ def _hosts_of(job: dict[str, Any], names: list[str]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
+    if list(argv[:1]) == ["simulate"]:
+        try:   # needs SciPy (the extra taiji[sched])
+            from ...sched.cli import main as simulate_main
+        except ImportError as exc:
+            sys.stderr.write(f"{PROG}: error: {exc}; install the extra: pip install 'taiji[sched]'\n")
+            return 2
+        return simulate_main(list(argv))
     args = build_parser().parse_args(list(argv))
-    from .sched_daemon import daemon_address, read_secret, run_daemon, state_dir
+    from .daemon import daemon_address, read_secret, run_daemon, state_dir
     directory = state_dir(args.state_dir)
     try:
         if args.command == "serve":
-            from ..sched.daemon import Scheduler
-            from ..sched.policies import make_policy
-            from ..sched.sim import SYSTEMS
+            from ...sched.scheduler import Scheduler
+            from ...sched.policies import make_policy
+            from ...sched.sim import SYSTEMS
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
             hosts = None
             slots, count = args.slots, 1
             if args.hosts:
-                from .sched_hosts import AgentHosts, read_hosts_file
+                from .hosts import AgentHosts, read_hosts_file
                 listed = read_hosts_file(args.hosts)
-                hosts, slots, count = AgentHosts(listed, args.host_timeout), listed[0][1], len(listed)
-            scheduler = Scheduler(slots, make_policy(args.policy, SYSTEMS["taiji"]), args.shrink_timeout, hosts=count)
-            return run_daemon(directory, scheduler, args.round, args.address, hosts, metrics_http.config_of(args))
+                hosts, slots, count = (AgentHosts(listed, args.host_timeout, args.fence, args.checkpoint_grace),
+                                       listed[0][1], len(listed))
+            policy = make_policy(args.policy, SYSTEMS["taiji"])
+            if args.las_threshold is not None:
+                from ...sched.policies import Tiresias
+                if not isinstance(policy, Tiresias) or args.las_threshold <= 0:
+                    raise ConfigError("--las-threshold is a number of worker-seconds > 0 for --policy tiresias")
+                policy = Tiresias(threshold_gpu_s=args.las_threshold)
+            rules = SuspendRules(max_per_hour=args.max_suspensions_per_hour, min_run_factor=args.min_run_factor)
+            scheduler = Scheduler(slots, policy, args.shrink_timeout, hosts=count,
+                                  rules=rules)
+            if args.fence < 0 or args.checkpoint_grace <= 0:
+                raise ConfigError("--fence must be >= 0 and --checkpoint-grace > 0 seconds")
+            return run_daemon(directory, scheduler, args.round, args.address, hosts, metrics_http.config_of(args),
+                              args.checkpoint_grace)
         if args.command == "agent":
-            from ..cluster.auth import read_secret_file
-            from .sched_agent import SchedAgent, run_agent
+            from ...cluster.auth import read_secret_file
+            from .agent import SchedAgent, run_agent
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
             secret = read_secret_file(args.secret_file) if args.secret_file else read_secret(directory)
@@ -147,7 +196,10 @@ def main(argv: Sequence[str]) -> int:
         if args.command == "submit":
             reply = ask(address, secret, {"op": "submit", "command": _command_after_dashes(argv), "min_np": args.min_np,
                                           "max_np": args.max_np, "np": args.np, "weight": args.weight,
-                                          "name": args.name, "cwd": os.getcwd(), "work": args.work})
+                                          "name": args.name, "cwd": os.getcwd(), "work": args.work,
+                                          "priority": args.priority, "no_preempt": args.no_preempt,
+                                          "checkpoint_dir": _absolute(args.checkpoint_dir),
+                                          "checkpoint_every": args.checkpoint_every})
             print(reply["job"])
         elif args.command == "status":
             print(format_status(ask(address, secret, {"op": "status"})))
@@ -169,7 +221,7 @@ def main(argv: Sequence[str]) -> int:
 def plot_state(directory: Path, output: str | None) -> Path:
     """Each job's observed workers over time (seconds since the first submission)."""
     import json
-    from ..sched.plots import plot_allocations
+    from ...sched.plots import plot_allocations
     try:
         saved = json.loads((directory / "state.json").read_text())
     except (OSError, ValueError):
@@ -184,8 +236,16 @@ def plot_state(directory: Path, output: str | None) -> Path:
                  for j in jobs}
     path = Path(output) if output else directory / "allocations.png"
     shape = f"{saved.get('hosts', 1)} host(s) x {saved.get('slots')} slot(s)"
+    suspensions = {label[j["id"]]: [t - t0 for t in j.get("suspensions", [])] for j in jobs}
     return plot_allocations(allocations, lifetimes, path, f"taiji sched ({shape})",
-                            unit=("seconds since the first submission", 1.0), held="workers")
+                            unit=("seconds since the first submission", 1.0), held="workers", suspensions=suspensions)
+
+
+def _absolute(directory: str) -> str:
+    """A directory as the daemon must see it (a URL unchanged)."""
+    if not directory or "://" in directory:
+        return directory
+    return str(Path(directory).resolve())
 
 
 def _command_after_dashes(argv: Sequence[str]) -> list[str]:

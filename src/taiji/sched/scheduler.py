@@ -1,13 +1,21 @@
 """The live scheduler's state and decisions (pure): submissions, observations and time in,
-changes out — like ``cluster/controller.py`` for one job. ``launch/sched_daemon.py`` does the effects
+changes out — like ``cluster/controller.py`` for one job. ``launch/sched/daemon.py`` does the effects
 (launching jobs, reading their launchers, proposing resizes, the request socket).
 
 ``hosts`` identical hosts of ``slots`` slots each (one host: its cores); a placement is workers
 per host (index = host). Each round the jobs' measured step times refit their models
 (:mod:`taiji.sched.live`), the simulator's policy allocates on the hosts that are up, targets are
-clamped to each job's ``[min_np, max_np]`` (a running job never goes below its minimum: taiji cannot
-pause a job) and :class:`~taiji.sched.rounds.Rounds` turns them into shrinks first, grows after. A
-job the policy gives no slot stays queued. A job *starts on one host* (its launcher's, the ``home``
+clamped to each job's ``[min_np, max_np]`` and :class:`~taiji.sched.rounds.Rounds` turns them into
+shrinks first, grows after. A job the policy gives no slot stays queued.
+
+**Suspend and resume.** A running job the policy gives fewer than its ``min_np`` is *suspended*
+(target 0: its launcher checkpoints at the next step boundary and exits 75) when
+:func:`~taiji.sched.preemption.may_suspend` allows it (preemptible, the hysteresis and the bound on
+suspensions per hour), else kept at its minimum. A suspended job waits like a queued one and
+resumes from its checkpoint (``--resume auto``) at whatever size and on whatever host a later round
+gives it. Its slots are free only once its launcher is gone. A waiting job of a higher ``priority``
+class suspends lower ones when that lets its ``min_np`` start (:func:`~taiji.sched.preemption.priority_victims`).
+Each job's suspend/resume cost is measured (checkpoint stall + boot + load until its first step). A job *starts on one host* (its launcher's, the ``home``
 the policy gave the most workers) and grows onto others by placed resizes in later rounds, so its
 ``min_np`` must fit one host. A host that is down offers no slots: the policy does not see it.
 
@@ -25,6 +33,7 @@ from typing import Any, Mapping
 from ..errors import ConfigError
 from .cluster import Cluster
 from .live import Measured, StepModel, fit_step_model, live_application, live_view
+from .preemption import Running, SuspendRules, may_suspend, priority_victims
 from .rounds import Ask, Change, Rounds
 from .sim import Policy
 
@@ -51,7 +60,7 @@ class LiveJob:
     submitted: float
     cwd: str = ""             # where it was submitted (its command runs there)
     work_hint: int = 0        # samples to train, as the submitter guessed (until the job reports its own)
-    state: str = "queued"     # queued | running | finished | failed | cancelled
+    state: str = "queued"     # queued | running | suspended | finished | failed | cancelled
     reason: str = ""
     size: int = 0             # workers it runs now (its launcher says)
     version: int = 0
@@ -66,6 +75,16 @@ class LiveJob:
     ended: float | None = None
     measured: dict[str, list[float]] = field(default_factory=dict)   # workers -> recent step seconds
     allocations: list[tuple[float, int]] = field(default_factory=list)  # (time, workers) as observed
+    priority: int = 0         # its class: a higher one's arrival may suspend it
+    preemptible: bool = True  # False: never suspended (`submit --no-preempt`)
+    checkpoint_dir: str = ""  # where it checkpoints (what it resumes from)
+    checkpoint_every: str = ""
+    resumed: float | None = None      # when its launcher last started
+    suspending: float | None = None   # when it was asked to suspend (its launcher still runs)
+    stopped_at: int = -1              # the step it stopped at, while suspended (its latest checkpoint)
+    suspensions: list[float] = field(default_factory=list)   # when it was suspended
+    stall: float | None = None        # its last suspension's stall, until the resume's cost is measured
+    costs: list[float] = field(default_factory=list)   # measured suspend + resume seconds
 
     @property
     def active(self) -> bool:
@@ -89,13 +108,15 @@ class Observed:
 
 
 class Scheduler:
-    def __init__(self, slots: int, policy: Policy, shrink_timeout: float = 30.0, hosts: int = 1):
+    def __init__(self, slots: int, policy: Policy, shrink_timeout: float = 30.0, hosts: int = 1,
+                 rules: SuspendRules = SuspendRules()):
         if slots < 1 or hosts < 1:
             raise ConfigError(f"the scheduler needs at least one host with one slot, got {hosts} x {slots}")
         self.slots_per_host = slots
         self.hosts = hosts
         self.slots = slots * hosts
         self.policy = policy
+        self.rules = rules
         self.up = [True] * hosts
         self.rounds = Rounds(slots=(slots,) * hosts, shrink_timeout=shrink_timeout)
         self.jobs: dict[str, LiveJob] = {}
@@ -105,7 +126,8 @@ class Scheduler:
 
     def submit(self, now: float, command: list[str], min_np: int = 1, max_np: int | None = None,
                np: int | None = None, weight: float = 1.0, name: str = "", cwd: str = "",
-               work: int = 0) -> LiveJob:
+               work: int = 0, priority: int = 0, preemptible: bool = True, checkpoint_dir: str = "",
+               checkpoint_every: str = "") -> LiveJob:
         """Queue a job; ConfigError (with the reason) for one that can never run here."""
         max_np = self.slots if max_np is None else max_np
         if not command:
@@ -127,7 +149,8 @@ class Scheduler:
         job_id = f"s{self.next_id:04d}"
         self.next_id += 1
         job = LiveJob(job_id, name or job_id, list(command), min_np, max_np, requested, weight, now, cwd=cwd,
-                      work_hint=work)
+                      work_hint=work, priority=int(priority), preemptible=bool(preemptible),
+                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
         self.jobs[job_id] = job
         return job
 
@@ -149,15 +172,51 @@ class Scheduler:
             job.placement = list(seen.placement)
         else:
             job.placement = [seen.size if h == max(job.home, 0) else 0 for h in range(self.hosts)]
+        if job.stall is not None and fresh and seen.size and job.resumed is not None:   # its first step since resuming
+            job.costs = (job.costs + [job.stall + now - job.resumed])[-KEEP_MEASUREMENTS:]
+            job.stall = None
         job.size, job.version, job.step = seen.size, seen.version, seen.step
         job.batch_size = seen.batch_size or job.batch_size
         job.position, job.end, job.samples_per_s = seen.position, seen.end or job.end, seen.samples_per_s
 
     def launched(self, now: float, job_id: str, home: int = 0) -> None:
-        """Its launcher started on host ``home`` (no workers reported yet)."""
+        """Its launcher started (or a suspended job's started again) on host ``home`` (no workers
+        reported yet)."""
         job = self.jobs[job_id]
-        if job.state == "queued":
-            job.state, job.started, job.home = "running", now, home
+        if job.state in ("queued", "suspended"):
+            job.state, job.home, job.resumed = "running", home, now
+            job.started = job.started if job.started is not None else now
+
+    def suspending_job(self, now: float, job_id: str) -> None:
+        """Its launcher was asked to checkpoint and stop."""
+        self.jobs[job_id].suspending = now
+
+    def suspended(self, now: float, job_id: str, step: int, reason: str = "") -> None:
+        """Its launcher is gone, with a checkpoint at ``step`` to resume from: it waits for slots
+        again (``reason``: why, when it was not asked to — e.g. its home host was lost)."""
+        job = self.jobs[job_id]
+        if not job.active:
+            return
+        if job.suspending is not None:
+            job.suspensions.append(now)
+            job.stall = now - job.suspending
+        else:
+            job.stall = 0.0
+        if job.size:
+            job.allocations.append((now, 0))
+        job.state, job.reason, job.suspending, job.stopped_at = "suspended", reason, None, step
+        self.rounds.asked.pop(job_id, None)   # its launcher is gone: nothing it was asked can still arrive
+        job.size, job.placement, job.home, job.version, job.step = 0, [], -1, 0, step
+
+    def suspend_cost(self, job: LiveJob) -> float:
+        """Its suspend + resume seconds: measured, else a typical job's, else the rules' guess."""
+        if job.costs:
+            return statistics.median(job.costs)
+        return self._typical(lambda j: statistics.median(j.costs) if j.costs else 0.0, self.rules.guess_cost_s)
+
+    def may_suspend(self, job: LiveJob, now: float) -> bool:
+        return job.state == "running" and job.size > 0 and job.suspending is None and bool(job.checkpoint_dir) and may_suspend(
+            job.preemptible, job.suspensions, last_start(job, now), now, self.suspend_cost(job), self.rules)
 
     def ended(self, now: float, job_id: str, state: str, reason: str = "") -> None:
         if state not in ENDED:
@@ -193,20 +252,66 @@ class Scheduler:
         views = [self.view_of(job, now, live) for job in active]
         cluster = Cluster(num_hosts=len(live), gpus_per_host=self.slots_per_host, cpus_per_host=self.slots_per_host)
         allocations = self.policy.allocate(now, cluster, views)
-        targets = {}
+        targets: dict[str, tuple[int, ...]] = {}
+        zero = (0,) * self.hosts
         for job in active:
             given = allocations.get(job.id)
             placement = [0] * self.hosts
             for index, count in enumerate(given.placement if given is not None else ()):
                 placement[live[index]] = count
             if job.state == "running":
-                targets[job.id] = clamp(placement, job.min_np, job.max_np, self.holds()[job.id], job.home,
-                                        self.rounds.slots)
-            elif sum(placement) >= job.min_np:   # else it stays queued
+                if job.suspending is not None:
+                    continue   # on its way out: it keeps its ask
+                if sum(placement) < job.min_np and self.may_suspend(job, now):
+                    targets[job.id] = zero
+                else:
+                    targets[job.id] = clamp(placement, job.min_np, job.max_np, self.holds()[job.id], job.home,
+                                            self.rounds.slots)
+            elif sum(placement) >= job.min_np:   # else it stays queued (or suspended)
                 targets[job.id] = start_on_one_host(placement, job.max_np, self.slots_per_host)
+        self._keep_for_lower_classes(active, targets)
+        self._preempt_for_priority(now, active, targets)
         active_ids = {job.id: job for job in active}
         return self.rounds.start(now, self.holds(), targets, {j: active_ids[j].min_np for j in targets},
                                  self.versions())
+
+    def _keep_for_lower_classes(self, active: list[LiveJob], targets: dict[str, tuple[int, ...]]) -> None:
+        """A policy's 0 suspends a job only for a job of its class or a higher one: if every job
+        the round starts or grows is of a lower class, the job keeps its minimum instead."""
+        holds = self.holds()
+        gaining = [j.priority for j in active if j.id in targets and sum(targets[j.id]) > sum(holds[j.id])]
+        for job in active:
+            if job.state == "running" and job.id in targets and not any(targets[job.id]) and job.size:
+                if not any(p >= job.priority for p in gaining):
+                    targets[job.id] = clamp([0] * self.hosts, job.min_np, job.max_np, holds[job.id], job.home,
+                                            self.rounds.slots)
+
+    def _preempt_for_priority(self, now: float, active: list[LiveJob], targets: dict[str, tuple[int, ...]]) -> None:
+        """Waiting jobs left without their ``min_np``, highest class first: waiting jobs of lower
+        classes do not start before it, and the fewest lower-class running jobs whose suspension
+        lets it start on one host are suspended (gang-aware: nobody if it would not start)."""
+        zero = (0,) * self.hosts
+        holds = self.holds()
+        for job in sorted((j for j in active if j.state in ("queued", "suspended") and j.id not in targets),
+                          key=lambda j: (-j.priority, j.submitted)):
+            if not any(other.priority < job.priority for other in active):
+                continue   # the policy's choice stands among equals
+            for lower in active:   # they yield to it
+                if lower.state in ("queued", "suspended") and lower.priority < job.priority:
+                    targets.pop(lower.id, None)
+            running = [Running(j.id, j.priority, True, targets.get(j.id, holds[j.id]), last_start(j, now))
+                       for j in active if j.state == "running" and j.priority < job.priority
+                       and targets.get(j.id) != zero and self.may_suspend(j, now)]
+            used = [sum(max(holds[j][h], targets.get(j, holds[j])[h]) for j in holds) for h in range(self.hosts)]
+            free = [max(0, cap - u) for cap, u in zip(self.rounds.slots, used)]
+            found = priority_victims(job.min_np, job.priority, free, running)
+            if not found:
+                continue
+            host, victims = found
+            for victim in victims:
+                targets[victim] = zero
+            room = free[host] + sum(holds[v][host] for v in victims)
+            targets[job.id] = tuple(min(job.max_np, room) if h == host else 0 for h in range(self.hosts))
 
     def tick(self, now: float) -> list[Change]:
         return self.rounds.tick(now, self.holds(), self.versions())
@@ -237,7 +342,7 @@ class Scheduler:
         attained = sum((b[0] - a[0]) * a[1] for a, b in zip(held, held[1:]))   # worker-seconds so far
         return live_view(app, job.submitted, job.requested, job.position / batch, placement,
                          attained_worker_s=attained, peak_replicas=max((n for _, n in job.allocations), default=0),
-                         weight=job.weight)
+                         weight=job.weight, restarts=len(job.suspensions))
 
     def _typical(self, read, default: float):  # noqa: ANN001, ANN202
         values = [v for v in (read(j) for j in self.jobs.values()) if v]
@@ -269,6 +374,11 @@ class Scheduler:
             self.jobs[job.id] = job
         for job_id, (target, reserve, shrink) in data.get("asked", {}).items():
             self.rounds.asked[job_id] = Ask(tuple(target), tuple(reserve), bool(shrink))
+
+
+def last_start(job: LiveJob, now: float) -> float:
+    """When ``job`` last (re)started (``now`` if it never did)."""
+    return job.resumed if job.resumed is not None else job.started if job.started is not None else now
 
 
 def clamp(placement: list[int], min_np: int, max_np: int, holds: tuple[int, ...], home: int,

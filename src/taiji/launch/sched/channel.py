@@ -2,9 +2,12 @@
 daemon over TCP on the one address it was given, authenticated with its secret file.
 
 Per connection: the daemon sends a fresh nonce (one JSON line), the client sends one JSON line
-``{"request": {...}, "mac": hex}`` with the MAC (HMAC-SHA256, a key derived from the secret) over
-the nonce and the request's canonical JSON, and the daemon answers one JSON line. A request
-cannot be replayed (the nonce is new each time) and nothing is unpickled. Standard library only.
+``{"request": {...}, "nonce": hex, "mac": hex}`` with a fresh nonce of its own and the MAC
+(HMAC-SHA256, a key derived from the secret) over the daemon's nonce and the request's canonical
+JSON, and the daemon answers one JSON line ``{"reply": {...}, "mac": hex}``, signed with another
+key derived from the secret over the client's nonce and the reply. Neither a request nor a reply
+can be replayed (each side's nonce is new each time), a client refuses a reply that is not signed
+with the daemon's secret (AuthError), and nothing is unpickled. Standard library only.
 """
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ import socket
 import threading
 from typing import Any, Callable
 
-from ..errors import AuthError, ConfigError, StoreError
-from .control import read_line
+from ...errors import AuthError, ConfigError, StoreError
+from ..control import read_line
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,10 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 def channel_key(secret: bytes) -> bytes:
     return hmac.new(secret, b"taiji/sched-requests", hashlib.sha256).digest()
+
+
+def reply_key(secret: bytes) -> bytes:
+    return hmac.new(secret, b"taiji/sched-replies", hashlib.sha256).digest()
 
 
 def _mac(key: bytes, nonce: str, request: dict[str, Any]) -> str:
@@ -49,6 +56,7 @@ class RequestServer:
     def __init__(self, address: str, secret: bytes, handler: Handler):
         host, port = split_address(address)
         self._key = channel_key(secret)
+        self._reply_key = reply_key(secret)
         self._handler = handler
         self._sock = socket.create_server((host, port))
         self._sock.settimeout(0.2)
@@ -70,11 +78,13 @@ class RequestServer:
     def _answer(self, conn: socket.socket, peer: Any) -> None:
         with conn:
             conn.settimeout(5.0)
+            theirs = ""
             try:
                 nonce = secrets.token_hex(16)
                 conn.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
                 message = json.loads(read_line(conn, limit=LINE_LIMIT))
                 request = message["request"]
+                theirs = str(message.get("nonce", ""))
                 if not isinstance(request, dict) or not hmac.compare_digest(
                         str(message.get("mac", "")), _mac(self._key, nonce, request)):
                     log.warning("refused a request from %s: bad signature (not our secret)", peer)
@@ -88,7 +98,8 @@ class RequestServer:
                 log.exception("taiji sched: a request failed")
                 reply = {"ok": False, "error": f"the daemon failed on this request: {exc}"}
             try:
-                conn.sendall(json.dumps(reply).encode() + b"\n")
+                signed = {"reply": reply, "mac": _mac(self._reply_key, theirs, reply)}
+                conn.sendall(json.dumps(signed).encode() + b"\n")
             except OSError:
                 pass   # the client gave up
 
@@ -104,12 +115,19 @@ def ask(address: str, secret: bytes, request: dict[str, Any], timeout: float = 3
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             nonce = json.loads(read_line(sock, timeout, LINE_LIMIT))["nonce"]
-            signed = {"request": request, "mac": _mac(channel_key(secret), str(nonce), request)}
+            mine = secrets.token_hex(16)
+            signed = {"request": request, "nonce": mine, "mac": _mac(channel_key(secret), str(nonce), request)}
             sock.sendall(json.dumps(signed).encode() + b"\n")
-            reply = json.loads(read_line(sock, timeout, LINE_LIMIT) or b"{}")
+            answer = json.loads(read_line(sock, timeout, LINE_LIMIT) or b"{}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise StoreError(f"no scheduler daemon answered on {address} ({exc}); start one with "
                          f"`taiji sched serve`") from None
+    reply = answer.get("reply") if isinstance(answer, dict) else None
+    if not isinstance(reply, dict) or not hmac.compare_digest(str(answer.get("mac", "")),
+                                                              _mac(reply_key(secret), mine, reply)):
+        raise AuthError(f"the reply from {address} is not signed with this scheduler's secret: another process "
+                        f"answers there, or the secret file differs from the daemon's (check --state-dir and "
+                        f"--secret-file); the reply was ignored")
     if not reply.get("ok"):
         error = str(reply.get("error", "no reply"))
         if reply.get("refused"):   # the daemon will not take this client as it is configured

@@ -13,9 +13,13 @@ and store address — and carries out the orders in the reply:
 - ``forget``: the job ended; stop reporting what of it has exited.
 
 A job's secret is derived from the daemon's (written 0600 under the agent's directory), so no
-secret crosses the network. A daemon that stops answering changes nothing here: the jobs go on,
-and a restarted daemon re-adopts them from this agent's next poll (and has it stop whatever it
-runs for no job of the daemon's). Stopping the agent (SIGTERM, SIGINT) stops everything it
+secret crosses the network. A daemon that stops answering changes nothing here at first: the
+jobs go on, and a restarted daemon re-adopts them from this agent's next poll (and has it stop
+whatever it runs for no job of the daemon's). After ``fence_s`` seconds without a reply (the
+daemon's ``serve --fence``, told with every reply; 0: never) the agent **fences** this host: it
+sends SIGTERM to the launchers it runs, which checkpoint and stop, because by then the daemon
+counts this host lost and resumes those jobs from their checkpoints elsewhere — two copies of a
+job must never train at once. Stopping the agent (SIGTERM, SIGINT) stops everything it
 started; an agent that starts stops the launchers a previous agent of this host left behind
 (it cannot report them, so the daemon could not count their slots).
 """
@@ -25,15 +29,16 @@ import logging
 import os
 import signal
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from ..cluster.auth import write_secret_file
-from ..errors import ConfigError, StoreError
-from . import control, registry
-from .sched_channel import ask
-from .sched_hosts import TAIJI, Sessions, job_secret, launcher_id, launcher_status
+from ...cluster.auth import write_secret_file
+from ...errors import ConfigError, StoreError
+from .. import control, registry
+from .channel import ask
+from .hosts import TAIJI, Sessions, job_secret, launcher_id, launcher_status
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,9 @@ class SchedAgent:
         self.failures: list[dict[str, str]] = []   # orders that failed: said to the daemon with the next poll
         self.stop = threading.Event()
         self._daemon_lost = False
+        self.fence_s = 0.0                 # the daemon's --fence, from its last reply (0: never fence)
+        self.answered = time.monotonic()   # when the daemon last answered
+        self.fenced = False
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -77,7 +85,10 @@ class SchedAgent:
                 log.warning("taiji sched agent: the daemon does not answer (%s); the jobs here go on, "
                             "and this agent keeps trying", exc)
             self._daemon_lost = True
+            self.fence()
             return
+        self.answered, self.fenced = time.monotonic(), False
+        self.fence_s = float(reply.get("fence_s", 0.0) or 0.0)
         if self._daemon_lost:
             log.info("taiji sched agent: the daemon answers again")
         self._daemon_lost = False
@@ -87,6 +98,18 @@ class SchedAgent:
             except (OSError, StoreError, ConfigError, KeyError, ValueError) as exc:
                 self.failures.append({"job": str(order.get("job")), "error": f"{order.get('op')} failed: {exc}"})
                 log.warning("taiji sched agent: job %s: %s", order.get("job"), self.failures[-1]["error"])
+
+    def fence(self) -> None:
+        """Silent for longer than the fence: stop this host's launchers (the daemon resumes their
+        jobs elsewhere from the checkpoint each writes now)."""
+        if self.fenced or not self.fence_s or time.monotonic() - self.answered < self.fence_s:
+            return
+        self.fenced = True
+        launchers = [k for k in self.sessions.children if k.endswith("/launcher") and self.sessions.code(k) is None]
+        log.warning("taiji sched agent: no reply from the daemon for %gs: stopping the %d launcher(s) here (each "
+                    "checkpoints; the daemon resumes their jobs on the hosts it reaches)", self.fence_s, len(launchers))
+        for key in launchers:
+            self.sessions.signal(key, signal.SIGTERM)
 
     def _stop_orphans(self) -> None:
         """Launchers a previous agent of this host started and left (killed, it could not stop

@@ -1,19 +1,26 @@
-"""``taiji sched serve``: the live scheduler daemon (effects around :mod:`taiji.sched.daemon`: processes and sockets live in launch/).
+"""``taiji sched serve``: the live scheduler daemon (effects around :mod:`taiji.sched.scheduler`: processes and sockets live in launch/).
 
 Files under the state directory (default ``$TAIJI_HOME/sched``, i.e. ``~/.taiji/sched``):
 ``secret`` (0600; what clients sign requests with), ``daemon.json`` (the address and pid of the
 running daemon), ``state.json`` (every job and outstanding ask, rewritten after each change) and
-``jobs/<id>/`` (each job's launcher log and run directory).
+``jobs/<id>/`` (each job's launcher log, run directory and, unless ``submit --checkpoint-dir``
+named another, its checkpoints).
 
 Each job runs under its own ``taiji run -np N --min-np A --max-np B --job-id sched-<id>`` in a
 session of its own — on this host, or on the host an agent runs (``--hosts``; the
-:mod:`~taiji.launch.sched_hosts` part hides which) — so a daemon that is killed leaves its jobs
+:mod:`~taiji.launch.sched.hosts` part hides which) — so a daemon that is killed leaves its jobs
 running at their sizes; a restarted daemon loads ``state.json`` and re-adopts the jobs whose
 launchers still run. Every tick the daemon reads each launcher's status (as ``taiji status``
 does), proposes resizes (as ``taiji resize`` does; placed on many hosts), sends again an ask a job
 has not reached, and starts queued jobs; ``Scheduler`` decides. A cancelled job keeps its slots
 until its launcher is gone. A daemon stopped on purpose (SIGTERM, SIGINT, ``taiji sched stop``)
 stops its jobs first (agents keep polling meanwhile): nothing it started is left running.
+
+Every job runs with ``--checkpoint-dir`` and ``--resume auto``: to suspend one, the daemon sends
+its launcher SIGTERM (a final checkpoint at the next step boundary, exit 75) and counts its slots
+free once the launcher is gone; to resume it, it starts a launcher again (same run directory, same
+checkpoints) at the size and on the host the round gives. A job whose home host is lost, with a
+checkpoint to resume from, is suspended instead of failed: it resumes on the hosts left.
 """
 from __future__ import annotations
 
@@ -27,16 +34,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import env
-from ..cluster.auth import new_secret, write_secret_file
-from ..errors import ConfigError, LaunchError, StoreError, TaijiError
-from ..metrics.prometheus import sched_families
-from ..metrics.runlog import EVENTS_FILE
-from ..sched.daemon import Observed, Scheduler
-from .metrics_http import MetricsConfig, MetricsServer
-from .sched_channel import RequestServer
-from .sched_hosts import STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
-from ..sched.rounds import Change
+from ... import env
+from ...cluster.auth import new_secret, write_secret_file
+from ...errors import ConfigError, LaunchError, StoreError, TaijiError
+from ...metrics.prometheus import sched_families
+from ...metrics.runlog import EVENTS_FILE
+from ..checkpoint_cli import EXIT_RESUMABLE
+from ...sched.scheduler import Observed, Scheduler
+from ..metrics_http import MetricsConfig, MetricsServer
+from .channel import RequestServer
+from .hosts import CHECKPOINT_GRACE_S, STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
+from ...sched.rounds import Change
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +85,14 @@ def running_daemon_pid(directory: Path) -> int | None:
 
 class Daemon:
     def __init__(self, directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
-                 hosts: JobHosts | None = None, metrics: MetricsConfig | None = None):
+                 hosts: JobHosts | None = None, metrics: MetricsConfig | None = None,
+                 checkpoint_grace: float = CHECKPOINT_GRACE_S):
         if round_seconds <= 0:
             raise ConfigError(f"--round must be > 0 seconds, got {round_seconds}")
         self.dir = directory
         self.sched = scheduler
         self.round_seconds = round_seconds
+        self.checkpoint_grace = checkpoint_grace   # each job's --checkpoint-grace
         self.address = address
         self.hosts: JobHosts = hosts if hosts is not None else LocalHost()
         if len(self.hosts.addresses) != scheduler.hosts:
@@ -173,6 +183,8 @@ class Daemon:
             self._dirty = True
         for job in [j for j in self.sched.jobs.values() if j.state == "running"]:
             code = self.hosts.outcome(job.id)
+            if code is not None and job.id not in self.stopping and self._resumable(job.id, code):
+                continue
             if code is not None:
                 why = self.hosts.note(job.id) or f"see {self._job_dir(job.id)}/launcher.log on its host"
                 self._ended_with(now, job.id, "finished" if code == 0 else "failed",
@@ -182,7 +194,8 @@ class Daemon:
                 self._escalate(job.id)
             status = self.hosts.status(job.id)
             if status is None:
-                if not self.hosts.running(job.id):
+                if not self.hosts.running(job.id) and not (
+                        job.suspending is not None and self._resumable(job.id, EXIT_RESUMABLE)):
                     self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
                 continue   # starting up, or busy: read again next tick
             progress = status.get("progress") or {}
@@ -193,6 +206,26 @@ class Daemon:
                 position=int(progress.get("position", 0)), end=int(progress.get("end", 0)),
                 samples_per_s=float(progress.get("samples_per_s", 0.0)), placement=self._placement(status)))
             self._dirty = True
+
+    def _resumable(self, job_id: str, code: int) -> bool:
+        """A launcher that exited after a suspension, or on a lost home host, with a checkpoint
+        to resume from: the job is suspended (True), not ended."""
+        job = self.sched.jobs[job_id]
+        lost = code != 0 and self.hosts.home_lost(job_id)
+        if not (code == EXIT_RESUMABLE or lost):
+            return False
+        step = latest_checkpoint(job.checkpoint_dir)
+        if step is None:
+            return False
+        reason = "" if code == EXIT_RESUMABLE else f"its home host {self.hosts.addresses[max(job.home, 0)]} was lost"
+        self.sched.suspended(time.time(), job_id, step, reason)
+        self.hosts.forget(job_id)
+        self.sent.pop(job_id, None)
+        self.joining.pop(job_id, None)
+        log.info("job %s (%s): suspended at step %d%s; it resumes from its checkpoint when a round gives it slots",
+                 job_id, job.name, step, f" ({reason})" if reason else "")
+        self._dirty = True
+        return True
 
     def _placement(self, status: dict[str, Any]) -> tuple[int, ...]:
         """Workers per host (in the daemon's host order) from a launcher's status; () on one host."""
@@ -206,9 +239,15 @@ class Daemon:
             self.decisions[change.kind] = self.decisions.get(change.kind, 0) + 1
             workers = sum(change.after)
             job = self.sched.jobs[change.job]
-            if job.state == "queued":   # (a running job may show 0 workers while it starts: not a start)
+            if job.state in ("queued", "suspended"):   # (a running job may show 0 workers while it starts)
                 self._launch(now, job.id, change.after)
                 self._save()   # a daemon killed now must not launch it again after a restart
+            elif change.kind == "suspend":
+                self.sched.suspending_job(now, job.id)
+                self._save()   # a daemon killed now knows the job is on its way out
+                self.hosts.signal(job.id, signal.SIGTERM)
+                log.info("job %s (%s): suspending (a final checkpoint at its next step, then its %d slot(s) are free)",
+                         job.id, job.name, job.size)
             else:
                 try:
                     self.hosts.resize(job.id, workers, change.after)
@@ -228,6 +267,7 @@ class Daemon:
             job = self.sched.jobs.get(job_id)
             when, what = self.sent.get(job_id, (float("-inf"), ()))
             if (job is None or job.state != "running" or not job.size or job_id in self.stopping or self.joining.get(job_id)
+                    or job.suspending is not None or not any(ask.target)
                     or (what == ask.target and time.monotonic() - when < RESEND_S)):
                 continue
             try:
@@ -247,7 +287,11 @@ class Daemon:
         where = self._job_dir(job_id)
         where.mkdir(parents=True, exist_ok=True)
         run_args = ["-np", str(placement[home]), "--min-np", str(job.min_np), "--max-np", str(job.max_np),
-                    "--job-id", launcher_id(job_id), "--run-dir", str(where / "run"), "--", *job.command]
+                    "--job-id", launcher_id(job_id), "--run-dir", str(where / "run"),
+                    "--checkpoint-dir", job.checkpoint_dir, "--resume", "auto",
+                    "--checkpoint-grace", f"{self.checkpoint_grace:g}",
+                    *(["--checkpoint-every", job.checkpoint_every] if job.checkpoint_every else []), "--", *job.command]
+        resuming = job.state == "suspended"
         try:
             self.hosts.launch(job_id, home, run_args, job.cwd, where / "launcher.log")
         except OSError as exc:   # e.g. the directory it was submitted from is gone
@@ -256,8 +300,8 @@ class Daemon:
             return
         self.sched.launched(now, job_id, home)
         self.sent[job_id] = (time.monotonic(), placement)
-        log.info("job %s (%s): started on %d worker(s) %s", job_id, job.name, placement[home],
-                 self._where(placement))
+        log.info("job %s (%s): %s on %d worker(s) %s", job_id, job.name,
+                 f"resuming from step {job.stopped_at}" if resuming else "started", placement[home], self._where(placement))
 
     def _ended_with(self, now: float, job_id: str, state: str, reason: str = "") -> None:
         """The job's launcher is gone: it ended as ``state`` — or as cancelled, if it was being stopped."""
@@ -292,7 +336,12 @@ class Daemon:
                                             None if request.get("max_np") is None else int(request["max_np"]),
                                             None if request.get("np") is None else int(request["np"]),
                                             float(request.get("weight", 1.0)), str(request.get("name", "")),
-                                            cwd=str(request.get("cwd", "")), work=int(request.get("work", 0)))
+                                            cwd=str(request.get("cwd", "")), work=int(request.get("work", 0)),
+                                            priority=int(request.get("priority", 0)),
+                                            preemptible=not request.get("no_preempt", False),
+                                            checkpoint_dir=str(request.get("checkpoint_dir") or ""),
+                                            checkpoint_every=str(request.get("checkpoint_every") or ""))
+                    job.checkpoint_dir = job.checkpoint_dir or str(self._job_dir(job.id) / "checkpoints")
                     self._dirty = True
                     return {"ok": True, "job": job.id}
                 if op == "status":
@@ -319,7 +368,7 @@ class Daemon:
         """A queued job ends at once; a running one is sent SIGTERM and ends (as cancelled) when
         its launcher is gone — its slots stay held until then."""
         job = self.sched.jobs[job_id]
-        if job.state == "queued":
+        if job.state in ("queued", "suspended"):
             self._ended_with(now, job_id, "cancelled", reason)
         elif job.state == "running" and job_id not in self.stopping:
             self.stopping[job_id] = (time.monotonic(), reason, False)
@@ -377,8 +426,9 @@ class Daemon:
         for job in [j for j in self.sched.jobs.values() if j.state == "running"]:
             self.hosts.adopt(job.id, max(job.home, 0))
             if self.hosts.running(job.id):
-                log.info("re-adopted job %s (%s): its launcher still runs", job.id, job.name)
-            else:
+                log.info("re-adopted job %s (%s): its launcher still runs%s", job.id, job.name,
+                         " (suspending)" if job.suspending is not None else "")
+            elif job.suspending is None or not self._resumable(job.id, EXIT_RESUMABLE):
                 self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
 
     def _save(self) -> None:
@@ -388,6 +438,18 @@ class Daemon:
         self._dirty = False
 
 
+def latest_checkpoint(directory: str) -> int | None:
+    """The step of the latest complete checkpoint in ``directory`` (None: none, or unreadable)."""
+    if not directory:
+        return None
+    from ...checkpoint.storage import Storage
+    try:
+        return Storage(directory).listing().latest
+    except (OSError, TaijiError, ValueError) as exc:
+        log.warning("cannot list the checkpoints in %s (%s)", directory, exc)
+        return None
+
+
 def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
@@ -395,8 +457,9 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def run_daemon(directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
-               hosts: JobHosts | None = None, metrics: MetricsConfig | None = None) -> int:
-    daemon = Daemon(directory, scheduler, round_seconds, address, hosts, metrics)
+               hosts: JobHosts | None = None, metrics: MetricsConfig | None = None,
+               checkpoint_grace: float = CHECKPOINT_GRACE_S) -> int:
+    daemon = Daemon(directory, scheduler, round_seconds, address, hosts, metrics, checkpoint_grace)
     stop_on = (signal.SIGTERM, signal.SIGINT)
     previous = {s: signal.signal(s, lambda *_: daemon.stop.set()) for s in stop_on}
     try:

@@ -1,4 +1,4 @@
-"""Where the live scheduler's jobs run: the effects behind :class:`~taiji.launch.sched_daemon.Daemon`.
+"""Where the live scheduler's jobs run: the effects behind :class:`~taiji.launch.sched.daemon.Daemon`.
 
 Two kinds, one interface (:class:`JobHosts`):
 
@@ -28,14 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..cluster import auth
-from ..errors import ConfigError, StoreError
-from . import control, registry
+from ...cluster import auth
+from ...errors import ConfigError, StoreError
+from .. import control, registry
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 HOST_TIMEOUT_S = 10.0
+FENCE_S = 30.0              # an agent that has not reached the daemon this long stops its launchers
+CHECKPOINT_GRACE_S = 60.0   # taiji run's --checkpoint-grace (the daemon passes it to every job)
 JOIN_WINDOW_S = 10.0   # a join ordered this recently counts as under way (its agent reports it next poll)
 TAIJI = [sys.executable, "-m", "taiji.launch.cli"]
 
@@ -64,6 +66,7 @@ class JobHosts(Protocol):
     def status(self, job_id: str) -> dict[str, Any] | None: ...
     def resize(self, job_id: str, size: int, placement: tuple[int, ...]) -> None: ...
     def outcome(self, job_id: str) -> int | None: ...
+    def home_lost(self, job_id: str) -> bool: ...
     def running(self, job_id: str) -> bool: ...
     def signal(self, job_id: str, sig: int) -> bool: ...
     def forget(self, job_id: str) -> None: ...
@@ -137,6 +140,9 @@ class LocalHost:
     def outcome(self, job_id: str) -> int | None:
         return self.sessions.code(job_id)
 
+    def home_lost(self, job_id: str) -> bool:
+        return False   # the daemon's own host
+
     def running(self, job_id: str) -> bool:
         if job_id in self.sessions.children:
             return self.sessions.code(job_id) is None
@@ -184,10 +190,13 @@ class AgentHosts:
     """Many hosts, each driven by its ``taiji sched agent`` (see the module's doc). Times are the
     daemon's monotonic clock."""
 
-    def __init__(self, hosts: list[tuple[str, int]], host_timeout: float = HOST_TIMEOUT_S):
+    def __init__(self, hosts: list[tuple[str, int]], host_timeout: float = HOST_TIMEOUT_S, fence_s: float = FENCE_S,
+                 checkpoint_grace: float = CHECKPOINT_GRACE_S):
         self.addresses = tuple(address for address, _ in hosts)
         self.slots = {address: slots for address, slots in hosts}
         self.host_timeout = host_timeout
+        self.fence_s = fence_s                       # an agent silent this long stops its launchers (0: never)
+        self.checkpoint_grace = checkpoint_grace     # what a stopped launcher may take to checkpoint and exit
         self.agents = {address: AgentView() for address in self.addresses}
         self.homes: dict[str, int] = {}                       # job -> its launcher's host (jobs not ended)
         self.joined: dict[str, dict[int, float]] = {}         # job -> host -> when it was told to join
@@ -219,7 +228,7 @@ class AgentHosts:
             log.warning("host %s: job %s: %s", address, job, text)
         self._stop_strays(now, address, agent)
         orders, agent.orders = agent.orders, []
-        return {"ok": True, "orders": orders}
+        return {"ok": True, "orders": orders, "fence_s": self.fence_s}
 
     def _strays(self, address: str, agent: AgentView) -> list[tuple[str, str]]:
         """(job, role) of what runs there for no job of ours: a job that ended (say, failed while
@@ -325,8 +334,20 @@ class AgentHosts:
             return None
         code = agent.processes.get(f"{job_id}/launcher")
         if code is None and agent.up is False and agent.seen > float("-inf"):
+            if self.fence_s and not self.home_lost(job_id):
+                return None   # its agent, if alive, is about to stop it (fence): not over yet
             return 128 + signal.SIGKILL   # its host is lost: so are the job's launcher and store
         return code
+
+    def home_lost(self, job_id: str) -> bool:
+        """Its launcher's host went silent long enough ago that its agent, if alive, has stopped the
+        launcher (fenced) and the launcher has had its checkpoint grace: the job may resume
+        elsewhere without two copies of it training at once."""
+        agent = self._home_agent(job_id)
+        if agent is None or agent.up is not False or agent.seen == float("-inf") or not self.fence_s:
+            return False
+        fenced_by = agent.seen + self.fence_s + self.checkpoint_grace + STOP_GRACE_S
+        return agent.processes.get(f"{job_id}/launcher") is None and time.monotonic() > fenced_by
 
     def running(self, job_id: str) -> bool:
         """True while its launcher may still run (its agent has not reported yet, or reports it)."""

@@ -1,0 +1,88 @@
+"""When the live scheduler suspends a job (pure): the hysteresis that keeps a policy's 0 from
+thrashing a job, and priority preemption for gangs.
+
+A taiji job can give up all its workers: the daemon asks its launcher to checkpoint at the next
+step boundary and stop (``taiji run --checkpoint-dir``, SIGTERM, exit 75), and starts it again from
+that checkpoint at whatever size and on whatever hosts a later round gives it. That costs far more
+than an in-place resize — the checkpoint stall, a process boot and the load — so a policy's 0 for a
+running job is honoured only when :func:`may_suspend` says so:
+
+- the job may be preempted (``submit --no-preempt`` says it may not);
+- it has run at least ``min_run_factor`` × its suspend/resume cost since it last started (what a
+  resume cost is paid back by before it may be paid again);
+- it was suspended fewer than ``max_per_hour`` times in the last hour: **at most
+  ``max_per_hour`` suspensions per job per hour** (4 by default), whatever the policy asks.
+
+**Priority classes** (``submit --priority P``, higher first): a waiting job that the policy left
+without its ``--min-np`` may suspend running, preemptible jobs of lower classes, but only if that
+frees enough slots *on one host* for its ``--min-np`` (a job starts on one host; gang-aware: a
+preemption that would not let it start suspends nobody). :func:`priority_victims` picks the fewest
+such jobs (then the lowest classes, the fewest workers, the latest started). The hysteresis holds for them too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Sequence
+
+from ..errors import ConfigError
+
+HOUR_S = 3600.0
+MAX_CANDIDATES = 10   # per host, the lowest classes first: at most 2^10 sets are weighed
+
+
+@dataclass(frozen=True)
+class SuspendRules:
+    max_per_hour: int = 4            # suspensions of one job in any hour, at most
+    min_run_factor: float = 3.0      # a (re)started job runs this × its suspend/resume cost before another
+    guess_cost_s: float = 10.0       # a job's suspend/resume cost until one was measured
+
+    def __post_init__(self) -> None:
+        if self.max_per_hour < 0 or self.min_run_factor < 0 or self.guess_cost_s < 0:
+            raise ConfigError(f"suspension rules must be >= 0, got {self}")
+
+
+@dataclass(frozen=True)
+class Running:
+    """What preemption needs of a running job."""
+    id: str
+    priority: int
+    preemptible: bool
+    placement: tuple[int, ...]     # workers per host
+    started: float                 # when it last (re)started
+
+
+def may_suspend(preemptible: bool, suspensions: Sequence[float], started: float, now: float,
+                cost_s: float, rules: SuspendRules) -> bool:
+    """Whether a running job may be suspended now (see the module's doc): ``suspensions`` are the
+    times it was suspended before, ``started`` when it last (re)started, ``cost_s`` its measured
+    suspend + resume seconds."""
+    if not preemptible:
+        return False
+    recent = sum(1 for t in suspensions if now - t < HOUR_S)
+    return recent < rules.max_per_hour and now - started >= rules.min_run_factor * cost_s
+
+
+def priority_victims(need: int, priority: int, free: Sequence[int],
+                     running: Sequence[Running]) -> tuple[int, list[str]] | None:
+    """(host, the fewest running jobs of classes below ``priority``) whose suspension leaves
+    ``need`` free slots on that host (``free``: slots free per host now); None if no such set
+    exists. Candidates must be preemptible (the caller has already applied the hysteresis)."""
+    best: tuple[tuple, list[str]] | None = None
+    for host, free_here in enumerate(free):
+        if free_here >= need:
+            return host, []
+        candidates = sorted((job for job in running if job.preemptible and job.priority < priority
+                             and job.placement[host] > 0), key=lambda job: (job.priority, -job.started, job.id))
+        candidates = candidates[:MAX_CANDIDATES]
+        for count in range(1, len(candidates) + 1):
+            fits = [combo for combo in combinations(candidates, count)
+                    if free_here + sum(job.placement[host] for job in combo) >= need]
+            if fits:   # the fewest jobs; then the lowest classes, the fewest workers, the latest started
+                combo = min(fits, key=lambda c: (max(j.priority for j in c), sum(sum(j.placement) for j in c),
+                                                 -min(j.started for j in c)))
+                cost = (count, max(j.priority for j in combo), sum(sum(j.placement) for j in combo), host)
+                if best is None or cost < best[0]:
+                    best = (cost, [job.id for job in combo])
+                break
+    return None if best is None else (best[0][3], best[1])

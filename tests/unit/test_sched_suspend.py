@@ -1,0 +1,222 @@
+"""Suspend and resume in the live scheduler's decisions (pure; taiji/sched/preemption.py and
+taiji/sched/scheduler.py): a policy's 0 suspends a job, the hysteresis and the hourly bound, a
+suspended job resumes at another size, priority preemption of gangs, the cost model shared with
+the simulator, and the signed replies of the request channel. Processes:
+tests/integration/test_sched_suspend_procs.py."""
+import json
+import socket
+import threading
+
+import pytest
+
+from taiji.errors import AuthError
+from taiji.launch.sched.channel import ask
+from taiji.sched.cluster import Allocation
+from taiji.sched.policies import Tiresias
+from taiji.sched.preemption import Running, SuspendRules, may_suspend, priority_victims
+from taiji.sched.rounds import Change
+from taiji.sched.scheduler import Observed, Scheduler
+from taiji.sched.sim import SYSTEMS, resize_cost
+
+
+class Scripted:
+    """A policy that gives each job the workers it is told to (on host 0)."""
+    name = "scripted"
+
+    def __init__(self):
+        self.plan = {}
+
+    def allocate(self, now, cluster, jobs):
+        return {job.name: Allocation((self.plan[job.name],) + (0,) * (cluster.num_hosts - 1), job.spec.batch_size)
+                for job in jobs if self.plan.get(job.name)}
+
+
+def seen(sched, now, job_id, size, step, version=1):
+    sched.observe(now, job_id, Observed(size=size, version=version, step=step, batch_size=64, position=64 * step,
+                                        end=64000, samples_per_s=640.0))
+
+
+def started(sched, now, job_id, size, step=1):
+    sched.launched(now, job_id)
+    seen(sched, now, job_id, size, step)
+
+
+def test_hysteresis_and_the_hourly_bound():
+    rules = SuspendRules(max_per_hour=2, min_run_factor=3.0)
+    assert not may_suspend(False, [], 0.0, 1000.0, 10.0, rules), "--no-preempt"
+    assert not may_suspend(True, [], 990.0, 1000.0, 10.0, rules), "ran 10 s < 3 x its 10 s cost"
+    assert may_suspend(True, [], 970.0, 1000.0, 10.0, rules)
+    assert not may_suspend(True, [100.0, 900.0], 0.0, 1000.0, 10.0, rules), "two in the last hour"
+    assert may_suspend(True, [100.0, 900.0], 0.0, 3800.0, 10.0, rules), "the first is an hour old"
+
+
+def test_priority_suspends_the_fewest_lower_jobs_and_only_if_the_gang_then_fits():
+    running = [Running("low-a", 0, True, (2, 0), 10.0), Running("low-b", 0, True, (1, 1), 20.0),
+               Running("mid", 1, True, (0, 3), 5.0)]
+    assert priority_victims(3, 2, [1, 0], running) == (0, ["low-a"]), "one job frees enough on host 0"
+    assert priority_victims(4, 1, [0, 0], running) is None, "host 0 has 3 slots of lower jobs, host 1 only 1"
+    assert priority_victims(2, 0, [0, 0], running) is None, "nothing of a lower class"
+    assert priority_victims(1, 5, [0, 1], running) == (1, []), "it fits without anyone's suspension"
+
+
+def test_a_policys_zero_suspends_a_job_which_resumes_later_at_another_size():
+    policy = Scripted()
+    sched = Scheduler(slots=4, policy=policy, rules=SuspendRules(min_run_factor=0.0))
+    a = sched.submit(0.0, ["a"], min_np=2, max_np=4, checkpoint_dir="/ckpt/a")
+    pinned = sched.submit(0.0, ["p"], min_np=1, max_np=1, preemptible=False, checkpoint_dir="/ckpt/p")
+    policy.plan = {a.id: 3, pinned.id: 1}
+    assert sched.round(0.0) == [Change(a.id, (0,), (3,)), Change(pinned.id, (0,), (1,))]
+    started(sched, 1.0, a.id, 3, step=5)
+    started(sched, 1.0, pinned.id, 1)
+    b = sched.submit(10.0, ["b"], min_np=4, max_np=4, checkpoint_dir="/ckpt/b")
+    policy.plan = {b.id: 4}   # the policy gives a and the pinned job nothing
+    changes = sched.round(20.0)
+    assert changes == [Change(a.id, (3,), (0,))] and changes[0].kind == "suspend", "the pinned job keeps 1"
+    sched.suspending_job(20.0, a.id)
+    assert sched.round(21.0) == [], "b waits: a's slots are not free while its launcher runs"
+    assert sched.tick(22.0) == []
+    sched.suspended(25.0, a.id, step=40)
+    job = sched.jobs[a.id]
+    assert (job.state, job.stopped_at, job.size, job.suspensions) == ("suspended", 40, 0, [25.0])
+    assert sched.tick(25.0) == [], "b needs 4, 3 are free (the pinned job holds one)"
+    policy.plan = {a.id: 2, pinned.id: 1}
+    assert sched.round(30.0) == [Change(a.id, (0,), (2,))], "resumed at 2 workers"
+    sched.launched(30.0, a.id)
+    seen(sched, 34.0, a.id, 2, step=41)
+    assert job.state == "running" and job.costs == [pytest.approx(5.0 + 4.0)], "stall + boot to first step"
+    assert sched.view_of(job).progress == pytest.approx(41) and sched.view_of(job).restarts == 1
+    assert [n for _, n in job.allocations] == [3, 0, 2]
+    saved = Scheduler(slots=4, policy=policy)
+    saved.load_json(json.loads(json.dumps(sched.to_json())))
+    assert saved.jobs[a.id].suspensions == [25.0] and saved.jobs[pinned.id].preemptible is False
+
+
+def test_within_the_hysteresis_or_without_a_checkpoint_dir_a_job_keeps_its_minimum():
+    policy = Scripted()
+    sched = Scheduler(slots=4, policy=policy, rules=SuspendRules(min_run_factor=3.0, guess_cost_s=10.0))
+    a = sched.submit(0.0, ["a"], min_np=2, max_np=4, checkpoint_dir="/ckpt/a")
+    c = sched.submit(0.0, ["c"], min_np=1, max_np=1)   # no checkpoint directory: nothing to resume from
+    policy.plan = {a.id: 3, c.id: 1}
+    sched.round(0.0)
+    started(sched, 0.0, a.id, 3)
+    started(sched, 0.0, c.id, 1)
+    b = sched.submit(10.0, ["b"], min_np=4, max_np=4, checkpoint_dir="/ckpt/b")
+    policy.plan = {b.id: 4}
+    assert sched.round(20.0) == [Change(a.id, (3,), (2,))], "20 s < 3 x 10 s: kept at its minimum"
+    seen(sched, 21.0, a.id, 2, 2, version=2)
+    assert [(ch.job, ch.kind) for ch in sched.round(40.0)] == [(a.id, "suspend")]
+
+
+def test_tiresias_live_suspends_the_job_with_more_attained_service():
+    sched = Scheduler(slots=4, policy=Tiresias(threshold_gpu_s=100.0), rules=SuspendRules(min_run_factor=0.0))
+    old = sched.submit(0.0, ["old"], min_np=4, max_np=4, checkpoint_dir="/c/old")
+    sched.round(0.0)
+    started(sched, 0.0, old.id, 4)
+    new = sched.submit(50.0, ["new"], min_np=4, max_np=4, checkpoint_dir="/c/new")
+    changes = sched.round(60.0)   # old holds 240 worker-seconds > 100: demoted below the new arrival
+    assert [(c.job, c.kind) for c in changes] == [(old.id, "suspend")]
+    sched.suspending_job(60.0, old.id)
+    sched.suspended(62.0, old.id, step=30)
+    assert sched.tick(62.0) == [Change(new.id, (0,), (4,))]
+
+
+def test_a_higher_class_arrival_suspends_lower_ones_only_if_its_gang_fits():
+    policy = Scripted()
+    sched = Scheduler(slots=4, policy=policy, rules=SuspendRules(min_run_factor=0.0))
+    low = sched.submit(0.0, ["low"], min_np=1, max_np=3, checkpoint_dir="/c/low")
+    pinned = sched.submit(0.0, ["pinned"], min_np=1, max_np=1, preemptible=False, checkpoint_dir="/c/p")
+    policy.plan = {low.id: 3, pinned.id: 1}
+    sched.round(0.0)
+    started(sched, 0.0, low.id, 3)
+    started(sched, 0.0, pinned.id, 1)
+    big = sched.submit(10.0, ["big"], min_np=4, max_np=4, priority=1, checkpoint_dir="/c/big")
+    assert sched.round(20.0) == [], "4 slots only if the pinned job went too: nobody is suspended"
+    sched.ended(21.0, big.id, "cancelled")
+    high = sched.submit(22.0, ["high"], min_np=3, max_np=4, priority=1, checkpoint_dir="/c/high")
+    assert sched.round(30.0) == [Change(low.id, (3,), (0,))]
+    sched.suspending_job(30.0, low.id)
+    sched.suspended(31.0, low.id, step=7)
+    assert sched.tick(31.0) == [Change(high.id, (0,), (3,))]
+    started(sched, 32.0, high.id, 3)
+    policy.plan = {low.id: 3, pinned.id: 1}   # the policy would give the high class's slots back to low
+    assert sched.round(40.0) == [], "a 0 never suspends a job for a lower class"
+    assert sched.jobs[high.id].suspending is None
+
+
+def test_the_simulator_charges_a_resume_not_a_start_to_a_preempted_job():
+    taiji = SYSTEMS["taiji"]
+    new = Allocation((2,), 64)
+    assert resize_cost(taiji, None, new) == taiji.start
+    assert resize_cost(taiji, None, new, resumed=True) == taiji.resume_s > 100 * taiji.grow
+    assert resize_cost(SYSTEMS["restart"], None, new, resumed=True) == 30.0
+
+
+def test_a_reply_not_signed_with_the_daemons_secret_is_refused():
+    server = socket.create_server(("127.0.0.1", 0))
+    def answer():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b'{"nonce": "00"}\n')
+            conn.recv(65536)
+            conn.sendall(json.dumps({"reply": {"ok": True, "job": "s0001"}, "mac": "0" * 64}).encode() + b"\n")
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(AuthError, match="not signed with this scheduler's secret"):
+            ask(f"127.0.0.1:{server.getsockname()[1]}", b"k" * 32, {"op": "status"}, timeout=5.0)
+    finally:
+        thread.join(5.0)
+        server.close()
+
+
+def test_status_and_plot_show_a_suspension(tmp_path):
+    from taiji.launch.sched.cli import format_status, plot_state
+    sched = Scheduler(slots=2, policy=Scripted(), rules=SuspendRules(min_run_factor=0.0))
+    job = sched.submit(0.0, ["a"], max_np=2, checkpoint_dir="/c/a", name="long")
+    started(sched, 1.0, job.id, 2)
+    sched.suspending_job(5.0, job.id)
+    assert "running (suspending)" in format_status({**sched.to_json(), "now": 6.0})
+    sched.suspended(6.0, job.id, step=12)
+    assert "suspended at step 12" in format_status({**sched.to_json(), "now": 7.0})
+    (tmp_path / "state.json").write_text(json.dumps(sched.to_json()))
+    assert plot_state(tmp_path, str(tmp_path / "a.png")).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_lost_home_host_is_fenced_before_its_job_may_resume_elsewhere(tmp_path):
+    import sys
+    import time
+
+    from taiji.launch.sched.agent import SchedAgent
+    from taiji.launch.sched.hosts import AgentHosts
+    hosts = AgentHosts([("10.0.0.1", 1), ("10.0.0.2", 1)], host_timeout=3.0, fence_s=5.0, checkpoint_grace=5.0)
+    hosts.adopt("s1", 0)
+    now = time.monotonic()
+    reply = hosts.on_poll(now, {"host": "10.0.0.1", "slots": 1, "processes": {"s1/launcher": None}})
+    assert reply["fence_s"] == 5.0, "every reply tells the agents the fence"
+    assert (0, False) in hosts.poll_hosts(now + 4.0)
+    assert hosts.outcome("s1") is None and hosts.running("s1") and not hosts.home_lost("s1"), "fenced soon: wait"
+    hosts.agents["10.0.0.1"].seen = now - 21.0   # silent for longer than fence + checkpoint grace + stop grace
+    assert hosts.home_lost("s1") and hosts.outcome("s1") == 137
+    # the agent's side: a daemon silent for longer than the fence stops this host's launchers
+    agent = SchedAgent("127.0.0.1:1", b"k" * 32, "10.0.0.1", 1, tmp_path)
+    agent.sessions.start("s1/launcher", [sys.executable, "-c", "import time; time.sleep(60)"], "", tmp_path / "l.log")
+    try:
+        agent.fence_s, agent.answered = 5.0, time.monotonic() - 6.0
+        agent.fence()
+        assert agent.sessions.children["s1/launcher"].wait(10) == -15
+    finally:
+        agent.sessions.stop(["s1/launcher"], grace=1.0)
+
+
+def test_the_simulators_floor_keeps_started_jobs_that_a_preemptive_policy_suspends():
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    specs = [JobSpec("long", 0.0, "yolov3", 4, 128), JobSpec("short", 6000.0, "ncf", 4, 128)]
+    las = lambda: Tiresias(threshold_gpu_s=20000.0)   # noqa: E731  (long is demoted before short arrives)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=4), resize=SYSTEMS["taiji"])
+    preempting = {r.name: r for r in simulate(specs, las(), config).records}
+    floor = {r.name: r for r in simulate(specs, las(), SimConfig(**{**config.__dict__, "preemption": False})).records}
+    assert preempting["short"].jct < floor["short"].jct, "with preemption the short job need not wait"
+    assert preempting["long"].restarts >= 2 and floor["long"].restarts == 1
+    assert floor["short"].start_time >= floor["long"].end_time
