@@ -28,6 +28,14 @@ runs on host 0, then on hosts 0 and 1, one worker per host; gloo goes over each 
 
     .venv/bin/python benchmarks/multihost.py --quick     # one repetition, ~8 min
     .venv/bin/python benchmarks/multihost.py --quick --cases faults
+    .venv/bin/python benchmarks/multihost.py --quick --cases preempt
+
+- **preemption notice** (``--cases preempt``) — the same 5 workers on 3 hosts; host 2 is being
+  reclaimed: SIGTERM to its agent (taiji: what `taiji drain` sends, ``--grace 30``; its workers
+  leave at a step boundary as a planned shrink. torchrun: its agent stops its workers, the others
+  restart without it from their checkpoint). Rows: the running workers' stall (the longest gap
+  between rank 0's commits from the notice on, less one normal step) with the steps redone, and
+  notice -> the host's agent gone.
 """
 from __future__ import annotations
 
@@ -74,11 +82,11 @@ def taiji_head(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: d
 
 
 def taiji_agent(hosts: EmulatedHosts, out: Path, env: dict, log: StepLog, job_id: str, store: str,
-                host: int = 1, slots: int = 1) -> LaunchedJob:
+                host: int = 1, slots: int = 1, extra: tuple[str, ...] = ()) -> LaunchedJob:
     """`taiji join` on ``host`` with ``slots`` slots."""
     return LaunchedJob(f"taiji-agent{host}", in_host(hosts, host, [
         *CLI, "join", f"{job_id}@{store}", "--secret-file", str(out / "home" / "jobs" / f"{job_id}.secret"),
-        "--nproc-per-node", str(slots), "--host", hosts.address(host), "--timeout", "5"]), out, env, log)
+        "--nproc-per-node", str(slots), "--host", hosts.address(host), "--timeout", "5", *extra]), out, env, log)
 
 
 def taiji_side(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
@@ -216,6 +224,82 @@ def taiji_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env:
             job.close()
 
 
+def _stall(commits: list[dict], since: float, step_ms: float) -> tuple[float, int]:
+    """The longest gap between two of rank 0's commits from the last one before ``since`` on,
+    less one normal step (ms); and how many step indices were committed more than once."""
+    before = [c for c in commits if c["time"] <= since][-1:]
+    around = before + [c for c in commits if c["time"] > since]
+    gap = max((b["time"] - a["time"] for a, b in zip(around, around[1:])), default=0.0) * 1e3
+    steps = [c["step"] for c in commits]
+    return round(gap - step_ms, 2), len(steps) - len(set(steps))
+
+
+def taiji_preempt(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
+    """5 workers on 3 hosts; host 2 is being reclaimed: SIGTERM to its agent (what `taiji drain`
+    sends) with ``--grace 30``. Notice -> the agent gone; the running workers' stall; steps redone."""
+    log = StepLog(out, "taiji")
+    job_id = "jpre"
+    env = dict(env, TAIJI_HOME=str(out / "home"))
+    deadline = time.monotonic() + args.timeout
+    jobs = [taiji_head(args, hosts, out, env, log, job_id, "--port", str(PORT), max_np=sum(FAULT_SLOTS),
+                       timeout=args.fault_timeout)]
+    try:
+        def w0() -> list[dict]:
+            return log.select("commit", worker="w0")
+        wait_for(lambda: len(w0()) >= args.warm, log, jobs, deadline, "warm-up steps")
+        agents = {i: taiji_agent(hosts, out, env, log, job_id, f"{hosts.address(0)}:{PORT}", host=i,
+                                 slots=FAULT_SLOTS[i], extra=("--grace", "30")) for i in (1, 2)}
+        jobs += list(agents.values())
+        wait_for(lambda: len(_after(w0(), 0, 5)) >= args.settle, log, jobs, deadline, f"{args.settle} steps at 5")
+        at5 = _after(w0(), 0, 5)
+        step_ms = median(b["time"] - a["time"] for a, b in zip(at5, at5[1:])) * 1e3
+        noticed = time.time()
+        os.kill(agents[2].session.pid, signal.SIGTERM)
+        code = agents[2].session.wait(max(deadline - time.monotonic(), 1.0))
+        gone = time.time()
+        wait_for(lambda: len(_after(w0(), noticed, 3)) >= args.settle, log, jobs[:2], deadline,
+                 f"{args.settle} steps at 3")
+        stall_ms, redone = _stall(w0(), noticed, step_ms)
+        (out / "stop").touch()
+        jobs[0].session.wait(max(deadline - time.monotonic(), 1.0))
+        return {"gone_s": gone - noticed, "agent_exit": code, "stall_ms": stall_ms, "redone": redone,
+                "step_ms": step_ms}
+    finally:
+        for job in jobs:
+            job.close()
+
+
+def torchrun_preempt(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
+    """The same notice under torchrun (`--nnodes 1:3`, a checkpoint every step): SIGTERM to host
+    2's agent; the others restart in a new rendezvous round without it."""
+    log = StepLog(out, "torchrun")
+    deadline = time.monotonic() + args.timeout + args.fault_wait
+    jobs = [LaunchedJob(f"torchrun-p{i}", torchrun_cmd(hosts, i, "1:3", PORT + 5, args, out, "p", 3, FAULT_SLOTS[i],
+                                                       args.fault_timeout), out, env, log) for i in range(3)]
+    try:
+        def r0() -> list[dict]:
+            return log.select("commit", tag="p", rank=0)
+        wait_for(lambda: len(_after(r0(), 0, 5)) >= args.settle, log, jobs, deadline, f"{args.settle} steps at 5")
+        at5 = _after(r0(), 0, 5)
+        step_ms = median(b["time"] - a["time"] for a, b in zip(at5, at5[1:])) * 1e3
+        noticed = time.time()
+        os.kill(jobs[2].session.pid, signal.SIGTERM)
+        jobs[2].session.wait(max(deadline - time.monotonic(), 1.0))
+        gone = time.time()
+        try:
+            wait_for(lambda: len(_after(r0(), noticed, 3)) >= args.settle, log, jobs[:2],
+                     min(deadline, time.monotonic() + args.fault_wait), f"{args.settle} steps at 3")
+        except (TimeoutError, RuntimeError):
+            return {"gone_s": gone - noticed, "stall_ms": None, "lower_bound_ms": args.fault_wait * 1e3,
+                    "outcome": f"no step at 3 within {args.fault_wait:g}s"}
+        stall_ms, redone = _stall(r0(), noticed, step_ms)
+        return {"gone_s": gone - noticed, "stall_ms": stall_ms, "redone": redone, "step_ms": step_ms,
+                "outcome": "restarted at 3"}
+    finally:
+        for job in jobs:
+            job.close()
+
+
 def torchrun_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env: dict) -> dict:
     """The same 5 workers on 3 hosts under torchrun (`--nnodes 1:3`, restarts from a checkpoint
     written every step, the same collective timeout): host 2's agent killed, then host 1's link
@@ -302,9 +386,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fault-timeout", type=float, default=30.0,
                         help="collective timeout, both sides, in the 5-worker agent-loss and cut-link runs")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
-    parser.add_argument("--cases", default="grow,head,faults",
+    parser.add_argument("--cases", default="grow,head,faults,preempt",
                         help="which runs (comma-separated): grow (grow + host loss), head (head loss, needs "
-                             "etcd), faults (agent loss and cut link at 5 workers)")
+                             "etcd), faults (agent loss and cut link at 5 workers), preempt (a notice to one "
+                             "of 3 hosts)")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
     return args
@@ -328,7 +413,8 @@ def main(argv=None) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="eth0",
                OMP_NUM_THREADS="1")
     runs: dict[str, list[dict]] = {"taiji": [], "torchrun": [], "taiji_head": [], "torchrun_head": [],
-                                   "taiji_faults": [], "torchrun_faults": [], "taiji_faults_etcd": []}
+                                   "taiji_faults": [], "torchrun_faults": [], "taiji_faults_etcd": [], "taiji_preempt": [],
+                                   "torchrun_preempt": []}
     errors: list[str] = []
     try:
         for rep in range(args.reps):
@@ -340,6 +426,8 @@ def main(argv=None) -> None:
                     order += [("taiji_faults_etcd", lambda *a: taiji_faults(*a, store="etcd"))]
             if "head" in cases and shutil.which("etcd"):
                 order += [("taiji_head", taiji_head_loss), ("torchrun_head", torchrun_head_loss)]
+            if "preempt" in cases:
+                order += [("taiji_preempt", taiji_preempt), ("torchrun_preempt", torchrun_preempt)]
             for name, side in (order if rep % 2 == 0 else order[::-1]):
                 out = base / f"{name}-{rep}"
                 out.mkdir()
@@ -396,6 +484,19 @@ def main(argv=None) -> None:
                                  higher_is_better=False,
                                  anchor_outcome=[r["outcome"] for r in runs["torchrun_head"]],
                                  anchor_is_lower_bound=med("torchrun_head", "resume_s") is None))
+    if runs["taiji_preempt"] or runs["torchrun_preempt"]:
+        anchor = med("torchrun_preempt", "stall_ms")
+        rows.append(contract_row("preemption notice on one of 3 hosts: running workers' stall (ms)",
+                                 med("taiji_preempt", "stall_ms"), anchor or med("torchrun_preempt", "lower_bound_ms"),
+                                 higher_is_better=False, target="taiji <= 50 ms, 0 steps redone",
+                                 steps_redone=[r["redone"] for r in runs["taiji_preempt"]],
+                                 anchor_steps_redone=[r.get("redone") for r in runs["torchrun_preempt"]],
+                                 anchor_outcome=[r.get("outcome") for r in runs["torchrun_preempt"]],
+                                 anchor_is_lower_bound=anchor is None))
+        rows.append(contract_row("preemption notice on one of 3 hosts: notice -> host gone (s)",
+                                 med("taiji_preempt", "gone_s"), med("torchrun_preempt", "gone_s"),
+                                 higher_is_better=False,
+                                 agent_exit=[r["agent_exit"] for r in runs["taiji_preempt"]]))
     for row in rows:
         print(f"# {row['case']}: taiji {row['taiji']}  torchrun {row['anchor']}  ratio {row['ratio']}",
               file=sys.stderr)
