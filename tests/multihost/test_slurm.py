@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,17 +24,25 @@ TAIJI = [sys.executable, "-m", "taiji.launch.cli"]
 
 
 def _srun(slurm3, out: Path, name: str, nodes: str, taiji_args: list[str]) -> subprocess.Popen:
-    """``srun`` on host 0 (in ``out``, one task per node, output labelled by task) of `taiji ...`."""
+    """``srun`` on host 0 (in ``out``, one task per node) of `taiji ...`; its output, labelled by
+    task and timed, goes to ``out/<name>.log``."""
     argv = ["srun", "-l", "-N", str(len(nodes.split(","))), "-w", nodes, "--ntasks-per-node", "1",
             "--chdir", str(out), "-J", name, *TAIJI, *taiji_args]
-    with open(out / f"{name}.log", "w") as log:
-        return slurm3.popen(0, argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(out),
-                            env=dict(slurm3.env, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR",
-                                     TAIJI_HOME=str(out / "home")))
+    proc = slurm3.popen(0, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(out),
+                        env=dict(slurm3.env, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR",
+                                 TAIJI_HOME=str(out / "home")))
+
+    def pump() -> None:
+        with open(out / f"{name}.log", "w") as log:
+            for line in proc.stdout:
+                log.write(f"{time.monotonic():.2f} {line}")
+                log.flush()
+    threading.Thread(target=pump, daemon=True).start()
+    return proc
 
 
 def _train(out: Path, *args: str) -> list[str]:
-    return ["--timeout", "3", "--liveness-timeout", "2", "--run-dir", str(out / "run"), *args[:-1], "--",
+    return ["--timeout", "3", "--run-dir", str(out / "run"), *args[:-1], "--",
             sys.executable, ELASTIC_SCRIPT, str(out), "--batch", "16", "--step-delay", "0.03", *args[-1].split()]
 
 
@@ -85,10 +95,9 @@ def test_srun_job_grows_onto_a_second_allocation_survives_a_killed_task_and_resu
     try:
         first = _srun(slurm3, a, "a", "n0,n1", ["run", "--slurm", "--nnodes", "2:3", *_train(
             a, "--checkpoint-dir", str(ck), "--checkpoint-every", "10", "--steps 100000")])
-        wait_for(lambda: _committed(a, "w1") > 0 or first.poll() is not None, 120, "a step on both nodes")
-        job = _slurm_job(a)
+        job = _slurm_job(a)  # as soon as A's launcher is up (B joins while A gathers its nodes, or later)
         second = _srun(slurm3, a, "b", "n2", ["join", "--slurm", job])
-        wait_for(lambda: _committed(a, "w2") > 0 or first.poll() is not None, 120, "a step on job B's node")
+        wait_for(lambda: _committed(a, "w2") > 0 or first.poll() is not None, 120, "a step with 3 workers")
         os.kill(_task_pid(slurm3, 1, "run"), signal.SIGKILL)  # n1's task, its agent: its worker dies with it
         wait_for(lambda: "cluster v3" in _log(a, "a") or first.poll() is not None, 60, "the job to shrink")
         wait_for(lambda: _committed(a, "w2") > 2 or first.poll() is not None, 60, "steps after the shrink")

@@ -395,9 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.subcommand in ("run", "join"):
             export_tls_files(args)
         if args.subcommand == "run" and args.slurm:
-            from .run import run_job
             from .slurm_task import prepare_run, run_task
-            allocation = prepare_run(args)
+            allocation = prepare_run(args)  # before torch loads: a task outside Slurm is told at once
+            from .run import run_job
             metrics = metrics_http.config_of(args)
             return run_task(parse_run(args), allocation,
                             lambda cfg, announce: run_job(cfg, metrics=metrics, announce=announce))
@@ -405,8 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .run import run_job
             return run_job(parse_run(args), metrics=metrics_http.config_of(args))
         if args.subcommand == "join":
+            join = parse_join(args)  # before torch loads (with the agent): bad input is told at once
             from .agent import Agent
-            return Agent(parse_join(args)).run()
+            return Agent(join).run()
         if args.subcommand == "resize":
             return resize_job(args.job, args.size, args.placement)
         if args.subcommand == "status":

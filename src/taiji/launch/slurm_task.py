@@ -69,7 +69,7 @@ class Handover:
     def withdraw(self, allocation: slurm.Allocation) -> None:
         """The launcher exits: remove the handover, if it is still this task's."""
         record = self.read()
-        if record is not None and _same_run(record, allocation):
+        if record is not None and same_run(record, allocation):
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def read(self) -> dict | None:
@@ -97,7 +97,7 @@ class Handover:
             time.sleep(POLL_SECONDS)
 
 
-def _same_run(record: dict, allocation: slurm.Allocation) -> bool:
+def same_run(record: dict, allocation: slurm.Allocation) -> bool:
     return (record.get("slurm_job"), record.get("step"), record.get("restart")) == (
         allocation.job, allocation.step, allocation.restart)
 
@@ -149,9 +149,9 @@ def run_task(cfg: RunConfig, allocation: slurm.Allocation,
             raise
         finally:
             handover.withdraw(allocation)
-    record, secret = handover.wait(lambda r: _same_run(r, allocation), cfg.join_timeout,
+    from .agent import Agent  # torch loads while the launcher starts
+    record, secret = handover.wait(lambda r: same_run(r, allocation), cfg.join_timeout,
                                    f"launcher of Slurm job {allocation.job} step {allocation.step or '-'}")
-    from .agent import Agent
     return Agent(JoinConfig(job_id=str(record["job"]), store_url=str(record["store"]), secret=secret,
                             slots=cfg.nproc_per_node, host=cfg.host, grace=cfg.grace, job_notice=True)).run()
 
@@ -162,10 +162,6 @@ def join_config(args: argparse.Namespace) -> JoinConfig:
         raise ConfigError(f"give either JOB@HOST:PORT or --slurm JOB, not both (got {args.target!r})")
     target = str(args.slurm)
     allocation = slurm.read_allocation(os.environ)
-    if allocation.job == target:
-        raise ConfigError(f"this task runs in Slurm job {target} itself: that job's nodes are in the job already "
-                          f"(`srun taiji run --slurm` starts them); `taiji join --slurm {target}` is for the tasks "
-                          "of another allocation")
     slurm.check_one_task_per_node(allocation)
     handover = Handover(shared_dir(allocation), target)
     record = handover.read()
@@ -180,6 +176,8 @@ def join_config(args: argparse.Namespace) -> JoinConfig:
     slots = args.nproc_per_node or slurm.default_slots(allocation)
     if slots < 1:
         raise ConfigError(f"--nproc-per-node must be at least 1, got {slots}")
+    # another step of the launcher's own allocation: Slurm's SIGTERM reaches the launcher too
     return JoinConfig(job_id=str(record["job"]), store_url=str(record["store"]), secret=secret, slots=slots,
-                      host=_node_address(args, allocation), timeout=args.timeout, grace=args.grace)
+                      host=_node_address(args, allocation), timeout=args.timeout, grace=args.grace,
+                      job_notice=allocation.job == target)
 
