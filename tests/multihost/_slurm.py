@@ -187,4 +187,9 @@ class SlurmCluster:
         self.daemons.clear()
         for etc in self._etc:
             shutil.rmtree(etc, ignore_errors=True)
+        if self._etc:
+            try:
+                self._etc[0].parent.rmdir()  # /etc/netns, unless another test's hosts use it now
+            except OSError:
+                pass
         self._etc.clear()

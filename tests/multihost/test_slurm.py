@@ -19,7 +19,7 @@ import pytest
 from _harness import ELASTIC_SCRIPT, check_invariants, merge_runs, wait_for
 from taiji.checkpoint.storage import Storage
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TAIJI = [sys.executable, "-m", "taiji.launch.cli"]
 
 

@@ -5,14 +5,19 @@ ids). The processes themselves: tests/multihost/test_slurm.py, against a real Sl
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import re
+import signal
 import stat
+from pathlib import Path
 
 import pytest
 
 from taiji.errors import ConfigError, LaunchError
 from taiji.launch import cli, slurm, slurm_task
+from taiji.launch.supervisor import Supervisor
 
 STEP = {"SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NODEID": "1",
         "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_STEP_NUM_TASKS": "2",
@@ -127,3 +132,27 @@ def test_the_cli_says_what_is_wrong_in_one_line(monkeypatch, capsys):
     assert "--host with --slurm would give every node the same address" in capsys.readouterr().err
     assert cli.main(["run", "--slurm", "--nnodes", "3:4", "python", "train.py"]) == 2
     assert "--nnodes 3:4 waits for more hosts than the 2 node(s) of Slurm job 812" in capsys.readouterr().err
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_workers_inside_a_slurm_job_start_with_sigterm_ignored(monkeypatch, inside):
+    """Slurm signals every process of a step: the launcher or agent decides what a notice means."""
+    if inside:
+        monkeypatch.setenv("SLURM_JOB_ID", "812")
+    else:
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    sup = Supervisor(output=io.StringIO())
+    worker = sup.spawn("w0", 0, ["sleep", "60"], dict(os.environ))
+    try:
+        assert _ignores_sigterm(worker.pid) == inside
+    finally:
+        sup.kill("w0")
+        while sup.running():
+            sup.wait(timeout=5)
+        sup.close()

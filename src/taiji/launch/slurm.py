@@ -122,9 +122,11 @@ def read_allocation(environ: Mapping[str, str]) -> Allocation:
     ntasks = _int(environ, "SLURM_STEP_NUM_TASKS", _int(environ, "SLURM_NTASKS", len(nodes)))
     nodeid = _int(environ, "SLURM_NODEID", 0)
     node = environ.get("SLURMD_NODENAME") or (nodes[nodeid] if nodeid < len(nodes) else "")
-    return Allocation(job=job, step=environ.get("SLURM_STEP_ID", ""), restart=_int(environ, "SLURM_RESTART_COUNT", 0),
-                      procid=_int(environ, "SLURM_PROCID"), ntasks=ntasks, nodeid=nodeid, nodes=nodes, node=node,
-                      submit_dir=environ.get("SLURM_SUBMIT_DIR", ""), gpus_on_node=_int(environ, "SLURM_GPUS_ON_NODE", 0))
+    return Allocation(job=job, step=environ.get("SLURM_STEP_ID", ""),
+                      restart=_int(environ, "SLURM_RESTART_COUNT", 0), procid=_int(environ, "SLURM_PROCID"),
+                      ntasks=ntasks, nodeid=nodeid, nodes=nodes, node=node,
+                      submit_dir=environ.get("SLURM_SUBMIT_DIR", ""),
+                      gpus_on_node=_int(environ, "SLURM_GPUS_ON_NODE", 0))
 
 
 def check_one_task_per_node(allocation: Allocation) -> None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -30,8 +30,6 @@ from ..comm.addresses import interface_address
 from ..errors import ConfigError, LaunchError, StoreError
 from . import slurm
 from .options import JoinConfig, RunConfig
-
-log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.1
 RECORD, SECRET = "job.json", "secret"
@@ -140,8 +138,11 @@ def run_task(cfg: RunConfig, allocation: slurm.Allocation,
     if allocation.launches:
         def announce(store_url: str, secret: bytes) -> None:
             handover.publish(allocation, cfg.job_id, store_url, secret)
-            log.info("Slurm job %s: %d node(s) %s; the other tasks join through %s", allocation.job,
-                     len(allocation.nodes), ",".join(allocation.nodes), handover.directory)
+            others = ", ".join(allocation.nodes[1:]) or "no other node"
+            sys.stdout.write(f"taiji: Slurm job {allocation.job}: the tasks on {others} join through "
+                             f"{handover.directory}; another allocation's tasks join with "
+                             f"`srun taiji join --slurm {allocation.job}`\n")
+            sys.stdout.flush()
         try:
             return run_job(cfg, announce)
         except (ConfigError, LaunchError, StoreError) as exc:
