@@ -19,7 +19,7 @@ import pytest
 from _harness import ELASTIC_SCRIPT, check_invariants, merge_runs, wait_for
 from taiji.checkpoint.storage import Storage
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]  # 8 processes load torch: slow on a busy 2-core machine
 TAIJI = [sys.executable, "-m", "taiji.launch.cli"]
 
 
@@ -107,7 +107,7 @@ def test_srun_job_grows_onto_a_second_allocation_survives_a_killed_task_and_resu
         stopped_at = Storage(str(ck)).listing().latest
         assert stopped_at == _committed(a), "the final checkpoint is at the step the job stopped"
         third = _srun(slurm3, c, "c", "n0", ["run", "--slurm", *_train(
-            c, "--checkpoint-dir", str(ck), "--resume", "auto", f"--steps {stopped_at + 4}")])
+            c, "--checkpoint-dir", str(ck), "--resume", "auto", f"--steps {stopped_at + 2}")])
         assert third.wait(timeout=120) == 0, _log(c, "c")[-4000:]
     finally:
         _reap(first, second, third)
@@ -118,7 +118,7 @@ def test_srun_job_grows_onto_a_second_allocation_survives_a_killed_task_and_resu
     assert "task 0: Exited with exit code 75" in log and "resumable from" in log, log[-4000:]
     assert "Traceback" not in log + _log(a, "b") + _log(c, "c"), log[-4000:]
     assert not (a / ".taiji" / "slurm" / job).exists(), "the launcher removes its handover when it exits"
-    merge_runs([(a, 0, stopped_at), (c, stopped_at, stopped_at + 4)], tmp_path / "merged")
+    merge_runs([(a, 0, stopped_at), (c, stopped_at, stopped_at + 2)], tmp_path / "merged")
     assert check_invariants(tmp_path / "merged", 16)["sizes"] == [2, 3, 2, 1]
 
 
