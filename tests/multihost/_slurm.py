@@ -21,7 +21,7 @@ from typing import Sequence
 
 from _netns import EmulatedHosts
 
-DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "sinfo")
+NEEDED = ("munged", "slurmctld", "slurmd", "srun", "scontrol", "scancel", "sinfo", "nsenter", "unshare")
 SBIN = ("/usr/sbin", "/usr/bin")
 CTLD_PORT, SLURMD_PORT = 6817, 6818  # each host is a network namespace of its own: no clash
 
@@ -32,10 +32,10 @@ def _which(name: str) -> str | None:
 
 def unavailable() -> str | None:
     """Why a Slurm cluster cannot be made here (None: it can)."""
-    missing = [name for name in DAEMONS if _which(name) is None]
+    missing = [name for name in NEEDED if _which(name) is None]
     if missing:
-        return (f"Slurm or munge is missing ({', '.join(missing)}): `apt-get install slurm-wlm munge` "
-                "(`make test` does it as root)")
+        return (f"missing: {', '.join(missing)} (`apt-get install slurm-wlm munge`; `make test` installs them "
+                "as root)")
     return None
 
 

@@ -119,7 +119,8 @@ def test_srun_job_grows_onto_a_second_allocation_survives_a_killed_task_and_resu
     assert "waiting for 1 more host(s) to join" in log and "cluster v1: 2 worker(s)" in log, log[-4000:]
     assert f"host {slurm3.hosts.address(2)} joined" in log, log[-4000:]
     assert f"host {slurm3.hosts.address(1)} is lost" in log, log[-4000:]
-    assert "task 0: Exited with exit code 75" in log and "resumable from" in log, log[-4000:]
+    assert "task 0: Exited with exit code 75" in log, log[-4000:]
+    assert f"resumable from {ck}/step-{stopped_at:08d}" in log, log[-4000:]  # its parts on n2 included
     assert "Traceback" not in log + _log(a, "b") + _log(c, "c"), log[-4000:]
     assert not (a / ".taiji" / "slurm" / job).exists(), "the launcher removes its handover when it exits"
     merge_runs([(a, 0, stopped_at), (c, stopped_at, stopped_at + 2)], tmp_path / "merged")

@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_parser(sub)
     join = sub.add_parser("join", help="add this host to a running job (an agent for its workers)",
                           usage="taiji join JOB@HOST:PORT --secret-file FILE --nproc-per-node K "
-                                "(--host IP | --ifname NAME)")
+                                "(--host IP | --ifname NAME)\n       taiji join --slurm JOB [--nproc-per-node K] "
+                                "[--ifname NAME]   (a task of a Slurm allocation)")
     join.add_argument("target", nargs="?", metavar="JOB@HOST:PORT", help="what `taiji run` printed on the launcher's host")
     join.add_argument("--slurm", default=None, metavar="JOB",
                       help="as a task of another Slurm allocation (one per node): join the job that Slurm job JOB "
