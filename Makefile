@@ -9,7 +9,7 @@ RESIZE ?= 150:3 400:2
 POLICY ?= gns,schedule
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo shakespeare test test-fast setup data etcd prometheus tmux bench clean
+.PHONY: demo shakespeare test test-fast setup data etcd prometheus tmux slurm bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,18 @@ tmux:
 	  echo "tmux missing: run 'sudo apt-get install -y tmux' for the \`taiji top\` terminal test"; \
 	fi
 
+# Slurm and munge for tests/multihost/test_slurm.py, which starts its own munged, slurmctld and
+# one slurmd per emulated host (network namespaces, root)
+slurm:
+	@if command -v slurmd >/dev/null && command -v munged >/dev/null; then \
+	  echo "Slurm found: $$(command -v slurmd), munge: $$(command -v munged)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -q && apt-get install -y -q slurm-wlm munge) >/dev/null \
+	    || echo "could not install slurm-wlm and munge; the Slurm tests will be skipped"; \
+	else \
+	  echo "Slurm missing: run 'sudo apt-get install -y slurm-wlm munge' for the Slurm tests"; \
+	fi
+
 demo: setup data
 	$(BIN)/taiji run -np $(NP) --max-np $(MAX_NP) python examples/fashion_mnist.py --epochs $(EPOCHS) \
 	  --policy $(POLICY) --resize $(RESIZE)
@@ -78,7 +90,7 @@ shakespeare: setup
 	$(BIN)/taiji run -np $(NP) --max-np 3 python examples/shakespeare_char.py --max-steps 800 \
 	  --policy gns,schedule --resize 200:3 600:2
 
-test: setup data etcd prometheus tmux
+test: setup data etcd prometheus tmux slurm
 	$(BIN)/python -m pytest -q -rs --durations=15
 
 test-fast: setup

@@ -165,6 +165,19 @@ def check_invariants(out: Path, batch: int, policy: str = "") -> dict:
     return result
 
 
+def merge_runs(runs: Sequence[tuple[Path, int, int]], into: Path) -> None:
+    """Runs of one job resumed from its checkpoints, as (out, from, to): each run's committed steps
+    in [from, to), the steps that count once the job resumed, merged into ``into`` (with the last
+    run's final.pt) for ``check_invariants``."""
+    import shutil
+    into.mkdir()
+    for log in sorted({p.name for out, _, _ in runs for p in out.glob("w*.jsonl")}):
+        lines = [ln for out, lo, hi in runs if (out / log).exists() for ln in (out / log).read_text().splitlines()
+                 if lo <= json.loads(ln)["step"] < hi]
+        (into / log).write_text("".join(ln + "\n" for ln in lines))
+    shutil.copy(runs[-1][0] / "final.pt", into / "final.pt")
+
+
 # -- SyncSGD equivalence with one worker (tests/scripts/train_equiv.py) ------------------------------
 
 def train_equiv_reference(steps: int, batch: int, dtype: Any = None) -> tuple:

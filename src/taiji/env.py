@@ -90,6 +90,13 @@ CHECKPOINT_EVERY = EnvVar("TAIJI_CHECKPOINT_EVERY", "", str,
                           "`taiji run --checkpoint-every`: a duration (10m) or a number of steps")
 RESUME = EnvVar("TAIJI_RESUME", "", str, "`taiji run --resume`: auto (the latest complete checkpoint) or a path")
 
+SLURM_DIR = EnvVar("TAIJI_SLURM_DIR", "", str,
+                   "`--slurm`: the directory all nodes share where the launcher leaves the job's address and "
+                   "secret for the other tasks (default: $SLURM_SUBMIT_DIR)")
+# Slurm's own: inside a Slurm job, Slurm signals every process of a step (scancel --signal, a
+# time limit's --signal, preemption); launch/slurm.py reads the rest of the allocation
+SLURM_JOB_ID = EnvVar("SLURM_JOB_ID", "", str, "set by Slurm in its jobs' processes")
+
 # the torchrun contract the launcher also writes; a joiner reads its provisional rank from it
 RANK = EnvVar("RANK", 0, int, "torchrun-compatible rank (provisional for a joiner)")
 WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provisional for a joiner)")
@@ -97,7 +104,7 @@ WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provi
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, TOPOLOGY, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
-    MALLOC_TUNING, TORCH_CPP_LOG_LEVEL, CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME,
+    MALLOC_TUNING, TORCH_CPP_LOG_LEVEL, CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME, SLURM_DIR,
 )
 
 _quieted_cpp_logs = False

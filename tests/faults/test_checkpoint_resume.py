@@ -11,14 +11,13 @@ Every launcher runs in its own session with a hard timeout; every process is rea
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _harness import ELASTIC_SCRIPT, REPO, check_invariants, process_tree, wait_for
+from _harness import ELASTIC_SCRIPT, REPO, check_invariants, merge_runs, process_tree, wait_for
 
 from taiji.checkpoint.storage import Storage
 
@@ -59,16 +58,6 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
     except (OSError, IndexError):
         return "zombie"
-
-
-def _merge(runs: list[tuple[Path, int, int]], into: Path) -> None:
-    """Each run's committed steps in [from, to): the steps that count once the job is resumed."""
-    into.mkdir()
-    for log in sorted({p.name for out, _, _ in runs for p in out.glob("w*.jsonl")}):
-        lines = [ln for out, lo, hi in runs if (out / log).exists() for ln in (out / log).read_text().splitlines()
-                 if lo <= json.loads(ln)["step"] < hi]
-        (into / log).write_text("".join(ln + "\n" for ln in lines))
-    shutil.copy(runs[-1][0] / "final.pt", into / "final.pt")
 
 
 def _records(out: Path) -> dict[int, str]:
@@ -124,7 +113,7 @@ def test_killed_then_preempted_job_resumes_exactly_once_bitwise_and_at_another_s
     out = _finish(c)
     assert c.returncode == 0, out[-4000:]
     assert min(_records(tmp_path / "c")) == stopped_at, "nothing is redone after a preemption notice"
-    _merge([(tmp_path / "a", 0, killed_at), (tmp_path / "b", killed_at, stopped_at),
+    merge_runs([(tmp_path / "a", 0, killed_at), (tmp_path / "b", killed_at, stopped_at),
             (tmp_path / "c", stopped_at, STEPS)], tmp_path / "merged")
     result = check_invariants(tmp_path / "merged", BATCH)  # exactly once; the 1-worker trajectory
     assert result["steps"] == STEPS and result["sizes"] == [2, 3], (kill_after, killed_at, stopped_at, result)

@@ -1,7 +1,11 @@
-"""The emulated hosts every many-host test runs on (network namespaces, tests/_netns.py)."""
+"""The emulated hosts every many-host test runs on (network namespaces, tests/_netns.py), and a
+Slurm cluster over three of them (tests/multihost/_slurm.py)."""
+import os
+
 import pytest
 
 from _netns import EmulatedHosts, unavailable
+from _slurm import SlurmCluster, unavailable as slurm_unavailable
 
 WHY_NOT = unavailable()
 
@@ -13,3 +17,19 @@ def hosts3():
         pytest.skip(f"no emulated hosts here: {WHY_NOT}")
     with EmulatedHosts(3) as hosts:
         yield hosts
+
+
+@pytest.fixture(scope="module")
+def slurm3(tmp_path_factory):
+    """Slurm (munged, slurmctld, a slurmd per host: nodes n0, n1, n2) on three emulated hosts of
+    their own, shared by a module's tests; skipped, with the reason, where Slurm, munge or
+    namespaces are missing."""
+    why = WHY_NOT or slurm_unavailable()
+    if why:
+        pytest.skip(f"no Slurm cluster here: {why}")
+    with EmulatedHosts(3, prefix=f"ts{os.getpid() % 100000}") as hosts:
+        cluster = SlurmCluster(hosts, tmp_path_factory.mktemp("slurm"))
+        try:
+            yield cluster
+        finally:
+            cluster.close()

@@ -223,8 +223,8 @@ def test_join_arguments_are_checked(tmp_path):
         parse_join(_join_args("10.0.0.1:29400", "--secret-file", str(path), "--nproc-per-node", "2", "--host", H2))
     with pytest.raises(ConfigError, match="at least 1"):
         parse_join(_join_args("j@h:1", "--secret-file", str(path), "--nproc-per-node", "0", "--host", H2))
-    with pytest.raises(SystemExit):
-        _join_args("j@h:1", "--nproc-per-node", "1", "--host", H2)  # no --secret-file: argparse refuses
+    with pytest.raises(ConfigError, match="needs --secret-file"):  # (or --slurm JOB: tests/unit/test_slurm_allocation.py)
+        parse_join(_join_args("j@h:1", "--nproc-per-node", "1", "--host", H2))
     assert isinstance(_join_args("j@h:1", "--secret-file", "-", "--nproc-per-node", "1", "--host", H2),
                       argparse.Namespace)
 

@@ -52,6 +52,7 @@ class Agent:
         self._tether_failed = ""   # the address a connect last failed at (said once)
         self._store_trouble = False  # a failed store call was said (once per outage)
         self._draining: float | None = None  # after a notice: when the grace runs out
+        self._notice_said = False
 
     def say(self, text: str) -> None:
         self.sup.write(f"taiji join: {text}\n")
@@ -231,6 +232,16 @@ class Agent:
         self._draining = time.monotonic() + self.cfg.grace
         return True
 
+    def _job_notice(self, received: list[int]) -> list[int]:
+        """A SIGTERM that reached the launcher too (its Slurm allocation's): the launcher stops
+        the job, after a final checkpoint where it takes them; this host's workers stay until then
+        (they ignore Slurm's SIGTERM: launch/supervisor.py). Other signals are returned."""
+        if signal.SIGTERM in received and not self._notice_said:
+            self._notice_said = True
+            self.say("received SIGTERM, as did the whole Slurm job: its launcher stops the job (with a final "
+                     "checkpoint under --checkpoint-dir); this host's workers go on until it does")
+        return [s for s in received if s != signal.SIGTERM]
+
     def _drained(self) -> int:
         """After a notice: 0 if the workers left as a planned shrink; else the host is dropped as lost."""
         assert self.channel is not None
@@ -263,6 +274,8 @@ class Agent:
             while True:
                 try:
                     exited, received = self.sup.wait(timeout=TICK_SECONDS)
+                    if received and cfg.job_notice:
+                        received = self._job_notice(received)
                     if received and self._draining is None and self._drain(signal.Signals(received[0]).name):
                         continue  # a preemption notice: its workers leave at the next step boundary
                     if received:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -24,6 +25,7 @@ from .supervisor import Supervisor
 
 EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped on a notice; a complete checkpoint lets the job resume
 NOTICE_SIGNAL = signal.SIGUSR1  # the launcher's preemption notice to its workers (runtime/checkpointing.py)
+LISTING_POLL_S = 0.1  # how often a stopping launcher looks for other hosts' parts of the final checkpoint
 
 
 def add_run_flags(run: argparse.ArgumentParser) -> None:
@@ -77,13 +79,20 @@ def stop_workers(signum: int, sup: Supervisor, directory: str, grace: float, che
     if saving:
         sup.drain(NOTICE_SIGNAL, checkpoint_grace)
     sup.stop_all(grace)
-    return stopped_on_notice(directory, say) if saving else 128 + signum
+    return stopped_on_notice(directory, say, wait=grace) if saving else 128 + signum
 
 
-def stopped_on_notice(directory: str, say: Callable[[str], None]) -> int:
-    """After a notice stopped a checkpointing job: say where it can resume from, and the status."""
+def stopped_on_notice(directory: str, say: Callable[[str], None], wait: float = 0.0) -> int:
+    """After a notice stopped a checkpointing job: say where it can resume from, and the status.
+    A newer checkpoint still being written (other hosts' workers write their parts after this
+    host's are done) is waited for up to ``wait`` seconds."""
     storage = Storage(directory)
-    latest = storage.listing().latest
+    listing, deadline = storage.listing(), time.monotonic() + wait
+    while listing.incomplete and (listing.latest is None or listing.incomplete[-1] > listing.latest) \
+            and time.monotonic() < deadline:
+        time.sleep(LISTING_POLL_S)
+        listing = storage.listing()
+    latest = listing.latest
     if latest is None:
         say(f"stopped; no complete checkpoint in {directory}: nothing to resume from")
         return 128 + 15

@@ -97,18 +97,27 @@ def build_parser() -> argparse.ArgumentParser:
                           "(a scheduler places them); default: the job grows onto them")
     run.add_argument("--max-failures", type=int, default=3,
                      help="worker failures the job survives before it stops (default: %(default)s)")
+    run.add_argument("--slurm", action="store_true",
+                     help="run as the tasks of a Slurm job step, one per node (`srun --ntasks-per-node 1 taiji run "
+                          "--slurm ...`): task 0 is the launcher, the others join it; --nnodes defaults to the step's "
+                          "nodes, --nproc-per-node to the node's GPUs (else 1); the secret is handed over in a 0600 "
+                          f"file under $SLURM_SUBMIT_DIR/.taiji (or ${env.SLURM_DIR.name})")
     checkpoint_cli.add_run_flags(run)
     metrics_http.add_flags(run)
     top.add_parser(sub)
     drain.add_parser(sub)
     join = sub.add_parser("join", help="add this host to a running job (an agent for its workers)",
                           usage="taiji join JOB@HOST:PORT --secret-file FILE --nproc-per-node K "
-                                "(--host IP | --ifname NAME)")
-    join.add_argument("target", metavar="JOB@HOST:PORT", help="what `taiji run` printed on the launcher's host")
-    join.add_argument("--secret-file", required=True, metavar="FILE",
+                                "(--host IP | --ifname NAME)\n       taiji join --slurm JOB [--nproc-per-node K] "
+                                "[--ifname NAME]   (a task of a Slurm allocation)")
+    join.add_argument("target", nargs="?", metavar="JOB@HOST:PORT", help="what `taiji run` printed on the launcher's host")
+    join.add_argument("--slurm", default=None, metavar="JOB",
+                      help="as a task of another Slurm allocation (one per node): join the job that Slurm job JOB "
+                           "runs with `taiji run --slurm` (its address and secret are read from the shared directory)")
+    join.add_argument("--secret-file", default=None, metavar="FILE",
                       help="the job's secret file, copied from the launcher's host (`-`: read it from stdin)")
-    join.add_argument("--nproc-per-node", type=int, required=True, metavar="K", help="worker slots on this host")
-    join_where = join.add_mutually_exclusive_group(required=True)
+    join.add_argument("--nproc-per-node", type=int, default=None, metavar="K", help="worker slots on this host")
+    join_where = join.add_mutually_exclusive_group()
     join_where.add_argument("--host", default=None, help="this host's address, which its workers advertise")
     join_where.add_argument("--ifname", default=None, metavar="NAME",
                             help="advertise the IPv4 address of this network interface")
@@ -257,6 +266,14 @@ def export_tls_files(args: argparse.Namespace) -> None:
 
 def parse_join(args: argparse.Namespace) -> JoinConfig:
     from ..cluster.auth import read_secret_file
+    if args.slurm is not None:
+        from .slurm_task import join_config
+        return join_config(args)
+    missing = [name for name, value in (("JOB@HOST:PORT", args.target), ("--secret-file", args.secret_file),
+                                        ("--nproc-per-node", args.nproc_per_node),
+                                        ("--host or --ifname", args.host or args.ifname)) if not value and value != 0]
+    if missing:
+        raise ConfigError(f"taiji join needs {', '.join(missing)} (or --slurm JOB, as a task of a Slurm allocation)")
     job_id, at, address = args.target.partition("@")
     from ..cluster.etcd import is_etcd_url, parse_url
     if is_etcd_url(address):
@@ -372,12 +389,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.subcommand in ("run", "join"):
             export_tls_files(args)
+        if args.subcommand == "run" and args.slurm:
+            from .slurm_task import prepare_run, run_task
+            allocation = prepare_run(args)  # before torch loads: a task outside Slurm is told at once
+            from .run import run_job
+            metrics = metrics_http.config_of(args)
+            return run_task(parse_run(args), allocation,
+                            lambda cfg, announce: run_job(cfg, metrics=metrics, announce=announce))
         if args.subcommand == "run":
             from .run import run_job
             return run_job(parse_run(args), metrics=metrics_http.config_of(args))
         if args.subcommand == "join":
+            join = parse_join(args)  # before torch loads (with the agent): bad input is told at once
             from .agent import Agent
-            return Agent(parse_join(args)).run()
+            return Agent(join).run()
         if args.subcommand == "resize":
             return resize_job(args.job, args.size, args.placement)
         if args.subcommand == "status":

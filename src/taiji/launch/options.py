@@ -52,6 +52,7 @@ class JoinConfig:
     host: str
     timeout: float = 30.0
     grace: float = 5.0
+    job_notice: bool = False  # SIGTERM reaches the launcher too (one Slurm allocation): it stops the job, not us
 
 
 def heartbeat_interval(liveness_timeout: float) -> float:

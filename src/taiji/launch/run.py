@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 from .. import env
 from ..cluster import controller as ctl
@@ -25,9 +26,11 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         checkpoint_dir=cfg.checkpoint.directory, checkpoint_every=cfg.checkpoint.every, resume=cfg.checkpoint.resume)
 
 
-def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None) -> int:
+def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None,
+            announce: Callable[[str, bytes], None] | None = None) -> int:
     """Host the store, start and supervise the workers; return the job's exit code. With
-    ``metrics``, serve the job's Prometheus metrics there (its port checked before anything starts)."""
+    ``metrics``, serve the job's Prometheus metrics there (its port checked before anything starts).
+    ``announce(store_url, secret)``, once the store is up: hand them to other hosts (`--slurm`)."""
     bounds = ctl.Bounds(min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc, replace=cfg.replace,
                         join_timeout=cfg.join_timeout, suspect_window=min(cfg.timeout, 5.0),
                         max_failures=cfg.max_failures, liveness_timeout=cfg.liveness_timeout,
@@ -50,6 +53,14 @@ def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None) -
     try:
         driver = Driver.launch(driver_cfg, worker_settings(cfg), output=output)
         drivers.append(driver)
+        if announce is not None:
+            address = driver.store_address
+            try:
+                announce(address if "://" in address else f"tcp://{address}", driver.secret)
+            except BaseException:
+                if driver.etcd is not None:
+                    driver.etcd.stop()
+                raise
         if server is not None:
             driver.on_actions = exporter.on_actions
             driver.say(f"Prometheus metrics on http://{metrics.host}:{server.port}/metrics")

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Sequence
 
+from .. import env
 from ..errors import LaunchError
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,10 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _prctl = _libc.prctl
 
 
-def die_with_parent(parent_pid: int) -> None:  # runs between fork and exec: keep it tiny
+def die_with_parent(parent_pid: int, ignore_sigterm: bool = False) -> None:  # between fork and exec: tiny
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if ignore_sigterm:  # kept across exec
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.getppid() != parent_pid:  # the launcher died before prctl took effect
         os._exit(1)
 
@@ -67,9 +70,16 @@ def describe_exit(code: int) -> str:
 
 
 class Supervisor:
-    """Local worker processes with rank-prefixed output and a tail of each one's output."""
+    """Local worker processes with rank-prefixed output and a tail of each one's output.
 
-    def __init__(self, output: IO[str] | None = None, tail_lines: int = 40, prefix: str = ""):
+    Inside a Slurm job (``ignore_sigterm``, by default where ``SLURM_JOB_ID`` is set) workers start
+    with SIGTERM ignored: Slurm signals every process of a step at once (scancel --signal, a time
+    limit, preemption), and their launcher or agent decides what a notice means (a final
+    checkpoint, a planned shrink); ``stop_all`` then ends them with SIGKILL after its grace."""
+
+    def __init__(self, output: IO[str] | None = None, tail_lines: int = 40, prefix: str = "",
+                 ignore_sigterm: bool | None = None):
+        self.ignore_sigterm = env.SLURM_JOB_ID.is_set() if ignore_sigterm is None else ignore_sigterm
         self.output = output or sys.stdout
         self.prefix = prefix  # e.g. the host, when workers of several hosts print to one terminal
         self.tail_lines = tail_lines
@@ -116,7 +126,7 @@ class Supervisor:
             popen = subprocess.Popen(
                 list(command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                preexec_fn=functools.partial(die_with_parent, os.getpid(), self.ignore_sigterm))
         except FileNotFoundError:
             raise LaunchError(f"cannot start worker {worker_id}: command not found: {command[0]!r}") from None
         except PermissionError:
