@@ -53,7 +53,7 @@ class RunningJob:
 
     def status(self) -> dict:
         from taiji.launch import registry
-        from taiji.launch.control import request
+        from taiji.launch.control_socket import request
         before = os.environ.get("TAIJI_HOME")
         os.environ["TAIJI_HOME"] = self.env["TAIJI_HOME"]   # where the registry is (env.py reads it)
         try:

@@ -14,7 +14,7 @@ from taiji.cluster.controller import (Beat, Bounds, FailureReported, HostBeat, H
 from taiji.cluster.spec import ClusterConfig, WorkerSpec
 from taiji.cluster.store import FakeStore, JobStore
 from taiji.errors import AuthError, ConfigError
-from taiji.launch import hosts
+from taiji.launch import agent_channel as hosts
 from taiji.launch.cli import build_parser, parse_join
 from taiji.launch.worker_env import WorkerSettings, worker_env
 

@@ -163,7 +163,7 @@ def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
     'expired' once etcd deletes it; the agent then learns its host was dropped."""
     import time
     from taiji.cluster.store import open_store
-    from taiji.launch import hosts
+    from taiji.launch import agent_channel as hosts
     job = JobStore(open_store(etcd_server.url, timeout=5), f"l{uuid.uuid4().hex[:6]}")
     assert job.has_leases and not JobStore(FakeStore(), "j").has_leases
     agent = hosts.AgentChannel(job, "10.0.0.2", "s1", lease_ttl=2)
