@@ -123,7 +123,8 @@ def taiji_main(args: argparse.Namespace) -> None:
 
     policies = [taiji.policies.AdaptiveTopology(trial_steps=5)] if args.adaptive_topology else []
     job = taiji.Job(model, opt, TensorDataset(*make_data()), batch_size=args.batch, epochs=10**6,
-                    max_steps=args.max_steps, peer=peer, log_every=0, on_commit=on_commit, policies=policies)
+                    max_steps=args.max_steps, peer=peer, monitoring=taiji.MonitorOptions(log_every=0),
+                    on_commit=on_commit, policies=policies)
     stop = args.out / "stop"
     first = True
     phases = {"began": 0.0, "backward_done": 0.0}  # when the loop body got the step / backward returned

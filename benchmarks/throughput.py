@@ -120,8 +120,8 @@ def bench_model(name: str, args, comm) -> dict:
     data = torch.utils.data.TensorDataset(torch.cat([b[0] for b in batches] * n),
                                           torch.cat([b[1] for b in batches] * n))
     job = taiji.Job(job_model, torch.optim.SGD(job_model.parameters(), lr=0.01), data, batch * n,
-                    strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB), epochs=10**6, shuffle=False,
-                    log_every=0, peer=job_peer, run_dir="")
+                    strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB), epochs=10**6, data=taiji.DataOptions(shuffle=False),
+                    monitoring=taiji.MonitorOptions(log_every=0, run_dir=""), peer=job_peer)
     job_steps = iter(job)
 
     def taiji_step(x, y) -> None:
