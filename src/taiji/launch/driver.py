@@ -268,11 +268,12 @@ class Driver:
         self._beat_counts = counts
         return moved
 
-    def _control_events(self) -> list[ctl.Event]:
-        """Resizes asked through the control socket (`taiji resize`)."""
-        if self.control is None:
-            return []
-        return [ctl.Proposal(size, source, placement) for size, source, placement in self.control.take_proposals()]
+    def _forward_resizes(self) -> None:
+        """Resizes asked through the control socket (`taiji resize`) join the job store's proposals:
+        the one inbox of resizes (workers' `taiji.resize`, policies and schedulers write there too)."""
+        if self.control is not None:
+            for size, source, placement in self.control.take_proposals():
+                self.job.propose(size, source, placement)
 
     def _refresh_snapshot(self, now: float) -> None:
         """What `taiji status` shows, rebuilt every tick on this thread (the control thread only
@@ -350,6 +351,7 @@ class Driver:
                                         cfg.checkpoint_grace, self.say)
                     self.remote.stop(cfg.grace + 2.0)
                     return code
+                self._forward_resizes()
                 # did anyone write what we react to? one read, or none where a watch keeps the count
                 bell = self._doorbell.value if self._doorbell is not None else self.job.doorbell()
                 rang, self._bell = bell != self._bell, bell
@@ -360,7 +362,7 @@ class Driver:
                         self.say(f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}")
                     training = self.job.is_training(worker.worker_id)
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
-                events += (self._store_events() if rang else []) + self._control_events()
+                events += self._store_events() if rang else []
                 now = time.monotonic()
                 events += self.remote.events(self.state, now, rang, self._ticks % BEAT_POLL_TICKS == 0)
                 events += self._beat_events(now)
