@@ -8,12 +8,15 @@
 2. ``test_no_reach_into_private_members``: no module names another object's private member
    (``X._name`` where X is not ``self``/``cls``/``super()``), beyond a tiny allowlist of third-party
    APIs that have no public spelling.
+3. ``test_launch_rooms_meet_only_through_their_doors``: launch/'s three rooms (one job's launcher,
+   other hosts, the live scheduler) import each other only through named parts (``LAUNCH_DOORS``).
 
 Every violation is listed as ``file:line`` in the failure message.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import tokenize
 from collections import defaultdict
@@ -38,6 +41,22 @@ LAYERS: dict[str, int] = {
     "taiji.launch": 4, "taiji": 4,   # "taiji" is the package root, taiji/__init__.py, only
 }
 LAYER1 = sorted(name for name, layer in LAYERS.items() if layer == 1)
+
+# launch/ holds three rooms: one job's launcher, the other hosts of a job, and the live scheduler.
+# A module may import its own room, the shared parts, and another room only through that room's
+# doors (the named parts below); ``cli`` is the entry point, which may open every door.
+LAUNCH_SHARED = {"options", "supervisor", "worker_env", "registry", "control_socket", "metrics_http"}
+LAUNCH_ENTRY = {"cli"}
+LAUNCH_ROOMS: dict[str, set[str]] = {
+    "job": {"run", "driver", "checkpoint_cli", "etcd_server", "top"},
+    "hosts": {"agent", "agent_channel", "remote_hosts", "tether", "takeover"},
+    "sched": {"sched_agent", "sched_channel", "sched_cli", "sched_daemon", "sched_hosts"},
+}
+LAUNCH_DOORS: dict[str, set[str]] = {
+    "job": {"run", "driver", "checkpoint_cli", "top"},  # the takeover builds a Driver
+    "hosts": {"agent", "agent_channel", "remote_hosts"},  # the driver addresses the agents through these
+    "sched": {"sched_cli"},
+}
 
 MAX_LINES = 500
 MAX_LINES_JOB = 350       # runtime/job.py, the composer
@@ -155,6 +174,7 @@ def imports_of(path: Path, modules: set[str], src: Path | None = None) -> tuple[
     return found, unresolved
 
 
+@functools.cache  # read once for every test here
 def import_graph() -> tuple[list[Import], list[str]]:
     files = source_files()
     modules = {module_of(p) for p in files}
@@ -353,6 +373,39 @@ def test_imports_layers_and_sizes():
 
     if report:
         pytest.fail("src/taiji's architecture is broken:\n\n" + "\n\n".join(report), pytrace=False)
+
+
+def launch_room_problems(edges: list[tuple[str, str, str]], modules: set[str]) -> list[tuple[str, str]]:
+    """(where, why) for each import between launch/ modules (short names) that breaks the rooms."""
+    room_of = {m: room for room, members in LAUNCH_ROOMS.items() for m in members}
+    problems = [("launch/", f"{m} is in no room of LAUNCH_ROOMS (nor shared, nor the entry)")
+                for m in sorted(modules - set(room_of) - LAUNCH_SHARED - LAUNCH_ENTRY - {"__init__"})]
+    for where, source, target in edges:
+        if source == target or source in LAUNCH_ENTRY and target not in LAUNCH_ENTRY and \
+                (target in LAUNCH_SHARED or target in LAUNCH_DOORS.get(room_of.get(target, ""), set())):
+            continue
+        if source in LAUNCH_SHARED:
+            if target not in LAUNCH_SHARED:
+                problems.append((where, f"shared part {source} imports {target}"))
+        elif target not in LAUNCH_SHARED and room_of.get(target) != room_of.get(source) \
+                and target not in LAUNCH_DOORS.get(room_of.get(target, ""), set()):
+            problems.append((where, f"{source} ({room_of.get(source)}) imports {target}, which is not a door of "
+                                    f"room {room_of.get(target)}"))
+    return problems
+
+
+def test_launch_rooms_meet_only_through_their_doors():
+    edges, _ = import_graph()
+    prefix = "taiji.launch."
+    launch = [(e.where, e.source[len(prefix):], e.target[len(prefix):]) for e in edges
+              if e.source.startswith(prefix) and e.target.startswith(prefix)]
+    modules = {p.stem for p in (PACKAGE / "launch").glob("*.py")}
+    problems = launch_room_problems(launch, modules)
+    if problems:
+        pytest.fail("launch/'s rooms import each other sideways:\n" + grouped(problems), pytrace=False)
+    made_up = launch_room_problems([("x:1", "sched_daemon", "etcd_server"), ("x:2", "registry", "driver"),
+                                    ("x:3", "takeover", "driver")], modules | {"stray"})
+    assert [why.split()[0] for _, why in made_up] == ["stray", "sched_daemon", "shared"]
 
 
 def test_no_reach_into_private_members():
