@@ -32,7 +32,6 @@ Training stops at the next step boundary once the file ``OUT/stop`` exists (taij
 sees it and asks the Job to stop, so every worker stops at the same step), or at
 ``--max-steps``. torchrun and torchft jobs are simply stopped from outside (torchrun's resize path).
 """
-import sys
 import time
 
 EXEC_TIME = time.time()  # before anything heavy: when this process began running Python
@@ -42,8 +41,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import watch_parent  # noqa: E402
+from taiji_harness.bench import watch_parent  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -28,8 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (contract_row, median, paired_ratio, print_result, quartiles, reap_on_sigterm,  # noqa: E402
+from taiji_harness.bench import (contract_row, median, paired_ratio, print_result, quartiles, reap_on_sigterm,  # noqa: E402
                      run_launcher)
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _harness import ELASTIC_SCRIPT, REPO, check_invariants, process_tree, wait_for
+from taiji_harness.testing import ELASTIC_SCRIPT, REPO, check_invariants, process_tree, wait_for
 
 from taiji.checkpoint.storage import Storage
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from _harness import REPO, SCRIPTS, stop_launcher, wait_for
+from taiji_harness.testing import REPO, SCRIPTS, stop_launcher, wait_for
 from taiji.errors import StoreError
 
 pytest.importorskip("prometheus_client", reason="the metrics extra is missing: pip install -e '.[metrics]'")

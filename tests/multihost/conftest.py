@@ -1,7 +1,7 @@
-"""The emulated hosts every many-host test runs on (network namespaces, tests/_netns.py)."""
+"""The emulated hosts every many-host test runs on (network namespaces, taiji_harness/netns.py)."""
 import pytest
 
-from _netns import EmulatedHosts, unavailable
+from taiji_harness.netns import EmulatedHosts, unavailable
 
 WHY_NOT = unavailable()
 

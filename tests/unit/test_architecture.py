@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from _harness import REPO
+from taiji_harness.testing import REPO
 
 SRC = REPO / "src"
 PACKAGE = SRC / "taiji"
@@ -425,7 +425,7 @@ def test_no_reach_into_private_members():
 
 
 def test_no_test_module_imports_another():
-    """Test modules share code through tests/_harness.py only, and their basenames are unique
+    """Test modules share code through taiji_harness/testing.py only, and their basenames are unique
     (tests/unit, tests/integration and tests/faults are not packages)."""
     test_modules = {p.stem for p in TESTS.rglob("test_*.py")} | {"conftest"}
     problems = []
@@ -444,7 +444,7 @@ def test_no_test_module_imports_another():
             problems += [f"  {rel(path)}:{node.lineno}: imports {name}" for name in names
                          if name.split(".")[0] in test_modules or name.startswith("test_")]
     assert not problems, ("test modules import other test modules (move what they share to "
-                          "tests/_harness.py):\n" + "\n".join(problems))
+                          "taiji_harness/testing.py):\n" + "\n".join(problems))
     names: dict[str, list[str]] = defaultdict(list)
     for path in TESTS.rglob("test_*.py"):
         names[path.name].append(rel(path))

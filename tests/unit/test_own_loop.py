@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import taiji
-from _harness import run_threads
+from taiji_harness.testing import run_threads
 
 
 def _train_with_batchnorm(peer, steps=4):

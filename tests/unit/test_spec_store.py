@@ -188,7 +188,7 @@ def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
 
 
 def test_etcd_server_listens_only_where_it_is_told_and_stops_clean(etcd_server):
-    from _harness import listening_addresses
+    from taiji_harness.testing import listening_addresses
     pid = etcd_server.process.pid
     mine = [a for a in listening_addresses(pid) if a.endswith(f":{etcd_server.port}")]
     assert mine == [f"127.0.0.1:{etcd_server.port}"], mine
@@ -252,7 +252,7 @@ def test_fake_store_get_times_out():
 def test_the_job_store_listens_only_on_the_address_it_is_given():
     """TCPStore alone binds every interface even for 127.0.0.1; the job store has no
     authentication, so it must not be reachable from the network."""
-    from _harness import listening_addresses
+    from taiji_harness.testing import listening_addresses
     store = host_store("127.0.0.1", 0, timeout=5)
     mine = [a for a in listening_addresses(os.getpid()) if a.endswith(f":{store.port}")]
     assert mine == [f"127.0.0.1:{store.port}"], mine
