@@ -173,8 +173,9 @@ def main() -> None:
             print(f"eval: step {step.index + 1} epochs {evals[-1]['epochs']:.3f} train {train_s:.1f}s "
                   f"{setup.metric} {value:.4f} batch {step.global_batch_size}", flush=True)
 
-    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs, seed=args.seed,
-                    log_every=100, policies=policies, on_commit=on_commit, lr_scheduler=scheduler)
+    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs,
+                    data=taiji.DataOptions(seed=args.seed), monitoring=taiji.MonitorOptions(log_every=100),
+                    policies=policies, on_commit=on_commit, lr_scheduler=scheduler)
     steps = 0
     for step in job:
         if steps == 0:

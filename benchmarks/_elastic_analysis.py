@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from _common import median
+from taiji_harness.bench import median
 
 BOOT_STAGES = ("worker_import_s", "rendezvous_s", "build_model_optimizer_s", "checkpoint_load_s", "ddp_init_s")
 

@@ -4,7 +4,7 @@ sooner; for samples/s and shares taiji / anchor), a table of them for people, an
 line itself. The rows against torchft name it in their case."""
 from __future__ import annotations
 
-from _common import ahead_ratio, contract_row, print_result
+from taiji_harness.bench import ahead_ratio, contract_row, print_result
 from _elastic_analysis import BOOT_STAGES, each_over, median_over, rounded
 
 CHANGES = (("grow 1->2", "grow"), ("grow 2->4", "grow"), ("shrink 4->2", "shrink"))

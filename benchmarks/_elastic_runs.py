@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from _common import Session, signal_if_ours
+from taiji_harness.bench import Session, signal_if_ours
 from _elastic_analysis import select
 
 HERE = Path(__file__).resolve().parent

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import free_port
+from taiji_harness.bench import free_port
 from _elastic_analysis import exactly_once_figures, join_figures, kill_figures, samples_per_s, worker_error
 from _elastic_runs import LaunchedJob, StepLog, joiner_steps, torchrun_cmd, wait_for
 

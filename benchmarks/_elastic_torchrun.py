@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 
-from _common import free_port
+from taiji_harness.bench import free_port
 from _elastic_analysis import samples_per_s, torchrun_change_figures, torchrun_fault_figures
 from _elastic_runs import LaunchedJob, StepLog, torchrun_cmd, wait_for
 

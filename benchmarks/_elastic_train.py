@@ -32,7 +32,6 @@ Training stops at the next step boundary once the file ``OUT/stop`` exists (taij
 sees it and asks the Job to stop, so every worker stops at the same step), or at
 ``--max-steps``. torchrun and torchft jobs are simply stopped from outside (torchrun's resize path).
 """
-import sys
 import time
 
 EXEC_TIME = time.time()  # before anything heavy: when this process began running Python
@@ -42,8 +41,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import watch_parent  # noqa: E402
+from taiji_harness.bench import watch_parent  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -123,7 +121,8 @@ def taiji_main(args: argparse.Namespace) -> None:
 
     policies = [taiji.policies.AdaptiveTopology(trial_steps=5)] if args.adaptive_topology else []
     job = taiji.Job(model, opt, TensorDataset(*make_data()), batch_size=args.batch, epochs=10**6,
-                    max_steps=args.max_steps, peer=peer, log_every=0, on_commit=on_commit, policies=policies)
+                    max_steps=args.max_steps, peer=peer, monitoring=taiji.MonitorOptions(log_every=0),
+                    on_commit=on_commit, policies=policies)
     stop = args.out / "stop"
     first = True
     phases = {"began": 0.0, "backward_done": 0.0}  # when the loop body got the step / backward returned

@@ -36,7 +36,8 @@ def main() -> None:
     train = torch.utils.data.TensorDataset(*(t[keep] for t in train.tensors))
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs, seed=args.seed, log_every=5)
+    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs,
+                    data=taiji.DataOptions(seed=args.seed), monitoring=taiji.MonitorOptions(log_every=5))
     loss = torch.zeros(())
     for step in job:
         images, labels = step.batch

@@ -78,8 +78,9 @@ def main() -> None:
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     strategy = make_strategy(args)
-    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs, seed=args.seed,
-                    strategy=strategy, sync_every=args.sync_every or None, log_every=0, run_dir="")
+    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs, strategy=strategy,
+                    data=taiji.DataOptions(seed=args.seed), sync=taiji.SyncOptions(sync_every=args.sync_every or None),
+                    monitoring=taiji.MonitorOptions(log_every=0, run_dir=""))
 
     last_grad = [0.0]  # when the backward pass accumulated its latest gradient
     for p in model.parameters():  # registered after the strategy's hooks: fires after them

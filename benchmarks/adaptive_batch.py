@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ahead_ratio, contract_row, interleaved, median, print_result, reap_on_sigterm, run_launcher
+from taiji_harness.bench import ahead_ratio, contract_row, interleaved, median, print_result, reap_on_sigterm, run_launcher
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_adaptive_train.py"

@@ -20,8 +20,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (contract_row, interleaved, median, paired_ratio, print_result,  # noqa: E402
+from taiji_harness.bench import (contract_row, interleaved, median, paired_ratio, print_result,  # noqa: E402
                      reap_on_sigterm, run_workers, side_by_side_groups, spread, time_on_all_ranks,
                      worker_arguments)
 

@@ -27,12 +27,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (connect_store, contract_row, interleaved, median, print_result,  # noqa: E402
+from taiji_harness.bench import (connect_store, contract_row, interleaved, median, print_result,  # noqa: E402
                      reap_on_sigterm, run_workers, spread, watch_parent, worker_arguments)
 
 MB = 2**20

@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
-import os
 import pickle
 import sys
 import time
 from dataclasses import fields
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import contract_row, median, print_result  # noqa: E402
+from taiji_harness.bench import contract_row, median, print_result  # noqa: E402
 
 from taiji.cluster import auth  # noqa: E402
 from taiji.cluster.controller import (Beat, Bounds, HostBeat, HostJoined, HostLost, Proposal, Tick,  # noqa: E402

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import contract_row, print_result  # noqa: E402
+from taiji_harness.bench import contract_row, print_result  # noqa: E402
 
 HALF = 64            # each worker's batch
 CHECK_EVERY = 25     # steps between checkpoints

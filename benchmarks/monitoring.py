@@ -28,8 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (contract_row, median, paired_ratio, print_result, quartiles, reap_on_sigterm,  # noqa: E402
+from taiji_harness.bench import (contract_row, median, paired_ratio, print_result, quartiles, reap_on_sigterm,  # noqa: E402
                      run_launcher)
 
 
@@ -62,7 +61,8 @@ def worker(args) -> None:
     block = args.steps
     warmup = 2 * block
     total = warmup + 2 * args.reps * block
-    job = taiji.Job(model, opt, data, batch, max_steps=total, epochs=10**6, log_every=0, run_dir="")
+    job = taiji.Job(model, opt, data, batch, max_steps=total, epochs=10**6,
+                    monitoring=taiji.MonitorOptions(log_every=0, run_dir=""))
     def monitored(i: int) -> bool:  # blocks pair up on/off, then off/on, ...
         k = (i - warmup) // block
         return i < warmup or k % 2 == (k // 2) % 2

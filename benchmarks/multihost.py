@@ -1,5 +1,5 @@
 """Membership changes across hosts: taiji's agents vs torchrun multi-node, side by side, on
-emulated hosts (network namespaces behind a bridge, tests/_netns.py; needs root).
+emulated hosts (network namespaces behind a bridge, taiji_harness/netns.py; needs root).
 
 The same training script as ``benchmarks/elastic.py`` (``_elastic_train.py``: an MLP of 1.05M
 parameters; taiji.Job under ``taiji run``, DDP with a checkpoint after every step under torchrun)
@@ -50,11 +50,10 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _common import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
+from taiji_harness.bench import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
 from _elastic_analysis import taiji_change_figures, torchrun_change_figures  # noqa: E402
 from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for  # noqa: E402
-from _netns import EmulatedHosts, etcd_command, unavailable  # noqa: E402
+from taiji_harness.netns import EmulatedHosts, etcd_command, unavailable  # noqa: E402
 
 PORT = 29400
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import contract_row, interleaved, median, print_result, reap_on_sigterm, spread  # noqa: E402
+from taiji_harness.bench import contract_row, interleaved, median, print_result, reap_on_sigterm, spread  # noqa: E402
 from _elastic_runs import LaunchedJob, StepLog, torchrun_cmd, train_args, wait_for  # noqa: E402
 
 SIDES = ("taiji", "torchrun")

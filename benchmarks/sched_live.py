@@ -16,7 +16,7 @@ charging each resume the suspend + resume cost the daemon measured (median over 
 ``sim_error_max`` is over those runs.
 
 With ``--hosts N`` the daemon runs in emulated host 0 with ``--hosts FILE`` and one ``taiji sched
-agent`` per host (network namespaces, tests/_netns.py; the last host's link shaped with ``--shape``);
+agent`` per host (network namespaces, taiji_harness/netns.py; the last host's link shaped with ``--shape``);
 every request goes from inside host 0, and the simulator replays on an N x slots cluster.
 
 A workload of Fashion-MNIST jobs (the CNN of examples/fashion_mnist.py, two epochs on subsets of
@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import contract_row, print_result, reap_on_sigterm
+from taiji_harness.bench import contract_row, print_result, reap_on_sigterm
 
 from taiji.launch.sched.channel import ask
 from taiji.sched.cluster import Cluster
@@ -120,15 +120,14 @@ class OneHost:
 
 
 class NamespaceHosts:
-    """``n`` emulated hosts of ``slots`` slots each (network namespaces, tests/_netns.py; root
+    """``n`` emulated hosts of ``slots`` slots each (network namespaces, taiji_harness/netns.py; root
     only): the daemon on host 0 with ``--hosts``, ``taiji sched agent`` on every host, the last
     host's link shaped. Every request goes from inside host 0 (never from this namespace)."""
 
     PORT = 29480
 
     def __init__(self, n: int, slots: int, shape: str):
-        sys.path.insert(0, str(HERE.parent / "tests"))
-        from _netns import EmulatedHosts, unavailable
+        from taiji_harness.netns import EmulatedHosts, unavailable
         why = unavailable()
         if why:
             raise SystemExit(f"sched_live.py --hosts {n}: no emulated hosts here ({why})")

@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -61,8 +60,7 @@ from typing import Sequence
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import contract_row, print_result  # noqa: E402
+from taiji_harness.bench import contract_row, print_result  # noqa: E402
 
 from taiji.errors import ConfigError  # noqa: E402
 from taiji.sched.cli import PolicyRun, run_policy, uniform_cost  # noqa: E402

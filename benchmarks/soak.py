@@ -28,10 +28,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "scripts"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import elastic_train  # noqa: E402
-from _common import (contract_row, print_result, processes_mentioning, reap_on_sigterm, run_to_end,  # noqa: E402
+from taiji_harness.testing import load_script  # noqa: E402
+from taiji_harness.bench import (contract_row, print_result, processes_mentioning, reap_on_sigterm, run_to_end,  # noqa: E402
                      signal_if_ours)
 
 BATCH = 16
@@ -68,7 +66,7 @@ def run_one(schedule: dict, timeout: float) -> dict:
     orphans = processes_mentioning(str(out))
     for pid in orphans:
         signal_if_ours(pid, signal.SIGKILL, str(out))
-    audit = elastic_train.audit(out, BATCH) if not finished.timed_out else {}
+    audit = load_script("elastic_train").audit(out, BATCH) if not finished.timed_out else {}
     shutil.rmtree(out, ignore_errors=True)
     trajectory_ok = audit.get("trajectory_error") is not None and audit["trajectory_error"] < 1e-9
     return {"returncode": finished.returncode, "hung": finished.timed_out, "orphans": len(orphans),

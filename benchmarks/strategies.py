@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import contract_row, interleaved, median, print_result, reap_on_sigterm, run_launcher
+from taiji_harness.bench import contract_row, interleaved, median, print_result, reap_on_sigterm, run_launcher
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_strategies_train.py"

@@ -25,8 +25,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (contract_row, interleaved, median, paired_ratio, print_result,  # noqa: E402
+from taiji_harness.bench import (contract_row, interleaved, median, paired_ratio, print_result,  # noqa: E402
                      reap_on_sigterm, run_workers, side_by_side_groups, spread, time_on_all_ranks,
                      worker_arguments)
 
@@ -120,8 +119,8 @@ def bench_model(name: str, args, comm) -> dict:
     data = torch.utils.data.TensorDataset(torch.cat([b[0] for b in batches] * n),
                                           torch.cat([b[1] for b in batches] * n))
     job = taiji.Job(job_model, torch.optim.SGD(job_model.parameters(), lr=0.01), data, batch * n,
-                    strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB), epochs=10**6, shuffle=False,
-                    log_every=0, peer=job_peer, run_dir="")
+                    strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB), epochs=10**6, data=taiji.DataOptions(shuffle=False),
+                    monitoring=taiji.MonitorOptions(log_every=0, run_dir=""), peer=job_peer)
     job_steps = iter(job)
 
     def taiji_step(x, y) -> None:

@@ -1,6 +1,6 @@
 """Allreduce topologies side by side: tree, star and host-aware hierarchical vs gloo's flat ring.
 
-On emulated hosts (network namespaces behind a bridge, tests/_netns.py; needs root), with each
+On emulated hosts (network namespaces behind a bridge, taiji_harness/netns.py; needs root), with each
 host's link shaped by a token bucket (``--rate``, default 400 Mbit/s; inside a host, ranks talk
 over loopback): 2 hosts x 2 ranks, one process per rank, each a plain taiji ``Communicator``
 (benchmarks/_topology_worker.py). For each size, every topology's allreduce time (the slowest
@@ -29,10 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _common import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
+from taiji_harness.bench import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
 from _elastic_runs import LaunchedJob, StepLog, wait_for  # noqa: E402
-from _netns import EmulatedHosts  # noqa: E402
+from taiji_harness.netns import EmulatedHosts  # noqa: E402
 from multihost import CLI, in_host, skipped_without_hosts  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("_topology_worker.py"))

@@ -140,8 +140,8 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     policies = make_policies(names, args, resizes)
     job = taiji.Job(model, optimizer, train, batch_size=args.batch_size, epochs=args.epochs,
-                    max_steps=args.max_steps, seed=args.seed, log_every=args.log_every, policies=policies,
-                    strategy=STRATEGIES[args.strategy]())
+                    max_steps=args.max_steps, policies=policies, strategy=STRATEGIES[args.strategy](),
+                    data=taiji.DataOptions(seed=args.seed), monitoring=taiji.MonitorOptions(log_every=args.log_every))
     if taiji.rank() == 0:
         log.info("training on %s: %d samples, %d workers, global batch %d, %d epoch(s), strategy %s, "
                  "policies: %s", name, len(train), taiji.size(), args.batch_size, args.epochs, args.strategy,

@@ -161,8 +161,9 @@ def main() -> None:
     policies = make_policies(names, args, resizes)
     on_commit = audit_writer(args.audit_dir, model) if args.audit_dir else None
     job = taiji.Job(model, optimizer, corpus.train, batch_size=args.batch_size, epochs=args.epochs,
-                    max_steps=args.max_steps, seed=args.seed, log_every=args.log_every, policies=policies,
-                    strategy=STRATEGIES[args.strategy](), on_commit=on_commit)
+                    max_steps=args.max_steps, policies=policies, strategy=STRATEGIES[args.strategy](),
+                    on_commit=on_commit, data=taiji.DataOptions(seed=args.seed),
+                    monitoring=taiji.MonitorOptions(log_every=args.log_every))
     lead = taiji.rank() == 0
     if lead:
         log.info("training on Shakespeare: %d train / %d validation windows of %d characters, vocabulary %d, "

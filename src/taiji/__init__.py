@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .policies.base import Context
     from .runtime.job import Job
     from .runtime.optimizer import Optimizer
+    from .runtime.options import DataOptions, FaultOptions, MonitorOptions, SyncOptions
     from .runtime.peer import init, shutdown
     from .runtime.step import Step
     from .strategies.base import Strategy
@@ -33,6 +34,8 @@ _LAZY = {
     "ModelAveraging": "strategies.model_averaging", "PairAveraging": "strategies.pair_averaging",
     "SyncSGD": "strategies.sync_sgd", "LocalSGD": "strategies.local_sgd",
     "Checkpoint": "checkpoint.config", "load_checkpoint": "checkpoint.reader",
+    "DataOptions": "runtime.options", "MonitorOptions": "runtime.options", "FaultOptions": "runtime.options",
+    "SyncOptions": "runtime.options",
 }
 
 
@@ -106,7 +109,8 @@ def barrier() -> None:
 
 
 __all__ = [
-    "Checkpoint", "Job", "LocalSGD", "ModelAveraging", "Optimizer", "PairAveraging", "Step", "Strategy", "SyncSGD",
+    "Checkpoint", "DataOptions", "FaultOptions", "Job", "LocalSGD", "ModelAveraging", "MonitorOptions", "Optimizer",
+    "PairAveraging", "Step", "Strategy", "SyncOptions", "SyncSGD",
     "TaijiError", "allgather", "allreduce", "barrier", "broadcast", "context", "init", "load_checkpoint", "rank", "resize",
     "shutdown", "size", "version",
 ]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from _harness import check_invariants, run_elastic
+from taiji_harness.testing import check_invariants, run_elastic
 
 
 @pytest.mark.slow

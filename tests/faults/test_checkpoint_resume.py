@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _harness import ELASTIC_SCRIPT, REPO, check_invariants, merge_runs, process_tree, wait_for
+from taiji_harness.testing import ELASTIC_SCRIPT, REPO, check_invariants, merge_runs, process_tree, wait_for
 
 from taiji.checkpoint.storage import Storage
 

@@ -12,7 +12,7 @@ import pytest
 from taiji import env
 from taiji.cluster import spec
 from taiji.cluster.store import JobStore, host_store
-from _harness import REPO, SCRIPTS, wait_for
+from taiji_harness.testing import REPO, SCRIPTS, wait_for
 
 WORKER = str(SCRIPTS / "collectives_worker.py")
 

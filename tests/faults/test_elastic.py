@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from _harness import ELASTIC_SCRIPT, REPO, check_invariants, run_elastic, stop_launcher
+from taiji_harness.testing import ELASTIC_SCRIPT, REPO, check_invariants, run_elastic, stop_launcher
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 

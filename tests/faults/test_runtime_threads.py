@@ -1,5 +1,5 @@
 """Every failure path of the runtime's Transitions/StepEngine, with ranks as threads and
-injected collective failures (see tests/_injector.py): each runs in well under a second."""
+injected collective failures (see taiji_harness/injector.py): each runs in well under a second."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import taiji
-from _injector import Inject, Injector, ThreadCluster, WorkerDied, tiny_job_parts
+from taiji_harness.injector import Inject, Injector, ThreadCluster, WorkerDied, tiny_job_parts
 from taiji.cluster import spec
 from taiji.comm.transfer import digest
 from taiji.errors import StoreError

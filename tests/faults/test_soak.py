@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from _harness import REPO
+from taiji_harness.testing import REPO
 
 
 @pytest.mark.slow

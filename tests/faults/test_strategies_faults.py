@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from _harness import load_script, run_elastic
+from taiji_harness.testing import load_script, run_elastic
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ it re-takes the GIL, the forced unwind meets the noexcept pybind11 destructor an
 ``std::terminate`` aborts the process.
 
 The children below are real interpreters that exit normally (finalization, atexit), each rank a
-thread with its own store client, as ``tests/_harness.run_threads`` does.
+thread with its own store client, as ``taiji_harness.testing.run_threads`` does.
 """
 from __future__ import annotations
 

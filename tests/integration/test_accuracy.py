@@ -8,7 +8,7 @@ import pytest
 
 from taiji.data.datasets import FASHION_MNIST_DIR
 
-from _harness import REPO, taiji_run
+from taiji_harness.testing import REPO, taiji_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

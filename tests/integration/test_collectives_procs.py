@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from _harness import SCRIPTS, read_rank_files, taiji_run
+from taiji_harness.testing import SCRIPTS, read_rank_files, taiji_run
 
 WORKER = str(SCRIPTS / "collectives_worker.py")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from _harness import REPO, SCRIPTS
+from taiji_harness.testing import REPO, SCRIPTS
 
 WORKER = SCRIPTS / "launcher_worker.py"
 TAIJI_JOB = SCRIPTS / "taiji_job.py"

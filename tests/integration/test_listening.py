@@ -6,7 +6,7 @@ import sys
 import time
 
 import pytest
-from _harness import ELASTIC_SCRIPT, REPO, listening_addresses, stop_launcher
+from taiji_harness.testing import ELASTIC_SCRIPT, REPO, listening_addresses, stop_launcher
 
 pytestmark = [pytest.mark.timeout(120)]
 

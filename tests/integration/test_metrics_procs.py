@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from _harness import REPO, SCRIPTS, stop_launcher, wait_for
+from taiji_harness.testing import REPO, SCRIPTS, stop_launcher, wait_for
 from taiji.errors import StoreError
 
 pytest.importorskip("prometheus_client", reason="the metrics extra is missing: pip install -e '.[metrics]'")
@@ -53,7 +53,7 @@ class RunningJob:
 
     def status(self) -> dict:
         from taiji.launch import registry
-        from taiji.launch.control import request
+        from taiji.launch.control_socket import request
         before = os.environ.get("TAIJI_HOME")
         os.environ["TAIJI_HOME"] = self.env["TAIJI_HOME"]   # where the registry is (env.py reads it)
         try:

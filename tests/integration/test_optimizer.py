@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from _harness import REPO, taiji_run
+from taiji_harness.testing import REPO, taiji_run
 
 pytestmark = pytest.mark.slow
 

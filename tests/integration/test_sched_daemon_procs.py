@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from _harness import SCRIPTS, wait_for
+from taiji_harness.testing import SCRIPTS, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 SLOTS = 2

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from _harness import ELASTIC_SCRIPT, check_invariants, wait_for
+from taiji_harness.testing import ELASTIC_SCRIPT, check_invariants, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 SLOTS, BATCH = 3, 16

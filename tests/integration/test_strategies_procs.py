@@ -3,7 +3,7 @@ Strategies with ranks as threads: tests/unit/test_strategies.py; under faults:
 tests/faults/test_strategies_faults.py."""
 import pytest
 
-from _harness import run_elastic
+from taiji_harness.testing import run_elastic
 
 
 @pytest.mark.slow

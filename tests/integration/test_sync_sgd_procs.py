@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from _harness import SCRIPTS, assert_close_to_reference, taiji_run, train_equiv_reference
+from taiji_harness.testing import SCRIPTS, assert_close_to_reference, taiji_run, train_equiv_reference
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,11 +1,11 @@
-"""The emulated hosts every many-host test runs on (network namespaces, tests/_netns.py), and a
-Slurm cluster over three of them (tests/multihost/_slurm.py)."""
+"""The emulated hosts every many-host test runs on (network namespaces, taiji_harness/netns.py), and a
+Slurm cluster over three of them (taiji_harness/slurm.py)."""
 import os
 
 import pytest
 
-from _netns import EmulatedHosts, unavailable
-from _slurm import SlurmCluster, unavailable as slurm_unavailable
+from taiji_harness.netns import EmulatedHosts, unavailable
+from taiji_harness.slurm import SlurmCluster, unavailable as slurm_unavailable
 
 WHY_NOT = unavailable()
 

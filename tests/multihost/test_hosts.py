@@ -1,4 +1,4 @@
-"""Jobs across emulated hosts (network namespaces, tests/_netns.py): grow onto new hosts, shrink
+"""Jobs across emulated hosts (network namespaces, taiji_harness/netns.py): grow onto new hosts, shrink
 off the newest, lose an agent, a link or the head, and refuse a wrong secret — with DESIGN §6's
 invariants audited (contiguous steps, identical replicas, exactly-once data) and no process left
 in any host. Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from _harness import HostsJob, check_invariants, wait_for
-from _netns import EmulatedHosts, etcd_command
+from taiji_harness.testing import HostsJob, check_invariants, wait_for
+from taiji_harness.netns import EmulatedHosts, etcd_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

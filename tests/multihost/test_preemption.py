@@ -1,4 +1,4 @@
-"""A preemption notice to one of 3 hosts of a job (network-namespace hosts, tests/_netns.py):
+"""A preemption notice to one of 3 hosts of a job (network-namespace hosts, taiji_harness/netns.py):
 `taiji drain` on that host (a SIGTERM to its `taiji join` agent) is a planned shrink placed off that
 host — its workers leave at the next step boundary, no step fails, the agent exits 0 — audited with
 DESIGN §6's invariants.
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from _harness import HostsJob, check_invariants, wait_for
+from taiji_harness.testing import HostsJob, check_invariants, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

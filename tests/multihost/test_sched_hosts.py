@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from _harness import SCRIPTS, check_invariants, wait_for
-from _netns import EmulatedHosts, unavailable
+from taiji_harness.testing import SCRIPTS, check_invariants, wait_for
+from taiji_harness.netns import EmulatedHosts, unavailable
 
 from taiji.checkpoint.storage import Storage
 from taiji.sched.live import placement_timeline

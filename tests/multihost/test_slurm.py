@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from _harness import ELASTIC_SCRIPT, check_invariants, merge_runs, wait_for
+from taiji_harness.testing import ELASTIC_SCRIPT, check_invariants, merge_runs, wait_for
 from taiji.checkpoint.storage import Storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]  # 8 processes load torch: slow on a busy 2-core machine

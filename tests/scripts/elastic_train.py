@@ -185,9 +185,10 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None,
                                        "lr": opt.param_groups[0]["lr"]}) + "\n")
             log_file.flush()
 
-    job = taiji.Job(model, opt, make_data(), batch_size=batch, max_steps=steps, epochs=10**6, seed=11,
-                    peer=peer, log_every=0, on_commit=on_commit, policies=make_policies(policy, batch),
-                    strategy=make_strategy(strategy), sync_every=5 * batch)
+    job = taiji.Job(model, opt, make_data(), batch_size=batch, max_steps=steps, epochs=10**6,
+                    data=taiji.DataOptions(seed=11), monitoring=taiji.MonitorOptions(log_every=0), peer=peer,
+                    on_commit=on_commit, policies=make_policies(policy, batch), strategy=make_strategy(strategy),
+                    sync=taiji.SyncOptions(sync_every=5 * batch))
     proposed = paused = False
     for step in job:
         if peer.rank == 0 and pending:

@@ -43,8 +43,8 @@ def train(peer, steps, batch, dtype=torch.float64, bucket_mb=0.0005, optimizer="
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # a tiny bucket size gives several buckets, exercising ordered launches
     job = taiji.Job(model, opt, make_data(dtype=dtype), batch_size=batch, max_steps=steps, epochs=100,
-                    strategy=taiji.SyncSGD(bucket_mb=bucket_mb, first_bucket_mb=bucket_mb), seed=3,
-                    peer=peer, log_every=0)
+                    strategy=taiji.SyncSGD(bucket_mb=bucket_mb, first_bucket_mb=bucket_mb),
+                    data=taiji.DataOptions(seed=3), monitoring=taiji.MonitorOptions(log_every=0), peer=peer)
     consumed = []
     for step in job:
         x, y = step.batch

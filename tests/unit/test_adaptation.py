@@ -10,7 +10,7 @@ from taiji.errors import ConsensusError
 from taiji.policies import LinearLRScaling, Policy, PolicyError, SetBatchSize, Stop
 from taiji.comm.transfer import digest
 
-from _harness import classification_data, REPO, run_threads
+from taiji_harness.testing import classification_data, REPO, run_threads
 
 pytestmark = pytest.mark.timeout(120)
 

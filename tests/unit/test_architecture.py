@@ -8,12 +8,15 @@
 2. ``test_no_reach_into_private_members``: no module names another object's private member
    (``X._name`` where X is not ``self``/``cls``/``super()``), beyond a tiny allowlist of third-party
    APIs that have no public spelling.
+3. ``test_launch_rooms_meet_only_through_their_doors``: launch/'s three rooms (one job's launcher,
+   other hosts, the live scheduler) import each other only through named parts (``LAUNCH_DOORS``).
 
 Every violation is listed as ``file:line`` in the failure message.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import tokenize
 from collections import defaultdict
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from _harness import REPO
+from taiji_harness.testing import REPO
 
 SRC = REPO / "src"
 PACKAGE = SRC / "taiji"
@@ -38,6 +41,23 @@ LAYERS: dict[str, int] = {
     "taiji.launch": 4, "taiji": 4,   # "taiji" is the package root, taiji/__init__.py, only
 }
 LAYER1 = sorted(name for name, layer in LAYERS.items() if layer == 1)
+
+# launch/ holds three rooms: one job's launcher, the other hosts of a job, and the live scheduler.
+# A module may import its own room, the shared parts, and another room only through that room's
+# doors (the named parts below); ``cli`` is the entry point, which may open every door.
+LAUNCH_SHARED = {"options", "supervisor", "worker_env", "registry", "control_socket", "metrics_http"}
+LAUNCH_ENTRY = {"cli"}
+LAUNCH_ROOMS: dict[str, set[str]] = {
+    "job": {"run", "driver", "checkpoint_cli", "etcd_server", "top"},
+    "hosts": {"agent", "agent_channel", "remote_hosts", "tether", "takeover", "drain", "slurm", "slurm_task"},
+    "sched": {"sched", "sched.agent", "sched.channel", "sched.cli", "sched.daemon", "sched.hosts"},
+}
+LAUNCH_DOORS: dict[str, set[str]] = {
+    "job": {"run", "driver", "checkpoint_cli", "top"},  # the takeover builds a Driver
+    "hosts": {"agent", "agent_channel", "remote_hosts", "drain", "slurm_task"},  # the driver addresses the agents
+    # through the first three; `taiji drain` and `srun`'s tasks are commands of this room
+    "sched": {"sched.cli"},
+}
 
 MAX_LINES = 500
 MAX_LINES_JOB = 350       # runtime/job.py, the composer
@@ -155,6 +175,7 @@ def imports_of(path: Path, modules: set[str], src: Path | None = None) -> tuple[
     return found, unresolved
 
 
+@functools.cache  # read once for every test here
 def import_graph() -> tuple[list[Import], list[str]]:
     files = source_files()
     modules = {module_of(p) for p in files}
@@ -355,6 +376,40 @@ def test_imports_layers_and_sizes():
         pytest.fail("src/taiji's architecture is broken:\n\n" + "\n\n".join(report), pytrace=False)
 
 
+def launch_room_problems(edges: list[tuple[str, str, str]], modules: set[str]) -> list[tuple[str, str]]:
+    """(where, why) for each import between launch/ modules (short names) that breaks the rooms."""
+    room_of = {m: room for room, members in LAUNCH_ROOMS.items() for m in members}
+    problems = [(f"launch/{m.replace('.', '/')}.py:1", f"{m} is in no room of LAUNCH_ROOMS (nor shared, nor the entry)")
+                for m in sorted(modules - set(room_of) - LAUNCH_SHARED - LAUNCH_ENTRY - {"__init__"})]
+    for where, source, target in edges:
+        if source == target or source in LAUNCH_ENTRY and target not in LAUNCH_ENTRY and \
+                (target in LAUNCH_SHARED or target in LAUNCH_DOORS.get(room_of.get(target, ""), set())):
+            continue
+        if source in LAUNCH_SHARED:
+            if target not in LAUNCH_SHARED:
+                problems.append((where, f"shared part {source} imports {target}"))
+        elif target not in LAUNCH_SHARED and room_of.get(target) != room_of.get(source) \
+                and target not in LAUNCH_DOORS.get(room_of.get(target, ""), set()):
+            problems.append((where, f"{source} ({room_of.get(source)}) imports {target}, which is not a door of "
+                                    f"room {room_of.get(target)}"))
+    return problems
+
+
+def test_launch_rooms_meet_only_through_their_doors():
+    edges, _ = import_graph()
+    prefix = "taiji.launch."
+    launch = [(e.where, e.source[len(prefix):], e.target[len(prefix):]) for e in edges
+              if e.source.startswith(prefix) and e.target.startswith(prefix)]
+    modules = {".".join(p.relative_to(PACKAGE / "launch").with_suffix("").parts).removesuffix(".__init__")
+               for p in (PACKAGE / "launch").rglob("*.py")}
+    problems = launch_room_problems(launch, modules)
+    if problems:
+        pytest.fail("launch/'s rooms import each other sideways:\n" + grouped(problems), pytrace=False)
+    made_up = launch_room_problems([("x:1", "sched.daemon", "etcd_server"), ("x:2", "registry", "driver"),
+                                    ("x:3", "takeover", "driver")], modules | {"stray"})
+    assert [why.split()[0] for _, why in made_up] == ["stray", "sched.daemon", "shared"]
+
+
 def test_no_reach_into_private_members():
     problems: list[tuple[str, str]] = []
     used: set[str] = set()
@@ -372,7 +427,7 @@ def test_no_reach_into_private_members():
 
 
 def test_no_test_module_imports_another():
-    """Test modules share code through tests/_harness.py only, and their basenames are unique
+    """Test modules share code through taiji_harness/testing.py only, and their basenames are unique
     (tests/unit, tests/integration and tests/faults are not packages)."""
     test_modules = {p.stem for p in TESTS.rglob("test_*.py")} | {"conftest"}
     problems = []
@@ -391,7 +446,7 @@ def test_no_test_module_imports_another():
             problems += [f"  {rel(path)}:{node.lineno}: imports {name}" for name in names
                          if name.split(".")[0] in test_modules or name.startswith("test_")]
     assert not problems, ("test modules import other test modules (move what they share to "
-                          "tests/_harness.py):\n" + "\n".join(problems))
+                          "taiji_harness/testing.py):\n" + "\n".join(problems))
     names: dict[str, list[str]] = defaultdict(list)
     for path in TESTS.rglob("test_*.py"):
         names[path.name].append(rel(path))

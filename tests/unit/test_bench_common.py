@@ -1,4 +1,4 @@
-"""The benchmarks' harness (benchmarks/_common.py): processes are always ended and reaped, and
+"""The benchmarks' harness (taiji_harness/bench.py): processes are always ended and reaped, and
 the repetition and statistics helpers. The processes started here are short shell commands."""
 from __future__ import annotations
 
@@ -9,11 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
-
-from _common import (Session, interleaved, paired_ratio, run_launcher, run_to_end, signal_if_ours,  # noqa: E402
+from taiji_harness.bench import (Session, interleaved, paired_ratio, run_launcher, run_to_end, signal_if_ours,
                      spread, wait_all)
 
 

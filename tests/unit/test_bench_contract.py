@@ -1,5 +1,5 @@
 """Every benchmark keeps DESIGN §9's contract: it accepts ``--quick`` and its last stdout line is
-built by the one helper in benchmarks/_common.py, ``print_result`` (checked on the source, without
+built by the one helper in taiji_harness/bench.py, ``print_result`` (checked on the source, without
 running anything); and that helper itself builds the line right."""
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
-from _common import ahead_ratio, contract_row, print_result, result_line  # noqa: E402
+from taiji_harness.bench import ahead_ratio, contract_row, print_result, result_line  # noqa: E402
 
+CONTRACT = "taiji_harness.bench"  # the one module that builds the result line
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
 
 
@@ -41,7 +42,8 @@ def called_names(node: ast.AST) -> set[str]:
 def local_imports(module: ast.Module) -> dict[str, str]:
     """Names imported from the benchmarks' own modules (``from _x import name``): name -> module."""
     return {alias.asname or alias.name: node.module for node in ast.walk(module)
-            if isinstance(node, ast.ImportFrom) and node.module and (BENCHMARKS / f"{node.module}.py").is_file()
+            if isinstance(node, ast.ImportFrom) and node.module
+            and (node.module == CONTRACT or (BENCHMARKS / f"{node.module}.py").is_file())
             for alias in node.names}
 
 
@@ -51,11 +53,11 @@ def function(module: ast.Module, name: str) -> ast.FunctionDef | None:
 
 def prints_result(name: str, module: ast.Module, seen: frozenset = frozenset()) -> bool:
     """Whether calling ``name`` (a function of ``module`` or one it imports from a helper module)
-    leads to ``_common.print_result``."""
+    leads to ``taiji_harness.bench.print_result``."""
     imports = local_imports(module)
     if name == "print_result":
-        return imports.get("print_result") == "_common"
-    if name in imports and imports[name] != "_common" and imports[name] not in seen:
+        return imports.get("print_result") == CONTRACT
+    if name in imports and imports[name] != CONTRACT and imports[name] not in seen:
         helper = tree(BENCHMARKS / f"{imports[name]}.py")
         return prints_result(name, helper, seen | {imports[name]})
     body = function(module, name)
@@ -89,8 +91,8 @@ def test_benchmark_ends_with_the_shared_result_line(script):
     last = main.body[-1]
     assert any(prints_result(name, module) for name in called_names(last)), (
         f"{script.name}: main()'s last statement (line {last.lineno}) does not print through "
-        "_common.print_result")
-    helpers = {m for m in local_imports(module).values() if m != "_common"}
+        "taiji_harness.bench.print_result")
+    helpers = {m for m in local_imports(module).values() if m != CONTRACT}
     for path in [script, *(BENCHMARKS / f"{m}.py" for m in sorted(helpers))]:
         assert not hand_made_contract_dicts(tree(path)), f"{path.name} builds a result line by hand"
 
@@ -319,7 +321,7 @@ def test_sched_live_audits_the_slots_from_timelines_and_event_logs(tmp_path):
     assert sched_live.logged_oversubscribed(run, ["127.0.0.1"], 1) == 1, "2 workers on a 1-slot host at t=1"
     assert sched_live.fixed_overhead([run]) == {"launch_to_first_step_s": 0.5, "last_step_to_exit_s": 0.5}
     arrivals = sched_live.workload([10, 20, 30], 4.0, seed=3)
-    assert [n for _, n in arrivals] == [10, 20, 30] and arrivals[0][0] == 0.0
+    assert [n for _, n, _ in arrivals] == [10, 20, 30] and arrivals[0][0] == 0.0
     assert arrivals == sched_live.workload([10, 20, 30], 4.0, seed=3), "seeded"
 
 

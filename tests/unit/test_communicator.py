@@ -10,7 +10,7 @@ import torch
 from taiji.errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
                           PeerLost)
 from taiji.comm.communicator import CommOptions, Communicator
-from _harness import run_threads
+from taiji_harness.testing import run_threads
 
 pytestmark = pytest.mark.timeout(120)
 

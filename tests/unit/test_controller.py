@@ -1,7 +1,7 @@
 """The membership state machine, event by event, without processes."""
 import pytest
 
-from _harness import actions_of, feed
+from taiji_harness.testing import actions_of, feed
 
 from taiji.cluster.controller import (Beat, Bounds, FailureReported, FatalReported, Finish, JobDone, Kill, Log, Proposal,
                                       Publish, Spawn, Tick, WorkerExited, WorkerReady,

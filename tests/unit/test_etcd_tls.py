@@ -127,7 +127,7 @@ def test_tls_flags_are_checked_and_exported_for_the_workers(tmp_path, monkeypatc
 def test_a_job_trains_and_resizes_on_an_etcds_store(tls_etcd, tmp_path, monkeypatch):
     """`taiji run --store etcds://... --etcd-ca/--etcd-cert/--etcd-key`: the launcher and every
     worker (which inherit the files through the environment) talk TLS; the job grows and trains."""
-    from _harness import check_invariants, run_elastic
+    from taiji_harness.testing import check_invariants, run_elastic
     where, port = tls_etcd
     _use(monkeypatch, where)  # only the flags say where the files are
     monkeypatch.setenv("TAIJI_HOME", str(tmp_path / "home"))

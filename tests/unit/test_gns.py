@@ -12,7 +12,7 @@ from taiji.errors import ConfigError
 from taiji.policies import Policy, SetBatchSize
 from taiji.monitor import GNSEstimator, StepStats, ControlRow, two_batch_estimates
 from taiji.runtime.peer import Peer
-from _harness import run_threads
+from taiji_harness.testing import run_threads
 
 
 def test_two_batch_estimates_recover_known_values():

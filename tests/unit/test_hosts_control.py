@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from _harness import actions_of, feed
+from taiji_harness.testing import actions_of, feed
 
 from taiji.cluster import auth
 from taiji.cluster.controller import (Beat, Bounds, FailureReported, HostBeat, HostJoined, HostLost, Proposal, Publish,
@@ -14,7 +14,7 @@ from taiji.cluster.controller import (Beat, Bounds, FailureReported, HostBeat, H
 from taiji.cluster.spec import ClusterConfig, WorkerSpec
 from taiji.cluster.store import FakeStore, JobStore
 from taiji.errors import AuthError, ConfigError
-from taiji.launch import hosts
+from taiji.launch import agent_channel as hosts
 from taiji.launch.cli import build_parser, parse_join
 from taiji.launch.worker_env import WorkerSettings, worker_env
 
@@ -328,7 +328,7 @@ def test_nnodes_sets_the_start_size_the_hosts_and_max_np():
 def test_tether_hello_is_checked_and_a_dead_agent_or_controller_is_seen_at_once():
     import subprocess
     import sys
-    from _harness import wait_for
+    from taiji_harness.testing import wait_for
     from taiji.launch.tether import Tether, TetherServer, answers
     secret = auth.new_secret()
     server = TetherServer("127.0.0.1", secret)

@@ -201,3 +201,18 @@ def test_load_ahead_off_loads_each_batch_when_its_step_begins():
         step.backward(F.cross_entropy(model(x), y))
         loaded_by_backward.append(data.loads)
     assert loaded_by_backward == [4, 8]
+
+
+def test_options_in_groups_and_old_keywords_warn_naming_their_new_place():
+    data = TensorDataset(torch.randn(8, 2), torch.randint(0, 2, (8,)))
+
+    def order(**kw):
+        model = torch.nn.Linear(2, 2)
+        job = taiji.Job(model, torch.optim.SGD(model.parameters(), lr=0.1), data, 4, peer=Peer.solo(), **kw)
+        return [step.indices.tolist() for step in job]
+    grouped = order(data=taiji.DataOptions(shuffle=False), monitoring=taiji.MonitorOptions(log_every=0))
+    assert grouped == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.warns(DeprecationWarning, match=r"Job\(shuffle=\.\.\.\).*data=taiji\.DataOptions\(shuffle=\.\.\.\)"):
+        assert order(shuffle=False, monitoring=taiji.MonitorOptions(log_every=0)) == grouped
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        order(shufle=False)

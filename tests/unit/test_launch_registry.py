@@ -9,7 +9,7 @@ import pytest
 from taiji.errors import StoreError
 from taiji.launch import registry
 from taiji.launch.cli import main as taiji_main
-from taiji.launch.control import ControlServer, request
+from taiji.launch.control_socket import ControlServer, request
 
 
 @pytest.fixture(autouse=True)

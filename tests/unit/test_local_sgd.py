@@ -9,7 +9,7 @@ import taiji
 from taiji.comm.transfer import digest
 from taiji.strategies.local_sgd import LocalSGD
 
-from _harness import classification_data, run_threads
+from taiji_harness.testing import classification_data, run_threads
 
 pytestmark = pytest.mark.timeout(120)
 

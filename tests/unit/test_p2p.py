@@ -375,7 +375,7 @@ def _polled(bg: BackgroundFetcher, address):
 
 
 def test_one_connection_per_peer_serves_every_fetch_and_an_idle_one_is_reopened():
-    from _harness import wait_for
+    from taiji_harness.testing import wait_for
     from taiji.comm.p2p import PeerConnection
     with ModelStore(SECRET, idle_timeout=0.3) as store:
         connection = PeerConnection(store.address, SECRET, timeout=5)

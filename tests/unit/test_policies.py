@@ -357,7 +357,7 @@ def test_top_level_holds_the_users_api_only():
     assert set(taiji.__all__) == {
         "init", "shutdown", "Job", "Step", "Optimizer", "SyncSGD", "ModelAveraging", "PairAveraging", "LocalSGD",
         "Strategy", "rank", "size", "version", "resize", "allreduce", "broadcast", "allgather", "barrier", "TaijiError",
-        "context", "Checkpoint", "load_checkpoint"}
+        "context", "Checkpoint", "load_checkpoint", "DataOptions", "MonitorOptions", "FaultOptions", "SyncOptions"}
     assert all(hasattr(taiji, name) for name in taiji.__all__)
     assert not hasattr(taiji, "Policy") and not hasattr(taiji, "CommError")
     assert taiji.policies.Policy is Policy and taiji.policies.SetBatchSize is SetBatchSize

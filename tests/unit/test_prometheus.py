@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from _harness import actions_of, feed
+from taiji_harness.testing import actions_of, feed
 from taiji.cluster import spec
 from taiji.cluster.controller import (Beat, Bounds, FailureReported, Kill, Proposal, Publish, Tick, WorkerExited,
                                       WorkerReady, initial_state)

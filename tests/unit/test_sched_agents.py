@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from _harness import actions_of, feed
+from taiji_harness.testing import actions_of, feed
 
 from taiji.cluster.controller import Bounds, HostJoined, Proposal, Spawn, initial_state
 from taiji.errors import ConfigError

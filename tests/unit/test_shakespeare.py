@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from _harness import random_play
+from taiji_harness.testing import random_play
 
 from taiji.data import shakespeare
 from taiji.data.datasets import DatasetMissing

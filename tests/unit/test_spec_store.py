@@ -163,7 +163,7 @@ def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
     'expired' once etcd deletes it; the agent then learns its host was dropped."""
     import time
     from taiji.cluster.store import open_store
-    from taiji.launch import hosts
+    from taiji.launch import agent_channel as hosts
     job = JobStore(open_store(etcd_server.url, timeout=5), f"l{uuid.uuid4().hex[:6]}")
     assert job.has_leases and not JobStore(FakeStore(), "j").has_leases
     agent = hosts.AgentChannel(job, "10.0.0.2", "s1", lease_ttl=2)
@@ -188,7 +188,7 @@ def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
 
 
 def test_etcd_server_listens_only_where_it_is_told_and_stops_clean(etcd_server):
-    from _harness import listening_addresses
+    from taiji_harness.testing import listening_addresses
     pid = etcd_server.process.pid
     mine = [a for a in listening_addresses(pid) if a.endswith(f":{etcd_server.port}")]
     assert mine == [f"127.0.0.1:{etcd_server.port}"], mine
@@ -252,7 +252,7 @@ def test_fake_store_get_times_out():
 def test_the_job_store_listens_only_on_the_address_it_is_given():
     """TCPStore alone binds every interface even for 127.0.0.1; the job store has no
     authentication, so it must not be reachable from the network."""
-    from _harness import listening_addresses
+    from taiji_harness.testing import listening_addresses
     store = host_store("127.0.0.1", 0, timeout=5)
     mine = [a for a in listening_addresses(os.getpid()) if a.endswith(f":{store.port}")]
     assert mine == [f"127.0.0.1:{store.port}"], mine

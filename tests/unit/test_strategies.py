@@ -12,7 +12,7 @@ from taiji.policies.strategy import InterferenceSwitch, StrategyBySize
 from taiji.comm.transfer import digest
 from taiji.strategies.model_averaging import ModelAveraging
 
-from _harness import classification_data, run_threads
+from taiji_harness.testing import classification_data, run_threads
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,8 +7,8 @@ import taiji
 from taiji.errors import ConfigError, TaijiError
 from taiji.runtime.peer import Peer
 from taiji.strategies.sync_sgd import plan_buckets
-from _harness import assert_close_to_reference, load_script, run_threads
-from _harness import train_equiv_reference as reference
+from taiji_harness.testing import assert_close_to_reference, load_script, run_threads
+from taiji_harness.testing import train_equiv_reference as reference
 
 train_equiv = load_script("train_equiv")
 

@@ -136,7 +136,7 @@ def test_hierarchical_needs_every_ranks_host():
 def test_a_job_trains_and_grows_under_a_chosen_topology_with_identical_replicas(topology, tmp_path):
     """`taiji run --topology`: every worker, the joiner too, allreduces gradients with the plan;
     exactly-once data and bitwise-identical replicas hold through a grow (DESIGN §6)."""
-    from _harness import check_invariants, run_elastic
+    from taiji_harness.testing import check_invariants, run_elastic
     done = run_elastic(tmp_path, 2, "--steps", "120", "--sizes", "3", "--every", "10", "--step-delay", "0.1",
                        launcher_args=["--topology", topology, "--max-np", "3"])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -166,7 +166,7 @@ def test_set_topology_switches_every_worker_at_a_step_boundary_and_a_joiner_adop
     """A policy cycles tree -> hierarchical -> star -> ring every 5 steps while the job grows 2 -> 3
     (the joiner syncs the plan in use): exactly-once data, bitwise-identical replicas, and the
     trajectory of a 1-worker run with the same policy (DESIGN §6)."""
-    from _harness import check_invariants, run_elastic
+    from taiji_harness.testing import check_invariants, run_elastic
     done = run_elastic(tmp_path, 2, "--steps", "120", "--sizes", "3", "--every", "12", "--step-delay", "0.1",
                        "--policy", "topology", launcher_args=["--max-np", "3"])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -239,7 +239,7 @@ def test_job_topology_argument_reaches_every_workers_communicator():
     """`Job(topology=...)`: the plan every worker's gradients use from the first step (threads,
     one loopback host: hierarchical would be the ring itself, so tree)."""
     import taiji
-    from _harness import run_threads
+    from taiji_harness.testing import run_threads
 
     def body(peer):
         torch.manual_seed(0)

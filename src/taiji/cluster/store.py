@@ -15,12 +15,13 @@ import socket
 import threading
 import time
 import uuid
-from typing import Iterable, Iterator, Protocol
+from typing import Iterable, Iterator
 
 import torch.distributed as dist
 
 from ..errors import AuthError, StoreError
 from .auth import Signer, unsealed
+from .kv import KeyValue, SupportsConnections, SupportsLease, SupportsPollInterval, SupportsWatch
 from .spec import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -31,18 +32,6 @@ DEFAULT_POLL_S = 0.05
 
 def config_key(version: int) -> str:
     return f"config/v{version}"
-
-
-class KeyValue(Protocol):
-    """The subset of ``torch.distributed.Store`` taiji relies on."""
-
-    def set(self, key: str, value: str | bytes) -> None: ...
-    def get(self, key: str) -> bytes: ...
-    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes: ...
-    def add(self, key: str, amount: int) -> int: ...
-    def check(self, keys: list[str]) -> bool: ...
-    def set_timeout(self, timeout: datetime.timedelta) -> None: ...
-    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None: ...
 
 
 def _as_bytes(value: str | bytes) -> bytes:
@@ -155,7 +144,7 @@ class JobStore:
     def poll_interval(self) -> float:
         """How often a background thread may look for a change here: a TCPStore answers a poll
         in microseconds, etcd over HTTP in a millisecond of this process's CPU."""
-        return float(getattr(self.kv, "poll_interval", DEFAULT_POLL_S))
+        return float(self.kv.poll_interval) if isinstance(self.kv, SupportsPollInterval) else DEFAULT_POLL_S
 
     def _call(self, what: str, fn, *args):
         try:
@@ -202,27 +191,34 @@ class JobStore:
 
     @property
     def has_leases(self) -> bool:
-        return hasattr(self.kv, "hold")
+        return isinstance(self.kv, SupportsLease)
+
+    def _leases(self) -> SupportsLease:
+        if not isinstance(self.kv, SupportsLease):
+            raise StoreError(f"job {self.job_id}: this store has no leases (etcd has; a TCPStore has not)")
+        return self.kv
 
     def hold(self, name: str, value: str, ttl: float) -> int:
         """Write ``name`` under a fresh lease of ``ttl`` seconds: it vanishes unless renewed."""
-        return self._call(f"hold {name}", self.kv.hold, self.key(name), value, ttl)  # type: ignore[attr-defined]
+        return self._call(f"hold {name}", self._leases().hold, self.key(name), value, ttl)
 
     def renew(self, lease: int) -> bool:
         """Renew a lease; False once it has expired (its key is gone)."""
-        return self._call("renew a lease", self.kv.renew, lease)  # type: ignore[attr-defined]
+        return self._call("renew a lease", self._leases().renew, lease)
 
     def release(self, lease: int) -> None:
-        self._call("revoke a lease", self.kv.release, lease)  # type: ignore[attr-defined]
+        self._call("revoke a lease", self._leases().release, lease)
 
     @property
     def can_watch(self) -> bool:
-        return hasattr(self.kv, "changes")
+        return isinstance(self.kv, SupportsWatch)
 
     def follow(self, name: str, stop: threading.Event) -> Iterator[bytes | None]:
         """``name``'s value now and at each change (None: absent), until ``stop`` — a watch, no
         polling; on a connection of its own (``another_connection()``)."""
-        changes = self.kv.changes(self.key(name), stop)  # type: ignore[attr-defined]
+        if not isinstance(self.kv, SupportsWatch):
+            raise StoreError(f"job {self.job_id}: this store cannot be watched (etcd can; poll a TCPStore)")
+        changes = self.kv.changes(self.key(name), stop)
         try:
             yield from changes
         except (dist.DistError, RuntimeError, ConnectionError, OSError) as exc:
@@ -334,9 +330,8 @@ class JobStore:
         kv = self.kv
         if isinstance(kv, dist.TCPStore):
             return JobStore(connect_store(kv.host, kv.port), self.job_id, self.signer)
-        another = getattr(kv, "another", None)  # etcd: a connection (HTTP session) per thread
-        if another is not None:
-            return JobStore(another(), self.job_id, self.signer)
+        if isinstance(kv, SupportsConnections):  # etcd: a connection (HTTP session) per thread
+            return JobStore(kv.another(), self.job_id, self.signer)
         return self
 
     def report_failure(self, version: int, worker_id: str) -> None:

@@ -19,7 +19,7 @@ import uuid
 from ..cluster.controller import Bounds
 from ..cluster.store import JobStore, connect_job
 from ..errors import AuthError, LaunchError, StoreError
-from . import hosts, registry
+from . import agent_channel, registry
 from .options import JoinConfig
 from .supervisor import Supervisor, WorkerProcess, describe_exit
 from .tether import Tether, answers
@@ -35,7 +35,7 @@ class Agent:
         self.cfg = cfg
         self.sup = Supervisor(output=output, prefix=f"{cfg.host} ")
         self.job: JobStore | None = None
-        self.channel: hosts.AgentChannel | None = None
+        self.channel: agent_channel.AgentChannel | None = None
         self.settings: WorkerSettings | None = None
         self.host_rank = 0
         self._last_contact = time.monotonic()
@@ -65,20 +65,20 @@ class Agent:
             raise AuthError(f"job {cfg.job_id} at {cfg.store_url} refused this host: its etcd does not accept the "
                             "credentials derived from the --secret-file (not this job's secret; copy the file "
                             "`taiji run` printed, unchanged). Nothing was changed in the job.") from None
-        if not job.has(hosts.SPEC):
+        if not job.has(agent_channel.SPEC):
             raise LaunchError(f"no job {cfg.job_id} at {cfg.store_url} (the store there does not know it); "
                               "check the JOB@STORE that `taiji run` printed")
         try:
-            self.settings = hosts.read_settings(job)
+            self.settings = agent_channel.read_settings(job)
         except AuthError:
             raise AuthError(f"job {cfg.job_id} at {cfg.store_url} refused this host: the secret in the "
                             "--secret-file is not this job's (copy the file `taiji run` printed, unchanged). "
                             "Nothing was changed in the job.") from None
         self.job = job
         self.session = uuid.uuid4().hex[:12]
-        if job.has(hosts.BOUNDS):
-            self._bounds = hosts.read_bounds(job)
-        self.channel = hosts.AgentChannel(job, cfg.host, self.session, self._bounds.host_timeout)
+        if job.has(agent_channel.BOUNDS):
+            self._bounds = agent_channel.read_bounds(job)
+        self.channel = agent_channel.AgentChannel(job, cfg.host, self.session, self._bounds.host_timeout)
 
     def _spawn(self, command: dict) -> None:
         assert self.settings is not None
@@ -124,7 +124,7 @@ class Agent:
         """A store call failed: keep trying while the store has been silent for less than
         ``--timeout`` (etcd's own retries give up sooner), saying so once."""
         silent = time.monotonic() - self._last_contact
-        if silent > self.cfg.timeout or isinstance(exc, (hosts.LeaseExpired, hosts.StoreGone)):
+        if silent > self.cfg.timeout or isinstance(exc, (agent_channel.LeaseExpired, agent_channel.StoreGone)):
             return False
         if not self._store_trouble:
             self._store_trouble = True
@@ -137,16 +137,16 @@ class Agent:
         (the store outlives its host)? Never with the launcher's own store."""
         assert self.job is not None
         if self._survivable is None:
-            if not self.job.has(hosts.CONTROLLER):
+            if not self.job.has(agent_channel.CONTROLLER):
                 return False
-            self._survivable = bool(hosts.read_controller(self.job).get("survivable"))
-            self._bounds = hosts.read_bounds(self.job)
+            self._survivable = bool(agent_channel.read_controller(self.job).get("survivable"))
+            self._bounds = agent_channel.read_bounds(self.job)
         if not self._survivable:
             return False
-        beat = hosts.controller_beat(self.job)
+        beat = agent_channel.controller_beat(self.job)
         if beat != self._controller_beat:
             self._controller_beat, self._controller_heard = beat, now
-            owner = hosts.owner(self.job)  # the term of the controller that beats
+            owner = agent_channel.owner(self.job)  # the term of the controller that beats
             if self._tether is not None and owner != self._tether_term:
                 self._tether.close()  # to a controller taken over without its tether closing (its host
                 self._tether = None   # went silent): tether to the new one at the next beat
@@ -163,10 +163,10 @@ class Agent:
         """Tether to the job's controller once it has announced one (and again after a takeover)."""
         assert self.job is not None
         now = time.monotonic()
-        if self._tether is not None or now < self._tether_retry_at or not self.job.has(hosts.CONTROLLER):
+        if self._tether is not None or now < self._tether_retry_at or not self.job.has(agent_channel.CONTROLLER):
             return
-        term = hosts.owner(self.job)  # before the record: a takeover in between shows as a newer term
-        address = str(hosts.read_controller(self.job).get("tether") or "")
+        term = agent_channel.owner(self.job)  # before the record: a takeover in between shows as a newer term
+        address = str(agent_channel.read_controller(self.job).get("tether") or "")
         if address and address != self._tether_judged:
             try:
                 self._tether = Tether(address, self.cfg.secret, self.cfg.host, self.session, timeout=0.5)
@@ -186,14 +186,14 @@ class Agent:
         self._tether.close()
         self._tether = None
         try:
-            record = hosts.read_controller(self.job)
+            record = agent_channel.read_controller(self.job)
         except StoreError as exc:  # the store died with the launcher
-            raise hosts.StoreGone(str(exc).splitlines()[0]) from None
+            raise agent_channel.StoreGone(str(exc).splitlines()[0]) from None
         if record.get("tether") != address or answers(address):
             return None  # another controller by now, or this one still listens: tether again
         self._tether_judged = address  # judged dead once: after a lost election, only its beat counts
         if not record.get("survivable"):
-            raise hosts.StoreGone(f"the job's controller on {record.get('host')} is gone (its tether closed)")
+            raise agent_channel.StoreGone(f"the job's controller on {record.get('host')} is gone (its tether closed)")
         return self._take_over(f"the controller on {record.get('host')} exited (its tether closed)")
 
     def _take_over(self, reason: str) -> int | None:
@@ -209,7 +209,7 @@ class Agent:
         if won is None:
             # another agent won: give it time to beat, and judge the term it runs under next
             self._controller_heard = time.monotonic()
-            self._owner_seen = hosts.owner(self.job)
+            self._owner_seen = agent_channel.owner(self.job)
             return None
         driver, lost, missed = won
         self._done.set()  # the driver's loop talks to the store from here on
@@ -256,14 +256,14 @@ class Agent:
         cfg = self.cfg
         self._connect()
         assert self.job is not None and self.channel is not None and self.settings is not None
-        controller = hosts.read_controller(self.job) if self.job.has(hosts.CONTROLLER) else {}
+        controller = agent_channel.read_controller(self.job) if self.job.has(agent_channel.CONTROLLER) else {}
         if cfg.host == controller.get("host", self.settings.store_host):
             raise LaunchError(f"host {cfg.host} runs the job's controller: its workers are started there "
                               "(-np/--nproc-per-node); give this agent its own host's address with --host")
-        self.host_rank = hosts.register(self.job, cfg.host, cfg.slots, os.getpid(), self.session)
+        self.host_rank = agent_channel.register(self.job, cfg.host, cfg.slots, os.getpid(), self.session)
         registry.register_agent(registry.JobEntry.of_this_process(cfg.job_id, cfg.host, 0, tuple(sys.argv),
                                                                   time.time()))  # for `taiji drain`
-        self._owner_seen = hosts.owner(self.job)  # the term of the controller there now
+        self._owner_seen = agent_channel.owner(self.job)  # the term of the controller there now
         self.say(f"joined job {cfg.job_id} at {cfg.store_url} as host {cfg.host} with {cfg.slots} "
                  f"slot(s); command: {' '.join(self.settings.command_here())}")
         self.sup.install_signal_handlers()
@@ -319,7 +319,7 @@ class Agent:
                 except StoreError as exc:
                     if not self._store_silent_within_timeout(exc):
                         raise
-        except hosts.LeaseExpired as exc:
+        except agent_channel.LeaseExpired as exc:
             self.say(f"{exc}: stopping {len(self.sup.running())} worker(s)")
             self._stop_workers()
             return 1

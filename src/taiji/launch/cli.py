@@ -21,7 +21,7 @@ from .. import env
 from ..comm.addresses import interface_address
 from ..errors import AuthError, ConfigError, LaunchError, StoreError
 from . import checkpoint_cli, drain, metrics_http, registry, top
-from .control import request
+from .control_socket import request
 from .options import JoinConfig, RunConfig, heartbeat_interval
 
 # Only `taiji run` (and `plot`, `sched`) load torch, when they run: `status`, `resize` and `ls`

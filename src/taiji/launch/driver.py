@@ -1,17 +1,15 @@
 """The launcher's driver: feeds events to the pure controller and carries out its actions.
 
-Events come from worker exits (pidfds), signals, and a few store keys polled every tick
-(resize proposals, joiners ready, failure reports, job done, and the registrations, events and
-beats of other hosts' agents), and from the agents' tethers closing (launch/tether.py); the store
+Events come from worker exits (pidfds), signals, the control socket (`taiji resize`), a few store
+keys polled every tick (resize proposals, joiners ready, failure reports, job done) and the other
+hosts (launch/remote_hosts.py: their agents' registrations, events, beats and tethers); the store
 is hosted in this process, so a poll is a local round trip. Workers placed on this host are
-started here; those placed on another host are started by its agent on a signed order
-(launch/hosts.py).
+started here; those placed on another host are started by its agent on a signed order.
 """
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, replace
 
@@ -21,12 +19,12 @@ from ..cluster import spec
 from ..cluster.etcd import EtcdKV, job_credentials, parse_url
 from ..cluster.store import JobStore, KeyFollower, host_store, open_store
 from ..errors import LaunchError, StoreError
-from . import hosts, registry
+from . import agent_channel, registry
 from .checkpoint_cli import stop_workers
-from .control import ControlServer
+from .control_socket import ControlServer
 from .etcd_server import EtcdServer
+from .remote_hosts import RemoteHosts
 from .supervisor import Supervisor, describe_exit
-from .tether import TetherServer
 from .worker_env import WorkerSettings, worker_env
 
 log = logging.getLogger(__name__)
@@ -57,14 +55,6 @@ class Deposed(LaunchError):
     """Another controller took the job over (this one was judged dead): stop, touching nothing else."""
 
 
-@dataclass
-class RemoteWorker:
-    host: str
-    rank: int
-    exit_code: int | None = None
-    tail: tuple[str, ...] = ()
-
-
 class Driver:
     """The controller's loop. ``Driver.launch`` hosts (or opens) the store and starts a job
     (`taiji run`); launch/takeover.py builds one from a running job's store for an agent that
@@ -77,11 +67,9 @@ class Driver:
         self.store_address, self.tick, self.etcd = store_address, tick, etcd
         self.term = term  # the election record this controller runs under (b"": the launcher)
         self.survivable = etcd is None and cfg.store != "tcp"  # the store outlives this host
-        self.agents: dict[str, hosts.AgentChannel] = {}
-        self.remote: dict[str, RemoteWorker] = {}
-        self._registrations_seen, self._bell, self._controller_beats, self._proposal_seq, self._ticks = 0, -1, 0, 0, 0
+        self.remote = RemoteHosts(job, cfg.host, self.say)  # the other hosts' agents and workers
+        self._bell, self._controller_beats, self._proposal_seq, self._ticks = -1, 0, 0, 0
         self._doorbell: KeyFollower | None = None
-        self._early: list[ctl.Event] = []  # hosts that joined beyond --nnodes MIN while the job gathered
         self.secret_file = registry.secret_file(cfg.job_id)
         self._beat_counts: dict[str, int] = {}
         self._done_seen = self._fatal_seen = False
@@ -89,7 +77,6 @@ class Driver:
         self._snapshot_at = float("-inf")
         self._progress: dict | None = None
         self.control: ControlServer | None = None
-        self.tether: TetherServer | None = None
         self.on_actions = None  # called with each decide's actions, if set (an observer: --metrics-port)
 
     @staticmethod
@@ -139,8 +126,7 @@ class Driver:
             if rank is None:
                 rank = self.state.config.size + joiner_ids.index(worker.id)
             if worker.host != self.cfg.host:
-                self.remote[worker.id] = RemoteWorker(worker.host, rank)
-                self.agents[worker.host].send({"op": "spawn", "id": worker.id, "rank": rank, "size": size})
+                self.remote.spawn(worker.id, worker.host, rank, size)
                 continue
             local_size = min(self.state.hosts[0].slots, size)
             local_rank = self.sup.free_local_rank()
@@ -150,14 +136,11 @@ class Driver:
                            local_rank=local_rank)
 
     def _kill(self, worker_id: str) -> None:
-        remote = self.remote.get(worker_id)
-        if remote is None:
+        if not self.remote.kill(worker_id):
             self.sup.kill(worker_id)
-        elif remote.exit_code is None and remote.host in self.agents:
-            self.agents[remote.host].send({"op": "kill", "id": worker_id})
 
     def _is_running(self, worker_id: str) -> bool:
-        remote = self.remote.get(worker_id)
+        remote = self.remote.workers.get(worker_id)
         if remote is not None:
             return remote.exit_code is None
         worker = self.sup.workers.get(worker_id)
@@ -166,16 +149,16 @@ class Driver:
     def _publish(self, config: spec.ClusterConfig, reason: str) -> None:
         if not self.job.publish(config):
             raise Deposed(f"job {self.cfg.job_id}: could not publish cluster v{config.version}: another controller "
-                          f"did (the election record says {hosts.owner(self.job)!r}; this controller's term is "
+                          f"did (the election record says {agent_channel.owner(self.job)!r}; this controller's term is "
                           f"{self.term!r}). This one stops its own workers and leaves the job to it.")
-        for wid, worker in list(self.sup.workers.items()) + list(self.remote.items()):
+        for wid, worker in list(self.sup.workers.items()) + list(self.remote.workers.items()):
             rank = config.rank_of(wid)
             if rank is not None:
                 worker.rank = rank
         self.say(f"cluster v{config.version}: {config.size} worker(s) {list(config.ids)} ({reason})")
 
     def _report_root_cause(self, worker_id: str) -> None:
-        local, remote = self.sup.workers.get(worker_id), self.remote.get(worker_id)
+        local, remote = self.sup.workers.get(worker_id), self.remote.workers.get(worker_id)
         if local is not None and local.exit_code is not None:
             where, code, tail = f"rank {local.rank}, pid {local.pid}", local.exit_code, list(local.tail)
         elif remote is not None and remote.exit_code is not None:
@@ -197,9 +180,7 @@ class Driver:
             elif isinstance(action, ctl.Publish):
                 self._publish(action.config, action.reason)
             elif isinstance(action, ctl.RefuseHost):
-                channel = self.agents.pop(action.address, None)
-                if channel is not None:
-                    self._refuse(channel, action.reason)
+                self.remote.refuse(action.address, action.reason)
             elif isinstance(action, ctl.Log):
                 self.say(action.message)
             elif isinstance(action, ctl.Finish):
@@ -218,100 +199,29 @@ class Driver:
         # release the hosts this event dropped (or a join it ignored) — not an agent registered
         # this tick whose HostJoined comes later in the tick
         dropped = before | ({event.address} if isinstance(event, ctl.HostJoined) else set())
-        for address in (dropped - {h.address for h in self.state.hosts}) & set(self.agents):
-            self._release_host(address)
+        self.remote.release(dropped - {h.address for h in self.state.hosts})
         return code
 
-    # -- other hosts' agents -------------------------------------------------------------
+    # -- the start ---------------------------------------------------------------------------
 
     def skip_past_records(self) -> None:
         """Take over a running job: react only to proposals and registrations written from now on."""
         self._proposal_seq = self.job.add("proposal/seq", 0)
-        self._registrations_seen = self.job.add(f"{hosts.REGISTRATIONS}/seq", 0)
+        self.remote.skip_past_registrations()
 
-    def _release_host(self, address: str) -> None:
-        """The controller dropped host ``address``: tell its agent to stop (if it can still hear)."""
-        channel = self.agents.pop(address, None)
-        if channel is None:
-            return
-        try:
-            channel.send({"op": "stop", "reason": "the launcher declared this host lost"})
-        except StoreError:
-            pass
-        for worker in self.remote.values():
-            if worker.host == address and worker.exit_code is None:
-                worker.exit_code = -9  # gone with its host
-
-    def _host_events(self, now: float, rang: bool) -> list[ctl.Event]:
-        """Registrations and agents' events (when the doorbell rang), and agents' beats."""
-        events: list[ctl.Event] = []
-        found = []
-        if rang:
-            self._registrations_seen, found = hosts.registrations_after(self.job, self._registrations_seen)
-        for record in found:
-            address, slots = str(record.get("address")), int(record.get("slots", 0))
-            channel = hosts.AgentChannel(self.job, address, str(record.get("session", "")),
-                                         self.state.bounds.host_timeout)
-            if address == self.cfg.host or address in self.agents:
-                why = "the controller runs there" if address == self.cfg.host else "another agent serves it"
-                self._refuse(channel, f"host {address} is in the job already ({why})")
-                continue
-            self.agents[address] = channel
-            self.say(f"host {address} joined (agent pid {record.get('pid')}, {slots} slot(s))")
-            events.append(ctl.HostJoined(address, slots))
-        for address, session in (self.tether.lost() if self.tether is not None else []):
-            if address in self.agents and self.agents[address].session == session:
-                events.append(ctl.HostLost(address, "its agent's tether to the controller closed: the agent's "
-                                                    "process is gone, and its workers with it"))
-        for address, channel in list(self.agents.items()):
-            for event in (channel.new_events() if rang else []):
-                op = event.get("op")
-                if op == "exit":
-                    events.append(self._remote_exit(event))
-                elif op == "leave":
-                    events.append(ctl.HostLost(address, f"its agent is stopping: {event.get('reason', '')}"))
-            liveness = channel.liveness() if self._ticks % BEAT_POLL_TICKS == 0 else "quiet"
-            if liveness == "beat":
-                events.append(ctl.HostBeat(address, now))
-            elif liveness == "expired":
-                events.append(ctl.HostLost(address, f"its agent's lease expired (not renewed for "
-                                                    f"{channel.lease_ttl:g}s)"))
-        return events
-
-    def _refuse(self, channel: hosts.AgentChannel, reason: str) -> None:
-        self.say(f"refused host {channel.address}: {reason}")
-        channel.send({"op": "refuse", "reason": reason})
-
-    def _gather_hosts(self, count: int) -> tuple[ctl.Host, ...]:
-        """Before the start (`--nnodes MIN:MAX`): wait for ``count`` other hosts' agents to join (--join-timeout)."""
-        joined: dict[str, ctl.Host] = {}
-        deadline = time.monotonic() + self.cfg.bounds.join_timeout
-        self.say(f"waiting for {count} more host(s) to join (--nnodes) before the job starts")
-        while len(joined) < count:
-            self._beat_events(time.monotonic())  # beat meanwhile: agents must not take over a job not started
-            _, received = self.sup.wait(timeout=self.tick)
-            if received:
-                raise LaunchError(f"job {self.cfg.job_id}: {signal.Signals(received[0]).name} received while "
-                                  f"waiting for hosts ({len(joined) + 1} of {count + 1} there)")
-            if time.monotonic() > deadline:
-                raise LaunchError(f"job {self.cfg.job_id}: only {len(joined) + 1} of the {count + 1} hosts --nnodes "
-                                  f"asks for joined within --join-timeout {self.cfg.bounds.join_timeout:g}s: start "
-                                  "`taiji join` on the others (see above), or lower the MIN of --nnodes")
-            for event in self._host_events(time.monotonic(), rang=True):
-                if isinstance(event, ctl.HostJoined) and len(joined) >= count:
-                    self._early.append(event)  # beyond MIN in the same tick: the controller decides
-                elif isinstance(event, ctl.HostJoined):
-                    joined[event.address] = ctl.Host(event.address, event.slots)
-                elif isinstance(event, ctl.HostLost):
-                    joined.pop(event.address, None)
-                    self.agents.pop(event.address, None)
-        return tuple(joined.values())
+    def _gathering_tick(self) -> int | None:
+        """One tick while hosts gather: beat (agents must not take over a job not started) and wait;
+        a signal received meanwhile."""
+        self._beat_events(time.monotonic())
+        _, received = self.sup.wait(timeout=self.tick)
+        return received[0] if received else None
 
     def _start(self) -> None:
         """Gather the hosts --nnodes waits for, publish the first config and start its workers."""
         cfg = self.cfg
         if cfg.min_hosts > 1:
-            others = self._gather_hosts(cfg.min_hosts - 1)
+            others = self.remote.gather(cfg.min_hosts - 1, self.state, cfg.job_id, self._gathering_tick,
+                                        BEAT_POLL_TICKS)
             try:
                 self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None, others,
                                                time.monotonic())
@@ -320,19 +230,6 @@ class Driver:
                                   "(an agent offered fewer slots than --nproc-per-node?)") from None
         self._publish(self.state.config, "start")
         self._spawn(self.state.config.workers)
-
-    def _remote_exit(self, event: dict) -> ctl.Event:
-        wid, code = str(event["id"]), int(event["code"])
-        worker = self.remote.get(wid)
-        if worker is not None:
-            worker.exit_code, worker.tail = code, tuple(event.get("tail", ()))
-            if code != 0 and wid not in self.state.killed:
-                self.say(f"worker {wid} (rank {worker.rank} on host {worker.host}) {describe_exit(code)}")
-        return ctl.WorkerExited(wid, code, self.job.is_training(wid))
-
-    def _stop_agents(self) -> None:
-        hosts.stop_agents(self.agents, self.cfg.grace + 2.0, self.say)
-        self.agents.clear()
 
     # -- events from the store ----------------------------------------------------------
 
@@ -360,23 +257,23 @@ class Driver:
             return []
         if self.survivable:  # agents watch this beat to take over; nobody can where the store dies with us
             self._controller_beats += 1
-            hosts.beat_controller(self.job, self._controller_beats)
-            if hosts.owner(self.job) != self.term:
+            agent_channel.beat_controller(self.job, self._controller_beats)
+            if agent_channel.owner(self.job) != self.term:
                 raise Deposed(f"job {self.cfg.job_id}: another controller took over (the election record says "
-                              f"{hosts.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
+                              f"{agent_channel.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
                               "leaves the job to the new one")
-        running = [w.worker_id for w in self.sup.running()] + [
-            wid for wid, w in self.remote.items() if w.exit_code is None]
+        running = [w.worker_id for w in self.sup.running()] + self.remote.running()
         counts = self.job.beats(running)
         moved = [ctl.Beat(w, now) for w, n in counts.items() if n and n != self._beat_counts.get(w)]
         self._beat_counts = counts
         return moved
 
-    def _control_events(self) -> list[ctl.Event]:
-        """Resizes asked through the control socket (`taiji resize`)."""
-        if self.control is None:
-            return []
-        return [ctl.Proposal(size, source, placement) for size, source, placement in self.control.take_proposals()]
+    def _forward_resizes(self) -> None:
+        """Resizes asked through the control socket (`taiji resize`) join the job store's proposals:
+        the one inbox of resizes (workers' `taiji.resize`, policies and schedulers write there too)."""
+        if self.control is not None:
+            for size, source, placement in self.control.take_proposals():
+                self.job.propose(size, source, placement)
 
     def _refresh_snapshot(self, now: float) -> None:
         """What `taiji status` shows, rebuilt every tick on this thread (the control thread only
@@ -411,8 +308,8 @@ class Driver:
                  f"{cfg.bounds.max_np}), store {self.store_address}, command: "
                  f"{' '.join(self.settings.command)}")
         self.say(f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`")
-        hosts.publish_settings(self.job, self.settings)
-        hosts.publish_bounds(self.job, cfg.bounds)
+        agent_channel.publish_settings(self.job, self.settings)
+        agent_channel.publish_bounds(self.job, cfg.bounds)
         return self._serve(self._start)
 
     def resume(self, lost_host: str, reason: str, missed: list[ctl.Event]) -> int:
@@ -424,9 +321,9 @@ class Driver:
 
     def _announce_controller(self) -> None:
         """Who controls the job (agents watch its beat to take over when it stops, etcd mode)."""
-        self.tether = TetherServer(self.cfg.host, self.secret) if self.cfg.slots else None  # many hosts only
-        hosts.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots, survivable=self.survivable,
-                                 tether=self.tether.address if self.tether is not None else "")
+        tether = self.remote.open_tether(self.secret) if self.cfg.slots else ""  # many hosts only
+        agent_channel.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots,
+                                         survivable=self.survivable, tether=tether)
         auth.write_secret_file(self.secret_file, self.secret)
         if self.cfg.slots:
             self.say(f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
@@ -446,14 +343,15 @@ class Driver:
         self._doorbell = self.job.follow_doorbell()
         try:
             start()
-            pending += self._early
+            pending += self.remote.early
             while True:
                 exited, received = self.sup.wait(timeout=self.tick)
                 if received:  # SIGTERM with --checkpoint-dir: a final checkpoint first
                     code = stop_workers(received[0], self.sup, self.settings.checkpoint_dir, cfg.grace,
                                         cfg.checkpoint_grace, self.say)
-                    self._stop_agents()
+                    self.remote.stop(cfg.grace + 2.0)
                     return code
+                self._forward_resizes()
                 # did anyone write what we react to? one read, or none where a watch keeps the count
                 bell = self._doorbell.value if self._doorbell is not None else self.job.doorbell()
                 rang, self._bell = bell != self._bell, bell
@@ -464,16 +362,17 @@ class Driver:
                         self.say(f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}")
                     training = self.job.is_training(worker.worker_id)
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
-                events += (self._store_events() if rang else []) + self._control_events()
+                events += self._store_events() if rang else []
                 now = time.monotonic()
-                events += self._host_events(now, rang) + self._beat_events(now)
+                events += self.remote.events(self.state, now, rang, self._ticks % BEAT_POLL_TICKS == 0)
+                events += self._beat_events(now)
                 events = pending + events + [ctl.Tick()]
                 pending = []
                 for event in events:
                     code = self._feed(event)
                     if code is not None:
                         self.sup.stop_all(cfg.grace)
-                        self._stop_agents()
+                        self.remote.stop(cfg.grace + 2.0)
                         if code == 0:
                             self.say(f"job {cfg.job_id} finished: every worker exited 0 in "
                                      f"{time.monotonic() - started:.1f}s")
@@ -485,7 +384,7 @@ class Driver:
             return 1
         except BaseException:
             self.sup.stop_all(cfg.grace)
-            self._stop_agents()
+            self.remote.stop(cfg.grace + 2.0)
             raise
         finally:
             self.sup.close()
@@ -493,8 +392,7 @@ class Driver:
                 self._doorbell.close()
             if self.control is not None:
                 self.control.close()
-            if self.tether is not None:
-                self.tether.close()
+            self.remote.close()
             registry.unregister(cfg.job_id)
             if self.etcd is not None:
                 self.etcd.stop()

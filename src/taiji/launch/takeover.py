@@ -16,8 +16,8 @@ import time
 
 from ..cluster import controller as ctl
 from ..cluster.store import JobStore
-from . import hosts
-from .driver import ETCD_TICK_SECONDS, Driver, DriverConfig, RemoteWorker
+from . import agent_channel
+from .driver import ETCD_TICK_SECONDS, Driver, DriverConfig
 from .options import JoinConfig
 from .supervisor import Supervisor
 from .worker_env import WorkerSettings
@@ -34,13 +34,13 @@ def take_over(cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Sup
     """If this agent wins the election against the controller of term ``seen``: a Driver for the
     job, the dead controller's host, and what happened while nobody controlled the job (this
     host's workers that exited meanwhile) to feed it first."""
-    if not hosts.elect(job, cfg.host, seen):
+    if not agent_channel.elect(job, cfg.host, seen):
         return None
-    old = hosts.read_controller(job)
+    old = agent_channel.read_controller(job)
     old_host = str(old["host"])
-    bounds = hosts.read_bounds(job)
+    bounds = agent_channel.read_bounds(job)
     config = job.read_config()
-    _, registrations = hosts.registrations_after(job, 0)
+    _, registrations = agent_channel.registrations_after(job, 0)
     latest = {str(r["address"]): r for r in registrations}  # an address's newest agent
     slots = {address: int(r["slots"]) for address, r in latest.items()}
     slots[old_host] = int(old.get("slots") or 0) or sum(1 for w in config.workers if w.host == old_host)
@@ -53,15 +53,14 @@ def take_over(cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Sup
     driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=config.size, bounds=bounds, host=cfg.host, timeout=cfg.timeout,
                               grace=cfg.grace, slots=cfg.slots, store=cfg.store_url)
     driver = Driver(driver_cfg, settings, sup, job, secret, state, store_address=cfg.store_url,
-                    tick=ETCD_TICK_SECONDS, term=hosts.owner(job))
+                    tick=ETCD_TICK_SECONDS, term=agent_channel.owner(job))
     for address in others:
         # read from the start: exits written while nobody controlled the job are not lost
         # (exits of workers no longer members are ignored by the controller)
-        driver.agents[address] = hosts.AgentChannel(job, address, str(latest[address].get("session", "")),
-                                                    bounds.host_timeout)
+        driver.remote.adopt(address, str(latest[address].get("session", "")), bounds.host_timeout)
     for rank, worker in enumerate(config.workers):
         if worker.host != cfg.host:
-            driver.remote[worker.id] = RemoteWorker(worker.host, rank)
+            driver.remote.place(worker.id, worker.host, rank)
     driver.skip_past_records()
     gone_here = [ctl.WorkerExited(w.worker_id, w.exit_code, job.is_training(w.worker_id))
                  for w in sup.workers.values() if w.exit_code is not None and w.worker_id in config.ids]

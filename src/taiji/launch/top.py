@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError, StoreError
 from . import registry
-from .control import request
+from .control_socket import request
 
 CLEAR = "\x1b[H\x1b[2J"
 

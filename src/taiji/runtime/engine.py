@@ -6,7 +6,8 @@ buckets as they are ready), and the control message rides in the last bucket (or
 strategy cannot carry it, goes out right after it);
 ``finish`` waits for both and **commits only if every collective succeeded**: optimizer step,
 strategy's after-update, scheduler, monitors. Otherwise nothing is applied and the outcome is
-``Failed``. A decoupled step (``begin_claimed``/``commit_local``) has no collective to fail.
+``Failed``. A decoupled step (``begin_claimed``/``commit_local``) has no collective to fail. A step
+of the user's own loop (``begin_own``: ``taiji.Optimizer``) is the same step over the user's batch.
 
 While a lockstep step's allreduce is in flight, the engine loads the batch the next step will ask
 for if nothing changes at the boundary (``BatchFetcher.fetch_ahead``): loading hides in a wait the
@@ -39,6 +40,8 @@ from .step import Attempt, Step
 
 log = logging.getLogger(__name__)
 
+_NO_INDICES = torch.empty(0, dtype=torch.long)  # a step of the user's own loop: its samples are the user's
+
 
 def _mean_of(loss: torch.Tensor) -> float:
     # the usual scalar loss is read with one op (on the step's critical path when its row is carried)
@@ -58,9 +61,9 @@ class Failed:
 
 class StepEngine:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
-                 fetch: BatchFetcher, sampler: ElasticSampler, membership: Membership, control: ControlChannel,
-                 monitors: Monitors, check_consensus: Callable[[Sequence[float], int], None],
-                 fire: Callable[[str, int], None], max_steps: int | None = None):
+                 fetch: BatchFetcher | None, sampler: ElasticSampler | None, membership: Membership,
+                 control: ControlChannel, monitors: Monitors, check_consensus: Callable[[Sequence[float], int], None],
+                 fire: Callable[[str, int], None], max_steps: int | None = None, clear_grads: bool = True):
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -72,6 +75,7 @@ class StepEngine:
         self.check_consensus = check_consensus
         self.fire = fire
         self.max_steps = max_steps  # no batch is loaded ahead for the step after the last
+        self.clear_grads = clear_grads  # after a commit (a loop the user writes clears them itself)
         self.strategy: Strategy | None = None
         keep_freed_memory()  # steps reuse the same large buffers: no page faults for them every step
         self._carrier: SupportsCarry | None = None  # the strategy, if it can carry control rows
@@ -93,40 +97,57 @@ class StepEngine:
         assert self.strategy is not None, "StepEngine.use(strategy) first"
         return self.strategy
 
+    def _data(self) -> tuple[BatchFetcher, ElasticSampler]:
+        assert self.fetch is not None and self.sampler is not None, "a StepEngine without data has only begin_own"
+        return self.fetch, self.sampler
+
     # -- begin --------------------------------------------------------------------------
 
     def begin(self, progress: Progress, decisions: int) -> Attempt:
         """This worker's share of the next global batch, with the strategy's step started."""
+        fetch, sampler = self._data()
         view = self.membership.view
-        lo, hi = global_span(progress.sampler, self.sampler.num_samples)
-        share = self.sampler.local_share(progress.sampler, view.rank, view.size)
-        indices = self.sampler.indices_of(share)
-        batch = self.fetch(indices, key=share)
+        lo, hi = global_span(progress.sampler, sampler.num_samples)
+        share = sampler.local_share(progress.sampler, view.rank, view.size)
+        indices = sampler.indices_of(share)
+        batch = fetch(indices, key=share)
         # the next step's share if this one commits and nothing changes at the boundary: loaded
         # while this step's allreduce is in flight (``gradients_done``); not across an epoch's end,
         # where users change their data set (a new epoch's augmentation), nor past ``max_steps``
-        after = advance(progress.sampler, hi - lo, self.sampler.num_samples)
+        after = advance(progress.sampler, hi - lo, sampler.num_samples)
         last = self.max_steps is not None and progress.step + 1 >= self.max_steps
-        self._next_share = self.sampler.local_share(after, view.rank, view.size) \
+        self._next_share = sampler.local_share(after, view.rank, view.size) \
             if after.epoch == progress.epoch and not last else None
         measure = self.monitors.measuring(progress.step)
-        self._buffers_before = [b.detach().clone() for b in self._buffers] if view.size > 1 else []
-        self.membership.at_step(progress.step)
-        self._strategy().begin_step(len(indices) / (hi - lo), progress.step, measure)
-        attempt = Attempt(progress.step, progress.epoch, batch, indices, (lo, hi), [(progress.epoch, lo, hi)],
-                          hi - lo, decisions=decisions, measure=measure)
+        return self._start(Attempt(progress.step, progress.epoch, batch, indices, (lo, hi), [(progress.epoch, lo, hi)],
+                                   hi - lo, decisions=decisions, measure=measure), len(indices) / (hi - lo))
+
+    def begin_own(self, index: int) -> Attempt:
+        """Step ``index`` of the user's own loop over the user's batch, each gradient weighing 1/size;
+        CommError (nothing begun) where the peers gave up on this worker while it was away."""
+        if self._strategy().lockstep:
+            self._check_peers_waited()
+        size = self.membership.view.size
+        return self._start(Attempt(index, 0, None, _NO_INDICES, (0, 0), [], size, local_samples=1), 1.0 / size)
+
+    def _start(self, attempt: Attempt, weight: float) -> Attempt:
+        """Start the strategy's lockstep step for ``attempt``, this worker's gradient weighing ``weight``."""
+        self._buffers_before = [b.detach().clone() for b in self._buffers] if self.membership.view.size > 1 else []
+        self.membership.at_step(attempt.index)
+        self._strategy().begin_step(weight, attempt.index, attempt.measure)
         attempt.carried = self._carrier is not None and self._carrier.carry(
             self.control.WIDTH, lambda: self.control.row(attempt.decisions, self._measurements(attempt)))
-        self.fire("compute", progress.step)
+        self.fire("compute", attempt.index)
         return attempt
 
     def begin_claimed(self, segments: list[tuple[int, int, int]], index: int, batch_size: int) -> Attempt:
         """A decoupled step over runs this worker claimed (no collective in it); ``batch_size``:
         the global batch of the phase."""
-        indices = torch.cat([self.sampler.permutation(epoch)[lo:hi] for epoch, lo, hi in segments])
-        batch = self.fetch(indices)
+        fetch, sampler = self._data()
+        indices = torch.cat([sampler.permutation(epoch)[lo:hi] for epoch, lo, hi in segments])
+        batch = fetch(indices)
         self.membership.at_step(index)
-        n = self.sampler.num_samples
+        n = sampler.num_samples
         self._strategy().claimed(max(epoch * n + hi for epoch, _, hi in segments), batch_size)
         self._strategy().begin_step(1.0, index, False)
         attempt = Attempt(index, segments[0][0], batch, indices, (0, len(indices)), segments, len(indices))
@@ -212,10 +233,11 @@ class StepEngine:
 
     def _fetch_next(self) -> float:
         """Load the next step's batch now, in the allreduce's wait; returns the seconds it took."""
-        if self._next_share is None or not self.fetch.ahead:  # (load_ahead=False: not even the indices)
+        if self._next_share is None or self.fetch is None or not self.fetch.ahead:  # (load_ahead=False: nothing)
             return 0.0
+        fetch, sampler = self._data()
         started = time.perf_counter()
-        self.fetch.fetch_ahead(self._next_share, self.sampler.indices_of(self._next_share))
+        fetch.fetch_ahead(self._next_share, sampler.indices_of(self._next_share))
         self._next_share = None
         return time.perf_counter() - started
 
@@ -259,7 +281,8 @@ class StepEngine:
     def abort(self, attempt: Attempt) -> None:
         """Forget the attempt; the retry starts from clean gradients, not this attempt's."""
         self._last_allreduce_wait = self._last_monitor_seconds = math.nan  # the retry may run elsewhere
-        self.fetch.drop_ahead()  # a retry reads the same batch, not the next one
+        if self.fetch is not None:  # a retry reads the same batch, not the next one
+            self.fetch.drop_ahead()
         self._next_share = None
         self._strategy().abort_step()
         self.model.zero_grad(set_to_none=True)
@@ -271,6 +294,7 @@ class StepEngine:
     def _update(self) -> None:
         self.optimizer.step()
         self._strategy().after_update()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.clear_grads:
+            self.optimizer.zero_grad(set_to_none=True)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.utils.data import Dataset
@@ -26,16 +26,16 @@ from ..policies.base import Context, Policy, PolicyError, Resize, Stop
 from ..policies.runner import Plan
 from ..strategies.base import Strategy
 from ..strategies.catalog import StrategyCatalog
-from . import faults
 from .adaptation import Adaptation, boundary_hooks, policy_events, scale_lr, who
 from .checkpointing import Checkpoint, Checkpointer, effective
 from .control import ControlChannel, Signals
 from .decoupled import Phases, plan_phase
 from .engine import Failed, StepEngine
+from .faults import for_worker
 from .membership import membership_for
 from .peer import Peer, default_peer
 from .reporting import Ended, Event, Paused, PhaseClosed, Reporter, Snapshot, StepCommitted
-from .options import TrainingOptions
+from .options import DataOptions, FaultOptions, MonitorOptions, SyncOptions, TrainingOptions, grouped
 from .state import Progress, TrainState
 from .step import Attempt, Step
 from .transitions import LeftCluster, Transitions
@@ -47,50 +47,50 @@ class Job:
     """Elastic data-parallel training loop over ``dataset`` with a global batch size."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset: Dataset,
-                 batch_size: int, *, strategy: Strategy | None = None, epochs: int = 1,
-                 max_steps: int | None = None, seed: int = 0, shuffle: bool = True,
-                 lr_scheduler: Any = None, collate_fn: Callable[[list], Any] | None = None,
-                 device: torch.device | str | None = None, log_every: int = 50,
-                 peer: Peer | None = None, recovery_timeout: float | None = None,
-                 on_commit: Callable[[Step], None] | None = None, monitor_every: int | str = 1,
-                 gns_decay: float = 0.95, run_dir: str | None = None, policies: Sequence[Policy] = (),
-                 strategies: Mapping[str, Strategy] | None = None, sync_every: int | None = None,
-                 topology: str | None = None, load_ahead: bool = True, checkpoint: Checkpoint | None = None):
-        self.options = TrainingOptions(batch_size, epochs, max_steps, monitor_every, sync_every)
+                 batch_size: int, *, epochs: int = 1, max_steps: int | None = None, strategy: Strategy | None = None,
+                 policies: Sequence[Policy] = (), lr_scheduler: Any = None,
+                 on_commit: Callable[[Step], None] | None = None, data: DataOptions = DataOptions(),
+                 monitoring: MonitorOptions = MonitorOptions(), faults: FaultOptions = FaultOptions(),
+                 sync: SyncOptions = SyncOptions(), peer: Peer | None = None, **deprecated: Any):
+        if deprecated:  # the keywords the option groups replaced (runtime/options.py)
+            given = grouped({"data": data, "monitoring": monitoring, "faults": faults, "sync": sync}, deprecated)
+            data, monitoring, faults, sync = given["data"], given["monitoring"], given["faults"], given["sync"]
+        self.options = TrainingOptions(batch_size, epochs, max_steps, monitoring.every, sync.sync_every)
         self.model, self.optimizer, self.lr_scheduler, self.on_commit = model, optimizer, lr_scheduler, on_commit
         self._peer = peer or default_peer()
         self._membership = membership_for(self._peer, env.MIN_NP.get(), env.MAX_NP.get() or None)
-        self._catalog = StrategyCatalog(strategy, strategies)
+        self._catalog = StrategyCatalog(strategy, sync.strategies)
         self.strategy_name = self._catalog.initial
         self.strategy = self._catalog.get(self.strategy_name).attach(model, lambda: self._membership.comm)
         self._signals, self._stop_agreed, self._started = Signals(), False, False
         self._pending_strategy: str | None = None
-        self.monitors = Monitors(monitor_every, gns_decay)
+        self.monitors = Monitors(monitoring.every, monitoring.gns_decay)
         self._adaptation = Adaptation(policies)
-        self._sampler = ElasticSampler(len(dataset), seed=seed, shuffle=shuffle)  # type: ignore[arg-type]
+        self._sampler = ElasticSampler(len(dataset), seed=data.seed, shuffle=data.shuffle)  # type: ignore[arg-type]
         self._state = TrainState(model, optimizer, self._sampler.num_samples, batch_size, self.strategy_name,
                                  {"gns": self.monitors, "adaptation": self._adaptation}, has_state=self._peer.joined)
-        self._state.topology = check_topology(topology) if topology else self._state.topology  # else --topology
+        self._state.topology = check_topology(sync.topology) if sync.topology else self._state.topology
         if lr_scheduler is not None:
             self._state.register("lr_scheduler", lr_scheduler)
-        run_dir = (run_dir if run_dir is not None else env.RUN_DIR.get()) or None  # "" = none
-        self._reporter = Reporter(run_dir, log_every, lead=self._leads,
+        run_dir = env.RUN_DIR.get() if monitoring.run_dir is None else monitoring.run_dir
+        run_dir = run_dir or None  # "": none
+        self._reporter = Reporter(run_dir, monitoring.log_every, lead=self._leads,
                                   write_status=self._membership.store.write_status)
         store = self._membership.store
-        self._fire = faults.for_worker(store, lambda: (self._peer.rank, self._peer.worker_id))
+        self._fire = for_worker(store, lambda: (self._peer.rank, self._peer.worker_id))
         self._control = ControlChannel(self._membership, self._signals)
-        self._engine = StepEngine(model, optimizer, lr_scheduler, BatchFetcher(dataset, collate_fn, device, load_ahead),
-                                  self._sampler, self._membership, self._control, self.monitors,
-                                  self._check_consensus, self._fire, max_steps)
+        fetch = BatchFetcher(dataset, data.collate_fn, data.device, data.load_ahead)
+        self._engine = StepEngine(model, optimizer, lr_scheduler, fetch, self._sampler, self._membership,
+                                  self._control, self.monitors, self._check_consensus, self._fire, max_steps)
         self._engine.use(self.strategy)
-        timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
+        timeout = env.RECOVERY_TIMEOUT.get() if faults.recovery_timeout is None else faults.recovery_timeout
         self._transitions = Transitions(self._membership, self._state, self._reporter, self._fire, timeout,
                                         changed=self._cluster_changed)
         self._phases = Phases(store, self._membership, self._engine, self._control, self._transitions,
                               self._signals, committed=self._after_commit)
         self._state.register("phases", self._phases)
-        self._durable = Checkpointer(effective(checkpoint, Checkpoint.from_env()), self._state, self._membership,
-                                     lambda: self.strategy.exact, self.request_stop)
+        self._durable = Checkpointer(effective(faults.checkpoint, Checkpoint.from_env()), self._state,
+                                     self._membership, lambda: self.strategy.exact, self.request_stop)
         self._durable.resume()
 
     # -- what the user reads ----------------------------------------------------------------

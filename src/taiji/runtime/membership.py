@@ -2,15 +2,17 @@
 
 The Job talks to membership only through the ``Membership`` protocol. ``SoloMembership`` is a
 one-worker job with no launcher (nothing can change); ``ElasticMembership`` is a worker started
-by ``taiji run``: a watcher thread follows the published configs (so no step pays a store round
-trip to ask "is there a newer version?"), and failures are reported to the launcher, whose next
-config the worker waits for.
+by ``taiji run``, and owns its conversation with the job store (joining, failure reports, reading
+the configs it moves to; the Peer holds only its identity and communicator): a watcher thread
+follows the published configs (so no step pays a store round trip to ask "is there a newer
+version?"), and failures are reported to the launcher, whose next config the worker waits for.
 """
 from __future__ import annotations
 
 import atexit
 import logging
 import threading
+import time
 import weakref
 from typing import Protocol
 
@@ -78,9 +80,6 @@ class _PeerMembership:
     def joined(self) -> bool:
         return self.peer.joined
 
-    def read_config(self, version: int) -> ClusterConfig:
-        return self.peer.read_config(version)
-
     def switch(self, config: ClusterConfig) -> bool:
         """Move to ``config``'s groups; False if this worker is not a member (it leaves)."""
         return self.peer.transition(config)
@@ -110,6 +109,9 @@ class SoloMembership(_PeerMembership):
 
     def join(self, timeout: float) -> None:
         raise ConfigError("a one-worker job without `taiji run` has no cluster to join")
+
+    def read_config(self, version: int) -> ClusterConfig:
+        raise ConfigError("this worker was not started by `taiji run`: there is no cluster to change")
 
     def newest_version(self) -> int:
         return self.peer.version
@@ -197,14 +199,36 @@ class ElasticMembership(_PeerMembership):
         if self._watcher is None and not self._closed.is_set():
             self._start_watching()
 
+    def read_config(self, version: int) -> ClusterConfig:
+        return self.store.read_config(version)
+
     def join(self, timeout: float) -> None:
-        self.peer.join(timeout)
+        """A joiner: say ready, then wait until a published config includes this worker."""
+        store, peer = self.store, self.peer
+        store.mark_ready(peer.worker_id)
+        version = max(store.latest_version(), 1)
+        deadline = time.monotonic() + timeout
+        while True:
+            store.wait_for_version(version, max(deadline - time.monotonic(), 0.001))
+            config = store.read_config(version)
+            if config.rank_of(peer.worker_id) is not None:
+                peer.transition(config)
+                return
+            version += 1
 
     def wait_for_newer(self, timeout: float) -> ClusterConfig:
-        return self.peer.wait_for_newer_config(timeout)
+        """Block until a config newer than ours is published; return the latest one."""
+        store, peer = self.store, self.peer
+        try:
+            store.wait_for_version(peer.version + 1, timeout)
+        except StoreError as exc:
+            raise StoreError(f"[rank {peer.rank} v={peer.version}] worker {peer.worker_id}: no new cluster "
+                             f"config within {timeout:g}s after a failure ({exc}). Is the launcher alive?") from exc
+        # `config/v{N+1}` is written before `latest` moves: never read back an older version
+        return store.read_config(max(store.latest_version(), peer.version + 1))
 
     def report_failure(self) -> None:
-        self.peer.report_failure()
+        self.store.report_failure(self.peer.version, self.peer.worker_id)
 
     def peers_gave_up(self, idle_seconds: float) -> bool:
         """After ``idle_seconds`` in user code (an evaluation on this rank alone): did a peer's

@@ -14,9 +14,13 @@ returns False — your loop retries the batch::
             if opt.step():
                 break
 
-Every step carries a tiny control message (an allgather of one row per worker) so that all
-workers move to a newer cluster version at the same step. Gradients are averaged with equal
-weights (1/size): give each worker an equal share of your batch.
+Each step is the Job's step (``StepEngine.begin_own``): a tiny control message (one row per worker,
+riding in the last gradient bucket) moves all workers to a newer cluster version at the same
+step; running statistics (BatchNorm buffers) are averaged every step, so the replicas stay
+identical, and put back if the step fails; a worker that was away longer than its peers' collective
+timeout (an evaluation) first checks whether they gave up on it, and re-forms with them before the
+step begins. Gradients are averaged with equal weights (1/size): give each worker an equal share
+of your batch.
 
 ``checkpoint=taiji.Checkpoint(path, steps=N)`` (or `taiji run --checkpoint-dir`) checkpoints the
 model and optimizer on the same schedule as a Job, and resumes them (``opt.steps`` then says
@@ -25,6 +29,7 @@ where your loop stands: your data position is yours to restore); ``opt.save()`` 
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -32,14 +37,17 @@ import torch
 
 from .. import env
 from ..errors import CommError, ConfigError
+from ..monitor.monitors import Monitors
 from ..strategies.sync_sgd import SyncSGD
 from . import faults
 from .checkpointing import Checkpoint, Checkpointer, effective
-from .control import ControlChannel, Measurements, Signals
+from .control import ControlChannel, Signals
+from .engine import Failed, StepEngine
 from .membership import membership_for
 from .peer import Peer, default_peer
 from .reporting import Reporter
 from .state import TrainState
+from .step import Attempt
 from .transitions import LeftCluster, Transitions
 
 log = logging.getLogger(__name__)
@@ -60,7 +68,11 @@ class Optimizer:
         reporter = Reporter(None, 0, lead=lambda: False, write_status=lambda status: None)
         self._transitions = Transitions(self._membership, self._state, reporter, self._fire, timeout,
                                         changed=self._cluster_changed)
-        self._control = ControlChannel(self._membership, Signals())
+        self._engine = StepEngine(model, optimizer, None, None, None, self._membership,
+                                  ControlChannel(self._membership, Signals()), Monitors(every=0),
+                                  _no_decisions, self._fire, clear_grads=False)
+        self._engine.use(self.sync)
+        self._attempt: Attempt | None = None  # the step zero_grad began
         self._entered = False
         self._durable = Checkpointer(effective(checkpoint, Checkpoint.from_env()), self._state, self._membership,
                                      exact=lambda: True, request_stop=lambda: None)
@@ -81,33 +93,38 @@ class Optimizer:
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Begin a step (the first call joins the job and syncs the replicas)."""
+        """Begin a step (the first call joins the job and syncs the replicas); a step begun and
+        not yet stepped is forgotten."""
         if not self._entered:
             self._leave_if_not_member(self._transitions.enter)
             self._membership.set_training(True)
             self._entered = True
+        if self._attempt is not None:
+            self._engine.abort(self._attempt)
+            self._attempt = None
         self.optimizer.zero_grad(set_to_none=set_to_none)
-        self.sync.begin_step(1.0 / self._membership.view.size, self.steps)
-        self._fire("compute", self.steps)
+        while self._attempt is None:
+            try:
+                self._attempt = self._engine.begin_own(self.steps)
+            except CommError as exc:  # the peers gave up on this worker while it was away
+                self._leave_if_not_member(functools.partial(self._transitions.recover, exc))
 
     def step(self) -> bool:
         """Apply the update if the step's collectives all succeeded; else recover and return False
         (run the batch again) — or True if the peers committed the step meanwhile (the sync brought it)."""
-        self._fire("allreduce", self.steps)
-        try:
-            self.sync.launch_all()
-            pending = self._control.send(0, Measurements(local_batch=1.0))
-            self.sync.synchronize()
-            stats = pending.wait()
-        except CommError as exc:
-            attempted = self.steps
-            self._recover(exc)
-            return self.steps == attempted + 1  # a commit is one fact: adopted, as its peers made it
-        self.optimizer.step()
+        attempt, self._attempt = self._attempt, None
+        if attempt is None:
+            raise ConfigError("opt.step() without opt.zero_grad() before the backward: zero_grad() begins "
+                              "each step (it joins the job, and the gradients are sent as backward runs)")
+        self._fire("allreduce", attempt.index)
+        outcome = self._engine.finish(attempt)
+        if isinstance(outcome, Failed):
+            self._leave_if_not_member(lambda: self._transitions.recover(outcome.error))
+            return self.steps == attempt.index + 1  # a commit is one fact: adopted, as its peers made it
         self._state.count_step()
-        self._durable.committed(stats.clock)
-        if stats.version_seen > self._membership.view.version:
-            config = self._membership.read_config(stats.version_seen)
+        self._durable.committed(outcome.stats.clock)
+        if outcome.newest_version > self._membership.view.version:
+            config = self._membership.read_config(outcome.newest_version)
             self._leave_if_not_member(lambda: self._transitions.to(config, reason="resize"))
         return True
 
@@ -122,17 +139,14 @@ class Optimizer:
         """Detach from the model; tell the launcher this worker's training loop has ended (after
         the checkpoint being written, if any, is complete)."""
         self._durable.close()
+        if self._attempt is not None:
+            self._engine.abort(self._attempt)
+            self._attempt = None
         if self._entered:
             self._membership.set_training(False)
             self._membership.finish()
         self.sync.detach()
         self._membership.close()
-
-    def _recover(self, error: CommError) -> None:
-        self.sync.abort_step()
-        self.model.zero_grad(set_to_none=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        self._leave_if_not_member(lambda: self._transitions.recover(error))
 
     def _cluster_changed(self) -> None:
         self.sync.cluster_changed(self._membership.view, self._membership.store)
@@ -149,3 +163,7 @@ class Optimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+def _no_decisions(digests: object, step: int) -> None:
+    """A loop the user writes takes no decisions through taiji: there is no fingerprint to compare."""

@@ -8,7 +8,6 @@ import os
 import select
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -136,37 +135,6 @@ class Peer:
         if not self.elastic:
             raise ConfigError("this worker was not started by `taiji run`: there is no cluster to change")
         return self.job_store
-
-    def read_config(self, version: int | None = None) -> spec.ClusterConfig:
-        return self._store().read_config(version)
-
-    def wait_for_newer_config(self, timeout: float) -> spec.ClusterConfig:
-        """Block until a config newer than ours is published; return the latest one."""
-        store = self._store()
-        try:
-            store.wait_for_version(self.version + 1, timeout)
-        except StoreError as exc:
-            raise StoreError(f"[rank {self.rank} v={self.version}] worker {self.worker_id}: no new cluster "
-                             f"config within {timeout:g}s after a failure ({exc}). Is the launcher alive?") from exc
-        # `config/v{N+1}` is written before `latest` moves: never read back an older version
-        return store.read_config(max(store.latest_version(), self.version + 1))
-
-    def join(self, timeout: float) -> spec.ClusterConfig:
-        """A joiner: say ready, then wait until a published config includes this worker."""
-        store = self._store()
-        store.mark_ready(self.worker_id)
-        version = max(store.latest_version(), 1)
-        deadline = time.monotonic() + timeout
-        while True:
-            store.wait_for_version(version, max(deadline - time.monotonic(), 0.001))
-            config = store.read_config(version)
-            if config.rank_of(self.worker_id) is not None:
-                self.transition(config)
-                return config
-            version += 1
-
-    def report_failure(self) -> None:
-        self._store().report_failure(self.version, self.worker_id)
 
     def propose_size(self, size: int, source: str = "training code") -> None:
         if size < 1:

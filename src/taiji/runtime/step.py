@@ -32,10 +32,11 @@ class Attempt:
     synchronized: bool = False
     allreduce_wait: float | None = None    # seconds the step waited, after backward, for the gradients' allreduce
     topology: str = ""                     # the allreduce plan those gradients went through (comm/topology.py)
+    local_samples: int | None = None       # a user's own loop: not its samples (unknown here) but one share
 
     @property
     def local_batch_size(self) -> int:
-        return len(self.indices)
+        return len(self.indices) if self.local_samples is None else self.local_samples
 
     @property
     def failed(self) -> bool:

@@ -36,7 +36,7 @@ from typing import Any
 
 from ...cluster.auth import write_secret_file
 from ...errors import ConfigError, StoreError
-from .. import control, registry
+from .. import control_socket, registry
 from .channel import ask
 from .hosts import TAIJI, Sessions, job_secret, launcher_id, launcher_status
 
@@ -150,7 +150,7 @@ class SchedAgent:
                             str(self._secret_file(job)), "--nproc-per-node", str(self.slots), "--host", self.host]
             self._start(f"{job}/join", argv, "", self.dir / "jobs" / job / f"join-{self.host}.log")
         elif op == "control":
-            control.request(registry.control_socket(launcher_id(job)), dict(order["request"]), timeout=5.0)
+            control_socket.request(registry.control_socket(launcher_id(job)), dict(order["request"]), timeout=5.0)
         elif op == "signal":
             for key in (f"{job}/launcher", f"{job}/join"):
                 if key in self.sessions.children and self.sessions.code(key) is None:

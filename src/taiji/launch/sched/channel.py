@@ -21,7 +21,7 @@ import threading
 from typing import Any, Callable
 
 from ...errors import AuthError, ConfigError, StoreError
-from ..control import read_line
+from ..control_socket import read_line
 
 log = logging.getLogger(__name__)
 

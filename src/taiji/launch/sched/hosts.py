@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from ...cluster import auth
 from ...errors import ConfigError, StoreError
-from .. import control, registry
+from .. import control_socket, registry
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def launcher_id(job_id: str) -> str:
 def launcher_status(job_id: str, timeout: float = 2.0) -> dict[str, Any] | None:
     """A scheduled job's launcher status on this host (None: starting, or busy: read again later)."""
     try:
-        return control.request(registry.control_socket(launcher_id(job_id)), {"op": "status"}, timeout=timeout)
+        return control_socket.request(registry.control_socket(launcher_id(job_id)), {"op": "status"}, timeout=timeout)
     except StoreError:
         return None
 
@@ -134,7 +134,7 @@ class LocalHost:
         return launcher_status(job_id)
 
     def resize(self, job_id: str, size: int, placement: tuple[int, ...]) -> None:
-        control.request(registry.control_socket(launcher_id(job_id)),
+        control_socket.request(registry.control_socket(launcher_id(job_id)),
                         {"op": "resize", "size": size, "source": "taiji sched"})
 
     def outcome(self, job_id: str) -> int | None:

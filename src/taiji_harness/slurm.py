@@ -1,4 +1,4 @@
-"""A real Slurm cluster on emulated hosts (tests/_netns.py; ../shared/MULTIHOST.md §8): a private
+"""A real Slurm cluster on emulated hosts (taiji_harness/netns.py; ../shared/MULTIHOST.md §8): a private
 ``munged`` (its own key and socket), ``slurmctld`` on host 0 and one ``slurmd`` per host, each
 node with its own name (``n0``, ``n1``, ...) and address. Node names resolve inside the hosts
 through ``/etc/netns/<ns>/hosts`` (which ``ip netns exec`` mounts over ``/etc/hosts``).
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from _netns import EmulatedHosts
+from .netns import EmulatedHosts
 
 NEEDED = ("munged", "slurmctld", "slurmd", "srun", "scontrol", "scancel", "sinfo", "nsenter", "unshare")
 SBIN = ("/usr/sbin", "/usr/bin")

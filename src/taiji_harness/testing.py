@@ -1,10 +1,10 @@
-"""Test harness shared by tests/unit, tests/integration and tests/faults.
+"""Test harness shared by tests/unit, tests/integration, tests/faults, tests/multihost and benchmarks.
 
 Ranks as threads against a real TCPStore (`run_threads`), real jobs via `taiji run` (`taiji_run`),
 the helper worker scripts in tests/scripts (`load_script`), and the elastic-invariant checks used
-by the fault tests (`run_elastic`, `check_invariants`). tests/conftest.py puts tests/ on sys.path,
-so every test module imports this as ``from _harness import ...``. Test modules never import each
-other: whatever two of them share lives here.
+by the fault tests (`run_elastic`, `check_invariants`); test modules import it as
+``from taiji_harness.testing import ...``. Test modules never import each other: whatever two of
+them share lives here.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 if TYPE_CHECKING:
     from taiji.runtime.peer import Peer
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "scripts"
 
 
 def load_script(name: str) -> ModuleType:
@@ -292,7 +292,7 @@ def actions_of(actions, kind):
     return [a for a in actions if isinstance(a, kind)]
 
 
-# -- jobs across emulated hosts (tests/_netns.py; issue 15) --------------------------------------
+# -- jobs across emulated hosts (taiji_harness/netns.py; issue 15) --------------------------------------
 
 class HostsJob:
     """`taiji run` on emulated host 0 and `taiji join` agents on the others, each writing its

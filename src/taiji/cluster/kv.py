@@ -1,0 +1,51 @@
+"""What a job store is built on: the key-value interface every store has (``KeyValue``, a subset of
+``torch.distributed.Store``) and the abilities only some have, each a small Protocol a store is
+checked against (``isinstance``) rather than probed by name: leases and watches (etcd), a
+connection of its own per thread (etcd's HTTP session), a polling pace of its own."""
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Iterator, Protocol, runtime_checkable
+
+
+class KeyValue(Protocol):
+    """The subset of ``torch.distributed.Store`` taiji relies on."""
+
+    def set(self, key: str, value: str | bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes: ...
+    def add(self, key: str, amount: int) -> int: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def set_timeout(self, timeout: datetime.timedelta) -> None: ...
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None: ...
+
+
+@runtime_checkable
+class SupportsLease(Protocol):
+    """Keys that vanish unless their lease is renewed (an agent's liveness)."""
+
+    def hold(self, key: str, value: str, ttl: float) -> int: ...
+    def renew(self, lease: int) -> bool: ...
+    def release(self, lease: int) -> None: ...
+
+
+@runtime_checkable
+class SupportsWatch(Protocol):
+    """A key's value now and at each change, until ``stop``: no polling."""
+
+    def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]: ...
+
+
+@runtime_checkable
+class SupportsConnections(Protocol):
+    """The same store on a connection of its own (for a background thread)."""
+
+    def another(self) -> KeyValue: ...
+
+
+@runtime_checkable
+class SupportsPollInterval(Protocol):
+    """How often a background thread may poll it (seconds), where that is not the default."""
+
+    poll_interval: float
