@@ -94,6 +94,9 @@ RESUME = EnvVar("TAIJI_RESUME", "", str, "`taiji run --resume`: auto (the latest
 RANK = EnvVar("RANK", 0, int, "torchrun-compatible rank (provisional for a joiner)")
 WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provisional for a joiner)")
 
+# Ray's own variable: the cluster `taiji run --ray` (no ADDRESS) connects to; unset: the one on this machine
+RAY_ADDRESS = EnvVar("RAY_ADDRESS", "", str, "the Ray cluster (HOST:PORT) `taiji run --ray` uses by default")
+
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, TOPOLOGY, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,

@@ -1,0 +1,102 @@
+"""`taiji run --ray` on a Ray cluster of emulated hosts: each Ray node runs in its own network
+namespace (`ray start --block`, no dashboard, a small object store), started and ended by PID here
+(never `ray stop`, which ends every Ray process on the machine). The job starts on 2 Ray nodes,
+grows onto a third added while it trains, and goes on without a node whose raylet is killed —
+with DESIGN §6's invariants audited. Skipped, with the reason, where Ray or namespaces are missing."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _harness import HostsJob, check_invariants, wait_for
+from _netns import EmulatedHosts, unavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+RAY_PORT = 6391
+RAY = Path(sys.executable).with_name("ray")
+
+
+def _ray_node(hosts: EmulatedHosts, i: int, out: Path) -> subprocess.Popen:
+    """A Ray node on host ``i`` (the head on host 0), one CPU, its output in ``out``."""
+    role = (["--head", "--port", str(RAY_PORT), "--include-dashboard", "false"] if i == 0
+            else ["--address", f"{hosts.address(0)}:{RAY_PORT}"])
+    argv = [str(RAY), "start", *role, "--node-ip-address", hosts.address(i), "--num-cpus", "1",
+            "--object-store-memory", "100000000", "--disable-usage-stats", "--block"]
+    environ = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TORCH_CPP_LOG_LEVEL="ERROR")
+    with open(out / f"ray{i}.log", "w") as log:
+        return hosts.popen(i, argv, stdout=log, stderr=subprocess.STDOUT, env=environ)
+
+
+def _raylet_pid(hosts: EmulatedHosts, i: int) -> int | None:
+    for pid in hosts.pids(i):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def _argvs(hosts: EmulatedHosts, i: int) -> list[list[bytes]]:
+    found = []
+    for pid in hosts.pids(i):
+        try:
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+        except OSError:
+            continue  # exited meanwhile
+    return found
+
+
+def _raylet_up(hosts: EmulatedHosts, i: int, node: subprocess.Popen, out: Path) -> None:
+    def up() -> bool:
+        assert node.poll() is None, f"Ray node {i} exited: {(out / f'ray{i}.log').read_text()[-2000:]}"
+        return _raylet_pid(hosts, i) is not None
+    wait_for(up, 60, f"the raylet of Ray node {i}")
+
+
+@pytest.fixture(scope="module")
+def ray_hosts(tmp_path_factory):
+    """Three emulated hosts; Ray's head on host 0 and a node on host 1 (host 2's is started by the test)."""
+    why = unavailable()
+    if why:
+        pytest.skip(f"no emulated hosts here: {why}")
+    if not RAY.exists():
+        pytest.skip("Ray is not installed (pip install 'taiji[ray]')")
+    out = tmp_path_factory.mktemp("ray")
+    with EmulatedHosts(3) as hosts:
+        for i in (0, 1):
+            _raylet_up(hosts, i, _ray_node(hosts, i, out), out)
+        yield hosts, out
+
+
+def test_a_job_on_two_ray_nodes_grows_onto_a_third_and_survives_a_killed_raylet(ray_hosts, tmp_path):
+    hosts, ray_out = ray_hosts
+    job = HostsJob(hosts, tmp_path)
+    job.start(["--ray", f"{hosts.address(0)}:{RAY_PORT}", "--nnodes", "2:3", "--nproc-per-node", "1",
+               "--join-timeout", "90"],
+              ["--batch", "16", "--steps", "100000", "--step-delay", "0.03", "--stop-at-version", "3"],
+              timeout=30)
+    job.wait_log("2 worker(s)")
+    _ray_node(hosts, 2, ray_out)   # a node added while the job trains: the job grows onto it
+    job.wait_log("3 worker(s)")
+    agents = [argv for argv in _argvs(hosts, 1) if b"join" in argv]
+    assert agents and all(b"-" == argv[argv.index(b"--secret-file") + 1] for argv in agents), agents
+    raylet = _raylet_pid(hosts, 1)
+    assert raylet is not None
+    killed = time.time()
+    os.kill(raylet, signal.SIGKILL)   # the node goes away: its actor, agent and workers with it
+    assert job.finish() == 0, job.log()[-4000:]
+    launcher = job.log()
+    assert f"host {hosts.address(1)} is lost" in launcher, launcher[-3000:]
+    assert job.resumed_after(killed, 2) < 5.0, launcher[-3000:]
+    result = check_invariants(tmp_path, 16)
+    assert result["sizes"] == [2, 3, 2], result
+    wait_for(lambda: not any(b"taiji.launch.cli" in argv or b"elastic_train.py" in b" ".join(argv)
+                             for argv in _argvs(hosts, 1)), 30, "no agent or worker left on the lost node")
