@@ -187,7 +187,7 @@ class RayHosts:
         environ = env.for_children({"PYTHONUNBUFFERED": "1"})
         ref = actor.run.remote(self._agent_argv(driver.store_address, address), driver.secret.hex(), environ)
         self.actors[node_id] = (actor, ref, address)
-        self._say(f"taiji: Ray node {address}: placing the job's agent there ({self.cfg.nproc_per_node} slot(s))\n")
+        self._say(f"Ray node {address}: placing the job's agent there ({self.cfg.nproc_per_node} slot(s))")
 
     def _reap(self) -> None:
         refs = {ref: node_id for node_id, (_, ref, _) in self.actors.items()}
@@ -198,9 +198,9 @@ class RayHosts:
             self.tried.add(node_id)
             try:
                 code = self.ray.get(ref)
-                self._say(f"taiji: Ray node {address}: the job's agent exited with code {code}\n")
+                self._say(f"Ray node {address}: the job's agent exited with code {code}")
             except self.ray.exceptions.RayActorError as exc:
-                self._say(f"taiji: Ray node {address}: the job's actor died ({str(exc).splitlines()[0]})\n")
+                self._say(f"Ray node {address}: the job's actor died ({str(exc).splitlines()[0]})")
 
     def _loop(self, driver) -> None:
         while driver.control is None and not self._stop.wait(0.05):
