@@ -64,6 +64,13 @@ def _raylet_up(hosts: EmulatedHosts, i: int, node: subprocess.Popen, out: Path) 
     wait_for(up, 60, f"the raylet of Ray node {i}")
 
 
+def _committed_at(job: HostsJob, size: int) -> bool:
+    try:
+        return any(record["size"] == size for record in job.commits())
+    except ValueError:  # a line being written
+        return False
+
+
 @pytest.fixture(scope="module")
 def ray_hosts(tmp_path_factory):
     """Three emulated hosts; Ray's head on host 0 and a node on host 1 (host 2's is started by the test)."""
@@ -93,6 +100,7 @@ def test_a_job_on_two_ray_nodes_grows_onto_a_third_and_survives_a_killed_raylet(
     job.wait_log("cluster v1")
     _ray_node(hosts, 2, ray_out, temp)   # a node added while the job trains: the job grows onto it
     job.wait_log("3 worker(s)")
+    wait_for(lambda: _committed_at(job, 3), 60, "a step committed by 3 workers")
     agents = [argv for argv in _argvs(hosts, 1) if b"join" in argv]
     assert agents and all(b"-" == argv[argv.index(b"--secret-file") + 1] for argv in agents), agents
     raylet = _raylet_pid(hosts, 1)
@@ -102,6 +110,8 @@ def test_a_job_on_two_ray_nodes_grows_onto_a_third_and_survives_a_killed_raylet(
     assert job.finish() == 0, job.log()[-4000:]
     launcher = job.log()
     assert f"host {hosts.address(1)} is lost" in launcher, launcher[-3000:]
+    # the actor ended its agent when the raylet died: the tether closed, no heartbeat was waited for
+    assert "tether to the controller closed" in launcher, launcher[-3000:]
     assert job.resumed_after(killed, 2) < 1.0, launcher[-3000:]
     result = check_invariants(tmp_path, 16)
     assert result["sizes"] == [2, 3, 2], result

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import functools
 import os
+import select
 import subprocess
+import threading
 from typing import Sequence
 
+from .. import env
 from .supervisor import die_with_parent
 
 
@@ -23,11 +26,32 @@ class RayHostAgent:
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
 
-    def run(self, argv: Sequence[str], secret_hex: str, env: dict[str, str]) -> int:
+    def run(self, argv: Sequence[str], secret_hex: str, environ: dict[str, str]) -> int:
         """Run ``argv`` (`taiji join` with ``--secret-file -``) with ``secret_hex`` on its stdin."""
-        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, env={**os.environ, **env}, text=True,
+        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, env={**os.environ, **environ}, text=True,
                                      preexec_fn=functools.partial(die_with_parent, os.getpid()))
         assert self.proc.stdin is not None
         self.proc.stdin.write(secret_hex + "\n")
         self.proc.stdin.close()
+        raylet = env.RAY_RAYLET_PID.get()
+        if raylet:
+            threading.Thread(target=self._watch_raylet, args=(raylet, self.proc), name="taiji-raylet-watch",
+                             daemon=True).start()
         return self.proc.wait()
+
+    @staticmethod
+    def _watch_raylet(pid: int, agent: subprocess.Popen) -> None:
+        """The node's raylet died (the node is leaving the cluster): end the agent now, not when Ray
+        notices (a second or more later). Its workers die with it and its tether closes, so the
+        controller drops the host at once."""
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone already
+            agent.kill()
+            return
+        try:
+            select.select([fd], [], [])
+        finally:
+            os.close(fd)
+        if agent.poll() is None:
+            agent.kill()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import socket
 import sys
 import threading
@@ -129,6 +130,8 @@ def import_ray() -> Any:
 def connect(ray_cfg: RayConfig) -> Any:
     """Connect this process to the cluster (a clear ConfigError where it cannot); the ray module."""
     ray = import_ray()
+    if not env.RAY_DEDUP_LOGS.is_set():  # every host's agent and worker lines, as on any host (none folded)
+        os.environ[env.RAY_DEDUP_LOGS.name] = "0"
     address = ray_cfg.address
     if address == "auto" and env.RAY_ADDRESS.get():
         address = env.RAY_ADDRESS.get()
@@ -194,13 +197,16 @@ class RayHosts:
         done, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=0)
         for ref in done:
             node_id = refs[ref]
-            _, _, address = self.actors.pop(node_id)
+            actor, _, address = self.actors.pop(node_id)
             self.tried.add(node_id)
+            self.ray.kill(actor)  # its agent ended: give the node's resources back
             try:
                 code = self.ray.get(ref)
                 self._say(f"Ray node {address}: the job's agent exited with code {code}")
             except self.ray.exceptions.RayActorError as exc:
                 self._say(f"Ray node {address}: the job's actor died ({str(exc).splitlines()[0]})")
+            except self.ray.exceptions.RayError as exc:
+                self._say(f"Ray node {address}: the job's actor failed: {exc}")
 
     def _loop(self, driver) -> None:
         while driver.control is None and not self._stop.wait(0.05):
