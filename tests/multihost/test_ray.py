@@ -111,9 +111,20 @@ def test_a_job_on_two_ray_nodes_grows_onto_a_third_and_survives_a_killed_raylet(
     launcher = job.log()
     assert f"host {hosts.address(1)} is lost" in launcher, launcher[-3000:]
     # the actor ended its agent when the raylet died: the tether closed, no heartbeat was waited for
-    assert "tether to the controller closed" in launcher, launcher[-3000:]
-    assert job.resumed_after(killed, 2) < 1.0, launcher[-3000:]
+    assert "tether to the controller closed" in launcher, launcher[-3000:].replace("[state-dump]", "")
+    resumed = job.resumed_after(killed, 2)  # 0.05-0.2 s measured here; under the 2 s liveness timeout
+    assert resumed < 2.0, f"next step {resumed:.2f}s after the raylet was killed:\n{launcher[-3000:]}"
     result = check_invariants(tmp_path, 16)
     assert result["sizes"] == [2, 3, 2], result
     wait_for(lambda: not any(b"taiji.launch.cli" in argv or b"elastic_train.py" in b" ".join(argv)
                              for argv in _argvs(hosts, 1)), 30, "no agent or worker left on the lost node")
+
+
+def test_a_job_asking_for_what_no_ray_node_has_is_refused_naming_it(ray_hosts, tmp_path):
+    hosts, _, _ = ray_hosts
+    done = hosts.run(0, [sys.executable, "-m", "taiji.launch.cli", "run", "--ray", f"{hosts.address(0)}:{RAY_PORT}",
+                         "--nproc-per-node", "1", "-np", "1", "--ray-gpus-per-worker", "1", "--host", hosts.address(0),
+                         "--", sys.executable, "-c", "pass"], timeout=60, cwd=str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert "no Ray node has the resources" in done.stderr and "GPU=1" in done.stderr, done.stderr
+    assert f"{hosts.address(0)}: CPU=1, GPU=0" in done.stderr, done.stderr
