@@ -101,6 +101,13 @@ SLURM_JOB_ID = EnvVar("SLURM_JOB_ID", "", str, "set by Slurm in its jobs' proces
 RANK = EnvVar("RANK", 0, int, "torchrun-compatible rank (provisional for a joiner)")
 WORLD_SIZE = EnvVar("WORLD_SIZE", 1, int, "torchrun-compatible world size (provisional for a joiner)")
 
+# Ray's own variable: the cluster `taiji run --ray` (no ADDRESS) connects to; unset: the one on this machine
+RAY_ADDRESS = EnvVar("RAY_ADDRESS", "", str, "the Ray cluster (HOST:PORT) `taiji run --ray` uses by default")
+RAY_RAYLET_PID = EnvVar("RAY_RAYLET_PID", 0, int, "set by Ray in its workers: the node's raylet, which the "
+                        "job's actor watches (its death ends the node's agent and workers at once)")
+RAY_DEDUP_LOGS = EnvVar("RAY_DEDUP_LOGS", True, _parse_bool,
+                        "Ray folds like lines from many nodes into one; `taiji run --ray` turns it off unless set")
+
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, TOPOLOGY, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,

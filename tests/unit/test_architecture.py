@@ -49,12 +49,13 @@ LAUNCH_SHARED = {"options", "supervisor", "worker_env", "registry", "control_soc
 LAUNCH_ENTRY = {"cli"}
 LAUNCH_ROOMS: dict[str, set[str]] = {
     "job": {"run", "driver", "checkpoint_cli", "etcd_server", "top"},
-    "hosts": {"agent", "agent_channel", "remote_hosts", "tether", "takeover", "drain", "slurm", "slurm_task"},
+    "hosts": {"agent", "agent_channel", "remote_hosts", "tether", "takeover", "drain", "slurm", "slurm_task",
+              "ray_hosts", "ray_agent"},
     "sched": {"sched", "sched.agent", "sched.channel", "sched.cli", "sched.daemon", "sched.hosts"},
 }
 LAUNCH_DOORS: dict[str, set[str]] = {
     "job": {"run", "driver", "checkpoint_cli", "top"},  # the takeover builds a Driver
-    "hosts": {"agent", "agent_channel", "remote_hosts", "drain", "slurm_task"},  # the driver addresses the agents
+    "hosts": {"agent", "agent_channel", "remote_hosts", "drain", "slurm_task", "ray_hosts"},  # the driver addresses the agents
     # through the first three; `taiji drain` and `srun`'s tasks are commands of this room
     "sched": {"sched.cli"},
 }

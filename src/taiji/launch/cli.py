@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from .. import env
 from ..comm.addresses import interface_address
 from ..errors import AuthError, ConfigError, LaunchError, StoreError
-from . import checkpoint_cli, drain, metrics_http, registry, top
+from . import checkpoint_cli, drain, metrics_http, ray_hosts, registry, top
 from .control_socket import request
 from .options import JoinConfig, RunConfig, heartbeat_interval
 
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                           f"file under $SLURM_SUBMIT_DIR/.taiji (or ${env.SLURM_DIR.name})")
     checkpoint_cli.add_run_flags(run)
     metrics_http.add_flags(run)
+    ray_hosts.add_run_flags(run)
     top.add_parser(sub)
     drain.add_parser(sub)
     join = sub.add_parser("join", help="add this host to a running job (an agent for its workers)",
@@ -398,7 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                             lambda cfg, announce: run_job(cfg, metrics=metrics, announce=announce))
         if args.subcommand == "run":
             from .run import run_job
-            return run_job(parse_run(args), metrics=metrics_http.config_of(args))
+            cfg, ray_cfg, provider = parse_run(args), ray_hosts.config_of(args), None
+            if ray_cfg is not None:
+                cfg, provider = ray_hosts.prepare(cfg, ray_cfg)
+            return run_job(cfg, metrics=metrics_http.config_of(args), provider=provider)
         if args.subcommand == "join":
             join = parse_join(args)  # before torch loads (with the agent): bad input is told at once
             from .agent import Agent

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from .. import env
 from ..cluster import controller as ctl
@@ -26,11 +26,20 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         checkpoint_dir=cfg.checkpoint.directory, checkpoint_every=cfg.checkpoint.every, resume=cfg.checkpoint.resume)
 
 
+class HostProvider(Protocol):
+    """Starts the job's agents on other hosts (launch/ray_hosts.py: Ray nodes) once the driver serves."""
+
+    def start(self, driver: Driver) -> None: ...
+
+    def close(self) -> None: ...
+
+
 def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None,
-            announce: Callable[[str, bytes], None] | None = None) -> int:
+            announce: Callable[[str, bytes], None] | None = None, provider: HostProvider | None = None) -> int:
     """Host the store, start and supervise the workers; return the job's exit code. With
     ``metrics``, serve the job's Prometheus metrics there (its port checked before anything starts).
-    ``announce(store_url, secret)``, once the store is up: hand them to other hosts (`--slurm`)."""
+    ``announce(store_url, secret)``, once the store is up: hand them to other hosts (`--slurm`);
+    ``provider`` brings the other hosts' agents (`--ray`)."""
     bounds = ctl.Bounds(min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc, replace=cfg.replace,
                         join_timeout=cfg.join_timeout, suspect_window=min(cfg.timeout, 5.0),
                         max_failures=cfg.max_failures, liveness_timeout=cfg.liveness_timeout,
@@ -64,7 +73,11 @@ def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None,
         if server is not None:
             driver.on_actions = exporter.on_actions
             driver.say(f"Prometheus metrics on http://{metrics.host}:{server.port}/metrics")
+        if provider is not None:
+            provider.start(driver)
         return driver.run()
     finally:
+        if provider is not None:
+            provider.close()
         if server is not None:
             server.close()

@@ -1,0 +1,130 @@
+"""`taiji run --ray` on a Ray cluster of emulated hosts: each Ray node runs in its own network
+namespace (`ray start --block`, no dashboard, a small object store), started and ended by PID here
+(never `ray stop`, which ends every Ray process on the machine). The job starts on 2 Ray nodes,
+grows onto a third added while it trains, and goes on without a node whose raylet is killed —
+with DESIGN §6's invariants audited. Skipped, with the reason, where Ray or namespaces are missing."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from taiji_harness.testing import HostsJob, check_invariants, wait_for
+from taiji_harness.netns import EmulatedHosts, unavailable
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+RAY_PORT = 6391
+RAY = Path(sys.executable).with_name("ray")
+
+
+def _ray_node(hosts: EmulatedHosts, i: int, out: Path, temp: str) -> subprocess.Popen:
+    """A Ray node on host ``i`` (the head on host 0), one CPU, its output in ``out``, its files in
+    ``temp`` (not /tmp/ray, where `ray.init("auto")` elsewhere on the machine would find this cluster)."""
+    role = (["--head", "--port", str(RAY_PORT), "--include-dashboard", "false"] if i == 0
+            else ["--address", f"{hosts.address(0)}:{RAY_PORT}"])
+    argv = [str(RAY), "start", *role, "--node-ip-address", hosts.address(i), "--num-cpus", "1",
+            "--object-store-memory", "100000000", "--disable-usage-stats", "--temp-dir", f"{temp}/{i}", "--block"]
+    environ = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TORCH_CPP_LOG_LEVEL="ERROR")
+    with open(out / f"ray{i}.log", "w") as log:
+        return hosts.popen(i, argv, stdout=log, stderr=subprocess.STDOUT, env=environ)
+
+
+def _raylet_pid(hosts: EmulatedHosts, i: int) -> int | None:
+    for pid in hosts.pids(i):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def _argvs(hosts: EmulatedHosts, i: int) -> list[list[bytes]]:
+    found = []
+    for pid in hosts.pids(i):
+        try:
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+        except OSError:
+            continue  # exited meanwhile
+    return found
+
+
+def _raylet_up(hosts: EmulatedHosts, i: int, node: subprocess.Popen, out: Path) -> None:
+    def up() -> bool:
+        assert node.poll() is None, f"Ray node {i} exited: {(out / f'ray{i}.log').read_text()[-2000:]}"
+        return _raylet_pid(hosts, i) is not None
+    wait_for(up, 60, f"the raylet of Ray node {i}")
+
+
+def _committed_at(job: HostsJob, size: int) -> bool:
+    try:
+        return any(record["size"] == size for record in job.commits())
+    except ValueError:  # a line being written
+        return False
+
+
+@pytest.fixture(scope="module")
+def ray_hosts(tmp_path_factory):
+    """Three emulated hosts; Ray's head on host 0 and a node on host 1 (host 2's is started by the test)."""
+    why = unavailable()
+    if why:
+        pytest.skip(f"no emulated hosts here: {why}")
+    if not RAY.exists():
+        pytest.skip("Ray is not installed (pip install 'taiji[ray]')")
+    out = tmp_path_factory.mktemp("ray")
+    temp = tempfile.mkdtemp(prefix="tjray")  # short: Ray's socket paths under it must fit 107 bytes
+    try:
+        with EmulatedHosts(3) as hosts:
+            for i in (0, 1):
+                _raylet_up(hosts, i, _ray_node(hosts, i, out, temp), out)
+            yield hosts, out, temp
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_job_on_two_ray_nodes_grows_onto_a_third_and_survives_a_killed_raylet(ray_hosts, tmp_path):
+    hosts, ray_out, temp = ray_hosts
+    job = HostsJob(hosts, tmp_path)
+    job.start(["--ray", f"{hosts.address(0)}:{RAY_PORT}", "--nnodes", "2:3", "--nproc-per-node", "1",
+               "--join-timeout", "90"],
+              ["--batch", "16", "--steps", "100000", "--step-delay", "0.1", "--stop-at-version", "3"],
+              timeout=30)
+    job.wait_log("cluster v1")
+    _ray_node(hosts, 2, ray_out, temp)   # a node added while the job trains: the job grows onto it
+    job.wait_log("3 worker(s)")
+    wait_for(lambda: _committed_at(job, 3), 60, "a step committed by 3 workers")
+    agents = [argv for argv in _argvs(hosts, 1) if b"join" in argv]
+    assert agents and all(b"-" == argv[argv.index(b"--secret-file") + 1] for argv in agents), agents
+    raylet = _raylet_pid(hosts, 1)
+    assert raylet is not None
+    killed = time.time()
+    os.kill(raylet, signal.SIGKILL)   # the node goes away: its actor, agent and workers with it
+    assert job.finish() == 0, job.log()[-4000:]
+    launcher = job.log()
+    assert f"host {hosts.address(1)} is lost" in launcher, launcher[-3000:]
+    # the actor ended its agent when the raylet died: the tether closed, no heartbeat was waited for
+    assert "tether to the controller closed" in launcher, launcher[-3000:].replace("[state-dump]", "")
+    resumed = job.resumed_after(killed, 2)  # 0.05-0.2 s measured here; under the 2 s liveness timeout
+    assert resumed < 2.0, f"next step {resumed:.2f}s after the raylet was killed:\n{launcher[-3000:]}"
+    result = check_invariants(tmp_path, 16)
+    assert result["sizes"] == [2, 3, 2], result
+    wait_for(lambda: not any(b"taiji.launch.cli" in argv or b"elastic_train.py" in b" ".join(argv)
+                             for argv in _argvs(hosts, 1)), 30, "no agent or worker left on the lost node")
+
+
+def test_a_job_asking_for_what_no_ray_node_has_is_refused_naming_it(ray_hosts, tmp_path):
+    hosts, _, _ = ray_hosts
+    done = hosts.run(0, [sys.executable, "-m", "taiji.launch.cli", "run", "--ray", f"{hosts.address(0)}:{RAY_PORT}",
+                         "--nproc-per-node", "1", "-np", "1", "--ray-gpus-per-worker", "1", "--host", hosts.address(0),
+                         "--", sys.executable, "-c", "pass"], timeout=60, cwd=str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert "no Ray node has the resources" in done.stderr and "GPU=1" in done.stderr, done.stderr
+    assert f"{hosts.address(0)}: CPU=1, GPU=0" in done.stderr, done.stderr
