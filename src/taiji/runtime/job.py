@@ -38,7 +38,7 @@ from .reporting import Ended, Event, Paused, PhaseClosed, Reporter, Snapshot, St
 from .options import DataOptions, FaultOptions, MonitorOptions, SyncOptions, TrainingOptions, grouped
 from .state import Progress, TrainState
 from .step import Attempt, Step
-from .transitions import LeftCluster, Transitions
+from .transitions import LeftCluster, Transitions, leave
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class Job:
             self._membership.report_fatal(str(exc))
             raise
         except LeftCluster:
-            raise SystemExit(0) from None
+            leave()
         finally:
             self.close()
 

@@ -48,7 +48,7 @@ from .peer import Peer, default_peer
 from .reporting import Reporter
 from .state import TrainState
 from .step import Attempt
-from .transitions import LeftCluster, Transitions
+from .transitions import LeftCluster, Transitions, leave
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class Optimizer:
             move()
         except LeftCluster:
             self.close()
-            raise SystemExit(0) from None
+            leave()
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
