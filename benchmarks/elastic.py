@@ -55,7 +55,6 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from taiji_harness.bench import interleaved, reap_on_sigterm  # noqa: E402
 from _elastic_analysis import model_figures  # noqa: E402
 from _elastic_report import build_rows, report  # noqa: E402

@@ -25,7 +25,6 @@ import threading
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from taiji_harness.bench import (contract_row, free_port, interleaved, median, paired_ratio, print_result,  # noqa: E402
                      reap_on_sigterm)
 from _elastic_runs import LaunchedJob, StepLog, steady_commits, steady_options, train_args  # noqa: E402

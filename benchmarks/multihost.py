@@ -49,7 +49,6 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from taiji_harness.bench import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
 from _elastic_analysis import taiji_change_figures, torchrun_change_figures  # noqa: E402
 from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for  # noqa: E402

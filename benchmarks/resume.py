@@ -30,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from taiji_harness.bench import contract_row, interleaved, median, print_result, reap_on_sigterm, spread  # noqa: E402
 from _elastic_runs import LaunchedJob, StepLog, torchrun_cmd, train_args, wait_for  # noqa: E402
 

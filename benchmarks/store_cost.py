@@ -18,7 +18,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from taiji_harness.bench import contract_row, interleaved, median, paired_ratio, print_result, reap_on_sigterm  # noqa: E402
 from _elastic_analysis import step_intervals  # noqa: E402
 from _elastic_runs import LaunchedJob, StepLog, steady_commits, steady_options, train_args  # noqa: E402

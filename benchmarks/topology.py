@@ -28,7 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from taiji_harness.bench import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
 from _elastic_runs import LaunchedJob, StepLog, wait_for  # noqa: E402
 from taiji_harness.netns import EmulatedHosts  # noqa: E402
