@@ -97,23 +97,36 @@ def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = Non
     from taiji.runtime.peer import Peer
     by_step: dict[int, list[dict]] = defaultdict(list)
     worker_gaps: dict[str, list[int]] = {}
+    last: dict[str, int] = {}
     for path in Path(out).glob("w*.jsonl"):
         mine = []
         for line in path.read_text().splitlines():
-            record = json.loads(line)
+            record = dict(json.loads(line), worker=path.stem)
             by_step[record["step"]].append(record)
             mine += [] if record.get("decoupled") else [record["step"]]
         # a commit is one fact: every worker commits every step from its first to its last
         missing = sorted(set(range(min(mine), max(mine) + 1)) - set(mine)) if mine else []
         if missing:
             worker_gaps[path.stem] = missing
+        last[path.stem] = max(mine, default=-1)
     steps = sorted(by_step)
     result = {"steps": len(steps), "sizes": [], "divergences": [], "gaps": [], "lost_samples": 0,
-              "duplicated_samples": 0, "trajectory_error": None, "worker_gaps": worker_gaps}
+              "duplicated_samples": 0, "trajectory_error": None, "worker_gaps": worker_gaps, "orphans": []}
     result["gaps"] = sorted(set(range(len(steps))) - set(steps)) + [s for s in steps if s >= len(steps)]
     seen: dict[int, list[int]] = defaultdict(list)
     for s in steps:
         group = by_step[s]
+        # A worker dropped while it still ran (its host declared lost) may finish the step its
+        # peers abandon for the new version, and commit it as its last act: the survivors redo the
+        # step without it and its process leaves, so that commit counts for nothing. It is an
+        # orphan, not a divergence, only if it is that worker's last step and the worker is not
+        # among those who committed the step at the newer version.
+        newest = max(r.get("version", 0) for r in group)
+        now = {r["worker"] for r in group if r.get("version", 0) == newest}
+        orphans = [r for r in group if r.get("version", 0) < newest and r["worker"] not in now
+                   and last[r["worker"]] == s]
+        result["orphans"] += [(r["worker"], s) for r in orphans]
+        group = [r for r in group if r not in orphans]
         if len({r["digest"] for r in group}) != 1 or len({(r["epoch"], tuple(r["span"])) for r in group}) != 1:
             result["divergences"].append(s)
         lo, hi = group[0]["span"]
