@@ -398,19 +398,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.subcommand in ("run", "join"):
             export_tls_files(args)
-        if args.subcommand == "run" and args.slurm:
-            from .slurm_task import prepare_run, run_task
-            allocation = prepare_run(args)  # before torch loads: a task outside Slurm is told at once
+        if args.subcommand == "run":
+            if args.slurm:
+                from .slurm_task import prepare_run, run_task
+                allocation = prepare_run(args)  # before torch loads: a task outside Slurm is told at once
             from .run import run_job
             metrics = metrics_http.config_of(args)
-            return run_task(parse_run(args), allocation,
-                            lambda cfg, announce: run_job(cfg, metrics=metrics, announce=announce))
-        if args.subcommand == "run":
-            from .run import run_job
+            if args.slurm:
+                return exiting(run_task(parse_run(args), allocation,
+                                        lambda cfg, announce: run_job(cfg, metrics=metrics, announce=announce)))
             cfg, ray_cfg, provider = parse_run(args), ray_hosts.config_of(args), None
             if ray_cfg is not None:
                 cfg, provider = ray_hosts.prepare(cfg, ray_cfg)
-            return run_job(cfg, metrics=metrics_http.config_of(args), provider=provider)
+            return exiting(run_job(cfg, metrics=metrics, provider=provider))
         if args.subcommand == "join":
             join = parse_join(args)  # before torch loads (with the agent): bad input is told at once
             from .agent import Agent
