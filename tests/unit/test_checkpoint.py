@@ -204,7 +204,7 @@ def test_job_resumed_at_a_checkpoint_ends_bitwise_equal(tmp_path):
     ref, ref_opt, _ = _train(None, 14, ref_seen)
     root = str(tmp_path / "ck")
     seen = []
-    _, _, first = _train(Checkpoint(root, steps=4, keep=2), 10, seen)
+    _, _, first = _train(Checkpoint(root, steps=4, keep=2), 10, seen, run_dir=str(tmp_path / "run"))
     assert first.progress.step == 10
     assert Storage(root).listing().complete == (8, 10), "final checkpoint at the stop; keep=2 pruned step 4"
     (tmp_path / "ck" / layout.checkpoint_name(10)).rename(tmp_path / "lost")  # as if lost before it completed
@@ -218,6 +218,7 @@ def test_job_resumed_at_a_checkpoint_ends_bitwise_equal(tmp_path):
     events = [json.loads(line) for line in open(tmp_path / "run" / "events.jsonl")]
     resume = [e for e in events if e.get("event", e.get("kind")) == "resume"]
     assert resume and resume[0]["step"] == 8 and resume[0]["checkpoint"].endswith("step-00000008")
+    assert resume[0]["lost_run_step"] == 10 and resume[0]["steps_redone"] == 2, resume[0]  # the first run's records
 
     plain = _model()
     info = taiji.load_checkpoint(root, plain)

@@ -183,3 +183,15 @@ def test_event_labels_show_the_decided_value():
     assert _event_label({"kind": "policy", "decision": "SetBatchSize(batch_size=632)", "step": 100}) \
         == "policy: SetBatchSize(632) @100"
     assert _event_label({"kind": "strategy", "strategy": "pair_averaging", "step": 7}) == "strategy→pair_averaging @7"
+
+
+def test_last_recorded_step_reads_the_tails_skipping_torn_and_cut_lines(tmp_path):
+    from taiji.metrics.runlog import last_recorded_step
+    assert last_recorded_step(tmp_path) is None  # no files
+    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"time": 1, "step": {i}}}\n' for i in range(2000))
+                                            + '{"time": 1, "st')  # torn by a crash
+    (tmp_path / "events.jsonl").write_text('{"kind": "start", "step": 0}\n[1]\n{"kind": "end", "step": 1500}\n')
+    assert last_recorded_step(tmp_path) == 1999
+    assert last_recorded_step(tmp_path, tail_bytes=60) == 1999  # only the end is read; a cut line skipped
+    (tmp_path / "metrics.jsonl").unlink()
+    assert last_recorded_step(tmp_path) == 1500

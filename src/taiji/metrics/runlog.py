@@ -84,6 +84,31 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def last_recorded_step(run_dir: str | Path, tail_bytes: int = 1 << 16) -> int | None:
+    """The highest step in the last ``tail_bytes`` of ``run_dir``'s metrics and events files
+    (None when neither has one): how far a run that wrote there got, to within its metrics
+    interval. Read before this run appends (a resumed run's ``resume`` event counts the steps it
+    redoes with it)."""
+    steps: list[int] = []
+    for name in (METRICS_FILE, EVENTS_FILE):
+        path = Path(run_dir) / name
+        try:
+            with open(path, "rb") as handle:
+                start = max(0, handle.seek(0, 2) - tail_bytes)
+                handle.seek(start)
+                lines = handle.read().decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines[1:] if start else lines:  # a line the seek cut into is skipped
+            try:
+                step = json.loads(line).get("step")
+            except (json.JSONDecodeError, AttributeError):
+                continue  # a torn line (a crash mid-write) or not an object
+            if isinstance(step, int):
+                steps.append(step)
+    return max(steps, default=None)
+
+
 def _open_for_append(path: Path) -> IO[str]:
     handle = open(path, "a", encoding="utf-8")
     # A previous writer that crashed mid-line left no trailing newline; start on a fresh line

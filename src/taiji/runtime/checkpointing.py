@@ -89,9 +89,14 @@ class Checkpointer:
         self._reporter = reporter
         found = self.resumed
         if found is not None:
+            # how far the lost run got, from its own records in this run directory (to within
+            # its metrics interval): the steps this run trains again
+            reached = reporter.recorded_step()
+            redone = {} if reached is None else {"lost_run_step": reached,
+                                                 "steps_redone": max(0, reached - found.step)}
             reporter.on(Event("resume", found.step, {"checkpoint": found.url, "written_by": found.manifest.size,
                                                      "size": self.membership.view.size,
-                                                     "epoch": self.state.progress.epoch}))
+                                                     "epoch": self.state.progress.epoch, **redone}))
         self.listen_for_notice()
 
     # -- saving ------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..metrics.runlog import PAUSE_EVENT, RunLog
+from ..metrics.runlog import PAUSE_EVENT, RunLog, last_recorded_step
 
 log = logging.getLogger("taiji.runtime.job")
 
@@ -136,6 +136,13 @@ class Reporter:
                 self._run_log = None
         else:
             raise TypeError(f"Reporter.on: unknown record {record!r}")
+
+    def recorded_step(self) -> int | None:
+        """The last step a previous run recorded in this run directory (rank 0; None elsewhere,
+        or with no run directory): call before this run writes."""
+        if self.run_dir is None or not self._lead():
+            return None
+        return last_recorded_step(self.run_dir)
 
     def _runlog(self) -> RunLog | None:
         if self.run_dir is None or not self._lead():
