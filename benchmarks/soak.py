@@ -8,7 +8,11 @@ Each run starts `taiji run` on tests/scripts/elastic_train.py with a random init
 a random chain of resizes and up to two random faults (kill or hang a rank >= 1 at a random
 step and phase; a hang is a SIGSTOP, found by the heartbeat; sometimes with --replace), and in a
 quarter of the runs one rank busy in user code (an evaluation) for longer than the collective
-timeout, which must be waited for, not killed. After the run, the per-step logs are audited
+timeout, which must be waited for, not killed. In a third of the runs the whole job is lost (the
+launcher and every worker SIGKILLed at once at a random step; the job checkpoints every few
+steps) and resumed with ``--resume auto`` at a random size to the end: the steps after its last
+checkpoint are trained again and the audit reads the two runs merged at that checkpoint. After
+the run, the per-step logs are audited
 (DESIGN §6): replicas bitwise identical after every committed step, every sample of an epoch
 consumed exactly once, final parameters equal to an uninterrupted 1-worker run, the job
 ended (no hang) and no process of the run is left (no orphan). The last line is the result
@@ -28,12 +32,14 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-from taiji_harness.testing import load_script  # noqa: E402
-from taiji_harness.bench import (contract_row, print_result, processes_mentioning, reap_on_sigterm, run_to_end,  # noqa: E402
-                     signal_if_ours)
+from taiji.checkpoint.storage import Storage  # noqa: E402
+from taiji_harness.testing import kill_job, load_script, merge_runs, wait_for  # noqa: E402
+from taiji_harness.bench import (Session, contract_row, print_result, processes_mentioning, reap_on_sigterm,  # noqa: E402
+                                 run_to_end, signal_if_ours)
 
 BATCH = 16
 COLLECTIVE_TIMEOUT = 2.0
+CHECKPOINT_EVERY = 7  # steps, in runs with a whole-job kill
 
 
 def random_schedule(rng: random.Random, max_np: int = 4) -> dict:
@@ -47,30 +53,70 @@ def random_schedule(rng: random.Random, max_np: int = 4) -> dict:
                 "steps": 400, "faults": faults}
     if rng.random() < 0.25:  # a rank busy in user code for longer than the collective timeout
         schedule["pause"] = [rng.randint(0, max_np - 1), rng.randint(3, 60), round(rng.uniform(2.5, 5.0), 1)]
+    if rng.random() < 1 / 3:  # the whole job lost after this many committed steps, resumed at this size
+        schedule["whole_kill"] = {"after": rng.randint(5, 300), "np": rng.randint(1, 3)}
     return schedule
 
 
-def run_one(schedule: dict, timeout: float) -> dict:
-    out = Path(tempfile.mkdtemp(prefix="taiji-soak-"))
-    args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(schedule["np"]),
-            "--max-np", str(schedule["max_np"]), "--timeout", str(COLLECTIVE_TIMEOUT), "--join-timeout", "60",
-            "--max-failures", "10"] + (["--replace"] if schedule["replace"] else []) + [
+def launcher_args(schedule: dict, out: Path, np: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(np), "--max-np", str(schedule["max_np"]),
+            "--timeout", str(COLLECTIVE_TIMEOUT), "--join-timeout", "60", "--max-failures", "10", *extra] + (
+            ["--replace"] if schedule["replace"] else []) + [
             "--", sys.executable, str(REPO / "tests" / "scripts" / "elastic_train.py"), str(out), "--batch", str(BATCH),
             "--steps", str(schedule["steps"]), "--step-delay", "0.005", "--every", str(schedule["every"]),
             "--sizes", *map(str, schedule["sizes"])] + (
             ["--pause", *map(str, schedule["pause"])] if schedule.get("pause") else [])
+
+
+def committed_steps(out: Path) -> int:
+    path = out / "w0.jsonl"  # the first worker's per-step log (faults hit ranks >= 1)
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def lose_whole_job(schedule: dict, out: Path, env: dict, timeout: float) -> tuple[int, bool]:
+    """Run until ``whole_kill.after`` committed steps, then SIGKILL the launcher and every worker
+    at once. Returns (the step of the last complete checkpoint, 0 if none; whether it hung)."""
+    lost = out / "lost"
+    lost.mkdir()
+    args = launcher_args(schedule, lost, schedule["np"], "--checkpoint-dir", str(out / "ck"),
+                         "--checkpoint-every", str(CHECKPOINT_EVERY), "--run-dir", str(out / "run"))
+    with Session(args, env=env, cwd=REPO, name="soak run (lost)") as session:
+        try:
+            wait_for(lambda: committed_steps(lost) >= schedule["whole_kill"]["after"] or not session.running(),
+                     timeout, "the steps before the whole-job kill")
+            hung = False
+        except AssertionError:
+            hung = True
+        kill_job(session.pid)
+    return Storage(str(out / "ck")).listing().latest or 0, hung
+
+
+def run_one(schedule: dict, timeout: float) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="taiji-soak-"))
     env = dict(os.environ, TAIJI_FAULTS=json.dumps(schedule["faults"]), TAIJI_HOME=str(out / "home"),
                PYTHONUNBUFFERED="1")
-    finished = run_to_end(args, timeout, name="soak run", env=env, cwd=REPO)
+    kill = schedule.get("whole_kill")
+    checkpoint, hung_before = lose_whole_job(schedule, out, env, timeout) if kill else (0, False)
+    resume = ["--checkpoint-dir", str(out / "ck"), "--checkpoint-every", str(CHECKPOINT_EVERY), "--resume", "auto",
+              "--run-dir", str(out / "run")] if kill else []
+    run = out / "resumed" if kill else out
+    run.mkdir(exist_ok=True)
+    finished = run_to_end(launcher_args(schedule, run, kill["np"] if kill else schedule["np"], *resume), timeout,
+                          name="soak run", env=env, cwd=REPO)
     # the launcher reaped its workers before exiting; anything still alive is an orphan
     orphans = processes_mentioning(str(out))
     for pid in orphans:
         signal_if_ours(pid, signal.SIGKILL, str(out))
-    audit = load_script("elastic_train").audit(out, BATCH) if not finished.timed_out else {}
+    hung = hung_before or finished.timed_out
+    audit = {}
+    if not hung:
+        if kill:  # what counts: the lost run's steps before the checkpoint, the resumed run's from it
+            merge_runs([(out / "lost", 0, checkpoint), (run, checkpoint, schedule["steps"])], out / "merged")
+        audit = load_script("elastic_train").audit(out / "merged" if kill else out, BATCH)
     shutil.rmtree(out, ignore_errors=True)
     trajectory_ok = audit.get("trajectory_error") is not None and audit["trajectory_error"] < 1e-9
-    return {"returncode": finished.returncode, "hung": finished.timed_out, "orphans": len(orphans),
-            "seconds": finished.seconds, "audit": audit, "trajectory_ok": trajectory_ok,
+    return {"returncode": finished.returncode, "hung": hung, "orphans": len(orphans),
+            "seconds": finished.seconds, "audit": audit, "trajectory_ok": trajectory_ok, "resumed_at": checkpoint,
             "tail": finished.output.splitlines()[-15:]}
 
 
@@ -99,13 +145,14 @@ def main(argv=None) -> None:
     rng = random.Random(args.seed)
     schedules = [json.loads(args.replay)] if args.replay else \
         [random_schedule(rng) for _ in range(2 if args.quick else args.runs)]
-    totals = {"runs": 0, "failed_runs": 0, "divergences": 0, "lost_samples": 0, "duplicated_samples": 0,
+    totals = {"runs": 0, "whole_job_kills": 0, "failed_runs": 0, "divergences": 0, "lost_samples": 0, "duplicated_samples": 0,
               "hangs": 0, "orphans": 0, "trajectory_mismatches": 0, "steps": 0}
     broken = []
     for i, schedule in enumerate(schedules):
         result = run_one(schedule, args.timeout)
         audit = result["audit"]
         totals["runs"] += 1
+        totals["whole_job_kills"] += int("whole_kill" in schedule)
         totals["hangs"] += int(result["hung"])
         totals["orphans"] += result["orphans"]
         totals["divergences"] += len(audit.get("divergences", []))
@@ -122,7 +169,9 @@ def main(argv=None) -> None:
                            "tail": result["tail"]})
         print(f"run {i + 1}/{len(schedules)}: {'BROKEN' if bad else 'ok'} in {result['seconds']:.1f}s, "
               f"sizes {audit.get('sizes')}, {audit.get('steps')} steps, faults {schedule['faults']}"
-              f"{', pause ' + str(schedule['pause']) if schedule.get('pause') else ''}", flush=True)
+              f"{', pause ' + str(schedule['pause']) if schedule.get('pause') else ''}"
+              f"{', whole job killed, resumed at step ' + str(result['resumed_at']) if schedule.get('whole_kill') else ''}",
+              flush=True)
     print_result("soak", invariant_rows(totals), seed=args.seed, **totals, broken=broken)
 
 

@@ -229,6 +229,27 @@ def process_tree(pid: int) -> list[int]:
     return _descendants(pid)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0]
+    except (OSError, IndexError):
+        return False
+    return "zombie" not in state.lower()
+
+
+def kill_job(pid: int, timeout: float = 30.0) -> None:
+    """SIGKILL ``pid`` and every process below it at once (a whole job lost: the launcher and
+    its workers, which run in sessions of their own), then wait until none runs. The caller
+    reaps ``pid`` if it is its child."""
+    pids = process_tree(pid)
+    for each in pids:
+        try:
+            os.kill(each, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout, "every process of the killed job to be gone")
+
+
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").glob("*"):

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from taiji_harness.testing import ELASTIC_SCRIPT, REPO, check_invariants, merge_runs, process_tree, wait_for
+from taiji_harness.testing import ELASTIC_SCRIPT, REPO, check_invariants, kill_job, merge_runs, wait_for
 
 from taiji.checkpoint.storage import Storage
 
@@ -42,22 +42,8 @@ def _committed(out: Path) -> int:
 
 def _kill_all(launcher: subprocess.Popen) -> None:
     """SIGKILL the launcher and every worker (they run in sessions of their own)."""
-    pids = process_tree(launcher.pid)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_job(launcher.pid)
     launcher.communicate(timeout=30)
-    wait_for(lambda: not any(Path(f"/proc/{p}").exists() and "zombie" not in _state(p) for p in pids), 30,
-             "every process of the killed job to be gone")
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
-    except (OSError, IndexError):
-        return "zombie"
 
 
 def _records(out: Path) -> dict[int, str]:
