@@ -289,3 +289,20 @@ def test_a_launcher_started_etcd_admits_only_the_jobs_user_on_its_own_keys():
             EtcdKV(server.url, 5, job_credentials("j", auth.new_secret()))
     finally:
         server.stop()
+
+
+def test_a_config_lists_each_host_once_and_its_workers_as_runs_of_ids():
+    placed = spec.ClusterConfig(4, tuple(spec.WorkerSpec(f"w{i}", f"10.0.{i // 8}.1") for i in range(1024)), lost=("w2000",))
+    data = placed.to_dict()
+    assert len(data["hosts"]) == 128 and data["runs"][:2] == [[0, "w0", 8], [1, "w8", 8]]
+    assert spec.ClusterConfig.from_json(placed.to_json()) == placed
+    assert len(placed.to_json()) < 4000, "1,024 workers on 128 hosts in a few KB"
+    # ids that do not count up, leading zeros, other stems, hosts revisited: each its own run, order kept
+    odd = spec.ClusterConfig(1, tuple(spec.WorkerSpec(i, h) for i, h in [
+        ("w1", "a"), ("w2", "b"), ("x", "a"), ("w007", "a"), ("w008", "a"), ("w9", "a"), ("w10", "a"), ("v11", "a"),
+        ("w12", "b"), ("w13", "a")]))
+    assert spec.ClusterConfig.from_json(odd.to_json()) == odd
+    assert [r[2] for r in odd.to_dict()["runs"]] == [1, 1, 1, 1, 1, 2, 1, 1, 1]
+    # a config written one entry per worker still reads
+    assert spec.ClusterConfig.from_dict({"version": 2, "workers": [{"id": "w0", "host": "h"}, {"id": "w1"}]}) == \
+        spec.ClusterConfig(2, (spec.WorkerSpec("w0", "h"), spec.WorkerSpec("w1")))

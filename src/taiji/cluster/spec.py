@@ -60,15 +60,31 @@ class ClusterConfig:
         return None
 
     def to_dict(self) -> dict:
-        data: dict = {"version": self.version, "workers": [w.to_dict() for w in self.workers]}
+        """Hosts listed once, workers as runs in rank order: ``[host index, first id, count]``
+        stands for ``count`` workers on that host whose ids count up from the first (``w8``,
+        ``w9``, ...). At 1,024 workers on 128 hosts that is a few KB, not one entry per worker."""
+        hosts: dict[str, int] = {}
+        runs: list[list] = []
+        for worker in self.workers:
+            host = hosts.setdefault(worker.host, len(hosts))
+            if runs and runs[-1][0] == host and _next_id(runs[-1][1], runs[-1][2]) == worker.id:
+                runs[-1][2] += 1
+            else:
+                runs.append([host, worker.id, 1])
+        data: dict = {"version": self.version, "hosts": list(hosts), "runs": runs}
         if self.lost:
             data["lost"] = list(self.lost)
         return data
 
     @staticmethod
     def from_dict(data: dict) -> "ClusterConfig":
-        return ClusterConfig(version=int(data["version"]),
-                             workers=tuple(WorkerSpec.from_dict(w) for w in data["workers"]),
+        if "runs" in data:
+            hosts = [str(h) for h in data["hosts"]]
+            workers = tuple(WorkerSpec(_next_id(str(first), k), hosts[int(host)])
+                            for host, first, count in data["runs"] for k in range(int(count)))
+        else:  # one entry per worker
+            workers = tuple(WorkerSpec.from_dict(w) for w in data["workers"])
+        return ClusterConfig(version=int(data["version"]), workers=workers,
                              lost=tuple(str(i) for i in data.get("lost", ())))
 
     def dooms(self, members: Iterable[str]) -> tuple[str, ...]:
@@ -81,6 +97,18 @@ class ClusterConfig:
     @staticmethod
     def from_json(text: str | bytes) -> "ClusterConfig":
         return ClusterConfig.from_dict(json.loads(text))
+
+
+def _next_id(first: str, k: int) -> str | None:
+    """The id ``k`` after ``first`` in a run (``w8``, 2 -> ``w10``); None when ``first`` does not
+    end in a number written without leading zeros (such an id is a run of its own)."""
+    if k == 0:
+        return first
+    stem = first.rstrip("0123456789")
+    digits = first[len(stem):]
+    if not digits or (len(digits) > 1 and digits[0] == "0"):
+        return None
+    return f"{stem}{int(digits) + k}"
 
 
 def initial(workers: Sequence[WorkerSpec], version: int = 1) -> ClusterConfig:
