@@ -345,3 +345,14 @@ def test_launcher_signal_path_with_and_without_a_checkpoint_dir(tmp_path):
     said, sup = [], FakeSupervisor()
     assert stop_workers(signal.SIGINT, sup, root, 5.0, 60.0, said.append) == 128 + signal.SIGINT
     assert sup.calls == [("stop_all", 5.0)], "Ctrl-C stops at once, as before"
+
+
+def test_a_worker_imports_dcp_only_when_it_saves_or_loads():
+    """torch.distributed.checkpoint (with DTensor, sympy, ...) costs a booting worker about a second
+    of CPU: a job without checkpoints never imports it."""
+    import subprocess
+    import sys
+    code = ("import sys, taiji, taiji.runtime.job, taiji.checkpoint.reader, taiji.checkpoint.writer; "
+            "assert 'torch.distributed.checkpoint' not in sys.modules, 'imported at boot'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

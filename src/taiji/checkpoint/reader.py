@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
 from ..comm.transfer import decode, tensor_specs
 from ..errors import CheckpointError
@@ -80,7 +79,8 @@ def check_model(found: Found, model: torch.nn.Module) -> None:
 
 
 def _load_part(found: Found, part: int, targets: dict[str, torch.Tensor]) -> None:
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # imported when used: it costs a worker ~1 s to boot
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
     rel = f"{checkpoint_name(found.step)}/{part_name(part)}"
     where = found.storage.url_of(rel)
     try:
