@@ -250,11 +250,12 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
     n_slots, n_hosts = len(horizon.slots_s), len(hosts)
     scale = 1.0 - problem.capacity_slack
 
-    # Variable layout per job: v[k, t] row-major, then U[0..T-1], F[0..T-1], then z and s if it is running.
+    # Variable layout per job: v[k, t] row-major, then U[0..T-1], F[0..T-1], then z if it is running and
+    # s if a suspension costs it more than a change (without, the LP is exactly the one without s)
     base, offset = [], 0
     for job in jobs:
         base.append(offset)
-        offset += (len(job.configs) + 2) * n_slots + 2 * (job.current is not None)
+        offset += (len(job.configs) + 2) * n_slots + (job.current is not None) + (job.suspend_surcharge_s > 0)
     n_vars = offset
     cost = np.zeros(n_vars)
     ub, eq = _Rows(), _Rows()
@@ -289,9 +290,9 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
             ub.add(np.array([v[job.current, 0], done_by[0], z]), np.array([-1.0, -1.0, -1.0]), -1.0)
             for t in range(n_slots):
                 ub.add(np.append(others[:, t], z), np.append(np.ones(len(others)), -1.0), 0.0)
-            # s ≥ 1 − Σ_k v[k,0] − U[0]: the part of the first slot it runs nothing (suspended)
-            cost[z + 1] = job.weight * job.suspend_surcharge_s
-            ub.add(np.concatenate([v[:, 0], [done_by[0], z + 1]]), -np.ones(n_cfg + 2), -1.0)
+            if job.suspend_surcharge_s > 0:   # s ≥ 1 − Σ_k v[k,0] − U[0]: the part of the first slot it runs nothing
+                cost[z + 1] = job.weight * job.suspend_surcharge_s
+                ub.add(np.concatenate([v[:, 0], [done_by[0], z + 1]]), -np.ones(n_cfg + 2), -1.0)
         gpus = np.array([c.gpus for c in job.configs], dtype=float)
         aggregate_terms.append((v, gpus))
         for k, c in enumerate(job.configs):
@@ -338,8 +339,9 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
             at = base[j] + n_cfg * n_slots
             x[j, :n_cfg] = solution[base[j]:at].reshape(n_cfg, n_slots)
             done_by, done[j] = solution[at:at + n_slots], solution[at + n_slots:at + 2 * n_slots]
-            resize_s = (job.resize_cost_s * solution[at + 2 * n_slots] + job.suspend_surcharge_s
-                        * solution[at + 2 * n_slots + 1]) if job.current is not None else 0.0
+            resize_s = job.resize_cost_s * solution[at + 2 * n_slots] if job.current is not None else 0.0
+            if job.suspend_surcharge_s > 0:
+                resize_s += job.suspend_surcharge_s * solution[at + 2 * n_slots + 1]
             completion[j] = float(horizon.total_s - slots[1:] @ done_by[:-1]
                                   + (1.0 - done[j, -1]) * job.remaining / job.best_rate + resize_s)
         objective = float(sum(job.weight * c for job, c in zip(jobs, completion)))
