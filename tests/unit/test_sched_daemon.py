@@ -95,7 +95,7 @@ def test_step_times_are_measured_only_while_a_job_holds_still():
     running(sched, 3.0, a.id, 4, 2, sps=2000.0)     # resized: not steady
     running(sched, 4.0, a.id, 4, 2, sps=2560.0)
     running(sched, 4.5, a.id, 4, 2, sps=2560.0, step=40)   # the same status read again: not a new measurement
-    assert sched.jobs[a.id].measured == {"2": [0.1], "4": [0.05]}
+    assert sched.jobs[a.id].measured == {"2@128": [0.1], "4@128": [0.05]}   # workers@batch
 
 
 def test_submissions_that_can_never_run_are_refused_with_the_reason():

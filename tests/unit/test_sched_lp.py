@@ -242,3 +242,46 @@ def test_decision_time_for_100_active_jobs_is_under_a_second():
           f"{size['nonzeros']} nonzeros): best {min(times):.3f} s, LP {schedule.lp.solve_s:.3f} s")
     assert schedule.lp.optimal
     assert min(times) < 1.0
+
+
+def suspension_problem(suspend_cost_s: float) -> Problem:
+    # A runs on both GPUs with 600 s of work left; B waits with 60 s of work on the same 2 GPUs.
+    # Keeping A: A ends at 600, B at 660 (1260 in all). Suspending A for B: B ends at 60, A at
+    # 600 + 60 + σ (720 + σ). So suspending gains 540 − σ: worth it for a resume of 5 s, not of 2000 s.
+    # An in-place change is cheap (0.03 s): without σ the LP would suspend A in either case.
+    a = Job("a", 600.0, (Config.internal(0, 2, 1.0, "current"),), current=0, resize_cost_s=0.03,
+            suspend_cost_s=suspend_cost_s)
+    b = Job("b", 60.0, (Config.internal(0, 2, 1.0),))
+    return Problem((Host("h", 2),), (a, b), Horizon.uniform(8, 60.0))
+
+
+PCRR_ROUNDING = dict(alpha=0.5, hysteresis=None, keep_first=False, conditional=True, keep_share=0.5)
+
+
+def test_the_lp_keeps_a_job_running_when_its_resume_costs_more_than_suspending_gains():
+    problem = suspension_problem(2000.0)
+    solution = solve_lp(problem)
+    assert solution.x[0, 0, 0] > 0.5 > solution.x[1, 0, 0]   # A keeps most of the first slot
+    decided = decide(problem, solution, seed=0, **PCRR_ROUNDING).by_job()
+    assert (decided["a"].config, decided["b"].config) == (0, None)
+    assert problem.jobs[0].change_cost_s(None) == 2000.0 and problem.jobs[0].change_cost_s(0) == 0.0
+
+
+def test_the_lp_suspends_a_job_when_the_gain_outweighs_its_resume():
+    problem = suspension_problem(5.0)
+    solution = solve_lp(problem)
+    assert solution.x[1, 0, 0] == pytest.approx(1.0, abs=1e-6)   # B runs first, A waits
+    assert solution.completion_s[0] == pytest.approx(600 + 60 + 5.0, abs=1e-3)   # A's resume counted
+    decided = decide(problem, solution, seed=0, **PCRR_ROUNDING).by_job()
+    assert (decided["a"].config, decided["b"].config) == (None, 0)
+    # the suspend cost is what keeps A in the other test: without it (only the 0.03 s change) A is suspended
+    free = Problem(suspension_problem(0.0).hosts, (dataclasses.replace(problem.jobs[0], suspend_cost_s=0.0),
+                                                   problem.jobs[1]), problem.horizon)
+    assert solve_lp(free).x[0, 0, 0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_suspend_cost_below_the_resize_cost_changes_nothing():
+    job = Job("a", 1.0, (Config.internal(0, 1, 1.0),), current=0, resize_cost_s=30.0, suspend_cost_s=5.0)
+    assert job.change_cost_s(None) == 30.0 and job.suspend_surcharge_s == 0.0
+    with pytest.raises(ConfigError, match="suspend"):
+        Problem((Host("h", 1),), (dataclasses.replace(job, suspend_cost_s=-1.0),), Horizon.uniform(1, 1.0))

@@ -89,24 +89,42 @@ def last_recorded_step(run_dir: str | Path, tail_bytes: int = 1 << 16) -> int | 
     (None when neither has one): how far a run that wrote there got, to within its metrics
     interval. Read before this run appends (a resumed run's ``resume`` event counts the steps it
     redoes with it)."""
-    steps: list[int] = []
-    for name in (METRICS_FILE, EVENTS_FILE):
-        path = Path(run_dir) / name
+    steps = [record.get("step") for name in (METRICS_FILE, EVENTS_FILE)
+             for record in read_jsonl_ends(Path(run_dir) / name, head_bytes=0, tail_bytes=tail_bytes)[1]]
+    return max((step for step in steps if isinstance(step, int)), default=None)
+
+
+def read_jsonl_ends(path: str | Path, head_bytes: int = 1 << 12,
+                    tail_bytes: int = 1 << 16) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the objects in the first ``head_bytes``, those in the last ``tail_bytes``) of ``path``, oldest
+    first, without reading a long file whole (([], []) when it does not exist). A line either end
+    cuts into, or a torn one (a crash mid-write), is skipped; the two lists overlap on a short file."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(head_bytes)
+            size = handle.seek(0, 2)
+            start = max(0, size - tail_bytes)
+            handle.seek(start)
+            tail = handle.read()
+    except OSError:
+        return [], []
+    head_lines = head.decode("utf-8", errors="replace").splitlines(keepends=True)
+    if len(head) < size and head_lines and not head_lines[-1].endswith("\n"):
+        head_lines = head_lines[:-1]   # cut by head_bytes
+    tail_lines = tail.decode("utf-8", errors="replace").splitlines()
+    return _objects(head_lines), _objects(tail_lines[1:] if start else tail_lines)
+
+
+def _objects(lines: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for line in lines:
         try:
-            with open(path, "rb") as handle:
-                start = max(0, handle.seek(0, 2) - tail_bytes)
-                handle.seek(start)
-                lines = handle.read().decode("utf-8", errors="replace").splitlines()
-        except OSError:
+            record = json.loads(line)
+        except json.JSONDecodeError:
             continue
-        for line in lines[1:] if start else lines:  # a line the seek cut into is skipped
-            try:
-                step = json.loads(line).get("step")
-            except (json.JSONDecodeError, AttributeError):
-                continue  # a torn line (a crash mid-write) or not an object
-            if isinstance(step, int):
-                steps.append(step)
-    return max(steps, default=None)
+        if isinstance(record, dict):
+            out.append(record)
+    return out
 
 
 def _open_for_append(path: Path) -> IO[str]:

@@ -13,8 +13,18 @@ on relative errors. What the measurements cannot tell is pulled towards zero by 
 a job measured at one size is predicted to scale linearly — optimistic, as Pollux's model is
 before it has seen a size (a policy that grows the job measures the truth one round later).
 
-A live job keeps its batch (``fixed_batch_size``), so its statistical efficiency is 1 and one
-unit of progress is one global step: an epoch is ``ceil(samples / B)`` of them.
+**Goodput** (:mod:`taiji.sched.goodput` reads the run log): progress is counted as Pollux's
+simulator counts it (:mod:`taiji.sched.model`), in steps at the job's initial batch ``B0`` (an epoch
+of ``S`` samples is ``ceil(S / B0)`` of them), and one step at batch ``B`` makes ``(B/B0)·E(B)`` of
+them, with the statistical efficiency ``E(B) = (φ+B0)/(φ+B)`` from the gradient noise scale φ its
+run log measured. It is given to the model as one validation run at ``B0`` with ``grad_sqr = 1`` and
+``grad_var = φ/B0`` in every epoch (``model.trace_efficiency`` then reads ``(φ+B0)/(φ+B)``); before a
+noise scale was measured, ``grad_sqr = 0`` and ``grad_var = 1``: efficiency 1 at every batch. A job
+that keeps its batch (``fixed_batch_size``, ``B = B0``) has efficiency 1 whatever φ, so its noise is
+not read (one unit of progress is one of its steps, as before); one that adapts
+its batch (taiji's goodput policy) may train any batch in ``[B0, max_batch]``, and the batch-adaptive
+policies (Pollux-like, PCRR) pick its goodput-best batch per allocation as the job's own policy does.
+A sample trained counts once, whatever batch it was trained at (``progress = position / B0``).
 """
 from __future__ import annotations
 
@@ -96,39 +106,56 @@ def fit_step_model(batch_size: int, measured: Sequence[Measured]) -> StepModel:
 
 
 def live_application(name: str, model: StepModel, batch_size: int, samples_per_epoch: int, epochs: int,
-                     max_replicas: int, max_hosts: int = 1, min_local_bsz: int = 1) -> Application:
-    """An Application whose step times are ``model``'s, for the simulator's policies. Its
-    progress is counted in global steps at ``batch_size`` (efficiency 1: the batch is fixed)."""
-    if batch_size < 1 or samples_per_epoch < 1 or epochs < 1 or max_replicas < 1 or max_hosts < 1:
-        raise ConfigError(f"job {name!r}: batch, samples per epoch, epochs, replicas and hosts must be >= 1")
-    largest = max(1, min(max_replicas, batch_size // max(min_local_bsz, 1)))
-    local_ends = (1.0, float(batch_size))   # the model is linear in the local batch: two points hold it
+                     max_replicas: int, max_hosts: int = 1, min_local_bsz: int = 1, init_batch: int | None = None,
+                     max_batch: int | None = None, noise_scale: float | None = None) -> Application:
+    """An Application whose step times are ``model``'s, for the simulator's policies. Progress is
+    counted in steps at ``init_batch`` (B0, default ``batch_size``); a job with ``max_batch`` above
+    B0 adapts its batch in ``[B0, max_batch]``, any other keeps ``batch_size``; ``noise_scale`` (φ,
+    samples; None: not measured) gives the statistical efficiency (the module's doc)."""
+    init = init_batch or batch_size
+    largest_batch = max(max_batch or 0, init)
+    adapts = largest_batch > init
+    if (batch_size < 1 or init < 1 or samples_per_epoch < 1 or epochs < 1 or max_replicas < 1 or max_hosts < 1
+            or (noise_scale is not None and not noise_scale > 0)):
+        raise ConfigError(f"job {name!r}: batches, samples per epoch, epochs, replicas and hosts must be >= 1 "
+                          f"and a noise scale > 0")
+    top = largest_batch if adapts else batch_size
+    largest = max(1, min(max_replicas, top // max(min_local_bsz, 1)))
+    local_ends = (1.0, float(top))   # the model is linear in the local batch: two points hold it
     spreads = {}
     for hosts in range(1, min(max_hosts, largest) + 1):
         for replicas in range(hosts, largest + 1):
             sync = model.sync_time(hosts, replicas)
             spreads[(hosts, replicas)] = Curve(local_ends, tuple(model.step_time(hosts, replicas, b) for b in local_ends),
                                                (sync, sync))
-    steps_per_epoch = math.ceil(samples_per_epoch / batch_size)
+    unit = init if adapts else batch_size
+    steps_per_epoch = math.ceil(samples_per_epoch / unit)
     progress = tuple(float(steps_per_epoch * (k + 1)) for k in range(epochs))
-    flat = Validation(batch_size, progress, iteration=progress, grad_sqr=(1.0,) * epochs, grad_var=(0.0,) * epochs)
-    return Application(name=name, max_epochs=epochs, init_batch_size=batch_size, max_batch_size=batch_size,
-                       min_local_bsz=max(min_local_bsz, 1), max_local_bsz=batch_size, max_replicas=largest,
-                       fixed_batch_size=batch_size, placements={}, spreads=spreads, validations=(flat,),
-                       epoch_progress=progress, pollux_batch_rules=False)
+    # a fixed batch: one step is one unit (its whole-sample split trains no faster); before any
+    # noise scale: efficiency 1 at every batch; else (φ+B0)/(φ+B)
+    sqr, var = (1.0, 0.0) if not adapts else (0.0, 1.0) if noise_scale is None else (1.0, noise_scale / unit)
+    stats = Validation(unit, progress, iteration=progress, grad_sqr=(sqr,) * epochs, grad_var=(var,) * epochs)
+    return Application(name=name, max_epochs=epochs, init_batch_size=unit, max_batch_size=top,
+                       min_local_bsz=max(min_local_bsz, 1), max_local_bsz=top, max_replicas=largest,
+                       fixed_batch_size=None if adapts else batch_size, placements={}, spreads=spreads,
+                       validations=(stats,), epoch_progress=progress, pollux_batch_rules=False)
 
 
 def live_view(app: Application, submitted: float, requested: int, steps_done: float,
               placement: Sequence[int] | None, attained_worker_s: float = 0.0, restarts: int = 0,
-              peak_replicas: int = 0, weight: float = 1.0) -> JobView:
+              peak_replicas: int = 0, weight: float = 1.0, batch_now: int | None = None,
+              suspend_cost_s: float | None = None) -> JobView:
     """What a policy sees of a live job: ``requested`` workers asked at submission, ``steps_done``
-    global steps trained, ``placement`` workers per host (None while it waits)."""
-    batch = app.init_batch_size
+    steps at its initial batch trained, ``placement`` workers per host (None while it waits),
+    ``batch_now`` the batch it trains with (default its initial one), ``suspend_cost_s`` its
+    measured suspend + resume seconds (None: the policy's own guess)."""
+    batch = batch_now or app.init_batch_size
     allocation = Allocation(tuple(placement), batch) if placement is not None and any(placement) else None
-    spec = JobSpec(app.name, submitted, LIVE, requested, batch)
+    spec = JobSpec(app.name, submitted, LIVE, requested, app.init_batch_size)
     return JobView(spec=spec, app=app, progress=min(float(steps_done), app.target_progress),
                    attained_gpu_s=attained_worker_s, allocation=allocation, restarts=restarts,
-                   peak_replicas=max(peak_replicas, allocation.replicas if allocation else 0), weight=weight)
+                   peak_replicas=max(peak_replicas, allocation.replicas if allocation else 0), weight=weight,
+                   suspend_cost_s=suspend_cost_s)
 
 
 def placement_timeline(events: Sequence[Mapping], addresses: Sequence[str]) -> list[tuple[float, tuple[int, ...]]]:

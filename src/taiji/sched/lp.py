@@ -29,6 +29,15 @@ current configuration leaves the rest of the slot without changing anything.
 Charging only the first slot would let the LP plan every change one slot later, for free, forever
 (only the first slot is executed). Starts are not charged: a start costs the same whenever it happens.
 
+A suspension (a running job given nothing) costs far more than an in-place resize: the checkpoint
+stall, a new process's boot and the load (``Job.suspend_cost_s``, measured per job live). One more
+variable ``s[j]`` ∈ [0,1] with ``s[j] ≥ 1 − Σ_k v[j,k,0] − u[j,0]`` — the part of the first slot j
+neither runs nor has completed by — adds ``ω_j (σ_j − δ_j)⁺ s[j]``, so that a full suspension costs
+``max(σ_j, δ_j)`` in all (``z`` already charges δ_j for it). The LP then leaves a running job
+without GPUs only when what that frees gains the others more than the job's suspend + resume.
+Only the first slot is charged, as for ``z``: a suspension planned later costs the others that
+wait a slot, and is weighed again, in full, when its slot comes.
+
 As solved, the LP uses cumulative variables so that each row stays short (nonzeros O(K·T) per job, not
 O(K·T²)): ``U[j,t] = Σ_{t'≤t} u[j,t']`` (monotone) and ``F[j,t]`` ∈ [0,1], the fraction of D_j done by
 the end of slot t. Then the covering rows read ``U ≤ F``, the cap ``W ≤ D`` is F's upper bound, "runs
@@ -88,13 +97,26 @@ class Config:
 @dataclass(frozen=True)
 class Job:
     """An active job: ``remaining`` work units, its candidate configurations, and (for hysteresis) the
-    index of the configuration it runs now (``None``: not running) and the seconds a change costs it."""
+    index of the configuration it runs now (``None``: not running), the seconds a change costs it and
+    the seconds a suspension (no configuration at all) costs it: suspend + resume, at least a change."""
     name: str
     remaining: float
     configs: tuple[Config, ...]
     weight: float = 1.0
     current: int | None = None
     resize_cost_s: float = 0.0
+    suspend_cost_s: float = 0.0
+
+    def change_cost_s(self, config: int | None) -> float:
+        """Seconds of progress a running job loses going to ``config`` (None: suspended)."""
+        if self.current is None or config == self.current:
+            return 0.0
+        return max(self.resize_cost_s, self.suspend_cost_s) if config is None else self.resize_cost_s
+
+    @property
+    def suspend_surcharge_s(self) -> float:
+        """What a suspension costs beyond a change (the LP's ``s[j]`` charge)."""
+        return max(0.0, self.suspend_cost_s - self.resize_cost_s) if self.current is not None else 0.0
 
     @property
     def best_rate(self) -> float:
@@ -148,9 +170,10 @@ def validate(problem: Problem) -> None:
     if len(set(names)) != len(names):
         raise ConfigError(f"job names must be unique, got {names}")
     for job in problem.jobs:
-        if not job.remaining > 0 or not job.weight > 0 or job.resize_cost_s < 0:
-            raise ConfigError(f"job {job.name!r}: remaining work and weight must be > 0 and the resize "
-                              f"cost >= 0 (got {job.remaining}, {job.weight}, {job.resize_cost_s})")
+        if not job.remaining > 0 or not job.weight > 0 or job.resize_cost_s < 0 or not job.suspend_cost_s >= 0:
+            raise ConfigError(f"job {job.name!r}: remaining work and weight must be > 0 and the resize and "
+                              f"suspend costs >= 0 (got {job.remaining}, {job.weight}, {job.resize_cost_s}, "
+                              f"{job.suspend_cost_s})")
         if not job.configs or job.best_rate <= 0:
             raise ConfigError(f"job {job.name!r} has no configuration with a positive rate; leave it out")
         for k, c in enumerate(job.configs):
@@ -227,11 +250,12 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
     n_slots, n_hosts = len(horizon.slots_s), len(hosts)
     scale = 1.0 - problem.capacity_slack
 
-    # Variable layout per job: v[k, t] row-major, then U[0..T-1], F[0..T-1], then z if it is running.
+    # Variable layout per job: v[k, t] row-major, then U[0..T-1], F[0..T-1], then z if it is running and
+    # s if a suspension costs it more than a change (without, the LP is exactly the one without s)
     base, offset = [], 0
     for job in jobs:
         base.append(offset)
-        offset += (len(job.configs) + 2) * n_slots + (job.current is not None)
+        offset += (len(job.configs) + 2) * n_slots + (job.current is not None) + (job.suspend_surcharge_s > 0)
     n_vars = offset
     cost = np.zeros(n_vars)
     ub, eq = _Rows(), _Rows()
@@ -266,6 +290,9 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
             ub.add(np.array([v[job.current, 0], done_by[0], z]), np.array([-1.0, -1.0, -1.0]), -1.0)
             for t in range(n_slots):
                 ub.add(np.append(others[:, t], z), np.append(np.ones(len(others)), -1.0), 0.0)
+            if job.suspend_surcharge_s > 0:   # s ≥ 1 − Σ_k v[k,0] − U[0]: the part of the first slot it runs nothing
+                cost[z + 1] = job.weight * job.suspend_surcharge_s
+                ub.add(np.concatenate([v[:, 0], [done_by[0], z + 1]]), -np.ones(n_cfg + 2), -1.0)
         gpus = np.array([c.gpus for c in job.configs], dtype=float)
         aggregate_terms.append((v, gpus))
         for k, c in enumerate(job.configs):
@@ -313,6 +340,8 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
             x[j, :n_cfg] = solution[base[j]:at].reshape(n_cfg, n_slots)
             done_by, done[j] = solution[at:at + n_slots], solution[at + n_slots:at + 2 * n_slots]
             resize_s = job.resize_cost_s * solution[at + 2 * n_slots] if job.current is not None else 0.0
+            if job.suspend_surcharge_s > 0:
+                resize_s += job.suspend_surcharge_s * solution[at + 2 * n_slots + 1]
             completion[j] = float(horizon.total_s - slots[1:] @ done_by[:-1]
                                   + (1.0 - done[j, -1]) * job.remaining / job.best_rate + resize_s)
         objective = float(sum(job.weight * c for job, c in zip(jobs, completion)))

@@ -5,7 +5,8 @@ A taiji job can give up all its workers: the daemon asks its launcher to checkpo
 step boundary and stop (``taiji run --checkpoint-dir``, SIGTERM, exit 75), and starts it again from
 that checkpoint at whatever size and on whatever hosts a later round gives it. That costs far more
 than an in-place resize — the checkpoint stall, a process boot and the load — so a policy's 0 for a
-running job is honoured only when :func:`may_suspend` says so:
+running job is honoured only when :func:`may_suspend` says so (PCRR's LP already charges a suspension
+the job's measured suspend + resume, ``lp.py``; these rules are the safety net for every policy):
 
 - the job may be preempted (``submit --no-preempt`` says it may not);
 - it has run at least ``min_run_factor`` × its suspend/resume cost since it last started (what a

@@ -175,8 +175,7 @@ def _fill(problem: Problem, placer: _Placer, chosen: list[int | None], where: li
     rank = {j: i for i, j in enumerate(order)}
 
     def resize_charge(job: Job, config: int | None) -> float:
-        changes = job.current is not None and config != job.current
-        return hysteresis * job.weight * job.resize_cost_s if changes else 0.0
+        return hysteresis * job.weight * job.change_cost_s(config)
 
     while True:
         options = []
@@ -235,13 +234,13 @@ def _place(problem: Problem, sequence: list[int], target: list[int | None]) -> _
 
 def slot_loss(problem: Problem, chosen: list[int | None]) -> float:
     """Weighted seconds by which ``chosen`` delays the jobs in the first slot: a running job that
-    changes pauses its whole resize time; every job loses the part of the slot its configuration
-    trains slower than its best one (at the best rate afterwards, that is how much later it ends)."""
+    changes pauses its whole resize time (one left without GPUs: its suspend + resume); every job
+    loses the part of the slot its configuration trains slower than its best one (at the best rate
+    afterwards, that is how much later it ends)."""
     slot = problem.horizon.slots_s[0]
     loss = 0.0
     for job, k in zip(problem.jobs, chosen):
-        pause = job.resize_cost_s if job.current is not None and k != job.current else 0.0
-        loss += job.weight * (pause + slot * (1.0 - _rate(job, k) / job.best_rate))
+        loss += job.weight * (job.change_cost_s(k) + slot * (1.0 - _rate(job, k) / job.best_rate))
     return loss
 
 
@@ -303,7 +302,7 @@ def decide(problem: Problem, solution: LPSolution | None = None, *, seed: int, a
         sticky = keep_share is not None and solution.optimal and mass.sum() > 1e-6 \
             and mass[job.current] >= keep_share * mass.sum()
         if sticky or (hysteresis is not None and change_gain(problem, solution, job, rounded[j])
-                      <= hysteresis * job.weight * job.resize_cost_s):
+                      <= hysteresis * job.weight * job.change_cost_s(rounded[j])):
             target[j] = job.current
             kept += 1
 

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 from ..errors import ConfigError
 from .cluster import Cluster
+from .goodput import BatchStats, batch_range
 from .live import Measured, StepModel, fit_step_model, live_application, live_view
 from .preemption import Running, SuspendRules, may_suspend, priority_victims
 from .rounds import Ask, Change, Rounds
@@ -85,13 +86,24 @@ class LiveJob:
     suspensions: list[float] = field(default_factory=list)   # when it was suspended
     stall: float | None = None        # its last suspension's stall, until the resume's cost is measured
     costs: list[float] = field(default_factory=list)   # measured suspend + resume seconds
+    max_batch: int = 0        # `submit --max-batch`: it adapts its batch up to this (0: not said)
+    init_batch: int = 0       # its run log's first batch (B0), 0 until read
+    largest_batch: int = 0    # the largest batch its run log shows
+    noise_scale: float | None = None   # its run log's latest gradient noise scale (samples)
 
     @property
     def active(self) -> bool:
         return self.state not in ENDED
 
     def measurements(self) -> list[Measured]:
-        return [Measured(int(n), 1, statistics.median(times)) for n, times in self.measured.items() if times]
+        """Its step times at its current batch (a goodput job's earlier batches are other models)."""
+        return [Measured(n, 1, statistics.median(times)) for (n, b), times in
+                ((size_key(k, self.batch_size), v) for k, v in self.measured.items()) if times and b == self.batch_size]
+
+    def stats(self) -> BatchStats | None:
+        if not self.init_batch:
+            return None
+        return BatchStats(self.init_batch, self.batch_size or self.init_batch, self.largest_batch, self.noise_scale)
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,7 @@ class Scheduler:
     def submit(self, now: float, command: list[str], min_np: int = 1, max_np: int | None = None,
                np: int | None = None, weight: float = 1.0, name: str = "", cwd: str = "",
                work: int = 0, priority: int = 0, preemptible: bool = True, checkpoint_dir: str = "",
-               checkpoint_every: str = "") -> LiveJob:
+               checkpoint_every: str = "", max_batch: int = 0) -> LiveJob:
         """Queue a job; ConfigError (with the reason) for one that can never run here."""
         max_np = self.slots if max_np is None else max_np
         if not command:
@@ -140,8 +152,8 @@ class Scheduler:
                               f"{self.slots_per_host} slot(s){where}: it could never run (lower --min-np or add slots)")
         if not (math.isfinite(weight) and weight > 0):
             raise ConfigError(f"weight must be a number > 0, got {weight}")
-        if work < 0:
-            raise ConfigError(f"work must be >= 0 samples (0: unknown), got {work}")
+        if work < 0 or max_batch < 0:
+            raise ConfigError(f"work and max_batch must be >= 0 samples (0: unknown), got {work}, {max_batch}")
         requested = min(max_np, self.slots) if np is None else np
         if not min_np <= requested <= max_np or requested > self.slots:
             raise ConfigError(f"-np {requested} must lie in [min_np={min_np}, max_np={max_np}] and fit "
@@ -150,7 +162,7 @@ class Scheduler:
         self.next_id += 1
         job = LiveJob(job_id, name or job_id, list(command), min_np, max_np, requested, weight, now, cwd=cwd,
                       work_hint=work, priority=int(priority), preemptible=bool(preemptible),
-                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, max_batch=int(max_batch))
         self.jobs[job_id] = job
         return job
 
@@ -163,7 +175,7 @@ class Scheduler:
         fresh = seen.step > job.step   # a status its rank 0 wrote since the last read
         steady = seen.version == job.version and seen.size == job.size
         if fresh and steady and seen.samples_per_s > 0 and seen.batch_size > 0 and seen.size > 0:
-            times = job.measured.setdefault(str(seen.size), [])
+            times = job.measured.setdefault(f"{seen.size}@{seen.batch_size}", [])
             times.append(seen.batch_size / seen.samples_per_s)
             del times[:-KEEP_MEASUREMENTS]
         if seen.size != job.size:
@@ -178,6 +190,15 @@ class Scheduler:
         job.size, job.version, job.step = seen.size, seen.version, seen.step
         job.batch_size = seen.batch_size or job.batch_size
         job.position, job.end, job.samples_per_s = seen.position, seen.end or job.end, seen.samples_per_s
+
+    def read_run_log(self, job_id: str, stats: BatchStats | None) -> None:
+        """What its run log says of its batch and gradient noise (:func:`~taiji.sched.goodput.batch_stats`)."""
+        job = self.jobs[job_id]
+        if stats is None or not job.active:
+            return
+        job.init_batch = job.init_batch or stats.init_batch   # a resumed run's log continues the same file
+        job.largest_batch = max(job.largest_batch, stats.largest)
+        job.noise_scale = stats.noise_scale if stats.noise_scale is not None else job.noise_scale
 
     def launched(self, now: float, job_id: str, home: int = 0) -> None:
         """Its launcher started (or a suspended job's started again) on host ``home`` (no workers
@@ -324,25 +345,31 @@ class Scheduler:
         self.rounds.withdraw(job_id)
 
     def view_of(self, job: LiveJob, now: float | None = None, live: list[int] | None = None):  # noqa: ANN202
-        """What the policy sees of ``job`` (a sim.JobView): its fitted model, work, progress and its
-        placement on the ``live`` hosts (default: all)."""
+        """What the policy sees of ``job`` (a sim.JobView): its fitted model, goodput (its batch range and
+        noise scale, :mod:`~taiji.sched.goodput`), work, progress, suspend cost and its placement on
+        the ``live`` hosts (default: all)."""
         measured = job.measurements()
         batch = job.batch_size or self._typical(lambda j: j.batch_size, GUESS_BATCH)
+        init, largest = batch_range(job.stats(), batch, job.max_batch)
         if measured:
             model = fit_step_model(batch, measured)
         else:   # never measured: compute that scales linearly, at a typical job's speed
-            model = StepModel(0.0, self._typical(self._seconds_per_sample, GUESS_SECONDS_PER_SAMPLE), 0.0, 0.0, 0.0)
+            # (its own speed at another batch, if it measured one: a goodput job that just changed it)
+            per_sample = self._seconds_per_sample(job) or self._typical(self._seconds_per_sample, GUESS_SECONDS_PER_SAMPLE)
+            model = StepModel(0.0, per_sample, 0.0, 0.0, 0.0)
         work = job.end or job.work_hint or self._typical(lambda j: j.end or j.work_hint, GUESS_SAMPLES)
         app = live_application(job.id, model, batch, samples_per_epoch=work, epochs=1,
-                               max_replicas=min(job.max_np, self.slots))
+                               max_replicas=min(job.max_np, self.slots), init_batch=init, max_batch=largest,
+                               noise_scale=job.noise_scale)
         live = list(range(self.hosts)) if live is None else live
         held = self.holds().get(job.id, (0,) * self.hosts)
         placement = tuple(held[h] for h in live) if any(held[h] for h in live) else None
         held = job.allocations + ([(now, 0)] if now is not None and job.allocations else [])
         attained = sum((b[0] - a[0]) * a[1] for a, b in zip(held, held[1:]))   # worker-seconds so far
-        return live_view(app, job.submitted, job.requested, job.position / batch, placement,
+        return live_view(app, job.submitted, job.requested, job.position / app.init_batch_size, placement,
                          attained_worker_s=attained, peak_replicas=max((n for _, n in job.allocations), default=0),
-                         weight=job.weight, restarts=len(job.suspensions))
+                         weight=job.weight, restarts=len(job.suspensions), batch_now=batch,
+                         suspend_cost_s=self.suspend_cost(job) if job.state == "running" else None)
 
     def _typical(self, read, default: float):  # noqa: ANN001, ANN202
         values = [v for v in (read(j) for j in self.jobs.values()) if v]
@@ -351,8 +378,8 @@ class Scheduler:
     @staticmethod
     def _seconds_per_sample(job: LiveJob) -> float:
         """Worker-seconds per sample, from its fastest measured size (0 when never measured)."""
-        per = [n * statistics.median(t) / job.batch_size for n, t in
-               ((int(k), v) for k, v in job.measured.items()) if t and job.batch_size]
+        per = [n * statistics.median(t) / b for (n, b), t in
+               ((size_key(k, job.batch_size), v) for k, v in job.measured.items()) if t and b]
         return min(per) if per else 0.0
 
     # -- persistence ------------------------------------------------------------------------------
@@ -374,6 +401,12 @@ class Scheduler:
             self.jobs[job.id] = job
         for job_id, (target, reserve, shrink) in data.get("asked", {}).items():
             self.rounds.asked[job_id] = Ask(tuple(target), tuple(reserve), bool(shrink))
+
+
+def size_key(key: str, batch: int) -> tuple[int, int]:
+    """(workers, batch) of a key of ``LiveJob.measured``: ``"N@B"`` (``"N"`` in an older state: ``batch``)."""
+    size, _, at = key.partition("@")
+    return int(size), int(at) if at else batch
 
 
 def last_start(job: LiveJob, now: float) -> float:

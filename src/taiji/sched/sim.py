@@ -104,6 +104,7 @@ class JobView:
     restarts: int                   # allocation changes that cost a pause
     peak_replicas: int = 0          # most GPUs held at once so far (what has been "profiled")
     weight: float = 1.0             # its weight in a weighted objective (PCRR's); live jobs' `submit --weight`
+    suspend_cost_s: float | None = None   # its measured suspend + resume seconds (live); None: the system's
 
     @property
     def name(self) -> str:

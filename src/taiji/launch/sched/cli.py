@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--name", default="")
     submit.add_argument("--work", type=int, default=0, metavar="SAMPLES",
                         help="samples it will train (epochs x data set), for the policy until the job reports it")
+    submit.add_argument("--max-batch", type=int, default=0, metavar="B",
+                        help="the job adapts its global batch up to B (taiji's goodput policy, e.g. "
+                             "examples/fashion_mnist.py --policy goodput --max-batch B): the policies then weigh "
+                             "its batches by goodput (default: it keeps its batch, unless its run log shows it changed)")
     submit.add_argument("--priority", type=int, default=0, metavar="P",
                         help="its class (default 0): a waiting job of a higher class suspends lower ones if that "
                              "lets its --min-np start")
@@ -199,7 +203,7 @@ def main(argv: Sequence[str]) -> int:
                                           "name": args.name, "cwd": os.getcwd(), "work": args.work,
                                           "priority": args.priority, "no_preempt": args.no_preempt,
                                           "checkpoint_dir": _absolute(args.checkpoint_dir),
-                                          "checkpoint_every": args.checkpoint_every})
+                                          "checkpoint_every": args.checkpoint_every, "max_batch": args.max_batch})
             print(reply["job"])
         elif args.command == "status":
             print(format_status(ask(address, secret, {"op": "status"})))

@@ -38,7 +38,8 @@ from ... import env
 from ...cluster.auth import new_secret, write_secret_file
 from ...errors import ConfigError, LaunchError, StoreError, TaijiError
 from ...metrics.prometheus import sched_families
-from ...metrics.runlog import EVENTS_FILE
+from ...metrics.runlog import EVENTS_FILE, METRICS_FILE, read_jsonl_ends
+from ...sched.goodput import batch_stats
 from ..checkpoint_cli import EXIT_RESUMABLE
 from ...sched.scheduler import Observed, Scheduler
 from ..metrics_http import MetricsConfig, MetricsServer
@@ -148,6 +149,7 @@ class Daemon:
                         if time.monotonic() >= next_round:
                             next_round = time.monotonic() + self.round_seconds
                             started = time.perf_counter()
+                            self._read_run_logs()
                             changes += self.sched.round(now)
                             self.rounds_run, self.round_took = self.rounds_run + 1, time.perf_counter() - started
                         self._apply(now, changes)
@@ -206,6 +208,13 @@ class Daemon:
                 position=int(progress.get("position", 0)), end=int(progress.get("end", 0)),
                 samples_per_s=float(progress.get("samples_per_s", 0.0)), placement=self._placement(status)))
             self._dirty = True
+
+    def _read_run_logs(self) -> None:
+        """Each running job's batch and gradient noise scale from its run log (its first rows and
+        its latest 64 KiB), for the round's goodput model; the scheduler decides what they mean."""
+        for job in [j for j in self.sched.jobs.values() if j.state == "running"]:
+            first, latest = read_jsonl_ends(self._job_dir(job.id) / "run" / METRICS_FILE)
+            self.sched.read_run_log(job.id, batch_stats(first, latest))
 
     def _resumable(self, job_id: str, code: int) -> bool:
         """A launcher that exited after a suspension, or on a lost home host, with a checkpoint
@@ -340,7 +349,8 @@ class Daemon:
                                             priority=int(request.get("priority", 0)),
                                             preemptible=not request.get("no_preempt", False),
                                             checkpoint_dir=str(request.get("checkpoint_dir") or ""),
-                                            checkpoint_every=str(request.get("checkpoint_every") or ""))
+                                            checkpoint_every=str(request.get("checkpoint_every") or ""),
+                                            max_batch=int(request.get("max_batch") or 0))
                     job.checkpoint_dir = job.checkpoint_dir or str(self._job_dir(job.id) / "checkpoints")
                     self._dirty = True
                     return {"ok": True, "job": job.id}

@@ -30,6 +30,12 @@ current epoch on its actual placement. With ``adaptive_batch=False`` the job kee
 the fill charge a running job κ × the largest of its grow/shrink/move pauses for a change. Pass the
 same system as ``SimConfig.resize``.
 
+**Suspend cost**: leaving a running job without GPUs costs it a suspend + resume (the checkpoint
+stall, a new launcher's boot, the load), far more than an in-place resize under taiji: the LP charges
+κ × that (``JobView.suspend_cost_s``, measured per job live; else the system's ``resume``) on the part
+of the first slot a running job runs nothing (``lp.py``), and the rounding's repair and fill count it
+too, so PCRR suspends a job only when what its GPUs gain the others outweighs its resume.
+
 **Rounding** (:func:`~taiji.sched.rounding.decide` options; chosen on synthetic workloads, not on
 Pollux's): every job the LP runs at all in the first slot is a candidate to run (its configuration drawn
 in proportion to the LP's fractions) and jobs are placed strictly in α-point order, so a running job
@@ -241,5 +247,8 @@ class Pcrr:
                 continue
             mode = "int" if count <= cluster.gpus_per_host else "ext"
             configs.append(Config.external(count, self._rate(view, shape), f"{count}@{mode}"))
+        suspend_s = self.resize.resume_s if view.suspend_cost_s is None else view.suspend_cost_s
+        running = current is not None
         return Job(view.name, max(view.remaining_progress, 1e-9), tuple(configs), view.weight, current,
-                   self.hysteresis * self.change_cost_s if current is not None else 0.0)
+                   self.hysteresis * self.change_cost_s if running else 0.0,
+                   self.hysteresis * suspend_s if running else 0.0)
