@@ -9,8 +9,6 @@ elastic_train.py does, so its ``audit`` checks the run. The worker that ends as 
 OUT/final.pt (parameters); ``--plain`` writes OUT/plain.pt.
 """
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,27 +23,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from taiji.comm.transfer import digest
 from taiji_harness.testing import load_script
 
 elastic = load_script("elastic_train")
-
-
-class GrowThenShrink(taiji.policies.Policy):
-    """Stops training a few steps after the cluster grew to ``peak`` workers and came back below it
-    (a worker killed or removed): the test's schedule, agreed by every worker (synced state)."""
-
-    def __init__(self, peak, after=5):
-        self._peak, self._after = peak, after
-        self.grown = False
-        self.shrunk_at = -1
-
-    def after_step(self, ctx):
-        self.grown = self.grown or ctx.size >= self._peak
-        if self.grown and ctx.size < self._peak and self.shrunk_at < 0:
-            self.shrunk_at = ctx.step
-        if self.shrunk_at >= 0 and ctx.step >= self.shrunk_at + self._after:
-            return taiji.policies.Stop("the test's grow and shrink happened")
 
 
 class Classifier(L.LightningModule):
@@ -89,21 +69,14 @@ def main():
         return
     from taiji.integrations.lightning import TaijiStrategy
     from taiji.policies import ScheduledResize, parse_resize_schedule
-    taiji.log.configure_logging("INFO")
-    worker = os.environ.get("TAIJI_WORKER_ID", "w0")
-    (args.out / f"{worker}.pid").write_text(str(os.getpid()))
-    log_file = open(args.out / f"{worker}.jsonl", "a")
+    log_file = elastic.open_worker_log(args.out)
 
     def on_commit(step):
         opt = strategy.optimizers[0]
-        state = [t for p in module.net.parameters() for t in (p, opt.state[p]["momentum_buffer"])]
-        log_file.write(json.dumps({"step": step.index, "epoch": step.epoch, "span": list(step.span),
-                                   "version": taiji.version(), "size": taiji.size(), "rank": taiji.rank(),
-                                   "digest": digest(state), "time": time.time()}) + "\n")
-        log_file.flush()
+        elastic.log_commit(log_file, step, [t for p in module.net.parameters() for t in (p, opt.state[p]["momentum_buffer"])])
 
     policies = [ScheduledResize(parse_resize_schedule(args.resize))] if args.resize else []
-    policies += [GrowThenShrink(args.peak)] if args.peak else []
+    policies += [elastic.GrowThenShrink(args.peak)] if args.peak else []
     strategy = TaijiStrategy(policies=policies, seed=11, on_commit=on_commit)
     L.Trainer(accelerator="cpu", devices=1, strategy=strategy, **common).fit(module, loader)
     if taiji.rank() == 0:

@@ -17,7 +17,7 @@ a later stop (a policy's ``Stop``) leaves that one ticket without a step (``step
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import ConfigError
 
@@ -40,10 +40,12 @@ class Ticket:
 
 
 class FrameworkLoop:
-    """A Job (``job``, over ``num_samples`` samples, at most ``max_steps``) stepped by a framework."""
+    """A Job (made by ``make_job`` when training starts, over ``num_samples`` samples, at most
+    ``max_steps``) stepped by a framework."""
 
-    def __init__(self, job: Any, num_samples: int, max_steps: int | None):
-        self.job = job
+    def __init__(self, make_job: Callable[[], Any], num_samples: int, max_steps: int | None):
+        self._make_job = make_job
+        self.job: Any = None
         self.num_samples = num_samples
         self.max_steps = max_steps
         self._steps: Iterator[Any] | None = None
@@ -58,6 +60,7 @@ class FrameworkLoop:
     def start(self) -> None:
         """Join the job (a joiner waits to be admitted), sync the replicas, begin the first step."""
         if self._steps is None:
+            self.job = self._make_job()
             self._steps = iter(self.job)
             self._advance()
 

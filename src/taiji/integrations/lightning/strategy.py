@@ -130,11 +130,17 @@ class TaijiStrategy(ParallelStrategy):
                                  collate_fn=collate, device=device)
         max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 10**9
-        job = taiji.Job(self.lightning_module, self.optimizers[0], dataset, batch_size, epochs=epochs,
-                        max_steps=max_steps, strategy=self._taiji_strategy, policies=self._policies,
-                        lr_scheduler=self._lr_scheduler, data=data, monitoring=self._monitoring,
-                        faults=self._faults, sync=self._sync, on_commit=self._on_commit)
-        return FrameworkLoop(job, len(dataset), max_steps)  # type: ignore[arg-type]
+        if trainer.ckpt_path:
+            raise ConfigError("TaijiStrategy resumes from taiji's checkpoints (faults=taiji.FaultOptions(checkpoint="
+                              "taiji.Checkpoint(path, resume='auto')) or `taiji run --resume`), which hold where the "
+                              "data stands; a Lightning ckpt_path does not")
+
+        def make_job() -> Any:
+            return taiji.Job(self.lightning_module, self.optimizers[0], dataset, batch_size, epochs=epochs,
+                             max_steps=max_steps, strategy=self._taiji_strategy, policies=self._policies,
+                             lr_scheduler=self._lr_scheduler, data=data, monitoring=self._monitoring,
+                             faults=self._faults, sync=self._sync, on_commit=self._on_commit)
+        return FrameworkLoop(make_job, len(dataset), max_steps)  # type: ignore[arg-type]
 
     def on_train_start(self) -> None:
         super().on_train_start()
