@@ -159,7 +159,8 @@ class TaijiTrainer(Trainer):
         self._real_optimizer: torch.optim.Optimizer | None = None
         self._real_scheduler: Any = None
         self.loop = FrameworkLoop(self._make_job, len(self.train_dataset), self.args.max_steps)  # type: ignore[arg-type]
-        self.add_callback(TaijiCallback(self.loop))
+        # first, so that every reporting callback (printer, TensorBoard, ...) sees the monitors it adds
+        self.callback_handler.callbacks.insert(0, TaijiCallback(self.loop))
 
     def _make_job(self) -> Any:
         if self._real_optimizer is None:
