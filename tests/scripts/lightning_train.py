@@ -2,6 +2,7 @@
 
     taiji run -np N --max-np M ... -- python lightning_train.py OUT --steps S --batch B [--resize STEP:SIZE ...]
     python lightning_train.py OUT --steps S --batch B --plain     # Lightning's own single-process run
+    python lightning_train.py OUT --steps S --batch B --compare   # both, one after the other
 
 Each worker appends to OUT/<worker>.jsonl one line per committed step (step, epoch, global span,
 version, size, rank, digest of parameters and optimizer state after the commit), as
@@ -57,16 +58,19 @@ def main():
     parser.add_argument("--grow-at-start", action="store_true", help="rank 0 asks for 3 workers at once")
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--plain", action="store_true", help="Lightning's own loop, no taiji")
+    parser.add_argument("--compare", action="store_true", help="Lightning's own loop, then TaijiStrategy's")
     args = parser.parse_args()
     torch.manual_seed(0)
-    module = Classifier(args.step_delay)
     loader = DataLoader(elastic.make_data(), batch_size=args.batch, shuffle=args.shuffle)
     common = dict(max_steps=args.steps, max_epochs=-1, logger=False, enable_checkpointing=False,
                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
-    if args.plain:
-        L.Trainer(accelerator="cpu", devices=1, **common).fit(module, loader)
-        torch.save([p.detach() for p in module.parameters()], args.out / "plain.pt")
-        return
+    if args.plain or args.compare:
+        own = Classifier()
+        L.Trainer(accelerator="cpu", devices=1, **common).fit(own, loader)
+        torch.save([p.detach() for p in own.parameters()], args.out / "plain.pt")
+        if args.plain:
+            return
+    module = Classifier(args.step_delay)
     from taiji.integrations.lightning import TaijiStrategy
     from taiji.policies import ScheduledResize, parse_resize_schedule
     log_file = elastic.open_worker_log(args.out)
