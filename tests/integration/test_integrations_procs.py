@@ -37,10 +37,11 @@ def committed_at(out: Path, size: int) -> int:
 
 def grow_kill_and_audit(out: Path, script: str, *args: str, same_model: bool = True, timeout: float = 300) -> dict:
     """`taiji run -np 2 --max-np 3` on ``script``: grown to 3 at start; w1 SIGKILLed once 3 steps
-    at 3 workers are committed; the audit of its logs."""
+    at 3 workers are committed; a policy changes the global batch every 4 steps (mid-epoch, the
+    LR following it); the audit of its logs."""
     command = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--max-np", "3", "--timeout", "10",
                "--run-dir", str(out / "run"), "--", sys.executable, str(SCRIPTS / script), str(out),
-               "--batch", str(BATCH), "--steps", "3000", "--peak", "3", "--shuffle", "--grow-at-start", *args]
+               "--batch", str(BATCH), "--steps", "3000", "--peak", "3", "--shuffle", "--grow-at-start", "--policy", "cycle", *args]
     log = open(out / "launcher.log", "w")
     launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
@@ -54,7 +55,7 @@ def grow_kill_and_audit(out: Path, script: str, *args: str, same_model: bool = T
         log.close()
     text = (out / "launcher.log").read_text()
     assert launcher.returncode == 0, text[-4000:]
-    result = load_script("elastic_train").audit(out, BATCH)
+    result = load_script("elastic_train").audit(out, BATCH, policy="cycle")
     assert result["steps"] > 0 and not result["gaps"] and not result["worker_gaps"], result
     assert not result["divergences"], f"replicas differ after steps {result['divergences']}"
     assert result["lost_samples"] == 0 and result["duplicated_samples"] == 0, result

@@ -66,6 +66,7 @@ def main():
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--peak", type=int, default=0, help="stop a few steps after growing to PEAK and shrinking")
     parser.add_argument("--shuffle", action="store_true")
+    parser.add_argument("--policy", default="", choices=["", "cycle"], help="elastic_train.py's policies")
     parser.add_argument("--grow-at-start", action="store_true", help="rank 0 asks for 3 workers at once")
     parser.add_argument("--plain", action="store_true", help="the Trainer's own loop, no taiji")
     parser.add_argument("--compare", action="store_true", help="the Trainer's own loop, then TaijiTrainer's")
@@ -97,6 +98,7 @@ def main():
         elastic.log_commit(log_file, step, tensors)
 
     policies = [elastic.GrowThenShrink(args.peak)] if args.peak else []
+    policies += elastic.make_policies(args.policy, args.batch)
     trainer = TaijiTrainer(model=model, args=TaijiTrainingArguments(**common), train_dataset=data,
                            policies=policies, shuffle=args.shuffle, on_commit=on_commit)
     trainer.train()

@@ -55,6 +55,7 @@ def main():
     parser.add_argument("--resize", nargs="*", default=[])
     parser.add_argument("--peak", type=int, default=0, help="stop a few steps after growing to PEAK and shrinking")
     parser.add_argument("--shuffle", action="store_true")
+    parser.add_argument("--policy", default="", choices=["", "cycle"], help="elastic_train.py's policies")
     parser.add_argument("--grow-at-start", action="store_true", help="rank 0 asks for 3 workers at once")
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--plain", action="store_true", help="Lightning's own loop, no taiji")
@@ -81,6 +82,7 @@ def main():
 
     policies = [ScheduledResize(parse_resize_schedule(args.resize))] if args.resize else []
     policies += [elastic.GrowThenShrink(args.peak)] if args.peak else []
+    policies += elastic.make_policies(args.policy, args.batch)
     strategy = TaijiStrategy(policies=policies, seed=11, on_commit=on_commit)
     L.Trainer(accelerator="cpu", devices=1, strategy=strategy, **common).fit(module, loader)
     if taiji.rank() == 0:
