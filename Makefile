@@ -18,7 +18,7 @@ $(BIN)/python:
 # torch is pinned and installed first: an unpinned `torch` would pull a multi-GB CUDA build
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched,shakespeare,etcd,metrics,ray]"
+	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched,shakespeare,etcd,metrics,ray,lightning,transformers]"
 	touch $@
 
 setup: $(VENV)/.installed

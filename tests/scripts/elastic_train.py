@@ -69,6 +69,40 @@ class CyclingTopology(taiji.policies.Policy):
             return taiji.policies.SetTopology(("tree", "hierarchical", "star", "ring")[(self.calls // 5) % 4])
 
 
+class GrowThenShrink(taiji.policies.Policy):
+    """Stops training a few steps after the cluster grew to ``peak`` workers and came back below it
+    (a worker killed or removed): the test's schedule, agreed by every worker (synced state)."""
+
+    def __init__(self, peak, after=5):
+        self._peak, self._after = peak, after
+        self.grown = False
+        self.shrunk_at = -1
+
+    def after_step(self, ctx):
+        self.grown = self.grown or ctx.size >= self._peak
+        if self.grown and ctx.size < self._peak and self.shrunk_at < 0:
+            self.shrunk_at = ctx.step
+        if self.shrunk_at >= 0 and ctx.step >= self.shrunk_at + self._after:
+            return taiji.policies.Stop("the test's grow and shrink happened")
+
+
+def open_worker_log(out):
+    """This worker's log of committed steps (OUT/<worker>.jsonl), its pid in OUT/<worker>.pid (a
+    test kills it by that pid), and taiji's INFO log lines on stderr."""
+    taiji.log.configure_logging("INFO")
+    worker = os.environ.get("TAIJI_WORKER_ID", "w0")
+    (out / f"{worker}.pid").write_text(str(os.getpid()))
+    return open(out / f"{worker}.jsonl", "a")
+
+
+def log_commit(log_file, step, tensors):
+    """One line of a worker's log: a committed step (as ``audit`` reads it) and a digest of ``tensors``."""
+    log_file.write(json.dumps({"step": step.index, "epoch": step.epoch, "span": list(step.span),
+                               "version": taiji.version(), "size": taiji.size(), "rank": taiji.rank(),
+                               "digest": digest(tensors), "time": time.time()}) + "\n")
+    log_file.flush()
+
+
 def make_policies(name, batch):
     if name == "raise":
         return [RaiseOnRank()]

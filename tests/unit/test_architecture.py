@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "taiji.strategies": 2,
     "taiji.runtime": 3,
     "taiji.launch": 4, "taiji": 4,   # "taiji" is the package root, taiji/__init__.py, only
+    "taiji.integrations": 5,         # frameworks' loops on the user's API (taiji.Job), above the root
 }
 LAYER1 = sorted(name for name, layer in LAYERS.items() if layer == 1)
 
