@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from _elastic_analysis import (exactly_once_figures, join_figures, kill_figures, samples_per_s,
+from taiji_harness.elastic_analysis import (exactly_once_figures, join_figures, kill_figures, samples_per_s,
                                taiji_change_figures, taiji_fault_figures)
-from _elastic_runs import LaunchedJob, StepLog, joiner_steps, train_args, wait_for
+from taiji_harness.elastic_runs import LaunchedJob, StepLog, joiner_steps, train_args, wait_for
 
 
 def taiji_cmd(args: argparse.Namespace, out: Path, nproc: int, timeout: float, job_id: str,

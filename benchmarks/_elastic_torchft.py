@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from taiji_harness.bench import free_port
-from _elastic_analysis import exactly_once_figures, join_figures, kill_figures, samples_per_s, worker_error
-from _elastic_runs import LaunchedJob, StepLog, joiner_steps, torchrun_cmd, wait_for
+from taiji_harness.elastic_analysis import exactly_once_figures, join_figures, kill_figures, samples_per_s, worker_error
+from taiji_harness.elastic_runs import LaunchedJob, StepLog, joiner_steps, torchrun_cmd, wait_for
 
 INSTALL_HINT = ("pip install -e '.[bench]' (torchft-nightly; with the torchft 0.2.0 release the survivor of a kill "
                 "dies: see benchmarks/README.md)")

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from taiji_harness.bench import free_port
-from _elastic_analysis import samples_per_s, torchrun_change_figures, torchrun_fault_figures
-from _elastic_runs import LaunchedJob, StepLog, torchrun_cmd, wait_for
+from taiji_harness.elastic_analysis import samples_per_s, torchrun_change_figures, torchrun_fault_figures
+from taiji_harness.elastic_runs import LaunchedJob, StepLog, torchrun_cmd, wait_for
 
 STOP_GRACE_S = 20.0  # SIGTERM to torchrun, then SIGKILL to its session after this long
 

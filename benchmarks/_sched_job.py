@@ -8,15 +8,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import taiji
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from fashion_mnist import Net, load_data  # noqa: E402  (the example's model and data)
+from taiji_harness.testing import load_example
+
+_example = load_example("fashion_mnist")  # the example's model and data
+Net, load_data = _example.Net, _example.load_data
 
 
 def main() -> None:

@@ -30,8 +30,10 @@ import taiji
 from taiji.strategies.local_sgd import LocalSGD
 from taiji.strategies.pair_averaging import PairAveraging
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from fashion_mnist import Net, evaluate, load_data  # noqa: E402  (the example's model and data)
+from taiji_harness.testing import load_example
+
+_example = load_example("fashion_mnist")  # the example's model and data
+Net, evaluate, load_data = _example.Net, _example.evaluate, _example.load_data
 
 
 def make_strategy(args: argparse.Namespace) -> taiji.Strategy:

@@ -35,8 +35,8 @@ Repetitions alternate which side runs first; each row gives medians, every repet
 and is killed with its session (and any worker torchrun started) and reaped in ``finally``.
 
 The pieces: ``_elastic_taiji.py``, ``_elastic_torchrun.py`` and ``_elastic_torchft.py`` run the sides,
-``_elastic_runs.py`` holds what they share (the step logs, a launched job), ``_elastic_analysis.py``
-turns step-log records into figures (pure functions, unit-tested), ``_elastic_report.py`` turns
+the harness's ``taiji_harness/elastic_runs.py`` holds what they share (the step logs, a launched job),
+``elastic_analysis.py`` turns step-log records into figures (pure functions, unit-tested), ``elastic_report.py`` turns
 the repetitions' figures into the table and the result line. This file is the command line and
 the order of the runs.
 
@@ -56,9 +56,9 @@ from pathlib import Path
 from typing import Callable
 
 from taiji_harness.bench import interleaved, reap_on_sigterm  # noqa: E402
-from _elastic_analysis import model_figures  # noqa: E402
-from _elastic_report import build_rows, report  # noqa: E402
-from _elastic_runs import StepLog  # noqa: E402
+from taiji_harness.elastic_analysis import model_figures  # noqa: E402
+from taiji_harness.elastic_report import build_rows, report  # noqa: E402
+from taiji_harness.elastic_runs import StepLog  # noqa: E402
 from _elastic_taiji import taiji_fault, taiji_kill_join, taiji_resize  # noqa: E402
 from _elastic_torchft import torchft_kill_join, torchft_missing, torchft_version  # noqa: E402
 from _elastic_torchrun import torchrun_elastic, torchrun_fault, torchrun_resize, torchrun_steady  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from taiji_harness.bench import (contract_row, free_port, interleaved, median, paired_ratio, print_result,  # noqa: E402
                      reap_on_sigterm)
-from _elastic_runs import LaunchedJob, StepLog, steady_commits, steady_options, train_args  # noqa: E402
+from taiji_harness.elastic_runs import LaunchedJob, StepLog, steady_commits, steady_options, train_args  # noqa: E402
 
 SIDES = ("metrics", "plain")
 

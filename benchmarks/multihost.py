@@ -50,8 +50,8 @@ import traceback
 from pathlib import Path
 
 from taiji_harness.bench import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
-from _elastic_analysis import taiji_change_figures, torchrun_change_figures  # noqa: E402
-from _elastic_runs import LaunchedJob, StepLog, train_args, wait_for  # noqa: E402
+from taiji_harness.elastic_analysis import taiji_change_figures, torchrun_change_figures  # noqa: E402
+from taiji_harness.elastic_runs import LaunchedJob, StepLog, train_args, wait_for  # noqa: E402
 from taiji_harness.netns import EmulatedHosts, etcd_command, unavailable  # noqa: E402
 
 PORT = 29400

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from taiji_harness.bench import contract_row, interleaved, median, print_result, reap_on_sigterm, spread  # noqa: E402
-from _elastic_runs import LaunchedJob, StepLog, torchrun_cmd, train_args, wait_for  # noqa: E402
+from taiji_harness.elastic_runs import LaunchedJob, StepLog, torchrun_cmd, train_args, wait_for  # noqa: E402
 
 SIDES = ("taiji", "torchrun")
 CHECKPOINT_EVERY = 10

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from taiji_harness.bench import contract_row, interleaved, median, paired_ratio, print_result, reap_on_sigterm  # noqa: E402
-from _elastic_analysis import step_intervals  # noqa: E402
-from _elastic_runs import LaunchedJob, StepLog, steady_commits, steady_options, train_args  # noqa: E402
+from taiji_harness.elastic_analysis import step_intervals  # noqa: E402
+from taiji_harness.elastic_runs import LaunchedJob, StepLog, steady_commits, steady_options, train_args  # noqa: E402
 
 
 def run(args: argparse.Namespace, store: str, out: Path) -> float:

@@ -27,14 +27,15 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "scripts"
+BENCHMARKS = REPO / "benchmarks"
+EXAMPLES = REPO / "examples"
 
 
-def load_script(name: str) -> ModuleType:
-    """Import the helper script tests/scripts/<name>.py as module ``name`` (once per process)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec_ = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec_ is not None and spec_.loader is not None, f"no script {name!r} in {SCRIPTS}"
+def load_file(path: Path, name: str) -> ModuleType:
+    """Import the file ``path`` as module ``name`` (anew; registered in sys.modules, where
+    dataclasses look their module up while it runs): no sys.path edit."""
+    spec_ = importlib.util.spec_from_file_location(name, path)
+    assert spec_ is not None and spec_.loader is not None and path.is_file(), f"no module file {path}"
     module = importlib.util.module_from_spec(spec_)
     sys.modules[name] = module
     try:
@@ -43,6 +44,24 @@ def load_script(name: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def load_script(name: str) -> ModuleType:
+    """Import the helper script tests/scripts/<name>.py as module ``name`` (once per process)."""
+    return sys.modules[name] if name in sys.modules else load_file(SCRIPTS / f"{name}.py", name)
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """A benchmark script (benchmarks/<name>.py) as a module of a name of its own
+    (``benchmark_<name>``), without running its main."""
+    return load_file(BENCHMARKS / f"{name}.py", f"benchmark_{name}")
+
+
+def load_example(name: str) -> ModuleType:
+    """An example (examples/<name>.py) as module ``example_<name>`` (once per process), for the
+    benchmarks that train the example's model on its data."""
+    key = f"example_{name}"
+    return sys.modules[key] if key in sys.modules else load_file(EXAMPLES / f"{name}.py", key)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

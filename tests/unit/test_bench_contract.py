@@ -4,31 +4,24 @@ running anything); and that helper itself builds the line right."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
-
-from taiji_harness.bench import ahead_ratio, contract_row, print_result, result_line  # noqa: E402
+from taiji_harness.bench import ahead_ratio, contract_row, print_result, result_line
+from taiji_harness.testing import BENCHMARKS, REPO, load_benchmark
 
 CONTRACT = "taiji_harness.bench"  # the one module that builds the result line
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
 
 
-def load_benchmark(name: str):
-    """A benchmark script as a module of a name of its own (``benchmark_<name>``), without running it."""
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module   # dataclasses look their module up there while the script runs
-    spec.loader.exec_module(module)
-    return module
+def helper_path(module: str) -> Path:
+    """Where a helper module the benchmarks import lives: beside them (``_x``) or in the harness."""
+    if module.startswith("taiji_harness."):
+        return REPO / "src" / Path(*module.split(".")).with_suffix(".py")
+    return BENCHMARKS / f"{module}.py"
 
 
 def tree(path: Path) -> ast.Module:
@@ -40,10 +33,11 @@ def called_names(node: ast.AST) -> set[str]:
 
 
 def local_imports(module: ast.Module) -> dict[str, str]:
-    """Names imported from the benchmarks' own modules (``from _x import name``): name -> module."""
+    """Names imported from the benchmarks' own modules (``from _x import name``, or the harness's):
+    name -> module."""
     return {alias.asname or alias.name: node.module for node in ast.walk(module)
             if isinstance(node, ast.ImportFrom) and node.module
-            and (node.module == CONTRACT or (BENCHMARKS / f"{node.module}.py").is_file())
+            and (node.module == CONTRACT or helper_path(node.module).is_file())
             for alias in node.names}
 
 
@@ -58,7 +52,7 @@ def prints_result(name: str, module: ast.Module, seen: frozenset = frozenset()) 
     if name == "print_result":
         return imports.get("print_result") == CONTRACT
     if name in imports and imports[name] != CONTRACT and imports[name] not in seen:
-        helper = tree(BENCHMARKS / f"{imports[name]}.py")
+        helper = tree(helper_path(imports[name]))
         return prints_result(name, helper, seen | {imports[name]})
     body = function(module, name)
     return body is not None and any(prints_result(n, module, seen) for n in called_names(body) - {name})
@@ -93,7 +87,7 @@ def test_benchmark_ends_with_the_shared_result_line(script):
         f"{script.name}: main()'s last statement (line {last.lineno}) does not print through "
         "taiji_harness.bench.print_result")
     helpers = {m for m in local_imports(module).values() if m != CONTRACT}
-    for path in [script, *(BENCHMARKS / f"{m}.py" for m in sorted(helpers))]:
+    for path in [script, *(helper_path(m) for m in sorted(helpers))]:
         assert not hand_made_contract_dicts(tree(path)), f"{path.name} builds a result line by hand"
 
 

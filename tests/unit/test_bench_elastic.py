@@ -1,22 +1,16 @@
-"""The elastic benchmark's analysis (benchmarks/_elastic_analysis.py) and report rows on
+"""The elastic benchmark's analysis (taiji_harness/elastic_analysis.py) and report rows on
 hand-made step-log records: no process is started."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
-
-from _elastic_analysis import (each_over, exactly_once_figures, join_figures, kill_figures,  # noqa: E402
-                               median_over, model_figures, normal_step, samples_per_s, select, step_intervals,
-                               taiji_change_figures, taiji_fault_figures, torchrun_change_figures,
-                               torchrun_fault_figures, worker_error)
-from _elastic_report import build_rows, table  # noqa: E402
-from _elastic_runs import joiner_steps  # noqa: E402
+from taiji_harness.elastic_analysis import (each_over, exactly_once_figures, join_figures, kill_figures,
+                                            median_over, model_figures, normal_step, samples_per_s, select,
+                                            step_intervals, taiji_change_figures, taiji_fault_figures,
+                                            torchrun_change_figures, torchrun_fault_figures, worker_error)
+from taiji_harness.elastic_report import build_rows, table
+from taiji_harness.elastic_runs import joiner_steps
+from taiji_harness.testing import load_benchmark
 
 
 def commit(time, **fields) -> dict:
@@ -305,7 +299,7 @@ def test_torchft_rows_say_what_torchft_could_not_complete():
 
 
 def test_torchft_missing_says_how_to_install_it(monkeypatch):
-    import _elastic_torchft
+    _elastic_torchft = load_benchmark("_elastic_torchft")
     monkeypatch.setattr(_elastic_torchft.importlib.util, "find_spec", lambda name: None)
     message = _elastic_torchft.torchft_missing()
     assert message.startswith("not installed") and "pip install -e '.[bench]'" in message

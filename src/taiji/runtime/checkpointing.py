@@ -25,7 +25,7 @@ from ..checkpoint.reader import Found, find, load_into, model_info
 from ..checkpoint.storage import Storage
 from ..checkpoint.writer import SaveRecord, Writer
 from ..comm.transfer import encode
-from .membership import Membership
+from .peer import Member
 from .reporting import Event, Reporter
 from .state import TrainState
 
@@ -45,11 +45,11 @@ def effective(given: Checkpoint | None, launcher: Checkpoint | None) -> Checkpoi
 class Checkpointer:
     """Checkpoints of one Job (see module doc); ``config`` None: none are taken."""
 
-    def __init__(self, config: Checkpoint | None, state: TrainState, membership: Membership,
+    def __init__(self, config: Checkpoint | None, state: TrainState, peer: Member,
                  exact: Callable[[], bool], request_stop: Callable[[], None]):
         self.config = config
         self.state = state
-        self.membership = membership
+        self.peer = peer
         self.exact = exact
         self.request_stop = request_stop
         self.storage = Storage(config.path) if config is not None and config.saves else None
@@ -78,8 +78,8 @@ class Checkpointer:
             return
         rng: dict[str, torch.Tensor] = {}
         self.state.load_state_dict(load_into(found, self.state.model, rng))
-        mine = rng.get(rng_key(self.membership.view.rank))
-        if mine is not None and found.manifest.size == self.membership.view.size:
+        mine = rng.get(rng_key(self.peer.view.rank))
+        if mine is not None and found.manifest.size == self.peer.view.size:
             torch.set_rng_state(mine)  # the same rank's random stream continues (dropout, ...)
         self._last_step, self.resumed = found.step, found
         log.info("resumed from %s (step %d, written by %d worker(s))", found.url, found.step, found.manifest.size)
@@ -95,7 +95,7 @@ class Checkpointer:
             redone = {} if reached is None else {"lost_run_step": reached,
                                                  "steps_redone": max(0, reached - found.step)}
             reporter.on(Event("resume", found.step, {"checkpoint": found.url, "written_by": found.manifest.size,
-                                                     "size": self.membership.view.size,
+                                                     "size": self.peer.view.size,
                                                      "epoch": self.state.progress.epoch, **redone}))
         self.listen_for_notice()
 
@@ -122,7 +122,7 @@ class Checkpointer:
         """Checkpoint now (every worker at the same boundary), stamped with the last agreed clock."""
         assert self.writer is not None
         clock = self._clock if clock is None else clock
-        view, step = self.membership.view, self.state.progress.step
+        view, step = self.peer.view, self.state.progress.step
         tensors: list[torch.Tensor] = []
         image = encode(self.state.state_dict(), tensors)
         model = self.state.model.state_dict()
@@ -153,7 +153,7 @@ class Checkpointer:
         return record
 
     def _prune(self, step: int) -> None:
-        if self.storage is None or self.config is None or self.membership.view.rank != 0:
+        if self.storage is None or self.config is None or self.peer.view.rank != 0:
             return
         for old in to_prune(self.storage.listing(), self.config.keep, in_flight=(step,)):
             self.storage.remove(checkpoint_name(old))

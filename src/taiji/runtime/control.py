@@ -19,6 +19,7 @@ import torch
 from ..comm.communicator import Handle
 from ..monitor.stats import StepStats, ControlRow
 from .membership import Membership
+from .peer import Member
 
 
 @dataclass
@@ -60,7 +61,8 @@ def agree(rows: list[list[float]]) -> StepStats:
 class ControlChannel:
     WIDTH = ControlRow.WIDTH  # floats in a row
 
-    def __init__(self, membership: Membership, signals: Signals):
+    def __init__(self, peer: Member, membership: Membership, signals: Signals):
+        self.peer = peer
         self.membership = membership
         self.signals = signals
         self._last_sent = 0.0
@@ -68,7 +70,7 @@ class ControlChannel:
     def send(self, decisions: int, measured: Measurements = Measurements()) -> PendingControl:
         """Launch this worker's row; ``wait()`` on the result gives the agreed statistics."""
         report = self._report(decisions, measured)
-        comm = self.membership.comm
+        comm = self.peer.comm
         handle = None
         if comm.size > 1:
             handle = comm.allgather(torch.tensor(report.to_row(), dtype=torch.float64), channel="ctrl",
@@ -89,7 +91,7 @@ class ControlChannel:
     def _report(self, decisions: int, measured: Measurements) -> ControlRow:
         now = time.perf_counter()
         wall, self._last_sent = (now - self._last_sent if self._last_sent else 0.0), now
-        view = self.membership.view
+        view = self.peer.view
         lead = view.rank == 0
         # the newest version any worker reports wins: one worker watching the store is enough
         seen = self.membership.newest_version() if lead else view.version

@@ -33,6 +33,7 @@ from ..monitor.stats import StepStats
 from .control import ControlChannel, Signals
 from .engine import StepEngine
 from .membership import Membership
+from .peer import Member
 from .state import Progress
 from .step import Step
 from .transitions import Transitions
@@ -92,10 +93,11 @@ def plan_phase(index: int, progress: Progress, num_samples: int, epochs: int, ma
 class Phases:
     """Runs phases (claims, local steps) and closes them at sync points."""
 
-    def __init__(self, store: JobStore, membership: Membership, engine: StepEngine, control: ControlChannel,
-                 transitions: Transitions, signals: Signals, committed: Callable[[Step], None]):
+    def __init__(self, store: JobStore, peer: Member, membership: Membership, engine: StepEngine,
+                 control: ControlChannel, transitions: Transitions, signals: Signals,
+                 committed: Callable[[Step], None]):
         self.store = store
-        self.membership = membership
+        self.peer, self.membership = peer, membership
         self.engine = engine
         self.control = control
         self.transitions = transitions
@@ -114,7 +116,7 @@ class Phases:
         run = PhaseRun(state, adopted=self.adopted)
         self.adopted = []
         self.open = state
-        me = self.membership.view.worker_id
+        me = self.peer.view.worker_id
         if run.adopted:
             self.store.set(state.key(f"inflight/{me}"), json.dumps(run.adopted))
         started = time.perf_counter()
@@ -130,7 +132,7 @@ class Phases:
             if self._should_end(run, claimed[1]):
                 break
         self.store.set(state.key("end"), "1")
-        if self.membership.view.rank == 0:
+        if self.peer.view.rank == 0:
             log.info("decoupled phase %d: %d local steps (%d samples) in %.1fs on rank 0",
                      state.index, run.local_steps, run.local_samples, time.perf_counter() - started)
 
@@ -150,7 +152,7 @@ class Phases:
     def _should_end(self, run: PhaseRun, claimed_to: int) -> bool:
         if self.signals.stop_requested or claimed_to >= run.state.mark:
             return True
-        if self.membership.newest_version() > self.membership.view.version:
+        if self.membership.newest_version() > self.peer.view.version:
             return True
         return self.store.has(run.state.key("end"))
 
@@ -178,7 +180,7 @@ class Phases:
 
     def _adopt_departed(self, state: PhaseState) -> None:
         """Rank 0 takes over the runs that departed workers claimed but never committed."""
-        view = self.membership.view
+        view = self.peer.view
         if view.rank != 0:
             return
         for worker_id in [w for w in state.members if w not in view.members]:

@@ -35,6 +35,7 @@ from ..strategies.base import Strategy, SupportsCarry, SupportsNoSync
 from .allocator import keep_freed_memory
 from .control import ControlChannel, Measurements, agree
 from .membership import Membership
+from .peer import Member
 from .state import Progress
 from .step import Attempt, Step
 
@@ -61,15 +62,13 @@ class Failed:
 
 class StepEngine:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
-                 fetch: BatchFetcher | None, sampler: ElasticSampler | None, membership: Membership,
+                 fetch: BatchFetcher | None, sampler: ElasticSampler | None, peer: Member, membership: Membership,
                  control: ControlChannel, monitors: Monitors, check_consensus: Callable[[Sequence[float], int], None],
                  fire: Callable[[str, int], None], max_steps: int | None = None, clear_grads: bool = True):
-        self.model = model
-        self.optimizer = optimizer
-        self.lr_scheduler = lr_scheduler
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.fetch = fetch
         self.sampler = sampler
-        self.membership = membership
+        self.peer, self.membership = peer, membership
         self.control = control
         self.monitors = monitors
         self.check_consensus = check_consensus
@@ -106,7 +105,7 @@ class StepEngine:
     def begin(self, progress: Progress, decisions: int) -> Attempt:
         """This worker's share of the next global batch, with the strategy's step started."""
         fetch, sampler = self._data()
-        view = self.membership.view
+        view = self.peer.view
         lo, hi = global_span(progress.sampler, sampler.num_samples)
         share = sampler.local_share(progress.sampler, view.rank, view.size)
         indices = sampler.indices_of(share)
@@ -127,13 +126,13 @@ class StepEngine:
         CommError (nothing begun) where the peers gave up on this worker while it was away."""
         if self._strategy().lockstep:
             self._check_peers_waited()
-        size = self.membership.view.size
+        size = self.peer.view.size
         return self._start(Attempt(index, 0, None, _NO_INDICES, (0, 0), [], size, local_samples=1), 1.0 / size)
 
     def _start(self, attempt: Attempt, weight: float) -> Attempt:
         """Start the strategy's lockstep step for ``attempt``, this worker's gradient weighing ``weight``."""
-        self._buffers_before = [b.detach().clone() for b in self._buffers] if self.membership.view.size > 1 else []
-        self.membership.at_step(attempt.index)
+        self._buffers_before = [b.detach().clone() for b in self._buffers] if self.peer.view.size > 1 else []
+        self.peer.at_step(attempt.index)
         self._strategy().begin_step(weight, attempt.index, attempt.measure)
         attempt.carried = self._carrier is not None and self._carrier.carry(
             self.control.WIDTH, lambda: self.control.row(attempt.decisions, self._measurements(attempt)))
@@ -146,7 +145,7 @@ class StepEngine:
         fetch, sampler = self._data()
         indices = torch.cat([sampler.permutation(epoch)[lo:hi] for epoch, lo, hi in segments])
         batch = fetch(indices)
-        self.membership.at_step(index)
+        self.peer.at_step(index)
         n = sampler.num_samples
         self._strategy().claimed(max(epoch * n + hi for epoch, _, hi in segments), batch_size)
         self._strategy().begin_step(1.0, index, False)
@@ -195,7 +194,7 @@ class StepEngine:
                            "peers' collectives timed out meanwhile; the step is retried in new groups")
 
     def _can_split(self, attempt: Attempt) -> bool:
-        return self.membership.view.size == 1 and attempt.measure and attempt.local_batch_size >= 2
+        return self.peer.view.size == 1 and attempt.measure and attempt.local_batch_size >= 2
 
     def gradients_done(self, attempt: Attempt) -> None:
         """Finish the step's communication: the gradients, plus the one control message (carried
@@ -211,13 +210,13 @@ class StepEngine:
             waiting_since = time.perf_counter()
             strategy.launch_all()
             pending = None if attempt.carried else self.control.send(attempt.decisions, self._measurements(attempt))
-            buffers = average_buffers_async(self._buffers, self.membership.comm) if self._buffers_before else None
+            buffers = average_buffers_async(self._buffers, self.peer.comm) if self._buffers_before else None
             fetch_seconds = self._fetch_next()
             strategy.synchronize()
             # the part of the allreduce that loading did not hide: what the plan costs this step
             # (where loading outlasts every plan's allreduce, the plan no longer matters here)
             attempt.allreduce_wait = max(0.0, time.perf_counter() - waiting_since - fetch_seconds)
-            attempt.topology = self.membership.comm.topology
+            attempt.topology = self.peer.comm.topology
             if pending is None:  # the rows came back with the gradients
                 attempt.stats = agree(cast(SupportsCarry, self._carrier).carried())
             else:
@@ -248,7 +247,7 @@ class StepEngine:
         return Measurements(local_batch=b, local_sqnorm=local,
                             sqnorm_batch=b / 2 if split else b, loss=attempt.loss,
                             compute_seconds=time.perf_counter() - attempt.started,
-                            previous_global_sqnorm=self.monitors.own_share(self.membership.view.version),
+                            previous_global_sqnorm=self.monitors.own_share(self.peer.view.version),
                             previous_allreduce_wait=self._last_allreduce_wait,
                             previous_monitor_seconds=self._last_monitor_seconds)
 
@@ -268,10 +267,10 @@ class StepEngine:
         assert stats is not None
         self.check_consensus(stats.decisions, attempt.index)
         self._update()
-        self.monitors.update(stats, self._strategy().global_sqnorm_share(), self.membership.view.version)
+        self.monitors.update(stats, self._strategy().global_sqnorm_share(), self.peer.view.version)
         self._last_allreduce_wait = math.nan if attempt.allreduce_wait is None else attempt.allreduce_wait
         self._last_monitor_seconds = self._strategy().norm_seconds if attempt.measure else math.nan
-        return Committed(stats, max(self.membership.view.version, stats.version_seen))
+        return Committed(stats, max(self.peer.view.version, stats.version_seen))
 
     def commit_local(self, attempt: Attempt) -> None:
         """A decoupled step commits on this worker alone: nothing can fail between workers."""

@@ -58,10 +58,10 @@ class Job:
         self.options = TrainingOptions(batch_size, epochs, max_steps, monitoring.every, sync.sync_every)
         self.model, self.optimizer, self.lr_scheduler, self.on_commit = model, optimizer, lr_scheduler, on_commit
         self._peer = peer or default_peer()
-        self._membership = membership_for(self._peer, env.MIN_NP.get(), env.MAX_NP.get() or None)
+        self._membership = membership_for(self._peer)
         self._catalog = StrategyCatalog(strategy, sync.strategies)
         self.strategy_name = self._catalog.initial
-        self.strategy = self._catalog.get(self.strategy_name).attach(model, lambda: self._membership.comm)
+        self.strategy = self._catalog.get(self.strategy_name).attach(model, lambda: self._peer.comm)
         self._signals, self._stop_agreed, self._started = Signals(), False, False
         self._pending_strategy: str | None = None
         self.monitors = Monitors(monitoring.every, monitoring.gns_decay)
@@ -74,23 +74,22 @@ class Job:
             self._state.register("lr_scheduler", lr_scheduler)
         run_dir = env.RUN_DIR.get() if monitoring.run_dir is None else monitoring.run_dir
         run_dir = run_dir or None  # "": none
-        self._reporter = Reporter(run_dir, monitoring.log_every, lead=self._leads,
-                                  write_status=self._membership.store.write_status)
-        store = self._membership.store
+        store = self._peer.job_store
+        self._reporter = Reporter(run_dir, monitoring.log_every, lead=self._leads, write_status=store.write_status)
         self._fire = for_worker(store, lambda: (self._peer.rank, self._peer.worker_id))
-        self._control = ControlChannel(self._membership, self._signals)
+        self._control = ControlChannel(self._peer, self._membership, self._signals)
         fetch = BatchFetcher(dataset, data.collate_fn, data.device, data.load_ahead)
-        self._engine = StepEngine(model, optimizer, lr_scheduler, fetch, self._sampler, self._membership,
+        self._engine = StepEngine(model, optimizer, lr_scheduler, fetch, self._sampler, self._peer, self._membership,
                                   self._control, self.monitors, self._check_consensus, self._fire, max_steps)
         self._engine.use(self.strategy)
         timeout = env.RECOVERY_TIMEOUT.get() if faults.recovery_timeout is None else faults.recovery_timeout
-        self._transitions = Transitions(self._membership, self._state, self._reporter, self._fire, timeout,
+        self._transitions = Transitions(self._peer, self._membership, self._state, self._reporter, self._fire, timeout,
                                         changed=self._cluster_changed)
-        self._phases = Phases(store, self._membership, self._engine, self._control, self._transitions,
+        self._phases = Phases(store, self._peer, self._membership, self._engine, self._control, self._transitions,
                               self._signals, committed=self._after_commit)
         self._state.register("phases", self._phases)
         self._durable = Checkpointer(effective(faults.checkpoint, Checkpoint.from_env()), self._state,
-                                     self._membership, lambda: self.strategy.exact, self.request_stop)
+                                     self._peer, lambda: self.strategy.exact, self.request_stop)
         self._durable.resume()
 
     # -- what the user reads ----------------------------------------------------------------
@@ -182,7 +181,7 @@ class Job:
         self._transitions.enter()
         self._peer.show_context(self._context)
         self._membership.set_training(True)
-        view, batch_size = self._membership.view, self.progress.sampler.batch_size
+        view, batch_size = self._peer.view, self.progress.sampler.batch_size
         self._reporter.on(Event("start", self.progress.step, {"size": view.size, "version": view.version,
                                                             "hosts": view.per_host, "batch_size": batch_size}))
         self._durable.start(self._reporter)
@@ -218,7 +217,7 @@ class Job:
     def _plan_phase(self):  # noqa: ANN202
         options = self.options
         return plan_phase(self._phases.next_index, self.progress, self._sampler.num_samples, options.epochs,
-                          options.max_steps, options.sync_every, self._membership.view, self.strategy.phase_steps)
+                          options.max_steps, options.sync_every, self._peer.view, self.strategy.phase_steps)
 
     def _close_phase(self) -> None:
         result = self._phases.close(self.progress, self._adaptation.digest)
@@ -233,14 +232,14 @@ class Job:
         self._move_if_newer(result.stats.version_seen)
 
     def _move_if_newer(self, version: int) -> None:
-        if version > self._membership.view.version:
+        if version > self._peer.view.version:
             self._transitions.to(self._membership.read_config(version), reason="resize")
 
     def _end(self) -> None:
-        view = self._membership.view
+        view = self._peer.view
         if not self.strategy.exact and view.size > 1:
             try:  # one model comes out of training: the replicas' average
-                average_tensors([p.data for p in self.model.parameters()], self._membership.comm)
+                average_tensors([p.data for p in self.model.parameters()], self._peer.comm)
             except CommError as exc:
                 log.warning("could not average the replicas at the end of training (%s); each "
                             "worker keeps its own model", exc)
@@ -289,20 +288,20 @@ class Job:
             self._pending_strategy = plan.strategy  # after any transition at this boundary
         if plan.topology is not None:  # from the next step's buckets on (this one's are done)
             self._state.topology = plan.topology
-            self._membership.comm.set_topology(plan.topology)
+            self._peer.comm.set_topology(plan.topology)
         if plan.resize is not None and lead:
-            self._membership.propose_size(plan.resize, source=f"policy {who(plan, Resize)}")
+            self._peer.propose_size(plan.resize, source=f"policy {who(plan, Resize)}")
         if plan.stop is not None:
             if lead:
                 log.info("policy %s stops training at step %d: %s", who(plan, Stop), context.step, plan.stop)
             self._stop_agreed = True
 
     def _context(self) -> Context:
-        return self._adaptation.context(self.progress, self._sampler.num_samples, self._membership.view,
+        return self._adaptation.context(self.progress, self._sampler.num_samples, self._peer.view,
                                         self._lr(), self.strategy_name, self.strategies, self._state.topology)
 
     def _check_consensus(self, digests: Sequence[float], step: int) -> None:
-        self._adaptation.check(digests, step, self._membership.comm)
+        self._adaptation.check(digests, step, self._peer.comm)
 
     # -- strategies and cluster changes -------------------------------------------------------
 
@@ -312,39 +311,39 @@ class Job:
         if name == old_name:
             return
         old.detach()
-        self.strategy = self._catalog.get(name).attach(self.model, lambda: self._membership.comm)
+        self.strategy = self._catalog.get(name).attach(self.model, lambda: self._peer.comm)
         self.strategy_name = self._state.strategy = name
         self._engine.use(self.strategy)
-        if self._membership.joined:
-            self.strategy.cluster_changed(self._membership.view, self._membership.store)
+        if self._peer.joined:
+            self.strategy.cluster_changed(self._peer.view, self._peer.job_store)
         if self._leads():
             log.info("strategy %s -> %s at step %d", old_name, name, self.progress.step)
         self._reporter.on(Event("strategy", self.progress.step, {"strategy": name, "previous": old_name}))
-        if consolidate and self.strategy.exact and not old.exact and self._membership.view.size > 1:
+        if consolidate and self.strategy.exact and not old.exact and self._peer.view.size > 1:
             # replicas drifted apart under the old strategy: average them, then make every
             # replica bitwise identical (optimizer state too) before exact training resumes
             try:
-                average_tensors([p.data for p in self.model.parameters()], self._membership.comm)
+                average_tensors([p.data for p in self.model.parameters()], self._peer.comm)
                 self._transitions.sync(force=True)
             except CommError as exc:
                 self._transitions.recover(exc)
 
     def _cluster_changed(self) -> None:
         """After every (re)sync: adopt the synced strategy and topology, and tell it the new cluster."""
-        self._membership.comm.set_topology(self._state.topology)
+        self._peer.comm.set_topology(self._state.topology)
         if self._state.strategy != self.strategy_name:
             self._switch_strategy(self._state.strategy, consolidate=False)
-        self.strategy.cluster_changed(self._membership.view, self._membership.store)
+        self.strategy.cluster_changed(self._peer.view, self._peer.job_store)
 
     # -- small helpers ------------------------------------------------------------------------
 
     def _leads(self) -> bool:
-        return self._membership.joined and self._membership.view.rank == 0
+        return self._peer.joined and self._peer.view.rank == 0
 
     def _lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _snapshot(self) -> Snapshot:
-        view, p, position = self._membership.view, self.progress, self._state.position
+        view, p, position = self._peer.view, self.progress, self._state.position
         end = self.options.samples_to_train(self._sampler.num_samples, p.step, position, p.sampler.batch_size)
         return Snapshot(p.step, p.epoch, p.sampler.batch_size, view.version, view.size, position, end)

@@ -1,9 +1,11 @@
 """Membership: which cluster version this worker trains in, and how it moves to the next.
 
-The Job talks to membership only through the ``Membership`` protocol. ``SoloMembership`` is a
+Two roles, two objects: the ``Peer`` (runtime/peer.py; the loop's parts see it as a ``Member``) is
+this worker's place in its current version and that version's communicator, and moves to a new
+version (``transition``); ``Membership`` is the conversation with the job store about versions —
+joining, failure reports, reading and waiting for the configs to move to. ``SoloMembership`` is a
 one-worker job with no launcher (nothing can change); ``ElasticMembership`` is a worker started
-by ``taiji run``, and owns its conversation with the job store (joining, failure reports, reading
-the configs it moves to; the Peer holds only its identity and communicator): a watcher thread
+by ``taiji run``: a watcher thread
 follows the published configs (so no step pays a store round trip to ask "is there a newer
 version?"), and failures are reported to the launcher, whose next config the worker waits for.
 """
@@ -16,9 +18,8 @@ import time
 import weakref
 from typing import Protocol
 
-from ..cluster.spec import ClusterConfig, ClusterView
+from ..cluster.spec import ClusterConfig
 from ..cluster.store import JobStore, config_key
-from ..comm.communicator import Communicator
 from ..errors import ConfigError, StoreError
 from .peer import Peer
 
@@ -31,84 +32,51 @@ WATCH_POLL_S = 0.05
 
 
 class Membership(Protocol):
-    @property
-    def view(self) -> ClusterView: ...
-    @property
-    def comm(self) -> Communicator: ...
-    @property
-    def store(self) -> JobStore: ...
-    @property
-    def joined(self) -> bool: ...
-    def join(self, timeout: float) -> None: ...
+    def join(self, timeout: float) -> ClusterConfig: ...
+    def watch(self) -> None: ...
     def newest_version(self) -> int: ...
     def peers_gave_up(self, idle_seconds: float) -> bool: ...
     def read_config(self, version: int) -> ClusterConfig: ...
-    def switch(self, config: ClusterConfig) -> bool: ...
     def wait_for_newer(self, timeout: float) -> ClusterConfig: ...
     def report_failure(self) -> None: ...
     def report_fatal(self, message: str) -> None: ...
     def set_training(self, training: bool) -> None: ...
     def finish(self) -> None: ...
-    def propose_size(self, size: int, source: str) -> None: ...
-    def at_step(self, step: int) -> None: ...
     def close(self) -> None: ...
 
 
 class _PeerMembership:
-    """What both kinds share: a Peer's current version, its communicator and its job store."""
+    """What both kinds share: the job store, and this worker's identity on it (its Peer)."""
 
-    def __init__(self, peer: Peer, min_size: int = 1, max_size: int | None = None):
+    def __init__(self, peer: Peer):
         self.peer = peer
-        self.min_size, self.max_size = max(min_size, 1), max_size
-        self._view: ClusterView | None = None
-
-    @property
-    def view(self) -> ClusterView:
-        if self._view is None or self._view.version != self.peer.version:
-            self._view = self.peer.view(self.min_size, self.max_size)
-        return self._view
-
-    @property
-    def comm(self) -> Communicator:
-        return self.peer.comm
-
-    @property
-    def store(self) -> JobStore:
-        return self.peer.job_store
-
-    @property
-    def joined(self) -> bool:
-        return self.peer.joined
-
-    def switch(self, config: ClusterConfig) -> bool:
-        """Move to ``config``'s groups; False if this worker is not a member (it leaves)."""
-        return self.peer.transition(config)
+        self._store = peer.job_store
 
     def report_fatal(self, message: str) -> None:
         """No peer can recover from this: the launcher stops the whole job with it as the root
         cause (before the peers mistake this worker's exit for a crash to recover from)."""
         try:
-            self.store.report_fatal(self.peer.worker_id, message)
-            self.store.set_training(self.peer.worker_id, False)
+            self._store.report_fatal(self.peer.worker_id, message)
+            self._store.set_training(self.peer.worker_id, False)
         except StoreError:
             log.warning("could not tell the launcher about: %s", message)
 
     def set_training(self, training: bool) -> None:
-        self.store.set_training(self.peer.worker_id, training)
+        self._store.set_training(self.peer.worker_id, training)
 
     def finish(self) -> None:
         if self.peer.rank == 0:
-            self.store.set_done()
-
-    def at_step(self, step: int) -> None:
-        self.peer.at_step(step)
+            self._store.set_done()
 
 
 class SoloMembership(_PeerMembership):
     """One worker, no launcher: the cluster never changes."""
 
-    def join(self, timeout: float) -> None:
+    def join(self, timeout: float) -> ClusterConfig:
         raise ConfigError("a one-worker job without `taiji run` has no cluster to join")
+
+    def watch(self) -> None:
+        return None
 
     def read_config(self, version: int) -> ClusterConfig:
         raise ConfigError("this worker was not started by `taiji run`: there is no cluster to change")
@@ -125,9 +93,6 @@ class SoloMembership(_PeerMembership):
     def peers_gave_up(self, idle_seconds: float) -> bool:
         return False
 
-    def propose_size(self, size: int, source: str) -> None:
-        self.peer.propose_size(size, source)  # says why it cannot
-
     def close(self) -> None:
         return None
 
@@ -135,9 +100,8 @@ class SoloMembership(_PeerMembership):
 class ElasticMembership(_PeerMembership):
     """A worker of a job started by ``taiji run`` (see module doc)."""
 
-    def __init__(self, peer: Peer, min_size: int = 1, max_size: int | None = None,
-                 watch_store: JobStore | None = None):
-        super().__init__(peer, min_size, max_size)
+    def __init__(self, peer: Peer, watch_store: JobStore | None = None):
+        super().__init__(peer)
         self._newest = peer.version
         self._doom_checked = (peer.version, peer.version)  # (our version, newest looked at for lost members)
         self._closed = threading.Event()
@@ -186,25 +150,22 @@ class ElasticMembership(_PeerMembership):
         self._doom_checked = (config.version, max(self._newest, start - 1))
 
     def newest_version(self) -> int:
-        self._watching()
+        self.watch()
         return max(self._newest, self.peer.version)
 
-    def at_step(self, step: int) -> None:
-        # every worker watches (not only the lead, whose control row tells the others of a
-        # resize): a worker stuck in a collective of a version that lost a member learns it here
-        super().at_step(step)
-        self._watching()
-
-    def _watching(self) -> None:
+    def watch(self) -> None:
+        """Start following the published configs (idempotent). Every worker watches (not only the
+        lead, whose control row tells the others of a resize): a worker stuck in a collective of a
+        version that lost a member learns it from the watcher."""
         if self._watcher is None and not self._closed.is_set():
             self._start_watching()
 
     def read_config(self, version: int) -> ClusterConfig:
-        return self.store.read_config(version)
+        return self._store.read_config(version)
 
-    def join(self, timeout: float) -> None:
-        """A joiner: say ready, then wait until a published config includes this worker."""
-        store, peer = self.store, self.peer
+    def join(self, timeout: float) -> ClusterConfig:
+        """A joiner: say ready, then wait until a published config includes this worker; that config."""
+        store, peer = self._store, self.peer
         store.mark_ready(peer.worker_id)
         version = max(store.latest_version(), 1)
         deadline = time.monotonic() + timeout
@@ -212,13 +173,12 @@ class ElasticMembership(_PeerMembership):
             store.wait_for_version(version, max(deadline - time.monotonic(), 0.001))
             config = store.read_config(version)
             if config.rank_of(peer.worker_id) is not None:
-                peer.transition(config)
-                return
+                return config
             version += 1
 
     def wait_for_newer(self, timeout: float) -> ClusterConfig:
         """Block until a config newer than ours is published; return the latest one."""
-        store, peer = self.store, self.peer
+        store, peer = self._store, self.peer
         try:
             store.wait_for_version(peer.version + 1, timeout)
         except StoreError as exc:
@@ -228,7 +188,7 @@ class ElasticMembership(_PeerMembership):
         return store.read_config(max(store.latest_version(), peer.version + 1))
 
     def report_failure(self) -> None:
-        self.store.report_failure(self.peer.version, self.peer.worker_id)
+        self._store.report_failure(self.peer.version, self.peer.worker_id)
 
     def peers_gave_up(self, idle_seconds: float) -> bool:
         """After ``idle_seconds`` in user code (an evaluation on this rank alone): did a peer's
@@ -237,12 +197,9 @@ class ElasticMembership(_PeerMembership):
         if idle_seconds < self.peer.options.timeout / 2:
             return False
         try:
-            return self.store.failures_reported(self.peer.version)
+            return self._store.failures_reported(self.peer.version)
         except StoreError:
             return False  # the next collective tells
-
-    def propose_size(self, size: int, source: str) -> None:
-        self.peer.propose_size(size, source)
 
     def close(self) -> None:
         self._closed.set()
@@ -264,7 +221,7 @@ def _stop_watchers() -> None:
         membership.close()
 
 
-def membership_for(peer: Peer, min_size: int = 1, max_size: int | None = None) -> Membership:
+def membership_for(peer: Peer) -> Membership:
     if peer.elastic:
-        return ElasticMembership(peer, min_size, max_size)
-    return SoloMembership(peer, min_size, max_size)
+        return ElasticMembership(peer)
+    return SoloMembership(peer)

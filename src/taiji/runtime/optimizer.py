@@ -59,22 +59,22 @@ class Optimizer:
                  checkpoint: Checkpoint | None = None):
         self.optimizer, self.model = optimizer, model
         peer = peer or default_peer()
-        self._membership = membership_for(peer, env.MIN_NP.get(), env.MAX_NP.get() or None)
-        self.sync = (sync or SyncSGD()).attach(model, lambda: self._membership.comm)
+        self._peer, self._membership = peer, membership_for(peer)
+        self.sync = (sync or SyncSGD()).attach(model, lambda: peer.comm)
         self._state = TrainState(model, optimizer, 1, 1, self.sync.name, {}, has_state=peer.joined)
-        store = self._membership.store
+        store = peer.job_store
         self._fire = faults.for_worker(store, lambda: (peer.rank, peer.worker_id))
         timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
         reporter = Reporter(None, 0, lead=lambda: False, write_status=lambda status: None)
-        self._transitions = Transitions(self._membership, self._state, reporter, self._fire, timeout,
+        self._transitions = Transitions(peer, self._membership, self._state, reporter, self._fire, timeout,
                                         changed=self._cluster_changed)
-        self._engine = StepEngine(model, optimizer, None, None, None, self._membership,
-                                  ControlChannel(self._membership, Signals()), Monitors(every=0),
+        self._engine = StepEngine(model, optimizer, None, None, None, peer, self._membership,
+                                  ControlChannel(peer, self._membership, Signals()), Monitors(every=0),
                                   _no_decisions, self._fire, clear_grads=False)
         self._engine.use(self.sync)
         self._attempt: Attempt | None = None  # the step zero_grad began
         self._entered = False
-        self._durable = Checkpointer(effective(checkpoint, Checkpoint.from_env()), self._state, self._membership,
+        self._durable = Checkpointer(effective(checkpoint, Checkpoint.from_env()), self._state, peer,
                                      exact=lambda: True, request_stop=lambda: None)
         self._durable.resume()
 
@@ -123,7 +123,7 @@ class Optimizer:
             return self.steps == attempt.index + 1  # a commit is one fact: adopted, as its peers made it
         self._state.count_step()
         self._durable.committed(outcome.stats.clock)
-        if outcome.newest_version > self._membership.view.version:
+        if outcome.newest_version > self._peer.view.version:
             config = self._membership.read_config(outcome.newest_version)
             self._leave_if_not_member(lambda: self._transitions.to(config, reason="resize"))
         return True
@@ -149,7 +149,7 @@ class Optimizer:
         self._membership.close()
 
     def _cluster_changed(self) -> None:
-        self.sync.cluster_changed(self._membership.view, self._membership.store)
+        self.sync.cluster_changed(self._peer.view, self._peer.job_store)
 
     def _leave_if_not_member(self, move: Any) -> None:
         try:

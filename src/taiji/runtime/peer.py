@@ -9,7 +9,7 @@ import select
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch.distributed as dist
 
@@ -39,6 +39,19 @@ class PeerOptions:
                            topology=env.TOPOLOGY.get())
 
 
+class Member(Protocol):
+    """What the training loop's parts need of this worker's Peer: its place in the current version
+    and that version's communicator. (The store conversation is ``Membership``'s.)"""
+    @property
+    def view(self) -> spec.ClusterView: ...
+    @property
+    def comm(self) -> Communicator: ...
+    @property
+    def joined(self) -> bool: ...
+    def transition(self, config: spec.ClusterConfig) -> bool: ...
+    def at_step(self, step: int) -> None: ...
+
+
 class Peer:
     """A worker: membership of the current cluster version and its communicator.
 
@@ -63,6 +76,7 @@ class Peer:
         self._provisional = provisional
         self.config: spec.ClusterConfig | None = None
         self.comm: Communicator = None  # type: ignore[assignment]
+        self._view: spec.ClusterView | None = None  # of ``config``, made when first asked
         if config is not None:
             if config.rank_of(worker_id) is None:
                 raise ConfigError(f"worker {worker_id} is not a member of cluster v{config.version} "
@@ -109,12 +123,16 @@ class Peer:
         """The running Job's agreed Context as of its last step boundary, or None."""
         return None if self._context_source is None else self._context_source()
 
-    def view(self, min_size: int = 1, max_size: int | None = None) -> spec.ClusterView:
-        """This worker's frozen view of its current cluster version (a member only)."""
+    @property
+    def view(self) -> spec.ClusterView:
+        """This worker's frozen view of its current cluster version (a member only), within the
+        launcher's bounds (--min-np, --max-np)."""
         if self.config is None or not self.joined:
             raise ConfigError(f"worker {self.worker_id} is not a member of a cluster version")
-        return spec.ClusterView.of(self.config, self.worker_id, min_size=min_size, max_size=max_size,
-                                   elastic=self.elastic)
+        if self._view is None or self._view.version != self.config.version:
+            self._view = spec.ClusterView.of(self.config, self.worker_id, min_size=max(env.MIN_NP.get(), 1),
+                                             max_size=env.MAX_NP.get() or None, elastic=self.elastic)
+        return self._view
 
     def transition(self, config: spec.ClusterConfig) -> bool:
         """Switch to ``config``'s groups (same topology); False (and no communicator) if this worker left."""

@@ -16,6 +16,7 @@ from typing import Callable, NoReturn
 from ..cluster.spec import ClusterConfig
 from ..errors import CommError
 from .membership import Membership
+from .peer import Member
 from .reporting import Event, Paused, Reporter
 from .state import TrainState
 
@@ -35,9 +36,10 @@ def leave() -> NoReturn:
 
 
 class Transitions:
-    def __init__(self, membership: Membership, state: TrainState, reporter: Reporter,
+    def __init__(self, peer: Member, membership: Membership, state: TrainState, reporter: Reporter,
                  fire: Callable[[str, int], None], recovery_timeout: float,
                  changed: Callable[[], None]):
+        self.peer = peer
         self.membership = membership
         self.state = state
         self.reporter = reporter
@@ -47,23 +49,23 @@ class Transitions:
         self.records: list[dict] = []   # what each change cost (for tests and benchmarks)
 
     def enter(self) -> None:
-        if not self.membership.joined:
+        if not self.peer.joined:
             self.fire("boot", self.state.progress.step)
             started = time.perf_counter()
-            self.membership.join(self.recovery_timeout)
-            view = self.membership.view
+            self.peer.transition(self.membership.join(self.recovery_timeout))
+            view = self.peer.view
             log.info("joined the job as rank %d of %d (v%d) after %.2fs at the door",
                      view.rank, view.size, view.version, time.perf_counter() - started)
         self.sync(force=True)
 
     def to(self, config: ClusterConfig, reason: str, started: float | None = None) -> None:
         started = time.perf_counter() if started is None else started
-        before = self.membership.view
+        before = self.peer.view
         self._switch(config)
         switched = time.perf_counter()
         self.sync(force=False)
         finished = time.perf_counter()
-        after = self.membership.view
+        after = self.peer.view
         step = self.state.progress.step
         record = {"reason": reason, "from_version": before.version, "to_version": after.version,
                   "from_size": before.size, "to_size": after.size, "step": step,
@@ -96,12 +98,13 @@ class Transitions:
             try:
                 if not force:
                     self.fire("sync", self.state.progress.step)
-                self.state.sync(self.membership.comm, force=force)
+                self.state.sync(self.peer.comm, force=force)
                 break
             except CommError as exc:
                 log.warning("state sync failed (%s); waiting for a new cluster config", str(exc).split(". ")[0])
                 self._switch(self._next_config())
-        self.membership.at_step(self.state.progress.step)
+        self.peer.at_step(self.state.progress.step)
+        self.membership.watch()
         self.changed()
 
     def _next_config(self) -> ClusterConfig:
@@ -109,6 +112,6 @@ class Transitions:
         return self.membership.wait_for_newer(self.recovery_timeout)
 
     def _switch(self, config: ClusterConfig) -> None:
-        if not self.membership.switch(config):
+        if not self.peer.transition(config):
             log.info("not a member of cluster v%d: leaving at step %d", config.version, self.state.progress.step)
             raise LeftCluster(config.version)

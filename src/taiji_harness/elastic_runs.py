@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Callable
 
 from taiji_harness.bench import Session, signal_if_ours
-from _elastic_analysis import select
+from taiji_harness.elastic_analysis import select
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-TRAIN = HERE / "_elastic_train.py"
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "benchmarks" / "_elastic_train.py"
 POLL_S = 0.01  # how often the parent re-reads the step logs while it waits
 
 

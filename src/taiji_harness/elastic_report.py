@@ -5,7 +5,7 @@ line itself. The rows against torchft name it in their case."""
 from __future__ import annotations
 
 from taiji_harness.bench import ahead_ratio, contract_row, print_result
-from _elastic_analysis import BOOT_STAGES, each_over, median_over, rounded
+from taiji_harness.elastic_analysis import BOOT_STAGES, each_over, median_over, rounded
 
 CHANGES = (("grow 1->2", "grow"), ("grow 2->4", "grow"), ("shrink 4->2", "shrink"))
 GROW_OVERHEAD_S, SHRINK_TARGET_S, CRASH_TARGET_S, HANG_OVER_TIMEOUT_S = 0.1, 0.020, 0.3, 0.3
