@@ -386,8 +386,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument("--cases", default="grow,head,faults,preempt",
                         help="which runs (comma-separated): grow (grow + host loss), head (head loss, needs "
-                             "etcd), faults (agent loss and cut link at 5 workers), preempt (a notice to one "
-                             "of 3 hosts)")
+                             "etcd), faults (agent loss and cut link at 5 workers), faults_etcd (taiji's side of faults "
+                             "on the etcd store alone), preempt (a notice to one of 3 hosts)")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
     return args
@@ -420,8 +420,8 @@ def main(argv=None) -> None:
             order = [("taiji", taiji_side), ("torchrun", torchrun_side)] if "grow" in cases else []
             if "faults" in cases:
                 order += [("taiji_faults", taiji_faults), ("torchrun_faults", torchrun_faults)]
-                if shutil.which("etcd"):
-                    order += [("taiji_faults_etcd", lambda *a: taiji_faults(*a, store="etcd"))]
+            if ("faults" in cases or "faults_etcd" in cases) and shutil.which("etcd"):
+                order += [("taiji_faults_etcd", lambda *a: taiji_faults(*a, store="etcd"))]
             if "head" in cases and shutil.which("etcd"):
                 order += [("taiji_head", taiji_head_loss), ("torchrun_head", torchrun_head_loss)]
             if "preempt" in cases:
