@@ -85,6 +85,7 @@ class Supervisor:
         self.tail_lines = tail_lines
         self.workers: dict[str, WorkerProcess] = {}
         self._write_lock = threading.Lock()
+        self._reap_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -157,12 +158,16 @@ class Supervisor:
         """Block until a worker exits or a signal arrives; returns (exited workers, signals)."""
         alive = self.running()
         fds = [w.pidfd for w in alive] + [self._wake_r]
-        readable, _, _ = select.select(fds, [], [], timeout)
+        try:
+            readable, _, _ = select.select(fds, [], [], timeout)
+        except OSError:  # another thread reaped one of them meanwhile and closed its pidfd
+            readable = []
         exited = []
-        for worker in alive:
-            if worker.pidfd in readable:
-                self._reap(worker)
-                exited.append(worker)
+        with self._reap_lock:  # one reaper per worker: a pidfd is closed once, its exit reported once
+            for worker in alive:
+                if worker.running and worker.pidfd in readable:
+                    self._reap(worker)
+                    exited.append(worker)
         if self._wake_r in readable:
             try:
                 while os.read(self._wake_r, 512):
@@ -181,6 +186,10 @@ class Supervisor:
             pass
         worker.exit_code = worker.popen.wait()
         os.close(worker.pidfd)
+        try:
+            os.write(self._wake_w, b"r")  # another thread selecting on that pidfd looks again
+        except (BlockingIOError, OSError):
+            pass
         if worker.reader is not None:
             worker.reader.join(timeout=5.0)  # drain the last lines before anyone reports them
 
