@@ -182,6 +182,29 @@ def test_status_and_plot_show_a_suspension(tmp_path):
     assert plot_state(tmp_path, str(tmp_path / "a.png")).read_bytes()[:4] == b"\x89PNG"
 
 
+def _cells(table: str) -> dict[str, str]:
+    """The first job's row of a status table, by column (columns start where their headings do)."""
+    header, row = table.splitlines()[:2]
+    starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, starts[1:] + [len(header) + 99])}
+
+
+def test_status_shows_each_jobs_batch_and_noise_scale_from_its_run_log():
+    from taiji.launch.sched.cli import format_status
+    from taiji.sched.goodput import BatchStats
+    sched = Scheduler(slots=2, policy=Scripted())
+    job = sched.submit(0.0, ["a"], max_np=2, name="gns")
+    started(sched, 1.0, job.id, 2)
+    assert _cells(format_status({**sched.to_json(), "now": 2.0}))["NOISE"] == "-", "none until the run log has one"
+    sched.observe(3.0, job.id, Observed(size=2, version=1, step=9, batch_size=288, position=9, end=100,
+                                        samples_per_s=50.0))
+    sched.read_run_log(job.id, BatchStats(init_batch=64, batch=288, largest=288, noise_scale=1234.5))
+    cells = _cells(format_status({**sched.to_json(), "now": 4.0}))
+    assert (cells["BATCH"], cells["NOISE"]) == ("288", "1234")
+    sched.read_run_log(job.id, BatchStats(init_batch=64, batch=288, largest=288, noise_scale=56_700.0))
+    assert "56.7k" in format_status({**sched.to_json(), "now": 5.0})
+
+
 def test_a_lost_home_host_is_fenced_before_its_job_may_resume_elsewhere(tmp_path):
     import sys
     import time

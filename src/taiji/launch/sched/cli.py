@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def format_status(reply: dict[str, Any]) -> str:
     now = float(reply.get("now", time.time()))
-    rows = [("JOB", "NAME", "STATE", "WORKERS", "HOSTS", "SAMPLES/S", "PROGRESS", "ETA", "SINCE")]
+    rows = [("JOB", "NAME", "STATE", "WORKERS", "HOSTS", "BATCH", "NOISE", "SAMPLES/S", "PROGRESS", "ETA", "SINCE")]
     names = reply.get("host_names") or ["this host"]
     for job in reply.get("jobs", []):
         end, position, speed = job.get("end") or 0, job.get("position") or 0, job.get("samples_per_s") or 0.0
@@ -129,7 +129,8 @@ def format_status(reply: dict[str, Any]) -> str:
         state += " (suspending)" if job["state"] == "running" and job.get("suspending") is not None else ""
         state += f" ({job['reason']})" if job.get("reason") else ""
         rows.append((job["id"], job["name"], state, str(job.get("size", 0)) + f" [{job['min_np']}-{job['max_np']}]",
-                     _hosts_of(job, names), f"{speed:.0f}", progress, eta, f"{now - since:.0f}s ago"))
+                     _hosts_of(job, names), str(job.get("batch_size") or "-"), _samples(job.get("noise_scale")),
+                     f"{speed:.0f}", progress, eta, f"{now - since:.0f}s ago"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     held = sum(job.get("size", 0) for job in reply.get("jobs", []) if job["state"] == "running")
@@ -138,6 +139,13 @@ def format_status(reply: dict[str, Any]) -> str:
     lines.append(f"{held}/{slots * sum(1 for u in up if u)} slots in use on {sum(1 for u in up if u)} host(s)"
                  + (f" ({', '.join(down)} down)" if down else "") + f"; policy {reply.get('policy')}")
     return "\n".join(lines)
+
+
+def _samples(noise_scale: float | None) -> str:
+    """A gradient noise scale (samples) as the status table shows it; "-" until the run log has one."""
+    if not noise_scale:
+        return "-"
+    return f"{noise_scale / 1000:.1f}k" if noise_scale >= 10_000 else f"{noise_scale:.0f}"
 
 
 def _hosts_of(job: dict[str, Any], names: list[str]) -> str:
