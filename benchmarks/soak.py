@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 from taiji.checkpoint.storage import Storage  # noqa: E402
-from taiji_harness.testing import kill_job, load_script, merge_runs, wait_for  # noqa: E402
+from taiji_harness.testing import committed_steps, kill_job, load_script, merge_runs, wait_for  # noqa: E402
 from taiji_harness.bench import (Session, contract_row, print_result, processes_mentioning, reap_on_sigterm,  # noqa: E402
                                  run_to_end, signal_if_ours)
 
@@ -66,11 +66,6 @@ def launcher_args(schedule: dict, out: Path, np: int, *extra: str) -> list[str]:
             "--steps", str(schedule["steps"]), "--step-delay", "0.005", "--every", str(schedule["every"]),
             "--sizes", *map(str, schedule["sizes"])] + (
             ["--pause", *map(str, schedule["pause"])] if schedule.get("pause") else [])
-
-
-def committed_steps(out: Path) -> int:
-    path = out / "w0.jsonl"  # the first worker's per-step log (faults hit ranks >= 1)
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def lose_whole_job(schedule: dict, out: Path, env: dict, timeout: float) -> tuple[int, bool]:

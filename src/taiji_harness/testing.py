@@ -162,6 +162,13 @@ def read_rank_files(directory: Path, n: int) -> list[dict]:
 ELASTIC_SCRIPT = str(SCRIPTS / "elastic_train.py")
 
 
+def committed_steps(out: Path, worker: str = "w0") -> int:
+    """Steps a run of ``elastic_train.py`` has committed so far: the lines of one worker's per-step
+    log (``w0``: the first worker, whom the fault schedules leave alone)."""
+    path = out / f"{worker}.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
 def run_elastic(tmp_path: Path, nproc: int, *script_args: str, launcher_args: Sequence[str] = (),
                 faults: list[dict] | None = None, batch: int = 16,
                 timeout: float = 200) -> subprocess.CompletedProcess:

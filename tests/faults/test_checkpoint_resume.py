@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from taiji_harness.testing import ELASTIC_SCRIPT, REPO, check_invariants, kill_job, merge_runs, wait_for
+from taiji_harness.testing import ELASTIC_SCRIPT, REPO, check_invariants, committed_steps, kill_job, merge_runs, wait_for
 
 from taiji.checkpoint.storage import Storage
 
@@ -33,11 +33,6 @@ def _start(out: Path, ck: Path, nproc: int, *extra: str) -> subprocess.Popen:
             "--step-delay", "0.03"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO),
                             env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-
-
-def _committed(out: Path) -> int:
-    path = out / "w0.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def _kill_all(launcher: subprocess.Popen) -> None:
@@ -69,7 +64,7 @@ def test_killed_then_preempted_job_resumes_exactly_once_bitwise_and_at_another_s
     ck = tmp_path / "ck"
     a = _start(tmp_path / "a", ck, 2)
     try:
-        wait_for(lambda: _committed(tmp_path / "a") >= kill_after or a.poll() is not None, 90,
+        wait_for(lambda: committed_steps(tmp_path / "a") >= kill_after or a.poll() is not None, 90,
                  f"{kill_after} committed steps")
     finally:
         _kill_all(a)
@@ -78,7 +73,7 @@ def test_killed_then_preempted_job_resumes_exactly_once_bitwise_and_at_another_s
 
     b = _start(tmp_path / "b", ck, 2, "--resume", "auto")
     try:
-        wait_for(lambda: _committed(tmp_path / "b") >= 3 or b.poll() is not None, 90, "3 resumed steps")
+        wait_for(lambda: committed_steps(tmp_path / "b") >= 3 or b.poll() is not None, 90, "3 resumed steps")
         b.send_signal(signal.SIGTERM)  # the launcher only: it tells its workers
         out = _finish(b, timeout=90)
     finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.testing import ELASTIC_SCRIPT, check_invariants, merge_runs, wait_for
+from taiji_harness.testing import ELASTIC_SCRIPT, check_invariants, committed_steps, merge_runs, wait_for
 from taiji.checkpoint.storage import Storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]  # 8 processes load torch: slow on a busy 2-core machine
@@ -62,11 +62,6 @@ def _text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def _committed(out: Path, worker: str = "w0") -> int:
-    path = out / f"{worker}.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
 def _reap(*procs: subprocess.Popen | None) -> None:
     for proc in procs:
         if proc is not None and proc.poll() is None:
@@ -100,7 +95,7 @@ def test_srun_job_grows_onto_a_second_allocation_survives_a_killed_task_and_resu
             a, "--checkpoint-dir", str(ck), "--checkpoint-every", "10", "--steps 100000")])
         job = _slurm_job(a)  # as soon as A's launcher is up (B joins while A gathers its nodes, or later)
         second = _srun(slurm3, a, "b", "n2", ["join", "--slurm", job])
-        wait_for(lambda: _committed(a, "w2") > 0 or first.poll() is not None, 120, "a step with 3 workers")
+        wait_for(lambda: committed_steps(a, "w2") > 0 or first.poll() is not None, 120, "a step with 3 workers")
         os.kill(_task_pid(slurm3, 1, "run"), signal.SIGKILL)  # n1's task, its agent: its worker dies with it
         wait_for(lambda: "cluster v3" in _log(a, "a") or first.poll() is not None, 60, "the job to shrink")
         wait_for(lambda: '"size": 2' in _text(a / "w2.jsonl") or first.poll() is not None, 60,
@@ -109,7 +104,7 @@ def test_srun_job_grows_onto_a_second_allocation_survives_a_killed_task_and_resu
         first.wait(timeout=90)
         assert second.wait(timeout=30) == 0, _log(a, "b")
         stopped_at = Storage(str(ck)).listing().latest
-        assert stopped_at == _committed(a), "the final checkpoint is at the step the job stopped"
+        assert stopped_at == committed_steps(a), "the final checkpoint is at the step the job stopped"
         third = _srun(slurm3, c, "c", "n0", ["run", "--slurm", *_train(
             c, "--checkpoint-dir", str(ck), "--resume", "auto", f"--steps {stopped_at + 2}")])
         assert third.wait(timeout=120) == 0, _log(c, "c")[-4000:]

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Iterable
 
 from ..errors import ConfigError
 
@@ -66,22 +66,8 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     fresh line, so that fragment can also end up in the middle. Both are skipped (with a
     warning) rather than failing, since everything around them is intact.
     """
-    records: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                log.warning("%s:%d: skipping a line that is not complete JSON (torn by a crash?)",
-                            path, number)
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-            else:
-                log.warning("%s:%d: skipping a JSON value that is not an object", path, number)
-    return records
+        return _objects(handle, path)
 
 
 def last_recorded_step(run_dir: str | Path, tail_bytes: int = 1 << 16) -> int | None:
@@ -115,15 +101,23 @@ def read_jsonl_ends(path: str | Path, head_bytes: int = 1 << 12,
     return _objects(head_lines), _objects(tail_lines[1:] if start else tail_lines)
 
 
-def _objects(lines: list[str]) -> list[dict[str, Any]]:
+def _objects(lines: Iterable[str], path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The JSON objects among ``lines``; the others are skipped, with a warning naming ``path``
+    and the line when a path is given (a tail read starts mid-line: its first fragment is expected)."""
     out = []
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
+            if path is not None:
+                log.warning("%s:%d: skipping a line that is not complete JSON (torn by a crash?)", path, number)
             continue
         if isinstance(record, dict):
             out.append(record)
+        elif path is not None:
+            log.warning("%s:%d: skipping a JSON value that is not an object", path, number)
     return out
 
 
