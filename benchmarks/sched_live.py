@@ -311,15 +311,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="runs/sched_live", help="daemon state and job logs (git-ignored runs/)")
     parser.add_argument("--compare", default="fifo", choices=("fifo", "suspend"),
                         help="fifo: PCRR vs FIFO (default); suspend: PCRR and Tiresias with suspend/resume vs without")
+    parser.add_argument("--policies", default="pcrr,tiresias",
+                        help="with --compare suspend: the policies compared, each with and without suspend")
     args = parser.parse_args(argv)
     reap_on_sigterm()
+    chosen = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if args.compare == "suspend" and (not chosen or set(chosen) - {"pcrr", "tiresias"}):
+        parser.error(f"--policies: a comma-separated subset of pcrr,tiresias, not {args.policies!r}")
     if args.compare == "suspend":
         shape = SUSPEND_QUICK if args.quick else SUSPEND_FULL
         jobs = workload([n for n, _ in shape["jobs"]], shape["mean_gap_s"], args.seed, [r for _, r in shape["jobs"]])
         never = ("--max-suspensions-per-hour", "0")
         las = ("--las-threshold", str(LAS_THRESHOLD))
-        plan = {"pcrr+suspend": ("pcrr", ()), "pcrr": ("pcrr", never),
-                "tiresias+suspend": ("tiresias", las), "tiresias": ("tiresias", las + never)}
+        options = {"pcrr": (), "tiresias": las}
+        plan = {name: (policy, extra) for policy in chosen
+                for name, extra in ((policy + "+suspend", options[policy]), (policy, options[policy] + never))}
     else:
         shape = QUICK if args.quick else FULL
         jobs = workload(shape["samples"], shape["mean_gap_s"], args.seed)
@@ -370,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         return round(statistics.mean(values.values()), 2)
     if args.compare == "suspend":
         rows = []
-        for policy in ("pcrr", "tiresias"):
+        for policy in chosen:
             with_, without = avg(live_jct[policy + "+suspend"]), avg(live_jct[policy])
             rows.append(contract_row(f"live avg JCT: {policy} with suspend vs without", with_, without,
                                      higher_is_better=False, unit="s", target=GOAL_SUSPEND_SPEEDUP,

@@ -3,7 +3,8 @@ per host, network namespaces as in test_hosts.py): a job spreads over three host
 resizes, a newcomer takes a host it frees and gives it back; a killed daemon re-adopts its job
 from the agents; a host that goes silent leaves the pool while its job shrinks through its own
 recovery; a job whose home host is cut off is fenced there and resumes from its checkpoint on the
-other hosts. Audited: no host ever holds more workers than its slots (rebuilt from the jobs' own
+other hosts; a higher class's arrival suspends a job and the policy resumes it on another host.
+Audited: no host ever holds more workers than its slots (rebuilt from the jobs' own
 event logs), DESIGN §6's invariants on the spread job, every job ends, and nothing is left running
 once the daemon and the agents stop."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.testing import SCRIPTS, check_invariants, wait_for
+from taiji_harness.testing import SCRIPTS, check_invariants, committed_steps, wait_for
 from taiji_harness.netns import EmulatedHosts, unavailable
 
 from taiji.checkpoint.storage import Storage
@@ -184,6 +185,45 @@ def test_a_killed_daemon_readopts_and_a_silent_host_leaves_the_pool(on_hosts):
         s.agents[i].send_signal(signal.SIGTERM)
         assert s.agents[i].wait(30) == 0
         wait_for(lambda: not s.hosts.pids(i), 30, f"every process on host {i} to exit")
+
+
+@pytest.mark.timeout(600)
+def test_a_higher_class_takes_a_jobs_home_host_and_the_policy_moves_it_to_a_freed_one(tmp_path):
+    """A move the policy chooses: two --no-preempt jobs hold two hosts and a third job the third;
+    a priority-1 arrival finds no free slot and suspends the third job (the only one it may); once
+    one of the others is cancelled the policy resumes the suspended job from its checkpoint on the
+    host that freed — not its home, which the arrival holds — and it trains on exactly once."""
+    if WHY_NOT:
+        pytest.skip(f"no emulated hosts here: {WHY_NOT}")
+    with EmulatedHosts(3) as hosts:
+        s = SchedOnHosts(hosts, tmp_path, serve_args=("--min-run-factor", "0"))
+        try:
+            s.serve()
+            for i in range(3):
+                s.agent(i)
+            s.all_up()
+            fixed = [s.submit(name, 1, 100000, "--no-preempt") for name in ("fixed0", "fixed1")]
+            wait_for(lambda: all(s.jobs().get(j, {}).get("size") == 1 for j in fixed), 90, "two fixed jobs running")
+            held = [s.jobs()[j]["home"] for j in fixed]
+            home = ({0, 1, 2} - set(held)).pop()
+            low = s.submit("low", 1, 200)
+            wait_for(lambda: s.placed(low, [int(i == home) for i in range(3)]), 90, "the third job on the third host")
+            wait_for(lambda: committed_steps(s.out / "low") >= 5, 90, "the third job to train")
+            high = s.submit("high", 1, 40, "--priority", "1")
+            wait_for(lambda: s.jobs()[low]["state"] == "suspended", 90, "the third job suspended for the arrival")
+            stopped_at = s.jobs()[low]["stopped_at"]
+            wait_for(lambda: s.placed(high, [int(i == home) for i in range(3)]), 90, "the arrival on its home host")
+            s.sched("cancel", fixed[0])
+            wait_for(lambda: s.jobs()[low]["state"] != "suspended", 120, "the third job to resume")
+            assert s.jobs()[low]["home"] == held[0], (held, home, s.jobs()[low])   # moved: the freed host
+            wait_for(lambda: s.ended(high) and s.ended(low), 240, "both jobs to finish")
+            s.sched("cancel", fixed[1])
+            assert stopped_at > 0 and len(s.jobs()[low]["suspensions"]) == 1, s.jobs()[low]
+            assert not s.oversubscribed()
+            check_invariants(s.out / "low", batch=16)
+            s.stop()
+        finally:
+            print(s.log("daemon"), *(s.log(f"agent{i}") for i in range(3)), sep="\n")
 
 
 def test_a_job_whose_home_host_is_cut_off_resumes_from_its_checkpoint_on_the_others(tmp_path):

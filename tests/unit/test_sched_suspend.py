@@ -13,7 +13,7 @@ from taiji.errors import AuthError
 from taiji.launch.sched.channel import ask
 from taiji.sched.cluster import Allocation
 from taiji.sched.policies import Tiresias
-from taiji.sched.preemption import Running, SuspendRules, may_suspend, priority_victims
+from taiji.sched.preemption import Running, SuspendRules, may_suspend, priority_victims, suspension_of
 from taiji.sched.rounds import Change
 from taiji.sched.scheduler import Observed, Scheduler
 from taiji.sched.sim import SYSTEMS, resize_cost
@@ -41,6 +41,33 @@ def started(sched, now, job_id, size, step=1):
     seen(sched, now, job_id, size, step)
 
 
+def test_a_job_is_not_suspended_before_its_first_step_since_it_started():
+    sched = Scheduler(slots=2, policy=Scripted(), rules=SuspendRules(min_run_factor=0.0))
+    job = sched.submit(0.0, ["a"], max_np=2, checkpoint_dir="/c/a")
+    started(sched, 1.0, job.id, 2, step=0)
+    assert not sched.may_suspend(job, 100.0), "booting: no step committed yet"
+    seen(sched, 2.0, job.id, 2, step=3)
+    assert sched.may_suspend(job, 100.0)
+    sched.suspending_job(3.0, job.id)
+    sched.suspended(4.0, job.id, step=3)
+    started(sched, 5.0, job.id, 2, step=3)   # resumed from step 3: nothing trained since
+    assert not sched.may_suspend(job, 100.0)
+    seen(sched, 6.0, job.id, 2, step=4)
+    assert sched.may_suspend(job, 100.0)
+
+
+def test_how_a_launchers_exit_leaves_its_job():
+    # (resumable exit, stopped unsaved, asked to suspend, home lost, latest checkpoint, home)
+    assert suspension_of(True, False, True, False, 40, "h0") == (40, ""), "stopped on the notice, resumable"
+    assert suspension_of(False, False, False, True, 40, "h0") == (40, "its home host h0 was lost")
+    assert suspension_of(False, False, False, True, None, "h0") is None, "lost with nothing to resume from: failed"
+    assert suspension_of(False, True, True, False, None, "h0") == (
+        0, "stopped before its first checkpoint: it starts over"), "asked while its workers were starting"
+    assert suspension_of(False, True, False, False, None, "h0") is None, "a SIGTERM nobody asked for ends it"
+    assert suspension_of(False, False, True, False, None, "h0") is None, "asked, but it failed: failed"
+    assert suspension_of(False, False, False, False, 40, "h0") is None, "finished or failed with checkpoints: ended"
+
+
 def test_hysteresis_and_the_hourly_bound():
     rules = SuspendRules(max_per_hour=2, min_run_factor=3.0)
     assert not may_suspend(False, [], 0.0, 1000.0, 10.0, rules), "--no-preempt"
@@ -48,6 +75,7 @@ def test_hysteresis_and_the_hourly_bound():
     assert may_suspend(True, [], 970.0, 1000.0, 10.0, rules)
     assert not may_suspend(True, [100.0, 900.0], 0.0, 1000.0, 10.0, rules), "two in the last hour"
     assert may_suspend(True, [100.0, 900.0], 0.0, 3800.0, 10.0, rules), "the first is an hour old"
+    assert not may_suspend(True, [], 0.0, 1000.0, 10.0, rules, trained=False), "still booting: no step yet"
 
 
 def test_priority_suspends_the_fewest_lower_jobs_and_only_if_the_gang_then_fits():

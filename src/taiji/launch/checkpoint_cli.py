@@ -24,6 +24,7 @@ from .options import CheckpointFlags
 from .supervisor import Supervisor
 
 EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped on a notice; a complete checkpoint lets the job resume
+EXIT_STOPPED_UNSAVED = 128 + 15  # stopped on SIGTERM with no complete checkpoint: nothing to resume from
 NOTICE_SIGNAL = signal.SIGUSR1  # the launcher's preemption notice to its workers (runtime/checkpointing.py)
 LISTING_POLL_S = 0.1  # how often a stopping launcher looks for other hosts' parts of the final checkpoint
 
@@ -95,7 +96,7 @@ def stopped_on_notice(directory: str, say: Callable[[str], None], wait: float = 
     latest = listing.latest
     if latest is None:
         say(f"stopped; no complete checkpoint in {directory}: nothing to resume from")
-        return 128 + 15
+        return EXIT_STOPPED_UNSAVED
     say(f"stopped, resumable from {storage.url_of(checkpoint_name(latest))} (step {latest}): rerun with "
         f"`taiji run --checkpoint-dir {directory} --resume auto ...` at any size")
     return EXIT_RESUMABLE

@@ -9,6 +9,9 @@ running job is honoured only when :func:`may_suspend` says so (PCRR's LP already
 the job's measured suspend + resume, ``lp.py``; these rules are the safety net for every policy):
 
 - the job may be preempted (``submit --no-preempt`` says it may not);
+- it has committed a step since it last started: a job still booting is never suspended (its boot
+  would be thrown away for nothing saved; on a loaded machine a boot takes tens of seconds, and
+  Tiresias's newest arrival always outranks the job before it);
 - it has run at least ``min_run_factor`` × its suspend/resume cost since it last started (what a
   resume cost is paid back by before it may be paid again);
 - it was suspended fewer than ``max_per_hour`` times in the last hour: **at most
@@ -19,6 +22,13 @@ without its ``--min-np`` may suspend running, preemptible jobs of lower classes,
 frees enough slots *on one host* for its ``--min-np`` (a job starts on one host; gang-aware: a
 preemption that would not let it start suspends nobody). :func:`priority_victims` picks the fewest
 such jobs (then the lowest classes, the fewest workers, the latest started). The hysteresis holds for them too.
+
+**How a launcher's exit leaves its job** (:func:`suspension_of`): it stopped on the daemon's notice
+with a checkpoint (exit 75), or its home host was lost and a checkpoint exists: suspended at that
+checkpoint's step. Asked to suspend and stopped before any checkpoint was complete (the notice came
+while its workers were still starting, or its first save failed): suspended at step 0 — resumed,
+it starts over (``--resume auto`` with no checkpoint starts fresh), which is what it would have had
+to redo anyway. Anything else ended it.
 """
 from __future__ import annotations
 
@@ -53,12 +63,27 @@ class Running:
     started: float                 # when it last (re)started
 
 
+def suspension_of(resumable_exit: bool, stopped_unsaved: bool, asked: bool, home_lost: bool,
+                  latest: int | None, home: str) -> tuple[int, str] | None:
+    """(the step it resumes from, why — empty when it was asked to stop) if the launcher's exit
+    leaves its job suspended, None if the job ended (see the module's doc). ``resumable_exit``: it
+    exited "stopped, resumable"; ``stopped_unsaved``: "stopped on a notice, nothing saved";
+    ``latest``: its latest complete checkpoint's step; ``home``: its home host's name."""
+    if latest is not None and resumable_exit:
+        return latest, ""
+    if latest is not None and home_lost:
+        return latest, f"its home host {home} was lost"
+    if asked and stopped_unsaved and latest is None:
+        return 0, "stopped before its first checkpoint: it starts over"
+    return None
+
+
 def may_suspend(preemptible: bool, suspensions: Sequence[float], started: float, now: float,
-                cost_s: float, rules: SuspendRules) -> bool:
+                cost_s: float, rules: SuspendRules, trained: bool = True) -> bool:
     """Whether a running job may be suspended now (see the module's doc): ``suspensions`` are the
     times it was suspended before, ``started`` when it last (re)started, ``cost_s`` its measured
-    suspend + resume seconds."""
-    if not preemptible:
+    suspend + resume seconds, ``trained`` whether it has committed a step since it (re)started."""
+    if not preemptible or not trained:
         return False
     recent = sum(1 for t in suspensions if now - t < HOUR_S)
     return recent < rules.max_per_hour and now - started >= rules.min_run_factor * cost_s

@@ -40,12 +40,13 @@ from ...errors import ConfigError, LaunchError, StoreError, TaijiError
 from ...metrics.prometheus import sched_families
 from ...metrics.runlog import EVENTS_FILE, METRICS_FILE, read_jsonl_ends
 from ...sched.goodput import batch_stats
-from ..checkpoint_cli import EXIT_RESUMABLE
+from ..checkpoint_cli import EXIT_RESUMABLE, EXIT_STOPPED_UNSAVED
 from ...sched.scheduler import Observed, Scheduler
 from ..metrics_http import MetricsConfig, MetricsServer
 from .channel import RequestServer
 from .hosts import CHECKPOINT_GRACE_S, STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
 from ...sched.rounds import Change
+from ...sched.preemption import suspension_of
 
 log = logging.getLogger(__name__)
 
@@ -218,15 +219,15 @@ class Daemon:
 
     def _resumable(self, job_id: str, code: int) -> bool:
         """A launcher that exited after a suspension, or on a lost home host, with a checkpoint
-        to resume from: the job is suspended (True), not ended."""
+        to resume from (or asked to suspend before it had one): the job is suspended (True), not
+        ended (:func:`~taiji.sched.preemption.suspension_of`)."""
         job = self.sched.jobs[job_id]
-        lost = code != 0 and self.hosts.home_lost(job_id)
-        if not (code == EXIT_RESUMABLE or lost):
+        outcome = suspension_of(code == EXIT_RESUMABLE, code == EXIT_STOPPED_UNSAVED, job.suspending is not None,
+                                code != 0 and self.hosts.home_lost(job_id), latest_checkpoint(job.checkpoint_dir),
+                                self.hosts.addresses[max(job.home, 0)])
+        if outcome is None:
             return False
-        step = latest_checkpoint(job.checkpoint_dir)
-        if step is None:
-            return False
-        reason = "" if code == EXIT_RESUMABLE else f"its home host {self.hosts.addresses[max(job.home, 0)]} was lost"
+        step, reason = outcome
         self.sched.suspended(time.time(), job_id, step, reason)
         self.hosts.forget(job_id)
         self.sent.pop(job_id, None)
