@@ -65,6 +65,7 @@ from taiji.sched.live import Measured, fit_step_model, live_application, placeme
 from taiji.sched.policies import make_policy
 from taiji.launch.sched.daemon import read_secret
 from taiji.sched.rounds import oversubscribed_instants
+from taiji.sched.scheduler import size_key
 from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig, simulate
 from taiji.sched.workload import LIVE, JobSpec
 
@@ -218,6 +219,16 @@ def run_live(policy: str, jobs: list[tuple[float, int, bool]], where: OneHost | 
         where.close()
 
 
+def saved_run(out: Path, jobs: list[tuple[float, int, bool]]) -> dict[str, Any]:
+    """A finished live run as :func:`run_live` returned it, read back from its daemon's state
+    (``--reuse``); its start is the first job's submission less that job's offset."""
+    saved = json.loads((out / "state" / "state.json").read_text())
+    if len(saved["jobs"]) != len(jobs) or any(j["state"] in ("queued", "running", "suspended") for j in saved["jobs"]):
+        raise RuntimeError(f"{out}: not a finished run of this workload ({len(saved['jobs'])} jobs saved)")
+    first = min(saved["jobs"], key=lambda j: j["submitted"])
+    return {"t0": first["submitted"] - jobs[0][0], "jobs": saved["jobs"], "state": out / "state"}
+
+
 def wait_for_daemon(state: Path, daemon: subprocess.Popen, inside: bool = False) -> str:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -311,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="runs/sched_live", help="daemon state and job logs (git-ignored runs/)")
     parser.add_argument("--compare", default="fifo", choices=("fifo", "suspend"),
                         help="fifo: PCRR vs FIFO (default); suspend: PCRR and Tiresias with suspend/resume vs without")
+    parser.add_argument("--reuse", action="store_true",
+                        help="analyse the live runs saved under --out (one host) instead of running them again")
     parser.add_argument("--policies", default="pcrr,tiresias",
                         help="with --compare suspend: the policies compared, each with and without suspend")
     args = parser.parse_args(argv)
@@ -336,8 +349,13 @@ def main(argv: list[str] | None = None) -> None:
     where = OneHost(per_host) if args.hosts == 1 else NamespaceHosts(args.hosts, per_host, args.shape)
     slots = per_host * args.hosts
     runs = {}
+    if args.reuse and args.hosts != 1:
+        parser.error("--reuse reads runs of one host (--hosts 1)")
     try:
         for name, (policy, extra) in plan.items():
+            if args.reuse:
+                runs[name] = saved_run(out / name.replace("+", "_"), jobs)
+                continue
             started = time.monotonic()
             runs[name] = run_live(policy, jobs, where, args.round, out / name.replace("+", "_"), timeout, extra)
             failed = [(j["id"], j["reason"]) for j in runs[name]["jobs"] if j["state"] != "finished"]
@@ -354,7 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     for run in runs.values():
         for job in run["jobs"]:
             measured.setdefault(job["id"], []).extend(
-                Measured(int(n), 1, statistics.median(times)) for n, times in job["measured"].items() if times)
+                Measured(size_key(n, BATCH)[0], 1, statistics.median(times))
+                for n, times in job["measured"].items() if times and size_key(n, BATCH)[1] == BATCH)
             work[job["id"]] = job["end"] or work.get(job["id"], 0)
     apps = {job_id: live_application(job_id, fit_step_model(BATCH, m), BATCH, max(work[job_id], 1), 1, slots)
             for job_id, m in measured.items()}
@@ -393,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     per_job = [{"job": j["id"], "samples": j["end"], "submitted_s": round(j["submitted"] - first["t0"], 2),
                 **{f"{p}_live_jct_s": round(live_jct[p][j["id"]], 2) for p in runs},
                 **{f"{p}_sim_jct_s": round(sim_jct[p][j["id"]], 2) for p in sim_jct},
-                "measured_sizes": sorted(int(n) for n in j["measured"])} for j in first["jobs"]]
+                "measured_sizes": sorted(size_key(n, BATCH)[0] for n in j["measured"])} for j in first["jobs"]]
     print_result("sched_live", rows, sim_error_max=round(sim_error_max, 3), sim_error_target=GOAL_SIM_ERROR,
                  oversubscribed=total_over, oversubscribed_by_run=over, fixed_overhead=overhead,
                  resume_cost_s=None if resume is None else round(resume, 2), compare=args.compare,

@@ -317,6 +317,11 @@ def test_sched_live_audits_the_slots_from_timelines_and_event_logs(tmp_path):
     arrivals = sched_live.workload([10, 20, 30], 4.0, seed=3)
     assert [n for _, n, _ in arrivals] == [10, 20, 30] and arrivals[0][0] == 0.0
     assert arrivals == sched_live.workload([10, 20, 30], 4.0, seed=3), "seeded"
+    saved = [{"id": "s0001", "state": "finished", "submitted": 100.0}, {"id": "s0002", "state": "finished", "submitted": 104.0}]
+    (tmp_path / "state" / "state.json").write_text(json.dumps({"jobs": saved}))
+    assert sched_live.saved_run(tmp_path, [(0.0, 10, True), (4.0, 20, False)])["t0"] == 100.0, "--reuse"
+    with pytest.raises(RuntimeError, match="not a finished run"):
+        sched_live.saved_run(tmp_path, [(0.0, 10, True)])
 
 
 def test_scheduler_fidelity_rows_carry_the_per_job_agreement():
