@@ -10,8 +10,10 @@ an MLP of 1.05M parameters, gloo over each host's ``eth0``), one worker on host 
   -np 1 --max-np 2`) and its worker. After ``--warm`` steps a Ray node is started on host 1; the
   launcher places its agent actor there and the job grows onto it. After ``--settle`` steps and
   ``--steady`` more at 2 workers, host 1's raylet is SIGKILLed (the node leaves the cluster).
-- **taiji join**: the same without Ray: `taiji run -np 1 --max-np 2` on host 0, `taiji join` on
-  host 1 after the warm-up; the same steps at 2 workers; then host 1's agent is SIGKILLed.
+- **taiji join**: the same without Ray's part: `taiji run -np 1 --max-np 2` on host 0, `taiji join`
+  on host 1 after the warm-up; the same steps at 2 workers; then host 1's agent is SIGKILLed. The
+  same Ray nodes run beside it, idle, so that both sides share the machine with Ray's daemons
+  (gcs_server, raylets, their agents: a CPU cost of running Ray at all, not of taiji on Ray).
 - **Ray Train**: a Ray node on host 0 (1 CPU) runs the driver of a ``TorchTrainer`` with
   ``ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=1)`` (``_ray_train.py``:
   DDP, rank 0 saves a checkpoint every step). After the warm-up a Ray node is started on host 1:
@@ -99,28 +101,25 @@ def taiji_side(args: argparse.Namespace, hosts, out: Path, env: dict, on_ray: bo
     log = StepLog(out, "taiji")
     env = dict(env, TAIJI_HOME=str(out / "home"))
     deadline = time.monotonic() + args.timeout
-    cluster = RayCluster(hosts, out, env) if on_ray else None
+    cluster = RayCluster(hosts, out, env)  # on both: the same Ray daemons beside the training (idle for join)
     jobs: list[LaunchedJob] = []
     try:
-        if cluster:
-            cluster.start(0)
+        cluster.start(0)
         jobs.append(taiji_launcher(args, hosts, out, env, log,
-                                   *(["--ray", cluster.address] if cluster else ["--port", str(TAIJI_PORT)])))
+                                   *(["--ray", cluster.address] if on_ray else ["--port", str(TAIJI_PORT)])))
 
         def w0(version: int | None = None) -> list[dict]:
             return [c for c in log.select("commit", worker="w0") if version is None or c["version"] == version]
         wait_for(lambda: len(w0()) >= args.warm, log, jobs, deadline, "warm-up steps")
-        if cluster:
-            requested = cluster.start(1)  # the node is in the cluster: the job's part begins
-        else:
-            requested = time.time()
+        requested = cluster.start(1)  # the node is in the cluster: the job's part begins
+        if not on_ray:
             jobs.append(taiji_agent(hosts, out, env, log, "jray", f"{hosts.address(0)}:{TAIJI_PORT}"))
         wanted = args.settle + args.steady
         wait_for(lambda: len(w0(2)) >= wanted, log, jobs, deadline, f"{wanted} steps on two hosts")
         grow = taiji_change_figures(log.records, {"to_version": 2, "to_size": 2, "requested": requested}, args.settle)
         grow["load"] = load()
         steady = samples_per_s(w0(2)[args.settle:wanted], args.batch)
-        if cluster:
+        if on_ray:
             hit = cluster.kill_node(1)
         else:
             hit = time.time()
@@ -134,8 +133,7 @@ def taiji_side(args: argparse.Namespace, hosts, out: Path, env: dict, on_ray: bo
     finally:
         for job in jobs:
             job.close()
-        if cluster:
-            cluster.close()
+        cluster.close()
 
 
 def raytrain_side(args: argparse.Namespace, hosts, out: Path, env: dict) -> dict:
@@ -187,7 +185,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default: 1 quick, 3 full)")
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--settle", type=int, default=8, help="steps at 2 before the steady window")
-    parser.add_argument("--steady", type=int, default=None, help="steps at 2 timed for samples/s (30 quick, 80 full)")
+    parser.add_argument("--steady", type=int, default=None, help="steps at 2 timed for samples/s (60 quick, 120 full)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--step-delay", type=float, default=0.01)
     parser.add_argument("--collective-timeout", type=float, default=5.0)
@@ -201,7 +199,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
-    args.steady = args.steady or (30 if args.quick else 80)
+    args.steady = args.steady or (60 if args.quick else 120)
     return args
 
 

@@ -66,17 +66,6 @@ def test_ray_flags_parse_and_ray_needs_nproc_per_node(capsys):
     assert "--ray needs --nproc-per-node" in capsys.readouterr().err
 
 
-def test_the_hosts_a_job_starts_on_come_from_nnodes_or_np_and_respect_nnodes_max():
-    def run(**kw) -> RunConfig:
-        return RunConfig(command=("python",), **{"nproc": 1, "nproc_per_node": 1, **kw})
-    assert ray_hosts.starting_hosts(run()) == 1
-    assert ray_hosts.starting_hosts(run(nproc=4, nproc_per_node=2)) == 2      # -np beyond this host's slots
-    assert ray_hosts.starting_hosts(run(nproc=5, nproc_per_node=2)) == 3
-    assert ray_hosts.starting_hosts(run(nproc=2, min_hosts=3, max_hosts=4)) == 3  # --nnodes 3:4
-    with pytest.raises(ConfigError, match="more than --nnodes allows"):
-        ray_hosts.starting_hosts(run(nproc=4, max_hosts=2))
-
-
 def test_the_first_gang_is_one_bundle_per_other_host_and_a_marker_pinning_the_launchers_node():
     from taiji.launch.ray_gang import PIN, gang_bundles
     assert gang_bundles("10.0.0.1", {"CPU": 2.0}, 2) == [{"node:10.0.0.1": PIN}, {"CPU": 2.0}, {"CPU": 2.0}]

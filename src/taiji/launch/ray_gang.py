@@ -1,7 +1,7 @@
 """The first gang of a `taiji run --ray` job: one Ray placement group, all or nothing.
 
-A job that must start on several hosts (``--nnodes MIN``, or ``-np`` beyond this host's
-``--nproc-per-node``) reserves its other hosts' slots in one placement group: one bundle per
+A job that must start on several hosts (``--nnodes MIN``: the launcher waits for them before
+its first config) reserves its other hosts' slots in one placement group: one bundle per
 host, STRICT_SPREAD (every bundle on a node of its own), bundle 0 pinned to the launcher's node
 (Ray's ``node:<address>`` resource) so that no other bundle lands there. Ray places the whole
 group or none of it, so the job never holds part of a gang while it waits for the rest; a

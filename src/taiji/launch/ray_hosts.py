@@ -103,16 +103,6 @@ def hosts_wanted(cfg: RunConfig) -> int:
     return min(wanted, cfg.max_hosts - 1) if cfg.max_hosts else wanted
 
 
-def starting_hosts(cfg: RunConfig) -> int:
-    """The hosts the job starts on (this one included): --nnodes MIN, or as many as -np needs at
-    --nproc-per-node each; ConfigError beyond --nnodes MAX."""
-    hosts = max(cfg.min_hosts, math.ceil(cfg.nproc / cfg.nproc_per_node))
-    if cfg.max_hosts and hosts > cfg.max_hosts:
-        raise ConfigError(f"-np {cfg.nproc} at --nproc-per-node {cfg.nproc_per_node} needs {hosts} hosts, "
-                          f"more than --nnodes allows ({cfg.max_hosts})")
-    return hosts
-
-
 def check_reachable(address: str) -> None:
     """A HOST:PORT that refuses or does not answer is refused here, before Ray waits a minute on it."""
     host, _, port = address.rpartition(":")
@@ -166,7 +156,7 @@ class RayHosts:
         self.ray, self.cfg, self.ray_cfg = ray, cfg, ray_cfg
         self.demand = node_demand(ray_cfg, cfg.nproc_per_node)
         self.wanted = hosts_wanted(cfg)
-        self.gang_hosts = max(cfg.min_hosts - 1, 0)  # the other hosts the job starts on: all or nothing
+        self.gang_hosts = max(cfg.min_hosts - 1, 0)  # --nnodes MIN's other hosts: placed all or nothing
         self.gang: Any = None  # launch/ray_gang.py's Gang, made once the driver serves
         self.actors: dict[str, tuple[Any, Any, str]] = {}  # node id -> (actor, its run() ref, address)
         self.tried: set[str] = set()  # nodes whose agent ended: not placed on again
@@ -303,7 +293,6 @@ def prepare(cfg: RunConfig, ray_cfg: RayConfig) -> tuple[RunConfig, RayHosts]:
     try:
         if cfg.host == "127.0.0.1":
             cfg = replace(cfg, host=ray.util.get_node_ip_address())
-        cfg = replace(cfg, min_hosts=starting_hosts(cfg))  # the driver waits for them; Ray places them at once
         provider = RayHosts(ray, cfg, ray_cfg)
         provider.check_fits()
     except BaseException:
