@@ -27,7 +27,7 @@ last commit at 1) - one normal step at 2 — against Ray Train's restart (target
 workers against `taiji join` (target ≥ 0.98). Each row also carries request -> new size (a node
 added / `taiji join` started -> the first step at 2) and the 1-minute load average.
 
-    .venv/bin/python benchmarks/ray_engine.py --quick     # one repetition of each side, ~4 min
+    .venv/bin/python benchmarks/ray_engine.py --quick     # one repetition of each side, ~10 min loaded
 """
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def raytrain_side(args: argparse.Namespace, hosts, out: Path, env: dict) -> dict
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one repetition of each side (~4 min)")
+    parser.add_argument("--quick", action="store_true", help="one repetition of each side (~10 min on a loaded 2-core machine)")
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default: 1 quick, 3 full)")
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--settle", type=int, default=8, help="steps at 2 before the steady window")
