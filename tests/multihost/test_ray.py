@@ -17,34 +17,16 @@ from pathlib import Path
 import pytest
 
 from taiji_harness.testing import HostsJob, check_invariants, wait_for
+from taiji_harness import ray_nodes
 from taiji_harness.netns import EmulatedHosts, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-RAY_PORT = 6391
-RAY = Path(sys.executable).with_name("ray")
+RAY_PORT = ray_nodes.PORT
 
 
 def _ray_node(hosts: EmulatedHosts, i: int, out: Path, temp: str) -> subprocess.Popen:
-    """A Ray node on host ``i`` (the head on host 0), one CPU, its output in ``out``, its files in
-    ``temp`` (not /tmp/ray, where `ray.init("auto")` elsewhere on the machine would find this cluster)."""
-    role = (["--head", "--port", str(RAY_PORT), "--include-dashboard", "false"] if i == 0
-            else ["--address", f"{hosts.address(0)}:{RAY_PORT}"])
-    argv = [str(RAY), "start", *role, "--node-ip-address", hosts.address(i), "--num-cpus", "1",
-            "--object-store-memory", "100000000", "--disable-usage-stats", "--temp-dir", f"{temp}/{i}", "--block"]
-    environ = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TORCH_CPP_LOG_LEVEL="ERROR")
-    with open(out / f"ray{i}.log", "w") as log:
-        return hosts.popen(i, argv, stdout=log, stderr=subprocess.STDOUT, env=environ)
-
-
-def _raylet_pid(hosts: EmulatedHosts, i: int) -> int | None:
-    for pid in hosts.pids(i):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
-                return pid
-        except OSError:
-            continue
-    return None
+    return ray_nodes.start_node(hosts, i, out / f"ray{i}.log", f"{temp}/{i}")
 
 
 def _argvs(hosts: EmulatedHosts, i: int) -> list[list[bytes]]:
@@ -55,13 +37,6 @@ def _argvs(hosts: EmulatedHosts, i: int) -> list[list[bytes]]:
         except OSError:
             continue  # exited meanwhile
     return found
-
-
-def _raylet_up(hosts: EmulatedHosts, i: int, node: subprocess.Popen, out: Path) -> None:
-    def up() -> bool:
-        assert node.poll() is None, f"Ray node {i} exited: {(out / f'ray{i}.log').read_text()[-2000:]}"
-        return _raylet_pid(hosts, i) is not None
-    wait_for(up, 60, f"the raylet of Ray node {i}")
 
 
 def _committed_at(job: HostsJob, size: int) -> bool:
@@ -77,14 +52,14 @@ def ray_hosts(tmp_path_factory):
     why = unavailable()
     if why:
         pytest.skip(f"no emulated hosts here: {why}")
-    if not RAY.exists():
+    if not ray_nodes.ray_installed():
         pytest.skip("Ray is not installed (pip install 'taiji[ray]')")
     out = tmp_path_factory.mktemp("ray")
     temp = tempfile.mkdtemp(prefix="tjray")  # short: Ray's socket paths under it must fit 107 bytes
     try:
         with EmulatedHosts(3) as hosts:
             for i in (0, 1):
-                _raylet_up(hosts, i, _ray_node(hosts, i, out, temp), out)
+                ray_nodes.start_and_wait(hosts, i, out / f"ray{i}.log", temp)
             yield hosts, out, temp
     finally:
         shutil.rmtree(temp, ignore_errors=True)
@@ -103,7 +78,7 @@ def test_a_job_on_two_ray_nodes_grows_onto_a_third_and_survives_a_killed_raylet(
     wait_for(lambda: _committed_at(job, 3), 60, "a step committed by 3 workers")
     agents = [argv for argv in _argvs(hosts, 1) if b"join" in argv]
     assert agents and all(b"-" == argv[argv.index(b"--secret-file") + 1] for argv in agents), agents
-    raylet = _raylet_pid(hosts, 1)
+    raylet = ray_nodes.raylet_pid(hosts, 1)
     assert raylet is not None
     killed = time.time()
     os.kill(raylet, signal.SIGKILL)   # the node goes away: its actor, agent and workers with it
@@ -118,6 +93,29 @@ def test_a_job_on_two_ray_nodes_grows_onto_a_third_and_survives_a_killed_raylet(
     assert result["sizes"] == [2, 3, 2], result
     wait_for(lambda: not any(b"taiji.launch.cli" in argv or b"elastic_train.py" in b" ".join(argv)
                              for argv in _argvs(hosts, 1)), 30, "no agent or worker left on the lost node")
+
+
+def test_a_gang_the_cluster_cannot_hold_yet_waits_for_a_node_then_starts_all_at_once(ray_hosts, tmp_path):
+    """With one of hosts 1 and 2 without a Ray node (after the test above: host 1's), `--nnodes 3`
+    needs 2 other hosts: nothing is placed (no agent anywhere), Ray is shown the demand (the
+    autoscaler's view, `ray status`), and the job starts on all 3 hosts at once when a node comes."""
+    hosts, ray_out, temp = ray_hosts
+    missing = next(i for i in (1, 2) if ray_nodes.raylet_pid(hosts, i) is None)
+    job = HostsJob(hosts, tmp_path)
+    job.start(["--ray", f"{hosts.address(0)}:{RAY_PORT}", "--nnodes", "3", "--nproc-per-node", "1",
+               "--join-timeout", "120"], ["--batch", "12", "--steps", "15"], timeout=30)
+    job.wait_log("waiting for Ray to place the job's first 2 other host(s) all at once")
+
+    def demand_shown() -> bool:
+        status = hosts.run(0, [str(ray_nodes.RAY), "status", "--address", f"{hosts.address(0)}:{RAY_PORT}"],
+                           timeout=60).stdout
+        return "from request_resources()" in status and "pending placement groups" in status
+    wait_for(demand_shown, 90, "the job's demand in `ray status`")
+    assert not any(b"join" in argv for i in (1, 2) for argv in _argvs(hosts, i)), "part of the gang was placed"
+    assert job.launcher is not None and job.launcher.poll() is None, job.log()[-3000:]
+    ray_nodes.start_and_wait(hosts, missing, ray_out / f"ray{missing}b.log", f"{temp}/b")
+    assert job.finish() == 0, job.log()[-4000:]
+    assert check_invariants(tmp_path, 12)["sizes"] == [3]
 
 
 def test_a_job_asking_for_what_no_ray_node_has_is_refused_naming_it(ray_hosts, tmp_path):

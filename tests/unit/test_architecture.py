@@ -51,7 +51,7 @@ LAUNCH_ENTRY = {"cli"}
 LAUNCH_ROOMS: dict[str, set[str]] = {
     "job": {"run", "driver", "checkpoint_cli", "etcd_server", "top"},
     "hosts": {"agent", "agent_channel", "remote_hosts", "tether", "takeover", "drain", "slurm", "slurm_task",
-              "ray_hosts", "ray_agent"},
+              "ray_hosts", "ray_agent", "ray_gang"},
     "sched": {"sched", "sched.agent", "sched.channel", "sched.cli", "sched.daemon", "sched.hosts"},
 }
 LAUNCH_DOORS: dict[str, set[str]] = {

@@ -64,3 +64,9 @@ def test_ray_flags_parse_and_ray_needs_nproc_per_node(capsys):
     assert ray_hosts.config_of(build_parser().parse_args(["run", "-np", "1", "python"])) is None
     assert main(["run", "-np", "1", "--ray", "127.0.0.1:1", "--", "python", "-c", "pass"]) == 2
     assert "--ray needs --nproc-per-node" in capsys.readouterr().err
+
+
+def test_the_first_gang_is_one_bundle_per_other_host_and_a_marker_pinning_the_launchers_node():
+    from taiji.launch.ray_gang import PIN, gang_bundles
+    assert gang_bundles("10.0.0.1", {"CPU": 2.0}, 2) == [{"node:10.0.0.1": PIN}, {"CPU": 2.0}, {"CPU": 2.0}]
+    assert gang_bundles(None, {"CPU": 1.0, "GPU": 1.0}, 1) == [{"CPU": 1.0, "GPU": 1.0}]

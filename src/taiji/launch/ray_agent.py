@@ -5,11 +5,15 @@ secret on standard input (never in argv, so neither `ps` nor Ray's records show 
 its exit code. The child dies with the actor (parent-death signal) and its workers die with the
 child, so a Ray node that goes away takes the job's processes there with it, and the agent's
 tether to the controller closes at once: the launcher drops the host without waiting for a
-timeout. This module does not import Ray; launch/ray_hosts.py wraps the class as an actor.
+timeout. Ray runs its workers, this actor included, at a low priority (``RAY_worker_niceness``,
+15 by default): the agent, its workers and the raylet watch run at the raylet's instead, where
+the node lets a process raise its priority (else it is said once: start the node with
+``RAY_worker_niceness=0``). This module does not import Ray; launch/ray_hosts.py wraps the
+class as an actor.
 """
 from __future__ import annotations
 
-import functools
+import logging
 import os
 import select
 import subprocess
@@ -18,6 +22,22 @@ from typing import Sequence
 
 from .. import env
 from .supervisor import die_with_parent
+
+log = logging.getLogger(__name__)
+
+
+def _raise_priority(niceness: int | None) -> None:
+    """Give the calling thread (Linux: a thread's own priority) the raylet's, where the node allows it."""
+    if niceness is not None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
+        except OSError:
+            pass  # not allowed here: the agent's is checked and said by the actor
+
+
+def _start_agent(parent: int, niceness: int | None) -> None:  # between fork and exec
+    _raise_priority(niceness)
+    die_with_parent(parent)
 
 
 class RayHostAgent:
@@ -28,29 +48,49 @@ class RayHostAgent:
 
     def run(self, argv: Sequence[str], secret_hex: str, environ: dict[str, str]) -> int:
         """Run ``argv`` (`taiji join` with ``--secret-file -``) with ``secret_hex`` on its stdin."""
+        raylet = env.RAY_RAYLET_PID.get()
+        niceness = self._niceness_of(raylet)
+        parent = os.getpid()
         self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, env={**os.environ, **environ}, text=True,
-                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                                     preexec_fn=lambda: _start_agent(parent, niceness))
         assert self.proc.stdin is not None
         self.proc.stdin.write(secret_hex + "\n")
         self.proc.stdin.close()
-        raylet = env.RAY_RAYLET_PID.get()
+        if niceness is not None and os.getpriority(os.PRIO_PROCESS, self.proc.pid) > niceness:
+            log.warning("the job's agent runs at Ray's worker priority (nice %d), not the node's (%d): under load "
+                        "its heartbeats and its workers' steps come late; start the node's Ray with "
+                        "RAY_worker_niceness=0", os.getpriority(os.PRIO_PROCESS, self.proc.pid), niceness)
         if raylet:
-            threading.Thread(target=self._watch_raylet, args=(raylet, self.proc), name="taiji-raylet-watch",
-                             daemon=True).start()
+            threading.Thread(target=self._watch_raylet, args=(raylet, self.proc, niceness),
+                             name="taiji-raylet-watch", daemon=True).start()
         return self.proc.wait()
 
     @staticmethod
-    def _watch_raylet(pid: int, agent: subprocess.Popen) -> None:
+    def _niceness_of(pid: int) -> int | None:
+        """The priority of the node's raylet (None: unknown, or not above this process's)."""
+        if not pid:
+            return None
+        try:
+            niceness = os.getpriority(os.PRIO_PROCESS, pid)
+        except OSError:
+            return None
+        return niceness if niceness < os.getpriority(os.PRIO_PROCESS, 0) else None
+
+    @staticmethod
+    def _watch_raylet(pid: int, agent: subprocess.Popen, niceness: int | None) -> None:
         """The node's raylet died (the node is leaving the cluster): end the agent now, not when Ray
         notices (a second or more later). Its workers die with it and its tether closes, so the
         controller drops the host at once."""
+        _raise_priority(niceness)  # this thread only: woken at the raylet's priority, not a worker's
         try:
             fd = os.pidfd_open(pid)
         except OSError:  # gone already
             agent.kill()
             return
         try:
-            select.select([fd], [], [])
+            poller = select.poll()  # not select(): a Ray worker may hold descriptors above 1024
+            poller.register(fd, select.POLLIN)
+            poller.poll()
         finally:
             os.close(fd)
         if agent.poll() is None:

@@ -156,6 +156,8 @@ class RayHosts:
         self.ray, self.cfg, self.ray_cfg = ray, cfg, ray_cfg
         self.demand = node_demand(ray_cfg, cfg.nproc_per_node)
         self.wanted = hosts_wanted(cfg)
+        self.gang_hosts = max(cfg.min_hosts - 1, 0)  # --nnodes MIN's other hosts: placed all or nothing
+        self.gang: Any = None  # launch/ray_gang.py's Gang, made once the driver serves
         self.actors: dict[str, tuple[Any, Any, str]] = {}  # node id -> (actor, its run() ref, address)
         self.tried: set[str] = set()  # nodes whose agent ended: not placed on again
         self._stop = threading.Event()
@@ -170,6 +172,15 @@ class RayHosts:
     def start(self, driver) -> None:
         """Begin placing agents once ``driver`` serves (its settings published, its tether listening)."""
         self._say = driver.say
+        self._ask_autoscaler()
+        if self.gang_hosts:
+            from .ray_gang import Gang
+            pinned = any(f"node:{self.cfg.host}" in node.get("Resources", {}) for node in self.ray.nodes()
+                         if node.get("Alive"))  # this host is a Ray node: no other bundle may land here
+            self.gang = Gang(self.ray, f"taiji-{self.cfg.job_id}", self.cfg.host if pinned else None, self.demand,
+                             self.gang_hosts)
+            self._say(f"waiting for Ray to place the job's first {self.gang_hosts} other host(s) all at once "
+                      "(one placement group; an autoscaler adds nodes for it)")
         self._thread = threading.Thread(target=self._loop, args=(driver,), name="taiji-ray-hosts", daemon=True)
         self._thread.start()
 
@@ -178,15 +189,26 @@ class RayHosts:
                 "--secret-file", "-", "--nproc-per-node", str(self.cfg.nproc_per_node), "--host", address,
                 "--grace", f"{self.cfg.grace:g}"]
 
-    def _place(self, driver, node: dict) -> None:
+    def _ask_autoscaler(self) -> None:
+        """Tell Ray's autoscaler (where the cluster has one) the job's whole shape: this host and
+        every other one it can grow onto. Ray keeps one such request per cluster (the latest)."""
+        from ray.autoscaler.sdk import request_resources
+        try:
+            request_resources(bundles=[dict(self.demand) for _ in range(self.wanted + 1)])
+        except Exception as exc:  # no autoscaler to ask is not the job's failure
+            log.warning("could not ask Ray's autoscaler for the job's nodes: %s", exc)
+
+    def _place(self, driver, node: dict, bundle: int | None = None) -> None:
+        """The job's agent actor on ``node``: in the gang's ``bundle``, or pinned to the node."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         from .ray_agent import RayHostAgent
         node_id, address = node["NodeID"], node["NodeManagerAddress"]
+        strategy = (self.gang.strategy(bundle) if bundle is not None
+                    else NodeAffinitySchedulingStrategy(node_id, soft=False))
         actor_class = self.ray.remote(RayHostAgent)
         actor = actor_class.options(
             name=f"taiji-{self.cfg.job_id}-{node_id[:12]}", num_cpus=self.demand["CPU"],
-            num_gpus=self.demand.get("GPU", 0), max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+            num_gpus=self.demand.get("GPU", 0), max_restarts=0, scheduling_strategy=strategy).remote()
         environ = env.for_children({"PYTHONUNBUFFERED": "1"})
         ref = actor.run.remote(self._agent_argv(driver.store_address, address), driver.secret.hex(), environ)
         self.actors[node_id] = (actor, ref, address)
@@ -208,6 +230,21 @@ class RayHosts:
             except self.ray.exceptions.RayError as exc:
                 self._say(f"Ray node {address}: the job's actor failed: {exc}")
 
+    def _usable(self, node: dict) -> bool:
+        """A live node of another host that has no agent of the job and never had one."""
+        node_id = node["NodeID"]
+        return (bool(node.get("Alive")) and node_id not in self.actors and node_id not in self.tried
+                and node["NodeManagerAddress"] != self.cfg.host)
+
+    def _place_gang(self, driver, nodes: list[dict]) -> None:
+        """An agent in each of the gang's bundles without one (a bundle Ray moved off a lost
+        node gets a new one where it is now)."""
+        by_id = {node["NodeID"]: node for node in nodes}
+        for bundle, node_id in sorted(self.gang.nodes().items()):
+            node = by_id.get(node_id)
+            if node is not None and self._usable(node):
+                self._place(driver, node, bundle)
+
     def _loop(self, driver) -> None:
         while driver.control is None and not self._stop.wait(0.05):
             pass  # the driver publishes the job's settings before it serves: agents find the job then
@@ -215,13 +252,17 @@ class RayHosts:
             try:
                 if self.actors:
                     self._reap()
-                for node in self.ray.nodes():
+                nodes = self.ray.nodes()
+                if self.gang is not None:
+                    if not self.gang.placed():  # all of the first hosts, or none: nothing grows meanwhile
+                        self._stop.wait(POLL_SECONDS)
+                        continue
+                    self._place_gang(driver, nodes)
+                for node in nodes:
                     if len(self.actors) >= self.wanted:
                         break
-                    node_id = node["NodeID"]
-                    if (node.get("Alive") and node_id not in self.actors and node_id not in self.tried
-                            and node["NodeManagerAddress"] != self.cfg.host
-                            and all(node.get("Resources", {}).get(k, 0.0) >= v for k, v in self.demand.items())):
+                    if self._usable(node) and all(node.get("Resources", {}).get(k, 0.0) >= v
+                                                  for k, v in self.demand.items()):
                         self._place(driver, node)
             except Exception as exc:  # Ray's own trouble: say it, keep the job (its hosts are watched anyway)
                 log.warning("placing the job's agents on Ray nodes failed: %s", exc)
@@ -238,6 +279,8 @@ class RayHosts:
             except Exception as exc:
                 log.warning("could not end a Ray actor: %s", exc)
         self.actors.clear()
+        if self.gang is not None:
+            self.gang.remove()
         self.ray.shutdown()
 
 
