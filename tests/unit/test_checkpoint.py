@@ -3,6 +3,7 @@ an fsspec memory file system); a one-worker Job resumed bitwise; bad checkpoints
 import errno
 import json
 import os
+import threading
 
 import pytest
 import torch
@@ -227,6 +228,53 @@ def test_job_resumed_at_a_checkpoint_ends_bitwise_equal(tmp_path):
     export(root, str(out))
     single = torch.load(out, weights_only=True)
     assert torch.equal(single["model"]["0.weight"], model[0].weight) and single["manifest"]["step"] == 14
+
+
+def test_overlapped_staging_holds_the_committed_step_not_the_next_update(tmp_path, monkeypatch):
+    """The writer thread stages parameters and optimizer state while the next step runs; it is
+    held back until the step loop reaches its gate before the optimizer update (or, were there
+    no gate, until that update is done): a checkpoint then holds step 4's state only if the
+    update waited for the staging."""
+    held, released = threading.Event(), threading.Event()
+    real_stage, real_settle = writer_mod.stage, Writer.settle
+
+    def held_stage(tensors, buffers=None):
+        if threading.current_thread().name == "taiji-checkpoint-writer" and tensors:
+            held.set()
+            assert released.wait(30), "neither the gate nor the update came"
+            held.clear()
+            released.clear()
+        return real_stage(tensors, buffers)
+
+    def updated(*args):
+        if held.is_set():
+            released.set()
+
+    def gate(self):
+        released.set()
+        return real_settle(self)
+    monkeypatch.setattr(writer_mod, "stage", held_stage)
+    monkeypatch.setattr(Writer, "settle", gate)
+    ref, ref_opt, _ = _train(None, 4)
+    root = str(tmp_path / "ck")
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    opt.register_step_post_hook(updated)  # without a gate: staging after the update
+    job = taiji.Job(model, opt, DATA, 8, peer=Peer.solo(), log_every=0, epochs=3, max_steps=6,
+                    lr_scheduler=torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.9),
+                    checkpoint=Checkpoint(root, steps=4), run_dir=str(tmp_path / "run"))
+    for step in job:
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+    assert Storage(root).listing().complete == (4, 6)
+    loaded = _model()
+    info = taiji.load_checkpoint(str(tmp_path / "ck" / layout.checkpoint_name(4)), loaded)
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), loaded.parameters())), "step 5's update leaked in"
+    saved, expected = info["optimizer"]["state"], ref_opt.state_dict()["state"]
+    assert all(torch.equal(saved[i]["exp_avg"], expected[i]["exp_avg"]) for i in expected)
+    events = [json.loads(line) for line in open(tmp_path / "run" / "events.jsonl")]
+    saves = [e for e in events if e.get("event", e.get("kind")) == "checkpoint"]
+    assert [e["step"] for e in saves] == [4, 6] and all(e["overlapped_bytes"] > 0 for e in saves), saves
 
 
 def test_resume_into_another_model_names_the_differences(tmp_path):
