@@ -395,12 +395,26 @@ def test_launcher_signal_path_with_and_without_a_checkpoint_dir(tmp_path):
     assert sup.calls == [("stop_all", 5.0)], "Ctrl-C stops at once, as before"
 
 
-def test_a_worker_imports_dcp_only_when_it_saves_or_loads():
+def test_a_worker_imports_dcp_only_when_it_saves(tmp_path):
     """torch.distributed.checkpoint (with DTensor, sympy, ...) costs a booting worker about a second
-    of CPU: a job without checkpoints never imports it."""
+    of CPU: a job without checkpoints never imports it, nor does a worker resuming from one (it
+    reads the tensors at the offsets each part's index gives); a part without an index (an older
+    checkpoint) is read through DCP."""
     import subprocess
     import sys
-    code = ("import sys, taiji, taiji.runtime.job, taiji.checkpoint.reader, taiji.checkpoint.writer; "
-            "assert 'torch.distributed.checkpoint' not in sys.modules, 'imported at boot'")
+    tensors = {"model.w": torch.randn(64, 64), "model.b": torch.randn(64), "state.0": torch.arange(3)}
+    _write(Storage(str(tmp_path / "ck")), 5, tensors)
+    torch.save(tensors, tmp_path / "expected.pt")
+    code = ("import sys, torch, taiji, taiji.runtime.job, taiji.checkpoint.reader as r, taiji.checkpoint.writer; "
+            f"expected = torch.load({str(tmp_path / 'expected.pt')!r}); "
+            "targets = {k: torch.zeros_like(t) for k, t in expected.items()}; "
+            f"r.load_tensors(r.find({str(tmp_path / 'ck')!r}), targets); "
+            "assert all(torch.equal(targets[k], expected[k]) for k in expected), 'loaded wrong'; "
+            "assert 'torch.distributed.checkpoint' not in sys.modules, 'imported at boot or to load'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+    for index in (tmp_path / "ck").glob(f"*/*/{layout.INDEX}"):
+        index.unlink()
+    targets = {k: torch.zeros_like(t) for k, t in tensors.items()}
+    load_tensors(find(str(tmp_path / "ck")), targets)
+    assert all(torch.equal(targets[k], tensors[k]) for k in tensors)

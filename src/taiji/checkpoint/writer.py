@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from .layout import DIGEST, MANIFEST, Manifest, checkpoint_name, part_name
+from .layout import DIGEST, INDEX, MANIFEST, Manifest, checkpoint_name, part_name
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,19 @@ def write_part(storage: Storage, step: int, part: int, staged: Mapping[str, torc
         storage.write_json(f"{name}/{MANIFEST}", manifest.to_json())
     rel = f"{name}/{part_name(part)}"
     storage.write_json(f"{rel}/{DIGEST}", {"digest": part_digest(staged), "keys": sorted(staged)})
-    dcp.save(dict(staged), storage_writer=storage.dcp_writer(rel), no_dist=True)
+    metadata = dcp.save(dict(staged), storage_writer=storage.dcp_writer(rel), no_dist=True)
+    storage.write_json(f"{rel}/{INDEX}", index_of(metadata))
+
+
+def index_of(metadata) -> dict[str, list]:  # noqa: ANN001 - DCP's Metadata
+    """Where DCP wrote each whole tensor: key -> [file, offset, length] of its ``torch.save``
+    record (a tensor in several chunks, or transformed, is left to DCP's reader)."""
+    seen: dict[str, int] = {}
+    for index in metadata.storage_data:
+        seen[index.fqn] = seen.get(index.fqn, 0) + 1
+    return {index.fqn: [info.relative_path, info.offset, info.length]
+            for index, info in metadata.storage_data.items()
+            if seen[index.fqn] == 1 and not info.transform_descriptors}
 
 
 @dataclass(frozen=True)
