@@ -418,3 +418,18 @@ def test_a_worker_imports_dcp_only_when_it_saves(tmp_path):
     targets = {k: torch.zeros_like(t) for k, t in tensors.items()}
     load_tensors(find(str(tmp_path / "ck")), targets)
     assert all(torch.equal(targets[k], tensors[k]) for k in tensors)
+
+
+def test_the_launcher_checks_its_checkpoint_flags_without_importing_torch(tmp_path):
+    """`taiji run --checkpoint-dir D --resume PATH` checks D and PATH before any worker starts; it
+    must not make the launcher import torch first (seconds before the workers even start)."""
+    import subprocess
+    import sys
+    _write(Storage(str(tmp_path / "ck")), 5, {"model.w": torch.randn(4)})
+    code = ("import sys, argparse; from taiji.launch import checkpoint_cli as c; "
+            f"ns = argparse.Namespace(checkpoint_dir={str(tmp_path / 'new')!r}, checkpoint_every='10', "
+            f"resume={str(tmp_path / 'ck')!r}, checkpoint_grace=60.0); "
+            f"assert c.parse_run_flags(ns).resume == {str(tmp_path / 'ck')!r}; "
+            "assert 'torch' not in sys.modules, 'the launcher imported torch'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

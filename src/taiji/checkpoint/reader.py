@@ -1,4 +1,4 @@
-"""Finding, checking and loading checkpoints: into a Job at any size, into a plain script's
+"""Checking and loading checkpoints (``locate.find`` finds them): into a Job at any size, into a plain script's
 model (``load_checkpoint``), or into one ``torch.save`` file (``export``).
 
 Every refusal says which checkpoint, what is wrong and what to do; nothing is written."""
@@ -6,64 +6,19 @@ from __future__ import annotations
 
 import io
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..comm.transfer import decode, tensor_specs
 from ..errors import CheckpointError
-from .layout import (DIGEST, INDEX, MANIFEST, RNG_PREFIX, Manifest, TensorInfo, checkpoint_name, model_differences,
-                     part_name, step_of, tensor_keys)
+from .layout import (DIGEST, INDEX, RNG_PREFIX, Manifest, TensorInfo, checkpoint_name, model_differences, part_name,
+                     tensor_keys)
+from .locate import Found, find
 from .storage import Storage
 from .writer import part_digest
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Found:
-    """A complete checkpoint and its manifest."""
-    storage: Storage
-    step: int
-    manifest: Manifest
-
-    @property
-    def url(self) -> str:
-        return self.storage.url_of(checkpoint_name(self.step))
-
-
-def find(path: str, *, missing_ok: bool = False) -> Found | None:
-    """``path`` is one checkpoint (``.../step-00000120``) or a root (its latest complete one).
-    With ``missing_ok`` a root holding no complete checkpoint gives None (a fresh start)."""
-    storage = Storage(path)
-    if storage.exists(MANIFEST):
-        parent, _, name = storage.url.rpartition("/")
-        step = step_of(name)
-        if step is None or not parent:
-            raise CheckpointError(f"{path} holds a manifest but is not named step-NNNNNNNN; pass its parent "
-                                  "directory (the checkpoint root) or the checkpoint as written")
-        storage = Storage(parent)
-        if not storage.is_complete(step):
-            raise CheckpointError(f"the checkpoint {path} is incomplete (a writer died or failed before it was "
-                                  f"complete); resume from the root {parent} (its latest complete checkpoint)")
-    else:
-        listing = storage.listing()
-        if listing.latest is None:
-            if missing_ok:
-                return None
-            what = (f"only incomplete ones (steps {', '.join(map(str, listing.incomplete))})" if listing.incomplete
-                    else "none" if storage.fs.exists(storage.root) else "the path does not exist")
-            raise CheckpointError(f"no complete checkpoint in {path}: {what}; check the path "
-                                  "(--resume auto starts fresh where there is none)")
-        step = listing.latest
-    try:
-        manifest = Manifest.from_json(storage.read_json(f"{checkpoint_name(step)}/{MANIFEST}"))
-    except (ValueError, KeyError, TypeError) as exc:
-        if isinstance(exc, CheckpointError):
-            raise
-        raise CheckpointError(f"the manifest of {storage.url_of(checkpoint_name(step))} is damaged ({exc})") from None
-    return Found(storage, step, manifest)
 
 
 def model_info(model: torch.nn.Module) -> dict[str, TensorInfo]:
