@@ -125,15 +125,17 @@ class Checkpointer:
             self.save(clock)
 
     def ended(self) -> None:
-        """Training stopped (every worker at the same boundary): the final checkpoint."""
+        """Training stopped (every worker at the same boundary): the final checkpoint (staged
+        now: no update follows to overlap it with, and its event precedes the run's end)."""
         if self.writer is not None and self.config is not None and self.config.final \
                 and self.state.progress.step > self._last_step:
             self.save()
+        self.settle()
 
     def save(self, clock: float | None = None) -> SaveRecord:
         """Checkpoint now (every worker at the same boundary), stamped with the last agreed clock.
         The record (and the run log's event) comes once its staging is done (``settle``)."""
-        assert self.writer is not None and self.config is not None
+        assert self.writer is not None
         self.settle()
         clock = self._clock if clock is None else clock
         view, step = self.peer.view, self.state.progress.step
