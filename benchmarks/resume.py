@@ -94,7 +94,19 @@ def one(args: argparse.Namespace, side: str, size: int, root: Path, env: dict) -
     finally:
         second.close()
     return {"seconds": commits[0]["time"] - restarted, "redone": last - commits[0]["step"] + 1,
-            "size": commits[0]["size"]}
+            "size": commits[0]["size"], **phases(log.records[before:], restarted)}
+
+
+def phases(records: list[dict], restarted: float) -> dict:
+    """Where the restart's time went, for its slowest worker: the launcher until the worker's
+    Python runs (``exec``), ``import torch`` (``imported``), then joining, loading the state and
+    building the model until its first step begins (``ready``)."""
+    boots = [r for r in records if r.get("event") == "boot"]
+    if not boots:
+        return {}
+    last = max(boots, key=lambda r: r["ready"])
+    return {"to_exec": last["exec"] - restarted, "import_torch": last["imported"] - last["exec"],
+            "to_first_step": last["ready"] - last["imported"]}
 
 
 def main(argv=None) -> None:
@@ -112,8 +124,10 @@ def main(argv=None) -> None:
                     got = one(args, side, size, where, env)
                     assert got["size"] == size, got
                     results.setdefault((side, size), []).append(got)
+                    where_to = ", ".join(f"{k} {got[k]:.2f}s" for k in ("to_exec", "import_torch", "to_first_step")
+                                         if k in got)
                     print(f"rep {rep}: {side} 2 -> {size}: first step {got['seconds']:.2f}s after the restart, "
-                          f"{got['redone']} step(s) redone", flush=True)
+                          f"{got['redone']} step(s) redone ({where_to})", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -3,6 +3,7 @@ an fsspec memory file system); a one-worker Job resumed bitwise; bad checkpoints
 import errno
 import json
 import os
+import threading
 
 import pytest
 import torch
@@ -229,6 +230,53 @@ def test_job_resumed_at_a_checkpoint_ends_bitwise_equal(tmp_path):
     assert torch.equal(single["model"]["0.weight"], model[0].weight) and single["manifest"]["step"] == 14
 
 
+def test_overlapped_staging_holds_the_committed_step_not_the_next_update(tmp_path, monkeypatch):
+    """The writer thread stages parameters and optimizer state while the next step runs; it is
+    held back until the step loop reaches its gate before the optimizer update (or, were there
+    no gate, until that update is done): a checkpoint then holds step 4's state only if the
+    update waited for the staging."""
+    held, released = threading.Event(), threading.Event()
+    real_stage, real_settle = writer_mod.stage, Writer.settle
+
+    def held_stage(tensors, buffers=None):
+        if threading.current_thread().name == "taiji-checkpoint-writer" and tensors:
+            held.set()
+            assert released.wait(30), "neither the gate nor the update came"
+            held.clear()
+            released.clear()
+        return real_stage(tensors, buffers)
+
+    def updated(*args):
+        if held.is_set():
+            released.set()
+
+    def gate(self):
+        released.set()
+        return real_settle(self)
+    monkeypatch.setattr(writer_mod, "stage", held_stage)
+    monkeypatch.setattr(Writer, "settle", gate)
+    ref, ref_opt, _ = _train(None, 4)
+    root = str(tmp_path / "ck")
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    opt.register_step_post_hook(updated)  # without a gate: staging after the update
+    job = taiji.Job(model, opt, DATA, 8, peer=Peer.solo(), log_every=0, epochs=3, max_steps=6,
+                    lr_scheduler=torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.9),
+                    checkpoint=Checkpoint(root, steps=4), run_dir=str(tmp_path / "run"))
+    for step in job:
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+    assert Storage(root).listing().complete == (4, 6)
+    loaded = _model()
+    info = taiji.load_checkpoint(str(tmp_path / "ck" / layout.checkpoint_name(4)), loaded)
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), loaded.parameters())), "step 5's update leaked in"
+    saved, expected = info["optimizer"]["state"], ref_opt.state_dict()["state"]
+    assert all(torch.equal(saved[i]["exp_avg"], expected[i]["exp_avg"]) for i in expected)
+    events = [json.loads(line) for line in open(tmp_path / "run" / "events.jsonl")]
+    saves = [e for e in events if e.get("event", e.get("kind")) == "checkpoint"]
+    assert [e["step"] for e in saves] == [4, 6] and all(e["overlapped_bytes"] > 0 for e in saves), saves
+
+
 def test_resume_into_another_model_names_the_differences(tmp_path):
     root = str(tmp_path / "ck")
     _train(Checkpoint(root), 2)
@@ -347,12 +395,41 @@ def test_launcher_signal_path_with_and_without_a_checkpoint_dir(tmp_path):
     assert sup.calls == [("stop_all", 5.0)], "Ctrl-C stops at once, as before"
 
 
-def test_a_worker_imports_dcp_only_when_it_saves_or_loads():
+def test_a_worker_imports_dcp_only_when_it_saves(tmp_path):
     """torch.distributed.checkpoint (with DTensor, sympy, ...) costs a booting worker about a second
-    of CPU: a job without checkpoints never imports it."""
+    of CPU: a job without checkpoints never imports it, nor does a worker resuming from one (it
+    reads the tensors at the offsets each part's index gives); a part without an index (an older
+    checkpoint) is read through DCP."""
     import subprocess
     import sys
-    code = ("import sys, taiji, taiji.runtime.job, taiji.checkpoint.reader, taiji.checkpoint.writer; "
-            "assert 'torch.distributed.checkpoint' not in sys.modules, 'imported at boot'")
+    tensors = {"model.w": torch.randn(64, 64), "model.b": torch.randn(64), "state.0": torch.arange(3)}
+    _write(Storage(str(tmp_path / "ck")), 5, tensors)
+    torch.save(tensors, tmp_path / "expected.pt")
+    code = ("import sys, torch, taiji, taiji.runtime.job, taiji.checkpoint.reader as r, taiji.checkpoint.writer; "
+            f"expected = torch.load({str(tmp_path / 'expected.pt')!r}); "
+            "targets = {k: torch.zeros_like(t) for k, t in expected.items()}; "
+            f"r.load_tensors(r.find({str(tmp_path / 'ck')!r}), targets); "
+            "assert all(torch.equal(targets[k], expected[k]) for k in expected), 'loaded wrong'; "
+            "assert 'torch.distributed.checkpoint' not in sys.modules, 'imported at boot or to load'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for index in (tmp_path / "ck").glob(f"*/*/{layout.INDEX}"):
+        index.unlink()
+    targets = {k: torch.zeros_like(t) for k, t in tensors.items()}
+    load_tensors(find(str(tmp_path / "ck")), targets)
+    assert all(torch.equal(targets[k], tensors[k]) for k in tensors)
+
+
+def test_the_launcher_checks_its_checkpoint_flags_without_importing_torch(tmp_path):
+    """`taiji run --checkpoint-dir D --resume PATH` checks D and PATH before any worker starts; it
+    must not make the launcher import torch first (seconds before the workers even start)."""
+    import subprocess
+    import sys
+    _write(Storage(str(tmp_path / "ck")), 5, {"model.w": torch.randn(4)})
+    code = ("import sys, argparse; from taiji.launch import checkpoint_cli as c; "
+            f"ns = argparse.Namespace(checkpoint_dir={str(tmp_path / 'new')!r}, checkpoint_every='10', "
+            f"resume={str(tmp_path / 'ck')!r}, checkpoint_grace=60.0); "
+            f"assert c.parse_run_flags(ns).resume == {str(tmp_path / 'ck')!r}; "
+            "assert 'torch' not in sys.modules, 'the launcher imported torch'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

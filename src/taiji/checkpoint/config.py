@@ -43,7 +43,10 @@ class Checkpoint:
     neither: only a final checkpoint when training stops). ``keep``: complete checkpoints kept.
     ``resume``: None (start fresh), ``"auto"`` (the latest complete checkpoint in ``path``, if
     any) or a checkpoint's path. ``final``: also checkpoint when training stops (a stop request,
-    a preemption notice, the end of training).
+    a preemption notice, the end of training). ``overlap``: stage the parameters and optimizer
+    state while the next step's forward and backward run (its optimizer update waits for them);
+    False stages everything at the step boundary: for code that changes parameters or optimizer
+    state in place other than through the optimizer (or a taiji sync) between steps.
     """
     path: str = ""
     every: str | int | float | None = None
@@ -51,6 +54,7 @@ class Checkpoint:
     keep: int = 3
     resume: str | None = None
     final: bool = True
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.every is not None and self.steps is not None:

@@ -6,10 +6,13 @@
     ROOT/step-00000120/part-0/           one DCP checkpoint per writer: its share of the tensors
     ROOT/step-00000120/part-0/.metadata  DCP writes it last, after an fsync: the part is complete
     ROOT/step-00000120/part-0/digest.json
+    ROOT/step-00000120/part-0/index.json  after DCP's metadata: where each tensor lies in DCP's files
 
 A checkpoint counts only once its manifest and every part it lists are complete; a writer that
 died or failed leaves it incomplete, hence invisible. Every tensor is written by exactly one
-worker (``assign``): each writes about 1/n of the state.
+worker (``assign``): each writes about 1/n of the state. A part's ``index.json`` lets a reader
+take each tensor from DCP's data files without importing DCP (seconds of a booting worker's CPU);
+a part without one (written before it, or by a writer that died between the two) is read by DCP.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ FORMAT = 1                      # the manifest's format version; a newer one is 
 MANIFEST = "manifest.json"
 PART_DONE = ".metadata"         # DCP's metadata file, written last
 DIGEST = "digest.json"
+INDEX = "index.json"            # key -> [DCP data file, offset, length]
 _NAME = re.compile(r"step-(\d{8,})")
 T = TypeVar("T")
 

@@ -1,68 +1,24 @@
-"""Finding, checking and loading checkpoints: into a Job at any size, into a plain script's
+"""Checking and loading checkpoints (``locate.find`` finds them): into a Job at any size, into a plain script's
 model (``load_checkpoint``), or into one ``torch.save`` file (``export``).
 
 Every refusal says which checkpoint, what is wrong and what to do; nothing is written."""
 from __future__ import annotations
 
+import io
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..comm.transfer import decode, tensor_specs
 from ..errors import CheckpointError
-from .layout import (DIGEST, MANIFEST, RNG_PREFIX, Manifest, TensorInfo, checkpoint_name, model_differences,
-                     part_name, step_of, tensor_keys)
+from .layout import (DIGEST, INDEX, RNG_PREFIX, Manifest, TensorInfo, checkpoint_name, model_differences, part_name,
+                     tensor_keys)
+from .locate import Found, find
 from .storage import Storage
 from .writer import part_digest
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Found:
-    """A complete checkpoint and its manifest."""
-    storage: Storage
-    step: int
-    manifest: Manifest
-
-    @property
-    def url(self) -> str:
-        return self.storage.url_of(checkpoint_name(self.step))
-
-
-def find(path: str, *, missing_ok: bool = False) -> Found | None:
-    """``path`` is one checkpoint (``.../step-00000120``) or a root (its latest complete one).
-    With ``missing_ok`` a root holding no complete checkpoint gives None (a fresh start)."""
-    storage = Storage(path)
-    if storage.exists(MANIFEST):
-        parent, _, name = storage.url.rpartition("/")
-        step = step_of(name)
-        if step is None or not parent:
-            raise CheckpointError(f"{path} holds a manifest but is not named step-NNNNNNNN; pass its parent "
-                                  "directory (the checkpoint root) or the checkpoint as written")
-        storage = Storage(parent)
-        if not storage.is_complete(step):
-            raise CheckpointError(f"the checkpoint {path} is incomplete (a writer died or failed before it was "
-                                  f"complete); resume from the root {parent} (its latest complete checkpoint)")
-    else:
-        listing = storage.listing()
-        if listing.latest is None:
-            if missing_ok:
-                return None
-            what = (f"only incomplete ones (steps {', '.join(map(str, listing.incomplete))})" if listing.incomplete
-                    else "none" if storage.fs.exists(storage.root) else "the path does not exist")
-            raise CheckpointError(f"no complete checkpoint in {path}: {what}; check the path "
-                                  "(--resume auto starts fresh where there is none)")
-        step = listing.latest
-    try:
-        manifest = Manifest.from_json(storage.read_json(f"{checkpoint_name(step)}/{MANIFEST}"))
-    except (ValueError, KeyError, TypeError) as exc:
-        if isinstance(exc, CheckpointError):
-            raise
-        raise CheckpointError(f"the manifest of {storage.url_of(checkpoint_name(step))} is damaged ({exc})") from None
-    return Found(storage, step, manifest)
 
 
 def model_info(model: torch.nn.Module) -> dict[str, TensorInfo]:
@@ -79,20 +35,54 @@ def check_model(found: Found, model: torch.nn.Module) -> None:
 
 
 def _load_part(found: Found, part: int, targets: dict[str, torch.Tensor]) -> None:
-    import torch.distributed.checkpoint as dcp  # imported when used: it costs a worker ~1 s to boot
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
     rel = f"{checkpoint_name(found.step)}/{part_name(part)}"
     where = found.storage.url_of(rel)
     try:
         expected = found.storage.read_json(f"{rel}/{DIGEST}")["digest"]
         if targets:
-            dcp.load(targets, storage_reader=found.storage.dcp_reader(rel), no_dist=True)
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - many kinds for a damaged file
+            index = _index(found.storage, rel)
+            if index is not None and set(targets) <= set(index):
+                _read_indexed(found.storage, rel, {k: index[k] for k in targets}, targets)
+            else:
+                _read_dcp(found.storage, rel, targets)
+    except Exception as exc:  # noqa: BLE001 - many kinds for a damaged file
         raise CheckpointError(f"{where} cannot be read ({type(exc).__name__}: {_first_line(exc)}): the "
                               "checkpoint is damaged; resume from an earlier one (a step-NNNNNNNN beside it)") from None
     if part_digest(targets) != expected:
         raise CheckpointError(f"{where} is damaged (its tensors do not match the digest written with them); "
                               "resume from an earlier checkpoint (a step-NNNNNNNN beside it)")
+
+
+def _index(storage: Storage, rel: str) -> dict[str, list] | None:
+    try:
+        return storage.read_json(f"{rel}/{INDEX}")
+    except FileNotFoundError:
+        return None  # written before indexes, or its writer died after DCP's metadata
+
+
+def _read_indexed(storage: Storage, rel: str, index: dict[str, list], targets: dict[str, torch.Tensor]) -> None:
+    """Each tensor's ``torch.save`` record straight from DCP's data files (what DCP's reader
+    does, without importing DCP)."""
+    by_file: dict[str, list[str]] = {}
+    for key, (file, _, _) in index.items():
+        by_file.setdefault(file, []).append(key)
+    for file, keys in by_file.items():
+        records = storage.read_ranges(f"{rel}/{file}", [(int(index[k][1]), int(index[k][2])) for k in keys])
+        for key, record in zip(keys, records):
+            tensor = torch.load(io.BytesIO(record), map_location="cpu", weights_only=True)
+            target = targets[key]
+            if not isinstance(tensor, torch.Tensor) or tensor.shape != target.shape or tensor.dtype != target.dtype:
+                raise ValueError(f"{key} in {file} is not a {target.dtype} tensor of shape {list(target.shape)}")
+            target.copy_(tensor)
+
+
+def _read_dcp(storage: Storage, rel: str, targets: dict[str, torch.Tensor]) -> None:
+    import torch.distributed.checkpoint as dcp  # imported when used: it costs a worker ~1 s to boot
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+    try:
+        dcp.load(targets, storage_reader=storage.dcp_reader(rel), no_dist=True)
+    except CheckpointException as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -73,6 +73,18 @@ class Storage:
         with self.fs.open(self.path(rel), "rb") as f:
             return json.loads(f.read())
 
+    def read_ranges(self, rel: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes at (offset, length) in file ``rel``, each exactly (a short file raises)."""
+        out = []
+        with self.fs.open(self.path(rel), "rb") as f:
+            for offset, length in ranges:
+                f.seek(offset)
+                data = f.read(length)
+                if len(data) != length:
+                    raise ValueError(f"{rel} ends at byte {offset + len(data)}, before {offset + length}: truncated")
+                out.append(data)
+        return out
+
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))
 

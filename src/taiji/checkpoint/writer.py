@@ -1,6 +1,11 @@
-"""One worker's share of a checkpoint: staged in host memory (the only stall), written in the
-background through DCP; at most one write in flight. A failed write is logged and leaves the
-checkpoint incomplete, hence invisible: the previous complete one stays the latest."""
+"""One worker's share of a checkpoint: staged in host memory, written in the background through
+DCP; at most one write in flight. A failed write is logged and leaves the checkpoint incomplete,
+hence invisible: the previous complete one stays the latest.
+
+Staging is the step loop's only stall, and most of it can leave the loop too: tensors that stay
+unchanged until a known point (parameters and optimizer state change only at the next optimizer
+update) are handed over as ``later`` and staged by the writer thread while the next step's forward
+and backward run; ``settle()`` (called before that update) waits for them."""
 from __future__ import annotations
 
 import logging
@@ -12,7 +17,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from .layout import DIGEST, MANIFEST, Manifest, checkpoint_name, part_name
+from .layout import DIGEST, INDEX, MANIFEST, Manifest, checkpoint_name, part_name
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -22,8 +27,10 @@ log = logging.getLogger(__name__)
 class SaveRecord:
     """What one save cost this worker."""
     step: int
-    stall_seconds: float       # staging (and waiting for the previous write), in the step loop
+    stall_seconds: float       # blocking in the step loop: staging, waiting for the previous write, and
+    #                            waiting for overlapped staging before the next update (``settle``)
     staged_bytes: int          # host memory the staging copy holds until written
+    overlapped_bytes: int = 0  # of which staged by the writer thread, overlapping the next step
 
 
 def stage(tensors: Mapping[str, torch.Tensor],
@@ -40,6 +47,18 @@ def stage(tensors: Mapping[str, torch.Tensor],
             else:
                 staged[k] = t.detach().to("cpu", copy=True)
     return staged
+
+
+def until_update(tensors: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Split ``tensors`` into (the rest, those only ``optimizer``'s update changes: the parameters
+    it updates and its state). The second may be staged as ``later``, before that update; buffers
+    are in the first (a forward changes them)."""
+    changing = [p for group in optimizer.param_groups for p in group["params"]]
+    changing += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    addresses = {t.data_ptr() for t in changing if t.numel() > 0}
+    later = {k: t for k, t in tensors.items() if t.numel() > 0 and t.data_ptr() in addresses}
+    return {k: t for k, t in tensors.items() if k not in later}, later
 
 
 def part_digest(tensors: Mapping[str, torch.Tensor]) -> str:
@@ -62,7 +81,33 @@ def write_part(storage: Storage, step: int, part: int, staged: Mapping[str, torc
         storage.write_json(f"{name}/{MANIFEST}", manifest.to_json())
     rel = f"{name}/{part_name(part)}"
     storage.write_json(f"{rel}/{DIGEST}", {"digest": part_digest(staged), "keys": sorted(staged)})
-    dcp.save(dict(staged), storage_writer=storage.dcp_writer(rel), no_dist=True)
+    metadata = dcp.save(dict(staged), storage_writer=storage.dcp_writer(rel), no_dist=True)
+    storage.write_json(f"{rel}/{INDEX}", index_of(metadata))
+
+
+def index_of(metadata) -> dict[str, list]:  # noqa: ANN001 - DCP's Metadata
+    """Where DCP wrote each whole tensor: key -> [file, offset, length] of its ``torch.save``
+    record (a tensor in several chunks, or transformed, is left to DCP's reader)."""
+    seen: dict[str, int] = {}
+    for index in metadata.storage_data:
+        seen[index.fqn] = seen.get(index.fqn, 0) + 1
+    return {index.fqn: [info.relative_path, info.offset, info.length]
+            for index, info in metadata.storage_data.items()
+            if seen[index.fqn] == 1 and not info.transform_descriptors}
+
+
+@dataclass(frozen=True)
+class _Job:
+    step: int
+    part: int
+    staged: dict[str, torch.Tensor]
+    later: dict[str, torch.Tensor]             # staged by the writer thread before it writes
+    buffers: dict[str, torch.Tensor]           # the previous save's copy, reused
+    manifest: Manifest | None
+
+
+def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 class Writer:
@@ -73,7 +118,8 @@ class Writer:
         self.storage = storage
         self._after_write = after_write
         self._changed = threading.Condition()
-        self._pending: tuple[int, int, dict[str, torch.Tensor], Manifest | None] | None = None
+        self._pending: _Job | None = None
+        self._staging = False  # tensors handed over as ``later`` are not staged yet
         self._thread: threading.Thread | None = None
         self.failures = 0
         self.last_written: int | None = None
@@ -83,23 +129,38 @@ class Writer:
     def busy(self) -> bool:
         return self._pending is not None
 
-    def save(self, step: int, part: int, tensors: Mapping[str, torch.Tensor],
-             manifest: Manifest | None) -> SaveRecord:
-        """Stage ``tensors`` and write them in the background; returns once staged."""
+    def save(self, step: int, part: int, tensors: Mapping[str, torch.Tensor], manifest: Manifest | None,
+             later: Mapping[str, torch.Tensor] | None = None) -> SaveRecord:
+        """Stage ``tensors`` and write them in the background; returns once staged. ``later``:
+        tensors the caller leaves unchanged until ``settle()`` returns (staged by the writer
+        thread first). The record's stall excludes ``settle``'s wait: the caller adds it."""
         start = time.perf_counter()
         if self.busy:
             log.warning("the checkpoint before step %d is still being written: waiting for it (checkpoint "
                         "less often to avoid this stall)", step)
         self.wait()
-        staged, self._buffers = stage(tensors, self._buffers), {}
+        buffers, self._buffers = self._buffers, {}
+        staged = stage(tensors, buffers)
+        later = dict(later or {})
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name="taiji-checkpoint-writer", daemon=True)
             self._thread.start()
         with self._changed:
-            self._pending = (step, part, staged, manifest)
+            self._pending = _Job(step, part, staged, later, buffers, manifest)
+            self._staging = bool(later)
             self._changed.notify_all()
         stall = time.perf_counter() - start
-        return SaveRecord(step, stall, sum(t.numel() * t.element_size() for t in staged.values()))
+        return SaveRecord(step, stall, nbytes(staged) + nbytes(later), nbytes(later))
+
+    def settle(self) -> float:
+        """Wait until the tensors of the last save's ``later`` are staged (training may change
+        them afterwards); returns the seconds waited."""
+        if not self._staging:
+            return 0.0
+        start = time.perf_counter()
+        with self._changed:
+            self._changed.wait_for(lambda: not self._staging)
+        return time.perf_counter() - start
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the write in flight; False if it is still running after ``timeout``."""
@@ -113,16 +174,24 @@ class Writer:
                 job = self._pending
             assert job is not None
             try:
-                self._write(*job)
+                self._write(job)
             finally:
                 with self._changed:
-                    self._pending = None
+                    self._pending, self._staging = None, False
                     self._changed.notify_all()
 
-    def _write(self, step: int, part: int, staged: dict[str, torch.Tensor], manifest: Manifest | None) -> None:
-        self._buffers = staged  # read by the next save only after the write is done
+    def _write(self, job: _Job) -> None:
+        staged = job.staged
         try:
-            write_part(self.storage, step, part, staged, manifest)
+            staged.update(stage(job.later, job.buffers))
+        finally:
+            with self._changed:
+                self._staging = False
+                self._changed.notify_all()
+        self._buffers = staged  # read by the next save only after the write is done
+        step, part = job.step, job.part
+        try:
+            write_part(self.storage, step, part, staged, job.manifest)
         except Exception as exc:  # noqa: BLE001 - a failed write must never stop training
             self.failures += 1
             log.warning("checkpoint at step %d could not be written to %s (%s: %s); training goes on and "

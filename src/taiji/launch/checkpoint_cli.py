@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 from ..checkpoint.config import parse_every
 from ..checkpoint.layout import checkpoint_name
+from ..checkpoint.locate import find
 from ..checkpoint.storage import Storage, is_url
 from ..errors import CheckpointError, ConfigError
 from .options import CheckpointFlags
@@ -47,7 +48,6 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
 
 def parse_run_flags(args: argparse.Namespace) -> CheckpointFlags:
     """Check the flags now (a bad path is refused before any worker starts)."""
-    from ..checkpoint.reader import find
     directory = args.checkpoint_dir
     if directory and not is_url(directory):
         directory = str(Path(directory).resolve())

@@ -6,6 +6,12 @@ step's control message — so all checkpoint at the same boundary without a mess
 Each worker stages only the tensors ``assign`` gives it (replicated state is written once in
 all) and writes them in the background; the lowest rank adds the manifest. A SIGTERM asks the
 job to stop at the next step boundary, where the final checkpoint is taken.
+
+Where replicas are exact (SyncSGD), parameters and optimizer state change only at the next
+optimizer update or a sync: those tensors are staged by the writer thread while the next step's
+forward and backward run, and the update (an optimizer step pre-hook) or sync (a TrainState guard)
+first waits for them (``settle``). The rest (buffers, which a forward changes; small state) is
+staged at the boundary. ``Checkpoint(overlap=False)`` stages everything at the boundary.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -23,7 +30,7 @@ from ..checkpoint.layout import (FORMAT, Manifest, assign, checkpoint_name, rng_
                                  to_prune)
 from ..checkpoint.reader import Found, find, load_into, model_info
 from ..checkpoint.storage import Storage
-from ..checkpoint.writer import SaveRecord, Writer
+from ..checkpoint.writer import SaveRecord, Writer, until_update
 from ..comm.transfer import encode
 from .peer import Member
 from .reporting import Event, Reporter
@@ -38,7 +45,7 @@ def effective(given: Checkpoint | None, launcher: Checkpoint | None) -> Checkpoi
     if given is None:
         return launcher
     if given.resume is None and launcher is not None and launcher.resume is not None:
-        return Checkpoint(given.path, given.every, given.steps, given.keep, launcher.resume, given.final)
+        return replace(given, resume=launcher.resume)
     return given
 
 
@@ -57,6 +64,11 @@ class Checkpointer:
             self.storage.check_writable()
         self.writer = Writer(self.storage, after_write=self._prune) if self.storage is not None else None
         self.records: list[SaveRecord] = []
+        self._unsettled: tuple[SaveRecord, int] | None = None  # a save (and its parts) whose staging may still run
+        self._hook = None
+        if self.writer is not None and config is not None and config.overlap:
+            self._hook = state.optimizer.register_step_pre_hook(lambda *args: self.settle())
+            state.guard(self.settle)
         self.resumed: Found | None = None
         self._last_step, self._last_clock = -1, None
         self._clock = time.time()  # the last agreed clock (rank 0's, from the control message)
@@ -113,14 +125,18 @@ class Checkpointer:
             self.save(clock)
 
     def ended(self) -> None:
-        """Training stopped (every worker at the same boundary): the final checkpoint."""
+        """Training stopped (every worker at the same boundary): the final checkpoint (staged
+        now: no update follows to overlap it with, and its event precedes the run's end)."""
         if self.writer is not None and self.config is not None and self.config.final \
                 and self.state.progress.step > self._last_step:
             self.save()
+        self.settle()
 
     def save(self, clock: float | None = None) -> SaveRecord:
-        """Checkpoint now (every worker at the same boundary), stamped with the last agreed clock."""
+        """Checkpoint now (every worker at the same boundary), stamped with the last agreed clock.
+        The record (and the run log's event) comes once its staging is done (``settle``)."""
         assert self.writer is not None
+        self.settle()
         clock = self._clock if clock is None else clock
         view, step = self.peer.view, self.state.progress.step
         tensors: list[torch.Tensor] = []
@@ -141,16 +157,32 @@ class Checkpointer:
                 extra={"bounds": {"min_np": env.MIN_NP.get(), "max_np": env.MAX_NP.get()},
                        "rng_bytes": mine[rng_key(view.rank)].numel(),
                        "version": view.version, "epoch": self.state.progress.epoch})
-        record = self.writer.save(step, view.rank, mine, manifest) if view.rank < writers else SaveRecord(step, 0.0, 0)
+        later: dict[str, torch.Tensor] = {}
+        if self._hook is not None and self.exact():  # else replicas drift: averaging may change them first
+            mine, later = until_update(mine, self.state.optimizer)
+        record = self.writer.save(step, view.rank, mine, manifest, later) if view.rank < writers \
+            else SaveRecord(step, 0.0, 0)
         self._last_step, self._last_clock = step, clock
+        self._unsettled = (record, writers)
+        if not later:
+            self.settle()
+        return record
+
+    def settle(self) -> None:
+        """Before the state changes: the last save's overlapped staging is done; its record."""
+        unsettled, self._unsettled = self._unsettled, None
+        if unsettled is None or self.writer is None:
+            return
+        record, writers = unsettled
+        record = replace(record, stall_seconds=record.stall_seconds + self.writer.settle())
         self.records.append(record)
         if self._reporter is not None:  # the run log's checkpoint event; the metrics' stall and time
-            self._reporter.on(Event("checkpoint", step, {"stall_s": round(record.stall_seconds, 4),
-                                                         "staged_bytes": record.staged_bytes, "parts": writers}))
-        if view.rank == 0:
-            log.info("checkpoint at step %d: staged in %.3fs, writing to %s in the background", step,
-                     record.stall_seconds, self.storage.url_of(checkpoint_name(step)) if self.storage else "")
-        return record
+            self._reporter.on(Event("checkpoint", record.step, {
+                "stall_s": round(record.stall_seconds, 4), "staged_bytes": record.staged_bytes,
+                "overlapped_bytes": record.overlapped_bytes, "parts": writers}))
+        if self.peer.view.rank == 0:
+            log.info("checkpoint at step %d: staged in %.3fs, writing to %s in the background", record.step,
+                     record.stall_seconds, self.storage.url_of(checkpoint_name(record.step)) if self.storage else "")
 
     def _prune(self, step: int) -> None:
         if self.storage is None or self.config is None or self.peer.view.rank != 0:
@@ -178,6 +210,10 @@ class Checkpointer:
 
     def close(self) -> None:
         """Wait for the write in flight (a checkpoint is complete or invisible, never half)."""
+        self.settle()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         if self._previous_handler is not None and threading.current_thread() is threading.main_thread():
             signal.signal(self._notice, self._previous_handler)
             self._previous_handler = None

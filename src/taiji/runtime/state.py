@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
@@ -73,6 +73,16 @@ class TrainState:
         self.topology = env.TOPOLOGY.get()  # how gradients are allreduced (SetTopology; comm/topology.py)
         self.parts = dict(parts)
         self.has_state = has_state  # False on a joiner until its first sync
+        self._guards: list[Callable[[], None]] = []
+
+    def guard(self, before_overwrite: Callable[[], None]) -> None:
+        """Call ``before_overwrite`` before a sync overwrites the tensors in place (a checkpoint
+        may still be staging them)."""
+        self._guards.append(before_overwrite)
+
+    def _overwriting(self) -> None:
+        for before_overwrite in self._guards:
+            before_overwrite()
 
     def register(self, name: str, part: Stateful) -> None:
         """Add a part whose state replicas must agree on (synced with the rest)."""
@@ -117,6 +127,7 @@ class TrainState:
                 "parts": {name: part.state_dict() for name, part in self.parts.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._overwriting()
         self.progress = Progress.from_json(state["progress"])
         self.strategy = state["strategy"]
         self.topology = state.get("topology", self.topology)
@@ -133,6 +144,7 @@ class TrainState:
         if comm.size == 1:
             self.has_state = True
             return False
+        self._overwriting()
         rows = comm.allgather(torch.tensor([self.progress.step if self.has_state else -1], dtype=torch.int64))
         steps = [int(r.item()) for r in rows]  # type: ignore[union-attr]
         source = choose_source(steps)
