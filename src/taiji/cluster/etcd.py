@@ -48,6 +48,13 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
+def _holds(key: str, value: bytes) -> dict:
+    """A transaction's comparison: ``key`` holds ``value`` (b"": ``key`` is absent)."""
+    if value == b"":
+        return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+    return {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(value)}
+
+
 SCHEMES = ("etcd://", "etcds://")  # etcds: over TLS (certificates from TAIJI_ETCD_CA/CERT/KEY, env.py)
 
 
@@ -232,16 +239,18 @@ class EtcdKV:
         if the key is absent); return the value after the call (``expected`` if absent and not set)."""
         want = expected.encode() if isinstance(expected, str) else bytes(expected)
         new = desired.encode() if isinstance(desired, str) else bytes(desired)
-        if want == b"":
-            compare = [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
-        else:
-            compare = [{"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(want)}]
-        result = self._txn(compare, [{"request_put": {"key": _b64(key), "value": _b64(new)}}],
+        result = self._txn([_holds(key, want)], [{"request_put": {"key": _b64(key), "value": _b64(new)}}],
                            [{"request_range": {"key": _b64(key)}}])
         if result.get("succeeded"):
             return new
         kvs = result["responses"][0]["response_range"].get("kvs")
         return _unb64(kvs[0].get("value", "")) if kvs else want
+
+    def put_if(self, expected: dict[str, bytes], puts: dict[str, str | bytes]) -> bool:
+        """Write every key of ``puts`` in one transaction if every key of ``expected`` holds its
+        value (b"": is absent); False (nothing written) if one does not."""
+        success = [{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in puts.items()]
+        return bool(self._txn([_holds(k, v) for k, v in expected.items()], success, []).get("succeeded"))
 
     def add(self, key: str, amount: int) -> int:
         """Atomic add; a pure read when ``amount`` is 0."""
@@ -378,6 +387,9 @@ class EtcdC10dStore(dist.Store):
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
         return self.kv.compare_set(key, expected, desired)
+
+    def put_if(self, expected: dict[str, bytes], puts: dict[str, str | bytes]) -> bool:
+        return self.kv.put_if(expected, puts)
 
     def check(self, keys: list[str]) -> bool:
         return self.kv.check(keys)

@@ -38,6 +38,13 @@ class SupportsWatch(Protocol):
 
 
 @runtime_checkable
+class SupportsTransactions(Protocol):
+    """Several keys written at once, only if other keys hold what is expected (b"": absent)."""
+
+    def put_if(self, expected: dict[str, bytes], puts: dict[str, str | bytes]) -> bool: ...
+
+
+@runtime_checkable
 class SupportsConnections(Protocol):
     """The same store on a connection of its own (for a background thread)."""
 
