@@ -291,6 +291,46 @@ def test_a_launcher_started_etcd_admits_only_the_jobs_user_on_its_own_keys():
         server.stop()
 
 
+def test_a_processes_etcd_connections_share_one_login_and_renew_it_once():
+    """Connections made by another() present the first one's token (authenticating costs etcd a
+    bcrypt check with its write lock held); when the server forgets the token, the first
+    connection to notice renews it for all, and a watch stream follows."""
+    if shutil.which("etcd") is None:
+        pytest.skip("no etcd server binary (apt-get install -y etcd-server)")
+    pytest.importorskip("etcd3gw")
+    import requests
+    from taiji.cluster import auth
+    from taiji.cluster.etcd import EtcdKV, job_credentials
+    from taiji.launch.etcd_server import EtcdServer
+    server = EtcdServer("127.0.0.1").start()
+    try:
+        secret = auth.new_secret()
+        root_password = auth.derive(secret, "etcd-root").hex()
+        EtcdKV(server.url, 5).enable_auth("j", root_password, job_credentials("j", secret)[1])
+        first = EtcdKV(server.url, 5, job_credentials("j", secret))
+        others = [first.another() for _ in range(3)]
+        for i, kv in enumerate(others):
+            kv.set(f"taiji/j/k{i}", str(i))
+        watcher = first.another()
+        stream = watcher.changes("taiji/j/k0", threading.Event())
+        assert next(stream) == b"0"
+        assert first.authentications == 1, "another() authenticated again"
+        # the server forgets every token (auth off and on again, as root)
+        base = f"http://127.0.0.1:{server.port}/v3"
+        token = requests.post(f"{base}/auth/authenticate", json={"name": "root", "password": root_password},
+                              timeout=5).json()["token"]
+        requests.post(f"{base}/auth/disable", json={}, headers={"Authorization": token}, timeout=5).raise_for_status()
+        requests.post(f"{base}/auth/enable", json={}, timeout=5).raise_for_status()
+        for i, kv in enumerate(others):
+            assert kv.get(f"taiji/j/k{i}") == str(i).encode()
+        assert first.authentications == 2, "one renewal serves every connection"
+        first.set("taiji/j/k0", "moved")
+        assert next(stream) == b"moved"
+        assert first.authentications == 2
+    finally:
+        server.stop()
+
+
 def test_a_config_lists_each_host_once_and_its_workers_as_runs_of_ids():
     placed = spec.ClusterConfig(4, tuple(spec.WorkerSpec(f"w{i}", f"10.0.{i // 8}.1") for i in range(1024)), lost=("w2000",))
     data = placed.to_dict()

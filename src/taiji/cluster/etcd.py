@@ -80,6 +80,15 @@ def job_credentials(job_id: str, secret: bytes) -> tuple[str, str]:
     return f"taiji-{job_id}", derive(secret, "etcd").hex()
 
 
+class _Login:
+    """A token that connections to one cluster, as one user, share; renewed under ``lock``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.token: str | None = None
+        self.count = 0  # authentications so far
+
+
 def _prefix_end(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
@@ -88,9 +97,11 @@ class EtcdKV:
     """One connection (an HTTP session) to an etcd cluster; give each thread its own.
 
     With ``credentials`` (user, password) it authenticates when the cluster has auth on, and
-    again when its token expires; a cluster without auth is used as it is."""
+    again when its token expires; a cluster without auth is used as it is. Connections made by
+    ``another()`` share the first one's token (``_Login``) rather than authenticating each."""
 
-    def __init__(self, url: str, timeout: float = 60.0, credentials: tuple[str, str] | None = None):
+    def __init__(self, url: str, timeout: float = 60.0, credentials: tuple[str, str] | None = None,
+                 login: "_Login | None" = None):
         try:
             from etcd3gw.client import Etcd3Client
             from etcd3gw import exceptions
@@ -116,34 +127,49 @@ class EtcdKV:
                 client.session.trust_env = False
         self._current = 0
         self._credentials = credentials
-        if credentials is not None:
-            self._authenticate()
+        self._login = login if login is not None else (_Login() if credentials is not None else None)
+        if credentials is not None and login is None:
+            self._authenticate(None)
 
-    def _authenticate(self) -> None:
-        assert self._credentials is not None
+    def _authenticate(self, stale: str | None) -> None:
+        """Get a token for every connection sharing this one's login — unless another of them
+        already replaced ``stale`` (the token this one found expired) meanwhile."""
+        assert self._credentials is not None and self._login is not None
         user, password = self._credentials
-        try:
-            token = self._post("/auth/authenticate", {"name": user, "password": password}, retry_auth=False)["token"]
-        except StoreError as exc:
-            if "authentication is not enabled" in str(exc):
-                return  # an open cluster: nothing to present
-            if "authentication failed" in str(exc):
-                raise AuthError(f"etcd at {self.url} refused user {user}: the password derived from the job "
-                                "secret does not match (a wrong secret file?)") from None
-            raise
-        for client in self._clients:
-            client.session.headers["Authorization"] = token
+        with self._login.lock:
+            if self._login.token != stale:
+                return
+            try:
+                token = self._post("/auth/authenticate", {"name": user, "password": password}, as_user=False)["token"]
+            except StoreError as exc:
+                if "authentication is not enabled" in str(exc):
+                    return  # an open cluster: nothing to present
+                if "authentication failed" in str(exc):
+                    raise AuthError(f"etcd at {self.url} refused user {user}: the password derived from the job "
+                                    "secret does not match (a wrong secret file?)") from None
+                raise
+            self._login.token = token
+            self._login.count += 1
+
+    def _present(self, client: Any, token: str | None) -> None:
+        """Put ``token`` (None: none) on ``client``'s requests."""
+        headers = client.session.headers
+        if token is None:
+            headers.pop("Authorization", None)
+        elif headers.get("Authorization") != token:
+            headers["Authorization"] = token
 
     # -- transport -------------------------------------------------------------------------
 
-    def _post(self, path: str, payload: dict, retry_auth: bool = True) -> dict:
+    def _post(self, path: str, payload: dict, as_user: bool = True) -> dict:
         """POST to the first endpoint that answers (the others are tried in turn), through
-        elections and brief outages for up to ``RETRY_S``; an expired token is renewed once."""
+        elections and brief outages for up to ``RETRY_S``; ``as_user``: with the login's token
+        (an expired one is renewed once), else with none."""
         deadline = time.monotonic() + min(self._timeout, RETRY_S)
         pause = POLL_START_S
         while True:
             try:
-                return self._post_once(path, payload, retry_auth)
+                return self._post_once(path, payload, as_user)
             except _Transient as exc:
                 if time.monotonic() >= deadline:
                     hint = ""
@@ -154,19 +180,21 @@ class EtcdKV:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
 
-    def _post_once(self, path: str, payload: dict, retry_auth: bool) -> dict:
+    def _post_once(self, path: str, payload: dict, as_user: bool, renewed: bool = False) -> dict:
         last = tls_failure = ""
         for attempt in range(len(self._clients)):
             client = self._clients[(self._current + attempt) % len(self._clients)]
+            token = self._login.token if self._login is not None and as_user else None
+            self._present(client, token)
             try:
                 result = client.post(client.get_url(path), json=payload)
                 self._current = (self._current + attempt) % len(self._clients)
                 return result
             except self._errors as exc:
                 detail = str(getattr(exc, "detail_text", "") or exc)
-                if "invalid auth token" in detail and retry_auth and self._credentials is not None:
-                    self._authenticate()
-                    return self._post_once(path, payload, retry_auth=False)
+                if "invalid auth token" in detail and as_user and not renewed and self._credentials is not None:
+                    self._authenticate(token)
+                    return self._post_once(path, payload, as_user, renewed=True)
                 if any(word in detail for word in ("CERTIFICATE", "certificate", "SSLError")):
                     tls_failure = detail  # this member's; another may still answer
                     continue
@@ -300,6 +328,8 @@ class EtcdKV:
         yield value
         while not stop.is_set():
             client = self._clients[self._current]
+            token = self._login.token if self._login is not None else None
+            self._present(client, token)
             request = {"create_request": {"key": _b64(key), "start_revision": revision + 1}}
             try:
                 with client.session.post(client.get_url("/watch"), json=request, stream=True,
@@ -323,13 +353,21 @@ class EtcdKV:
                 if idle:
                     continue  # an open stream with nothing new: reopen it on the same member
                 if "auth token" in str(exc) and self._credentials is not None:
-                    self._authenticate()
+                    self._authenticate(token)
                 else:  # a member that is down, partitioned or refusing: the next one, after a pause
                     self._current = (self._current + 1) % len(self._clients)
                 stop.wait(POLL_MAX_S)
 
     def another(self) -> "EtcdKV":
-        return EtcdKV(self.url, self._timeout, self._credentials)
+        """The same cluster on a connection of its own, presenting this one's token (no new
+        authentication: etcd checks a password with bcrypt, and etcd 3.4 holds its write lock
+        while it does — many at once, as when workers start, stall every write for seconds)."""
+        return EtcdKV(self.url, self._timeout, self._credentials, self._login)
+
+    @property
+    def authentications(self) -> int:
+        """How many times this connection's login has authenticated (0: none; auth is off)."""
+        return self._login.count if self._login is not None else 0
 
     def enable_auth(self, job_id: str, root_password: str, password: str) -> None:
         """On a cluster this job owns (`--store etcd`): a root user, a user and role for the job
