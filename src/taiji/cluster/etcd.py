@@ -228,6 +228,11 @@ class EtcdKV:
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout.total_seconds()
 
+    @property
+    def timeout(self) -> float:
+        """How long a blocking call waits (seconds)."""
+        return self._timeout
+
     def set(self, key: str, value: str | bytes, lease: int | None = None) -> None:
         payload = {"key": _b64(key), "value": _b64(value)}
         if lease is not None:
@@ -327,27 +332,19 @@ class EtcdKV:
         revision, value = current()
         yield value
         while not stop.is_set():
-            client = self._clients[self._current]
             token = self._login.token if self._login is not None else None
-            self._present(client, token)
-            request = {"create_request": {"key": _b64(key), "start_revision": revision + 1}}
             try:
-                with client.session.post(client.get_url("/watch"), json=request, stream=True,
-                                         timeout=(min(self._timeout, 10.0), WATCH_REOPEN_S)) as response:
-                    for line in response.iter_lines():
-                        if stop.is_set():
-                            return
-                        result = json.loads(line).get("result") if line.strip() else None
-                        if result is None or (result.get("canceled") and not result.get("compact_revision")):
-                            raise _Transient(line.decode(errors="replace")[:300])  # an error, or a refusal
-                        if result.get("canceled"):  # compacted past our revision: read the key afresh
-                            revision, value = current()
-                            yield value
-                            break
-                        for event in result.get("events", ()):
-                            revision = int(event["kv"]["mod_revision"])
-                            deleted = event.get("type") == "DELETE"
-                            yield None if deleted else _unb64(event["kv"].get("value", ""))
+                for result in self._watch({"key": _b64(key), "start_revision": revision + 1}, WATCH_REOPEN_S):
+                    if stop.is_set():
+                        return
+                    if result.get("canceled"):  # compacted past our revision: read the key afresh
+                        revision, value = current()
+                        yield value
+                        break
+                    for event in result.get("events", ()):
+                        revision = int(event["kv"]["mod_revision"])
+                        deleted = event.get("type") == "DELETE"
+                        yield None if deleted else _unb64(event["kv"].get("value", ""))
             except (requests.RequestException, _Transient, ValueError, KeyError) as exc:
                 idle = isinstance(exc, requests.ConnectionError) and "Read timed out" in str(exc)
                 if idle:
@@ -357,6 +354,49 @@ class EtcdKV:
                 else:  # a member that is down, partitioned or refusing: the next one, after a pause
                     self._current = (self._current + 1) % len(self._clients)
                 stop.wait(POLL_MAX_S)
+
+    def _watch(self, request: dict, quiet_s: float) -> Iterator[dict]:
+        """One watch stream on the current member: its results, until the server ends it (or
+        ``quiet_s`` pass without a line: requests' read timeout). _Transient for a refusal."""
+        client = self._clients[self._current]
+        self._present(client, self._login.token if self._login is not None else None)
+        with client.session.post(client.get_url("/watch"), json={"create_request": request}, stream=True,
+                                 timeout=(min(self._timeout, 10.0), quiet_s)) as response:
+            for line in response.iter_lines():
+                result = json.loads(line).get("result") if line.strip() else None
+                if result is None or (result.get("canceled") and not result.get("compact_revision")):
+                    raise _Transient(line.decode(errors="replace")[:300])  # an error, or a refusal
+                yield result
+
+    def read_prefix(self, prefix: str, put: tuple[str, bytes] | None = None) -> tuple[int, dict[str, bytes]]:
+        """Every key under ``prefix`` with its value, and the revision read at: one round trip,
+        which first writes ``put`` (key, value) if given."""
+        scan = {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))}
+        if put is None:
+            answer = self._post("/kv/range", scan)
+        else:
+            done = self._txn([], [{"request_put": {"key": _b64(put[0]), "value": _b64(put[1])}}, {"request_range": scan}], [])
+            answer = dict(done["responses"][1]["response_range"], header=done["header"])
+        found = {_unb64(kv["key"]).decode(): _unb64(kv.get("value", "")) for kv in answer.get("kvs", ())}
+        return int(answer["header"]["revision"]), found
+
+    def puts_under(self, prefix: str, revision: int, quiet_s: float) -> Iterator[tuple[str, bytes]]:
+        """Keys written under ``prefix`` after ``revision``, with their values, as they are written;
+        ends after ``quiet_s`` without one. StoreError if the watch fails (read the prefix again)."""
+        import requests
+        request = {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)), "start_revision": revision + 1}
+        try:
+            for result in self._watch(request, quiet_s):
+                if result.get("canceled"):
+                    raise StoreError(f"etcd at {self.url}: the watch of {prefix} was compacted away")
+                for event in result.get("events", ()):
+                    if event.get("type") != "DELETE":
+                        yield _unb64(event["kv"]["key"]).decode(), _unb64(event["kv"].get("value", ""))
+        except requests.ConnectionError as exc:
+            if "Read timed out" not in str(exc):
+                raise StoreError(f"etcd at {self.url}: watching {prefix} failed: {exc}") from None
+        except (requests.RequestException, _Transient, ValueError, KeyError) as exc:
+            raise StoreError(f"etcd at {self.url}: watching {prefix} failed: {exc}") from None
 
     def another(self) -> "EtcdKV":
         """The same cluster on a connection of its own, presenting this one's token (no new
@@ -443,6 +483,11 @@ class EtcdC10dStore(dist.Store):
 
     def another(self) -> "EtcdC10dStore":
         return EtcdC10dStore(self.kv.another())
+
+    def rendezvous(self) -> dist.Store:
+        """This connection as a store for gloo's rendezvous (cluster/rendezvous.py)."""
+        from .rendezvous import EtcdRendezvousStore
+        return EtcdRendezvousStore(self.kv, self.kv.timeout)
 
     def clone(self) -> "EtcdC10dStore":  # gloo clones its store for its own threads
         return self.another()

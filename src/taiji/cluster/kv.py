@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 
 class KeyValue(Protocol):
@@ -49,6 +52,14 @@ class SupportsConnections(Protocol):
     """The same store on a connection of its own (for a background thread)."""
 
     def another(self) -> KeyValue: ...
+
+
+@runtime_checkable
+class SupportsRendezvous(Protocol):
+    """A store of its own for process groups' rendezvous, whose keys are written once (etcd: a
+    group's keys read together, the missing ones waited for by a watch)."""
+
+    def rendezvous(self) -> "dist.Store": ...
 
 
 @runtime_checkable

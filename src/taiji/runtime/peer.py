@@ -16,6 +16,7 @@ import torch.distributed as dist
 from .. import env
 from ..cluster import spec
 from ..cluster.auth import secret_from_env
+from ..cluster.kv import SupportsRendezvous
 from ..cluster.store import JobStore, connect_job
 from ..comm.communicator import CommOptions, Communicator, reap_closed_groups
 from ..comm.default import set_default_provider
@@ -72,7 +73,9 @@ class Peer:
         self.options = options
         self.step = 0  # for log prefixes; the training loop tells it through ``at_step``
         self._context_source: Callable[[], Context] | None = None  # the running Job's
-        self._comm_store = dist.PrefixStore(f"taiji/{self.job_store.job_id}", raw_store)
+        # (a store written in Python must outlive the C++ stores wrapping it: kept here)
+        self._rendezvous = raw_store.rendezvous() if isinstance(raw_store, SupportsRendezvous) else raw_store
+        self._comm_store = dist.PrefixStore(f"taiji/{self.job_store.job_id}", self._rendezvous)
         self._provisional = provisional
         self.config: spec.ClusterConfig | None = None
         self.comm: Communicator = None  # type: ignore[assignment]
