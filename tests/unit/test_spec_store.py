@@ -3,6 +3,7 @@ import os
 import shutil
 import uuid
 import threading
+import time
 
 import pytest
 
@@ -144,7 +145,7 @@ def test_etcd_rendezvous_store_reads_a_group_at_once_and_waits_by_watch(etcd_ser
     import torch
 
     from taiji.cluster.etcd import EtcdKV
-    from taiji.cluster.rendezvous import EtcdRendezvousStore
+    from taiji.cluster.rendezvous import EtcdRendezvousStore, RendezvousAbandoned
     calls: collections.Counter = collections.Counter()
 
     class Counted(EtcdKV):
@@ -165,10 +166,15 @@ def test_etcd_rendezvous_store_reads_a_group_at_once_and_waits_by_watch(etcd_ser
                                    prefix)
     assert all(r is not None and torch.equal(r, torch.full((4,), 6.0)) for r in results)
     assert calls["poll"] == 0 and calls["read_prefix"] <= 3 + calls["watch"], calls
-    assert calls["watch"] <= 3 * 2, calls  # at most one per key a rank found missing
     lone = EtcdRendezvousStore(EtcdKV(etcd_server.url, 10))
     with pytest.raises(StoreError, match="wait timeout"):
         lone.wait([f"{prefix}/never/0"], datetime.timedelta(seconds=0.3))
+    # the version the wait is for was abandoned (a rank it waits for is lost): it ends at once
+    doomed = EtcdRendezvousStore(EtcdKV(etcd_server.url, 10), give_up=lambda: "cluster v2 dropped lost worker(s) w0")
+    began = time.monotonic()
+    with pytest.raises(RendezvousAbandoned, match="dropped lost worker"):
+        doomed.wait([f"{prefix}/never/0"], datetime.timedelta(seconds=30))
+    assert time.monotonic() - began < 10
 
 
 def test_etcd_watch_streams_every_new_version_and_stops_when_told(etcd_server, monkeypatch):

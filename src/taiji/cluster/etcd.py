@@ -17,7 +17,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch.distributed as dist
 
@@ -484,10 +484,10 @@ class EtcdC10dStore(dist.Store):
     def another(self) -> "EtcdC10dStore":
         return EtcdC10dStore(self.kv.another())
 
-    def rendezvous(self) -> dist.Store:
+    def rendezvous(self, give_up: Callable[[], str | None]) -> dist.Store:
         """This connection as a store for gloo's rendezvous (cluster/rendezvous.py)."""
         from .rendezvous import EtcdRendezvousStore
-        return EtcdRendezvousStore(self.kv, self.kv.timeout)
+        return EtcdRendezvousStore(self.kv, self.kv.timeout, give_up)
 
     def clone(self) -> "EtcdC10dStore":  # gloo clones its store for its own threads
         return self.another()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -57,9 +57,10 @@ class SupportsConnections(Protocol):
 @runtime_checkable
 class SupportsRendezvous(Protocol):
     """A store of its own for process groups' rendezvous, whose keys are written once (etcd: a
-    group's keys read together, the missing ones waited for by a watch)."""
+    group's keys read together, the missing ones waited for by a watch); a wait ends early once
+    ``give_up()`` says why (the version it was for was abandoned)."""
 
-    def rendezvous(self) -> "dist.Store": ...
+    def rendezvous(self, give_up: Callable[[], str | None]) -> "dist.Store": ...
 
 
 @runtime_checkable

@@ -9,7 +9,9 @@ builds cost a recovery on etcd 0.2-0.4 s where the TCPStore answers in a few ms.
 Those keys are written once (a new version has a new prefix), so ``EtcdRendezvousStore`` writes
 a rank's key and reads its group's whole prefix in one round trip (a transaction), keeps what it
 read, and waits for the keys still missing with one watch of the prefix from a read's revision
-(woken as each key is written). Any other call goes to etcd as it is.
+(woken as each key is written). Any other call goes to etcd as it is. A wait also ends as soon as
+its version is abandoned (a newer one dropped a rank it waits for, told by the worker's config
+watcher): a group build no longer waits out the collective timeout for a dead rank's key.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import collections
 import datetime
 import threading
 import time
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch.distributed as dist
 
@@ -25,6 +27,7 @@ from ..errors import StoreError
 
 KEPT_GROUPS = 16  # the groups' keys remembered (a version's few groups, and the previous versions')
 RETRY_PAUSE_S = 0.05
+GIVE_UP_CHECK_S = 0.25  # a wait asks this often whether to give up (its watch is reopened that often)
 
 
 class PrefixKV(Protocol):
@@ -41,6 +44,10 @@ class PrefixKV(Protocol):
     def another(self) -> "PrefixKV": ...
 
 
+class RendezvousAbandoned(StoreError):
+    """A rendezvous wait given up: the version it was for was abandoned."""
+
+
 def _group_of(key: str) -> str:
     """The prefix a rendezvous key shares with its group's other keys (up to its last '/')."""
     return key[:key.rfind("/") + 1]
@@ -48,12 +55,14 @@ def _group_of(key: str) -> str:
 
 class EtcdRendezvousStore(dist.Store):
     """A ``torch.distributed.Store`` for process-group rendezvous on etcd (see module doc): for
-    keys written once only."""
+    keys written once only. ``give_up()``, asked while a wait lasts, returns why to stop waiting
+    (a peer's version was abandoned: the rank it waits for is lost) or None."""
 
-    def __init__(self, kv: PrefixKV, timeout: float = 60.0):
+    def __init__(self, kv: PrefixKV, timeout: float = 60.0, give_up: Callable[[], str | None] = lambda: None):
         super().__init__()
         self.kv = kv
         self._timeout = timeout
+        self._give_up = give_up
         self._known: collections.OrderedDict[str, dict[str, bytes]] = collections.OrderedDict()
         self._read_at: dict[str, int] = {}  # a group's last prefix read: its revision (watches start after it)
         self._lock = threading.Lock()  # a plan thread builds its groups beside the training thread
@@ -105,11 +114,16 @@ class EtcdRendezvousStore(dist.Store):
                 self._remember(found, group, revision)
             try:
                 while self._missing(missing) and time.monotonic() < deadline:
-                    quiet = max(min(deadline - time.monotonic(), 5.0), 0.001)
+                    why = self._give_up()
+                    if why:
+                        raise RendezvousAbandoned(f"gave up waiting for keys {self._missing(missing)}: {why}")
+                    quiet = max(min(deadline - time.monotonic(), GIVE_UP_CHECK_S), 0.001)
                     for key, value in self.kv.puts_under(group, revision, quiet):
                         self._remember({key: value})
                         if not self._missing(missing):
                             return
+            except RendezvousAbandoned:
+                raise
             except StoreError:  # the watch broke: read the prefix again, after a pause
                 with self._lock:
                     self._read_at.pop(group, None)
@@ -136,7 +150,7 @@ class EtcdRendezvousStore(dist.Store):
         self._timeout = timeout.total_seconds()
 
     def clone(self) -> "EtcdRendezvousStore":  # a store for another thread: a connection of its own
-        return EtcdRendezvousStore(self.kv.another(), self._timeout)
+        return EtcdRendezvousStore(self.kv.another(), self._timeout, self._give_up)
 
     def num_keys(self) -> int:
         return 0  # not kept (see EtcdC10dStore)

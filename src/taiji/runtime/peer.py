@@ -49,6 +49,10 @@ class Member(Protocol):
     def comm(self) -> Communicator: ...
     @property
     def joined(self) -> bool: ...
+    def _abandoned(self) -> str | None:
+        """Why the current version's groups can no longer form (None: they can)."""
+        return self.comm.abandoned if self.comm is not None else None
+
     def transition(self, config: spec.ClusterConfig) -> bool: ...
     def at_step(self, step: int) -> None: ...
 
@@ -74,7 +78,8 @@ class Peer:
         self.step = 0  # for log prefixes; the training loop tells it through ``at_step``
         self._context_source: Callable[[], Context] | None = None  # the running Job's
         # (a store written in Python must outlive the C++ stores wrapping it: kept here)
-        self._rendezvous = raw_store.rendezvous() if isinstance(raw_store, SupportsRendezvous) else raw_store
+        self._rendezvous = raw_store.rendezvous(self._abandoned) if isinstance(raw_store, SupportsRendezvous) \
+            else raw_store
         self._comm_store = dist.PrefixStore(f"taiji/{self.job_store.job_id}", self._rendezvous)
         self._provisional = provisional
         self.config: spec.ClusterConfig | None = None
@@ -136,6 +141,10 @@ class Peer:
             self._view = spec.ClusterView.of(self.config, self.worker_id, min_size=max(env.MIN_NP.get(), 1),
                                              max_size=env.MAX_NP.get() or None, elastic=self.elastic)
         return self._view
+
+    def _abandoned(self) -> str | None:
+        """Why the current version's groups can no longer form (None: they can)."""
+        return self.comm.abandoned if self.comm is not None else None
 
     def transition(self, config: spec.ClusterConfig) -> bool:
         """Switch to ``config``'s groups (same topology); False (and no communicator) if this worker left."""
