@@ -226,6 +226,23 @@ def test_a_silent_member_with_a_fresh_heartbeat_is_busy_and_is_not_killed():
     assert pub.config.ids == ("w0", "w1") and pub.config.version == 2
 
 
+def test_a_booting_joiner_gets_longer_than_a_member_before_it_is_taken_for_frozen():
+    """A joiner's imports can starve its heartbeat thread for seconds on a loaded host; it holds
+    nobody up until it is ready, so it is judged on BOOTING_SLACK x --liveness-timeout."""
+    from taiji.cluster.controller import BOOTING_SLACK
+    s = beating(initial_state(1, Bounds(liveness_timeout=2.0, max_np=4)), "w0", at=0.0)
+    s, acts = run(s, Proposal(3), now=0.0)
+    assert [sp.ids for sp in of(acts, Spawn)] == [("w1", "w2")]
+    s, _ = run(s, Beat("w1", 0.5), Beat("w2", 0.5), WorkerReady("w2"), now=0.5)
+    s, acts = run(s, Beat("w0", 3.0), Tick(), now=3.0)
+    assert [k.id for k in of(acts, Kill)] == ["w2"], "a ready joiner is held to the member's timeout"
+    late = 0.5 + 2.0 * BOOTING_SLACK
+    s, acts = run(s, Beat("w0", late - 0.1), Tick(), now=late - 0.1)
+    assert not of(acts, Kill)
+    s, acts = run(s, Beat("w0", late + 0.1), Tick(), now=late + 0.1)
+    assert [k.id for k in of(acts, Kill)] == ["w1"] and "stopped or frozen" in of(acts, Kill)[0].reason
+
+
 def test_a_busy_member_is_killed_after_the_busy_timeout():
     s = beating(initial_state(2, Bounds(busy_timeout=30.0)), "w0", "w1", at=0.0)
     s, _ = run(s, FailureReported("w1", 1), now=1.0)

@@ -3,6 +3,7 @@ import os
 import shutil
 import uuid
 import threading
+import time
 
 import pytest
 
@@ -97,33 +98,83 @@ def test_key_value_semantics_match_tcpstore(kv):
         kv.wait([p + "never"], datetime.timedelta(seconds=0.2))
 
 
-def test_etcd_store_serves_gloo_rendezvous(etcd_server):
-    """Process groups of two ranks (threads) rendezvous through the etcd-backed c10d store."""
+def _allreduce_in_groups(stores, prefix: str) -> list:
+    """One thread per rank builds a gloo group on its own store (``stores[r]()``: a Python store,
+    kept alive while its group lives) and allreduces rank + 1; each rank's result (None: failed)."""
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    from taiji.cluster.store import open_store
     from taiji.comm.addresses import gloo_device
-    results = [None, None]
+    results = [None] * len(stores)
 
     def rank(r):
-        base = open_store(etcd_server.url, timeout=10)  # a Python store: keep it alive as long as its users
-        store = dist.PrefixStore(f"pg{os.getpid()}", base)
+        mine = stores[r]()
         opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = datetime.timedelta(seconds=10)
+        opts._timeout = datetime.timedelta(seconds=20)
         opts._devices = [gloo_device("127.0.0.1")]
-        group = dist.ProcessGroupGloo(store, r, 2, opts)
+        group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, mine), r, len(stores), opts)
         t = torch.full((4,), float(r + 1))
         group.allreduce([t]).wait()
         results[r] = t
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(stores))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(60)
+    return results
+
+
+def test_etcd_store_serves_gloo_rendezvous(etcd_server):
+    """Process groups of two ranks (threads) rendezvous through the etcd-backed c10d store."""
+    import torch
+
+    from taiji.cluster.store import open_store
+    results = _allreduce_in_groups([lambda: open_store(etcd_server.url, timeout=10)] * 2, f"pg{os.getpid()}")
     assert all(r is not None and torch.equal(r, torch.full((4,), 3.0)) for r in results)
+
+
+def test_etcd_rendezvous_store_reads_a_group_at_once_and_waits_by_watch(etcd_server):
+    """gloo's rendezvous on etcd (cluster/rendezvous.py): a rank's write and the read of its
+    group's keys are one round trip, missing keys are waited for by a watch — never by polling
+    reads; three ranks build a working group; a key nobody writes times out."""
+    import collections
+    import datetime
+
+    import torch
+
+    from taiji.cluster.etcd import EtcdKV
+    from taiji.cluster.rendezvous import EtcdRendezvousStore, RendezvousAbandoned
+    calls: collections.Counter = collections.Counter()
+
+    class Counted(EtcdKV):
+        def read_prefix(self, prefix, put=None):
+            calls["read_prefix"] += 1
+            return super().read_prefix(prefix, put)
+
+        def puts_under(self, prefix, revision, quiet_s):
+            calls["watch"] += 1
+            return super().puts_under(prefix, revision, quiet_s)
+
+        def wait(self, keys, timeout=None):
+            calls["poll"] += 1
+            return super().wait(keys, timeout)
+
+    prefix = f"taiji/r{uuid.uuid4().hex[:6]}/pg/v1/grad"
+    results = _allreduce_in_groups([lambda: EtcdRendezvousStore(Counted(etcd_server.url, 10), timeout=20)] * 3,
+                                   prefix)
+    assert all(r is not None and torch.equal(r, torch.full((4,), 6.0)) for r in results)
+    assert calls["poll"] == 0 and calls["read_prefix"] <= 3 + calls["watch"], calls
+    lone = EtcdRendezvousStore(EtcdKV(etcd_server.url, 10))
+    with pytest.raises(StoreError, match="wait timeout"):
+        lone.wait([f"{prefix}/never/0"], datetime.timedelta(seconds=0.3))
+    # the version the wait is for was abandoned (a rank it waits for is lost): it ends at once
+    doomed = EtcdRendezvousStore(EtcdKV(etcd_server.url, 10), give_up=lambda: "cluster v2 dropped lost worker(s) w0")
+    began = time.monotonic()
+    with pytest.raises(RendezvousAbandoned, match="dropped lost worker"):
+        doomed.wait([f"{prefix}/never/0"], datetime.timedelta(seconds=30))
+    assert time.monotonic() - began < 10
 
 
 def test_etcd_watch_streams_every_new_version_and_stops_when_told(etcd_server, monkeypatch):
@@ -287,6 +338,46 @@ def test_a_launcher_started_etcd_admits_only_the_jobs_user_on_its_own_keys():
             EtcdKV(server.url, 5).set("taiji/j/x", "1")  # no user: refused
         with pytest.raises(AuthError, match="wrong secret"):
             EtcdKV(server.url, 5, job_credentials("j", auth.new_secret()))
+    finally:
+        server.stop()
+
+
+def test_a_processes_etcd_connections_share_one_login_and_renew_it_once():
+    """Connections made by another() present the first one's token (authenticating costs etcd a
+    bcrypt check with its write lock held); when the server forgets the token, the first
+    connection to notice renews it for all, and a watch stream follows."""
+    if shutil.which("etcd") is None:
+        pytest.skip("no etcd server binary (apt-get install -y etcd-server)")
+    pytest.importorskip("etcd3gw")
+    import requests
+    from taiji.cluster import auth
+    from taiji.cluster.etcd import EtcdKV, job_credentials
+    from taiji.launch.etcd_server import EtcdServer
+    server = EtcdServer("127.0.0.1").start()
+    try:
+        secret = auth.new_secret()
+        root_password = auth.derive(secret, "etcd-root").hex()
+        EtcdKV(server.url, 5).enable_auth("j", root_password, job_credentials("j", secret)[1])
+        first = EtcdKV(server.url, 5, job_credentials("j", secret))
+        others = [first.another() for _ in range(3)]
+        for i, kv in enumerate(others):
+            kv.set(f"taiji/j/k{i}", str(i))
+        watcher = first.another()
+        stream = watcher.changes("taiji/j/k0", threading.Event())
+        assert next(stream) == b"0"
+        assert first.authentications == 1, "another() authenticated again"
+        # the server forgets every token (auth off and on again, as root)
+        base = f"http://127.0.0.1:{server.port}/v3"
+        token = requests.post(f"{base}/auth/authenticate", json={"name": "root", "password": root_password},
+                              timeout=5).json()["token"]
+        requests.post(f"{base}/auth/disable", json={}, headers={"Authorization": token}, timeout=5).raise_for_status()
+        requests.post(f"{base}/auth/enable", json={}, timeout=5).raise_for_status()
+        for i, kv in enumerate(others):
+            assert kv.get(f"taiji/j/k{i}") == str(i).encode()
+        assert first.authentications == 2, "one renewal serves every connection"
+        first.set("taiji/j/k0", "moved")
+        assert next(stream) == b"moved"
+        assert first.authentications == 2
     finally:
         server.stop()
 

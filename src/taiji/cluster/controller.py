@@ -57,6 +57,7 @@ from .control_state import (  # noqa: F401 (re-exported)
 
 
 Reaction = tuple[ControllerState, list[Action]]
+BOOTING_SLACK = 4  # a joiner not yet ready is taken for frozen after this many --liveness-timeouts
 
 
 def decide(state: ControllerState, event: Event, now: float) -> Reaction:
@@ -401,10 +402,14 @@ def _judge_suspects(state: ControllerState, now: float, final: bool) -> Reaction
 
 
 def _frozen(state: ControllerState, now: float) -> Reaction:
-    """Running workers whose heartbeat stopped for ``liveness_timeout``: stopped or frozen."""
+    """Running workers whose heartbeat stopped for ``liveness_timeout``: stopped or frozen. A
+    joiner still booting holds nobody up, and its imports and model building can hold Python's
+    lock for seconds on a loaded host (its heartbeat thread waits): it gets ``BOOTING_SLACK``
+    times as long."""
     running = set(state.alive_members) | {j.id for j in state.joiners}
-    frozen = sorted(i for i, at in state.beats.items()
-                    if i in running and i not in state.killed and now - at > state.bounds.liveness_timeout)
+    booting = {j.id for j in state.joiners if not j.ready}
+    frozen = sorted(i for i, at in state.beats.items() if i in running and i not in state.killed and
+                    now - at > state.bounds.liveness_timeout * (BOOTING_SLACK if i in booting else 1))
     if state.done:  # its heartbeat stops as it shuts down: it is slow to exit, not frozen in training
         kills = [Kill(i, f"still running {now - state.beats[i]:.1f}s after it stopped its heartbeat at the "
                          "end of training") for i in frozen]

@@ -17,7 +17,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch.distributed as dist
 
@@ -48,6 +48,13 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
+def _holds(key: str, value: bytes) -> dict:
+    """A transaction's comparison: ``key`` holds ``value`` (b"": ``key`` is absent)."""
+    if value == b"":
+        return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+    return {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(value)}
+
+
 SCHEMES = ("etcd://", "etcds://")  # etcds: over TLS (certificates from TAIJI_ETCD_CA/CERT/KEY, env.py)
 
 
@@ -73,6 +80,15 @@ def job_credentials(job_id: str, secret: bytes) -> tuple[str, str]:
     return f"taiji-{job_id}", derive(secret, "etcd").hex()
 
 
+class _Login:
+    """A token that connections to one cluster, as one user, share; renewed under ``lock``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.token: str | None = None
+        self.count = 0  # authentications so far
+
+
 def _prefix_end(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
@@ -81,9 +97,11 @@ class EtcdKV:
     """One connection (an HTTP session) to an etcd cluster; give each thread its own.
 
     With ``credentials`` (user, password) it authenticates when the cluster has auth on, and
-    again when its token expires; a cluster without auth is used as it is."""
+    again when its token expires; a cluster without auth is used as it is. Connections made by
+    ``another()`` share the first one's token (``_Login``) rather than authenticating each."""
 
-    def __init__(self, url: str, timeout: float = 60.0, credentials: tuple[str, str] | None = None):
+    def __init__(self, url: str, timeout: float = 60.0, credentials: tuple[str, str] | None = None,
+                 login: "_Login | None" = None):
         try:
             from etcd3gw.client import Etcd3Client
             from etcd3gw import exceptions
@@ -109,34 +127,49 @@ class EtcdKV:
                 client.session.trust_env = False
         self._current = 0
         self._credentials = credentials
-        if credentials is not None:
-            self._authenticate()
+        self._login = login if login is not None else (_Login() if credentials is not None else None)
+        if credentials is not None and login is None:
+            self._authenticate(None)
 
-    def _authenticate(self) -> None:
-        assert self._credentials is not None
+    def _authenticate(self, stale: str | None) -> None:
+        """Get a token for every connection sharing this one's login — unless another of them
+        already replaced ``stale`` (the token this one found expired) meanwhile."""
+        assert self._credentials is not None and self._login is not None
         user, password = self._credentials
-        try:
-            token = self._post("/auth/authenticate", {"name": user, "password": password}, retry_auth=False)["token"]
-        except StoreError as exc:
-            if "authentication is not enabled" in str(exc):
-                return  # an open cluster: nothing to present
-            if "authentication failed" in str(exc):
-                raise AuthError(f"etcd at {self.url} refused user {user}: the password derived from the job "
-                                "secret does not match (a wrong secret file?)") from None
-            raise
-        for client in self._clients:
-            client.session.headers["Authorization"] = token
+        with self._login.lock:
+            if self._login.token != stale:
+                return
+            try:
+                token = self._post("/auth/authenticate", {"name": user, "password": password}, as_user=False)["token"]
+            except StoreError as exc:
+                if "authentication is not enabled" in str(exc):
+                    return  # an open cluster: nothing to present
+                if "authentication failed" in str(exc):
+                    raise AuthError(f"etcd at {self.url} refused user {user}: the password derived from the job "
+                                    "secret does not match (a wrong secret file?)") from None
+                raise
+            self._login.token = token
+            self._login.count += 1
+
+    def _present(self, client: Any, token: str | None) -> None:
+        """Put ``token`` (None: none) on ``client``'s requests."""
+        headers = client.session.headers
+        if token is None:
+            headers.pop("Authorization", None)
+        elif headers.get("Authorization") != token:
+            headers["Authorization"] = token
 
     # -- transport -------------------------------------------------------------------------
 
-    def _post(self, path: str, payload: dict, retry_auth: bool = True) -> dict:
+    def _post(self, path: str, payload: dict, as_user: bool = True) -> dict:
         """POST to the first endpoint that answers (the others are tried in turn), through
-        elections and brief outages for up to ``RETRY_S``; an expired token is renewed once."""
+        elections and brief outages for up to ``RETRY_S``; ``as_user``: with the login's token
+        (an expired one is renewed once), else with none."""
         deadline = time.monotonic() + min(self._timeout, RETRY_S)
         pause = POLL_START_S
         while True:
             try:
-                return self._post_once(path, payload, retry_auth)
+                return self._post_once(path, payload, as_user)
             except _Transient as exc:
                 if time.monotonic() >= deadline:
                     hint = ""
@@ -147,19 +180,21 @@ class EtcdKV:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
 
-    def _post_once(self, path: str, payload: dict, retry_auth: bool) -> dict:
+    def _post_once(self, path: str, payload: dict, as_user: bool, renewed: bool = False) -> dict:
         last = tls_failure = ""
         for attempt in range(len(self._clients)):
             client = self._clients[(self._current + attempt) % len(self._clients)]
+            token = self._login.token if self._login is not None and as_user else None
+            self._present(client, token)
             try:
                 result = client.post(client.get_url(path), json=payload)
                 self._current = (self._current + attempt) % len(self._clients)
                 return result
             except self._errors as exc:
                 detail = str(getattr(exc, "detail_text", "") or exc)
-                if "invalid auth token" in detail and retry_auth and self._credentials is not None:
-                    self._authenticate()
-                    return self._post_once(path, payload, retry_auth=False)
+                if "invalid auth token" in detail and as_user and not renewed and self._credentials is not None:
+                    self._authenticate(token)
+                    return self._post_once(path, payload, as_user, renewed=True)
                 if any(word in detail for word in ("CERTIFICATE", "certificate", "SSLError")):
                     tls_failure = detail  # this member's; another may still answer
                     continue
@@ -192,6 +227,11 @@ class EtcdKV:
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout.total_seconds()
+
+    @property
+    def timeout(self) -> float:
+        """How long a blocking call waits (seconds)."""
+        return self._timeout
 
     def set(self, key: str, value: str | bytes, lease: int | None = None) -> None:
         payload = {"key": _b64(key), "value": _b64(value)}
@@ -232,16 +272,18 @@ class EtcdKV:
         if the key is absent); return the value after the call (``expected`` if absent and not set)."""
         want = expected.encode() if isinstance(expected, str) else bytes(expected)
         new = desired.encode() if isinstance(desired, str) else bytes(desired)
-        if want == b"":
-            compare = [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
-        else:
-            compare = [{"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(want)}]
-        result = self._txn(compare, [{"request_put": {"key": _b64(key), "value": _b64(new)}}],
+        result = self._txn([_holds(key, want)], [{"request_put": {"key": _b64(key), "value": _b64(new)}}],
                            [{"request_range": {"key": _b64(key)}}])
         if result.get("succeeded"):
             return new
         kvs = result["responses"][0]["response_range"].get("kvs")
         return _unb64(kvs[0].get("value", "")) if kvs else want
+
+    def put_if(self, expected: dict[str, bytes], puts: dict[str, str | bytes]) -> bool:
+        """Write every key of ``puts`` in one transaction if every key of ``expected`` holds its
+        value (b"": is absent); False (nothing written) if one does not."""
+        success = [{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in puts.items()]
+        return bool(self._txn([_holds(k, v) for k, v in expected.items()], success, []).get("succeeded"))
 
     def add(self, key: str, amount: int) -> int:
         """Atomic add; a pure read when ``amount`` is 0."""
@@ -290,37 +332,82 @@ class EtcdKV:
         revision, value = current()
         yield value
         while not stop.is_set():
-            client = self._clients[self._current]
-            request = {"create_request": {"key": _b64(key), "start_revision": revision + 1}}
+            token = self._login.token if self._login is not None else None
             try:
-                with client.session.post(client.get_url("/watch"), json=request, stream=True,
-                                         timeout=(min(self._timeout, 10.0), WATCH_REOPEN_S)) as response:
-                    for line in response.iter_lines():
-                        if stop.is_set():
-                            return
-                        result = json.loads(line).get("result") if line.strip() else None
-                        if result is None or (result.get("canceled") and not result.get("compact_revision")):
-                            raise _Transient(line.decode(errors="replace")[:300])  # an error, or a refusal
-                        if result.get("canceled"):  # compacted past our revision: read the key afresh
-                            revision, value = current()
-                            yield value
-                            break
-                        for event in result.get("events", ()):
-                            revision = int(event["kv"]["mod_revision"])
-                            deleted = event.get("type") == "DELETE"
-                            yield None if deleted else _unb64(event["kv"].get("value", ""))
+                for result in self._watch({"key": _b64(key), "start_revision": revision + 1}, WATCH_REOPEN_S):
+                    if stop.is_set():
+                        return
+                    if result.get("canceled"):  # compacted past our revision: read the key afresh
+                        revision, value = current()
+                        yield value
+                        break
+                    for event in result.get("events", ()):
+                        revision = int(event["kv"]["mod_revision"])
+                        deleted = event.get("type") == "DELETE"
+                        yield None if deleted else _unb64(event["kv"].get("value", ""))
             except (requests.RequestException, _Transient, ValueError, KeyError) as exc:
                 idle = isinstance(exc, requests.ConnectionError) and "Read timed out" in str(exc)
                 if idle:
                     continue  # an open stream with nothing new: reopen it on the same member
                 if "auth token" in str(exc) and self._credentials is not None:
-                    self._authenticate()
+                    self._authenticate(token)
                 else:  # a member that is down, partitioned or refusing: the next one, after a pause
                     self._current = (self._current + 1) % len(self._clients)
                 stop.wait(POLL_MAX_S)
 
+    def _watch(self, request: dict, quiet_s: float) -> Iterator[dict]:
+        """One watch stream on the current member: its results, until the server ends it (or
+        ``quiet_s`` pass without a line: requests' read timeout). _Transient for a refusal."""
+        client = self._clients[self._current]
+        self._present(client, self._login.token if self._login is not None else None)
+        with client.session.post(client.get_url("/watch"), json={"create_request": request}, stream=True,
+                                 timeout=(min(self._timeout, 10.0), quiet_s)) as response:
+            for line in response.iter_lines():
+                result = json.loads(line).get("result") if line.strip() else None
+                if result is None or (result.get("canceled") and not result.get("compact_revision")):
+                    raise _Transient(line.decode(errors="replace")[:300])  # an error, or a refusal
+                yield result
+
+    def read_prefix(self, prefix: str, put: tuple[str, bytes] | None = None) -> tuple[int, dict[str, bytes]]:
+        """Every key under ``prefix`` with its value, and the revision read at: one round trip,
+        which first writes ``put`` (key, value) if given."""
+        scan = {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))}
+        if put is None:
+            answer = self._post("/kv/range", scan)
+        else:
+            done = self._txn([], [{"request_put": {"key": _b64(put[0]), "value": _b64(put[1])}}, {"request_range": scan}], [])
+            answer = dict(done["responses"][1]["response_range"], header=done["header"])
+        found = {_unb64(kv["key"]).decode(): _unb64(kv.get("value", "")) for kv in answer.get("kvs", ())}
+        return int(answer["header"]["revision"]), found
+
+    def puts_under(self, prefix: str, revision: int, quiet_s: float) -> Iterator[tuple[str, bytes]]:
+        """Keys written under ``prefix`` after ``revision``, with their values, as they are written;
+        ends after ``quiet_s`` without one. StoreError if the watch fails (read the prefix again)."""
+        import requests
+        request = {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)), "start_revision": revision + 1}
+        try:
+            for result in self._watch(request, quiet_s):
+                if result.get("canceled"):
+                    raise StoreError(f"etcd at {self.url}: the watch of {prefix} was compacted away")
+                for event in result.get("events", ()):
+                    if event.get("type") != "DELETE":
+                        yield _unb64(event["kv"]["key"]).decode(), _unb64(event["kv"].get("value", ""))
+        except requests.ConnectionError as exc:
+            if "Read timed out" not in str(exc):
+                raise StoreError(f"etcd at {self.url}: watching {prefix} failed: {exc}") from None
+        except (requests.RequestException, _Transient, ValueError, KeyError) as exc:
+            raise StoreError(f"etcd at {self.url}: watching {prefix} failed: {exc}") from None
+
     def another(self) -> "EtcdKV":
-        return EtcdKV(self.url, self._timeout, self._credentials)
+        """The same cluster on a connection of its own, presenting this one's token (no new
+        authentication: etcd checks a password with bcrypt, and etcd 3.4 holds its write lock
+        while it does — many at once, as when workers start, stall every write for seconds)."""
+        return EtcdKV(self.url, self._timeout, self._credentials, self._login)
+
+    @property
+    def authentications(self) -> int:
+        """How many times this connection's login has authenticated (0: none; auth is off)."""
+        return self._login.count if self._login is not None else 0
 
     def enable_auth(self, job_id: str, root_password: str, password: str) -> None:
         """On a cluster this job owns (`--store etcd`): a root user, a user and role for the job
@@ -379,6 +466,9 @@ class EtcdC10dStore(dist.Store):
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
         return self.kv.compare_set(key, expected, desired)
 
+    def put_if(self, expected: dict[str, bytes], puts: dict[str, str | bytes]) -> bool:
+        return self.kv.put_if(expected, puts)
+
     def check(self, keys: list[str]) -> bool:
         return self.kv.check(keys)
 
@@ -393,6 +483,11 @@ class EtcdC10dStore(dist.Store):
 
     def another(self) -> "EtcdC10dStore":
         return EtcdC10dStore(self.kv.another())
+
+    def rendezvous(self, give_up: Callable[[], str | None]) -> dist.Store:
+        """This connection as a store for gloo's rendezvous (cluster/rendezvous.py)."""
+        from .rendezvous import EtcdRendezvousStore
+        return EtcdRendezvousStore(self.kv, self.kv.timeout, give_up)
 
     def clone(self) -> "EtcdC10dStore":  # gloo clones its store for its own threads
         return self.another()

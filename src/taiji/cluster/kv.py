@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 
 class KeyValue(Protocol):
@@ -38,10 +41,26 @@ class SupportsWatch(Protocol):
 
 
 @runtime_checkable
+class SupportsTransactions(Protocol):
+    """Several keys written at once, only if other keys hold what is expected (b"": absent)."""
+
+    def put_if(self, expected: dict[str, bytes], puts: dict[str, str | bytes]) -> bool: ...
+
+
+@runtime_checkable
 class SupportsConnections(Protocol):
     """The same store on a connection of its own (for a background thread)."""
 
     def another(self) -> KeyValue: ...
+
+
+@runtime_checkable
+class SupportsRendezvous(Protocol):
+    """A store of its own for process groups' rendezvous, whose keys are written once (etcd: a
+    group's keys read together, the missing ones waited for by a watch); a wait ends early once
+    ``give_up()`` says why (the version it was for was abandoned)."""
+
+    def rendezvous(self, give_up: Callable[[], str | None]) -> "dist.Store": ...
 
 
 @runtime_checkable

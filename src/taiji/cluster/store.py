@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from ..errors import AuthError, StoreError
 from .auth import Signer, unsealed
-from .kv import KeyValue, SupportsConnections, SupportsLease, SupportsPollInterval, SupportsWatch
+from .kv import (KeyValue, SupportsConnections, SupportsLease, SupportsPollInterval, SupportsTransactions,
+                 SupportsWatch)
 from .spec import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -170,8 +171,10 @@ class JobStore:
 
     def put_record(self, name: str, record: dict) -> None:
         """Write a control record, sealed when this store has the job's signer."""
-        raw = self.signer.seal(self.key(name), record) if self.signer else json.dumps(record)
-        self.set(name, raw)
+        self.set(name, self._sealed(name, record))
+
+    def _sealed(self, name: str, record: dict) -> str | bytes:
+        return self.signer.seal(self.key(name), record) if self.signer else json.dumps(record)
 
     def get_record(self, name: str) -> dict:
         """Read a control record; AuthError if it is not sealed with this job's secret."""
@@ -248,17 +251,19 @@ class JobStore:
         A writer first claims ``config/v{N}/owner`` with a unique token (CAS against absent);
         only the owner writes ``config/v{N}`` and then moves ``config/latest`` from ``N-1`` to
         ``N`` (CAS). Readers follow ``latest``, so they never see a rival or missing version.
+        A store with transactions (etcd) does the three in one, on the same conditions.
         """
-        token = uuid.uuid4().hex.encode()
-        owner = self._call("publish", self.kv.compare_set,
-                           self.key(config_key(config.version) + "/owner"), b"", token)
-        if owner != token:
-            return False
-        self.put_record(config_key(config.version), config.to_dict())
+        token, name = uuid.uuid4().hex.encode(), config_key(config.version)
+        owner, latest = self.key(name + "/owner"), self.key(LATEST_KEY)
         previous = b"" if config.version == 1 else str(config.version - 1).encode()
         desired = str(config.version).encode()
-        current = self._call("publish", self.kv.compare_set, self.key(LATEST_KEY), previous, desired)
-        return current == desired
+        if isinstance(self.kv, SupportsTransactions):
+            return self._call("publish", self.kv.put_if, {owner: b"", latest: previous},
+                              {owner: token, self.key(name): self._sealed(name, config.to_dict()), latest: desired})
+        if self._call("publish", self.kv.compare_set, owner, b"", token) != token:
+            return False
+        self.put_record(name, config.to_dict())
+        return self._call("publish", self.kv.compare_set, latest, previous, desired) == desired
 
 
     # -- keys the launcher's driver watches (written by workers or `taiji resize`) -------

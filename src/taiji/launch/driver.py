@@ -33,6 +33,10 @@ TICK_SECONDS = 0.02
 ETCD_TICK_SECONDS = 0.05  # each store poll is an HTTP round trip there: look less often
 SNAPSHOT_SECONDS = 0.25  # how often rank 0's progress is read for `taiji status`
 BEAT_POLL_TICKS = 5  # heartbeats are read every 0.1 s: well within the 1 s that tells busy from stuck
+# ... and at least this often (seconds) when ticks run slow (many store round trips on a loaded
+# host): the controller judges a silence up to now, so it must have looked lately — a controller
+# that had not looked for 2 s took every host of a growing job for lost
+BEAT_LOOK_MAX_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Driver:
         self.survivable = etcd is None and cfg.store != "tcp"  # the store outlives this host
         self.remote = RemoteHosts(job, cfg.host, self.say)  # the other hosts' agents and workers
         self._bell, self._controller_beats, self._proposal_seq, self._ticks = -1, 0, 0, 0
+        self._looked = 0.0  # when the beats were last read (monotonic)
         self._doorbell: KeyFollower | None = None
         self.secret_file = registry.secret_file(cfg.job_id)
         self._beat_counts: dict[str, int] = {}
@@ -212,7 +217,9 @@ class Driver:
     def _gathering_tick(self) -> int | None:
         """One tick while hosts gather: beat (agents must not take over a job not started) and wait;
         a signal received meanwhile."""
-        self._beat_events(time.monotonic())
+        now = time.monotonic()
+        if self._look_at_beats(now):
+            self._beat_events(now)
         _, received = self.sup.wait(timeout=self.tick)
         return received[0] if received else None
 
@@ -250,11 +257,21 @@ class Driver:
                 events.append(ctl.FatalReported(str(fatal["worker"]), str(fatal["message"])))
         return events
 
+    def _look_at_beats(self, now: float) -> bool:
+        """Is it time to read the beats: every ``BEAT_POLL_TICKS`` ticks, and at least every
+        ``BEAT_LOOK_MAX_S`` seconds however long the ticks took."""
+        self._ticks += 1
+        blind = now - self._looked
+        if self._ticks % BEAT_POLL_TICKS and blind < BEAT_LOOK_MAX_S:
+            return False
+        if self._looked and blind > 4 * BEAT_LOOK_MAX_S:
+            log.warning("job %s: the controller read no heartbeats for %.2fs (this host is overloaded, or the job "
+                        "store answered slowly)", self.cfg.job_id, blind)
+        self._looked = now
+        return True
+
     def _beat_events(self, now: float) -> list[ctl.Event]:
         """A ``Beat`` for every running worker whose heartbeat counter moved since the last look."""
-        self._ticks += 1
-        if self._ticks % BEAT_POLL_TICKS:
-            return []
         if self.survivable:  # agents watch this beat to take over; nobody can where the store dies with us
             self._controller_beats += 1
             agent_channel.beat_controller(self.job, self._controller_beats)
@@ -364,8 +381,9 @@ class Driver:
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
                 events += self._store_events() if rang else []
                 now = time.monotonic()
-                events += self.remote.events(self.state, now, rang, self._ticks % BEAT_POLL_TICKS == 0)
-                events += self._beat_events(now)
+                look = self._look_at_beats(now)
+                events += self.remote.events(self.state, now, rang, look)
+                events += self._beat_events(now) if look else []
                 events = pending + events + [ctl.Tick()]
                 pending = []
                 for event in events:

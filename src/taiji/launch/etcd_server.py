@@ -20,6 +20,11 @@ from ..errors import LaunchError, StoreError
 from .supervisor import die_with_parent
 
 START_TIMEOUT_S = 30.0
+# bcrypt's lowest cost for the passwords of the job's users: they are derived from the 256-bit job
+# secret (cluster/auth.py), so a slower hash adds no safety, while at etcd's default (10) each
+# authentication costs the server ~0.1 s of CPU with its write lock held (etcd 3.4): workers
+# starting together stalled every write — heartbeats, leases, publishes — for seconds
+BCRYPT_COST = 4
 
 
 def _free_port(host: str) -> int:
@@ -51,7 +56,7 @@ class EtcdServer:
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"taiji={peer}", "--heartbeat-interval", "10", "--election-timeout", "100",
-                "--log-level", "warn"]
+                "--bcrypt-cost", str(BCRYPT_COST), "--log-level", "warn"]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True,

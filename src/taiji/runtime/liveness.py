@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from ..cluster.store import JobStore
 from ..errors import StoreError
 
 log = logging.getLogger(__name__)
+
+LATE_S = 1.0  # a beat this late is said (the launcher's --liveness-timeout is 2 s or more)
 
 
 class Heartbeat:
@@ -33,17 +36,28 @@ class Heartbeat:
         return self
 
     def _run(self) -> None:
-        count = 0
+        count, due = 0, time.monotonic()
         while True:
             count += 1
+            began = time.monotonic()
             try:
                 self.store.beat(self.worker_id, count)
             except StoreError:
                 # the launcher is gone or unreachable: the launcher watch (or the next collective)
                 # ends this worker; a heartbeat that cannot be delivered has nothing else to do
                 log.debug("heartbeat of worker %s not delivered", self.worker_id)
+            self._say_if_late(began - due, time.monotonic() - began)
+            due = time.monotonic() + self.interval
             if self._stopped.wait(self.interval):
                 return
+
+    def _say_if_late(self, started_late: float, took: float) -> None:
+        """A beat far behind its time makes the launcher take this worker for frozen: say why."""
+        if max(started_late, took) > LATE_S:
+            log.warning("worker %s: a heartbeat went out %.2fs late (%s)", self.worker_id, started_late + took,
+                        f"the job store took {took:.2f}s to answer" if took > started_late else
+                        f"this thread ran {started_late:.2f}s late: the host is overloaded, or the process held "
+                        "Python's lock that long")
 
     def stop(self) -> None:
         """Stop and join: a thread still inside a store call at interpreter exit aborts the process."""

@@ -107,6 +107,10 @@ class ElasticMembership(_PeerMembership):
         self._closed = threading.Event()
         self._given_store = watch_store
         self._watcher: threading.Thread | None = None  # started by the first question it answers
+        self._moved = threading.Condition()  # notified by the watcher when ``_newest`` moves
+        self._newest_config: ClusterConfig | None = None  # read by the watcher (a store that can watch)
+        self._report_lock = threading.Lock()  # failure reports, one at a time, on their own connection
+        self._report_store: JobStore | None = None
 
     def _start_watching(self) -> None:
         # the watcher blocks in store waits: on its own connection, so the training thread's
@@ -118,21 +122,30 @@ class ElasticMembership(_PeerMembership):
 
     def _watch(self) -> None:
         store = self._watch_store
+        with self._report_lock:  # the failure reports' connection, made now rather than at a failure
+            self._connect_reporter()
         pause = min(WATCH_POLL_S * 4, max(WATCH_POLL_S, store.poll_interval))
         while not self._closed.wait(0 if store.can_watch else pause):
             try:
                 if store.can_watch:  # etcd: a stream of the latest version, no polling
                     for version in store.follow_latest(self._closed):
-                        self._newest = max(self._newest, version)
+                        if version > self._newest:  # read here: the training thread may be waiting for it
+                            self._saw(version, store.read_config(version))
                         self._abandon_if_doomed(store)
                     continue
                 following = max(self._newest, self.peer.version) + 1
                 if store.has(config_key(following)):
-                    self._newest = max(following, store.latest_version())
+                    self._saw(max(following, store.latest_version()))
                 self._abandon_if_doomed(store)
             except StoreError:
                 # the launcher is gone or restarting: the training thread finds out itself
                 self._closed.wait(pause)
+
+    def _saw(self, version: int, config: ClusterConfig | None = None) -> None:
+        with self._moved:
+            if version > self._newest:
+                self._newest, self._newest_config = version, config
+                self._moved.notify_all()
 
     def _abandon_if_doomed(self, store: JobStore) -> None:
         """A newer version that dropped members of ours as lost means our version's collectives
@@ -177,9 +190,19 @@ class ElasticMembership(_PeerMembership):
             version += 1
 
     def wait_for_newer(self, timeout: float) -> ClusterConfig:
-        """Block until a config newer than ours is published; return the latest one."""
+        """Block until a config newer than ours is published; return the latest one. Where the
+        store can watch (etcd), the watcher's stream tells at once; else a store wait (TCPStore's
+        is answered by the server when the key appears)."""
         store, peer = self._store, self.peer
+        self.watch()
         try:
+            if store.can_watch:
+                with self._moved:
+                    if not self._moved.wait_for(lambda: self._newest > peer.version, timeout):
+                        raise StoreError(f"config v{peer.version + 1} not published")
+                    newest, config = self._newest, self._newest_config
+                # the watcher follows `latest`, which moves only after `config/v{N}` is written
+                return config if config is not None and config.version == newest else store.read_config(newest)
             store.wait_for_version(peer.version + 1, timeout)
         except StoreError as exc:
             raise StoreError(f"[rank {peer.rank} v={peer.version}] worker {peer.worker_id}: no new cluster "
@@ -188,7 +211,35 @@ class ElasticMembership(_PeerMembership):
         return store.read_config(max(store.latest_version(), peer.version + 1))
 
     def report_failure(self) -> None:
-        self._store.report_failure(self.peer.version, self.peer.worker_id)
+        """Tell the launcher that a collective of our version failed here — unless a newer version
+        is known already (the launcher has moved on without it). Sent by a thread of its own, on a
+        connection of its own: waiting for the next config does not wait for the report's round
+        trips (five on etcd), and the launcher, if it needs the report, gets it as soon."""
+        version = self.peer.version
+        if self.newest_version() > version:
+            return
+        threading.Thread(target=self._send_report, args=(version,), name="taiji-failure-report",
+                         daemon=True).start()
+
+    def _send_report(self, version: int) -> None:
+        with self._report_lock:
+            store = self._connect_reporter()
+            try:
+                if store is None:
+                    raise StoreError("no connection to the job store")
+                store.report_failure(version, self.peer.worker_id)
+            except StoreError as exc:  # the wait for the next config tells the training thread
+                log.warning("could not report the failure of cluster v%d: %s", version, exc)
+
+    def _connect_reporter(self) -> JobStore | None:
+        """(Under ``_report_lock``.) On etcd a new connection authenticates, which costs etcd
+        tens of ms of CPU (bcrypt; far more on a loaded host): not while a failure is handled."""
+        if self._report_store is None:
+            try:
+                self._report_store = self._store.another_connection()
+            except StoreError as exc:
+                log.warning("no connection for failure reports yet: %s", exc)
+        return self._report_store
 
     def peers_gave_up(self, idle_seconds: float) -> bool:
         """After ``idle_seconds`` in user code (an evaluation on this rank alone): did a peer's

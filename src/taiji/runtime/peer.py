@@ -16,6 +16,7 @@ import torch.distributed as dist
 from .. import env
 from ..cluster import spec
 from ..cluster.auth import secret_from_env
+from ..cluster.kv import SupportsRendezvous
 from ..cluster.store import JobStore, connect_job
 from ..comm.communicator import CommOptions, Communicator, reap_closed_groups
 from ..comm.default import set_default_provider
@@ -48,6 +49,10 @@ class Member(Protocol):
     def comm(self) -> Communicator: ...
     @property
     def joined(self) -> bool: ...
+    def _abandoned(self) -> str | None:
+        """Why the current version's groups can no longer form (None: they can)."""
+        return self.comm.abandoned if self.comm is not None else None
+
     def transition(self, config: spec.ClusterConfig) -> bool: ...
     def at_step(self, step: int) -> None: ...
 
@@ -72,7 +77,10 @@ class Peer:
         self.options = options
         self.step = 0  # for log prefixes; the training loop tells it through ``at_step``
         self._context_source: Callable[[], Context] | None = None  # the running Job's
-        self._comm_store = dist.PrefixStore(f"taiji/{self.job_store.job_id}", raw_store)
+        # (a store written in Python must outlive the C++ stores wrapping it: kept here)
+        self._rendezvous = raw_store.rendezvous(self._abandoned) if isinstance(raw_store, SupportsRendezvous) \
+            else raw_store
+        self._comm_store = dist.PrefixStore(f"taiji/{self.job_store.job_id}", self._rendezvous)
         self._provisional = provisional
         self.config: spec.ClusterConfig | None = None
         self.comm: Communicator = None  # type: ignore[assignment]
@@ -133,6 +141,10 @@ class Peer:
             self._view = spec.ClusterView.of(self.config, self.worker_id, min_size=max(env.MIN_NP.get(), 1),
                                              max_size=env.MAX_NP.get() or None, elastic=self.elastic)
         return self._view
+
+    def _abandoned(self) -> str | None:
+        """Why the current version's groups can no longer form (None: they can)."""
+        return self.comm.abandoned if self.comm is not None else None
 
     def transition(self, config: spec.ClusterConfig) -> bool:
         """Switch to ``config``'s groups (same topology); False (and no communicator) if this worker left."""
