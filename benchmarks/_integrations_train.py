@@ -1,7 +1,7 @@
 """One side of benchmarks/integrations.py: a framework's own training loop on 2 processes, timed per step.
 
     taiji run -np 2 -- python _integrations_train.py lightning taiji OUT --steps S --batch B
-    python _integrations_train.py lightning ddp OUT ...                           # Lightning launches rank 1
+    torchrun --standalone --nproc-per-node 2 _integrations_train.py lightning ddp OUT ...
     taiji run -np 2 -- python _integrations_train.py hf taiji OUT ...
     torchrun --standalone --nproc-per-node 2 _integrations_train.py hf ddp OUT ...
 
@@ -13,9 +13,10 @@ DataLoader of batch B (taiji: the global batch; DDP: B/2 per process, Lightning'
 under torchrun (``ddp_backend="gloo"``, ``ddp_find_unused_parameters=False``: DDP at its best).
 
 Both sides run the same module, data, optimizer, global batch and number of steps; one compute thread
-per process. A callback that both sides share records ``time.perf_counter()`` at the end of every
-step (Lightning's ``on_train_batch_end``, the Trainer's ``on_step_end``: after the update); each
-process writes them to OUT/times-<rank>.json with its last loss.
+per process. A callback that both sides share records ``time.perf_counter()`` and the process's CPU
+seconds (``time.process_time()``: every thread's, gloo's included) at the end of every step
+(Lightning's ``on_train_batch_end``, the Trainer's ``on_step_end``: after the update); each process
+writes them to OUT/times-<rank>.json with its last loss.
 """
 from __future__ import annotations
 
@@ -41,11 +42,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def write_times(out: Path, rank: int, times: list[float], loss: float | None) -> None:
+def write_times(out: Path, rank: int, clock: "Clock", loss: float | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"times-{rank}.json"
-    path.with_suffix(".tmp").write_text(json.dumps({"rank": rank, "times": times, "loss": loss}))
+    path.with_suffix(".tmp").write_text(json.dumps({"rank": rank, "times": clock.times, "cpu": clock.cpu,
+                                                    "loss": loss}))
     path.with_suffix(".tmp").replace(path)
+
+
+class Clock:
+    """Wall and CPU clocks at the end of every step."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.cpu: list[float] = []
+
+    def tick(self) -> None:
+        self.times.append(time.perf_counter())
+        self.cpu.append(time.process_time())
 
 
 # -- Lightning ------------------------------------------------------------------------------------
@@ -86,12 +100,12 @@ def lightning_side(args: argparse.Namespace) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
-    class StepClock(L.Callback):
+    class StepClock(L.Callback, Clock):
         def __init__(self) -> None:
-            self.times: list[float] = []
+            Clock.__init__(self)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            self.times.append(time.perf_counter())
+            self.tick()
 
     try:
         data = load_fashion_mnist(train=True)
@@ -113,7 +127,7 @@ def lightning_side(args: argparse.Namespace) -> None:
     trainer.fit(module, loader)
     rank = taiji.rank() if args.side == "taiji" else trainer.global_rank
     loss = None if module.last_loss is None else float(module.last_loss)
-    write_times(args.out, rank, clock.times, loss)
+    write_times(args.out, rank, clock, loss)
 
 
 # -- Hugging Face ---------------------------------------------------------------------------------
@@ -137,12 +151,12 @@ def hf_side(args: argparse.Namespace) -> None:
         def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
             return {"input_ids": ids[i], "labels": ids[i]}
 
-    class StepClock(TrainerCallback):
+    class StepClock(TrainerCallback, Clock):
         def __init__(self) -> None:
-            self.times: list[float] = []
+            Clock.__init__(self)
 
         def on_step_end(self, args, state, control, **kwargs) -> None:
-            self.times.append(time.perf_counter())
+            self.tick()
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=block, n_embd=64, n_layer=2, n_head=4))
@@ -165,7 +179,7 @@ def hf_side(args: argparse.Namespace) -> None:
         trainer.train()
         rank = int(os.environ.get("RANK", "0"))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    write_times(args.out, rank, clock.times, losses[-1] if losses else None)
+    write_times(args.out, rank, clock, losses[-1] if losses else None)
 
 
 def main(argv=None) -> None:
