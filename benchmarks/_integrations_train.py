@@ -184,7 +184,16 @@ def hf_side(args: argparse.Namespace) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    (lightning_side if args.framework == "lightning" else hf_side)(args)
+    side = lightning_side if args.framework == "lightning" else hf_side
+    if os.environ.get("TAIJI_BENCH_PROFILE"):  # where a process's time goes: OUT/profile-<pid>.txt
+        import cProfile
+        import pstats
+        profile = cProfile.Profile()
+        profile.runcall(side, args)
+        with open(args.out / f"profile-{os.getpid()}.txt", "w") as sink:
+            pstats.Stats(profile, stream=sink).sort_stats("tottime").print_stats(60)
+    else:
+        side(args)
     sys.stdout.flush()
 
 
