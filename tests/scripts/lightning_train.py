@@ -3,6 +3,8 @@
     taiji run -np N --max-np M ... -- python lightning_train.py OUT --steps S --batch B [--resize STEP:SIZE ...]
     python lightning_train.py OUT --steps S --batch B --plain     # Lightning's own single-process run
     python lightning_train.py OUT --steps S --batch B --compare   # both, one after the other
+    ... lightning_train.py OUT --checkpoint-every K CKPT_DIR      # ModelCheckpoint every K steps
+    ... lightning_train.py OUT --resume CKPT_DIR/step=8.ckpt      # trainer.fit(..., ckpt_path=...)
 
 Each worker appends to OUT/<worker>.jsonl one line per committed step (step, epoch, global span,
 version, size, rank, digest of parameters and optimizer state after the commit), as
@@ -60,6 +62,9 @@ def main():
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--plain", action="store_true", help="Lightning's own loop, no taiji")
     parser.add_argument("--compare", action="store_true", help="Lightning's own loop, then TaijiStrategy's")
+    parser.add_argument("--checkpoint-every", nargs=2, default=None, metavar=("K", "DIR"),
+                        help="Lightning's ModelCheckpoint every K steps into DIR (step=K.ckpt, ...)")
+    parser.add_argument("--resume", default=None, help="trainer.fit(..., ckpt_path=RESUME)")
     args = parser.parse_args()
     torch.manual_seed(0)
     loader = DataLoader(elastic.make_data(), batch_size=args.batch, shuffle=args.shuffle)
@@ -84,7 +89,12 @@ def main():
     policies += [elastic.GrowThenShrink(args.peak)] if args.peak else []
     policies += elastic.make_policies(args.policy, args.batch)
     strategy = TaijiStrategy(policies=policies, seed=11, on_commit=on_commit)
-    L.Trainer(accelerator="cpu", devices=1, strategy=strategy, **common).fit(module, loader)
+    if args.checkpoint_every:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+        every, where = args.checkpoint_every
+        common.update(enable_checkpointing=True, callbacks=[ModelCheckpoint(
+            dirpath=where, filename="{step}", every_n_train_steps=int(every), save_top_k=-1)])
+    L.Trainer(accelerator="cpu", devices=1, strategy=strategy, **common).fit(module, loader, ckpt_path=args.resume)
     if taiji.rank() == 0:
         torch.save([p.detach() for p in module.parameters()], args.out / "final.pt")
 

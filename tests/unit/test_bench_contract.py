@@ -65,7 +65,7 @@ def hand_made_contract_dicts(module: ast.Module) -> list[int]:
 
 
 def test_every_benchmark_is_checked():
-    assert {p.stem for p in SCRIPTS} >= {"adaptive_batch", "allreduce", "elastic", "monitoring", "soak",
+    assert {p.stem for p in SCRIPTS} >= {"adaptive_batch", "allreduce", "elastic", "integrations", "monitoring", "soak",
                                          "strategies", "throughput"}
 
 
@@ -337,3 +337,26 @@ def test_scheduler_fidelity_rows_carry_the_per_job_agreement():
     assert tiresias["mean_abs_log_ratio"] == 0.04 and tiresias["per_workload"] == {6: {"mean_abs_log_ratio": 0.04}}
     assert tiresias["target_met"] is False   # the makespan is 3.5% off
     assert "target" not in pollux
+
+
+def test_integrations_rows_pair_each_side_with_the_anchor_of_its_repetition():
+    integrations = load_benchmark("integrations")
+    args = integrations.parse_args(["--quick"])
+    assert (args.reps, args.steps, args.warmup) == (2, 60, 10)
+    # steady state: steps 11..40 (the first 10 left out), 30 steps of the global batch
+    times = [0.0] * 9 + [10.0 + 0.5 * i for i in range(31)]
+    assert integrations.steady_rate(times, 10, 128) == pytest.approx(30 * 128 / 15.0)
+
+    def side(rate):
+        return {"samples_per_s": rate, "step_ms": 1e3 / rate, "wall_s": 30.0, "loss": 1.0, "cpu_ms_per_sample": 2.0}
+    runs = {"lightning": [{"taiji": side(100.0), "ddp": side(110.0)}, {"taiji": side(60.0), "ddp": side(50.0)},
+                          {"taiji": side(95.0), "ddp": side(100.0)}],
+            "hf": [{"taiji": side(40.0), "ddp": side(40.0)}]}
+    rows = {row["case"]: row for row in integrations.contract_rows(runs, args)}
+    lightning = rows["Lightning: samples/s TaijiStrategy vs Lightning DDP"]
+    # the ratio pairs runs of one repetition (drifting load hits both): median of 0.909, 1.2, 0.95
+    assert (lightning["taiji"], lightning["anchor"], lightning["ratio"]) == (95.0, 100.0, 0.95)
+    assert lightning["paired_ratios"] == [0.909, 1.2, 0.95] and lightning["target_met"] is False
+    assert lightning["cpu_ratio"] == 1.0
+    hf = rows["HF Trainer: samples/s TaijiTrainer vs Trainer DDP"]
+    assert hf["ratio"] == 1.0 and hf["target_met"] is True and hf["global_batch"] == 32

@@ -266,6 +266,27 @@ def test_a_worker_without_heartbeat_for_the_liveness_timeout_is_killed_without_a
     assert of(acts, Publish)[0].config.ids == ("w0", "w1")
 
 
+def test_after_training_ended_a_worker_exiting_slowly_gets_the_exit_timeout_not_the_liveness_timeout():
+    """Issue 39: a worker's heartbeat stops at its exit; a framework's process (Lightning, transformers)
+    then tears its interpreter down for seconds on a busy host. Killed 5 s after its last beat, it lost
+    what ran after (exit handlers, loggers flushing) and exited -9. After training ended, a stopped
+    heartbeat means "exiting": it gets ``exit_timeout``; only one still running after that is killed."""
+    s = beating(initial_state(2, Bounds(liveness_timeout=5.0, exit_timeout=30.0)), "w0", "w1", at=0.0)
+    s, _ = run(s, JobDone(), now=0.5)
+    s, acts = run(s, Tick(), now=29.0)
+    assert not of(acts, Kill), "slow to exit is not frozen"
+    s, acts = run(s, WorkerExited("w0", 0, False), Tick(), now=29.5)
+    assert not of(acts, Kill) and not of(acts, Finish)
+    s, acts = run(s, Tick(), now=30.5)
+    [kill] = of(acts, Kill)
+    assert kill.id == "w1" and "after it stopped its heartbeat at the end of training" in kill.reason
+    s, acts = run(s, WorkerExited("w1", -9, False), now=31.0)
+    assert of(acts, Finish) == [Finish(0, "every worker exited 0")]
+    during = beating(initial_state(2, Bounds(liveness_timeout=5.0, exit_timeout=30.0)), "w0", "w1", at=0.0)
+    during, acts = run(during, Beat("w0", 5.2), Tick(), now=5.2)
+    assert [k.id for k in of(acts, Kill)] == ["w1"], "while training the liveness timeout still holds"
+
+
 def test_an_exited_worker_s_old_heartbeat_does_not_get_it_killed_again():
     s = beating(initial_state(3, Bounds(liveness_timeout=1.0)), "w0", "w1", "w2", at=0.0)
     s, _ = run(s, WorkerExited("w2", 1, True), now=0.5)

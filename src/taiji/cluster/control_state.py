@@ -20,6 +20,8 @@ class Bounds:
     suspect_window: float = 5.0   # after a failure report, how long to wait for the others'
     max_failures: int = 3
     liveness_timeout: float = 5.0  # no heartbeat for this long: the process is stopped or frozen
+    exit_timeout: float = 30.0     # after training ended: a worker exiting (heartbeat stopped at its
+                                   # exit, the interpreter tearing down) is killed only after this long
     busy_timeout: float = 600.0    # a live worker may keep its waiting peers this long (evaluation)
     stale_after: float = 1.0       # a heartbeat older than this at a failure report: not busy
     host_timeout: float = 5.0      # an agent silent this long: its host is lost

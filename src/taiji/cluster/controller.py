@@ -408,9 +408,13 @@ def _frozen(state: ControllerState, now: float) -> Reaction:
     times as long."""
     running = set(state.alive_members) | {j.id for j in state.joiners}
     booting = {j.id for j in state.joiners if not j.ready}
+    # once training has ended a heartbeat stops as its process exits (taiji's exit handler; then the
+    # interpreter's teardown, seconds with a framework loaded on a busy host): slow to exit, not frozen
+    limit = max(state.bounds.liveness_timeout, state.bounds.exit_timeout) if state.done \
+        else state.bounds.liveness_timeout
     frozen = sorted(i for i, at in state.beats.items() if i in running and i not in state.killed and
-                    now - at > state.bounds.liveness_timeout * (BOOTING_SLACK if i in booting else 1))
-    if state.done:  # its heartbeat stops as it shuts down: it is slow to exit, not frozen in training
+                    now - at > limit * (BOOTING_SLACK if i in booting else 1))
+    if state.done:
         kills = [Kill(i, f"still running {now - state.beats[i]:.1f}s after it stopped its heartbeat at the "
                          "end of training") for i in frozen]
     else:

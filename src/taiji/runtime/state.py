@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Mapping, Protocol
 
@@ -60,11 +61,21 @@ def choose_source(steps: list[int]) -> int:
     return steps.index(best)
 
 
+_by_model: "weakref.WeakKeyDictionary[torch.nn.Module, TrainState]" = weakref.WeakKeyDictionary()
+
+
+def train_state_of(model: torch.nn.Module) -> "TrainState | None":
+    """The TrainState last built over ``model`` (by its Job), or None: for an entry point that keeps it
+    inside a framework's own checkpoint (integrations/) through ``state_dict``/``load_state_dict``."""
+    return _by_model.get(model)
+
+
 class TrainState:
     """The replicated training state (see module doc)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, num_samples: int,
                  batch_size: int, strategy: str, parts: Mapping[str, Stateful], has_state: bool = True):
+        _by_model[model] = self
         self.model = model
         self.optimizer = optimizer
         self.num_samples = num_samples

@@ -15,7 +15,11 @@ each of its training batches is one step of a ``taiji.Job`` over the Trainer's t
 - **the boundary**: policies (batch size, LR, resize, stop), in-place grow and shrink, taiji's
   checkpoints (``faults=taiji.FaultOptions(checkpoint=...)``) happen there; the monitors (loss over the
   global batch, GNS, batch size, workers, samples/s) go to the Trainer's loggers every
-  ``log_every_n_steps``.
+  ``log_every_n_steps``;
+- **Lightning's checkpoints** (``ModelCheckpoint``, ``trainer.save_checkpoint``) carry the Job's
+  TrainState under the key ``"taiji"`` (``save_checkpoint``); ``trainer.fit(..., ckpt_path=...)``
+  loads it into the Job before its first step (``load_checkpoint``), so training continues where the
+  checkpoint's data stood: every sample of the epoch after its step exactly once.
 
 What the Trainer does outside the step is its own: validation runs on every worker over the whole
 validation set (``self.log(..., sync_dist=True)`` averages over the current workers on taiji's user
@@ -40,7 +44,7 @@ import taiji
 from ...errors import ConfigError
 from ...policies.base import Policy
 from ...strategies.base import Strategy
-from ..loop import FrameworkLoop, Tickets, step_metrics
+from ..loop import FrameworkLoop, Tickets, check_one_resume, saved_state, step_metrics
 from .environment import TaijiEnvironment
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,7 @@ class TaijiStrategy(ParallelStrategy):
         self._faults, self._sync = faults or taiji.FaultOptions(), sync or taiji.SyncOptions()
         self._on_commit = on_commit  # called with each committed taiji.Step (as ``taiji.Job(on_commit=)``)
         self._lr_scheduler: Any = None
+        self._loaded: tuple[str, Any] | None = None  # (path, its "taiji" entry) of the last checkpoint loaded
         self.loop: FrameworkLoop | None = None
 
     # -- where and who ---------------------------------------------------------------------
@@ -130,17 +135,39 @@ class TaijiStrategy(ParallelStrategy):
                                  collate_fn=collate, device=device)
         max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 10**9
-        if trainer.ckpt_path:
-            raise ConfigError("TaijiStrategy resumes from taiji's checkpoints (faults=taiji.FaultOptions(checkpoint="
-                              "taiji.Checkpoint(path, resume='auto')) or `taiji run --resume`), which hold where the "
-                              "data stands; a Lightning ckpt_path does not")
+        resume = self._resume_state(trainer.ckpt_path) if trainer.ckpt_path else None
 
         def make_job() -> Any:
             return taiji.Job(self.lightning_module, self.optimizers[0], dataset, batch_size, epochs=epochs,
                              max_steps=max_steps, strategy=self._taiji_strategy, policies=self._policies,
                              lr_scheduler=self._lr_scheduler, data=data, monitoring=self._monitoring,
                              faults=self._faults, sync=self._sync, on_commit=self._on_commit)
-        return FrameworkLoop(make_job, len(dataset), max_steps)  # type: ignore[arg-type]
+        return FrameworkLoop(make_job, len(dataset), max_steps, resume=resume)  # type: ignore[arg-type]
+
+    # -- Lightning's checkpoints carry taiji's state ----------------------------------------------
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """Lightning's checkpoint, with the Job's TrainState under ``"taiji"`` (where the data stands)."""
+        state = saved_state(self.loop.job, taiji.size()) if self.loop is not None and self.loop.started else None
+        if state is not None:
+            checkpoint["taiji"] = state
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        self._loaded = (str(checkpoint_path), checkpoint.get("taiji"))
+        return checkpoint
+
+    def _resume_state(self, ckpt_path: Any) -> Any:
+        """The taiji state of the checkpoint ``fit`` resumes from (Lightning loaded it already)."""
+        check_one_resume(self._faults, f"ckpt_path={str(ckpt_path)!r}")
+        if self._loaded is None or self._loaded[0] != str(ckpt_path):
+            raise ConfigError(f"TaijiStrategy: Lightning did not load {ckpt_path} through the strategy")
+        if self._loaded[1] is None:
+            raise ConfigError(f"{ckpt_path} was not written under TaijiStrategy: it does not say where the data "
+                              "stands (taiji's sampler, batch size, policies). Start a new fit from its weights "
+                              "(LightningModule.load_from_checkpoint) without ckpt_path")
+        return self._loaded[1]
 
     def on_train_start(self) -> None:
         super().on_train_start()

@@ -14,7 +14,12 @@ The Trainer owns its sampler, batch size and optimizer step; taiji needs all thr
   ``optimizer.step()`` and ``lr_scheduler.step()`` that follow do nothing (``AppliedAtCommit``,
   ``SteppedAtCommit``), and its ``grad_norm`` log reads the cleared gradients;
 - **the boundary**: policies, grow and shrink, taiji's checkpoints; ``TaijiCallback`` adds the
-  monitors to the Trainer's logs. Only the current rank 0 logs and saves.
+  monitors to the Trainer's logs. Only the current rank 0 logs and saves;
+- **the Trainer's checkpoints**: each ``checkpoint-N`` folder gets the Job's TrainState as
+  ``taiji_state.pt`` (written before the Trainer's own files); ``train(resume_from_checkpoint=...)``
+  loads it into the Job before its first step, so the data continues where the checkpoint's step
+  left it (the Trainer's own batch skipping, meaningless for a loader of tickets, is off:
+  ``ignore_data_skip``).
 
 The Trainer must see one process (Accelerate would otherwise open a torch.distributed group of the
 launch-time size): build the arguments as ``TaijiTrainingArguments``, which hides torchrun's
@@ -27,21 +32,24 @@ import collections
 import contextlib
 import logging
 import os
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 import taiji
 
 from ...errors import ConfigError
 from ...policies.base import Policy
 from ...strategies.base import Strategy
-from ..loop import FrameworkLoop, Tickets
+from ..loop import FrameworkLoop, Tickets, check_one_resume, saved_state
 from .callback import TaijiCallback
 
 log = logging.getLogger(__name__)
 
+STATE_FILE = "taiji_state.pt"  # in each checkpoint-N folder: the Job's TrainState
 _TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
              "TORCHELASTIC_USE_AGENT_STORE")
 
@@ -156,6 +164,7 @@ class TaijiTrainer(Trainer):
         self._shuffle = shuffle
         self._max_grad_norm = self.args.max_grad_norm
         self.args.max_grad_norm = 0.0  # clipped before the commit, not after it
+        self.args.ignore_data_skip = True  # a resumed Job's sampler starts where the checkpoint's stood
         self._real_optimizer: torch.optim.Optimizer | None = None
         self._real_scheduler: Any = None
         self.loop = FrameworkLoop(self._make_job, len(self.train_dataset), self.args.max_steps)  # type: ignore[arg-type]
@@ -171,6 +180,41 @@ class TaijiTrainer(Trainer):
         return taiji.Job(self.model, self._real_optimizer, self.train_dataset, self.args.per_device_train_batch_size,
                          epochs=10**9, max_steps=self.args.max_steps, lr_scheduler=self._real_scheduler, data=data,
                          **self._taiji)
+
+    # -- the Trainer's checkpoints carry taiji's state ---------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """The Trainer's ``train``; from a checkpoint, the Job resumes from the taiji state saved in it."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
+        if resume_from_checkpoint:
+            check_one_resume(self._taiji["faults"], f"resume_from_checkpoint={resume_from_checkpoint!r}")
+            path = Path(resume_from_checkpoint) / STATE_FILE
+            if not path.is_file():
+                raise ConfigError(f"{resume_from_checkpoint} holds no {STATE_FILE}: it was not written by "
+                                  "TaijiTrainer, so it does not say where the data stands (taiji's sampler, batch "
+                                  "size, policies). Start a new training from its weights instead")
+            self.loop.resume = torch.load(path, weights_only=True)
+        return super().train(resume_from_checkpoint or None, *args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """The Trainer's checkpoint-N, with ``taiji_state.pt`` written first (atomically): a folder
+        with the Trainer's files complete also holds where the data stands."""
+        state = saved_state(self.loop.job, taiji.size()) if self.args.should_save else None
+        if state is not None:
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            partial = folder / f".{STATE_FILE}.partial"
+            torch.save(state, partial)
+            partial.replace(folder / STATE_FILE)
+        super()._save_checkpoint(model, trial)
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        """Rank 0's (the Trainer sees one process: every worker would write the same file)."""
+        if self.args.should_save:
+            super()._save_rng_state(output_dir)
 
     # -- what the Trainer builds ------------------------------------------------------------------
 
