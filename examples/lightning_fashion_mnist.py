@@ -3,7 +3,7 @@
     taiji run -np 2 --max-np 3 python examples/lightning_fashion_mnist.py --resize 100:3 300:2 --gns
     python examples/lightning_fashion_mnist.py --max-steps 200       # one worker, the same script
     taiji run -np 2 python examples/lightning_fashion_mnist.py --checkpoint-every 100   # Lightning's ModelCheckpoint
-    taiji run -np 3 python examples/lightning_fashion_mnist.py --resume last           # ... resumed, at any size
+    taiji run -np 3 python examples/lightning_fashion_mnist.py --checkpoint-every 100 --resume last  # ... resumed
 
 The LightningModule is plain Lightning; ``TaijiStrategy`` makes each training batch one global step
 of an elastic job: the DataLoader's batch_size is the *global* batch, every worker trains on its
@@ -64,8 +64,10 @@ def main() -> None:
     policies: list[taiji.policies.Policy] = [ScheduledResize(parse_resize_schedule(args.resize))] if args.resize else []
     if args.gns:
         policies += [GNSBatchSize(max_batch=1024, warmup=100, interval=50), LRScaling("sqrt")]
-    checkpoints = [ModelCheckpoint(dirpath="runs/lightning/checkpoints", every_n_train_steps=args.checkpoint_every,
-                                   save_last=True, save_top_k=-1)] if args.checkpoint_every else []
+    # the ModelCheckpoint also finds `last` to resume from (at any size: the checkpoint holds taiji's state)
+    checkpoints = [ModelCheckpoint(dirpath="runs/lightning/checkpoints", save_last=True, save_top_k=-1,
+                                   every_n_train_steps=args.checkpoint_every or None)
+                   ] if args.checkpoint_every or args.resume else []
     trainer = L.Trainer(strategy=TaijiStrategy(policies=policies), accelerator="cpu", devices=1,
                         max_steps=args.max_steps, max_epochs=-1, val_check_interval=None, check_val_every_n_epoch=1,
                         logger=CSVLogger("runs", name="lightning"), log_every_n_steps=20, callbacks=checkpoints,

@@ -98,6 +98,9 @@ def test_hf_trainer_grows_survives_a_kill_exactly_once(tmp_path):
 def test_hf_trainer_one_worker_equals_the_trainers_own_loop(tmp_path):
     pytest.importorskip("transformers", reason="the transformers extra is not installed: pip install 'taiji[transformers]'")
     plain_equals_own(tmp_path, "hf_train.py", prefix="hf_")
+    # the gradient norm the Trainer logs is the one its own loop logs (taken before the commit)
+    ours, theirs = torch.load(tmp_path / "hf_norms.pt"), torch.load(tmp_path / "hf_plain_norms.pt")
+    assert len(ours) == len(theirs) == 2 and ours == pytest.approx(theirs, rel=1e-6), (ours, theirs)
 
 
 def launch(out: Path, script: str, *args: str) -> subprocess.Popen:

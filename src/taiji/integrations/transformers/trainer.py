@@ -12,7 +12,8 @@ The Trainer owns its sampler, batch size and optimizer step; taiji needs all thr
   step again over the survivors before it returns. The update, and the LR scheduler's step, are
   applied at the commit (the scheduler's state is synced to joining workers); the Trainer's own
   ``optimizer.step()`` and ``lr_scheduler.step()`` that follow do nothing (``AppliedAtCommit``,
-  ``SteppedAtCommit``), and its ``grad_norm`` log reads the cleared gradients;
+  ``SteppedAtCommit``), and its ``grad_norm`` log is the norm taken before the commit (the
+  gradients are cleared by the time the Trainer would take it);
 - **the boundary**: policies, grow and shrink, taiji's checkpoints; ``TaijiCallback`` adds the
   monitors to the Trainer's logs. Only the current rank 0 logs and saves;
 - **the Trainer's checkpoints**: each ``checkpoint-N`` folder gets the Job's TrainState as
@@ -165,6 +166,7 @@ class TaijiTrainer(Trainer):
         self._max_grad_norm = self.args.max_grad_norm
         self.args.max_grad_norm = 0.0  # clipped before the commit, not after it
         self.args.ignore_data_skip = True  # a resumed Job's sampler starts where the checkpoint's stood
+        self._grad_norm: Any = None  # of the last committed step, before clipping
         self._real_optimizer: torch.optim.Optimizer | None = None
         self._real_scheduler: Any = None
         self.loop = FrameworkLoop(self._make_job, len(self.train_dataset), self.args.max_steps)  # type: ignore[arg-type]
@@ -233,6 +235,10 @@ class TaijiTrainer(Trainer):
     def get_train_dataloader(self) -> Any:
         return Tickets(self.loop)
 
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        """The norm taken before the commit (one pass, as the Trainer's own with clipping)."""
+        return self._grad_norm
+
     def is_world_process_zero(self) -> bool:
         return taiji.rank() == 0
 
@@ -247,8 +253,9 @@ class TaijiTrainer(Trainer):
             with self.compute_loss_context_manager():
                 loss = self.compute_loss(model, loop.batch)
             loop.step.backward(loss)
-            if not loop.step.failed and self._max_grad_norm and self._max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), self._max_grad_norm)
+            if not loop.step.failed:  # the norm the Trainer logs; clipped to max_grad_norm if set
+                limit = self._max_grad_norm if self._max_grad_norm and self._max_grad_norm > 0 else float("inf")
+                self._grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
             if loop.finish():
                 break
             log.info("step %d is run again over the %d surviving workers", loop.step.index, taiji.size())
