@@ -24,7 +24,6 @@ Rank 0 writes the evaluations and timings to ``--result`` (JSON).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import time
 from dataclasses import dataclass
@@ -36,16 +35,7 @@ import torch.nn.functional as F
 
 import taiji
 from taiji.policies import GNSBatchSize, GoodputBatchSize, LRScaling, Policy, lr_scale
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def load_example(name: str) -> Any:
-    """examples/<name>.py as a module (its model, data and scores), without running it."""
-    spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from taiji_harness.testing import load_example
 
 
 @dataclass(frozen=True)

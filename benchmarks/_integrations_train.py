@@ -67,28 +67,15 @@ class Clock:
 def lightning_side(args: argparse.Namespace) -> None:
     import lightning as L
     import torch.nn.functional as F
-    from torch import nn
     from torch.utils.data import DataLoader
 
     from taiji.data.datasets import DatasetMissing, SyntheticImages, load_fashion_mnist
-
-    class Net(nn.Module):  # examples/fashion_mnist.py's CNN
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
-            self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-            self.fc1 = nn.Linear(64 * 7 * 7, 128)
-            self.fc2 = nn.Linear(128, 10)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-            return self.fc2(F.relu(self.fc1(x.flatten(1))))
+    from taiji_harness.testing import load_example
 
     class Classifier(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = Net()
+            self.net = load_example("fashion_mnist").Net()  # the examples' CNN
             self.last_loss: torch.Tensor | None = None
 
         def training_step(self, batch, batch_idx):

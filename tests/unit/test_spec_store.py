@@ -55,9 +55,8 @@ def test_a_config_dooms_only_the_members_it_dropped_as_lost():
     assert failed.dooms(c.ids) == ("c",) and failed.dooms(("a", "b")) == ()
 
 
-@pytest.fixture(scope="module")
-def etcd_server():
-    """One etcd server on loopback for this module's tests (skipped without the binary or client)."""
+def _etcd_on_loopback():
+    """An etcd server on loopback, stopped after use (skipped without the binary or client)."""
     if shutil.which("etcd") is None:
         pytest.skip("no etcd server binary (apt-get install -y etcd-server)")
     pytest.importorskip("etcd3gw")
@@ -67,6 +66,18 @@ def etcd_server():
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def etcd_server():
+    """One etcd server for this module's tests that share it."""
+    yield from _etcd_on_loopback()
+
+
+@pytest.fixture
+def own_etcd_server():
+    """An etcd server of this test's own (for a test that turns authentication on)."""
+    yield from _etcd_on_loopback()
 
 
 @pytest.fixture(params=["fake", "tcp", "etcd"])
@@ -312,74 +323,60 @@ def test_the_job_store_listens_only_on_the_address_it_is_given():
     assert store.get("k") == b"v"
 
 
-def test_a_launcher_started_etcd_admits_only_the_jobs_user_on_its_own_keys():
-    if shutil.which("etcd") is None:
-        pytest.skip("no etcd server binary (apt-get install -y etcd-server)")
-    pytest.importorskip("etcd3gw")
+def test_a_launcher_started_etcd_admits_only_the_jobs_user_on_its_own_keys(own_etcd_server):
     from taiji.cluster import auth
     from taiji.cluster.etcd import EtcdKV, job_credentials
     from taiji.errors import AuthError
-    from taiji.launch.etcd_server import EtcdServer
-    server = EtcdServer("127.0.0.1").start()
-    try:
-        secret = auth.new_secret()
-        user, password = job_credentials("j", secret)
-        EtcdKV(server.url, 5).enable_auth("j", auth.derive(secret, "etcd-root").hex(), password)
-        job = EtcdKV(server.url, 5, (user, password))
-        job.set("taiji/j/config/latest", "1")
-        assert job.get("taiji/j/config/latest") == b"1" and job.add("taiji/j/n", 2) == 2
-        stream = job.changes("taiji/j/config/latest", threading.Event())
-        assert next(stream) == b"1"
-        job.set("taiji/j/config/latest", "2")
-        assert next(stream) == b"2"  # the watch stream authenticates too
-        with pytest.raises(AuthError, match="permission denied"):
-            job.set("taiji/other/x", "1")
-        with pytest.raises(StoreError):
-            EtcdKV(server.url, 5).set("taiji/j/x", "1")  # no user: refused
-        with pytest.raises(AuthError, match="wrong secret"):
-            EtcdKV(server.url, 5, job_credentials("j", auth.new_secret()))
-    finally:
-        server.stop()
+    server = own_etcd_server
+    secret = auth.new_secret()
+    user, password = job_credentials("j", secret)
+    EtcdKV(server.url, 5).enable_auth("j", auth.derive(secret, "etcd-root").hex(), password)
+    job = EtcdKV(server.url, 5, (user, password))
+    job.set("taiji/j/config/latest", "1")
+    assert job.get("taiji/j/config/latest") == b"1" and job.add("taiji/j/n", 2) == 2
+    stream = job.changes("taiji/j/config/latest", threading.Event())
+    assert next(stream) == b"1"
+    job.set("taiji/j/config/latest", "2")
+    assert next(stream) == b"2"  # the watch stream authenticates too
+    with pytest.raises(AuthError, match="permission denied"):
+        job.set("taiji/other/x", "1")
+    with pytest.raises(StoreError):
+        EtcdKV(server.url, 5).set("taiji/j/x", "1")  # no user: refused
+    with pytest.raises(AuthError, match="wrong secret"):
+        EtcdKV(server.url, 5, job_credentials("j", auth.new_secret()))
 
 
-def test_a_processes_etcd_connections_share_one_login_and_renew_it_once():
+def test_a_processes_etcd_connections_share_one_login_and_renew_it_once(own_etcd_server):
     """Connections made by another() present the first one's token (authenticating costs etcd a
     bcrypt check with its write lock held); when the server forgets the token, the first
     connection to notice renews it for all, and a watch stream follows."""
-    if shutil.which("etcd") is None:
-        pytest.skip("no etcd server binary (apt-get install -y etcd-server)")
-    pytest.importorskip("etcd3gw")
     import requests
     from taiji.cluster import auth
     from taiji.cluster.etcd import EtcdKV, job_credentials
-    from taiji.launch.etcd_server import EtcdServer
-    server = EtcdServer("127.0.0.1").start()
-    try:
-        secret = auth.new_secret()
-        root_password = auth.derive(secret, "etcd-root").hex()
-        EtcdKV(server.url, 5).enable_auth("j", root_password, job_credentials("j", secret)[1])
-        first = EtcdKV(server.url, 5, job_credentials("j", secret))
-        others = [first.another() for _ in range(3)]
-        for i, kv in enumerate(others):
-            kv.set(f"taiji/j/k{i}", str(i))
-        watcher = first.another()
-        stream = watcher.changes("taiji/j/k0", threading.Event())
-        assert next(stream) == b"0"
-        assert first.authentications == 1, "another() authenticated again"
-        # the server forgets every token (auth off and on again, as root)
-        base = f"http://127.0.0.1:{server.port}/v3"
-        token = requests.post(f"{base}/auth/authenticate", json={"name": "root", "password": root_password},
-                              timeout=5).json()["token"]
-        requests.post(f"{base}/auth/disable", json={}, headers={"Authorization": token}, timeout=5).raise_for_status()
-        requests.post(f"{base}/auth/enable", json={}, timeout=5).raise_for_status()
-        for i, kv in enumerate(others):
-            assert kv.get(f"taiji/j/k{i}") == str(i).encode()
-        assert first.authentications == 2, "one renewal serves every connection"
-        first.set("taiji/j/k0", "moved")
-        assert next(stream) == b"moved"
-        assert first.authentications == 2
-    finally:
-        server.stop()
+    server = own_etcd_server
+    secret = auth.new_secret()
+    root_password = auth.derive(secret, "etcd-root").hex()
+    EtcdKV(server.url, 5).enable_auth("j", root_password, job_credentials("j", secret)[1])
+    first = EtcdKV(server.url, 5, job_credentials("j", secret))
+    others = [first.another() for _ in range(3)]
+    for i, kv in enumerate(others):
+        kv.set(f"taiji/j/k{i}", str(i))
+    watcher = first.another()
+    stream = watcher.changes("taiji/j/k0", threading.Event())
+    assert next(stream) == b"0"
+    assert first.authentications == 1, "another() authenticated again"
+    # the server forgets every token (auth off and on again, as root)
+    base = f"http://127.0.0.1:{server.port}/v3"
+    token = requests.post(f"{base}/auth/authenticate", json={"name": "root", "password": root_password},
+                          timeout=5).json()["token"]
+    requests.post(f"{base}/auth/disable", json={}, headers={"Authorization": token}, timeout=5).raise_for_status()
+    requests.post(f"{base}/auth/enable", json={}, timeout=5).raise_for_status()
+    for i, kv in enumerate(others):
+        assert kv.get(f"taiji/j/k{i}") == str(i).encode()
+    assert first.authentications == 2, "one renewal serves every connection"
+    first.set("taiji/j/k0", "moved")
+    assert next(stream) == b"moved"
+    assert first.authentications == 2
 
 
 def test_a_config_lists_each_host_once_and_its_workers_as_runs_of_ids():
