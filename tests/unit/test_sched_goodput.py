@@ -123,7 +123,7 @@ def test_the_scheduler_builds_each_jobs_goodput_view_from_its_run_log():
     sched.read_run_log(adapts.id, None)   # an unreadable log changes nothing
     view = sched.view_of(adapts, 3.0)
     assert (view.app.init_batch_size, view.app.max_batch_size, view.app.fixed_batch_size) == (64, 512, None)
-    assert view.progress == pytest.approx(10.0) and view.suspend_cost_s == sched.rules.guess_cost_s
+    assert view.progress == pytest.approx(10.0) and view.suspend_cost_s == pytest.approx(1.0)  # its boot (launched at 1 s, first step at 2 s)
     assert trace_efficiency(view.app, 256, 0) == pytest.approx((300 + 64) / (300 + 256))
     assert sched.view_of(keeps, 3.0).app.fixed_batch_size == 64
     # its batch moved (the job's own goodput policy): B0 stays, the new batch's step times are a new model

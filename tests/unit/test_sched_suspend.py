@@ -126,11 +126,13 @@ def test_within_the_hysteresis_or_without_a_checkpoint_dir_a_job_keeps_its_minim
     c = sched.submit(0.0, ["c"], min_np=1, max_np=1)   # no checkpoint directory: nothing to resume from
     policy.plan = {a.id: 3, c.id: 1}
     sched.round(0.0)
-    started(sched, 0.0, a.id, 3)
+    sched.launched(0.0, a.id)
+    seen(sched, 8.0, a.id, 3, 1)   # its boot: 8 s from launch to its first step
     started(sched, 0.0, c.id, 1)
+    assert sched.suspend_cost(sched.jobs[a.id]) == pytest.approx(8.0), "no suspension measured: its boot"
     b = sched.submit(10.0, ["b"], min_np=4, max_np=4, checkpoint_dir="/ckpt/b")
     policy.plan = {b.id: 4}
-    assert sched.round(20.0) == [Change(a.id, (3,), (2,))], "20 s < 3 x 10 s: kept at its minimum"
+    assert sched.round(20.0) == [Change(a.id, (3,), (2,))], "20 s < 3 x 8 s: kept at its minimum"
     seen(sched, 21.0, a.id, 2, 2, version=2)
     assert [(ch.job, ch.kind) for ch in sched.round(40.0)] == [(a.id, "suspend")]
 
@@ -271,3 +273,17 @@ def test_the_simulators_floor_keeps_started_jobs_that_a_preemptive_policy_suspen
     assert preempting["short"].jct < floor["short"].jct, "with preemption the short job need not wait"
     assert preempting["long"].restarts >= 2 and floor["long"].restarts == 1
     assert floor["short"].start_time >= floor["long"].end_time
+
+
+def test_before_any_suspension_is_measured_a_jobs_cost_is_its_boot_then_a_typical_jobs_boot():
+    sched = Scheduler(slots=4, policy=Scripted(), rules=SuspendRules(guess_cost_s=10.0))
+    a = sched.submit(0.0, ["a"], max_np=2, checkpoint_dir="/c/a")
+    b = sched.submit(0.0, ["b"], max_np=2, checkpoint_dir="/c/b")
+    assert sched.suspend_cost(a) == 10.0, "nothing measured: the rules' guess"
+    sched.launched(1.0, a.id)
+    seen(sched, 31.0, a.id, 2, 1)
+    seen(sched, 32.0, a.id, 2, 2)   # a later step is not a boot
+    assert a.boots == [pytest.approx(30.0)]
+    assert sched.suspend_cost(a) == sched.suspend_cost(b) == pytest.approx(30.0), "its boot; b: a typical job's"
+    a.costs = [50.0]
+    assert sched.suspend_cost(b) == pytest.approx(50.0), "a measured suspension outranks boots"

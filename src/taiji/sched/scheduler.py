@@ -15,7 +15,8 @@ suspensions per hour), else kept at its minimum. A suspended job waits like a qu
 resumes from its checkpoint (``--resume auto``) at whatever size and on whatever host a later round
 gives it. Its slots are free only once its launcher is gone. A waiting job of a higher ``priority``
 class suspends lower ones when that lets its ``min_np`` start (:func:`~taiji.sched.preemption.priority_victims`).
-Each job's suspend/resume cost is measured (checkpoint stall + boot + load until its first step). A job *starts on one host* (its launcher's, the ``home``
+Each job's suspend/resume cost is measured (checkpoint stall + boot + load until its first step); until one
+is, it is a typical job's, else the job's own measured boot (launch to first step), else a typical boot. A job *starts on one host* (its launcher's, the ``home``
 the policy gave the most workers) and grows onto others by placed resizes in later rounds, so its
 ``min_np`` must fit one host. A host that is down offers no slots: the policy does not see it.
 
@@ -86,6 +87,8 @@ class LiveJob:
     suspensions: list[float] = field(default_factory=list)   # when it was suspended
     stall: float | None = None        # its last suspension's stall, until the resume's cost is measured
     costs: list[float] = field(default_factory=list)   # measured suspend + resume seconds
+    boots: list[float] = field(default_factory=list)   # measured launch -> first step seconds
+    booting: bool = False             # its launcher (re)started and it has not reported a step yet
     max_batch: int = 0        # `submit --max-batch`: it adapts its batch up to this (0: not said)
     init_batch: int = 0       # its run log's first batch (B0), 0 until read
     largest_batch: int = 0    # the largest batch its run log shows
@@ -184,6 +187,9 @@ class Scheduler:
             job.placement = list(seen.placement)
         else:
             job.placement = [seen.size if h == max(job.home, 0) else 0 for h in range(self.hosts)]
+        if job.booting and fresh and seen.size and job.resumed is not None:   # its first step since (re)starting
+            job.boots = (job.boots + [now - job.resumed])[-KEEP_MEASUREMENTS:]
+            job.booting = False
         if job.stall is not None and fresh and seen.size and job.resumed is not None:   # its first step since resuming
             job.costs = (job.costs + [job.stall + now - job.resumed])[-KEEP_MEASUREMENTS:]
             job.stall = None
@@ -205,7 +211,7 @@ class Scheduler:
         reported yet)."""
         job = self.jobs[job_id]
         if job.state in ("queued", "suspended"):
-            job.state, job.home, job.resumed = "running", home, now
+            job.state, job.home, job.resumed, job.booting = "running", home, now, True
             job.started = job.started if job.started is not None else now
 
     def suspending_job(self, now: float, job_id: str) -> None:
@@ -230,10 +236,17 @@ class Scheduler:
         job.size, job.placement, job.home, job.version, job.step = 0, [], -1, 0, step
 
     def suspend_cost(self, job: LiveJob) -> float:
-        """Its suspend + resume seconds: measured, else a typical job's, else the rules' guess."""
+        """Its suspend + resume seconds: measured, else a typical job's, else its own measured boot
+        (launch to first step: a resume pays at least that), else a typical job's boot, else the
+        rules' guess."""
         if job.costs:
             return statistics.median(job.costs)
-        return self._typical(lambda j: statistics.median(j.costs) if j.costs else 0.0, self.rules.guess_cost_s)
+        typical = self._typical(lambda j: statistics.median(j.costs) if j.costs else 0.0, 0.0)
+        if typical:
+            return typical
+        if job.boots:
+            return statistics.median(job.boots)
+        return self._typical(lambda j: statistics.median(j.boots) if j.boots else 0.0, self.rules.guess_cost_s)
 
     def may_suspend(self, job: LiveJob, now: float) -> bool:
         return job.state == "running" and job.size > 0 and job.suspending is None and bool(job.checkpoint_dir) and may_suspend(
