@@ -93,7 +93,9 @@ def one(args: argparse.Namespace, side: str, size: int, root: Path, env: dict) -
         commits = wait_for(resumed, log, [second], deadline, "the first step after the restart")
     finally:
         second.close()
-    return {"seconds": commits[0]["time"] - restarted, "redone": last - commits[0]["step"] + 1,
+    # torchrun's side saves a step before it logs it: killed between the two, the saved step is
+    # missing from the log and the restart begins one past the last logged step (nothing redone)
+    return {"seconds": commits[0]["time"] - restarted, "redone": max(0, last - commits[0]["step"] + 1),
             "size": commits[0]["size"], **phases(log.records[before:], restarted)}
 
 
