@@ -14,7 +14,7 @@ import torch
 
 from taiji.cluster.store import connect_store, host_store
 from taiji.comm.communicator import CommOptions, Communicator
-from taiji.comm.topology import TOPOLOGIES
+from taiji.comm.topologies import TOPOLOGIES
 
 
 def tx_bytes() -> int:

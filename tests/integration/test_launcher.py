@@ -453,3 +453,37 @@ def test_closed_launcher_output_does_not_block_workers():
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+HOLD_TORCH = '''
+import importlib.abc, os, sys, time
+class Hold(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":   # the launcher's import of torch waits until its workers have started
+            deadline = time.monotonic() + float(os.environ["HOLD_SECONDS"])
+            while not all(os.path.exists(os.environ["HOLD_FLAG"] + str(r)) for r in range(2)):
+                if time.monotonic() > deadline:
+                    raise ImportError("torch held: no worker started before the launcher imported torch")
+                time.sleep(0.05)
+            sys.meta_path.remove(self)
+        return None
+sys.meta_path.insert(0, Hold())
+'''
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_the_first_workers_start_before_the_launcher_imports_torch(procs, tmp_path):
+    """With its TCPStore, `taiji run` starts its first workers, then imports torch to serve the
+    store (each import takes seconds): the workers boot meanwhile. Here the launcher's import of
+    torch is held until both workers have run; started after it, they never would."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD_TORCH)
+    flag = tmp_path / "started-"
+    launcher = procs.launch(["-np", "2", "--", "python", "-c",
+                             f"import os; open({str(flag)!r} + os.environ['RANK'], 'w').close()"],
+                            extra_env={"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+                                       "HOLD_FLAG": str(flag), "HOLD_SECONDS": str(WAIT)})
+    assert launcher.wait() == 0, launcher.describe()
+    assert "every worker exited 0" in launcher.stdout, launcher.describe()
+    assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-0", "started-1"]

@@ -43,3 +43,29 @@ def test_two_threads_waiting_reap_each_worker_once():
         finally:
             sup.signal_all(signal.SIGKILL)
             sup.close()
+
+
+def test_a_worker_started_ahead_is_adopted_by_the_same_spawn_and_ended_by_any_other():
+    """`taiji run` starts its first workers before it imports torch: the driver's spawn with the
+    same arguments adopts each (one process, its exit seen as any other's); a spawn with other
+    arguments, or none at all (``drop_ahead``), ends it."""
+    sup = Supervisor(output=io.StringIO())
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    try:
+        env = dict(os.environ)
+        a = sup.start_ahead("w0", 0, sleep, env, local_rank=0)
+        b = sup.start_ahead("w1", 1, sleep, env, local_rank=1)
+        c = sup.start_ahead("w2", 2, sleep, env, local_rank=2)
+        assert sup.free_local_rank() == 0, "a worker started ahead holds no local rank until adopted"
+        assert sup.spawn("w0", 0, sleep, env, local_rank=sup.free_local_rank()) is a and a.running
+        assert sup.free_local_rank() == 1
+        other = sup.spawn("w1", 1, sleep, {**env, "RANK": "9"}, local_rank=1)
+        assert other is not b and not b.running and b.exit_code == -signal.SIGKILL and other.running
+        sup.drop_ahead()
+        assert not c.running and "w2" not in sup.workers
+        assert sorted(w.worker_id for w in sup.running()) == ["w0", "w1"]
+    finally:
+        sup.signal_all(signal.SIGKILL)
+        while sup.running():
+            sup.wait(timeout=5.0)
+        sup.close()

@@ -12,7 +12,8 @@ import torch
 
 from taiji.cluster.store import connect_store, host_store
 from taiji.comm.communicator import CommOptions, Communicator
-from taiji.comm.topology import TOPOLOGIES, host_layout, tree_links
+from taiji.comm.topologies import TOPOLOGIES
+from taiji.comm.topology import host_layout, tree_links
 from taiji.errors import CommError, ConfigError
 
 pytestmark = pytest.mark.timeout(120)

@@ -23,6 +23,7 @@ from ..errors import AuthError, StoreError
 from .auth import Signer, unsealed
 from .kv import (KeyValue, SupportsConnections, SupportsLease, SupportsPollInterval, SupportsTransactions,
                  SupportsWatch)
+from .listener import store_listener
 from .spec import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -417,16 +418,14 @@ class KeyFollower:
         self._stop.set()  # noticed at the stream's next reopen; a daemon thread, never waited for
 
 
-def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0) -> dist.TCPStore:
+def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0,
+               listener: socket.socket | None = None) -> dist.TCPStore:
     """Start the embedded TCPStore server (the launcher's side). Port 0 picks a free port.
 
     It listens on ``host`` only: TCPStore binds every interface whatever host it is given, so
-    the listening socket is bound here and handed over (the store has no authentication)."""
-    try:
-        listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                        backlog=1024)
-    except OSError as exc:
-        raise StoreError(f"cannot start the job store on {host}:{port}: {exc}") from exc
+    the listening socket is bound here (or given: ``listener.store_listener``) and handed over
+    (the store has no authentication)."""
+    listener = listener or store_listener(host, port)
     bound_port = listener.getsockname()[1]
     fd = listener.detach()  # the store owns the descriptor from here on
     try:

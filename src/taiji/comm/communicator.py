@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 
 from .addresses import gloo_device
-from .topology import PLANS, HostLayout, PlanRunner, PlanWork, check_topology, host_layout, runs_as_ring
+from .topologies import check_topology
+from .topology import PLANS, HostLayout, PlanRunner, PlanWork, host_layout, runs_as_ring
 from .teardown import Pending, Teardown, keep_forever, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
-from ..errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
-                      PeerLost)
+from ..errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError, PeerLost
 
 log = logging.getLogger(__name__)
 

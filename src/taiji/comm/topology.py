@@ -25,16 +25,6 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError
-
-TOPOLOGIES = ("ring", "tree", "star", "hierarchical")
-
-
-def check_topology(name: str) -> str:
-    if name not in TOPOLOGIES:
-        raise ConfigError(f"unknown topology {name!r}; use one of {list(TOPOLOGIES)}")
-    return name
-
 
 @dataclass(frozen=True)
 class HostLayout:

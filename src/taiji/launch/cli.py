@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from .. import env
 from ..comm.addresses import interface_address
+from ..comm.topologies import check_topology
 from ..errors import AuthError, ConfigError, LaunchError, StoreError
 from . import checkpoint_cli, drain, metrics_http, ray_hosts, registry, top
 from .control_socket import request
@@ -175,7 +176,6 @@ def _check_command(command: Sequence[str]) -> None:
 
 
 def parse_run(args: argparse.Namespace) -> RunConfig:
-    from ..comm.topology import check_topology  # here: `taiji ls/status/resize` must not import torch
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -245,9 +245,9 @@ def _parse_nnodes(nnodes: str | None, per_node: int) -> tuple[int, int]:
 
 
 def _parse_store(store: str) -> str:
-    from ..cluster.etcd import is_etcd_url, parse_url
     if store in ("tcp", "etcd"):
         return store
+    from ..cluster.etcd import is_etcd_url, parse_url   # not before: `taiji run` imports torch after starting workers
     if is_etcd_url(store):
         parse_url(store)
         return store

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..cluster import auth
 from ..cluster import controller as ctl
@@ -23,9 +23,10 @@ from . import agent_channel, registry
 from .checkpoint_cli import stop_workers
 from .control_socket import ControlServer
 from .etcd_server import EtcdServer
+from .options import DriverConfig
 from .remote_hosts import RemoteHosts
 from .supervisor import Supervisor, describe_exit
-from .worker_env import WorkerSettings, worker_env
+from .worker_env import StartedAhead, WorkerSettings, local_start
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +38,6 @@ BEAT_POLL_TICKS = 5  # heartbeats are read every 0.1 s: well within the 1 s that
 # host): the controller judges a silence up to now, so it must have looked lately — a controller
 # that had not looked for 2 s took every host of a growing job for lost
 BEAT_LOOK_MAX_S = 0.25
-
-
-@dataclass(frozen=True)
-class DriverConfig:
-    job_id: str
-    nproc: int
-    bounds: ctl.Bounds
-    host: str = "127.0.0.1"
-    port: int = 0
-    timeout: float = 60.0
-    grace: float = 5.0
-    slots: int = 0  # workers this host takes; 0: up to max_np (one host)
-    store: str = "tcp"  # tcp (hosted here) | etcd (a server started here) | etcd://HOST:PORT,... (the user's)
-    min_hosts: int = 1  # hosts (this one included) that must have joined before the job starts
-    secret: bytes | None = None  # the job's secret when given (a scheduler derives it); else a new one
-    checkpoint_grace: float = 60.0  # with --checkpoint-dir: SIGTERM -> final checkpoint -> exit, at most
 
 
 class Deposed(LaunchError):
@@ -85,12 +70,15 @@ class Driver:
         self.on_actions = None  # called with each decide's actions, if set (an observer: --metrics-port)
 
     @staticmethod
-    def launch(cfg: DriverConfig, settings: WorkerSettings, output=None) -> "Driver":
-        """`taiji run`'s driver: the store hosted here (TCPStore or an etcd server) or opened."""
+    def launch(cfg: DriverConfig, settings: WorkerSettings, output=None, ahead: StartedAhead | None = None) -> "Driver":
+        """`taiji run`'s driver: the store hosted here (TCPStore or an etcd server) or opened.
+        ``ahead``: the TCPStore's socket, secret, supervisor and first state with which the first
+        workers were started before torch was imported (their spawns adopt them)."""
         etcd: EtcdServer | None = None
-        secret = cfg.secret or auth.new_secret()
+        secret = ahead.secret if ahead is not None else cfg.secret or auth.new_secret()
         if cfg.store == "tcp":
-            store = host_store(cfg.host, cfg.port, timeout=cfg.timeout)
+            store = host_store(cfg.host, cfg.port, timeout=cfg.timeout,
+                               listener=ahead.listener if ahead is not None else None)
             settings = replace(settings, store_host=cfg.host, store_port=store.port, store_url="")
             address, tick = f"{cfg.host}:{store.port}", TICK_SECONDS
         else:
@@ -110,12 +98,9 @@ class Driver:
             host, port = parse_url(url)[0]
             settings = replace(settings, store_host=host, store_port=port, store_url=url)
             address, tick = url, ETCD_TICK_SECONDS
-        sup = Supervisor(output=output, prefix=f"{cfg.host} " if cfg.slots else "")  # many hosts: say which
-        # with --nnodes the first config is placed once its hosts have joined (_start); until then
-        # the state holds what fits here
-        first = min(cfg.nproc, cfg.slots) if cfg.min_hosts > 1 else cfg.nproc
-        return Driver(cfg, settings, sup, JobStore(store, cfg.job_id, auth.Signer(secret)),
-                      secret, ctl.initial_state(first, cfg.bounds, cfg.host, cfg.slots or None),
+        sup = ahead.sup if ahead is not None else Supervisor(output=output, prefix=cfg.output_prefix)
+        state = ahead.state if ahead is not None else cfg.first_state()
+        return Driver(cfg, settings, sup, JobStore(store, cfg.job_id, auth.Signer(secret)), secret, state,
                       store_address=address, tick=tick, etcd=etcd)
 
     def say(self, text: str) -> None:
@@ -133,12 +118,10 @@ class Driver:
             if worker.host != self.cfg.host:
                 self.remote.spawn(worker.id, worker.host, rank, size)
                 continue
-            local_size = min(self.state.hosts[0].slots, size)
             local_rank = self.sup.free_local_rank()
-            self.sup.spawn(worker.id, rank, self.settings.command_here(),
-                           worker_env(self.settings, self.secret, worker.id, rank, size, host=self.cfg.host,
-                                      local_rank=local_rank, local_size=local_size),
-                           local_rank=local_rank)
+            command, environ = local_start(self.settings, self.secret, worker.id, rank, size, host=self.cfg.host,
+                                           slots=self.state.hosts[0].slots, local_rank=local_rank)
+            self.sup.spawn(worker.id, rank, command, environ, local_rank=local_rank)
 
     def _kill(self, worker_id: str) -> None:
         if not self.remote.kill(worker_id):
@@ -360,6 +343,7 @@ class Driver:
         self._doorbell = self.job.follow_doorbell()
         try:
             start()
+            self.sup.drop_ahead()   # a worker started ahead that the first config did not adopt
             pending += self.remote.early
             while True:
                 exited, received = self.sup.wait(timeout=self.tick)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import env
+from ..cluster import controller as ctl
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,31 @@ class JoinConfig:
 def heartbeat_interval(liveness_timeout: float) -> float:
     """Beat often enough that a stale heartbeat is told from a late one well within the timeout."""
     return max(min(env.HEARTBEAT.default, liveness_timeout / 8), 0.05)
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """What the controller's loop of one job (launch/driver.py) is configured with."""
+    job_id: str
+    nproc: int
+    bounds: ctl.Bounds
+    host: str = "127.0.0.1"
+    port: int = 0
+    timeout: float = 60.0
+    grace: float = 5.0
+    slots: int = 0  # workers this host takes; 0: up to max_np (one host)
+    store: str = "tcp"  # tcp (hosted here) | etcd (a server started here) | etcd://HOST:PORT,... (the user's)
+    min_hosts: int = 1  # hosts (this one included) that must have joined before the job starts
+    secret: bytes | None = None  # the job's secret when given (a scheduler derives it); else a new one
+    checkpoint_grace: float = 60.0  # with --checkpoint-dir: SIGTERM -> final checkpoint -> exit, at most
+
+    @property
+    def output_prefix(self) -> str:
+        """Before each line of a worker's output: many hosts print the host too."""
+        return f"{self.host} " if self.slots else ""
+
+    def first_state(self) -> "ctl.ControllerState":
+        """The controller's state before anything happened. With --nnodes the first config is
+        placed once its hosts have joined (``Driver._start``); until then it holds what fits here."""
+        first = min(self.nproc, self.slots) if self.min_hosts > 1 else self.nproc
+        return ctl.initial_state(first, self.bounds, self.host, self.slots or None)

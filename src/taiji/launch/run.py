@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from .. import env
+from ..cluster import auth
 from ..cluster import controller as ctl
-from .driver import Driver, DriverConfig
+from ..cluster.listener import store_listener
 from .metrics_http import JobExporter, MetricsConfig, MetricsServer
-from .options import RunConfig, heartbeat_interval
-from .worker_env import WorkerSettings
+from .options import DriverConfig, RunConfig, heartbeat_interval
+from .supervisor import Supervisor
+from .worker_env import StartedAhead, WorkerSettings, local_start
+
+if TYPE_CHECKING:
+    from .driver import Driver
 
 
 def worker_settings(cfg: RunConfig) -> WorkerSettings:
@@ -24,6 +30,38 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         run_dir=str(Path(cfg.run_dir).resolve()) if cfg.run_dir else "",
         debug_collectives=cfg.debug_collectives, topology=cfg.topology,
         checkpoint_dir=cfg.checkpoint.directory, checkpoint_every=cfg.checkpoint.every, resume=cfg.checkpoint.resume)
+
+
+def start_ahead(cfg: DriverConfig, settings: WorkerSettings, output=None) -> StartedAhead | None:
+    """Start the first workers of a job whose TCPStore is hosted here before this process imports
+    torch to serve it: they import theirs meanwhile (each takes seconds), connect to the store's
+    socket, bound already, and wait for the first config. None where the first workers are not
+    known yet (an etcd store: its server starts first; --nnodes: the hosts join first)."""
+    if cfg.store != "tcp" or cfg.min_hosts > 1:
+        return None
+    listener = store_listener(cfg.host, cfg.port)
+    secret = cfg.secret or auth.new_secret()
+    settings = replace(settings, store_host=cfg.host, store_port=listener.getsockname()[1], store_url="")
+    sup, state = Supervisor(output=output, prefix=cfg.output_prefix), cfg.first_state()
+    sup.install_signal_handlers()   # a Ctrl-C from now on stops the workers as it does once the driver serves
+    try:
+        here = [w for w in state.config.workers if w.host == cfg.host]
+        for local_rank, worker in enumerate(here):   # the local ranks the driver's spawns will give them
+            rank = state.config.rank_of(worker.id)
+            command, environ = local_start(settings, secret, worker.id, rank, state.config.size, host=cfg.host,
+                                           slots=state.hosts[0].slots, local_rank=local_rank)
+            sup.start_ahead(worker.id, rank, command, environ, local_rank)
+    except BaseException:
+        stop_ahead(StartedAhead(listener, secret, sup, state))
+        raise
+    return StartedAhead(listener, secret, sup, state)
+
+
+def stop_ahead(ahead: StartedAhead) -> None:
+    """The launcher failed before its driver ran: end the workers it started ahead."""
+    ahead.sup.drop_ahead()
+    ahead.sup.close()
+    ahead.listener.close()
 
 
 class HostProvider(Protocol):
@@ -51,7 +89,7 @@ def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None,
                               host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace,
                               slots=cfg.nproc_per_node, store=cfg.store, min_hosts=cfg.min_hosts,
                               secret=cfg.secret, checkpoint_grace=cfg.checkpoint.grace)
-    drivers: list[Driver] = []  # the control server hands out the snapshot `taiji status` shows
+    drivers: list["Driver"] = []  # the control server hands out the snapshot `taiji status` shows
 
     def snapshot() -> dict:
         control = drivers[0].control if drivers else None
@@ -60,7 +98,15 @@ def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None,
     exporter = JobExporter(snapshot)
     server = MetricsServer(metrics, exporter.families) if metrics is not None else None
     try:
-        driver = Driver.launch(driver_cfg, worker_settings(cfg), output=output)
+        settings = worker_settings(cfg)
+        ahead = start_ahead(driver_cfg, settings, output)
+        try:
+            from .driver import Driver   # imports torch: the workers started ahead boot meanwhile
+            driver = Driver.launch(driver_cfg, settings, output=output, ahead=ahead)
+        except BaseException:
+            if ahead is not None:
+                stop_ahead(ahead)
+            raise
         drivers.append(driver)
         if announce is not None:
             address = driver.store_address

@@ -84,6 +84,7 @@ class Supervisor:
         self.prefix = prefix  # e.g. the host, when workers of several hosts print to one terminal
         self.tail_lines = tail_lines
         self.workers: dict[str, WorkerProcess] = {}
+        self._ahead: dict[str, tuple] = {}  # started ahead of their spawn: id -> (rank, command, env, local rank)
         self._write_lock = threading.Lock()
         self._reap_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
@@ -117,12 +118,46 @@ class Supervisor:
     # -- processes --------------------------------------------------------------------
 
     def free_local_rank(self) -> int:
-        """The lowest local rank (slot index on this host) no running worker holds."""
-        taken = {w.local_rank for w in self.running()}
+        """The lowest local rank (slot index on this host) no running worker holds (a worker
+        started ahead holds none until its spawn adopts it)."""
+        taken = {w.local_rank for w in self.running() if w.worker_id not in self._ahead}
         return next(i for i in range(len(taken) + 1) if i not in taken)
+
+    def start_ahead(self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str],
+                    local_rank: int = 0) -> WorkerProcess:
+        """Start a worker before its spawn is decided (`taiji run` starts its first workers while
+        it imports torch to serve the store): ``spawn`` with the same arguments adopts it, any
+        other ``spawn`` of that id or ``drop_ahead`` ends it."""
+        worker = self._start(worker_id, rank, command, env, local_rank)
+        self._ahead[worker_id] = (rank, list(command), dict(env), local_rank)
+        return worker
+
+    def drop_ahead(self) -> None:
+        """End the workers started ahead that no spawn adopted."""
+        for worker_id in list(self._ahead):
+            del self._ahead[worker_id]
+            self._end(self.workers.pop(worker_id))
 
     def spawn(self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str],
               local_rank: int = 0) -> WorkerProcess:
+        """Start a worker (or adopt the one started ahead with these very arguments: a worker that
+        has exited meanwhile is adopted too, and its exit observed as any other)."""
+        ahead = self._ahead.pop(worker_id, None)
+        if ahead is not None:
+            if ahead == (rank, list(command), dict(env), local_rank):
+                log.debug("adopted worker %s (rank %d), started ahead as pid %d", worker_id, rank,
+                          self.workers[worker_id].pid)
+                return self.workers[worker_id]
+            log.warning("worker %s was started ahead with other arguments than its spawn's: restarting it", worker_id)
+            self._end(self.workers.pop(worker_id))
+        return self._start(worker_id, rank, command, env, local_rank)
+
+    def _end(self, worker: WorkerProcess) -> None:
+        if worker.running:
+            self._reap(worker)   # SIGKILLs its process group first
+
+    def _start(self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str],
+               local_rank: int) -> WorkerProcess:
         try:
             popen = subprocess.Popen(
                 list(command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

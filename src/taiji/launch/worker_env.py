@@ -7,10 +7,16 @@ settings. ``worker_env`` adds one worker's identity, rank and host.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
 from .. import env
+
+if TYPE_CHECKING:
+    from ..cluster.controller import ControllerState
+    from .supervisor import Supervisor
 
 
 @dataclass(frozen=True)
@@ -86,3 +92,22 @@ def worker_env(settings: WorkerSettings, secret: bytes, worker_id: str, rank: in
     if "OMP_NUM_THREADS" not in os.environ:  # a host's workers must not oversubscribe its cores
         environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(local_size, 1)))
     return environ
+
+
+def local_start(settings: WorkerSettings, secret: bytes, worker_id: str, rank: int, size: int, *, host: str,
+                slots: int, local_rank: int) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The command and environment of a worker this process starts on its own host (``slots``:
+    that host's)."""
+    return settings.command_here(), worker_env(settings, secret, worker_id, rank, size, host=host,
+                                               local_rank=local_rank, local_size=min(slots, size))
+
+
+@dataclass(frozen=True)
+class StartedAhead:
+    """What `taiji run` made before it imported torch (launch/run.py): the store's bound socket,
+    the job's secret, the supervisor holding the first workers it started ahead, and the
+    controller's first state those workers were started from."""
+    listener: socket.socket
+    secret: bytes
+    sup: "Supervisor"
+    state: "ControllerState"

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
-from ..comm.topology import TOPOLOGIES
+from ..comm.topologies import TOPOLOGIES
 from .base import (DECISION_TYPES, Context, Decision, Policy, PolicyError, Resize, ScaleLR, SetBatchSize,
                    SetStrategy, SetTopology, Stop)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from ..comm.topology import TOPOLOGIES
+from ..comm.topologies import TOPOLOGIES
 from ..errors import ConfigError
 from .base import Context, HookResult, Policy, SetTopology
 

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .. import env
-from ..comm.topology import check_topology
+from ..comm.topologies import check_topology
 from ..comm.transfer import average_tensors
 from ..data.fetch import BatchFetcher
 from ..data.sampler import ElasticSampler
