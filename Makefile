@@ -9,7 +9,7 @@ RESIZE ?= 150:3 400:2
 POLICY ?= gns,schedule
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo shakespeare test test-fast setup data etcd prometheus tmux slurm bench clean
+.PHONY: demo shakespeare test test-fast setup data etcd prometheus tmux slurm chromium docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(BIN)/python:
 # torch is pinned and installed first: an unpinned `torch` would pull a multi-GB CUDA build
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched,shakespeare,etcd,metrics,ray,lightning,transformers]"
+	$(BIN)/pip install --quiet -e ".[test,plot,progress,sched,shakespeare,etcd,metrics,ray,lightning,transformers,docs]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -80,6 +80,23 @@ slurm:
 	  echo "Slurm missing: run 'sudo apt-get install -y slurm-wlm munge' for the Slurm tests"; \
 	fi
 
+# headless Chromium and its WebDriver for tests/integration/test_docs.py, which renders the built
+# docs site and checks its pages load without console errors (Debian/Ubuntu packages)
+chromium:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+	  echo "chromium found: $$(command -v chromium), chromedriver: $$(command -v chromedriver)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -q && apt-get install -y -q --no-install-recommends chromium chromium-driver) >/dev/null \
+	    || echo "could not install chromium and chromium-driver; the docs' browser test will be skipped"; \
+	else \
+	  echo "chromium missing: run 'sudo apt-get install -y chromium chromium-driver' for the docs' browser test"; \
+	fi
+
+# the documentation site (docs/, mkdocs.yml) into build/site; --strict: a broken link, a missing
+# reference or a docstring that does not render fails the build
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 demo: setup data
 	$(BIN)/taiji run -np $(NP) --max-np $(MAX_NP) python examples/fashion_mnist.py --epochs $(EPOCHS) \
 	  --policy $(POLICY) --resize $(RESIZE)
@@ -90,7 +107,7 @@ shakespeare: setup
 	$(BIN)/taiji run -np $(NP) --max-np 3 python examples/shakespeare_char.py --max-steps 800 \
 	  --policy gns,schedule --resize 200:3 600:2
 
-test: setup data etcd prometheus tmux slurm
+test: setup data etcd prometheus tmux slurm chromium
 	$(BIN)/python -m pytest -q -rs --durations=15
 
 test-fast: setup

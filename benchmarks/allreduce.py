@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def worker(args: argparse.Namespace) -> None:
     with side_by_side_groups(args, channels=("grad",)) as comm:
         rows = measure(args, comm)
-    print_result("allreduce", rows)
+    print_result("allreduce", rows, record=False)
 
 
 def measure(args: argparse.Namespace, comm) -> list[dict]:

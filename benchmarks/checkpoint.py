@@ -231,7 +231,7 @@ def worker(args: argparse.Namespace) -> None:
             contract_row("host memory for staging per worker vs the whole state", round(share / MB, 1),
                          round(total / MB, 1), higher_is_better=False, unit="MiB"),
         ]
-        print_result("checkpoint", rows, state_mib=round(total / MB, 1), workers=n,
+        print_result("checkpoint", rows, record=False, state_mib=round(total / MB, 1), workers=n,
                      background_write_ms=round(median(written) * 1e3, 1))
     dist.destroy_process_group()
 

@@ -201,7 +201,7 @@ def bench_model(name: str, args, comm) -> dict:
 def worker(args: argparse.Namespace) -> None:
     with side_by_side_groups(args) as comm:
         rows = [bench_model(name, args, comm) for name in args.models]
-    print_result("throughput", rows)
+    print_result("throughput", rows, record=False)
 
 
 def main(argv=None) -> None:

@@ -105,6 +105,7 @@ def allgather(tensor, *, async_op: bool = False):
 
 
 def barrier() -> None:
+    """Wait until every worker of the current cluster reached this call."""
     _default_peer().comm.barrier(channel="user")
 
 

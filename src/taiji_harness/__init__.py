@@ -7,6 +7,8 @@ lives beside it under src/ and is importable from a checkout's editable install,
 - ``bench``: the benchmarks' processes (``Session``, ``run_to_end``, ``run_launcher``,
   ``run_workers``), repetitions, statistics and the DESIGN §9 JSON contract (``contract_row``,
   ``print_result``);
+- ``results``: the benchmarks' results as data (benchmarks/results/<benchmark>.json), which the
+  docs' Benchmarks page is rendered from;
 - ``netns``: emulated hosts (network namespaces) for the many-host tests and benchmarks;
 - ``injector``: failures injected into real communicators of ranks run as threads.
 """

@@ -17,7 +17,8 @@ of two adjacent blocks, which cancels slow drift better than a ratio of medians)
 
 The contract of DESIGN §9. The last stdout line of every benchmark is
 ``{"benchmark": NAME, "rows": [{"case", "taiji", "anchor", "ratio", ...}], ...}``, with ratio > 1
-meaning taiji is ahead; ``contract_row`` builds a row and ``print_result`` prints the line.
+meaning taiji is ahead; ``contract_row`` builds a row and ``print_result`` prints the line and
+records it under benchmarks/results/ (``taiji_harness.results``).
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TypeVar
+
+from taiji_harness import results
 
 HOST = "127.0.0.1"
 CONTRACT_KEYS = ("case", "taiji", "anchor", "ratio")
@@ -408,6 +411,13 @@ def result_line(benchmark: str, rows: Sequence[dict], **extra) -> str:
     return json.dumps({"benchmark": benchmark, "rows": list(rows), **extra})
 
 
-def print_result(benchmark: str, rows: Sequence[dict], **extra) -> None:
-    """Print the contract's line: the benchmark's last line on stdout."""
-    print(result_line(benchmark, rows, **extra), flush=True)
+def print_result(benchmark: str, rows: Sequence[dict], *, record: bool = True, **extra) -> None:
+    """Print the contract's line: the benchmark's last line on stdout. With ``record`` (the
+    default) the result is also written to ``benchmarks/results/<benchmark>.json`` with its date,
+    commit, machine and command (``taiji_harness.results``); a benchmark's worker processes, whose
+    lines go to their parent, pass ``record=False``."""
+    line = result_line(benchmark, rows, **extra)
+    print(line, flush=True)
+    path = results.record(json.loads(line)) if record else None
+    if path is not None:
+        print(f"# result recorded in {path}", file=sys.stderr, flush=True)

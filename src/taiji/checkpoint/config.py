@@ -78,6 +78,7 @@ class Checkpoint:
 
     @property
     def saves(self) -> bool:
+        """Whether this checkpoint writes anything (it has a path; a resume-only one has none)."""
         return bool(self.path)
 
     @staticmethod

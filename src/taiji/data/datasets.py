@@ -109,6 +109,8 @@ def load_idx_classification(root: str | os.PathLike, train: bool = True, *,
 
 
 def load_fashion_mnist(root: str | os.PathLike | None = None, train: bool = True) -> TensorDataset:
+    """Fashion-MNIST as a normalised ``TensorDataset`` (``train=False``: the test split), from
+    ``root`` or the Debian package's directory; raises ``DatasetMissing`` naming the package if absent."""
     return load_idx_classification(FASHION_MNIST_DIR if root is None else root, train)
 
 

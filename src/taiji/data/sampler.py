@@ -18,6 +18,8 @@ from ..errors import ConfigError
 
 @dataclass(frozen=True)
 class SamplerState:
+    """Where an epoch stands: the epoch, the samples already consumed (``cursor``) and the global
+    batch size; part of the synced training state."""
     epoch: int = 0
     cursor: int = 0      # samples of this epoch already consumed (committed)
     batch_size: int = 1  # global batch size B
@@ -88,6 +90,7 @@ class ElasticSampler:
         self._cached_perm: torch.Tensor | None = None
 
     def permutation(self, epoch: int) -> torch.Tensor:
+        """The epoch's order of the sample indices (seeded by ``(seed, epoch)``)."""
         if self._cached_epoch != epoch:
             self._cached_perm = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle)
             self._cached_epoch = epoch
@@ -95,6 +98,7 @@ class ElasticSampler:
         return self._cached_perm
 
     def global_indices(self, state: SamplerState) -> torch.Tensor:
+        """The next global batch's sample indices, all workers together."""
         lo, hi = global_span(state, self.num_samples)
         return self.permutation(state.epoch)[lo:hi]
 
@@ -103,13 +107,16 @@ class ElasticSampler:
         return (state.epoch, *shard(*global_span(state, self.num_samples), rank, size))
 
     def indices_of(self, share: tuple[int, int, int]) -> torch.Tensor:
+        """The sample indices of an ``(epoch, start, stop)`` share of a permutation."""
         epoch, start, stop = share
         return self.permutation(epoch)[start:stop]
 
     def local_indices(self, state: SamplerState, rank: int, size: int) -> torch.Tensor:
+        """Worker ``rank`` of ``size``'s contiguous share of the next global batch."""
         return self.indices_of(self.local_share(state, rank, size))
 
     def steps_per_epoch(self, batch_size: int) -> int:
+        """Steps in an epoch at a fixed global batch size (the last one may be short)."""
         return -(-self.num_samples // batch_size)
 
 

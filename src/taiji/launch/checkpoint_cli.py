@@ -104,7 +104,8 @@ def stopped_on_notice(directory: str, say: Callable[[str], None], wait: float = 
 
 # -- taiji checkpoint ----------------------------------------------------------------------
 
-def main(argv: Sequence[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `taiji checkpoint show | export`."""
     parser = argparse.ArgumentParser(prog="taiji checkpoint", description="inspect and export checkpoints")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -113,7 +114,11 @@ def main(argv: Sequence[str]) -> int:
     export = sub.add_parser("export", help="one torch.save file: model, optimizer, training state, manifest")
     export.add_argument("path", metavar="PATH", help="a checkpoint, or a directory of them (its latest)")
     export.add_argument("out", metavar="OUT.pt")
-    args = parser.parse_args(list(argv))
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
     from ..checkpoint import reader
     try:
         if args.command == "show":

@@ -100,6 +100,7 @@ class Context:
     topology: str = "ring"    # how gradients are allreduced now (SetTopology changes it)
 
     def replace(self, **changes: Any) -> "Context":
+        """A copy with ``changes`` applied (the Context itself is frozen)."""
         return replace(self, **changes)
 
 
@@ -128,27 +129,35 @@ class Policy:
 
     @property
     def name(self) -> str:
+        """The name in log lines, run-log events and consensus errors (the class name)."""
         return type(self).__name__
 
     def before_train(self, ctx: Context) -> HookResult:
+        """Called once when training starts (also after a resume)."""
         return None
 
     def before_epoch(self, ctx: Context) -> HookResult:
+        """Called at the start of each epoch."""
         return None
 
     def before_step(self, ctx: Context) -> HookResult:
+        """Called before every step, after the boundary's other decisions."""
         return None
 
     def after_step(self, ctx: Context) -> HookResult:
+        """Called after every committed step (decoupled strategies: at sync points)."""
         return None
 
     def after_epoch(self, ctx: Context) -> HookResult:
+        """Called at the end of each epoch."""
         return None
 
     def after_train(self, ctx: Context) -> HookResult:
+        """Called once at the end of training (only ``Stop`` is meaningful there)."""
         return None
 
     def state_dict(self) -> dict:
+        """The policy's synced state: its public attributes that JSON can represent."""
         state = {}
         for key, value in vars(self).items():
             if key.startswith("_"):
@@ -161,6 +170,7 @@ class Policy:
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the state ``state_dict`` returned (a joiner, a resume)."""
         for key, value in state.items():
             setattr(self, key, value)
 

@@ -63,12 +63,15 @@ class LRScaling(Policy):
 
 
 def LinearLRScaling(base_batch: int | None = None) -> LRScaling:
+    """``LRScaling("linear")``: lr proportional to the global batch (Goyal et al.)."""
     return LRScaling("linear", base_batch)
 
 
 def SqrtLRScaling(base_batch: int | None = None) -> LRScaling:
+    """``LRScaling("sqrt")``: lr proportional to the square root of the global batch."""
     return LRScaling("sqrt", base_batch)
 
 
 def AdaScaleLR(base_batch: int | None = None) -> LRScaling:
+    """``LRScaling("adascale")``: lr scaled by AdaScale's gain, from the gradient noise scale."""
     return LRScaling("adascale", base_batch)

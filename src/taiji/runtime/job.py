@@ -72,8 +72,7 @@ class Job:
         self._state.topology = check_topology(sync.topology) if sync.topology else self._state.topology
         if lr_scheduler is not None:
             self._state.register("lr_scheduler", lr_scheduler)
-        run_dir = env.RUN_DIR.get() if monitoring.run_dir is None else monitoring.run_dir
-        run_dir = run_dir or None  # "": none
+        run_dir = (env.RUN_DIR.get() if monitoring.run_dir is None else monitoring.run_dir) or None  # "": none
         store = self._peer.job_store
         self._reporter = Reporter(run_dir, monitoring.log_every, lead=self._leads, write_status=store.write_status)
         self._fire = for_worker(store, lambda: (self._peer.rank, self._peer.worker_id))
@@ -96,10 +95,12 @@ class Job:
 
     @property
     def progress(self) -> Progress:
+        """Where training stands: step, epoch and the sampler's state (cursor, batch size)."""
         return self._state.progress
 
     @property
     def done(self) -> bool:
+        """Whether training has ended: ``max_steps`` or ``epochs`` reached, or a stop agreed by every worker."""
         return self._stop_agreed or self.options.done(self.progress.step, self.progress.epoch)
 
     @property
@@ -109,6 +110,7 @@ class Job:
 
     @property
     def policies(self) -> list[Policy]:
+        """The adaptation policies, in the order they run."""
         return self._adaptation.policies
 
     @property
@@ -116,17 +118,13 @@ class Job:
         """Names ``SetStrategy`` may switch to."""
         return self._catalog.names
 
-    @property
-    def gns(self):  # noqa: ANN201 - the GNSEstimator
-        return self.monitors.gns
-
-    @property
-    def stats(self):  # noqa: ANN201 - the last committed step's StepStats
-        return self.monitors.stats
-
-    @property
-    def last_raw_estimates(self) -> tuple[float, float] | None:
-        return self.monitors.last_raw_estimates
+    # the monitors' figures, agreed by every worker
+    gns = property(lambda self: self.monitors.gns,
+                   doc="The gradient noise scale estimator (``job.gns.b_noise``: B_noise = tr Σ / |G|²).")
+    stats = property(lambda self: self.monitors.stats,
+                     doc="The last committed step's ``StepStats`` (mean loss, compute times, straggler ratio), or None.")
+    last_raw_estimates = property(lambda self: self.monitors.last_raw_estimates,
+                                  doc="The last unsmoothed (|G|², tr Σ) pair the noise scale was updated with, or None.")
 
     @property
     def transitions(self) -> list[dict]:

@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 
 class Optimizer:
+    """Elastic, fault-tolerant data parallelism for your own loop: wraps ``optimizer`` and ``model``;
+    ``step()`` applies the update only if every worker's collectives succeeded and returns False
+    when the batch must be run again."""
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, sync: SyncSGD | None = None,
                  peer: Peer | None = None, recovery_timeout: float | None = None,
                  checkpoint: Checkpoint | None = None):
@@ -90,6 +93,7 @@ class Optimizer:
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups."""
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -159,9 +163,11 @@ class Optimizer:
             leave()
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict."""
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state dict."""
         self.optimizer.load_state_dict(state)
 
 

@@ -63,44 +63,55 @@ class Step:
 
     @property
     def index(self) -> int:
+        """This step's index: committed steps before it."""
         return self._attempt.index
 
     @property
     def epoch(self) -> int:
+        """The epoch this step's batch belongs to."""
         return self._attempt.epoch
 
     @property
     def batch(self) -> Any:
+        """This worker's share of the global batch, as the data set's items collated."""
         return self._attempt.batch
 
     @property
     def indices(self) -> torch.Tensor:
+        """The sample indices of this worker's share."""
         return self._attempt.indices
 
     @property
     def span(self) -> tuple[int, int]:
+        """Positions ``[lo, hi)`` of the global batch in the epoch's permutation."""
         return self._attempt.span
 
     @property
     def segments(self) -> list[tuple[int, int, int]]:
+        """The ``(epoch, lo, hi)`` pieces this worker's share came from."""
         return self._attempt.segments
 
     @property
     def local_batch_size(self) -> int:
+        """Samples in this worker's share."""
         return self._attempt.local_batch_size
 
     @property
     def global_batch_size(self) -> int:
+        """Samples in the global batch (all workers)."""
         return self._attempt.global_batch_size
 
     @property
     def loss(self) -> float | None:
+        """This worker's loss for the step, once ``backward`` ran."""
         return self._attempt.loss
 
     @property
     def stats(self) -> StepStats | None:
+        """The step's statistics agreed by every worker, once synchronised."""
         return self._attempt.stats
 
     @property
     def failed(self) -> bool:
+        """Whether a collective of this step failed (nothing is committed; the step is retried)."""
         return self._attempt.failed

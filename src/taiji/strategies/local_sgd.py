@@ -32,6 +32,9 @@ Key = tuple[torch.device, torch.dtype]
 
 
 class LocalSGD(Strategy):
+    """Decoupled local SGD: local steps at each worker's own pace, and a sync point every ``every``
+    global batches where the models are averaged, weighted by local steps (or a DiLoCo-style outer
+    step with ``outer_lr`` / ``outer_momentum``)."""
     name = "local_sgd"
     exact = False
     lockstep = False
@@ -57,10 +60,12 @@ class LocalSGD(Strategy):
 
     @property
     def every(self) -> int:
+        """Global batches between sync points (H)."""
         return self.phase_steps  # type: ignore[return-value]
 
     @property
     def plain_average(self) -> bool:
+        """Whether a sync point takes the plain weighted average (``outer_lr`` 1, no outer momentum)."""
         return self.outer_lr == 1.0 and self.outer_momentum == 0.0
 
     def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "LocalSGD":

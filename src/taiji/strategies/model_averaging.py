@@ -22,6 +22,8 @@ from .base import CommSource, Strategy, resolve_comm_source
 
 
 class ModelAveraging(Strategy):
+    """Synchronous model averaging: each worker steps on its own gradient, and every ``every`` steps
+    ``w ← (1−α)·w + α·mean(w)`` over the live cluster, with ``alpha`` = α."""
     name = "model_averaging"
     exact = False
 

@@ -34,6 +34,8 @@ def p2p_key(worker_id: str) -> str:
 
 
 class PairAveraging(Strategy):
+    """Asynchronous pair averaging: after each local step, average with a random peer's latest model
+    (a stale one weighted down by ``age_scale``); no collective per step."""
     name = "pair_averaging"
     exact = False
     lockstep = False

@@ -177,6 +177,7 @@ class SyncSGD(Strategy):
 
     @property
     def num_buckets(self) -> int:
+        """How many gradient buckets the model's parameters were planned into."""
         return len(self._buckets)
 
     # -- one step ---------------------------------------------------------------------
