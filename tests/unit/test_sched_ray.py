@@ -31,7 +31,7 @@ def test_nodes_take_free_seats_in_order_and_the_rest_are_down():
     assert pool.seats == ("10.0.0.1", "10.0.0.2", None)
     assert dict(pool.live) == {0: "n1", 1: "n2"}
     assert seat_changes([None, None, None], pool) == [(0, True), (1, True), (2, False)]
-    assert [seat_name(pool.seats, s) for s in range(3)] == ["10.0.0.1", "10.0.0.2", "seat-2"]
+    assert [seat_name(pool.seats, s) for s in range(3)] == ["10.0.0.1", "10.0.0.2", ""]
 
 
 def test_a_node_added_takes_the_next_seat_and_one_removed_takes_its_seat_down():
@@ -85,3 +85,10 @@ def test_an_unreachable_cluster_is_refused_naming_it(tmp_path, capsys):
     assert serve(tmp_path, "--ray", "127.0.0.1:1") == 2   # (nothing listens on loopback's port 1)
     err = capsys.readouterr().err
     assert "cannot reach the Ray cluster at 127.0.0.1:1" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_status_shows_no_seat_that_no_node_took_as_a_host_down():
+    from taiji.launch.sched.cli import format_status
+    reply = {"jobs": [], "slots": 1, "policy": "drf", "now": 0.0, "host_names": ["10.0.0.1", "10.0.0.2", ""],
+             "up": [True, False, False]}
+    assert format_status(reply).splitlines()[-1] == "0/1 slots in use on 1 host(s) (10.0.0.2 down); policy drf"

@@ -147,7 +147,7 @@ def format_status(reply: dict[str, Any]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     held = sum(job.get("size", 0) for job in reply.get("jobs", []) if job["state"] == "running")
     slots, up = int(reply.get("slots", 0)), reply.get("up") or [True] * len(names)
-    down = [name for name, is_up in zip(names, up) if not is_up]
+    down = [name for name, is_up in zip(names, up) if not is_up and name]   # ("": a Ray pool's seat no node took)
     lines.append(f"{held}/{slots * sum(1 for u in up if u)} slots in use on {sum(1 for u in up if u)} host(s)"
                  + (f" ({', '.join(down)} down)" if down else "") + f"; policy {reply.get('policy')}")
     return "\n".join(lines)

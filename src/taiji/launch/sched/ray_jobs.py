@@ -154,7 +154,7 @@ class RayJobHosts:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         node = self.pool.live.get(seat)
         if node is None:
-            raise OSError(f"host {seat_name(self.seats, seat)} has no live Ray node")
+            raise OSError(f"host {seat_name(self.seats, seat) or seat} has no live Ray node")
         if cls not in self._classes:
             self._classes[cls] = self.ray.remote(cls)
         return self._classes[cls].options(

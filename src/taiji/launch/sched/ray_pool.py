@@ -61,8 +61,9 @@ def seat_changes(previous: Sequence[bool | None], pool: Pool) -> list[tuple[int,
 
 
 def seat_name(seats: Sequence[str | None], seat: int) -> str:
-    """What the daemon calls a seat: its node's address, or ``seat-N`` while no node has taken it."""
-    return seats[seat] or f"seat-{seat}"
+    """What the daemon calls a seat: its node's address ("" while no node has taken it: never up,
+    never shown as a host that is down)."""
+    return seats[seat] or ""
 
 
 def pool_slots(nodes: Sequence[Mapping[str, Any]], per_worker: Mapping[str, float]) -> int:
