@@ -1,11 +1,12 @@
 """`taiji sched serve --ray` on a Ray cluster of emulated hosts (one `ray start --block` per network
 namespace, started and ended by PID here: taiji_harness/ray_nodes.py): the scheduler's hosts are
-the cluster's nodes, with no agent and no hosts file. Two jobs share two nodes; a node added while
-they train joins the pool within a round and a job grows onto it; a killed daemon re-adopts both
-jobs from their named, detached Ray actors; both finish. Audited: DESIGN §6's invariants on each
-job (exactly-once data included), no host ever held more workers than its slot, and no process
-of a job left on any host once the daemon stops. Skipped, with the reason, where Ray or
-namespaces are missing."""
+the cluster's nodes, with no agent and no hosts file. The first job runs on the head node, the
+second on a node added after it; a killed daemon re-adopts both from their named, detached Ray
+actors; a third node added while they train joins the pool and one job grows onto it, the other
+onto the node that frees (each job ends after its first resize); a node whose raylet is killed
+leaves the pool. Audited: DESIGN §6's invariants on each job (exactly-once data included), no host
+ever held more workers than its slot, and no process of a job left on any host once the daemon
+stops. Skipped, with the reason, where Ray or namespaces are missing."""
 from __future__ import annotations
 
 import os
@@ -19,7 +20,7 @@ from taiji_harness.netns import EmulatedHosts
 from taiji_harness.sched_hosts import SchedOnHosts
 from taiji_harness.testing import check_invariants, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]   # ~3 min quiet, 12.5 min at load 8-10
 
 
 def _job_processes(hosts: EmulatedHosts, i: int) -> list[str]:
@@ -83,6 +84,12 @@ def _run(s: SchedOnHosts, hosts: EmulatedHosts, out: Path, temp: str) -> None:
     assert not s.oversubscribed()
     for name in ("first", "second"):
         assert check_invariants(out / name, batch=16)["sizes"] == [1, 2]
+    raylet = ray_nodes.raylet_pid(hosts, 2)
+    assert raylet is not None
+    os.kill(raylet, signal.SIGKILL)   # a node leaves the cluster: its host leaves the pool once Ray says so
+    wait_for(lambda: f"host {s.addresses[2]} is down" in s.log("daemon", all_of_it=True), 120,
+             "the removed node out of the pool")
+    assert f"({s.addresses[2]} down)" in s.sched("status")
     s.sched("stop")
     assert s.daemon.wait(60) == 0, s.log("daemon")
     for i in range(3):   # every launcher, agent and worker is gone (the Ray nodes end with the hosts)
