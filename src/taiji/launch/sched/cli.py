@@ -186,7 +186,7 @@ def main(argv: Sequence[str]) -> int:
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
             hosts = None
-            slots, count = args.slots or os.cpu_count() or 1, 1
+            slots, count = (os.cpu_count() or 1) if args.slots is None else args.slots, 1
             if args.ray is not None:
                 if args.hosts:
                     raise ConfigError("--ray and --hosts: the hosts are a Ray cluster's nodes or a file's, not both")
