@@ -6,11 +6,16 @@ Ray process on the machine). Used by tests/multihost/test_ray.py and benchmarks/
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
+
+from . import netns
 
 RAY = Path(sys.executable).with_name("ray")
 PORT = 6391
@@ -20,6 +25,25 @@ OBJECT_STORE_BYTES = 100_000_000  # ≤ 200 MB: three nodes fit this machine bes
 
 def ray_installed() -> bool:
     return RAY.exists()
+
+
+def unavailable() -> str | None:
+    """Why Ray nodes on emulated hosts cannot run here (a test's skip reason); None: they can."""
+    why = netns.unavailable()
+    if why:
+        return f"no emulated hosts here: {why}"
+    return None if ray_installed() else "Ray is not installed (pip install 'taiji[ray]')"
+
+
+@contextmanager
+def temp_dir(prefix: str) -> Iterator[str]:
+    """A directory for the nodes' files, removed afterwards: short, as Ray's socket paths under it
+    must fit 107 bytes."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def start_node(hosts, i: int, log_path: Path, temp_dir: str, *, head: int = 0, cpus: float = 1,

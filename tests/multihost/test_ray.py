@@ -6,11 +6,9 @@ with DESIGN §6's invariants audited. Skipped, with the reason, where Ray or nam
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 
 from taiji_harness.testing import HostsJob, check_invariants, wait_for
 from taiji_harness import ray_nodes
-from taiji_harness.netns import EmulatedHosts, unavailable
+from taiji_harness.netns import EmulatedHosts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -49,20 +47,14 @@ def _committed_at(job: HostsJob, size: int) -> bool:
 @pytest.fixture(scope="module")
 def ray_hosts(tmp_path_factory):
     """Three emulated hosts; Ray's head on host 0 and a node on host 1 (host 2's is started by the test)."""
-    why = unavailable()
+    why = ray_nodes.unavailable()
     if why:
-        pytest.skip(f"no emulated hosts here: {why}")
-    if not ray_nodes.ray_installed():
-        pytest.skip("Ray is not installed (pip install 'taiji[ray]')")
+        pytest.skip(why)
     out = tmp_path_factory.mktemp("ray")
-    temp = tempfile.mkdtemp(prefix="tjray")  # short: Ray's socket paths under it must fit 107 bytes
-    try:
-        with EmulatedHosts(3) as hosts:
-            for i in (0, 1):
-                ray_nodes.start_and_wait(hosts, i, out / f"ray{i}.log", temp)
-            yield hosts, out, temp
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    with ray_nodes.temp_dir("tjray") as temp, EmulatedHosts(3) as hosts:
+        for i in (0, 1):
+            ray_nodes.start_and_wait(hosts, i, out / f"ray{i}.log", temp)
+        yield hosts, out, temp
 
 
 def test_a_job_on_two_ray_nodes_grows_onto_a_third_and_survives_a_killed_raylet(ray_hosts, tmp_path):

@@ -52,12 +52,14 @@ LAUNCH_ROOMS: dict[str, set[str]] = {
     "job": {"run", "driver", "checkpoint_cli", "etcd_server", "top"},
     "hosts": {"agent", "agent_channel", "remote_hosts", "tether", "takeover", "drain", "slurm", "slurm_task",
               "ray_hosts", "ray_agent", "ray_gang"},
-    "sched": {"sched", "sched.agent", "sched.channel", "sched.cli", "sched.daemon", "sched.hosts"},
+    "sched": {"sched", "sched.agent", "sched.channel", "sched.cli", "sched.daemon", "sched.hosts", "sched.ray_pool",
+              "sched.ray_jobs", "sched.ray_actor"},
 }
 LAUNCH_DOORS: dict[str, set[str]] = {
     "job": {"run", "driver", "checkpoint_cli", "top"},  # the takeover builds a Driver
-    "hosts": {"agent", "agent_channel", "remote_hosts", "drain", "slurm_task", "ray_hosts"},  # the driver addresses the agents
-    # through the first three; `taiji drain` and `srun`'s tasks are commands of this room
+    "hosts": {"agent", "agent_channel", "remote_hosts", "drain", "slurm_task", "ray_hosts", "ray_agent"},  # the
+    # driver addresses the agents through the first three; `taiji drain` and `srun`'s tasks are commands of this
+    # room; `taiji sched serve --ray` places ray_agent's per-node actor and connects through ray_hosts
     "sched": {"sched.cli"},
 }
 

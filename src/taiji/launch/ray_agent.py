@@ -41,20 +41,33 @@ def _start_agent(parent: int, niceness: int | None) -> None:  # between fork and
 
 
 class RayHostAgent:
-    """One per (job, Ray node): ``run`` starts the agent and returns its exit code when it ends."""
+    """One per (job, Ray node): ``run`` starts the agent and returns its exit code when it ends.
+    The agent runs in a session of its own: ``signal`` reaches it and everything it started."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
 
-    def run(self, argv: Sequence[str], secret_hex: str, environ: dict[str, str]) -> int:
-        """Run ``argv`` (`taiji join` with ``--secret-file -``) with ``secret_hex`` on its stdin."""
+    def run(self, argv: Sequence[str], secret_hex: str, environ: dict[str, str], cwd: str = "",
+            log_path: str = "") -> int:
+        """Run ``argv`` (`taiji join`, or `taiji run`, with ``--secret-file -``) with ``secret_hex``
+        on its stdin, in ``cwd`` (default: the actor's), its output appended to ``log_path``
+        (default: the actor's, which Ray shows)."""
         raylet = env.RAY_RAYLET_PID.get()
         niceness = self._niceness_of(raylet)
         parent = os.getpid()
-        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, env={**os.environ, **environ}, text=True,
-                                     preexec_fn=lambda: _start_agent(parent, niceness))
+        out = None
+        if log_path:
+            os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+            out = open(log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, env={**os.environ, **environ},
+                                         cwd=cwd or None, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                         start_new_session=True, preexec_fn=lambda: _start_agent(parent, niceness))
+        finally:
+            if out is not None:
+                out.close()
         assert self.proc.stdin is not None
-        self.proc.stdin.write(secret_hex + "\n")
+        self.proc.stdin.write((secret_hex + "\n").encode())
         self.proc.stdin.close()
         if niceness is not None and os.getpriority(os.PRIO_PROCESS, self.proc.pid) > niceness:
             log.warning("the job's agent runs at Ray's worker priority (nice %d), not the node's (%d): under load "
@@ -64,6 +77,20 @@ class RayHostAgent:
             threading.Thread(target=self._watch_raylet, args=(raylet, self.proc, niceness),
                              name="taiji-raylet-watch", daemon=True).start()
         return self.proc.wait()
+
+    def exit_code(self) -> int | None:
+        """The agent's exit code (None: not started yet, or running)."""
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> bool:
+        """Signal the agent's session (the agent and its workers); False where it is not running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            os.killpg(self.proc.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
 
     @staticmethod
     def _niceness_of(pid: int) -> int | None:

@@ -122,7 +122,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError("`taiji run --ray` needs Ray, which is not installed: pip install 'taiji[ray]'") from None
+        raise ConfigError("--ray needs Ray, which is not installed: pip install 'taiji[ray]'") from None
     check_version(ray.__version__)
     return ray
 

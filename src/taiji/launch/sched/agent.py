@@ -38,7 +38,7 @@ from ...cluster.auth import write_secret_file
 from ...errors import ConfigError, StoreError
 from .. import control_socket, registry
 from .channel import ask
-from .hosts import TAIJI, Sessions, job_secret, launcher_id, launcher_status
+from .hosts import TAIJI, Sessions, job_secret, launcher_id, launcher_status, launcher_store
 
 log = logging.getLogger(__name__)
 
@@ -130,14 +130,9 @@ class SchedAgent:
         for key, code in processes.items():
             job, _, role = key.partition("/")
             if role == "launcher" and code is None:
-                launchers[job] = {"status": launcher_status(job, timeout=1.0), "store": self._store(job)}
+                launchers[job] = {"status": launcher_status(job, timeout=1.0), "store": launcher_store(job)}
         return {"op": "agent", "host": self.host, "slots": self.slots, "boot": self.boot, "processes": processes,
                 "launchers": launchers, "failed": self.failures}
-
-    @staticmethod
-    def _store(job: str) -> str:
-        entry = next((e for e in registry.all_jobs() if e.job == launcher_id(job) and e.running), None)
-        return f"{entry.host}:{entry.port}" if entry is not None else ""
 
     def execute(self, order: dict[str, Any]) -> None:
         op, job = str(order["op"]), str(order["job"])

@@ -3,6 +3,7 @@
     taiji sched serve --slots 4 --policy pcrr --round 10          # the daemon (foreground)
     taiji sched serve --hosts hosts.txt --address 10.0.0.1:7070   # many hosts: "ADDRESS SLOTS" per line,
     taiji sched agent --host 10.0.0.2 --slots 4 --daemon 10.0.0.1:7070 --secret-file FILE  # on each
+    taiji sched serve --ray 10.0.0.1:6379 --slots 4              # or: the hosts are a Ray cluster's nodes
     taiji sched submit --min-np 1 --max-np 4 --name mnist -- python examples/fashion_mnist.py
     taiji sched status                                            # a table of the jobs
     taiji sched cancel s0002
@@ -11,7 +12,7 @@
     taiji sched simulate --workload pollux:6 --policy pcrr,tiresias  # the simulator (taiji.sched.cli)
 
 The daemon shares ``--slots`` worker slots (cores) — or the slots of every host in ``--hosts``, each
-driven by its ``taiji sched agent`` — among elastic taiji jobs: every ``--round``
+driven by its ``taiji sched agent``, or of every node of a Ray cluster (``--ray``) — among elastic taiji jobs: every ``--round``
 seconds it runs the same policy code as ``taiji sched simulate`` on models fitted to what each job
 measured, and resizes running jobs in place — shrinks first, grows once the shrinks landed, so the
 slots are never oversubscribed. Clients find it through ``--state-dir`` (default ``~/.taiji/sched``)
@@ -40,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve = sub.add_parser("serve", help="run the scheduler daemon in the foreground")
-    serve.add_argument("--slots", type=int, default=os.cpu_count() or 1,
-                       help="worker slots to share (default: this host's cores, %(default)s)")
+    serve.add_argument("--slots", type=int, default=None,
+                       help=f"worker slots to share (default: this host's cores, {os.cpu_count() or 1}; with "
+                            "--ray: each node's, by default what the smallest node holds)")
     serve.add_argument("--policy", default="pcrr", help="pcrr, fifo, tiresias, pollux, drf, srtf, optimus")
     serve.add_argument("--round", type=float, default=10.0, metavar="SECONDS", help="seconds between rounds")
     serve.add_argument("--address", default="127.0.0.1:0", metavar="HOST:PORT",
@@ -59,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--hosts", default=None, metavar="FILE",
                        help="many hosts: one 'ADDRESS SLOTS' line per host (all with the same slots), each running "
                             "`taiji sched agent`; listen on an address they reach (--address)")
+    ray = serve.add_argument_group("Ray (pip install 'taiji[ray]')")
+    ray.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                     help="the hosts are the nodes of a Ray cluster, live (ADDRESS: its head's HOST:PORT; default: "
+                          "RAY_ADDRESS or the cluster on this machine): no agents, no hosts file")
+    ray.add_argument("--max-hosts", type=int, default=16, metavar="N",
+                     help="with --ray: the most nodes the pool holds (default: %(default)s)")
+    ray.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="C",
+                     help="with --ray: Ray CPUs a node has per slot (default: %(default)s)")
+    ray.add_argument("--ray-gpus-per-worker", type=float, default=0.0, metavar="G",
+                     help="with --ray: Ray GPUs a node has per slot (default: %(default)s)")
     metrics_http.add_flags(serve)
     serve.add_argument("--host-timeout", type=float, default=10.0, metavar="SECONDS",
                        help="a host whose agent is silent this long is down: its slots leave the pool")
@@ -135,7 +147,7 @@ def format_status(reply: dict[str, Any]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     held = sum(job.get("size", 0) for job in reply.get("jobs", []) if job["state"] == "running")
     slots, up = int(reply.get("slots", 0)), reply.get("up") or [True] * len(names)
-    down = [name for name, is_up in zip(names, up) if not is_up]
+    down = [name for name, is_up in zip(names, up) if not is_up and name]   # ("": a Ray pool's seat no node took)
     lines.append(f"{held}/{slots * sum(1 for u in up if u)} slots in use on {sum(1 for u in up if u)} host(s)"
                  + (f" ({', '.join(down)} down)" if down else "") + f"; policy {reply.get('policy')}")
     return "\n".join(lines)
@@ -174,8 +186,16 @@ def main(argv: Sequence[str]) -> int:
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
             hosts = None
-            slots, count = args.slots, 1
-            if args.hosts:
+            slots, count = (os.cpu_count() or 1) if args.slots is None else args.slots, 1
+            if args.ray is not None:
+                if args.hosts:
+                    raise ConfigError("--ray and --hosts: the hosts are a Ray cluster's nodes or a file's, not both")
+                from ..ray_hosts import config_of
+                from .ray_jobs import open_pool
+                hosts = open_pool(config_of(args), args.slots, args.max_hosts, directory,
+                                  lambda: read_secret(directory))
+                slots, count = hosts.cfg.slots, hosts.cfg.max_hosts
+            elif args.hosts:
                 from .hosts import AgentHosts, read_hosts_file
                 listed = read_hosts_file(args.hosts)
                 hosts, slots, count = (AgentHosts(listed, args.host_timeout, args.fence, args.checkpoint_grace),

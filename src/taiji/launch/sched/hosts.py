@@ -54,6 +54,12 @@ def launcher_status(job_id: str, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
 
 
+def launcher_store(job_id: str) -> str:
+    """HOST:PORT of a scheduled job's store, from this host's registry ("": its launcher is not up)."""
+    entry = next((e for e in registry.all_jobs() if e.job == launcher_id(job_id) and e.running), None)
+    return f"{entry.host}:{entry.port}" if entry is not None else ""
+
+
 def job_secret(daemon_secret: bytes, job_id: str) -> bytes:
     """A scheduled job's secret, derived on every host from the daemon's (nothing secret on the wire)."""
     return auth.derive(daemon_secret, f"sched-job/{job_id}")
