@@ -40,6 +40,7 @@ runs on host 0, then on hosts 0 and 1, one worker per host; gloo goes over each 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -215,11 +216,23 @@ def taiji_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env:
         first = wait_for(lambda: _after(w0(), cut, 1), log, jobs[:1], deadline, "a step at 1 after the cut link")[0]
         (out / "stop").touch()
         jobs[0].session.wait(max(deadline - time.monotonic(), 1.0))
-        return {"agent_loss": {"resume_s": lost["time"] - killed}, "cut_link": {"resume_s": first["time"] - cut},
-                "step_ms": step_ms}
+        recoveries = recovery_phases(out / "run" / "events.jsonl")
+        return {"agent_loss": {"resume_s": lost["time"] - killed, "phases": recoveries.get(3)},
+                "cut_link": {"resume_s": first["time"] - cut, "phases": recoveries.get(1)}, "step_ms": step_ms}
     finally:
         for job in jobs:
             job.close()
+
+
+def recovery_phases(events: Path) -> dict[int, dict]:
+    """Rank 0's recoveries in the run log, by the size recovered to: where each one's time went
+    (the failed attempt -> failure seen -> next config -> switch -> groups -> state sync)."""
+    found = {}
+    for line in events.read_text().splitlines() if events.exists() else []:
+        event = json.loads(line)
+        if event.get("kind") == "recovery":
+            found[event["size"]] = dict(event.get("phases", {}), total=round(event["seconds"], 4))
+    return found
 
 
 def _stall(commits: list[dict], since: float, step_ms: float) -> tuple[float, int]:
