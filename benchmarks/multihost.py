@@ -400,7 +400,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cases", default="grow,head,faults,preempt",
                         help="which runs (comma-separated): grow (grow + host loss), head (head loss, needs "
                              "etcd), faults (agent loss and cut link at 5 workers), faults_etcd (taiji's side of faults "
-                             "on the etcd store alone), preempt (a notice to one of 3 hosts)")
+                             "on the etcd store alone), faults_tcp (taiji's side on the TCP store alone), preempt "
+                             "(a notice to one of 3 hosts)")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
     return args
@@ -433,6 +434,8 @@ def main(argv=None) -> None:
             order = [("taiji", taiji_side), ("torchrun", torchrun_side)] if "grow" in cases else []
             if "faults" in cases:
                 order += [("taiji_faults", taiji_faults), ("torchrun_faults", torchrun_faults)]
+            elif "faults_tcp" in cases:
+                order += [("taiji_faults", taiji_faults)]
             if ("faults" in cases or "faults_etcd" in cases) and shutil.which("etcd"):
                 order += [("taiji_faults_etcd", lambda *a: taiji_faults(*a, store="etcd"))]
             if "head" in cases and shutil.which("etcd"):
