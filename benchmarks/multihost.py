@@ -40,6 +40,7 @@ runs on host 0, then on hosts 0 and 1, one worker per host; gloo goes over each 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -215,11 +216,23 @@ def taiji_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env:
         first = wait_for(lambda: _after(w0(), cut, 1), log, jobs[:1], deadline, "a step at 1 after the cut link")[0]
         (out / "stop").touch()
         jobs[0].session.wait(max(deadline - time.monotonic(), 1.0))
-        return {"agent_loss": {"resume_s": lost["time"] - killed}, "cut_link": {"resume_s": first["time"] - cut},
-                "step_ms": step_ms}
+        recoveries = recovery_phases(out / "run" / "events.jsonl")
+        return {"agent_loss": {"resume_s": lost["time"] - killed, "phases": recoveries.get(3)},
+                "cut_link": {"resume_s": first["time"] - cut, "phases": recoveries.get(1)}, "step_ms": step_ms}
     finally:
         for job in jobs:
             job.close()
+
+
+def recovery_phases(events: Path) -> dict[int, dict]:
+    """Rank 0's recoveries in the run log, by the size recovered to: where each one's time went
+    (the failed attempt -> failure seen -> next config -> switch -> groups -> state sync)."""
+    found = {}
+    for line in events.read_text().splitlines() if events.exists() else []:
+        event = json.loads(line)
+        if event.get("kind") == "recovery":
+            found[event["size"]] = dict(event.get("phases", {}), total=round(event["seconds"], 4))
+    return found
 
 
 def _stall(commits: list[dict], since: float, step_ms: float) -> tuple[float, int]:
@@ -387,7 +400,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cases", default="grow,head,faults,preempt",
                         help="which runs (comma-separated): grow (grow + host loss), head (head loss, needs "
                              "etcd), faults (agent loss and cut link at 5 workers), faults_etcd (taiji's side of faults "
-                             "on the etcd store alone), preempt (a notice to one of 3 hosts)")
+                             "on the etcd store alone), faults_tcp (taiji's side on the TCP store alone), preempt "
+                             "(a notice to one of 3 hosts)")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
     return args
@@ -420,6 +434,8 @@ def main(argv=None) -> None:
             order = [("taiji", taiji_side), ("torchrun", torchrun_side)] if "grow" in cases else []
             if "faults" in cases:
                 order += [("taiji_faults", taiji_faults), ("torchrun_faults", torchrun_faults)]
+            elif "faults_tcp" in cases:
+                order += [("taiji_faults", taiji_faults)]
             if ("faults" in cases or "faults_etcd" in cases) and shutil.which("etcd"):
                 order += [("taiji_faults_etcd", lambda *a: taiji_faults(*a, store="etcd"))]
             if "head" in cases and shutil.which("etcd"):

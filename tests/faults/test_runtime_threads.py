@@ -273,3 +273,7 @@ def test_a_version_that_lost_a_member_is_abandoned_at_once_not_at_the_collective
     [change] = results["w0"]["transitions"]
     assert (change["reason"], change["from_size"], change["to_size"], change["step"]) == ("failure", 3, 2, 4)
     assert change["total_s"] < 5.0, change  # the time training stood still, far below the 30 s timeout
+    # where it went, phase by phase, adding up to it: the groups of the new version are built
+    # inside the recovery (its first step does not pay them after the recovery was recorded)
+    assert list(change["phases"]) == ["failed", "config", "switch", "groups", "sync"], change
+    assert sum(change["phases"].values()) == pytest.approx(change["total_s"], abs=1e-6), change

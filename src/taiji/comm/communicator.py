@@ -25,7 +25,8 @@ from .topologies import check_topology
 from .topology import PLANS, HostLayout, PlanRunner, PlanWork, host_layout, runs_as_ring
 from .teardown import Pending, Teardown, keep_forever, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
-from ..errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError, PeerLost
+from .signature import check_signatures, signature
+from ..errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, PeerLost
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,6 @@ _REDUCE_OPS = {
     "min": dist.ReduceOp.MIN,
     "max": dist.ReduceOp.MAX,
 }
-_OP_CODES = {"allreduce": 1, "broadcast": 2, "allgather": 3, "barrier": 4, "consensus": 5}
-_DTYPE_CODES = {dt: i for i, dt in enumerate((
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool), start=1)}
-_SIGNATURE_LEN = 16
 _REAP_DELAY_S = 1.0
 _ABANDON_SLICE = datetime.timedelta(milliseconds=20)  # how soon a wait sees its version abandoned
 
@@ -161,12 +157,15 @@ class Communicator:
     """Collectives among the ``size`` workers of one cluster version."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, version: int,
-                 options: CommOptions = CommOptions()):
+                 options: CommOptions = CommOptions(), side_store: dist.Store | None = None):
         if not 0 <= rank < size:
             raise ConfigError(f"rank {rank} is outside a cluster of size {size}")
         if options.timeout <= 0:
             raise ConfigError(f"collective timeout must be positive, got {options.timeout}")
         self.store = store
+        # the same store on a connection of its own: a second group's rendezvous runs beside the
+        # first's (a TCPStore connection waits for one key at a time); None: one after the other
+        self.side_store = side_store
         self.rank = rank
         self.size = size
         self.version = version
@@ -196,9 +195,9 @@ class Communicator:
             return group
 
     def _build_group(self, key: str, device: torch.device, op: str,
-                     members: tuple[int, ...] | None = None) -> Any:
+                     members: tuple[int, ...] | None = None, store: dist.Store | None = None) -> Any:
         """A group of every rank, or of ``members`` only (a plan's host or leaders' group)."""
-        prefixed = dist.PrefixStore(f"pg/v{self.version}/{key}", self.store)
+        prefixed = dist.PrefixStore(f"pg/v{self.version}/{key}", self.store if store is None else store)
         rank, size = (self.rank, self.size) if members is None else (members.index(self.rank), len(members))
         timeout = datetime.timedelta(seconds=self.options.timeout)
         try:
@@ -257,11 +256,38 @@ class Communicator:
         plan = PLANS[self.topology]
         return self._plans.submit(lambda: plan(tensor, groups))
 
-    def connect(self, channels: Sequence[str] = CHANNELS) -> None:
-        """Build the CPU groups of ``channels`` now rather than on first use."""
-        if self.size > 1:
-            for channel in channels:
-                self._group(channel, torch.device("cpu"))
+    def connect(self, channels: Sequence[str] | None = None) -> None:
+        """Build the CPU groups of ``channels`` now rather than on first use (default: the ones a
+        step uses): a new version's groups are ready before its first step, two side by side (with
+        ``side_store``), so that a recovery pays about one rendezvous, not one per channel."""
+        with self._lock:  # (a plan other than the ring builds groups of its own: no grad group)
+            wanted = [c for c in channels or (CHANNELS if self._ring_plan else ("ctrl",)) if c not in self._groups]
+        if self.size == 1 or not wanted:
+            return
+        built: dict[str, Any] = {}
+        failed: list[CommError] = []
+
+        def build(channel: str, store: dist.Store | None = None) -> None:
+            try:
+                built[channel] = self._build_group(channel, torch.device("cpu"), "connect", store=store)
+            except CommError as exc:
+                failed.append(exc)
+        beside = None
+        if len(wanted) > 1 and self.side_store is not None:
+            beside = threading.Thread(target=build, args=(wanted.pop(), self.side_store), daemon=True)
+            beside.start()
+        for channel in wanted:
+            build(channel)
+        if beside is not None:
+            beside.join()
+        with self._lock:
+            if not self._closed:
+                self._groups.update(built)
+                built = {}
+        if built:  # closed meanwhile
+            reaper.submit(Teardown(self.version, list(built.values()), [], _REAP_DELAY_S))
+        if failed:
+            raise failed[0]
 
     def close(self) -> None:
         """Tear down this version's groups; later collectives on it raise CommError.
@@ -362,35 +388,9 @@ class Communicator:
 
     # -- debug-mode signature check ---------------------------------------------------
 
-    def _signature(self, op: str, tensor: torch.Tensor | None, extra: int) -> torch.Tensor:
-        sig = torch.zeros(_SIGNATURE_LEN, dtype=torch.int64)
-        sig[0] = _OP_CODES[op]
-        sig[4] = extra
-        if tensor is not None:
-            sig[1] = _DTYPE_CODES.get(tensor.dtype, 99)
-            sig[2] = 1 if tensor.is_cuda else 0
-            shape = list(tensor.shape)[: _SIGNATURE_LEN - 5]
-            sig[3] = tensor.dim()
-            sig[5:5 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
-        return sig
-
     def _check_signature(self, op: str, tensor: torch.Tensor | None, extra: int = 0) -> None:
-        mine = self._signature(op, tensor, extra)
-        rows = self._allgather_raw(mine, _DEBUG_CHANNEL)
-        reference = rows[0]
-        bad = [r for r, row in enumerate(rows) if not torch.equal(row, reference)]
-        if bad:
-            def show(row: torch.Tensor) -> str:
-                names = {v: k for k, v in _OP_CODES.items()}
-                dtypes = {v: k for k, v in _DTYPE_CODES.items()}
-                ndim = int(row[3])
-                return (f"{names.get(int(row[0]), '?')}(dtype={dtypes.get(int(row[1]), '?')}, "
-                        f"shape={tuple(int(x) for x in row[5:5 + ndim])}, arg={int(row[4])})")
-            detail = "; ".join(f"rank {r}: {show(rows[r])}" for r in bad)
-            raise MismatchError(
-                f"{self._where()} collective mismatch: rank 0 called {show(reference)} but {detail}. "
-                "Every worker must issue the same collectives in the same order.",
-                op=op, channel=_DEBUG_CHANNEL, version=self.version)
+        check_signatures(self._allgather_raw(signature(op, tensor, extra), _DEBUG_CHANNEL), op, self._where(),
+                         self.version, _DEBUG_CHANNEL)
 
     # -- collectives ------------------------------------------------------------------
 

@@ -321,7 +321,7 @@ class Driver:
 
     def _announce_controller(self) -> None:
         """Who controls the job (agents watch its beat to take over when it stops, etcd mode)."""
-        tether = self.remote.open_tether(self.secret) if self.cfg.slots else ""  # many hosts only
+        tether = self.remote.open_tether(self.secret, self.sup.wake) if self.cfg.slots else ""  # many hosts only
         agent_channel.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots,
                                          survivable=self.survivable, tether=tether)
         auth.write_secret_file(self.secret_file, self.secret)

@@ -43,9 +43,10 @@ class RemoteHosts:
         self.early: list[ctl.Event] = []  # hosts that joined beyond --nnodes MIN while the job gathered
         self._registrations_seen = 0
 
-    def open_tether(self, secret: bytes) -> str:
-        """Listen for the agents' tethers; returns the address they connect to."""
-        self.tether = TetherServer(self.here, secret)
+    def open_tether(self, secret: bytes, on_lost: Callable[[], None] = lambda: None) -> str:
+        """Listen for the agents' tethers; returns the address they connect to. ``on_lost``: called
+        when one closes (wakes the controller's wait: a lost host is acted on at once, not next tick)."""
+        self.tether = TetherServer(self.here, secret, on_lost)
         return self.tether.address
 
     # -- a running job's hosts, taken over ------------------------------------------------

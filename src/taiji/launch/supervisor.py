@@ -189,6 +189,13 @@ class Supervisor:
     def running(self) -> list[WorkerProcess]:
         return [w for w in self.workers.values() if w.running]
 
+    def wake(self) -> None:
+        """End a ``wait`` now (from any thread): something it should look at happened."""
+        try:
+            os.write(self._wake_w, b"w")
+        except (BlockingIOError, OSError):  # a full pipe wakes it anyway; a closed one: nobody waits
+            pass
+
     def wait(self, timeout: float | None = None) -> tuple[list[WorkerProcess], list[int]]:
         """Block until a worker exits or a signal arrives; returns (exited workers, signals)."""
         alive = self.running()

@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from ..cluster import auth
 from ..errors import AuthError, LaunchError
@@ -77,8 +78,9 @@ class _Peer:
 class TetherServer:
     """The controller's end. ``lost()`` returns the agents whose tether closed since the last call."""
 
-    def __init__(self, host: str, secret: bytes):
+    def __init__(self, host: str, secret: bytes, on_lost: Callable[[], None] = lambda: None):
         self._key = auth.derive(secret, "tether")
+        self._on_lost = on_lost  # called (on the tether's thread) once a tether closed: the controller looks now
         self._listener = socket.create_server((host, 0))  # the advertised address only, like every server here
         self._listener.setblocking(False)
         self.address = f"{host}:{self._listener.getsockname()[1]}"
@@ -153,6 +155,7 @@ class TetherServer:
             if peer.who is not None:
                 with self._lock:
                     self._lost.append(peer.who)
+                self._on_lost()
             self._drop(sock)
             return
         if peer.who is not None:

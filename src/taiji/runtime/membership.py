@@ -131,7 +131,7 @@ class ElasticMembership(_PeerMembership):
                     for version in store.follow_latest(self._closed):
                         if version > self._newest:  # read here: the training thread may be waiting for it
                             self._saw(version, store.read_config(version))
-                        self._abandon_if_doomed(store)
+                        self._abandon_if_doomed(store)  # (the config just read is not read again)
                     continue
                 following = max(self._newest, self.peer.version) + 1
                 if store.has(config_key(following)):
@@ -156,7 +156,9 @@ class ElasticMembership(_PeerMembership):
         ours, looked = self._doom_checked
         start = looked + 1 if ours == config.version else config.version + 1
         for version in range(start, self._newest + 1):
-            lost = store.read_config(version).dooms(config.ids)
+            known = self._newest_config
+            read = known if known is not None and known.version == version else store.read_config(version)
+            lost = read.dooms(config.ids)
             if lost:
                 comm.abandon(f"cluster v{version} dropped lost worker(s) {', '.join(lost)}")
                 break

@@ -36,8 +36,7 @@ class PeerOptions:
 
     @staticmethod
     def from_env() -> "PeerOptions":
-        return PeerOptions(timeout=env.TIMEOUT.get(), debug_collectives=env.DEBUG_COLLECTIVES.get(),
-                           topology=env.TOPOLOGY.get())
+        return PeerOptions(env.TIMEOUT.get(), env.DEBUG_COLLECTIVES.get(), env.TOPOLOGY.get())
 
 
 class Member(Protocol):
@@ -49,10 +48,6 @@ class Member(Protocol):
     def comm(self) -> Communicator: ...
     @property
     def joined(self) -> bool: ...
-    def _abandoned(self) -> str | None:
-        """Why the current version's groups can no longer form (None: they can)."""
-        return self.comm.abandoned if self.comm is not None else None
-
     def transition(self, config: spec.ClusterConfig) -> bool: ...
     def at_step(self, step: int) -> None: ...
 
@@ -78,9 +73,9 @@ class Peer:
         self.step = 0  # for log prefixes; the training loop tells it through ``at_step``
         self._context_source: Callable[[], Context] | None = None  # the running Job's
         # (a store written in Python must outlive the C++ stores wrapping it: kept here)
-        self._rendezvous = raw_store.rendezvous(self._abandoned) if isinstance(raw_store, SupportsRendezvous) \
-            else raw_store
+        self._rendezvous = raw_store.rendezvous(self._abandoned) if isinstance(raw_store, SupportsRendezvous) else raw_store
         self._comm_store = dist.PrefixStore(f"taiji/{self.job_store.job_id}", self._rendezvous)
+        self._side: tuple[dist.Store, dist.Store] | None = None  # (kept, prefixed): see ``_side_store``
         self._provisional = provisional
         self.config: spec.ClusterConfig | None = None
         self.comm: Communicator = None  # type: ignore[assignment]
@@ -158,8 +153,15 @@ class Peer:
             return False
         self.comm = self._make_comm(self._comm_store, rank, config.size, config.version, CommOptions(
             timeout=self.options.timeout, debug=self.options.debug_collectives, host=config.workers[rank].host,
-            hosts=tuple(w.host for w in config.workers), topology=topology))
+            hosts=tuple(w.host for w in config.workers), topology=topology),
+            side_store=self._side_store() if config.size > 1 else None)
         return True
+
+    def _side_store(self) -> dist.Store:
+        """The store on a second connection, made once: a version's second group meets beside its first."""
+        if self._side is None:  # (the clone, kept alive, and its prefixed view)
+            self._side = (kept := self._rendezvous.clone(), dist.PrefixStore(f"taiji/{self.job_store.job_id}", kept))
+        return self._side[1]
 
     def _store(self) -> JobStore:
         if not self.elastic:

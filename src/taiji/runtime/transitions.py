@@ -17,6 +17,7 @@ from ..cluster.spec import ClusterConfig
 from ..errors import CommError
 from .membership import Membership
 from .peer import Member
+from .phases import Phases
 from .reporting import Event, Paused, Reporter
 from .state import TrainState
 
@@ -58,51 +59,63 @@ class Transitions:
                      view.rank, view.size, view.version, time.perf_counter() - started)
         self.sync(force=True)
 
-    def to(self, config: ClusterConfig, reason: str, started: float | None = None) -> None:
-        started = time.perf_counter() if started is None else started
+    def to(self, config: ClusterConfig, reason: str, started: float | None = None,
+           phases: Phases | None = None) -> None:
+        phases = phases or Phases(time.perf_counter() if started is None else started)
         before = self.peer.view
         self._switch(config)
-        switched = time.perf_counter()
-        self.sync(force=False)
-        finished = time.perf_counter()
+        switched = phases.mark("switch")
+        self.sync(force=False, phases=phases)
+        finished, started = phases.last, phases.started
         after = self.peer.view
         step = self.state.progress.step
         record = {"reason": reason, "from_version": before.version, "to_version": after.version,
-                  "from_size": before.size, "to_size": after.size, "step": step,
-                  "switch_s": switched - started, "sync_s": finished - switched, "total_s": finished - started}
+                  "from_size": before.size, "to_size": after.size, "step": step, "switch_s": switched - started,
+                  "sync_s": finished - switched, "total_s": finished - started, "phases": phases.seconds}
         self.records.append(record)
         if reason == "failure":
             self.reporter.on(Event("failure", step, {"time": time.time() - (finished - started),
                                                      "size": before.size, "version": before.version}))
             self.reporter.on(Event("recovery", step, {"size": after.size, "version": after.version,
-                                                      "hosts": after.per_host, "seconds": record["total_s"]}))
+                                                      "hosts": after.per_host, "seconds": record["total_s"],
+                                                      "phases": phases.rounded()}))
         else:
             self.reporter.on(Event("resize", step, {"size": after.size, "from_size": before.size,
                                                     "hosts": after.per_host, "version": after.version,
-                                                    "seconds": record["total_s"]}))
+                                                    "seconds": record["total_s"], "phases": phases.rounded()}))
         self.reporter.on(Paused(transition=True))
-        log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs", before.version,
-                 after.version, reason, before.size, after.size, step, finished - started)
+        log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs (%s)", before.version,
+                 after.version, reason, before.size, after.size, step, finished - started, phases)
 
     def recover(self, error: BaseException | None, since: float | None = None) -> None:
         """A collective failed: nothing was committed here. Move to the launcher's next config.
         ``since``: when the failed attempt began (perf_counter): training stood still from then
         on, and that is the recovery time recorded."""
+        phases = Phases(time.perf_counter() if since is None else since)
+        phases.mark("failed")
         log.warning("step %d failed (%s); waiting for a new cluster config", self.state.progress.step,
                     str(error).split(". ")[0] if error else "collective failed")
-        self.to(self._next_config(), reason="failure", started=time.perf_counter() if since is None else since)
+        config = self._next_config()
+        phases.mark("config")
+        self.to(config, reason="failure", phases=phases)
 
-    def sync(self, force: bool) -> None:
-        """Sync the TrainState on the current groups; while that fails, recover and try again."""
+    def sync(self, force: bool, phases: Phases | None = None) -> None:
+        """Build the current version's groups and sync the TrainState on them; while that fails,
+        recover and try again."""
         while True:
             try:
                 if not force:
                     self.fire("sync", self.state.progress.step)
+                self.peer.comm.connect()
+                if phases is not None:
+                    phases.mark("groups")
                 self.state.sync(self.peer.comm, force=force)
                 break
             except CommError as exc:
                 log.warning("state sync failed (%s); waiting for a new cluster config", str(exc).split(". ")[0])
                 self._switch(self._next_config())
+        if phases is not None:
+            phases.mark("sync")
         self.peer.at_step(self.state.progress.step)
         self.membership.watch()
         self.changed()
