@@ -234,9 +234,11 @@ class JobStore:
             if value:
                 yield int(value)
 
-    def read_config(self, version: int | None = None) -> ClusterConfig:
+    def read_config(self, version: int | None = None, wait: float = 0.0) -> ClusterConfig:
         if version is None:
-            version = self.latest_version()
+            if wait > 0:   # the latest once one is published (`taiji run` starts workers before it publishes)
+                self.wait_for_version(1, wait)
+            version = self.latest_version() or (1 if wait > 0 else 0)
             if version == 0:
                 raise StoreError(f"job {self.job_id}: no cluster config is published yet")
         try:

@@ -194,8 +194,7 @@ class Peer:
         url = env.STORE_URL.get() or f"tcp://{env.STORE_HOST.get()}:{env.STORE_PORT.get()}"
         raw, job_store = connect_job(url, job_id, secret_from_env(), options.timeout)
         try:   # `taiji run` starts its first workers before it publishes their config: wait for it
-            job_store.wait_for_version(1, options.timeout)
-            config = job_store.read_config(max(job_store.latest_version(), 1))
+            config = job_store.read_config(wait=options.timeout)
         except StoreError as exc:
             raise StoreError(f"worker {worker_id}: cannot read the cluster config of job {job_id}: {exc}") from exc
         provisional = (env.RANK.get(), env.WORLD_SIZE.get())
