@@ -110,28 +110,19 @@ def live(args: argparse.Namespace) -> None:
     stores = [s for s in args.stores.split(",") if s != "etcd" or shutil.which("etcd")]
     skipped = {"etcd": "no etcd binary (make etcd)"} if "etcd" in args.stores and "etcd" not in stores else {}
     sizes = [int(n) for n in args.sizes.split(",")]
-    results, anchors, failed = [], {}, []
+    results, anchors = [], {}
     for n in sizes:
         anchors[n] = control_torchrun.measure(n, args.window)
         print(f"# torchrun c10d, {n} workers / {anchors[n]['hosts']} nodes: rendezvous {anchors[n]['start_s']:.2f} s, "
               f"steady {anchors[n]['ops_per_s']:.0f} ops/s, re-rendezvous after a node loss "
               f"{anchors[n]['loss_s']:.2f} s", file=sys.stderr, flush=True)
         for store in stores:
-            try:
-                r = control_live.measure(store, n, args.window, args.sim_procs)
-            except RuntimeError as exc:  # said with the launcher's last lines; the other sizes go on
-                failed.append({"store": store, "workers": n, "error": str(exc).splitlines()[0][:300]})
-                print(f"# taiji {store}, {n} workers: FAILED: {exc}", file=sys.stderr, flush=True)
-                continue
-            results.append(r)
-            print(f"# taiji {store}, {n} workers / {r['hosts']} simulated hosts: start {r['start_s']:.2f} s, steady "
-                  f"{r['ops_per_s']:.0f} ops/s, launcher CPU {r['launcher_cpu']:.2f} cores"
-                  + (f" (etcd {r['etcd_cpu']:.2f})" if r["etcd_cpu"] is not None else "")
-                  + f", host loss {r['loss_s']:.3f} s, grow of 128 {r['grow_s']:.2f} s", file=sys.stderr, flush=True)
+            results.append(control_live.measure(store, n, args.window, args.sim_procs))
+            print(f"# taiji {store}, {n} workers / {control_live.summary(results[-1])}", file=sys.stderr, flush=True)
     print_result("control_scale", control_live.rows(results, anchors, contract_row), quick=args.quick, live=True,
                  growth_ops=control_live.growth(results, "ops_per_s"),
                  growth_loss=control_live.growth(results, "loss_s"),
-                 growth_launcher_cpu=control_live.growth(results, "launcher_cpu"), skipped=skipped, failed=failed,
+                 growth_launcher_cpu=control_live.growth(results, "launcher_cpu"), skipped=skipped,
                  sizes=results, torchrun=list(anchors.values()), load=os.getloadavg())
 
 

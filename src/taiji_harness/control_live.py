@@ -234,21 +234,25 @@ def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts:
                       grow_hosts, per_host)
     print(f"# {store}, {workers} workers: the launcher says {launched.log}", file=sys.stderr, flush=True)
     procs: list[SimProcess] = []
+    figures: dict = {"store": store, "workers": workers, "hosts": len(slots), "grown": per_host * grow_hosts,
+                     "start_s": None, "loss_s": None, "grow_s": None, "ops_per_s": None, "launcher_cpu": None,
+                     "etcd_cpu": None}
     try:
         procs = [SimProcess(launched.url, job_id, secret_file, environ) for _ in range(min(sim_procs, len(slots)))]
         t0 = time.monotonic()
         start(procs, [host_address(j) for j in range(len(slots))], per_host)
-        start_s = until(procs, workers, 300, launched) - t0
+        figures["start_s"] = until(procs, workers, 300, launched) - t0
         time.sleep(1.0)
-        load = steady(store, launched.url, procs, launched.proc.pid, window)
+        figures.update(steady(store, launched.url, procs, launched.proc.pid, window))
         procs[0].send({"op": "kill", "address": host_address(0)})
         lost_at = procs[0].answer()["at"]
-        loss_s = until(procs, workers - per_host, 120, launched) - lost_at
+        figures["loss_s"] = until(procs, workers - per_host, 120, launched) - lost_at
         t0 = time.monotonic()
         start(procs, [host_address(len(slots) + j) for j in range(grow_hosts)], per_host)
-        grow_s = until(procs, workers - per_host + per_host * grow_hosts, 300, launched) - t0
-        return {"store": store, "workers": workers, "hosts": len(slots), "start_s": start_s, "loss_s": loss_s,
-                "grow_s": grow_s, "grown": per_host * grow_hosts, **load}
+        figures["grow_s"] = until(procs, workers - per_host + per_host * grow_hosts, 300, launched) - t0
+    except RuntimeError as exc:  # a phase that did not end: the figures measured before it are kept
+        print(f"# {store}, {workers} workers: {exc}", file=sys.stderr, flush=True)
+        figures["error"] = str(exc).splitlines()[0][:300]
     except BaseException:
         print(f"# the launcher said:\n{launched.said(40)}", file=sys.stderr, flush=True)
         raise
@@ -257,6 +261,7 @@ def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts:
         for p in procs:
             p.close()
         shutil.rmtree(base, ignore_errors=True)
+    return figures
 
 
 # -- the benchmark's rows ------------------------------------------------------------------------
@@ -276,15 +281,25 @@ def rows(results: list[dict], anchors: dict[int, dict], contract_row) -> list[di
     out = []
     for r in results:
         store, n, anchor = r["store"], r["workers"], anchors.get(r["workers"], {})
-        out += [contract_row(loss_case(store, n), round(r["loss_s"], 3), _rounded(anchor.get("loss_s")),
+        out += [contract_row(loss_case(store, n), _rounded(r["loss_s"]), _rounded(anchor.get("loss_s")),
                              higher_is_better=False, hosts=r["hosts"]),
-                contract_row(ops_case(store, n), round(r["ops_per_s"]), _rounded(anchor.get("ops_per_s"), 0),
+                contract_row(ops_case(store, n), _rounded(r["ops_per_s"], 0), _rounded(anchor.get("ops_per_s"), 0),
                              higher_is_better=False, hosts=r["hosts"]),
-                contract_row(f"grow of 128 workers → every simulated worker on the new config, {store}, {n} "
-                             "workers (s)", round(r["grow_s"], 3), None, higher_is_better=False),
+                contract_row(f"grow of {r['grown']} workers → every simulated worker on the new config, {store}, "
+                             f"{n} workers (s)", _rounded(r["grow_s"]), None, higher_is_better=False),
                 contract_row(f"launcher CPU at steady state, {store}, {n} workers (cores)",
-                             round(r["launcher_cpu"], 3), None, higher_is_better=False)]
+                             _rounded(r["launcher_cpu"]), None, higher_is_better=False)]
     return out
+
+
+def summary(r: dict) -> str:
+    """One run's figures in a line (— where a phase did not end)."""
+    def f(key: str, fmt: str) -> str:
+        return "—" if r.get(key) is None else format(r[key], fmt)
+    return (f"{r['hosts']} simulated hosts: start {f('start_s', '.2f')} s, steady {f('ops_per_s', '.0f')} ops/s, "
+            f"launcher CPU {f('launcher_cpu', '.2f')} cores (etcd {f('etcd_cpu', '.2f')}), host loss "
+            f"{f('loss_s', '.3f')} s, grow of {r['grown']} {f('grow_s', '.2f')} s"
+            + (f"; {r['error']}" if r.get("error") else ""))
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:
@@ -296,6 +311,7 @@ def growth(results: list[dict], key: str) -> dict[str, float]:
     out = {}
     for store in sorted({r["store"] for r in results}):
         mine = sorted((r for r in results if r["store"] == store), key=lambda r: r["workers"])
+        mine = [r for r in mine if r[key] is not None]
         if len(mine) > 1 and mine[0][key]:
             out[store] = round(mine[-1][key] / mine[0][key], 2)
     return out

@@ -54,16 +54,21 @@ def test_store_address_from_the_launchers_first_line():
 
 def test_rows_are_named_as_the_issue_asks_and_growth_is_per_store():
     results = [{"store": "tcp", "workers": 64, "hosts": 7, "loss_s": 0.2, "ops_per_s": 1000.0, "grow_s": 3.0,
-                "launcher_cpu": 0.1},
+                "launcher_cpu": 0.1, "grown": 128},
                {"store": "tcp", "workers": 256, "hosts": 31, "loss_s": 0.5, "ops_per_s": 4000.0, "grow_s": 5.0,
-                "launcher_cpu": 0.3}]
+                "launcher_cpu": 0.3, "grown": 128},
+               {"store": "etcd", "workers": 64, "hosts": 7, "loss_s": 2.0, "ops_per_s": 150.0, "grow_s": None,
+                "launcher_cpu": 0.1, "grown": 128, "error": "not every simulated worker reached a config of 184"}]
     from taiji_harness.bench import contract_row
     rows = live.rows(results, {64: {"loss_s": 3.0, "ops_per_s": 10.0}}, contract_row)
     cases = [r["case"] for r in rows]
     assert "host loss → every simulated worker on the new config, tcp, 64 workers (s)" in cases
     assert "store ops/s at steady state, tcp, 256 workers" in cases
     assert rows[0]["anchor"] == 3.0 and rows[4]["anchor"] is None
+    assert "grow of 128 workers → every simulated worker on the new config, tcp, 64 workers (s)" in cases
+    assert rows[-2]["taiji"] is None  # a phase that did not end: no figure, the others kept
     assert live.growth(results, "ops_per_s") == {"tcp": 4.0}
+    assert "grow of 128 —" in live.summary(results[-1]) and "184" in live.summary(results[-1])
 
 
 @pytest.mark.timeout(120)
