@@ -77,8 +77,9 @@ def handler(host: str, port: int, run_id: str, nodes: int):
                                   last_call=datetime.timedelta(seconds=LAST_CALL_S)))
 
 
-def all_rendezvous(handlers: list) -> float:
-    """Every handler's ``next_rendezvous`` at once; seconds until the last one returned."""
+def all_rendezvous(handlers: list, timeout: float) -> float | None:
+    """Every handler's ``next_rendezvous`` at once; seconds until the last one returned (None:
+    not within ``timeout``)."""
     t0 = time.monotonic()
     errors: list[BaseException] = []
 
@@ -91,14 +92,16 @@ def all_rendezvous(handlers: list) -> float:
     threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in handlers]
     for t in threads:
         t.start()
+    deadline = t0 + timeout
     for t in threads:
-        t.join(timeout=600)
+        t.join(timeout=max(deadline - time.monotonic(), 0.0))
     if errors:
         raise errors[0]
-    return time.monotonic() - t0
+    return None if any(t.is_alive() for t in threads) else time.monotonic() - t0
 
 
-def measure(workers: int, window: float, per_host: int = 8) -> dict:
+def measure(workers: int, window: float, per_host: int = 8, timeout: float = 120.0) -> dict:
+    """The figures for ``workers / per_host`` nodes (None: a rendezvous not done within ``timeout``)."""
     nodes = max(workers // per_host, 2)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # no store server of rank 0's own
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
@@ -107,12 +110,15 @@ def measure(workers: int, window: float, per_host: int = 8) -> dict:
                              run_id, str(nodes)], env=dict(os.environ), stdout=subprocess.PIPE, text=True,
                             preexec_fn=functools.partial(die_with_parent, os.getpid()))
     handlers: list = []
+    handlers_done = False
     try:
         assert lone.stdout is not None
         if lone.stdout.readline().strip() != "ready":
             raise RuntimeError(f"torchrun's lone simulated node did not start ({lone.poll()})")
         handlers = [handler("127.0.0.1", server.port, run_id, nodes) for _ in range(nodes - 1)]
-        start_s = all_rendezvous(handlers)
+        start_s = all_rendezvous(handlers, timeout)
+        if start_s is None:
+            return {"workers": workers, "hosts": nodes, "start_s": None, "ops_per_s": None, "loss_s": None}
         stop = threading.Event()
 
         def monitor(h) -> None:
@@ -131,10 +137,11 @@ def measure(workers: int, window: float, per_host: int = 8) -> dict:
             t.join()
         lone.kill()
         lone.wait()
-        loss_s = all_rendezvous(handlers)
+        loss_s = all_rendezvous(handlers, timeout)
+        handlers_done = loss_s is not None  # else some still wait in the rendezvous: left to the exit
         return {"workers": workers, "hosts": nodes, "start_s": start_s, "ops_per_s": ops_per_s, "loss_s": loss_s}
     finally:
-        for h in handlers:
+        for h in handlers if handlers_done else ():
             h.shutdown()  # ends its keep-alive timer
         if lone.poll() is None:
             lone.kill()
