@@ -10,18 +10,25 @@ rendezvous state (a pickled ``_RendezvousState`` with every node, base64 in the 
 every agent reads and rewrites by compare-and-set on each rendezvous change.
 
     .venv/bin/python benchmarks/control_scale.py --quick
+
+``--live`` measures instead against real stores, with the real launcher and up to 1,024 simulated
+workers (taiji_harness/control_live.py says how), torchrun's c10d rendezvous beside it:
+
+    .venv/bin/python benchmarks/control_scale.py --live --quick
 """
 from __future__ import annotations
 
 import argparse
 import base64
 import datetime
+import os
 import pickle
+import shutil
 import sys
 import time
 from dataclasses import fields
 
-from taiji_harness.bench import contract_row, median, print_result  # noqa: E402
+from taiji_harness.bench import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
 
 from taiji.cluster import auth  # noqa: E402
 from taiji.cluster.controller import (Beat, Bounds, HostBeat, HostJoined, HostLost, Proposal, Tick,  # noqa: E402
@@ -97,10 +104,39 @@ def measure(hosts: int, repeat: int) -> dict:
     }
 
 
+def live(args: argparse.Namespace) -> None:
+    from taiji_harness import control_live, control_torchrun
+    reap_on_sigterm()  # the launchers and simulated hosts it started are stopped and reaped
+    stores = [s for s in args.stores.split(",") if s != "etcd" or shutil.which("etcd")]
+    skipped = {"etcd": "no etcd binary (make etcd)"} if "etcd" in args.stores and "etcd" not in stores else {}
+    sizes = [int(n) for n in args.sizes.split(",")]
+    results, anchors = [], {}
+    for n in sizes:
+        anchors[n] = control_torchrun.measure(n, args.window)
+        print(f"# torchrun c10d, {n} workers: {anchors[n]} (None: not within 120 s)", file=sys.stderr, flush=True)
+        for store in stores:
+            results.append(control_live.measure(store, n, args.window, args.sim_procs))
+            print(f"# taiji {store}, {n} workers / {control_live.summary(results[-1])}", file=sys.stderr, flush=True)
+    print_result("control_scale", control_live.rows(results, anchors, contract_row), quick=args.quick, live=True,
+                 growth_ops=control_live.growth(results, "ops_per_s"),
+                 growth_loss=control_live.growth(results, "loss_s"),
+                 growth_launcher_cpu=control_live.growth(results, "launcher_cpu"), skipped=skipped,
+                 sizes=results, torchrun=list(anchors.values()), load=os.getloadavg())
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (--live: 64 and 256 workers)")
+    parser.add_argument("--live", action="store_true", help="real stores, the real launcher, simulated workers")
+    parser.add_argument("--sizes", default=None, help="--live: workers per run (default 64,128,256,512,1024)")
+    parser.add_argument("--stores", default="tcp,etcd", help="--live: tcp,etcd")
+    parser.add_argument("--window", type=float, default=None, help="--live: steady-state seconds measured")
+    parser.add_argument("--sim-procs", type=int, default=2, help="--live: processes of simulated hosts")
     args = parser.parse_args(argv)
+    if args.live:
+        args.sizes = args.sizes or ("64,256" if args.quick else "64,128,256,512,1024")
+        args.window = args.window or (3.0 if args.quick else 10.0)
+        return live(args)
     repeat = 5 if args.quick else 25
     results = [measure(hosts, repeat) for hosts in (8, 32, 128)]
     for r in results:

@@ -60,7 +60,8 @@ def table(rows: list[dict]) -> str:
 
 def section(entry: dict) -> str:
     result = entry["result"]
-    title = entry["benchmark"] + (f" (`--cases {entry['cases'].replace('+', ',')}`)" if entry.get("cases") else "")
+    variant = entry.get("variant") or (f"--cases {entry['cases'].replace('+', ',')}" if entry.get("cases") else "")
+    title = entry["benchmark"] + (f" (`{variant}`)" if variant else "")
     parts = [f"## {title}", summary(entry["benchmark"]), provenance(entry), table(result["rows"])]
     if settings(result):
         parts.append(f"Settings: {settings(result)}")

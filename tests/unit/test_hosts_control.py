@@ -361,6 +361,23 @@ def test_tether_hello_is_checked_and_a_dead_agent_or_controller_is_seen_at_once(
     again.close()
 
 
+def test_a_dropped_tether_reads_as_the_agents_death_and_a_closed_one_does_not():
+    from taiji_harness.testing import wait_for
+    from taiji.launch.tether import Tether, TetherServer
+    secret = auth.new_secret()
+    server = TetherServer("127.0.0.1", secret)
+    try:
+        leaving, dying = Tether(server.address, secret, H2, "s1"), Tether(server.address, secret, H3, "s2")
+        leaving.close()
+        dying.drop()  # as the simulated hosts of benchmarks/control_scale.py --live die
+        lost: list = []
+        wait_for(lambda: bool(lost.extend(server.lost()) or lost), 5, "the dropped tether to be seen")
+        assert lost == [(H3, "s2")]
+        assert not dying.broken.is_set()  # closed by its own side: not the controller's death
+    finally:
+        server.close()
+
+
 def test_a_placed_proposal_chooses_which_hosts_shrink_and_where_joiners_go():
     from taiji.cluster.controller import Log
     s = grown((2, 2, 2), max_np=6)   # w0 w1 on the head, w2 w3 on H2, w4 w5 on H3

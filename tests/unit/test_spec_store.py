@@ -394,3 +394,36 @@ def test_a_config_lists_each_host_once_and_its_workers_as_runs_of_ids():
     # a config written one entry per worker still reads
     assert spec.ClusterConfig.from_dict({"version": 2, "workers": [{"id": "w0", "host": "h"}, {"id": "w1"}]}) == \
         spec.ClusterConfig(2, (spec.WorkerSpec("w0", "h"), spec.WorkerSpec("w1")))
+
+
+def test_an_agent_on_etcd_reads_its_orders_only_once_their_watched_count_moves(etcd_server):
+    from taiji.cluster.auth import Signer, new_secret
+    from taiji.cluster.store import open_store
+    from taiji.launch.agent_channel import AgentChannel
+    from taiji_harness.testing import wait_for
+
+    class Counted(JobStore):
+        reads = 0
+
+        def records_after(self, stream, seen):
+            Counted.reads += 1
+            return super().records_after(stream, seen)
+
+    job_id, signer = f"orders{uuid.uuid4().hex[:6]}", Signer(new_secret())
+    launcher = AgentChannel(JobStore(open_store(etcd_server.url, timeout=10), job_id, signer), "10.0.0.2", "s1")
+    agent = AgentChannel(Counted(open_store(etcd_server.url, timeout=10), job_id, signer), "10.0.0.2", "s1")
+    try:
+        for _ in range(20):
+            assert agent.new_commands() == []
+        assert Counted.reads == 0, "nothing was sent: no read"
+        launcher.send({"op": "spawn", "id": "w1"})
+        launcher.send({"op": "kill", "id": "w1"})
+        got: list = []
+        wait_for(lambda: got.extend(agent.new_commands()) or len(got) == 2, 10, "both orders to reach the agent")
+        assert [c["op"] for c in got] == ["spawn", "kill"]
+        reads = Counted.reads
+        for _ in range(20):
+            assert agent.new_commands() == []
+        assert Counted.reads == reads, "read again though no order came"
+    finally:
+        agent.leave()

@@ -18,7 +18,7 @@ Each registration has a session of its own, so an agent that joins again at the 
 never replays an earlier agent's orders.
 
 A stream is polled with one atomic add per look (``records_after``), which on the launcher's
-host is a local round trip.
+host is a local round trip; on etcd an agent watches its orders' count instead.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict
 
 from ..cluster.controller import Bounds
-from ..cluster.store import JobStore
+from ..cluster.store import JobStore, KeyFollower
 from ..errors import StoreError
 from .worker_env import WorkerSettings
 
@@ -148,11 +148,19 @@ class AgentChannel:
         self._lease: int | None = None
         self._renewed = float("-inf")
         self._alive_seen = False
+        self._commands_seq: KeyFollower | None = None  # the agent's watch of its orders (etcd)
 
     def send(self, command: dict) -> None:
         self.job.append_record(f"{self._base}/cmd", command)
 
     def new_commands(self) -> list[dict]:
+        """The agent's new orders. Where the store can watch (etcd), the orders' count is followed
+        by a watch and the stream read only once it moved past what was read (no HTTP round trip
+        per tick); a TCP store is asked every time (a local round trip on the launcher's host)."""
+        if self.job.can_watch and self._commands_seq is None:
+            self._commands_seq = KeyFollower(self.job.another_connection(), f"{self._base}/cmd/seq")
+        if self._commands_seq is not None and self._commands_seq.value <= self.commands_seen:
+            return []
         self.commands_seen, found = self.job.records_after(f"{self._base}/cmd", self.commands_seen)
         return found
 
@@ -182,6 +190,8 @@ class AgentChannel:
 
     def leave(self) -> None:
         """The agent stops: end its lease now rather than when it runs out."""
+        if self._commands_seq is not None:
+            self._commands_seq.close()
         if self._lease is not None:
             self.job.release(self._lease)
             self._lease = None

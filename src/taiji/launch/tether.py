@@ -229,6 +229,16 @@ class Tether:
         if not self._closing:
             self.broken.set()
 
+    def drop(self) -> None:
+        """Close as the agent's death would (no ``bye``): the controller drops this host at once
+        (benchmarks/control_scale.py --live simulates a host's loss this way)."""
+        self._closing = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # a FIN, as the kernel sends for a dead process
+        except OSError:
+            pass
+        self._sock.close()
+
     def close(self) -> None:
         """Close on purpose: the controller is told, so it does not take it for this agent's death."""
         self._closing = True
