@@ -58,6 +58,7 @@ class Stop:
 
 
 Decision = Union[Resize, SetBatchSize, ScaleLR, SetStrategy, SetTopology, Stop]
+"""What a policy may return: one of the decisions above (every worker applies it at the same step)."""
 DECISION_TYPES = (Resize, SetBatchSize, ScaleLR, SetStrategy, SetTopology, Stop)
 
 

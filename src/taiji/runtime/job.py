@@ -121,10 +121,13 @@ class Job:
     # the monitors' figures, agreed by every worker
     gns = property(lambda self: self.monitors.gns,
                    doc="The gradient noise scale estimator (``job.gns.b_noise``: B_noise = tr Σ / |G|²).")
+    """The gradient noise scale estimator (``job.gns.b_noise``: B_noise = tr Σ / |G|²)."""
     stats = property(lambda self: self.monitors.stats,
                      doc="The last committed step's ``StepStats`` (mean loss, compute times, straggler ratio), or None.")
+    """The last committed step's ``StepStats`` (mean loss, compute times, straggler ratio), or None."""
     last_raw_estimates = property(lambda self: self.monitors.last_raw_estimates,
                                   doc="The last unsmoothed (|G|², tr Σ) pair the noise scale was updated with, or None.")
+    """The last unsmoothed (|G|², tr Σ) pair the noise scale was updated with, or None."""
 
     @property
     def transitions(self) -> list[dict]:
