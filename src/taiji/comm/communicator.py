@@ -260,8 +260,8 @@ class Communicator:
         """Build the CPU groups of ``channels`` now rather than on first use (default: the ones a
         step uses): a new version's groups are ready before its first step, two side by side (with
         ``side_store``), so that a recovery pays about one rendezvous, not one per channel."""
-        with self._lock:  # (a plan other than the ring builds groups of its own: no grad group)
-            wanted = [c for c in channels or (CHANNELS if self._ring_plan else ("ctrl",)) if c not in self._groups]
+        with self._lock:  # every rank the same channels: a joiner learns the plan in use only after this
+            wanted = [c for c in channels or CHANNELS if c not in self._groups]
         if self.size == 1 or not wanted:
             return
         built: dict[str, Any] = {}
