@@ -17,6 +17,14 @@ benchmark cannot be timing a no-op.
 
     .venv/bin/python benchmarks/throughput.py --quick      # <= 90 s
     .venv/bin/python benchmarks/throughput.py              # more repetitions
+
+On a GPU (``--device cuda``, recorded as its own variant): the workers share the one GPU, so both
+sides' groups are gloo (NCCL refuses two ranks on one device; taiji's through
+``TAIJI_CUDA_BACKEND=gloo``, as ``taiji run --cuda-backend gloo`` sets it); ``--models resnet18``
+is torchvision's ResNet-18 on 32x32 images; with ``--nproc 1`` the anchor is a plain PyTorch loop
+(no DDP wrapper) and the rows measure what the Job loop costs a single GPU:
+
+    python benchmarks/throughput.py --device cuda --models resnet18 cnn --nproc 1
 """
 from __future__ import annotations
 
@@ -30,13 +38,14 @@ from taiji_harness.bench import (contract_row, interleaved, median, paired_ratio
                      worker_arguments)
 
 BUCKET_MB = 25
-NPROC = 2
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (<= 90 s in all)")
-    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn", "resnet18"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where models and batches live")
+    parser.add_argument("--nproc", type=int, default=2, help="workers (1: the anchor is a plain loop, no DDP)")
     parser.add_argument("--reps", type=int, default=None,
                         help="timed blocks per side and model (default: 8 quick, 20 full)")
     parser.add_argument("--steps", type=int, default=None,
@@ -57,6 +66,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build_model(name: str):
     """(model, per-sample input shape, per-worker batch size)."""
     from torch import nn
+    if name == "resnet18":  # ~11.2M parameters, ~45 MB of fp32 gradients
+        try:
+            from torchvision.models import resnet18
+        except ImportError:
+            raise SystemExit("--models resnet18 needs torchvision (pip install torchvision)") from None
+        return resnet18(num_classes=10), (3, 32, 32), 128
     if name == "mlp":  # ~6.3M parameters, ~25 MB of fp32 gradients: two buckets
         model = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
                               nn.Linear(2048, 10))
@@ -95,31 +110,39 @@ def bench_model(name: str, args, comm) -> dict:
     from taiji.runtime import allocator
 
     rank, n = args.rank, args.world_size
+    device = torch.device(args.device)
     torch.manual_seed(0)  # same initial weights on every worker and for both sides
     base, shape, batch = build_model(name)
+    base.to(device)
     initial = [p.detach().clone() for p in base.parameters()]
     taiji_model = copy.deepcopy(base)
     sync = taiji.SyncSGD(bucket_mb=BUCKET_MB).attach(taiji_model, comm)
     # DDP's default bucket_cap_mb IS 25 MiB; leaving it unset matters: in torch 2.13 an explicit
     # bucket_cap_mb also turns off DDP's small (1 MiB) first bucket, which taiji does have
-    ddp_model = DDP(copy.deepcopy(base), gradient_as_bucket_view=args.ddp_bucket_view)
-    assert ddp_model.bucket_bytes_cap == BUCKET_MB * 2**20, ddp_model.bucket_bytes_cap
+    if n > 1:
+        ddp_model = DDP(copy.deepcopy(base), gradient_as_bucket_view=args.ddp_bucket_view)
+        assert ddp_model.bucket_bytes_cap == BUCKET_MB * 2**20, ddp_model.bucket_bytes_cap
+        anchor_module = ddp_model.module
+    else:  # one worker: the anchor is the plain PyTorch loop
+        ddp_model = anchor_module = copy.deepcopy(base)
     opts = {"taiji": torch.optim.SGD(taiji_model.parameters(), lr=0.01),
             "anchor": torch.optim.SGD(ddp_model.parameters(), lr=0.01)}
 
     gen = torch.Generator().manual_seed(1000 + rank)  # each worker its own slice of the data
-    batches = [(torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen))
-               for _ in range(4)]
+    host_batches = [(torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen))
+                    for _ in range(4)]
+    batches = [(x.to(device), y.to(device)) for x, y in host_batches]
     cursor = {"taiji": 0, "anchor": 0, "job": 0}  # every side walks the same batch sequence
 
     # the same SyncSGD inside the full training loop users run (taiji.Job: sampler, control
     # message with monitors, commit); its data set holds the same batches in the same order
     job_model = copy.deepcopy(base)
     job_peer = elastic_peer(rank, n, args.port, f"throughput-{name}")
-    data = torch.utils.data.TensorDataset(torch.cat([b[0] for b in batches] * n),
-                                          torch.cat([b[1] for b in batches] * n))
+    data = torch.utils.data.TensorDataset(torch.cat([b[0] for b in host_batches] * n),
+                                          torch.cat([b[1] for b in host_batches] * n))
     job = taiji.Job(job_model, torch.optim.SGD(job_model.parameters(), lr=0.01), data, batch * n,
-                    strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB), epochs=10**6, data=taiji.DataOptions(shuffle=False),
+                    strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB), epochs=10**6,
+                    data=taiji.DataOptions(shuffle=False, device=device),
                     monitoring=taiji.MonitorOptions(log_every=0, run_dir=""), peer=job_peer)
     job_steps = iter(job)
 
@@ -149,7 +172,8 @@ def bench_model(name: str, args, comm) -> dict:
 
     def time_block(side: str, steps: int) -> float:
         """Seconds for ``steps`` steps on the slowest worker; records the CPU seconds per step too."""
-        wall, cpu = time_on_all_ranks(lambda: next_step(side), steps)
+        wall, cpu = time_on_all_ranks(lambda: next_step(side), steps,
+                                      finish=torch.cuda.synchronize if device.type == "cuda" else None)
         cpu_times[side].append(cpu / steps)
         return wall
 
@@ -170,7 +194,7 @@ def bench_model(name: str, args, comm) -> dict:
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
     changed = any(not torch.equal(p.detach(), p0) for p, p0 in zip(taiji_model.parameters(), initial))
     drift = max((a.detach() - b.detach()).abs().max().item()
-                for a, b in zip(taiji_model.parameters(), ddp_model.module.parameters()))
+                for a, b in zip(taiji_model.parameters(), anchor_module.parameters()))
     taiji_buckets = sync.num_buckets
     sync.detach()
     job_steps.close()
@@ -179,8 +203,10 @@ def bench_model(name: str, args, comm) -> dict:
     samples = args.steps * batch * n
     rate = {side: samples / median(times[side]) for side in sides}
     params = sum(p.numel() for p in base.parameters())
+    on = "" if device.type == "cpu" else ", cuda" + (" (one GPU shared through gloo)" if n > 1 else "")
     return contract_row(
-        f"{name} {params / 1e6:.1f}M params, batch {batch}/worker x{n}, samples/s",
+        f"{name} {params / 1e6:.1f}M params, batch {batch}/worker x{n}{on}, samples/s"
+        + ("" if n > 1 else " vs a plain PyTorch loop"),
         round(rate["taiji"], 1), round(rate["anchor"], 1), higher_is_better=True,
         ratio=paired_ratio(times["taiji"], times["anchor"]),
         ratio_of_medians=round(rate["taiji"] / rate["anchor"], 3),
@@ -190,7 +216,7 @@ def bench_model(name: str, args, comm) -> dict:
         taiji_cpu_ms_per_step=round(median(cpu_times["taiji"]) * 1e3, 2),
         anchor_cpu_ms_per_step=round(median(cpu_times["anchor"]) * 1e3, 2),
         job_cpu_ms_per_step=round(median(cpu_times["job"]) * 1e3, 2),
-        params=params, taiji_buckets=taiji_buckets, ddp_bucket_cap_bytes=ddp_model.bucket_bytes_cap,
+        params=params, taiji_buckets=taiji_buckets, ddp_bucket_cap_bytes=ddp_model.bucket_bytes_cap if n > 1 else None,
         reps=args.reps, steps_per_rep=args.steps,
         taiji_replicas_identical=bool(same.item()), taiji_params_changed=changed,
         # the Job set glibc's malloc thresholds for this process: every side ran with them
@@ -210,13 +236,16 @@ def main(argv=None) -> None:
         worker(args)
         return
     reap_on_sigterm()
-    passthrough = ["--reps", str(args.reps), "--steps", str(args.steps),
+    passthrough = ["--reps", str(args.reps), "--steps", str(args.steps), "--device", args.device,
                    "--timeout", str(args.timeout), "--models", *args.models]
+    if args.device == "cuda":  # the workers share one GPU: taiji's groups for CUDA tensors are gloo too
+        os.environ["TAIJI_CUDA_BACKEND"] = "gloo"
     passthrough += ["--ddp-bucket-view"] * args.ddp_bucket_view
     started = time.monotonic()
-    result = run_workers(os.path.abspath(__file__), NPROC, passthrough, args.timeout)
-    print(f"# {NPROC} processes: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
-    print_result("throughput", result["rows"], backend="gloo", nproc=NPROC, bucket_mb=BUCKET_MB,
+    result = run_workers(os.path.abspath(__file__), args.nproc, passthrough, args.timeout)
+    print(f"# {args.nproc} processes: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+    variant = {"variant": f"cuda-x{args.nproc}"} if args.device == "cuda" else {}
+    print_result("throughput", result["rows"], backend="gloo", nproc=args.nproc, bucket_mb=BUCKET_MB, **variant,
                  ddp_gradient_as_bucket_view=args.ddp_bucket_view,
                  cpus=os.cpu_count(),
                  quick=args.quick)

@@ -60,6 +60,15 @@ LAUNCHER_PID = EnvVar("TAIJI_LAUNCHER_PID", 0, int, "pid of the launcher; worker
 TIMEOUT = EnvVar("TAIJI_TIMEOUT", 60.0, float, "seconds any collective or store wait may take")
 TOPOLOGY = EnvVar("TAIJI_TOPOLOGY", "ring", str,
                   "how gradients are allreduced: ring, tree, star or hierarchical (`taiji run --topology`)")
+def _cuda_backend(raw: str) -> str:
+    if raw not in ("nccl", "gloo"):
+        raise ValueError("expected nccl (one GPU per worker) or gloo (workers sharing a GPU)")
+    return raw
+
+
+CUDA_BACKEND = EnvVar("TAIJI_CUDA_BACKEND", "nccl", _cuda_backend,
+                      "process groups for CUDA tensors: nccl (one GPU per worker) or gloo (workers sharing "
+                      "a GPU; `taiji run --cuda-backend`)")
 BUCKET_MB = EnvVar("TAIJI_BUCKET_MB", 25.0, float, "SyncSGD gradient bucket size in MB")
 DEBUG_COLLECTIVES = EnvVar(
     "TAIJI_DEBUG_COLLECTIVES", False, _parse_bool,

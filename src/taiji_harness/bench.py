@@ -337,16 +337,20 @@ def interleaved(sides: Sequence[Side], rep: int) -> list[Side]:
     return list(sides) if rep % 2 == 0 else list(reversed(sides))
 
 
-def time_on_all_ranks(body: Callable[[], None], calls: int) -> tuple[float, float]:
+def time_on_all_ranks(body: Callable[[], None], calls: int,
+                      finish: Callable[[], None] | None = None) -> tuple[float, float]:
     """In every worker of the default process group: run ``body()`` ``calls`` times, all ranks
-    starting together. Returns the slowest rank's wall seconds and the CPU seconds of all ranks
-    together (communication threads included: a clock that other jobs disturb far less)."""
+    starting together, then ``finish()`` (``torch.cuda.synchronize``: the queued kernels count).
+    Returns the slowest rank's wall seconds and the CPU seconds of all ranks together
+    (communication threads included: a clock that other jobs disturb far less)."""
     import torch
     import torch.distributed as dist
     dist.all_reduce(torch.zeros(1))  # line the ranks up, untimed
     start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(calls):
         body()
+    if finish is not None:
+        finish()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)

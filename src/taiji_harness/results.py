@@ -61,11 +61,15 @@ def cpu_model() -> str:
 
 
 def machine() -> str:
-    """One line: CPUs, CPU model, OS, Python and torch versions."""
+    """One line: CPUs, CPU model, OS, Python and torch versions, and the GPU where the run
+    (a process that imported torch) could use one."""
     try:
         torch = f", torch {metadata.version('torch')}"
     except metadata.PackageNotFoundError:
         torch = ""
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and cuda.is_available():
+        torch += f", {cuda.device_count()} x {cuda.get_device_name(0)}"
     return (f"{os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}, "
             f"Python {platform.python_version()}{torch}")
 
@@ -92,7 +96,8 @@ def selection(argv: list[str]) -> str:
 def record(result: dict, argv: list[str] | None = None) -> Path | None:
     """Write one result (the parsed result line) with its provenance; returns the file, or None
     when recording is off or the result has no rows. The file is ``<benchmark>.json``, or
-    ``<benchmark>.<cases>.json`` for a run limited by ``--cases``."""
+    ``<benchmark>.<cases>.json`` for a run limited by ``--cases``, or ``<benchmark>.<variant>.json``
+    for a result that names its ``variant`` (a run on other hardware, say)."""
     where = results_dir()
     if where is None or not result.get("rows"):
         return None
@@ -102,8 +107,10 @@ def record(result: dict, argv: list[str] | None = None) -> Path | None:
              "commit": commit(), "machine": machine(),
              "load_average": [round(x, 2) for x in os.getloadavg()],
              "command": command(argv), "result": result}
-    cases = selection(argv[1:])
-    if cases:
+    cases = selection(argv[1:]) or result.get("variant", "")
+    if result.get("variant"):
+        entry["variant"] = result["variant"]
+    elif cases:
         entry["cases"] = cases
     where.mkdir(parents=True, exist_ok=True)
     path = where / (f"{result['benchmark']}.{cases}.json" if cases else f"{result['benchmark']}.json")

@@ -1,7 +1,7 @@
 """Elastic training used by the invariant tests; logs every committed step as JSONL.
 
     taiji run -np N ... -- python elastic_train.py OUT --steps S --batch B
-        [--sizes N ...] [--step-delay SECONDS] [--policy cycle|topology]
+        [--sizes N ...] [--step-delay SECONDS] [--policy cycle|topology] [--device cuda]
 
 Each worker appends to OUT/<worker>.jsonl one line per committed step: step, epoch, global
 span, version, size, rank and a digest of the parameters and optimizer state after the
@@ -213,8 +213,8 @@ def audit_positions(out: Path) -> dict:
 
 
 def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None, stop_at_version=0,
-          policy="", strategy="", slow_rank=-1, pause=None):
-    model = make_model()
+          policy="", strategy="", slow_rank=-1, pause=None, device="cpu"):
+    model = make_model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     pending = list(sizes)
     next_at = every
@@ -233,7 +233,7 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None,
             log_file.flush()
 
     job = taiji.Job(model, opt, make_data(), batch_size=batch, max_steps=steps, epochs=10**6,
-                    data=taiji.DataOptions(seed=11), monitoring=taiji.MonitorOptions(log_every=0), peer=peer,
+                    data=taiji.DataOptions(seed=11, device=device), monitoring=taiji.MonitorOptions(log_every=0), peer=peer,
                     on_commit=on_commit, policies=make_policies(policy, batch), strategy=make_strategy(strategy),
                     sync=taiji.SyncOptions(sync_every=5 * batch))
     proposed = paused = False
@@ -258,7 +258,7 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None,
         if step_delay:
             time.sleep(step_delay * (3 if peer.rank == slow_rank else 1))  # a bigger model's compute
         step.backward(loss)
-    return [p.detach().clone() for p in model.parameters()], job
+    return [p.detach().cpu().clone() for p in model.parameters()], job
 
 
 if __name__ == "__main__":
@@ -277,13 +277,14 @@ if __name__ == "__main__":
     parser.add_argument("--slow-rank", type=int, default=-1, help="this rank's steps take 3x --step-delay")
     parser.add_argument("--pause", nargs=3, type=float, default=None, metavar=("RANK", "STEP", "SECONDS"),
                         help="rank RANK is busy for SECONDS at step STEP before its forward (an evaluation)")
+    parser.add_argument("--device", default="cpu", help="where the model and batches live (cuda: tests/gpu)")
     args = parser.parse_args()
     taiji.log.configure_logging("INFO")
     peer = taiji.init()
     worker = os.environ["TAIJI_WORKER_ID"]
     params, job = train(peer, args.steps, args.batch, args.sizes, args.every, args.step_delay,
                         args.out / f"{worker}.jsonl", args.stop_at_version, args.policy, args.strategy,
-                        args.slow_rank, args.pause)
+                        args.slow_rank, args.pause, args.device)
     with open(args.out / f"{worker}.transitions.json", "w") as f:
         json.dump(job.transitions, f)
     if peer.rank == 0:

@@ -213,6 +213,24 @@ def test_size_one_needs_no_network():
         Communicator(dist.HashStore(), 1, 1, 1)
 
 
+def test_the_cuda_backend_is_nccl_or_gloo_from_the_launcher(monkeypatch):
+    """`taiji run --cuda-backend gloo` (workers sharing a GPU) reaches every worker's communicator
+    through TAIJI_CUDA_BACKEND; anything but nccl or gloo is refused where it is given. (The CUDA
+    groups themselves: tests/gpu.)"""
+    import torch.distributed as dist
+    from taiji.launch.cli import build_parser
+    assert CommOptions().cuda_backend == "nccl"
+    monkeypatch.setenv("TAIJI_CUDA_BACKEND", "gloo")
+    assert CommOptions().cuda_backend == "gloo"
+    monkeypatch.setenv("TAIJI_CUDA_BACKEND", "mpi")
+    with pytest.raises(ConfigError, match="TAIJI_CUDA_BACKEND='mpi'"):
+        CommOptions()
+    with pytest.raises(ConfigError, match="nccl or gloo"):
+        Communicator(dist.HashStore(), 0, 1, 1, CommOptions(cuda_backend="nccl2"))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "-np", "2", "--cuda-backend", "mpi", "train.py"])
+
+
 def test_float32_pieces_hold_every_bit_of_a_float64():
     from taiji.comm.transfer import float32_pieces, float64_from_pieces
     values = [1795538915.2211607, float(2**52 - 1), -2.5e7 / 7, 0.1, 0.0, float("inf"), -float("inf")]

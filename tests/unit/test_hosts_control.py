@@ -200,11 +200,13 @@ def test_agent_channel_streams_commands_events_and_beats():
 def test_worker_env_carries_identity_local_rank_and_the_secret(monkeypatch):
     import sys
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    settings = WorkerSettings("j", HEAD, 29400, ("/head/python", "train.py"), interpreter="/head/python")
+    settings = WorkerSettings("j", HEAD, 29400, ("/head/python", "train.py"), interpreter="/head/python",
+                              cuda_backend="gloo")
     secret = auth.new_secret()
     environ = worker_env(settings, secret, "w3", 3, 4, host=H2, local_rank=1, local_size=2, host_rank=1)
     assert (environ["TAIJI_WORKER_ID"], environ["RANK"], environ["LOCAL_RANK"], environ["LOCAL_WORLD_SIZE"],
             environ["GROUP_RANK"], environ["TAIJI_STORE_HOST"]) == ("w3", "3", "1", "2", "1", HEAD)
+    assert environ["TAIJI_CUDA_BACKEND"] == "gloo"  # `taiji run --cuda-backend`, on every host
     assert bytes.fromhex(environ["TAIJI_SECRET"]) == secret
     assert settings.command_here() == (sys.executable, "train.py")
     assert WorkerSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings

@@ -14,7 +14,7 @@ import hashlib
 import logging
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
 import torch
@@ -26,6 +26,7 @@ from .topology import PLANS, HostLayout, PlanRunner, PlanWork, host_layout, runs
 from .teardown import Pending, Teardown, keep_forever, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
 from .signature import check_signatures, signature
+from .. import env
 from ..errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, PeerLost
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,7 @@ _DEBUG_CHANNEL = "debug"
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
     "avg": dist.ReduceOp.SUM,  # gloo has no AVG: sum, then divide by the live size
-    "min": dist.ReduceOp.MIN,
-    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
 }
 _REAP_DELAY_S = 1.0
 _ABANDON_SLICE = datetime.timedelta(milliseconds=20)  # how soon a wait sees its version abandoned
@@ -46,9 +46,7 @@ _ABANDON_SLICE = datetime.timedelta(milliseconds=20)  # how soon a wait sees its
 
 def _describe_failure(exc: BaseException) -> type[CommError]:
     text = str(exc).lower()
-    if "timed out" in text or "timeout" in text:
-        return CollectiveTimeout
-    return PeerLost
+    return CollectiveTimeout if "timed out" in text or "timeout" in text else PeerLost
 
 
 def _where(comm: "Communicator") -> str:
@@ -83,10 +81,7 @@ class Handle(Generic[T]):
                  sliced: bool = True):
         self._pending = work if work is None or isinstance(work, Pending) else Pending(work)
         self._sliced = sliced  # a gloo Work: waited in short slices (see Communicator.wait_unless_abandoned)
-        self._finish = finish
-        self._comm = comm
-        self._op = op
-        self._channel = channel
+        self._finish, self._comm, self._op, self._channel = finish, comm, op, channel
         self._result: T | None = None
         self._done = False
 
@@ -151,6 +146,7 @@ class CommOptions:
     host: str = "127.0.0.1"
     hosts: tuple[str, ...] = ()  # each rank's host (hierarchical plans); empty: unknown
     topology: str = "ring"       # how the grad channel allreduces (comm/topology.py)
+    cuda_backend: str = field(default_factory=env.CUDA_BACKEND.get)  # nccl | gloo (GPUs shared)
 
 
 class Communicator:
@@ -162,6 +158,8 @@ class Communicator:
             raise ConfigError(f"rank {rank} is outside a cluster of size {size}")
         if options.timeout <= 0:
             raise ConfigError(f"collective timeout must be positive, got {options.timeout}")
+        if options.cuda_backend not in ("nccl", "gloo"):
+            raise ConfigError(f"cuda_backend must be nccl or gloo, got {options.cuda_backend!r}")
         self.store = store
         # the same store on a connection of its own: a second group's rendezvous runs beside the
         # first's (a TCPStore connection waits for one key at a time); None: one after the other
@@ -183,7 +181,7 @@ class Communicator:
     # -- process groups ---------------------------------------------------------------
 
     def _group(self, channel: str, device: torch.device, op: str = "connect") -> Any:
-        key = f"{channel}-nccl" if device.type == "cuda" else channel
+        key = f"{channel}-nccl" if self._nccl(device) else channel
         with self._lock:
             if self._closed:
                 raise CommError(f"{self._where()} communicator of version {self.version} is closed",
@@ -201,7 +199,7 @@ class Communicator:
         rank, size = (self.rank, self.size) if members is None else (members.index(self.rank), len(members))
         timeout = datetime.timedelta(seconds=self.options.timeout)
         try:
-            if device.type == "cuda":
+            if self._nccl(device):
                 opts = dist.ProcessGroupNCCL.Options()
                 opts._timeout = timeout
                 return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
@@ -211,6 +209,9 @@ class Communicator:
             return dist.ProcessGroupGloo(prefixed, rank, size, opts)
         except RuntimeError as exc:
             raise self._error(exc, f"{op} (connecting the group)", key) from exc
+
+    def _nccl(self, device: torch.device) -> bool:
+        return device.type == "cuda" and self.options.cuda_backend == "nccl"
 
     def _subgroup(self, key: str, members: tuple[int, ...]) -> Any:
         """A plan's group of ``members``, built on the plan thread (the only one that builds these)
@@ -447,8 +448,7 @@ class Communicator:
         if not 0 <= src < self.size:
             raise ConfigError(f"broadcast source rank {src} is outside a cluster of size {self.size}")
         opts = dist.BroadcastOptions()
-        opts.rootRank = src
-        opts.rootTensor = 0
+        opts.rootRank, opts.rootTensor = src, 0
         return self._run("broadcast", channel, tensor, lambda g: g.broadcast([tensor], opts),
                          lambda: tensor, async_op, extra=src)
 

@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--topology", default="ring", metavar="ring|tree|star|hierarchical",
                      help="how gradients are allreduced: gloo's flat ring (default), a binary tree, a star through "
                           "rank 0, or hierarchical (inside each host, then among one leader per host)")
+    run.add_argument("--cuda-backend", default="nccl", choices=("nccl", "gloo"),
+                     help="process groups for CUDA tensors: nccl, one GPU per worker (default), or gloo, for "
+                          "workers sharing a GPU (NCCL refuses two ranks on one device)")
     run.add_argument("--debug-collectives", action="store_true",
                      help="check shapes/dtypes across ranks before each collective")
     run.add_argument("--run-dir", default=None,
@@ -219,7 +222,7 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
                      timeout=args.timeout, grace=args.grace,
                      job_id=job_id, run_dir=args.run_dir or str(Path("runs") / job_id),
                      debug_collectives=args.debug_collectives, topology=check_topology(args.topology),
-                     min_np=min_np, max_np=max_np,
+                     cuda_backend=args.cuda_backend, min_np=min_np, max_np=max_np,
                      replace=args.replace, join_timeout=args.join_timeout, max_failures=args.max_failures,
                      liveness_timeout=args.liveness_timeout, busy_timeout=args.busy_timeout,
                      nproc_per_node=args.nproc_per_node, store=_parse_store(args.store),

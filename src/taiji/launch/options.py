@@ -26,6 +26,7 @@ class RunConfig:
     job_id: str = ""
     debug_collectives: bool = False
     topology: str = "ring"
+    cuda_backend: str = "nccl"  # process groups for CUDA tensors: nccl | gloo (workers sharing a GPU)
     run_dir: str = ""
     min_np: int = 0
     max_np: int = 0

@@ -28,7 +28,7 @@ def worker_settings(cfg: RunConfig) -> WorkerSettings:
         recovery_timeout=max(env.RECOVERY_TIMEOUT.default, cfg.busy_timeout + cfg.timeout),
         min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc,
         run_dir=str(Path(cfg.run_dir).resolve()) if cfg.run_dir else "",
-        debug_collectives=cfg.debug_collectives, topology=cfg.topology,
+        debug_collectives=cfg.debug_collectives, topology=cfg.topology, cuda_backend=cfg.cuda_backend,
         checkpoint_dir=cfg.checkpoint.directory, checkpoint_every=cfg.checkpoint.every, resume=cfg.checkpoint.resume)
 
 

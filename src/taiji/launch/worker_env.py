@@ -35,6 +35,7 @@ class WorkerSettings:
     run_dir: str = ""
     debug_collectives: bool = False
     topology: str = "ring"          # the grad channel's allreduce plan (comm/topology.py)
+    cuda_backend: str = "nccl"      # process groups for CUDA tensors (gloo: workers sharing a GPU)
     checkpoint_dir: str = ""        # every Job's default checkpoints (`--checkpoint-dir`, `--checkpoint-every`)
     checkpoint_every: str = ""
     resume: str = ""                # auto | a checkpoint's path (`--resume`)
@@ -77,6 +78,7 @@ def worker_env(settings: WorkerSettings, secret: bytes, worker_id: str, rank: in
         env.MAX_NP.name: str(settings.max_np),
         env.RUN_DIR.name: settings.run_dir,
         env.TOPOLOGY.name: settings.topology,
+        env.CUDA_BACKEND.name: settings.cuda_backend,
         env.CHECKPOINT_DIR.name: settings.checkpoint_dir,
         env.CHECKPOINT_EVERY.name: settings.checkpoint_every,
         env.RESUME.name: settings.resume,
