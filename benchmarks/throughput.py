@@ -46,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn", "resnet18"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where models and batches live")
     parser.add_argument("--nproc", type=int, default=2, help="workers (1: the anchor is a plain loop, no DDP)")
+    parser.add_argument("--monitor-every", default="1", help="the Job's MonitorOptions(every=...): 1, k, 0 or auto")
     parser.add_argument("--reps", type=int, default=None,
                         help="timed blocks per side and model (default: 8 quick, 20 full)")
     parser.add_argument("--steps", type=int, default=None,
@@ -82,6 +83,10 @@ def build_model(name: str):
         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10))
     return model, (3, 32, 32), 32
+
+
+def monitor_every(value: str) -> int | str:
+    return value if value == "auto" else int(value)
 
 
 def elastic_peer(rank: int, n: int, port: int, job_id: str):
@@ -143,7 +148,8 @@ def bench_model(name: str, args, comm) -> dict:
     job = taiji.Job(job_model, torch.optim.SGD(job_model.parameters(), lr=0.01), data, batch * n,
                     strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB), epochs=10**6,
                     data=taiji.DataOptions(shuffle=False, device=device),
-                    monitoring=taiji.MonitorOptions(log_every=0, run_dir=""), peer=job_peer)
+                    monitoring=taiji.MonitorOptions(every=monitor_every(args.monitor_every), log_every=0, run_dir=""),
+                    peer=job_peer)
     job_steps = iter(job)
 
     def taiji_step(x, y) -> None:
@@ -237,6 +243,7 @@ def main(argv=None) -> None:
         return
     reap_on_sigterm()
     passthrough = ["--reps", str(args.reps), "--steps", str(args.steps), "--device", args.device,
+                   "--monitor-every", args.monitor_every,
                    "--timeout", str(args.timeout), "--models", *args.models]
     if args.device == "cuda":  # the workers share one GPU: taiji's groups for CUDA tensors are gloo too
         os.environ["TAIJI_CUDA_BACKEND"] = "gloo"

@@ -65,3 +65,17 @@ def test_decoupled_strategies_on_cuda_grow_and_shrink_with_exactly_once_data(tmp
     result = load_script("elastic_train").audit_positions(tmp_path)
     assert result["positions"] > 200 and result["lost"] == 0 and result["duplicated"] == 0, result
 
+
+
+def test_batches_bound_for_the_gpu_are_pinned_and_arrive_intact():
+    from torch.utils.data import TensorDataset
+
+    from taiji.data.fetch import BatchFetcher, pinned
+    data = TensorDataset(torch.arange(64.0).reshape(32, 2), torch.arange(32))
+    fetch = BatchFetcher(data, device="cuda")
+    indices = torch.tensor([3, 1, 4, 1, 5])
+    fetch.fetch_ahead("k", indices)
+    for key in ("k", None):  # loaded ahead, and loaded when asked for
+        x, y = fetch(indices, key)
+        assert x.is_cuda and torch.equal(x.cpu(), data.tensors[0][indices]) and torch.equal(y.cpu(), indices)
+    assert all(t.is_pinned() for t in pinned({"a": [torch.ones(2)], "b": (torch.zeros(1),)})["a"])

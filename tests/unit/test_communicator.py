@@ -213,6 +213,23 @@ def test_size_one_needs_no_network():
         Communicator(dist.HashStore(), 1, 1, 1)
 
 
+def test_an_nccl_misuse_is_a_config_error_that_says_what_to_do():
+    """Two workers on one GPU under NCCL fail the same way on every retry: the worker ends with a
+    message naming the remedy instead of rebuilding its groups again and again. (The text is what
+    NCCL 2.28 raised for two ranks on one H100.)"""
+    from taiji.comm.failures import collective_error
+    exc = RuntimeError("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage (run "
+                       "with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\nncclInvalidUsage: This usually "
+                       "reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and "
+                       "rank 0 both on CUDA device 60")
+    where = dict(where="[rank 1 v=3]", op="broadcast", channel="ctrl", size=2, timeout=60.0, version=3)
+    err = collective_error(exc, **where)
+    assert isinstance(err, ConfigError) and not isinstance(err, CommError)
+    assert "Duplicate GPU detected : rank 1 and rank 0" in str(err) and "--cuda-backend gloo" in str(err)
+    assert isinstance(collective_error(RuntimeError("Connection closed by peer"), **where), PeerLost)
+    assert isinstance(collective_error(RuntimeError("Timed out waiting 60000ms"), **where), CollectiveTimeout)
+
+
 def test_the_cuda_backend_is_nccl_or_gloo_from_the_launcher(monkeypatch):
     """`taiji run --cuda-backend gloo` (workers sharing a GPU) reaches every worker's communicator
     through TAIJI_CUDA_BACKEND; anything but nccl or gloo is refused where it is given. (The CUDA

@@ -25,9 +25,10 @@ from .topologies import check_topology
 from .topology import PLANS, HostLayout, PlanRunner, PlanWork, host_layout, runs_as_ring
 from .teardown import Pending, Teardown, keep_forever, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
+from .failures import collective_error
 from .signature import check_signatures, signature
 from .. import env
-from ..errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, PeerLost
+from ..errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, PeerLost, TaijiError
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +45,13 @@ _REAP_DELAY_S = 1.0
 _ABANDON_SLICE = datetime.timedelta(milliseconds=20)  # how soon a wait sees its version abandoned
 
 
-def _describe_failure(exc: BaseException) -> type[CommError]:
-    text = str(exc).lower()
-    return CollectiveTimeout if "timed out" in text or "timeout" in text else PeerLost
-
-
 def _where(comm: "Communicator") -> str:
     return f"[rank {comm.rank} v={comm.version}]"
 
 
-def _collective_error(comm: "Communicator", exc: BaseException, op: str, channel: str) -> CommError:
-    kind = _describe_failure(exc)
-    if kind is CollectiveTimeout:
-        what = (f"timed out after {comm.options.timeout:g}s (cluster of {comm.size}): {exc}. "
-                "A peer hangs or is too slow; check the other workers' output.")
-    else:  # say what happened, not the timeout that was never waited out
-        what = (f"lost a peer (cluster of {comm.size}): {exc}. A peer died or left; "
-                "check the other workers' output.")
-    message = f"{_where(comm)} {op} on channel '{channel}' {what}"
-    return kind(message, channel=channel, op=op, version=comm.version)
+def _collective_error(comm: "Communicator", exc: BaseException, op: str, channel: str) -> TaijiError:
+    return collective_error(exc, where=_where(comm), op=op, channel=channel, size=comm.size,
+                            timeout=comm.options.timeout, version=comm.version)
 
 
 def _when_done(work: Any, callback: Callable[[], None]) -> None:
@@ -384,7 +373,7 @@ class Communicator:
     def _where(self) -> str:
         return _where(self)
 
-    def _error(self, exc: BaseException, op: str, channel: str) -> CommError:
+    def _error(self, exc: BaseException, op: str, channel: str) -> TaijiError:
         return _collective_error(self, exc, op, channel)
 
     # -- debug-mode signature check ---------------------------------------------------
