@@ -27,9 +27,7 @@ from .auth import derive
 POLL_START_S = 0.005
 POLL_MAX_S = 0.05
 RETRY_S = 10.0  # how long a request is retried through an election or an unreachable member
-# a watch stream idle this long is reopened (from where it was), which is also how soon a stop is
-# seen: opening a watch costs the server far more than a read, so not often
-WATCH_REOPEN_S = 5.0
+WATCH_REOPEN_S = 5.0  # an idle watch is reopened (from where it was) this often, how soon a stop is seen: not often
 MIN_LEASE_S = 2  # etcd rounds shorter leases up to about this (1.5 election timeouts)
 TRANSIENT = ("leader changed", "request timed out", "no leader", "too many requests", "not capable")
 
@@ -39,8 +37,7 @@ class _Transient(Exception):
 
 
 def _b64(data: str | bytes) -> str:
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    return base64.b64encode(raw).decode()
+    return base64.b64encode(data.encode() if isinstance(data, str) else bytes(data)).decode()
 
 
 def _unb64(text: str) -> bytes:
@@ -244,8 +241,10 @@ class EtcdKV:
         return None if kv is None else _unb64(kv.get("value", ""))
 
     def get(self, key: str) -> bytes:
-        self.wait([key], datetime.timedelta(seconds=self._timeout))
-        value = self._value(key)
+        value = self._value(key)  # one round trip for a key that is there
+        if value is None:  # not written yet: wait for it (TCPStore's semantics)
+            self.wait([key], datetime.timedelta(seconds=self._timeout))
+            value = self._value(key)
         if value is None:
             raise StoreError(f"etcd key {key!r} vanished while being read")
         return value
