@@ -185,6 +185,8 @@ class EtcdKV:
             self._present(client, token)
             try:
                 result = client.post(client.get_url(path), json=payload)
+                if "error" in result:  # a streaming call (a lease's keep-alive) fails in its body: the gateway says 200
+                    raise _Transient(str(result["error"])[:300])
                 self._current = (self._current + attempt) % len(self._clients)
                 return result
             except self._errors as exc:
@@ -310,17 +312,15 @@ class EtcdKV:
 
     def renew_lease(self, lease: int) -> bool:
         """Keep ``lease`` alive; False if it has expired (its keys are gone)."""
-        result = self._post("/lease/keepalive", {"ID": str(lease)}).get("result", {})
-        return int(result.get("TTL", 0)) > 0
+        return int(self._post("/lease/keepalive", {"ID": str(lease)})["result"].get("TTL", 0)) > 0
 
     def revoke_lease(self, lease: int) -> None:
         self._post("/lease/revoke", {"ID": str(lease)})
 
     def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]:
-        """The key's value now (None: absent), then its value at every change (None: deleted),
-        until ``stop`` is set. One streaming watch, reopened from the last revision it saw when it
-        has been idle for ``WATCH_REOPEN_S`` (so a stop is noticed) or the connection broke: no
-        change is missed. Use a connection of its own (``another()``): the stream holds it."""
+        """The key's value now (None: absent), then its value at every change (None: deleted), until ``stop``.
+        One streaming watch, reopened from the last revision it saw when idle for ``WATCH_REOPEN_S`` (so a stop
+        is noticed) or when the connection broke: no change is missed. Use a connection of its own (``another()``)."""
         return (value for _, value in self._follow({"key": _b64(key)}, stop))
 
     def changes_under(self, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
