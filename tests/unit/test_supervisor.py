@@ -4,6 +4,7 @@ once (closing one twice raised EBADF, or closed an unrelated descriptor that reu
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -101,3 +102,22 @@ def test_heartbeat_summaries_read_back_and_bad_ones_read_as_none():
     assert beats.read_summary(None) == (0, {})
     assert beats.read_summary(b"not json") == (0, {})
     assert beats.read_summary(b'{"seq": 2, "beats": ["w1"]}') == (0, {})
+
+
+def test_a_heartbeat_directory_left_by_a_killed_process_is_removed_by_the_next_one(tmp_path):
+    from taiji.cluster.beats import LocalBeats
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / f"taiji-beats-{dead.pid}-abc"
+    left.mkdir()
+    (left / "w0").write_text("3")
+    mine = LocalBeats.create(str(tmp_path))
+    other = tmp_path / f"taiji-beats-{os.getpid()}-live"  # a live process's: kept
+    other.mkdir()
+    again = LocalBeats.create(str(tmp_path))
+    try:
+        assert not left.exists() and other.exists() and mine.directory.exists()
+        assert mine.directory.name.startswith(f"taiji-beats-{os.getpid()}-")
+    finally:
+        mine.close()
+        again.close()

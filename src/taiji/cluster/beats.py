@@ -25,10 +25,15 @@ class LocalBeats:
         self.directory = directory
 
     @staticmethod
-    def create() -> "LocalBeats":
-        """A fresh directory, for the workers one process starts (removed by ``close``)."""
-        return LocalBeats(Path(tempfile.mkdtemp(prefix="taiji-beats-", dir="/dev/shm" if os.path.isdir("/dev/shm")
-                                                else None)))
+    def create(where: str | None = None) -> "LocalBeats":
+        """A fresh directory in ``where`` (default: /dev/shm, else the temporary directory) for the
+        workers this process starts, removed by ``close``; those of processes that died without
+        closing theirs (SIGKILL) are removed here."""
+        where = where or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+        for stale in Path(where).glob("taiji-beats-*-*"):
+            if not _alive(stale.name.split("-")[2]):
+                shutil.rmtree(stale, ignore_errors=True)
+        return LocalBeats(Path(tempfile.mkdtemp(prefix=f"taiji-beats-{os.getpid()}-", dir=where)))
 
     def beat(self, worker_id: str, count: int) -> None:
         """A worker's side: write its count (one small write to a file in memory)."""
@@ -49,6 +54,17 @@ class LocalBeats:
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _alive(pid: str) -> bool:
+    """Is process ``pid`` running (or not ours to judge)?"""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def summary(seq: int, counts: dict[str, int]) -> str:
