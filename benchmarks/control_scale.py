@@ -12,9 +12,10 @@ every agent reads and rewrites by compare-and-set on each rendezvous change.
     .venv/bin/python benchmarks/control_scale.py --quick
 
 ``--live`` measures instead against real stores, with the real launcher and up to 1,024 simulated
-workers (taiji_harness/control_live.py says how), torchrun's c10d rendezvous beside it:
+workers (taiji_harness/control_live.py says how), torchrun's c10d rendezvous beside it; as
+``--cases live`` its figures are recorded in benchmarks/results/control_scale.live.json:
 
-    .venv/bin/python benchmarks/control_scale.py --live --quick
+    .venv/bin/python benchmarks/control_scale.py --cases live --quick
 """
 from __future__ import annotations
 
@@ -128,12 +129,14 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (--live: 64 and 256 workers)")
     parser.add_argument("--live", action="store_true", help="real stores, the real launcher, simulated workers")
+    parser.add_argument("--cases", choices=["live"], default=None,
+                        help="live: --live, its figures recorded beside the in-memory ones (control_scale.live.json)")
     parser.add_argument("--sizes", default=None, help="--live: workers per run (default 64,128,256,512,1024)")
     parser.add_argument("--stores", default="tcp,etcd", help="--live: tcp,etcd")
     parser.add_argument("--window", type=float, default=None, help="--live: steady-state seconds measured")
     parser.add_argument("--sim-procs", type=int, default=2, help="--live: processes of simulated hosts")
     args = parser.parse_args(argv)
-    if args.live:
+    if args.live or args.cases == "live":
         args.sizes = args.sizes or ("64,256" if args.quick else "64,128,256,512,1024")
         args.window = args.window or (3.0 if args.quick else 10.0)
         return live(args)

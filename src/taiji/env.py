@@ -84,6 +84,8 @@ RECOVERY_TIMEOUT = EnvVar("TAIJI_RECOVERY_TIMEOUT", 120.0, float,
                           "seconds a worker waits for a new cluster config after a failure")
 HEARTBEAT = EnvVar("TAIJI_HEARTBEAT", 0.25, float,
                    "seconds between a worker's liveness heartbeats to the launcher (0: none)")
+BEAT_DIR = EnvVar("TAIJI_BEAT_DIR", "", str,
+                  "where a worker's heartbeat file goes: its host's launcher or agent reads it (set by them)")
 GLOO_SOCKET_IFNAME = EnvVar("GLOO_SOCKET_IFNAME", "", str,
                             "network interface gloo's groups use (taiji honours it; default: the advertised host)")
 TORCH_CPP_LOG_LEVEL = EnvVar("TORCH_CPP_LOG_LEVEL", "", str,
@@ -119,7 +121,7 @@ RAY_DEDUP_LOGS = EnvVar("RAY_DEDUP_LOGS", True, _parse_bool,
 
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, TOPOLOGY, BUCKET_MB,
-    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
+    DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, BEAT_DIR, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
     MALLOC_TUNING, TORCH_CPP_LOG_LEVEL, CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME, SLURM_DIR,
 )
 

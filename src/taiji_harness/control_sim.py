@@ -3,11 +3,12 @@ no torch collectives and no worker processes.
 
 One process (``python -m taiji_harness.control_sim URL JOB SECRET_FILE``) serves many simulated
 hosts, a thread each. A host does what ``taiji join``'s agent does in the store (launch/agent.py):
-it registers, holds a tether to the controller, beats (a lease on etcd, a counter on a TCP store)
-and carries out the controller's signed orders (``spawn``, ``kill``, ``stop``), reporting exits.
-Its workers do what a worker's background threads do (runtime/liveness.py, runtime/membership.py):
-a heartbeat each every ``TAIJI_HEARTBEAT`` seconds, ``ready`` when spawned, and the config
-followed. Two simplifications keep 1,024 workers within two shared cores: a host's workers follow
+it registers, holds a tether to the controller, beats (its heartbeat summary of its workers,
+one record per host, and on etcd its lease) and carries out the controller's signed orders
+(``spawn``, ``kill``, ``stop``), reporting exits. Its workers do what a worker's background
+threads do (runtime/liveness.py, runtime/membership.py): a heartbeat each every
+``TAIJI_HEARTBEAT`` seconds (a count the agent reads on its host: in memory here, a file there),
+``ready`` when spawned, and the config followed. Two simplifications keep 1,024 workers within two shared cores: a host's workers follow
 the config together — one poll every ``WATCH_POLL_S`` on a TCP store (a real worker polls on its
 own), one watch of ``config/latest`` on etcd (a real worker holds its own) — and each new config is
 read and verified once per host, not once per worker.
@@ -36,7 +37,9 @@ from taiji.cluster.auth import Signer
 from taiji.cluster.store import JobStore, config_key, connect_job
 from taiji.errors import StoreError
 from taiji.launch import agent_channel
+from taiji.launch.agent import BEAT_SECONDS
 from taiji.launch.tether import Tether
+from taiji.runtime.liveness import Heartbeat
 from taiji.runtime.membership import WATCH_POLL_S
 
 TICK_S = 0.02  # an agent's tick (launch/agent.py)
@@ -101,7 +104,6 @@ class Workers:
             self._beat_at = now + self.heartbeat
             for wid in self.beats:
                 self.beats[wid] += 1
-                self.job.beat(wid, self.beats[wid])
         if not self.job.can_watch and now >= self._poll_at:
             self._poll_at = now + WATCH_POLL_S
             if self.job.has(config_key(self.version + 1)):
@@ -156,10 +158,10 @@ class SimHost(threading.Thread):
                     tether.close()
                     return
             now = time.monotonic()
-            if now >= next_beat:
-                channel.beat()
-                next_beat = now + 0.25  # launch/agent.py's BEAT_SECONDS
             workers.step(now)
+            if now >= next_beat:
+                channel.beat(dict(workers.beats))
+                next_beat = now + BEAT_SECONDS
         workers.beats.clear()
         tether.drop()  # as the agent's death: no bye, no lease released
         self.dropped_at = time.monotonic()
@@ -195,6 +197,7 @@ def worker() -> None:
     job = open_job(url, env.JOB_ID.get(), bytes.fromhex(env.SECRET.get()))
     workers = Workers(job, env.HEARTBEAT.get())
     workers.add(env.WORKER_ID.get())
+    Heartbeat.on_this_host(env.WORKER_ID.get(), env.HEARTBEAT.get())  # the real heartbeat: a file its launcher reads
     stop = threading.Event()
     if job.can_watch:
         threading.Thread(target=follow_newest, args=(job.another_connection(), workers, stop), daemon=True).start()

@@ -188,11 +188,16 @@ def test_agent_channel_streams_commands_events_and_beats():
     head.send({"op": "spawn", "id": "w2", "rank": 2, "size": 3})
     assert agent.new_commands() == [{"op": "spawn", "id": "w2", "rank": 2, "size": 3}]
     assert agent.new_commands() == []
+    bell = job.doorbell()
+    head.send({"op": "spawn", "id": "w3", "rank": 3, "size": 5}, {"op": "spawn", "id": "w4", "rank": 4, "size": 5})
+    assert [c["id"] for c in agent.new_commands()] == ["w3", "w4"]  # a host's orders in one record, in order
+    assert job.doorbell() == bell  # orders are the agent's to read: the launcher's doorbell stays quiet
     agent.report({"op": "exit", "id": "w2", "code": 0, "tail": []})
     assert [e["op"] for e in head.new_events()] == ["exit"]
     assert head.liveness() == "quiet"
-    agent.beat()
-    assert head.liveness() == "beat" and head.liveness() == "quiet"  # a TCP store: a counter, no lease
+    agent.beat({"w2": 3})
+    assert head.liveness() == "beat" and head.worker_beats == {"w2": 3}  # its workers' counts, one record
+    assert head.liveness() == "quiet"  # a store without leases: the agent's beat number must move
     rejoined = hosts.AgentChannel(job, H2, "s2")  # the same address, a new agent: no replay
     assert rejoined.new_commands() == [] and rejoined.new_events() == []
 

@@ -231,22 +231,24 @@ def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
     agent = hosts.AgentChannel(job, "10.0.0.2", "s1", lease_ttl=2)
     head = hosts.AgentChannel(job.another_connection(), "10.0.0.2", "s1", lease_ttl=2)
     assert head.liveness() == "quiet"  # no lease yet: the controller judges silence itself
-    agent.beat()
+    agent.beat({"w1": 1})
     renewed_until = time.monotonic() + 3.0  # longer than the TTL: renewals keep it
+    count = 1
     while time.monotonic() < renewed_until:
-        agent.beat()
-        assert head.liveness() == "beat"
+        count += 1
+        agent.beat({"w1": count})
+        assert head.liveness() == "beat" and head.worker_beats == {"w1": count}  # the summary of its workers
         threading.Event().wait(0.05)
     deadline = time.monotonic() + 8.0
     while head.liveness() == "beat" and time.monotonic() < deadline:
         threading.Event().wait(0.1)
     assert head.liveness() == "expired"
     with pytest.raises(hosts.LeaseExpired, match="dropped this host"):
-        agent.beat()
+        agent.beat({})
     left = hosts.AgentChannel(job, "10.0.0.3", "s2", lease_ttl=2)
-    left.beat()
+    left.beat({})
     left.leave()  # a clean exit ends the lease at once
-    assert not job.has("agent/10.0.0.3/s2/alive")
+    assert not job.has("from-agent/10.0.0.3/s2/alive")
 
 
 def test_etcd_server_listens_only_where_it_is_told_and_stops_clean(etcd_server):
@@ -427,3 +429,31 @@ def test_an_agent_on_etcd_reads_its_orders_only_once_their_watched_count_moves(e
         assert Counted.reads == reads, "read again though no order came"
     finally:
         agent.leave()
+
+
+def test_the_launcher_follows_every_agents_liveness_with_one_watch(etcd_server):
+    """On etcd the launcher reads no agent's keys per look: one watch of ``from-agent/`` keeps each
+    agent's summary, and the deletion of its leased key (the lease ran out) wakes the controller."""
+    from taiji.cluster.follow import PrefixFollower
+    from taiji.cluster.store import open_store
+    from taiji.launch import agent_channel as hosts
+    from taiji_harness.testing import wait_for
+    job = JobStore(open_store(etcd_server.url, timeout=5), f"w{uuid.uuid4().hex[:6]}")
+    woken = threading.Event()
+    watched = PrefixFollower(job.another_connection(), hosts.FROM_AGENTS, lambda key: woken.set())
+    agents = [hosts.AgentChannel(job, f"10.0.0.{i}", "s", lease_ttl=2) for i in (2, 3)]
+    heads = [hosts.AgentChannel(job, f"10.0.0.{i}", "s", lease_ttl=2, watched=watched) for i in (2, 3)]
+    reads = []
+    job.has = lambda name: reads.append(name) or JobStore.has(job, name)  # the heads must not read
+    try:
+        for n, agent in enumerate(agents):
+            agent.beat({f"w{n}": 5})
+        wait_for(lambda: all(h.liveness() == "beat" for h in heads), 10, "both agents' keys through the watch")
+        assert [h.worker_beats for h in heads] == [{"w0": 5}, {"w1": 5}] and not reads
+        agents[0].beat({"w0": 6})
+        wait_for(lambda: heads[0].liveness() == "beat" and heads[0].worker_beats == {"w0": 6}, 10, "the new count")
+        assert woken.wait(10.0), "a lease ran out (nobody renews them): its key's deletion wakes the controller"
+        wait_for(lambda: [h.liveness() for h in heads] == ["expired"] * 2, 10, "both leases to run out")
+        assert not reads
+    finally:
+        watched.close()

@@ -1,12 +1,11 @@
 """etcd v3 as a job store, through its HTTP/JSON gateway (client: ``etcd3gw``, which needs only
 ``requests``; the gRPC clients break on current protobuf releases — ../shared/MULTIHOST.md §3a).
 
-``EtcdKV`` gives etcd the semantics taiji relies on from ``torch.distributed.TCPStore`` (the
-``KeyValue`` protocol of cluster/store.py): blocking ``get``/``wait`` with a timeout,
-compare-and-set (a transaction on the key's value, or on its absence), atomic ``add`` (a
-transaction on the key's modification revision, retried on a race). ``EtcdC10dStore`` wraps it as
-a ``torch.distributed.Store`` so gloo's rendezvous runs on the same etcd. Waits poll with a short
-backoff: a worker's config watcher and a group's rendezvous wait seldom and briefly.
+``EtcdKV`` gives etcd the semantics taiji relies on from ``torch.distributed.TCPStore`` (cluster/kv.py's
+``KeyValue``): blocking ``get``/``wait`` with a timeout, compare-and-set (a transaction on the key's value, or on
+its absence), atomic ``add`` (a transaction on the key's modification revision, retried on a race), and leases and
+watches besides. ``EtcdC10dStore`` wraps it as a ``torch.distributed.Store`` so gloo's rendezvous runs on the same
+etcd. Waits poll with a short backoff: a worker's config watcher and a group's rendezvous wait seldom and briefly.
 """
 from __future__ import annotations
 
@@ -28,9 +27,7 @@ from .auth import derive
 POLL_START_S = 0.005
 POLL_MAX_S = 0.05
 RETRY_S = 10.0  # how long a request is retried through an election or an unreachable member
-# a watch stream idle this long is reopened (from where it was), which is also how soon a stop is
-# seen: opening a watch costs the server far more than a read, so not often
-WATCH_REOPEN_S = 5.0
+WATCH_REOPEN_S = 5.0  # an idle watch is reopened (from where it was) this often, how soon a stop is seen: not often
 MIN_LEASE_S = 2  # etcd rounds shorter leases up to about this (1.5 election timeouts)
 TRANSIENT = ("leader changed", "request timed out", "no leader", "too many requests", "not capable")
 
@@ -40,8 +37,7 @@ class _Transient(Exception):
 
 
 def _b64(data: str | bytes) -> str:
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    return base64.b64encode(raw).decode()
+    return base64.b64encode(data.encode() if isinstance(data, str) else bytes(data)).decode()
 
 
 def _unb64(text: str) -> bytes:
@@ -89,8 +85,9 @@ class _Login:
         self.count = 0  # authentications so far
 
 
-def _prefix_end(prefix: str) -> str:
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+def _scan(prefix: str) -> dict:
+    """A range request's keys: every key under ``prefix``."""
+    return {"key": _b64(prefix), "range_end": _b64(prefix[:-1] + chr(ord(prefix[-1]) + 1))}
 
 
 class EtcdKV:
@@ -188,6 +185,8 @@ class EtcdKV:
             self._present(client, token)
             try:
                 result = client.post(client.get_url(path), json=payload)
+                if "error" in result:  # a streaming call (a lease's keep-alive) fails in its body: the gateway says 200
+                    raise _Transient(str(result["error"])[:300])
                 self._current = (self._current + attempt) % len(self._clients)
                 return result
             except self._errors as exc:
@@ -244,8 +243,10 @@ class EtcdKV:
         return None if kv is None else _unb64(kv.get("value", ""))
 
     def get(self, key: str) -> bytes:
-        self.wait([key], datetime.timedelta(seconds=self._timeout))
-        value = self._value(key)
+        value = self._value(key)  # one round trip for a key that is there
+        if value is None:  # not written yet: wait for it (TCPStore's semantics)
+            self.wait([key], datetime.timedelta(seconds=self._timeout))
+            value = self._value(key)
         if value is None:
             raise StoreError(f"etcd key {key!r} vanished while being read")
         return value
@@ -311,43 +312,47 @@ class EtcdKV:
 
     def renew_lease(self, lease: int) -> bool:
         """Keep ``lease`` alive; False if it has expired (its keys are gone)."""
-        result = self._post("/lease/keepalive", {"ID": str(lease)}).get("result", {})
-        return int(result.get("TTL", 0)) > 0
+        return int(self._post("/lease/keepalive", {"ID": str(lease)})["result"].get("TTL", 0)) > 0
 
     def revoke_lease(self, lease: int) -> None:
         self._post("/lease/revoke", {"ID": str(lease)})
 
     def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]:
-        """The key's value now (None: absent), then its value at every change (None: deleted),
-        until ``stop`` is set. One streaming watch, reopened from the last revision it saw when it
-        has been idle for ``WATCH_REOPEN_S`` (so a stop is noticed) or the connection broke: no
-        change is missed. Use a connection of its own (``another()``): the stream holds it."""
+        """The key's value now (None: absent), then its value at every change (None: deleted), until ``stop``.
+        One streaming watch, reopened from the last revision it saw when idle for ``WATCH_REOPEN_S`` (so a stop
+        is noticed) or when the connection broke: no change is missed. Use a connection of its own (``another()``)."""
+        return (value for _, value in self._follow({"key": _b64(key)}, stop))
+
+    def changes_under(self, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
+        """``changes`` for every key under ``prefix``: each one's name and value now, then at each
+        put or delete (None) under it (after a compaction, the keys there then, afresh)."""
+        return self._follow(_scan(prefix), stop)
+
+    def _follow(self, scan: dict, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
         import requests
 
-        def current() -> tuple[int, bytes | None]:
-            answer = self._post("/kv/range", {"key": _b64(key)})
-            kvs = answer.get("kvs")
-            return int(answer["header"]["revision"]), _unb64(kvs[0].get("value", "")) if kvs else None
+        def current() -> tuple[int, list[tuple[str, bytes | None]]]:  # (a single key absent: None)
+            answer = self._post("/kv/range", scan)
+            found = [(_unb64(kv["key"]).decode(), _unb64(kv.get("value", ""))) for kv in answer.get("kvs", ())]
+            return int(answer["header"]["revision"]), found or ([] if "range_end" in scan else [(_unb64(scan["key"]).decode(), None)])
 
-        revision, value = current()
-        yield value
+        revision, found = current()
+        yield from found
         while not stop.is_set():
             token = self._login.token if self._login is not None else None
             try:
-                for result in self._watch({"key": _b64(key), "start_revision": revision + 1}, WATCH_REOPEN_S):
+                for result in self._watch({**scan, "start_revision": revision + 1}, WATCH_REOPEN_S):
                     if stop.is_set():
                         return
-                    if result.get("canceled"):  # compacted past our revision: read the key afresh
-                        revision, value = current()
-                        yield value
+                    if result.get("canceled"):  # compacted past our revision: read afresh
+                        revision, found = current()
+                        yield from found
                         break
                     for event in result.get("events", ()):
-                        revision = int(event["kv"]["mod_revision"])
-                        deleted = event.get("type") == "DELETE"
-                        yield None if deleted else _unb64(event["kv"].get("value", ""))
+                        revision, kv = int(event["kv"]["mod_revision"]), event["kv"]
+                        yield _unb64(kv["key"]).decode(), None if event.get("type") == "DELETE" else _unb64(kv.get("value", ""))
             except (requests.RequestException, _Transient, ValueError, KeyError) as exc:
-                idle = isinstance(exc, requests.ConnectionError) and "Read timed out" in str(exc)
-                if idle:
+                if isinstance(exc, requests.ConnectionError) and "Read timed out" in str(exc):
                     continue  # an open stream with nothing new: reopen it on the same member
                 if "auth token" in str(exc) and self._credentials is not None:
                     self._authenticate(token)
@@ -371,7 +376,7 @@ class EtcdKV:
     def read_prefix(self, prefix: str, put: tuple[str, bytes] | None = None) -> tuple[int, dict[str, bytes]]:
         """Every key under ``prefix`` with its value, and the revision read at: one round trip,
         which first writes ``put`` (key, value) if given."""
-        scan = {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))}
+        scan = _scan(prefix)
         if put is None:
             answer = self._post("/kv/range", scan)
         else:
@@ -384,7 +389,7 @@ class EtcdKV:
         """Keys written under ``prefix`` after ``revision``, with their values, as they are written;
         ends after ``quiet_s`` without one. StoreError if the watch fails (read the prefix again)."""
         import requests
-        request = {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)), "start_revision": revision + 1}
+        request = {**_scan(prefix), "start_revision": revision + 1}
         try:
             for result in self._watch(request, quiet_s):
                 if result.get("canceled"):
@@ -399,9 +404,8 @@ class EtcdKV:
             raise StoreError(f"etcd at {self.url}: watching {prefix} failed: {exc}") from None
 
     def another(self) -> "EtcdKV":
-        """The same cluster on a connection of its own, presenting this one's token (no new
-        authentication: etcd checks a password with bcrypt, and etcd 3.4 holds its write lock
-        while it does — many at once, as when workers start, stall every write for seconds)."""
+        """The same cluster on a connection of its own, presenting this one's token (no new authentication:
+        etcd 3.4 holds its write lock while it checks a password with bcrypt; many at once stall writes for seconds)."""
         return EtcdKV(self.url, self._timeout, self._credentials, self._login)
 
     @property
@@ -412,14 +416,12 @@ class EtcdKV:
     def enable_auth(self, job_id: str, root_password: str, password: str) -> None:
         """On a cluster this job owns (`--store etcd`): a root user, a user and role for the job
         that may read and write only ``taiji/<job>/``, and auth on."""
-        prefix = f"taiji/{job_id}/"
         user = f"taiji-{job_id}"
         for path, payload in (
                 ("/auth/user/add", {"name": "root", "password": root_password}),
                 ("/auth/user/grant", {"user": "root", "role": "root"}),
                 ("/auth/role/add", {"name": user}),
-                ("/auth/role/grant", {"name": user, "perm": {"permType": "READWRITE", "key": _b64(prefix),
-                                                             "range_end": _b64(_prefix_end(prefix))}}),
+                ("/auth/role/grant", {"name": user, "perm": {"permType": "READWRITE", **_scan(f"taiji/{job_id}/")}}),
                 ("/auth/user/add", {"name": user, "password": password}),
                 ("/auth/user/grant", {"user": user, "role": user}),
                 ("/auth/enable", {})):
@@ -442,7 +444,6 @@ class EtcdC10dStore(dist.Store):
     def set(self, key: str, value: Any) -> None:
         self.kv.set(key, value)
 
-    # leases and watches: what the job store uses where it finds them (cluster/store.py)
     def hold(self, key: str, value: str, ttl: float) -> int:
         lease = self.kv.grant_lease(ttl)
         self.kv.set(key, value, lease=lease)
@@ -456,6 +457,9 @@ class EtcdC10dStore(dist.Store):
 
     def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]:
         return self.kv.changes(key, stop)
+
+    def changes_under(self, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
+        return self.kv.changes_under(prefix, stop)
 
     def get(self, key: str) -> bytes:
         return self.kv.get(key)
@@ -489,8 +493,7 @@ class EtcdC10dStore(dist.Store):
         from .rendezvous import EtcdRendezvousStore
         return EtcdRendezvousStore(self.kv, self.kv.timeout, give_up)
 
-    def clone(self) -> "EtcdC10dStore":  # gloo clones its store for its own threads
-        return self.another()
+    clone = another  # gloo clones its store for its own threads
 
-    def num_keys(self) -> int:
-        return 0  # not kept: taiji never asks, and counting would scan every job's keys
+    def num_keys(self) -> int:  # not kept: taiji never asks, and counting would scan every job's keys
+        return 0

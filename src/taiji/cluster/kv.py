@@ -35,9 +35,11 @@ class SupportsLease(Protocol):
 
 @runtime_checkable
 class SupportsWatch(Protocol):
-    """A key's value now and at each change, until ``stop``: no polling."""
+    """A key's value (or every key's under a prefix, with its name) now and at each change (None:
+    deleted), until ``stop``: no polling."""
 
     def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]: ...
+    def changes_under(self, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]: ...
 
 
 @runtime_checkable

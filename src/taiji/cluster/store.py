@@ -228,6 +228,14 @@ class JobStore:
         except (dist.DistError, RuntimeError, ConnectionError, OSError) as exc:
             raise StoreError(f"job {self.job_id}: watching {name} failed: {exc}") from exc
 
+    def follow_under(self, name: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
+        """Every key under ``name`` (its name past the job's prefix) with its value now, then at each
+        write or deletion (None), until ``stop``: one watch, on a connection of its own."""
+        if not isinstance(self.kv, SupportsWatch):
+            raise StoreError(f"job {self.job_id}: this store cannot be watched (etcd can; poll a TCPStore)")
+        for key, value in self.kv.changes_under(self.key(name), stop):
+            yield key[len(self._prefix):], value
+
     def follow_latest(self, stop: threading.Event) -> Iterator[int]:
         """The newest published version now and each time it moves, until ``stop``."""
         for value in self.follow(LATEST_KEY, stop):
@@ -285,11 +293,12 @@ class JobStore:
         signature is logged and skipped)."""
         return self.records_after("proposal", seen)
 
-    def append_record(self, stream: str, record: dict) -> int:
-        """Append ``record`` to the numbered ``stream`` (``stream/1``, ``stream/2``, ...)."""
+    def append_record(self, stream: str, record: dict, ring: bool = True) -> int:
+        """Append ``record`` to the numbered ``stream`` (``stream/1``, ``stream/2``, ...); ``ring``: for the launcher."""
         seq = self.add(f"{stream}/seq", 1)
         self.put_record(f"{stream}/{seq}", record)
-        self.ring()
+        if ring:
+            self.ring()
         return seq
 
     def records_after(self, stream: str, seen: int) -> tuple[int, list[dict]]:
@@ -317,16 +326,7 @@ class JobStore:
         self.set(f"worker/{worker_id}/training", "1" if training else "0")
 
     def is_training(self, worker_id: str) -> bool:
-        key = f"worker/{worker_id}/training"
-        return self.has(key) and self.get(key) == b"1"
-
-    def beat(self, worker_id: str, count: int) -> None:
-        """A worker's liveness heartbeat: a number that moves while its process runs (a plain
-        write of the beater's own counter: one round trip, also on etcd)."""
-        self.set(f"worker/{worker_id}/beat", str(count))
-
-    def beats(self, worker_ids: Iterable[str]) -> dict[str, int]:
-        return {w: self.add(f"worker/{w}/beat", 0) for w in worker_ids}
+        return self.has(f"worker/{worker_id}/training") and self.get(f"worker/{worker_id}/training") == b"1"
 
     def failures_reported(self, version: int) -> bool:
         """Has any member reported a failed collective in ``version``?"""

@@ -308,7 +308,7 @@ class Agent:
                             return code
                     now = time.monotonic()
                     if now >= next_beat:
-                        self.channel.beat()
+                        self.channel.beat(self.sup.beat_counts())
                         next_beat = now + BEAT_SECONDS
                         self._hold_tether()
                         if self._controller_gone(now):

@@ -7,25 +7,35 @@ Keys (under the job's prefix), each record sealed with the job secret (cluster/a
 - ``agent/<address>/<session>/cmd/N``: the controller's orders to one agent: ``spawn`` (id, rank,
   size), ``kill`` (id), ``stop`` (the job is over, or the host was declared lost), ``refuse``
   (another agent holds that address);
-- ``agent/<address>/<session>/events/N``: what the agent saw: ``exit`` (id, code, last lines),
+- ``from-agent/<address>/<session>/events/N``: what the agent saw: ``exit`` (id, code, last lines),
   ``leave`` (the agent is stopping), ``bye`` (it stopped its workers after a ``stop``);
-- ``agent/<address>/<session>/alive`` (etcd): a key under a lease the agent renews; etcd deletes
-  it when the lease runs out (``host_timeout``), and the launcher drops the host in one version;
-- ``agent/<address>/<session>/beat`` (TCP store, which has no leases): a counter the agent bumps.
+- ``from-agent/<address>/<session>/summary``: the agent's heartbeat summary, one record per host,
+  rewritten every beat: its own beat number and each of its workers' heartbeat counts, which
+  they write to files on their host (cluster/beats.py), not to the store;
+- ``from-agent/<address>/<session>/alive`` (etcd): a key under a lease the agent renews a few
+  times per TTL; etcd deletes it when the lease runs out (``host_timeout``), and the launcher
+  drops the host in one version. On etcd the launcher follows every ``from-agent/`` key with one
+  watch (and reads an agent's events only once their count moved); on a TCP store (no leases, no
+  watches) it reads each host's summary per look, and an agent is alive while its beat number
+  moves.
 Besides these keys, each agent holds a tether to the controller (launch/tether.py): a TCP
 connection whose closing says at once that the process at the other end is gone.
 Each registration has a session of its own, so an agent that joins again at the same address
 never replays an earlier agent's orders.
 
 A stream is polled with one atomic add per look (``records_after``), which on the launcher's
-host is a local round trip; on etcd an agent watches its orders' count instead.
+host is a local round trip; on etcd an agent watches its orders' count instead. The store's
+load at steady state grows with hosts, not workers: per host one summary write per beat, plus
+its lease's renewals (etcd) or the launcher's read of the summary per look (TCP store).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import asdict
 
+from ..cluster import beats
 from ..cluster.controller import Bounds
+from ..cluster.follow import PrefixFollower
 from ..cluster.store import JobStore, KeyFollower
 from ..errors import StoreError
 from .worker_env import WorkerSettings
@@ -36,7 +46,9 @@ CONTROLLER = "controller"
 CONTROLLER_BEAT = "controller/beat"
 OWNER = "controller/owner"
 REGISTRATIONS = "hosts"
+FROM_AGENTS = "from-agent/"  # what agents write (their summaries, leases and events): the launcher's to watch
 STOP_POLL_S = 0.02  # how often a stopping launcher looks for its agents' byes
+RENEWALS_PER_TTL = 3  # an agent renews its lease this often per TTL (etcd)
 
 
 def publish_settings(job: JobStore, settings: WorkerSettings) -> None:
@@ -135,11 +147,15 @@ class StoreGone(StoreError):
 class AgentChannel:
     """One host's streams: the launcher's commands to its agent, and the agent's events back."""
 
-    def __init__(self, job: JobStore, address: str, session: str, lease_ttl: float = Bounds.host_timeout):
+    def __init__(self, job: JobStore, address: str, session: str, lease_ttl: float = Bounds.host_timeout,
+                 watched: PrefixFollower | None = None):
         self.job = job
         self.address = address
         self.session = session
         self._base = f"agent/{address}/{session}"
+        self._live = f"{FROM_AGENTS}{address}/{session}"
+        self.watched = watched  # the launcher's watch of every agent's keys (etcd)
+        self.worker_beats: dict[str, int] = {}  # its workers' heartbeat counts, as last read
         self.lease_ttl = lease_ttl
         self.commands_seen = 0
         self.events_seen = 0
@@ -150,8 +166,11 @@ class AgentChannel:
         self._alive_seen = False
         self._commands_seq: KeyFollower | None = None  # the agent's watch of its orders (etcd)
 
-    def send(self, command: dict) -> None:
-        self.job.append_record(f"{self._base}/cmd", command)
+    def send(self, *commands: dict) -> None:
+        """Orders to the agent, in one record (the agent reads them in order); nothing rings the
+        launcher's doorbell: the agent is their reader."""
+        self.job.append_record(f"{self._base}/cmd", commands[0] if len(commands) == 1 else {"orders": commands},
+                               ring=False)
 
     def new_commands(self) -> list[dict]:
         """The agent's new orders. Where the store can watch (etcd), the orders' count is followed
@@ -162,31 +181,34 @@ class AgentChannel:
         if self._commands_seq is not None and self._commands_seq.value <= self.commands_seen:
             return []
         self.commands_seen, found = self.job.records_after(f"{self._base}/cmd", self.commands_seen)
-        return found
+        return [order for record in found for order in record.get("orders", [record])]
 
     def report(self, event: dict) -> None:
-        self.job.append_record(f"{self._base}/events", event)
+        self.job.append_record(f"{self._live}/events", event)
 
     def new_events(self) -> list[dict]:
-        self.events_seen, found = self.job.records_after(f"{self._base}/events", self.events_seen)
+        """The agent's new events; where the launcher watches its keys, read only once their count moved."""
+        if self.watched is not None and int(self.watched.values.get(f"{self._live}/events/seq", 0)) <= self.events_seen:
+            return []
+        self.events_seen, found = self.job.records_after(f"{self._live}/events", self.events_seen)
         return found
 
-    def beat(self) -> None:
-        """Say the agent is alive: renew its lease (etcd; a few times per TTL) or bump its counter."""
+    def beat(self, worker_beats: dict[str, int]) -> None:
+        """Say the agent is alive and how its workers' heartbeats stand (``worker_beats``, read from
+        their files): one summary write, and on etcd its lease renewed (a few times per TTL)."""
+        self.beats_sent += 1  # a plain write of our own record: one round trip on any store
+        self.job.set(f"{self._live}/summary", beats.summary(self.beats_sent, worker_beats))
         if self.job.has_leases:
             now = time.monotonic()
             if self._lease is None:
-                self._lease = self.job.hold(f"{self._base}/alive", "1", self.lease_ttl)
-            elif now - self._renewed < self.lease_ttl / 4:
+                self._lease = self.job.hold(f"{self._live}/alive", "1", self.lease_ttl)
+            elif now - self._renewed < self.lease_ttl / RENEWALS_PER_TTL:
                 return
             elif not self.job.renew(self._lease):
                 raise LeaseExpired(f"host {self.address}: its lease in the job store expired (not renewed for "
                                    f"{self.lease_ttl:g}s: the store was out of reach), so the launcher has dropped "
                                    "this host")
             self._renewed = now
-            return
-        self.beats_sent += 1  # a plain write of our own counter: one round trip on any store
-        self.job.set(f"{self._base}/beat", str(self.beats_sent))
 
     def leave(self) -> None:
         """The agent stops: end its lease now rather than when it runs out."""
@@ -198,12 +220,20 @@ class AgentChannel:
 
     def liveness(self) -> str:
         """What the launcher sees of the agent since its last look: ``"beat"`` (alive), ``"quiet"``
-        (no sign: the controller judges the silence), or ``"expired"`` (its lease ran out: gone)."""
+        (no sign: the controller judges the silence), or ``"expired"`` (its lease ran out: gone);
+        its workers' heartbeat counts are left in ``worker_beats``."""
+        seq, self.worker_beats = beats.read_summary(self._read("summary"))
         if self.job.has_leases:
-            if self.job.has(f"{self._base}/alive"):
+            if self._read("alive") is not None:
                 self._alive_seen = True
                 return "beat"
             return "expired" if self._alive_seen else "quiet"
-        count = self.job.add(f"{self._base}/beat", 0)
-        moved, self.beats_seen = count != self.beats_seen, count
+        moved, self.beats_seen = seq != self.beats_seen, seq
         return "beat" if moved else "quiet"
+
+    def _read(self, name: str) -> bytes | None:
+        """One of its keys: from the launcher's watch where there is one, else the store."""
+        key = f"{self._live}/{name}"
+        if self.watched is not None:
+            return self.watched.values.get(key)
+        return self.job.get(key) if self.job.has(key) else None

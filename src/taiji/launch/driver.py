@@ -17,6 +17,7 @@ from ..cluster import auth
 from ..cluster import controller as ctl
 from ..cluster import spec
 from ..cluster.etcd import EtcdKV, job_credentials, parse_url
+from ..cluster.follow import PrefixFollower
 from ..cluster.store import JobStore, KeyFollower, host_store, open_store
 from ..errors import LaunchError, StoreError
 from . import agent_channel, registry
@@ -60,6 +61,7 @@ class Driver:
         self._bell, self._controller_beats, self._proposal_seq, self._ticks = -1, 0, 0, 0
         self._looked = 0.0  # when the beats were last read (monotonic)
         self._doorbell: KeyFollower | None = None
+        self._worker_keys: PrefixFollower | None = None  # etcd: the workers' flags (ready), watched
         self.secret_file = registry.secret_file(cfg.job_id)
         self._beat_counts: dict[str, int] = {}
         self._done_seen = self._fatal_seen = False
@@ -111,17 +113,20 @@ class Driver:
     def _spawn(self, workers: tuple[spec.WorkerSpec, ...]) -> None:
         joiner_ids = [j.id for j in self.state.joiners]
         size = self.state.config.size + len(joiner_ids)
+        elsewhere: dict[str, list[tuple[str, int]]] = {}  # per other host: one record of orders to its agent
         for worker in workers:  # a joiner's rank is provisional: where it will be appended
             rank = self.state.config.rank_of(worker.id)
             if rank is None:
                 rank = self.state.config.size + joiner_ids.index(worker.id)
             if worker.host != self.cfg.host:
-                self.remote.spawn(worker.id, worker.host, rank, size)
+                elsewhere.setdefault(worker.host, []).append((worker.id, rank))
                 continue
             local_rank = self.sup.free_local_rank()
             command, environ = local_start(self.settings, self.secret, worker.id, rank, size, host=self.cfg.host,
                                            slots=self.state.hosts[0].slots, local_rank=local_rank)
             self.sup.spawn(worker.id, rank, command, environ, local_rank=local_rank)
+        for host, placed in elsewhere.items():
+            self.remote.spawn(host, placed, size)
 
     def _kill(self, worker_id: str) -> None:
         if not self.remote.kill(worker_id):
@@ -228,8 +233,6 @@ class Driver:
         self._proposal_seq, proposals = self.job.proposals_after(self._proposal_seq)
         events += [ctl.Proposal(int(p["size"]), str(p.get("source", "user")),
                                 tuple((str(h), int(n)) for h, n in p.get("placement", ()))) for p in proposals]
-        events += [ctl.WorkerReady(j.id) for j in self.state.joiners
-                   if not j.ready and self.job.is_ready(j.id)]
         version = self.state.config.version
         reported = self.job.failure_reports(version, self.state.config.ids)
         events += [ctl.FailureReported(i, version) for i in reported if i not in self.state.reports]
@@ -239,6 +242,16 @@ class Driver:
                 self._fatal_seen = True
                 events.append(ctl.FatalReported(str(fatal["worker"]), str(fatal["message"])))
         return events
+
+    def _ready_events(self, rang: bool) -> list[ctl.Event]:
+        """Joiners that said they are ready: on etcd looked up in the watched worker keys every tick
+        (a local read; the doorbell's watch may run ahead of theirs), else read once the doorbell rang."""
+        if self._worker_keys is not None:
+            watched = self._worker_keys.values
+            return [ctl.WorkerReady(j.id) for j in self.state.joiners
+                    if not j.ready and f"worker/{j.id}/ready" in watched]  # JobStore.mark_ready's key
+        return [ctl.WorkerReady(j.id) for j in self.state.joiners if not j.ready and self.job.is_ready(j.id)] \
+            if rang else []
 
     def _look_at_beats(self, now: float) -> bool:
         """Is it time to read the beats: every ``BEAT_POLL_TICKS`` ticks, and at least every
@@ -254,7 +267,8 @@ class Driver:
         return True
 
     def _beat_events(self, now: float) -> list[ctl.Event]:
-        """A ``Beat`` for every running worker whose heartbeat counter moved since the last look."""
+        """A ``Beat`` for every running worker whose heartbeat count moved since the last look: this
+        host's read from their files, the others' from their agents' summaries (read just before)."""
         if self.survivable:  # agents watch this beat to take over; nobody can where the store dies with us
             self._controller_beats += 1
             agent_channel.beat_controller(self.job, self._controller_beats)
@@ -262,8 +276,7 @@ class Driver:
                 raise Deposed(f"job {self.cfg.job_id}: another controller took over (the election record says "
                               f"{agent_channel.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
                               "leaves the job to the new one")
-        running = [w.worker_id for w in self.sup.running()] + self.remote.running()
-        counts = self.job.beats(running)
+        counts = {**self.sup.beat_counts(), **self.remote.beat_counts()}
         moved = [ctl.Beat(w, now) for w, n in counts.items() if n and n != self._beat_counts.get(w)]
         self._beat_counts = counts
         return moved
@@ -341,6 +354,8 @@ class Driver:
         self.sup.install_signal_handlers()
         pending = list(first_events or [])
         self._doorbell = self.job.follow_doorbell()
+        if self.job.can_watch:
+            self._worker_keys = PrefixFollower(self.job.another_connection(), "worker/")
         try:
             start()
             self.sup.drop_ahead()   # a worker started ahead that the first config did not adopt
@@ -363,7 +378,7 @@ class Driver:
                         self.say(f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}")
                     training = self.job.is_training(worker.worker_id)
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
-                events += self._store_events() if rang else []
+                events += self._ready_events(rang) + (self._store_events() if rang else [])
                 now = time.monotonic()
                 look = self._look_at_beats(now)
                 events += self.remote.events(self.state, now, rang, look)
@@ -390,8 +405,9 @@ class Driver:
             raise
         finally:
             self.sup.close()
-            if self._doorbell is not None:
-                self._doorbell.close()
+            for follower in (self._doorbell, self._worker_keys):
+                if follower is not None:
+                    follower.close()
             if self.control is not None:
                 self.control.close()
             self.remote.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..cluster import controller as ctl
+from ..cluster.follow import PrefixFollower
 from ..cluster.store import JobStore
 from ..errors import LaunchError, StoreError
 from . import agent_channel
@@ -37,6 +38,11 @@ class RemoteHosts:
 
     def __init__(self, job: JobStore, here: str, say: Callable[[str], None]):
         self.job, self.here, self.say = job, here, say
+        self._wake: Callable[[], None] = lambda: None
+        # etcd: every key the agents write followed by one watch (a lease running out wakes the
+        # controller); a TCP store is read per look
+        self.watched = PrefixFollower(job.another_connection(), agent_channel.FROM_AGENTS, lambda key: self._wake()) \
+            if job.can_watch else None
         self.agents: dict[str, AgentChannel] = {}
         self.workers: dict[str, RemoteWorker] = {}
         self.tether: TetherServer | None = None
@@ -47,6 +53,7 @@ class RemoteHosts:
         """Listen for the agents' tethers; returns the address they connect to. ``on_lost``: called
         when one closes (wakes the controller's wait: a lost host is acted on at once, not next tick)."""
         self.tether = TetherServer(self.here, secret, on_lost)
+        self._wake = on_lost
         return self.tether.address
 
     # -- a running job's hosts, taken over ------------------------------------------------
@@ -54,7 +61,7 @@ class RemoteHosts:
     def adopt(self, address: str, session: str, lease_ttl: float) -> None:
         """Serve the agent registered at ``address`` (its events read from the start: exits written
         while nobody controlled the job are not lost)."""
-        self.agents[address] = AgentChannel(self.job, address, session, lease_ttl)
+        self.agents[address] = AgentChannel(self.job, address, session, lease_ttl, self.watched)
 
     def place(self, worker_id: str, host: str, rank: int) -> None:
         """A running worker of ``host``'s agent."""
@@ -66,9 +73,11 @@ class RemoteHosts:
 
     # -- orders -----------------------------------------------------------------------------
 
-    def spawn(self, worker_id: str, host: str, rank: int, size: int) -> None:
-        self.workers[worker_id] = RemoteWorker(host, rank)
-        self.agents[host].send({"op": "spawn", "id": worker_id, "rank": rank, "size": size})
+    def spawn(self, host: str, workers: list[tuple[str, int]], size: int) -> None:
+        """Start ``workers`` (id, rank) on ``host``: one record of orders to its agent."""
+        for worker_id, rank in workers:
+            self.workers[worker_id] = RemoteWorker(host, rank)
+        self.agents[host].send(*({"op": "spawn", "id": wid, "rank": rank, "size": size} for wid, rank in workers))
 
     def kill(self, worker_id: str) -> bool:
         """Order the worker's agent to kill it; False if it is not a worker of another host."""
@@ -105,11 +114,18 @@ class RemoteHosts:
     def close(self) -> None:
         if self.tether is not None:
             self.tether.close()
+        if self.watched is not None:
+            self.watched.close()
 
     # -- what the controller reads ----------------------------------------------------------
 
     def running(self) -> list[str]:
         return [wid for wid, worker in self.workers.items() if worker.exit_code is None]
+
+    def beat_counts(self) -> dict[str, int]:
+        """Their running workers' heartbeat counts, from their agents' summaries as last read."""
+        counts = {wid: n for channel in self.agents.values() for wid, n in channel.worker_beats.items()}
+        return {wid: counts.get(wid, 0) for wid in self.running()}
 
     def events(self, state: ctl.ControllerState, now: float, rang: bool, look_at_beats: bool) -> list[ctl.Event]:
         """Registrations and agents' events (when the doorbell rang), closed tethers, and (when
@@ -120,7 +136,8 @@ class RemoteHosts:
             self._registrations_seen, found = agent_channel.registrations_after(self.job, self._registrations_seen)
         for record in found:
             address, slots = str(record.get("address")), int(record.get("slots", 0))
-            channel = AgentChannel(self.job, address, str(record.get("session", "")), state.bounds.host_timeout)
+            channel = AgentChannel(self.job, address, str(record.get("session", "")), state.bounds.host_timeout,
+                                   self.watched)
             if address == self.here or address in self.agents:
                 why = "the controller runs there" if address == self.here else "another agent serves it"
                 self._refuse(channel, f"host {address} is in the job already ({why})")
@@ -133,7 +150,8 @@ class RemoteHosts:
                 events.append(ctl.HostLost(address, "its agent's tether to the controller closed: the agent's "
                                                     "process is gone, and its workers with it"))
         for address, channel in list(self.agents.items()):
-            for event in (channel.new_events() if rang else []):
+            # where the agents' keys are watched, each tick (a local look: that watch may run behind the doorbell's)
+            for event in (channel.new_events() if rang or self.watched is not None else []):
                 op = event.get("op")
                 if op == "exit":
                     events.append(self._exited(event, state))

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import IO, Sequence
 
 from .. import env
+from ..cluster.beats import LocalBeats
 from ..errors import LaunchError
 
 log = logging.getLogger(__name__)
+BEAT_DIR = env.BEAT_DIR.name
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -84,6 +86,7 @@ class Supervisor:
         self.prefix = prefix  # e.g. the host, when workers of several hosts print to one terminal
         self.tail_lines = tail_lines
         self.workers: dict[str, WorkerProcess] = {}
+        self.beats = LocalBeats.create()  # its workers' heartbeat files (cluster/beats.py)
         self._ahead: dict[str, tuple] = {}  # started ahead of their spawn: id -> (rank, command, env, local rank)
         self._write_lock = threading.Lock()
         self._reap_lock = threading.Lock()
@@ -160,7 +163,7 @@ class Supervisor:
                local_rank: int) -> WorkerProcess:
         try:
             popen = subprocess.Popen(
-                list(command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                list(command), env={**env, BEAT_DIR: str(self.beats.directory)}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=functools.partial(die_with_parent, os.getpid(), self.ignore_sigterm))
         except FileNotFoundError:
@@ -275,8 +278,13 @@ class Supervisor:
                 remaining = 10.0
             self.wait(timeout=remaining)
 
+    def beat_counts(self) -> dict[str, int]:
+        """Its running workers' heartbeat counts (0: none yet), read from their files here."""
+        return self.beats.counts(w.worker_id for w in self.running())
+
     def close(self) -> None:
         self.restore_signal_handlers()
+        self.beats.close()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)

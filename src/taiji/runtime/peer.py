@@ -284,7 +284,7 @@ def _start_heartbeat(peer: Peer) -> None:
     global _heartbeat
     interval = env.HEARTBEAT.get()
     if interval > 0:
-        _heartbeat = Heartbeat(peer.job_store.another_connection(), peer.worker_id, interval).start()
+        _heartbeat = Heartbeat.on_this_host(peer.worker_id, interval)
 
 
 def shutdown() -> None:
