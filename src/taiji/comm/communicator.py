@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import logging
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Sequence, TypeVar
@@ -25,6 +26,7 @@ from .topologies import check_topology
 from .topology import PLANS, HostLayout, PlanRunner, PlanWork, host_layout, runs_as_ring
 from .teardown import Pending, Teardown, keep_forever, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
+from .failures import collective_error, where
 from .signature import check_signatures, signature
 from ..errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, PeerLost
 
@@ -41,30 +43,15 @@ _REDUCE_OPS = {
     "max": dist.ReduceOp.MAX,
 }
 _REAP_DELAY_S = 1.0
-_ABANDON_SLICE = datetime.timedelta(milliseconds=20)  # how soon a wait sees its version abandoned
-
-
-def _describe_failure(exc: BaseException) -> type[CommError]:
-    text = str(exc).lower()
-    if "timed out" in text or "timeout" in text:
-        return CollectiveTimeout
-    return PeerLost
+_ABANDON_SLICE = datetime.timedelta(milliseconds=10)  # how soon a wait sees its version abandoned
 
 
 def _where(comm: "Communicator") -> str:
-    return f"[rank {comm.rank} v={comm.version}]"
+    return where(comm.rank, comm.version)
 
 
 def _collective_error(comm: "Communicator", exc: BaseException, op: str, channel: str) -> CommError:
-    kind = _describe_failure(exc)
-    if kind is CollectiveTimeout:
-        what = (f"timed out after {comm.options.timeout:g}s (cluster of {comm.size}): {exc}. "
-                "A peer hangs or is too slow; check the other workers' output.")
-    else:  # say what happened, not the timeout that was never waited out
-        what = (f"lost a peer (cluster of {comm.size}): {exc}. A peer died or left; "
-                "check the other workers' output.")
-    message = f"{_where(comm)} {op} on channel '{channel}' {what}"
-    return kind(message, channel=channel, op=op, version=comm.version)
+    return collective_error(exc, op, channel, rank=comm.rank, size=comm.size, version=comm.version, timeout=comm.options.timeout)
 
 
 def _when_done(work: Any, callback: Callable[[], None]) -> None:
@@ -176,6 +163,7 @@ class Communicator:
         self._closed = False
         self._abandoned: str | None = None     # why this version can no longer complete a collective
         self._waiters: set[threading.Event] = set()  # Handles waiting for a collective to end
+        self._waiting_since: float | None = None  # (monotonic) a wait for a collective began, still on
         self._plans = PlanRunner(f"taiji-plans-v{version}", lambda: CommError(
             f"{self._where()} communicator of version {version} is closed", channel="grad", version=version))
         self.set_topology(options.topology)
@@ -336,10 +324,22 @@ class Communicator:
     def abandoned(self) -> str | None:
         return self._abandoned
 
+    def waiting_for(self) -> float:
+        """Seconds this worker has been waiting for a collective of this version (0: not waiting)."""
+        since = self._waiting_since
+        return 0.0 if since is None else time.monotonic() - since
+
     def wait_unless_abandoned(self, work: Any, sliced: bool = True) -> bool:
         """Block until ``work`` ends (True) or this version is abandoned first (False). ``sliced``:
         a gloo Work, waited in short slices of its own condition variable (no cost when it ends);
         else (a PlanWork; an NCCL Work, whose timed wait may abort it) a callback wakes an event."""
+        self._waiting_since = time.monotonic()
+        try:
+            return self._wait_unless_abandoned(work, sliced)
+        finally:
+            self._waiting_since = None
+
+    def _wait_unless_abandoned(self, work: Any, sliced: bool) -> bool:
         if sliced and not isinstance(work, PlanWork):
             while True:
                 try:
