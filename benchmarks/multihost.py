@@ -217,7 +217,7 @@ def taiji_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env:
         (out / "stop").touch()
         jobs[0].session.wait(max(deadline - time.monotonic(), 1.0))
         recoveries = recovery_phases(out / "run" / "events.jsonl")
-        return {"agent_loss": {"resume_s": lost["time"] - killed, "phases": recoveries.get(3)},
+        return {"agent_loss": {"resume_s": lost["time"] - killed, "killed": killed, "phases": recoveries.get(3)},
                 "cut_link": {"resume_s": first["time"] - cut, "phases": recoveries.get(1)}, "step_ms": step_ms}
     finally:
         for job in jobs:

@@ -222,7 +222,7 @@ def test_an_nccl_misuse_is_a_config_error_that_says_what_to_do():
                        "with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\nncclInvalidUsage: This usually "
                        "reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and "
                        "rank 0 both on CUDA device 60")
-    where = dict(where="[rank 1 v=3]", op="broadcast", channel="ctrl", size=2, timeout=60.0, version=3)
+    where = dict(op="broadcast", channel="ctrl", rank=1, size=2, timeout=60.0, version=3)
     err = collective_error(exc, **where)
     assert isinstance(err, ConfigError) and not isinstance(err, CommError)
     assert "Duplicate GPU detected : rank 1 and rank 0" in str(err) and "--cuda-backend gloo" in str(err)

@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import logging
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Sequence, TypeVar
@@ -25,7 +26,7 @@ from .topologies import check_topology
 from .topology import PLANS, HostLayout, PlanRunner, PlanWork, host_layout, runs_as_ring
 from .teardown import Pending, Teardown, keep_forever, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
-from .failures import collective_error
+from .failures import collective_error, where
 from .signature import check_signatures, signature
 from .. import env
 from ..errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, PeerLost, TaijiError
@@ -42,16 +43,16 @@ _REDUCE_OPS = {
     "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
 }
 _REAP_DELAY_S = 1.0
-_ABANDON_SLICE = datetime.timedelta(milliseconds=20)  # how soon a wait sees its version abandoned
+_ABANDON_SLICE = datetime.timedelta(milliseconds=10)  # how soon a wait sees its version abandoned
 
 
 def _where(comm: "Communicator") -> str:
-    return f"[rank {comm.rank} v={comm.version}]"
+    return where(comm.rank, comm.version)
 
 
 def _collective_error(comm: "Communicator", exc: BaseException, op: str, channel: str) -> TaijiError:
-    return collective_error(exc, where=_where(comm), op=op, channel=channel, size=comm.size,
-                            timeout=comm.options.timeout, version=comm.version)
+    return collective_error(exc, op, channel, rank=comm.rank, size=comm.size, version=comm.version,
+                            timeout=comm.options.timeout)
 
 
 def _when_done(work: Any, callback: Callable[[], None]) -> None:
@@ -145,10 +146,9 @@ class Communicator:
                  options: CommOptions = CommOptions(), side_store: dist.Store | None = None):
         if not 0 <= rank < size:
             raise ConfigError(f"rank {rank} is outside a cluster of size {size}")
-        if options.timeout <= 0:
-            raise ConfigError(f"collective timeout must be positive, got {options.timeout}")
-        if options.cuda_backend not in ("nccl", "gloo"):
-            raise ConfigError(f"cuda_backend must be nccl or gloo, got {options.cuda_backend!r}")
+        if options.timeout <= 0 or options.cuda_backend not in ("nccl", "gloo"):
+            raise ConfigError(f"collective timeout must be positive (got {options.timeout}) and cuda_backend "
+                              f"nccl or gloo (got {options.cuda_backend!r})")
         self.store = store
         # the same store on a connection of its own: a second group's rendezvous runs beside the
         # first's (a TCPStore connection waits for one key at a time); None: one after the other
@@ -163,6 +163,7 @@ class Communicator:
         self._closed = False
         self._abandoned: str | None = None     # why this version can no longer complete a collective
         self._waiters: set[threading.Event] = set()  # Handles waiting for a collective to end
+        self._waiting_since: float | None = None  # (monotonic) a wait for a collective began, still on
         self._plans = PlanRunner(f"taiji-plans-v{version}", lambda: CommError(
             f"{self._where()} communicator of version {version} is closed", channel="grad", version=version))
         self.set_topology(options.topology)
@@ -170,7 +171,8 @@ class Communicator:
     # -- process groups ---------------------------------------------------------------
 
     def _group(self, channel: str, device: torch.device, op: str = "connect") -> Any:
-        key = f"{channel}-nccl" if self._nccl(device) else channel
+        nccl = device.type == "cuda" and self.options.cuda_backend == "nccl"  # else gloo (also for CUDA)
+        key = f"{channel}-nccl" if nccl else channel
         with self._lock:
             if self._closed:
                 raise CommError(f"{self._where()} communicator of version {self.version} is closed",
@@ -188,7 +190,7 @@ class Communicator:
         rank, size = (self.rank, self.size) if members is None else (members.index(self.rank), len(members))
         timeout = datetime.timedelta(seconds=self.options.timeout)
         try:
-            if self._nccl(device):
+            if device.type == "cuda" and self.options.cuda_backend == "nccl":
                 opts = dist.ProcessGroupNCCL.Options()
                 opts._timeout = timeout
                 return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
@@ -198,9 +200,6 @@ class Communicator:
             return dist.ProcessGroupGloo(prefixed, rank, size, opts)
         except RuntimeError as exc:
             raise self._error(exc, f"{op} (connecting the group)", key) from exc
-
-    def _nccl(self, device: torch.device) -> bool:
-        return device.type == "cuda" and self.options.cuda_backend == "nccl"
 
     def _subgroup(self, key: str, members: tuple[int, ...]) -> Any:
         """A plan's group of ``members``, built on the plan thread (the only one that builds these)
@@ -326,10 +325,22 @@ class Communicator:
     def abandoned(self) -> str | None:
         return self._abandoned
 
+    def waiting_for(self) -> float:
+        """Seconds this worker has been waiting for a collective of this version (0: not waiting)."""
+        since = self._waiting_since
+        return 0.0 if since is None else time.monotonic() - since
+
     def wait_unless_abandoned(self, work: Any, sliced: bool = True) -> bool:
         """Block until ``work`` ends (True) or this version is abandoned first (False). ``sliced``:
         a gloo Work, waited in short slices of its own condition variable (no cost when it ends);
         else (a PlanWork; an NCCL Work, whose timed wait may abort it) a callback wakes an event."""
+        self._waiting_since = time.monotonic()
+        try:
+            return self._wait_unless_abandoned(work, sliced)
+        finally:
+            self._waiting_since = None
+
+    def _wait_unless_abandoned(self, work: Any, sliced: bool) -> bool:
         if sliced and not isinstance(work, PlanWork):
             while True:
                 try:

@@ -1,13 +1,12 @@
 """StepEngine: begin an attempt at a step, finish its collectives, commit it or report it failed.
 
-A lockstep step: ``begin`` builds this worker's share of the global batch and starts the
-strategy's step; the user's ``step.backward(loss)`` runs backward (the strategy sends gradient
-buckets as they are ready), and the control message rides in the last bucket (or, where the
-strategy cannot carry it, goes out right after it);
-``finish`` waits for both and **commits only if every collective succeeded**: optimizer step,
-strategy's after-update, scheduler, monitors. Otherwise nothing is applied and the outcome is
-``Failed``. A decoupled step (``begin_claimed``/``commit_local``) has no collective to fail. A step
-of the user's own loop (``begin_own``: ``taiji.Optimizer``) is the same step over the user's batch.
+A lockstep step: ``begin`` builds this worker's share of the global batch and starts the strategy's step; the
+user's ``step.backward(loss)`` runs backward (the strategy sends gradient buckets as they are ready; not begun
+once a newer version dropped a peer as lost), and the control message rides in the last bucket (or, where the
+strategy cannot, goes out right after it); ``finish`` waits for both and **commits only if every collective
+succeeded**: optimizer step, strategy's after-update, scheduler, monitors. Otherwise nothing is applied and
+the outcome is ``Failed``. A decoupled step (``begin_claimed``/``commit_local``) has no collective to fail. A
+step of the user's own loop (``begin_own``: ``taiji.Optimizer``) is the same step over the user's batch.
 
 While a lockstep step's allreduce is in flight, the engine loads the batch the next step will ask
 for if nothing changes at the boundary (``BatchFetcher.fetch_ahead``): loading hides in a wait the
@@ -84,8 +83,7 @@ class StepEngine:
         self._buffers_before: list[torch.Tensor] = []
         self._collectives_done_at = time.perf_counter()  # when this worker last talked to its peers
         self._next_share: tuple[int, int, int] | None = None  # the sampler's guess for the next step
-        # of the last committed step, for the next control message
-        self._last_allreduce_wait = self._last_monitor_seconds = math.nan
+        self._last_allreduce_wait = self._last_monitor_seconds = math.nan  # of the last commit, for the next row
 
     def use(self, strategy: Strategy) -> None:
         self.strategy = strategy
@@ -188,6 +186,9 @@ class StepEngine:
             attempt.error = attempt.error or exc
 
     def _check_peers_waited(self) -> None:
+        comm = self.peer.comm  # a newer version dropped a lost peer: this attempt's backward would be wasted
+        if comm.abandoned:
+            raise comm.abandoned_error("backward", "grad")
         idle = time.perf_counter() - self._collectives_done_at
         if self.membership.peers_gave_up(idle):
             raise CommError(f"this worker was busy outside the step's collectives for {idle:.1f}s and its "

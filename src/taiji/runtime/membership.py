@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 # boundary later at most) and how long closing the watcher takes. Short, non-blocking checks: a
 # store wait that times out would log a warning every time, and cannot be interrupted to close.
 WATCH_POLL_S = 0.05
+# while this worker has waited for a collective longer than STUCK_AFTER_S (a peer may be lost), the
+# watcher looks every STUCK_POLL_S: the version that drops the lost peer ends the wait that soon
+STUCK_AFTER_S, STUCK_POLL_S = 0.02, 0.01
 
 
 class Membership(Protocol):
@@ -124,8 +127,8 @@ class ElasticMembership(_PeerMembership):
         store = self._watch_store
         with self._report_lock:  # the failure reports' connection, made now rather than at a failure
             self._connect_reporter()
-        pause = min(WATCH_POLL_S * 4, max(WATCH_POLL_S, store.poll_interval))
-        while not self._closed.wait(0 if store.can_watch else pause):
+        pause, polled = min(WATCH_POLL_S * 4, max(WATCH_POLL_S, store.poll_interval)), 0.0
+        while not self._closed.wait(0 if store.can_watch else STUCK_POLL_S):
             try:
                 if store.can_watch:  # etcd: a stream of the latest version, no polling
                     for version in store.follow_latest(self._closed):
@@ -133,6 +136,10 @@ class ElasticMembership(_PeerMembership):
                             self._saw(version, store.read_config(version))
                         self._abandon_if_doomed(store)  # (the config just read is not read again)
                     continue
+                comm = self.peer.comm
+                if time.monotonic() - polled < pause and (comm is None or comm.waiting_for() < STUCK_AFTER_S):
+                    continue
+                polled = time.monotonic()
                 following = max(self._newest, self.peer.version) + 1
                 if store.has(config_key(following)):
                     self._saw(max(following, store.latest_version()))
