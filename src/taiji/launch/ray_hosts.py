@@ -206,11 +206,16 @@ class RayHosts:
         strategy = (self.gang.strategy(bundle) if bundle is not None
                     else NodeAffinitySchedulingStrategy(node_id, soft=False))
         actor_class = self.ray.remote(RayHostAgent)
+        # where the store outlives this host, the agents must outlive this process (a Ray actor
+        # dies with the process that made it, unless detached) to take the job over if it dies
+        lifetime = "detached" if driver.survivable else None
         actor = actor_class.options(
             name=f"taiji-{self.cfg.job_id}-{node_id[:12]}", num_cpus=self.demand["CPU"],
-            num_gpus=self.demand.get("GPU", 0), max_restarts=0, scheduling_strategy=strategy).remote()
+            num_gpus=self.demand.get("GPU", 0), max_restarts=0, scheduling_strategy=strategy,
+            lifetime=lifetime).remote()
         environ = env.for_children({"PYTHONUNBUFFERED": "1"})
-        ref = actor.run.remote(self._agent_argv(driver.store_address, address), driver.secret.hex(), environ)
+        ref = actor.run.remote(self._agent_argv(driver.store_address, address), driver.secret.hex(), environ,
+                               leave_when_done=driver.survivable)
         self.actors[node_id] = (actor, ref, address)
         self._say(f"Ray node {address}: placing the job's agent there ({self.cfg.nproc_per_node} slot(s))")
 
