@@ -147,7 +147,8 @@ def _actor_logs(temp: str) -> str:
 @pytest.mark.skipif(shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)")
 def test_the_launchers_node_lost_with_etcd_an_agent_on_another_node_takes_over(ray_hosts, tmp_path):
     """The store on etcd on the head's host (it outlives the launcher's node); the launcher on host
-    1's Ray node; its agents' actors on hosts 0 and 2 (detached: they outlive the launcher's
+    1's Ray node; its first gang (`--nnodes 3`) places its agents' actors on hosts 0 and 2
+    (detached, out of the placement group once it is placed: they outlive the launcher's
     process). Every process of host 1 is killed: an agent wins the election at once (its tether
     closed), drops the lost host's worker in one version and the job trains to its last step with
     exactly-once data; then the agents' actors end themselves."""
@@ -160,10 +161,10 @@ def test_the_launchers_node_lost_with_etcd_an_agent_on_another_node_takes_over(r
     try:
         steps = 200
         job = HostsJob(hosts, tmp_path, job_id="jtk", store=f"etcd://{hosts.address(0)}:2379", home=1)
-        job.start(["--ray", f"{hosts.address(0)}:{RAY_PORT}", "-np", "1", "--nproc-per-node", "1", "--max-np", "3",
+        job.start(["--ray", f"{hosts.address(0)}:{RAY_PORT}", "--nnodes", "3", "--nproc-per-node", "1",
                    "--join-timeout", "90"],
                   ["--batch", "12", "--steps", str(steps), "--step-delay", "0.05"], timeout=30)
-        job.wait_log("3 worker(s)")
+        job.wait_log("cluster v1: 3 worker(s)")
         wait_for(lambda: _committed_at(job, 3), 60, "a step committed by 3 workers")
         killed = time.time()
         _kill_host(hosts, 1)
@@ -178,7 +179,7 @@ def test_the_launchers_node_lost_with_etcd_an_agent_on_another_node_takes_over(r
         assert "its tether closed" in said, said[-4000:]  # at once, not after its beat went stale
         resumed = job.resumed_after(killed, 2)
         result = check_invariants(tmp_path, 12)
-        assert result["sizes"][-1] == 2 and 3 in result["sizes"], result
+        assert result["sizes"] == [3, 2], result
         assert result["steps"] == steps, result
         print(f"next step at 2 workers {resumed:.2f}s after the launcher's node was killed")
         # nobody is left to end the agents' actors: each ended itself once its agent exited
