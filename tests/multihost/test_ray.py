@@ -127,18 +127,6 @@ def test_a_job_asking_for_what_no_ray_node_has_is_refused_naming_it(ray_hosts, t
     assert f"{hosts.address(0)}: CPU=1, GPU=0" in done.stderr, done.stderr
 
 
-def _kill_host(hosts: EmulatedHosts, i: int) -> None:
-    """Every process on host ``i`` (its raylet, the launcher, its workers): the node is lost."""
-    def gone() -> bool:
-        for pid in hosts.pids(i):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return not hosts.pids(i)
-    wait_for(gone, 30, f"every process on host {i} killed")
-
-
 def _actor_logs(temp: str) -> str:
     """What the job's agents (run by Ray actors, their output in the nodes' worker logs) said."""
     return "".join(p.read_text(errors="replace") for p in Path(temp).glob("**/logs/worker-*.out"))
@@ -167,7 +155,7 @@ def test_the_launchers_node_lost_with_etcd_an_agent_on_another_node_takes_over(r
         job.wait_log("cluster v1: 3 worker(s)")
         wait_for(lambda: _committed_at(job, 3), 60, "a step committed by 3 workers")
         killed = time.time()
-        _kill_host(hosts, 1)
+        hosts.kill(1)   # its raylet, the launcher, its worker: the node is lost
         assert job.launcher.wait(timeout=10) != 0
 
         def ended() -> bool:
