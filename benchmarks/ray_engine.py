@@ -186,7 +186,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default: 1 quick, 3 full)")
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--settle", type=int, default=8, help="steps at 2 before the steady window")
-    parser.add_argument("--steady", type=int, default=None, help="steps at 2 timed for samples/s (60 quick, 120 full)")
+    parser.add_argument("--steady", type=int, default=None,
+                        help="steps at 2 timed for samples/s (60 quick, 400 full: a shorter window is mostly load noise)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--step-delay", type=float, default=0.01)
     parser.add_argument("--collective-timeout", type=float, default=5.0)
@@ -201,7 +202,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
-    args.steady = args.steady or (60 if args.quick else 120)
+    args.steady = args.steady or (60 if args.quick else 400)
     return args
 
 
