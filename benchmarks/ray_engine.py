@@ -28,6 +28,7 @@ workers against `taiji join` (target ≥ 0.98). Each row also carries request ->
 added / `taiji join` started -> the first step at 2) and the 1-minute load average.
 
     .venv/bin/python benchmarks/ray_engine.py --quick     # one repetition of each side, ~10 min loaded
+    .venv/bin/python benchmarks/ray_engine.py --cases ray,join --reps 3   # taiji's sides only (no Ray Train)
 """
 from __future__ import annotations
 
@@ -185,7 +186,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default: 1 quick, 3 full)")
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--settle", type=int, default=8, help="steps at 2 before the steady window")
-    parser.add_argument("--steady", type=int, default=None, help="steps at 2 timed for samples/s (60 quick, 120 full)")
+    parser.add_argument("--steady", type=int, default=None,
+                        help="steps at 2 timed for samples/s (60 quick, 400 full: a shorter window is mostly load noise)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--step-delay", type=float, default=0.01)
     parser.add_argument("--collective-timeout", type=float, default=5.0)
@@ -195,11 +197,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=400.0, help="hard limit per side, seconds")
     parser.add_argument("--fault-wait", type=float, default=60.0,
                         help="how long to wait for Ray Train to commit a step after the node's loss")
-    parser.add_argument("--sides", default="ray,join,raytrain", help="which sides (comma-separated)")
+    parser.add_argument("--cases", default="ray,join,raytrain",
+                        help="which sides (comma-separated; a run of some is recorded beside the full one)")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
-    args.steady = args.steady or (60 if args.quick else 120)
+    args.steady = args.steady or (60 if args.quick else 400)
     return args
 
 
@@ -219,35 +222,36 @@ def rows_of(runs: dict[str, list[dict]]) -> list[dict]:
 
     ray_stall, join_stall = med("ray", "grow", "stall_s"), med("join", "grow", "stall_s")
     anchor_loss = med("raytrain", "node_loss", "resume_s")
-    rows = [
-        contract_row("grow stall: taiji on Ray vs Ray Train restart", ray_stall, med("raytrain", "grow", "stall_s"),
+    rows = [  # (the sides a row needs, the row): a run of some sides has the rows they make
+        ({"ray", "raytrain"}, contract_row("grow stall: taiji on Ray vs Ray Train restart", ray_stall, med("raytrain", "grow", "stall_s"),
                      higher_is_better=False, unit="s", target="ratio >= 100",
                      taiji_all=values("ray", "grow", "stall_s"), anchor_all=values("raytrain", "grow", "stall_s"),
                      taiji_request_to_new_size_s=med("ray", "grow", "request_to_new_size_s"),
                      anchor_request_to_new_size_s=med("raytrain", "grow", "request_to_new_size_s"),
-                     load=values("ray", "grow", "load") + values("raytrain", "grow", "load")),
-        contract_row("grow stall: taiji on Ray vs taiji join", ray_stall, join_stall, higher_is_better=False, unit="s",
+                     load=values("ray", "grow", "load") + values("raytrain", "grow", "load"))),
+        ({"ray", "join"}, contract_row("grow stall: taiji on Ray vs taiji join", ray_stall, join_stall, higher_is_better=False, unit="s",
                      target="taiji <= anchor + 0.010 s", met=None if None in (ray_stall, join_stall)
                      else ray_stall <= join_stall + 0.010,
                      taiji_all=values("ray", "grow", "stall_s"), anchor_all=values("join", "grow", "stall_s"),
                      taiji_request_to_new_size_s=med("ray", "grow", "request_to_new_size_s"),
                      anchor_request_to_new_size_s=med("join", "grow", "request_to_new_size_s"),
-                     load=values("ray", "grow", "load") + values("join", "grow", "load")),
-        contract_row("node loss → next committed step", med("ray", "node_loss", "resume_s"),
+                     load=values("ray", "grow", "load") + values("join", "grow", "load"))),
+        ({"ray"}, contract_row("node loss → next committed step", med("ray", "node_loss", "resume_s"),
                      anchor_loss or med("raytrain", "node_loss", "lower_bound_s"), higher_is_better=False, unit="s",
                      target="taiji <= 0.5 s", anchor_side="Ray Train, raylet killed the same way",
                      anchor_is_lower_bound=anchor_loss is None and bool(runs["raytrain"]),
                      anchor_outcome=values("raytrain", "node_loss", "outcome"),
                      taiji_all=values("ray", "node_loss", "resume_s"),
                      taiji_join_agent_killed_s=med("join", "node_loss", "resume_s"),
-                     load=values("ray", "node_loss", "load") + values("raytrain", "node_loss", "load")),
-        contract_row("steady samples/s: taiji on Ray vs taiji join", med("ray", "steady_samples_s"),
+                     load=values("ray", "node_loss", "load") + values("raytrain", "node_loss", "load"))),
+        ({"ray", "join"}, contract_row("steady samples/s: taiji on Ray vs taiji join", med("ray", "steady_samples_s"),
                      med("join", "steady_samples_s"), higher_is_better=True, target="ratio >= 0.98",
                      taiji_all=values("ray", "steady_samples_s"), anchor_all=values("join", "steady_samples_s"),
                      ray_train_samples_s=med("raytrain", "steady_samples_s"),
-                     load=values("ray", "steady_load") + values("join", "steady_load")),
+                     load=values("ray", "steady_load") + values("join", "steady_load"))),
     ]
-    return rows
+    ran = {side for side, found in runs.items() if found}
+    return [row for needed, row in rows if needed <= ran]
 
 
 def main(argv=None) -> None:
@@ -266,7 +270,7 @@ def main(argv=None) -> None:
                OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0")
     sides = {"ray": lambda *a: taiji_side(*a, on_ray=True), "join": lambda *a: taiji_side(*a, on_ray=False),
              "raytrain": raytrain_side}
-    order = [name for name in args.sides.split(",") if name in sides]
+    order = [name for name in args.cases.split(",") if name in sides]
     runs: dict[str, list[dict]] = {name: [] for name in sides}
     errors: list[str] = []
     try:

@@ -38,6 +38,15 @@ def unavailable() -> str | None:
     return None
 
 
+def _kill_in(ns: str) -> None:
+    """SIGKILL every process in network namespace ``ns``, by pid."""
+    for pid in [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split()]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def etcd_command(address: str, data_dir: str) -> list[str]:
     """A single-member etcd server for clients at ``address:2379`` (a store that is not the
     launcher's: it outlives the launcher's host). Needs the ``etcd`` binary (etcd-server)."""
@@ -111,6 +120,15 @@ class EmulatedHosts:
         found = _ip("netns", "pids", self.ns(i), check=False).stdout.split()
         return [int(p) for p in found]
 
+    def kill(self, i: int, timeout: float = 30.0) -> None:
+        """SIGKILL every process on host ``i``, by pid, until none is left (the host is lost)."""
+        deadline = time.monotonic() + timeout
+        while self.pids(i):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"processes left on host {i} after {timeout:g}s: {self.pids(i)}")
+            _kill_in(self.ns(i))
+            time.sleep(0.05)
+
     def link_down(self, i: int) -> None:
         _ip("-n", self.ns(i), "link", "set", "eth0", "down")
 
@@ -128,11 +146,7 @@ class EmulatedHosts:
                 except ProcessLookupError:
                     pass
         for ns in self._made:
-            for pid in [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split()]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_in(ns)
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)

@@ -342,13 +342,14 @@ def actions_of(actions, kind):
 # -- jobs across emulated hosts (taiji_harness/netns.py; issue 15) --------------------------------------
 
 class HostsJob:
-    """`taiji run` on emulated host 0 and `taiji join` agents on the others, each writing its
-    output to a file under ``out``; ``wait_log`` waits for a line of the launcher's output."""
+    """`taiji run` on emulated host ``home`` (0 by default) and `taiji join` agents on the others,
+    each writing its output to a file under ``out``; ``wait_log`` waits for a line of the
+    launcher's output."""
 
     PORT = 29400
 
-    def __init__(self, hosts, out: Path, job_id: str = "jmh", store: str = "tcp"):
-        self.hosts, self.out, self.job_id, self.store = hosts, out, job_id, store
+    def __init__(self, hosts, out: Path, job_id: str = "jmh", store: str = "tcp", home: int = 0):
+        self.hosts, self.out, self.job_id, self.store, self.home = hosts, out, job_id, store, home
         self.env = dict(os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1",
                         TORCH_CPP_LOG_LEVEL="ERROR")
         self.launcher: subprocess.Popen | None = None
@@ -360,7 +361,8 @@ class HostsJob:
 
     @property
     def head(self) -> str:
-        return self.hosts.address(0)
+        """The launcher's host's address."""
+        return self.hosts.address(self.home)
 
     def start(self, launcher_args: Sequence[str], script_args: Sequence[str], timeout: float = 3) -> None:
         """``timeout``: the collective timeout (short by default, so a test that would wait for
@@ -371,7 +373,7 @@ class HostsJob:
                 "--timeout", f"{timeout:g}", "--liveness-timeout", "2", "--run-dir", str(self.out / "run"),
                 "--", sys.executable, ELASTIC_SCRIPT, str(self.out), *script_args]
         with open(self.out / "launcher.log", "w") as log:
-            self.launcher = self.hosts.popen(0, args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            self.launcher = self.hosts.popen(self.home, args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         wait_for(self.secret_file.exists, 60, "the launcher to write the job's secret file")
 
     def join(self, i: int, slots: int, secret_file: Path | None = None, extra: Sequence[str] = ()) -> subprocess.Popen:

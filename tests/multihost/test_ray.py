@@ -1,11 +1,13 @@
 """`taiji run --ray` on a Ray cluster of emulated hosts: each Ray node runs in its own network
 namespace (`ray start --block`, no dashboard, a small object store), started and ended by PID here
 (never `ray stop`, which ends every Ray process on the machine). The job starts on 2 Ray nodes,
-grows onto a third added while it trains, and goes on without a node whose raylet is killed —
-with DESIGN §6's invariants audited. Skipped, with the reason, where Ray or namespaces are missing."""
+grows onto a third added while it trains, and goes on without a node whose raylet is killed; with
+the store on etcd, an agent on another node takes over when the launcher's node dies — with DESIGN
+§6's invariants audited. Skipped, with the reason, where Ray or namespaces are missing."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import pytest
 
 from taiji_harness.testing import HostsJob, check_invariants, wait_for
 from taiji_harness import ray_nodes
-from taiji_harness.netns import EmulatedHosts
+from taiji_harness.netns import EmulatedHosts, etcd_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -53,8 +55,13 @@ def ray_hosts(tmp_path_factory):
     out = tmp_path_factory.mktemp("ray")
     with ray_nodes.temp_dir("tjray") as temp, EmulatedHosts(3) as hosts:
         for i in (0, 1):
-            ray_nodes.start_and_wait(hosts, i, out / f"ray{i}.log", temp)
+            _start_node(hosts, i, out / f"ray{i}.log", temp)
         yield hosts, out, temp
+
+
+def _start_node(hosts: EmulatedHosts, i: int, log_path: Path, temp: str) -> None:
+    """A Ray node on host ``i``: what runs in its actors keeps its taiji files beside the logs."""
+    ray_nodes.start_and_wait(hosts, i, log_path, temp, env={"TAIJI_HOME": str(log_path.parent / "home")})
 
 
 def test_a_job_on_two_ray_nodes_grows_onto_a_third_and_survives_a_killed_raylet(ray_hosts, tmp_path):
@@ -105,7 +112,7 @@ def test_a_gang_the_cluster_cannot_hold_yet_waits_for_a_node_then_starts_all_at_
     wait_for(demand_shown, 90, "the job's demand in `ray status`")
     assert not any(b"join" in argv for i in (1, 2) for argv in _argvs(hosts, i)), "part of the gang was placed"
     assert job.launcher is not None and job.launcher.poll() is None, job.log()[-3000:]
-    ray_nodes.start_and_wait(hosts, missing, ray_out / f"ray{missing}b.log", f"{temp}/b")
+    _start_node(hosts, missing, ray_out / f"ray{missing}b.log", f"{temp}/b")
     assert job.finish() == 0, job.log()[-4000:]
     assert check_invariants(tmp_path, 12)["sizes"] == [3]
 
@@ -118,3 +125,54 @@ def test_a_job_asking_for_what_no_ray_node_has_is_refused_naming_it(ray_hosts, t
     assert done.returncode == 2, done.stderr
     assert "no Ray node has the resources" in done.stderr and "GPU=1" in done.stderr, done.stderr
     assert f"{hosts.address(0)}: CPU=1, GPU=0" in done.stderr, done.stderr
+
+
+def _actor_logs(temp: str) -> str:
+    """What the job's agents (run by Ray actors, their output in the nodes' worker logs) said."""
+    return "".join(p.read_text(errors="replace") for p in Path(temp).glob("**/logs/worker-*.out"))
+
+
+@pytest.mark.skipif(shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)")
+def test_the_launchers_node_lost_with_etcd_an_agent_on_another_node_takes_over(ray_hosts, tmp_path):
+    """The store on etcd on the head's host (it outlives the launcher's node); the launcher on host
+    1's Ray node; its first gang (`--nnodes 3`) places its agents' actors on hosts 0 and 2
+    (detached, out of the placement group once it is placed: they outlive the launcher's
+    process). Every process of host 1 is killed: an agent wins the election at once (its tether
+    closed), drops the lost host's worker in one version and the job trains to its last step with
+    exactly-once data; then the agents' actors end themselves."""
+    hosts, ray_out, temp = ray_hosts
+    for i in range(3):
+        if ray_nodes.raylet_pid(hosts, i) is None:
+            _start_node(hosts, i, ray_out / f"ray{i}c.log", f"{temp}/c")
+    etcd = hosts.popen(0, etcd_command(hosts.address(0), str(tmp_path / "etcd-data")),
+                       stdout=open(tmp_path / "etcd.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        steps = 200
+        job = HostsJob(hosts, tmp_path, job_id="jtk", store=f"etcd://{hosts.address(0)}:2379", home=1)
+        job.start(["--ray", f"{hosts.address(0)}:{RAY_PORT}", "--nnodes", "3", "--nproc-per-node", "1",
+                   "--join-timeout", "90"],
+                  ["--batch", "12", "--steps", str(steps), "--step-delay", "0.05"], timeout=30)
+        job.wait_log("cluster v1: 3 worker(s)")
+        wait_for(lambda: _committed_at(job, 3), 60, "a step committed by 3 workers")
+        killed = time.time()
+        hosts.kill(1)   # its raylet, the launcher, its worker: the node is lost
+        assert job.launcher.wait(timeout=10) != 0
+
+        def ended() -> bool:
+            return not any(b"taiji.launch.cli" in argv or b"elastic_train.py" in b" ".join(argv)
+                           for i in (0, 2) for argv in _argvs(hosts, i))
+        wait_for(ended, 150, "the job to train to its end under its new controller")
+        said = _actor_logs(temp)
+        assert "took over job jtk" in said and f"host {hosts.address(1)} is lost" in said, said[-4000:]
+        assert "its tether closed" in said, said[-4000:]  # at once, not after its beat went stale
+        resumed = job.resumed_after(killed, 2)
+        result = check_invariants(tmp_path, 12)
+        assert result["sizes"] == [3, 2], result
+        assert result["steps"] == steps, result
+        print(f"next step at 2 workers {resumed:.2f}s after the launcher's node was killed")
+        # nobody is left to end the agents' actors: each ended itself once its agent exited
+        wait_for(lambda: not any(b"RayHostAgent" in b" ".join(argv) for i in (0, 2) for argv in _argvs(hosts, i)),
+                 30, "the job's actors to end")
+    finally:
+        etcd.kill()
+        etcd.wait(timeout=30)

@@ -4,7 +4,8 @@ the cluster's nodes, with no agent and no hosts file. The first job runs on the 
 second on a node added after it; a killed daemon re-adopts both from their named, detached Ray
 actors; a third node added while they train joins the pool and one job grows onto it, the other
 onto the node that frees (each job ends after its first resize); a node whose raylet is killed
-leaves the pool. Audited: DESIGN §6's invariants on each job (exactly-once data included), no host
+leaves the pool. A job whose home node (its launcher's) is lost resumes from its checkpoint on
+the node left. Audited: DESIGN §6's invariants on each job (exactly-once data included), no host
 ever held more workers than its slot, and no process of a job left on any host once the daemon
 stops. Skipped, with the reason, where Ray or namespaces are missing."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from taiji.checkpoint.storage import Storage
 from taiji_harness import ray_nodes
 from taiji_harness.netns import EmulatedHosts
 from taiji_harness.sched_hosts import SchedOnHosts
@@ -94,3 +96,54 @@ def _run(s: SchedOnHosts, hosts: EmulatedHosts, out: Path, temp: str) -> None:
     assert s.daemon.wait(60) == 0, s.log("daemon")
     for i in range(3):   # every launcher, agent and worker is gone (the Ray nodes end with the hosts)
         wait_for(lambda: not _job_processes(hosts, i), 60, f"no job's process left on host {i}")
+
+
+def _home_of(hosts: EmulatedHosts, job_dir: Path) -> int | None:
+    """The host whose processes include the launcher (`taiji run`) of the job writing to ``job_dir``."""
+    for i in range(hosts.n):
+        for pid in hosts.pids(i):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue   # exited meanwhile
+            if b"run" in argv and str(job_dir).encode() in argv and any(b"taiji.launch.cli" in a for a in argv):
+                return i
+    return None
+
+
+def test_a_job_whose_home_ray_node_is_lost_resumes_from_its_checkpoint_on_the_node_left(tmp_path):
+    """The head on host 2 with no CPU (it holds no slot: not in the pool, and the cluster outlives
+    the loss of a pool node), the daemon there too; the job runs on the nodes of hosts 0 and 1.
+    Every process of its launcher's node is killed: the daemon tells its home lost (the
+    launcher's actor died), suspends it at its latest checkpoint and resumes it on the node left."""
+    why = ray_nodes.unavailable()
+    if why:
+        pytest.skip(why)
+    with ray_nodes.temp_dir("tjrh") as temp, EmulatedHosts(3) as hosts:
+        s = SchedOnHosts(hosts, tmp_path, home=2, pool_args=("--ray", f"{hosts.address(2)}:{ray_nodes.PORT}",
+                                                              "--slots", "1", "--max-hosts", "2"))
+        try:
+            ray_nodes.start_and_wait(hosts, 2, tmp_path / "ray2.log", temp, head=2, cpus=0, env=s.env)
+            for i in (0, 1):
+                ray_nodes.start_and_wait(hosts, i, tmp_path / f"ray{i}.log", temp, head=2, env=s.env)
+            s.serve()
+            job = s.submit("moved", 2, 160, "--checkpoint-every", "10", step_delay=0.05)
+            wait_for(lambda: s.placed(job, [1, 1]), 240, "the job on both pool nodes")
+            checkpoints = Storage(str(s.state / "jobs" / job / "checkpoints"))
+            wait_for(lambda: checkpoints.listing().latest is not None, 120, "its first periodic checkpoint")
+            home = _home_of(hosts, tmp_path / "moved")
+            assert home in (0, 1), home
+            hosts.kill(home)   # its raylet, the launcher's actor, the launcher, its store and worker
+            wait_for(lambda: f"its home host {hosts.address(home)} was lost" in s.log("daemon"), 120,
+                     "the job suspended off its lost home node")
+            wait_for(lambda: s.ended(job), 300, "the job to resume on the node left and finish")
+            resumed = [line for line in s.log("daemon", all_of_it=True).splitlines() if "resuming from step" in line]
+            assert resumed and f"placed {hosts.address(1 - home)}=1" in resumed[-1], resumed
+            assert _home_of(hosts, tmp_path / "moved") is None
+            check_invariants(tmp_path / "moved", batch=16)
+            s.sched("stop")
+            assert s.daemon.wait(60) == 0, s.log("daemon")
+            for i in range(2):
+                wait_for(lambda: not _job_processes(hosts, i), 60, f"no job's process left on host {i}")
+        finally:
+            print(s.log("daemon"))

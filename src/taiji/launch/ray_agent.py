@@ -8,8 +8,10 @@ tether to the controller closes at once: the launcher drops the host without wai
 timeout. Ray runs its workers, this actor included, at a low priority (``RAY_worker_niceness``,
 15 by default): the agent, its workers and the raylet watch run at the raylet's instead, where
 the node lets a process raise its priority (else it is said once: start the node with
-``RAY_worker_niceness=0``). This module does not import Ray; launch/ray_hosts.py wraps the
-class as an actor.
+``RAY_worker_niceness=0``). A detached actor (a job whose store outlives the launcher: its
+agents must outlive the launcher to take over) has nobody left to end it once the launcher is
+gone: it ends itself when its agent has exited. Ray is imported only inside the actor, for that;
+launch/ray_hosts.py wraps the class as an actor.
 """
 from __future__ import annotations
 
@@ -48,10 +50,11 @@ class RayHostAgent:
         self.proc: subprocess.Popen | None = None
 
     def run(self, argv: Sequence[str], secret_hex: str, environ: dict[str, str], cwd: str = "",
-            log_path: str = "") -> int:
+            log_path: str = "", leave_when_done: bool = False) -> int:
         """Run ``argv`` (`taiji join`, or `taiji run`, with ``--secret-file -``) with ``secret_hex``
         on its stdin, in ``cwd`` (default: the actor's), its output appended to ``log_path``
-        (default: the actor's, which Ray shows)."""
+        (default: the actor's, which Ray shows). ``leave_when_done``: the actor ends once this
+        returns (after its caller, where one is left, has the exit code)."""
         raylet = env.RAY_RAYLET_PID.get()
         niceness = self._niceness_of(raylet)
         parent = os.getpid()
@@ -76,7 +79,16 @@ class RayHostAgent:
         if raylet:
             threading.Thread(target=self._watch_raylet, args=(raylet, self.proc, niceness),
                              name="taiji-raylet-watch", daemon=True).start()
-        return self.proc.wait()
+        code = self.proc.wait()
+        if leave_when_done:
+            import ray
+            ray.get_runtime_context().current_actor.leave.remote()  # runs once this call has returned
+        return code
+
+    def leave(self) -> None:
+        """End this actor (its agent has exited)."""
+        import ray
+        ray.actor.exit_actor()
 
     def exit_code(self) -> int | None:
         """The agent's exit code (None: not started yet, or running)."""

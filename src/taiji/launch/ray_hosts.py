@@ -9,6 +9,9 @@ actor that cannot be placed yet waits for Ray (its autoscaler) instead of failin
 ends its actor, its agent and its workers together: the agent's tether to the controller closes
 and the controller drops the host at once. The job's secret reaches each actor as a method
 argument over Ray's own channel, and the agent reads it on stdin: never argv, never a file.
+With the store on an etcd cluster (it outlives this host), the actors are detached and end
+themselves once their agent exits: they outlive this process, so when the launcher's node dies an
+agent on another node takes the job over (launch/takeover.py), as with `taiji join` hosts.
 
 Ray is imported only here, and only when ``--ray`` is given (``pip install 'taiji[ray]'``).
 """
@@ -206,11 +209,16 @@ class RayHosts:
         strategy = (self.gang.strategy(bundle) if bundle is not None
                     else NodeAffinitySchedulingStrategy(node_id, soft=False))
         actor_class = self.ray.remote(RayHostAgent)
+        # where the store outlives this host, the agents must outlive this process (a Ray actor
+        # dies with the process that made it, unless detached) to take the job over if it dies
+        lifetime = "detached" if driver.survivable else None
         actor = actor_class.options(
             name=f"taiji-{self.cfg.job_id}-{node_id[:12]}", num_cpus=self.demand["CPU"],
-            num_gpus=self.demand.get("GPU", 0), max_restarts=0, scheduling_strategy=strategy).remote()
+            num_gpus=self.demand.get("GPU", 0), max_restarts=0, scheduling_strategy=strategy,
+            lifetime=lifetime).remote()
         environ = env.for_children({"PYTHONUNBUFFERED": "1"})
-        ref = actor.run.remote(self._agent_argv(driver.store_address, address), driver.secret.hex(), environ)
+        ref = actor.run.remote(self._agent_argv(driver.store_address, address), driver.secret.hex(), environ,
+                               leave_when_done=driver.survivable)
         self.actors[node_id] = (actor, ref, address)
         self._say(f"Ray node {address}: placing the job's agent there ({self.cfg.nproc_per_node} slot(s))")
 
@@ -238,12 +246,18 @@ class RayHosts:
 
     def _place_gang(self, driver, nodes: list[dict]) -> None:
         """An agent in each of the gang's bundles without one (a bundle Ray moved off a lost
-        node gets a new one where it is now)."""
+        node gets a new one where it is now). Where the agents must outlive this process, the
+        group only finds their nodes: a placement group ends with the process that made it, and
+        the actors in it with it. Their actors are made pinned to those nodes (waiting for the
+        bundles' resources), then the group is removed; the job grows as without a gang from then on."""
         by_id = {node["NodeID"]: node for node in nodes}
         for bundle, node_id in sorted(self.gang.nodes().items()):
             node = by_id.get(node_id)
             if node is not None and self._usable(node):
-                self._place(driver, node, bundle)
+                self._place(driver, node, None if driver.survivable else bundle)
+        if driver.survivable:
+            self.gang.remove()
+            self.gang = None
 
     def _loop(self, driver) -> None:
         while driver.control is None and not self._stop.wait(0.05):

@@ -142,7 +142,9 @@ class RayJobHosts:
             if not self.reports.get(job, {}).get("started") and self.ray.wait([ref], timeout=0)[0]:
                 try:
                     self.ray.get(ref)
-                except self.ray.exceptions.RayActorError:
+                except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnschedulableError):
+                    # (unschedulable: its node left before Ray placed it there, as when a job is
+                    # resumed in the tick its lost home node is still listed: it is lost again)
                     self.lost.add(job)
                 except self.ray.exceptions.RayError as exc:
                     self.errors[job] = f"its launcher could not start: {str(exc).splitlines()[-1]}"
