@@ -321,3 +321,13 @@ def test_resume_phases_follow_the_slowest_worker_and_sum_every_workers_cpu(tmp_p
         '{"kind": "start", "phases": {"groups": 9.0}}\n{"kind": "start", "phases": {"groups": 1.5, "sync": 0.25}}\n'
         '{"kind": "resume", "load_s": 0.125}\n')
     assert resume.run_log_phases(tmp_path) == {"run_log_groups": 1.5, "run_log_sync": 0.25, "run_log_load": 0.125}
+
+
+def test_multihost_reads_where_a_recovery_or_a_planned_resize_went_from_the_run_log(tmp_path):
+    multihost = load_benchmark("multihost")
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"kind": "resize", "size": 3, "seconds": 0.05, "phases": {"switch": 0.01, "groups": 0.03}}\n'
+                      '{"kind": "recovery", "size": 4, "seconds": 0.4, "phases": {"failed": 0.3}}\n')
+    assert multihost.recovery_phases(events) == {4: {"failed": 0.3, "total": 0.4}}
+    assert multihost.recovery_phases(events, "resize") == {3: {"switch": 0.01, "groups": 0.03, "total": 0.05}}
+    assert multihost.recovery_phases(tmp_path / "missing.jsonl") == {}
