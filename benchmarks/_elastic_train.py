@@ -21,7 +21,9 @@ with momentum) on the same synthetic data with the same global batch, split over
   step; a step the Manager does not commit is skipped, not retried.
 
 Every process appends JSON lines to ``OUT/<side>-<pid>.jsonl``: one ``boot`` record (wall-clock
-times at exec, after ``import torch``, when it joined, when its state was ready) and one
+times at exec, after ``import torch``, when it joined, when its model and optimizer were built,
+when its state was loaded or the Job built, when its first step began; the process's CPU seconds
+by then) and one
 ``commit`` record per committed step with its wall-clock ``time``, the step index, the
 cluster size and rank. With ``--log-samples`` each process also writes a ``draw`` record when a
 step takes its batch, and ``draw`` and ``commit`` records carry the batch's sample indices and
@@ -103,8 +105,10 @@ def taiji_main(args: argparse.Namespace) -> None:
 
     log = Log(args.out, "taiji", args.tag)
     peer = taiji.init()
+    marks = {"joined": time.time()}
     model = make_model()
     opt = make_optimizer(model)
+    marks["built"] = time.time()
     boot = {"exec": EXEC_TIME, "imported": IMPORT_TIME, "worker": peer.worker_id}
     seen_transitions = 0
 
@@ -123,6 +127,7 @@ def taiji_main(args: argparse.Namespace) -> None:
     job = taiji.Job(model, opt, TensorDataset(*make_data()), batch_size=args.batch, epochs=10**6,
                     max_steps=args.max_steps, peer=peer, monitoring=taiji.MonitorOptions(log_every=0),
                     on_commit=on_commit, policies=policies)
+    marks["loaded"] = time.time()  # the Job is built (with a checkpoint to resume: loaded)
     stop = args.out / "stop"
     first = True
     phases = {"began": 0.0, "backward_done": 0.0}  # when the loop body got the step / backward returned
@@ -130,7 +135,7 @@ def taiji_main(args: argparse.Namespace) -> None:
         phases["began"] = time.time()
         if first:  # joined (a joiner: admitted and synced) and about to run its first step
             log.write(event="boot", side="taiji", pid=os.getpid(), rank=peer.rank, size=peer.size,
-                      ready=time.time(), **boot, **state_bytes(model))
+                      ready=time.time(), cpu=time.process_time(), **boot, **marks, **state_bytes(model))
             first = False
         if peer.rank == 0 and stop.exists():
             job.request_stop()
@@ -187,7 +192,7 @@ def torchrun_main(args: argparse.Namespace) -> None:
     ready = time.time()
     log.write(event="boot", side="torchrun", pid=os.getpid(), rank=rank, size=size, restart=restart,
               exec=EXEC_TIME, imported=IMPORT_TIME, joined=joined, built=built, loaded=loaded, ready=ready,
-              resumed_at=step,
+              cpu=time.process_time(), resumed_at=step,
               **state_bytes(model))
     x_all, y_all = make_data()
     perm = torch.randperm(NUM_SAMPLES, generator=torch.Generator().manual_seed(11))

@@ -19,7 +19,10 @@ order alternating between repetitions, every side saves the state once into a fr
 
 A stall is the slowest worker's blocking time (the others wait for it at the next allreduce).
 Then a 2-worker training loop (forward, backward, gradient allreduce, Adam) runs with a taiji
-checkpoint every 20 steps and without, alternating blocks; reported as steps/s. Writes go to a
+checkpoint every 20 steps and without, alternating blocks; reported as steps/s, the ratio paired
+(the median over adjacent pairs of blocks), and as CPU seconds per step (every thread of both
+workers, the writers' included: what the checkpoints cost a machine that has no core to spare,
+and a figure the load of other processes moves less than wall-clock time). Writes go to a
 temporary directory on local disk (the page cache absorbs most of them: a network file system
 makes the synchronous sides slower still).
 
@@ -34,8 +37,8 @@ import shutil
 import tempfile
 import time
 
-from taiji_harness.bench import (connect_store, contract_row, interleaved, median, print_result,  # noqa: E402
-                     reap_on_sigterm, run_workers, spread, watch_parent, worker_arguments)
+from taiji_harness.bench import (connect_store, contract_row, interleaved, median, paired_ratio,  # noqa: E402
+                                 print_result, reap_on_sigterm, run_workers, spread, watch_parent, worker_arguments)
 
 MB = 2**20
 SIDES = ("taiji", "blocking", "dcp_async", "floor", "torch_save", "dcp_sync")
@@ -96,11 +99,13 @@ def everything(model, opt) -> dict:
     return tensor_keys(model.state_dict(), tensors)
 
 
-def slowest(seconds: float) -> float:
+def slowest(seconds: float, *, summed: bool = False) -> float:
+    """The slowest worker's ``seconds`` (the others wait for it at the next allreduce); with
+    ``summed``, the workers' sum."""
     import torch
     import torch.distributed as dist
     t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if summed else dist.ReduceOp.MAX)
     return float(t.item())
 
 
@@ -188,13 +193,15 @@ def worker(args: argparse.Namespace) -> None:
                 stall = time.perf_counter() - start
             stalls[side].append(slowest(stall))
 
-    # throughput: a checkpoint every 20 steps vs none, alternating blocks
+    # throughput: a checkpoint every 20 steps vs none, alternating blocks (wall and CPU seconds)
     rates: dict[str, list[float]] = {"every20": [], "none": []}
+    block_s: dict[str, list[float]] = {"every20": [], "none": []}
+    cpu_s: dict[str, list[float]] = {"every20": [], "none": []}
     for block in range(args.blocks):
         for side in interleaved(("every20", "none"), block):
             fresh()
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             for step in range(1, args.steps + 1):
                 train_step(model, opt, args.width)
                 if side == "every20" and step % 20 == 10:  # mid-block: its write overlaps later steps
@@ -202,7 +209,9 @@ def worker(args: argparse.Namespace) -> None:
                     now, later = until_update(share_now, opt)
                     writer.save(1000 + step, rank, now, manifest, later)
             writer.wait()  # a write still running counts against the side that started it
-            rates[side].append(args.steps / slowest(time.perf_counter() - start))
+            block_s[side].append(slowest(time.perf_counter() - start))
+            rates[side].append(args.steps / block_s[side][-1])
+            cpu_s[side].append(slowest(time.process_time() - cpu_start, summed=True))  # every thread of both workers
     fresh()
     if rank == 0:
         ms = {side: round(median(v) * 1e3, 2) for side, v in stalls.items()}
@@ -227,7 +236,15 @@ def worker(args: argparse.Namespace) -> None:
                          anchor_spread=spread(v * 1e3 for v in steps["plain"])),
             contract_row("throughput with checkpoints every 20 steps vs none", round(median(rates["every20"]), 3),
                          round(median(rates["none"]), 3), higher_is_better=True, unit="steps/s",
+                         ratio=paired_ratio(block_s["every20"], block_s["none"]), ratio_is="paired",
+                         pair_ratios=[round(n / e, 3) for e, n in zip(block_s["every20"], block_s["none"])],
                          taiji_spread=spread(rates["every20"]), anchor_spread=spread(rates["none"]), target=">= 0.98"),
+            contract_row("CPU per step with checkpoints every 20 steps vs none (both workers)",
+                         round(median(cpu_s["every20"]) / args.steps * 1e3, 1),
+                         round(median(cpu_s["none"]) / args.steps * 1e3, 1), higher_is_better=False, unit="ms",
+                         ratio=paired_ratio(cpu_s["every20"], cpu_s["none"]), ratio_is="paired",
+                         taiji_spread=spread(v / args.steps * 1e3 for v in cpu_s["every20"]),
+                         anchor_spread=spread(v / args.steps * 1e3 for v in cpu_s["none"]), target=">= 0.98"),
             contract_row("host memory for staging per worker vs the whole state", round(share / MB, 1),
                          round(total / MB, 1), higher_is_better=False, unit="MiB"),
         ]

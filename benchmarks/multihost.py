@@ -224,13 +224,14 @@ def taiji_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env:
             job.close()
 
 
-def recovery_phases(events: Path) -> dict[int, dict]:
-    """Rank 0's recoveries in the run log, by the size recovered to: where each one's time went
-    (the failed attempt -> failure seen -> next config -> switch -> groups -> state sync)."""
+def recovery_phases(events: Path, kind: str = "recovery") -> dict[int, dict]:
+    """Rank 0's recoveries (or ``kind="resize"``: planned resizes) in the run log, by the size
+    moved to: where each one's time went (a recovery: the failed attempt -> failure seen -> next
+    config; both: -> switch -> groups -> state sync)."""
     found = {}
     for line in events.read_text().splitlines() if events.exists() else []:
         event = json.loads(line)
-        if event.get("kind") == "recovery":
+        if event.get("kind") == kind:
             found[event["size"]] = dict(event.get("phases", {}), total=round(event["seconds"], 4))
     return found
 
@@ -274,7 +275,7 @@ def taiji_preempt(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, env
         (out / "stop").touch()
         jobs[0].session.wait(max(deadline - time.monotonic(), 1.0))
         return {"gone_s": gone - noticed, "agent_exit": code, "stall_ms": stall_ms, "redone": redone,
-                "step_ms": step_ms}
+                "step_ms": step_ms, "phases": recovery_phases(out / "run" / "events.jsonl", "resize").get(3)}
     finally:
         for job in jobs:
             job.close()

@@ -14,7 +14,8 @@ the same command is started again and stops at the first step committed after it
   synchronous save per step).
 
 Rows: the same size (2 -> 2) and another size (2 -> 3; taiji reshards the 2-writer checkpoint,
-torchrun's single file loads at any size). Each repetition kills and resumes both sides, in an
+torchrun's single file loads at any size), each with its sides' phases (``phases()``: medians of
+the slowest worker's phases, the workers' CPU seconds, and taiji's run-log figures). Each repetition kills and resumes both sides, in an
 order alternating between repetitions; the figure is the median.
 
     .venv/bin/python benchmarks/resume.py --quick     # 2 repetitions
@@ -23,6 +24,7 @@ order alternating between repetitions; the figure is the median.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -96,19 +98,45 @@ def one(args: argparse.Namespace, side: str, size: int, root: Path, env: dict) -
     # torchrun's side saves a step before it logs it: killed between the two, the saved step is
     # missing from the log and the restart begins one past the last logged step (nothing redone)
     return {"seconds": commits[0]["time"] - restarted, "redone": max(0, last - commits[0]["step"] + 1),
-            "size": commits[0]["size"], **phases(log.records[before:], restarted)}
+            "size": commits[0]["size"], **phases(log.records[before:], restarted),
+            **(run_log_phases(out / "run") if side == "taiji" else {})}
+
+
+PHASES = ("to_exec", "import_torch", "join", "build", "load", "to_first_step")
 
 
 def phases(records: list[dict], restarted: float) -> dict:
-    """Where the restart's time went, for its slowest worker: the launcher until the worker's
-    Python runs (``exec``), ``import torch`` (``imported``), then joining, loading the state and
-    building the model until its first step begins (``ready``)."""
+    """Where the restart's time went, for its slowest worker (the last to begin its first step):
+    the launcher until the worker's Python runs (``to_exec``), ``import torch``, joining (taiji:
+    ``import taiji`` and ``taiji.init()``; torchrun: ``init_process_group`` and a group), the
+    script building its model and optimizer (``build``: the same code on both sides), loading the
+    state (taiji: building the Job, which loads the checkpoint; torchrun: ``torch.load`` and
+    ``load_state_dict``), then until the first step begins (taiji: the groups and the state's
+    sync; torchrun: DDP's construction). Also every worker's CPU seconds by its first step, summed
+    (``worker_cpu_s``: what 3 workers on 2 cores share)."""
     boots = [r for r in records if r.get("event") == "boot"]
     if not boots:
         return {}
     last = max(boots, key=lambda r: r["ready"])
-    return {"to_exec": last["exec"] - restarted, "import_torch": last["imported"] - last["exec"],
-            "to_first_step": last["ready"] - last["imported"]}
+    marks = [restarted] + [last[k] for k in ("exec", "imported", "joined", "built", "loaded", "ready")]
+    return {**{phase: b - a for phase, a, b in zip(PHASES, marks, marks[1:])},
+            "worker_cpu_s": sum(r["cpu"] for r in boots)}
+
+
+def run_log_phases(run_dir: Path) -> dict:
+    """From taiji's run log (rank 0's view): the last start's ``groups`` and ``sync`` seconds and
+    its resume's ``load_s`` (finding, reading and checking the checkpoint)."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    start = [e for e in events if e.get("kind") == "start"][-1]
+    resumed = [e for e in events if e.get("kind") == "resume"]
+    return {**{f"run_log_{k}": v for k, v in start.get("phases", {}).items()},
+            **({"run_log_load": resumed[-1]["load_s"]} if resumed and "load_s" in resumed[-1] else {})}
+
+
+def medians(runs: list[dict]) -> dict:
+    """Each phase's median over the repetitions (s)."""
+    keys = [k for k in runs[0] if k not in ("seconds", "redone", "size") and all(k in r for r in runs)]
+    return {k: round(median(r[k] for r in runs), 3) for k in keys}
 
 
 def main(argv=None) -> None:
@@ -126,8 +154,7 @@ def main(argv=None) -> None:
                     got = one(args, side, size, where, env)
                     assert got["size"] == size, got
                     results.setdefault((side, size), []).append(got)
-                    where_to = ", ".join(f"{k} {got[k]:.2f}s" for k in ("to_exec", "import_torch", "to_first_step")
-                                         if k in got)
+                    where_to = ", ".join(f"{k} {got[k]:.2f}s" for k in (*PHASES, "worker_cpu_s") if k in got)
                     print(f"rep {rep}: {side} 2 -> {size}: first step {got['seconds']:.2f}s after the restart, "
                           f"{got['redone']} step(s) redone ({where_to})", flush=True)
     finally:
@@ -142,7 +169,9 @@ def main(argv=None) -> None:
                                  higher_is_better=False, unit="s to the first step after the restart",
                                  taiji_spread=spread(seconds("taiji", size)),
                                  anchor_spread=spread(seconds("torchrun", size)), target=">= 1.0",
-                                 steps_redone=[r["redone"] for r in results[("taiji", size)]]))
+                                 steps_redone=[r["redone"] for r in results[("taiji", size)]],
+                                 taiji_phases=medians(results[("taiji", size)]),
+                                 anchor_phases=medians(results[("torchrun", size)])))
     print_result("resume", rows, reps=args.reps, checkpoint_every=CHECKPOINT_EVERY, before_kill=args.before_kill,
                  quick=args.quick)
 

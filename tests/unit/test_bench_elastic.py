@@ -303,3 +303,31 @@ def test_torchft_missing_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(_elastic_torchft.importlib.util, "find_spec", lambda name: None)
     message = _elastic_torchft.torchft_missing()
     assert message.startswith("not installed") and "pip install -e '.[bench]'" in message
+
+
+def test_resume_phases_follow_the_slowest_worker_and_sum_every_workers_cpu(tmp_path):
+    resume = load_benchmark("resume")
+    boots = [{"event": "boot", "exec": 10.5, "imported": 13.0, "joined": 13.5, "built": 16.0, "loaded": 16.25,
+              "ready": 16.5, "cpu": 4.0},
+             {"event": "boot", "exec": 10.25, "imported": 14.0, "joined": 14.5, "built": 17.0, "loaded": 17.5,
+              "ready": 18.5, "cpu": 5.0}]
+    got = resume.phases(boots + [{"event": "commit", "time": 19.0}], restarted=10.0)
+    assert got == {"to_exec": 0.25, "import_torch": 3.75, "join": 0.5, "build": 2.5, "load": 0.5,
+                   "to_first_step": 1.0, "worker_cpu_s": 9.0}
+    assert resume.phases([], restarted=10.0) == {}
+    assert resume.medians([{"seconds": 1.0, "load": 0.5, "join": 1.0}, {"seconds": 3.0, "load": 0.25},
+                           {"seconds": 2.0, "load": 1.0, "join": 2.0}]) == {"load": 0.5}
+    (tmp_path / "events.jsonl").write_text(
+        '{"kind": "start", "phases": {"groups": 9.0}}\n{"kind": "start", "phases": {"groups": 1.5, "sync": 0.25}}\n'
+        '{"kind": "resume", "load_s": 0.125}\n')
+    assert resume.run_log_phases(tmp_path) == {"run_log_groups": 1.5, "run_log_sync": 0.25, "run_log_load": 0.125}
+
+
+def test_multihost_reads_where_a_recovery_or_a_planned_resize_went_from_the_run_log(tmp_path):
+    multihost = load_benchmark("multihost")
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"kind": "resize", "size": 3, "seconds": 0.05, "phases": {"switch": 0.01, "groups": 0.03}}\n'
+                      '{"kind": "recovery", "size": 4, "seconds": 0.4, "phases": {"failed": 0.3}}\n')
+    assert multihost.recovery_phases(events) == {4: {"failed": 0.3, "total": 0.4}}
+    assert multihost.recovery_phases(events, "resize") == {3: {"switch": 0.01, "groups": 0.03, "total": 0.05}}
+    assert multihost.recovery_phases(tmp_path / "missing.jsonl") == {}

@@ -70,6 +70,7 @@ class Checkpointer:
             self._hook = state.optimizer.register_step_pre_hook(lambda *args: self.settle())
             state.guard(self.settle)
         self.resumed: Found | None = None
+        self.load_seconds = 0.0  # how long the resume's load took (find, read, check, load)
         self._last_step, self._last_clock = -1, None
         self._clock = time.time()  # the last agreed clock (rank 0's, from the control message)
         self._previous_handler: Any = None
@@ -83,7 +84,7 @@ class Checkpointer:
         config = self.config
         if config is None or config.resume is None or not self.state.has_state:
             return  # a joiner gets its state from its peers
-        path = config.path if config.resume == "auto" else config.resume
+        path, began = config.path if config.resume == "auto" else config.resume, time.perf_counter()
         found = find(path, missing_ok=config.resume == "auto")
         if found is None:
             log.info("no complete checkpoint in %s yet: starting fresh", path)
@@ -93,8 +94,9 @@ class Checkpointer:
         mine = rng.get(rng_key(self.peer.view.rank))
         if mine is not None and found.manifest.size == self.peer.view.size:
             torch.set_rng_state(mine)  # the same rank's random stream continues (dropout, ...)
-        self._last_step, self.resumed = found.step, found
-        log.info("resumed from %s (step %d, written by %d worker(s))", found.url, found.step, found.manifest.size)
+        self._last_step, self.resumed, self.load_seconds = found.step, found, time.perf_counter() - began
+        log.info("resumed from %s (step %d, written by %d worker(s)) in %.3fs", found.url, found.step,
+                 found.manifest.size, self.load_seconds)
 
     def start(self, reporter: Reporter) -> None:
         """The loop starts: record the resume (if any), listen for preemption notices."""
@@ -108,7 +110,8 @@ class Checkpointer:
                                                  "steps_redone": max(0, reached - found.step)}
             reporter.on(Event("resume", found.step, {"checkpoint": found.url, "written_by": found.manifest.size,
                                                      "size": self.peer.view.size,
-                                                     "epoch": self.state.progress.epoch, **redone}))
+                                                     "epoch": self.state.progress.epoch,
+                                                     "load_s": round(self.load_seconds, 4), **redone}))
         self.listen_for_notice()
 
     # -- saving ------------------------------------------------------------------------------

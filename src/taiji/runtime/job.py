@@ -182,9 +182,6 @@ class Job:
         self._transitions.enter()
         self._peer.show_context(self._context)
         self._membership.set_training(True)
-        view, batch_size = self._peer.view, self.progress.sampler.batch_size
-        self._reporter.on(Event("start", self.progress.step, {"size": view.size, "version": view.version,
-                                                            "hosts": view.per_host, "batch_size": batch_size}))
         self._durable.start(self._reporter)
         if fresh:
             start = ["before_epoch"] if self.progress.sampler.cursor == 0 else []

@@ -50,14 +50,20 @@ class Transitions:
         self.records: list[dict] = []   # what each change cost (for tests and benchmarks)
 
     def enter(self) -> None:
+        """Join (a joiner), build the groups and sync; the run log's ``start`` event, with the
+        seconds each took (``phases``: ``admitted``, ``groups``, ``sync``)."""
+        phases = Phases(time.perf_counter())
         if not self.peer.joined:
             self.fire("boot", self.state.progress.step)
-            started = time.perf_counter()
             self.peer.transition(self.membership.join(self.recovery_timeout))
             view = self.peer.view
             log.info("joined the job as rank %d of %d (v%d) after %.2fs at the door",
-                     view.rank, view.size, view.version, time.perf_counter() - started)
-        self.sync(force=True)
+                     view.rank, view.size, view.version, phases.mark("admitted") - phases.started)
+        self.sync(force=True, phases=phases)
+        view, progress = self.peer.view, self.state.progress
+        self.reporter.on(Event("start", progress.step, {
+            "size": view.size, "version": view.version, "hosts": view.per_host,
+            "batch_size": progress.sampler.batch_size, "phases": phases.rounded()}))
 
     def to(self, config: ClusterConfig, reason: str, started: float | None = None,
            phases: Phases | None = None) -> None:
