@@ -183,3 +183,15 @@ def test_a_stopped_worker_in_a_decoupled_phase_is_found_by_its_heartbeat(tmp_pat
                        launcher_args=["--timeout", "60", "--liveness-timeout", "2"], timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
     assert "stopped or frozen" in proc.stdout, proc.stdout[-4000:]
+
+
+def test_every_worker_failing_at_the_same_step_in_every_version_stops_the_job_with_the_reason(tmp_path):
+    """A failure that rebuilding the groups cannot cure (every worker's collectives fail at step 5,
+    in every version) ends the job after ``max_rebuilds`` versions with a reason that says so,
+    instead of rebuilding versions for ever."""
+    faults = [{"action": "raise", "phase": "allreduce", "step": 5, "repeat": True}]
+    proc = run_elastic(tmp_path, 2, "--steps", "40", faults=faults, timeout=180)
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    out = proc.stdout + proc.stderr
+    assert "every worker failed at step 5 in 11 cluster versions in a row" in out, out[-4000:]
+    assert out.count("every worker reported a failure: rebuild the groups") == 10, out[-4000:]

@@ -101,6 +101,27 @@ def test_everyone_reporting_rebuilds_the_groups_with_the_same_members():
     assert pub.config.version == 2 and pub.config.ids == ("w0", "w1")
 
 
+def test_rebuilds_that_keep_failing_at_the_same_step_stop_the_job_and_progress_resets_the_count():
+    s = initial_state(2, Bounds(max_rebuilds=3))
+
+    def everyone_fails_at(s, step):
+        v = s.config.version
+        return run(s, FailureReported("w0", v, step), FailureReported("w1", v, step - 1))
+
+    for _ in range(3):  # three rebuilds at step 7 are within the bound
+        s, acts = everyone_fails_at(s, 7)
+        assert of(acts, Publish) and not of(acts, Finish)
+    s, acts = everyone_fails_at(s, 8)  # a step was committed since: the count starts again
+    assert of(acts, Publish) and s.rebuilds == (8, 1)
+    for _ in range(2):
+        s, acts = everyone_fails_at(s, 8)
+        assert of(acts, Publish)
+    s, acts = everyone_fails_at(s, 8)
+    [fin] = of(acts, Finish)
+    assert not of(acts, Publish) and fin.code != 0 and "step 8 in 4 cluster versions in a row" in fin.reason
+    assert s.finished
+
+
 def test_stale_reports_are_ignored():
     s = initial_state(2, Bounds())
     s, _ = run(s, WorkerExited("w1", -9, True))

@@ -31,9 +31,10 @@ class WorkerExited:
 
 @dataclass(frozen=True)
 class FailureReported:
-    """A worker's collective failed in ``version``; it waits for a newer config."""
+    """A worker's collective failed in ``version`` as it tried step ``step``; it waits for a newer config."""
     id: str
     version: int
+    step: int = -1
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ class Bounds:
     host_timeout: float = 5.0      # an agent silent this long: its host is lost
     max_hosts: int = 1 << 30       # hosts in the job at once, the launcher's included (--nnodes MIN:MAX)
     grow_on_join: bool = True      # a joining host's slots are grown onto (False: only a resize uses them)
+    max_rebuilds: int = 10         # versions in a row whose every worker failed at the same step: the job stops
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_np <= self.max_np:
@@ -64,6 +65,8 @@ class ControllerState:
     first_failure: tuple[str, int] | None = None
     reports: frozenset[str] = frozenset()     # members that reported a failure in config.version
     report_started: float | None = None
+    failed_step: int = -1                     # the furthest step a failure of config.version was reported at
+    rebuilds: tuple[int, int] = (-1, 0)       # (step, versions in a row rebuilt after every worker failed there)
     beats: Mapping[str, float] = field(default_factory=dict)  # worker -> when its heartbeat last moved
     noted_busy: frozenset[str] = frozenset()  # busy members already logged in this version
     host_beats: Mapping[str, float] = field(default_factory=dict)  # joined host -> its agent's last beat

@@ -22,7 +22,7 @@ Rules (DESIGN §3):
   failed collective, a silent member whose heartbeat is stale is hung and is killed at once; one
   whose heartbeat is fresh is *busy* (evaluating, checkpointing) and is left alone — it reports
   too when it comes back, and the groups are rebuilt with the same members — up to
-  ``busy_timeout``. A worker without a heartbeat for ``liveness_timeout`` is stopped or frozen
+  ``busy_timeout``; ``max_rebuilds`` versions in a row whose every worker failed at the same step stop the job. A worker without a heartbeat for ``liveness_timeout`` is stopped or frozen
   and is killed even if no collective waits on it (asynchronous phases). Workers that never
   sent a heartbeat are judged by the report rule alone: killed at once when one is silent.
 - hosts: every worker runs on a host with a number of slots; the launcher's host is the first;
@@ -187,7 +187,8 @@ def _spawn(state: ControllerState, count: int, now: float) -> Reaction:
 
 
 def _publish(state: ControllerState, config: spec.ClusterConfig, reason: str) -> ControllerState:
-    return replace(state, config=config, reports=frozenset(), report_started=None, noted_busy=frozenset())
+    return replace(state, config=config, reports=frozenset(), report_started=None, noted_busy=frozenset(),
+                   failed_step=-1)
 
 
 def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Reaction:
@@ -356,7 +357,7 @@ def _lose_host(state: ControllerState, address: str, reason: str, now: float) ->
 def _on_report(state: ControllerState, event: FailureReported, now: float) -> Reaction:
     if event.version != state.config.version or event.id not in state.config.ids:
         return state, []  # stale: a newer config is already out
-    state = replace(state, reports=state.reports | {event.id},
+    state = replace(state, reports=state.reports | {event.id}, failed_step=max(state.failed_step, event.step),
                     report_started=state.report_started if state.report_started is not None else now)
     return _judge_suspects(state, now, final=False)
 
@@ -376,10 +377,16 @@ def _judge_suspects(state: ControllerState, now: float, final: bool) -> Reaction
         if state.removed_pending or state.joiners:
             return state, []  # a config is coming anyway
         # everyone failed and nobody is gone (timeouts under load, a busy member back): same
-        # members, new groups
+        # members, new groups -- unless that keeps failing at the same step (not transient)
+        step, times = state.rebuilds
+        rebuilds = (state.failed_step, times + 1 if state.failed_step == step else 1)
+        if rebuilds[1] > state.bounds.max_rebuilds:
+            return _finish(state, [], f"every worker failed at step {step} in {rebuilds[1]} cluster versions in a "
+                                      "row: rebuilding the groups does not help (the workers' errors say what "
+                                      "failed; collectives timing out on a loaded machine need a larger --timeout)")
         config = spec.ClusterConfig(state.config.version + 1, state.config.workers)
         reason = "every worker reported a failure: rebuild the groups"
-        return _publish(state, config, reason), [Publish(config, reason)]
+        return _publish(replace(state, rebuilds=rebuilds), config, reason), [Publish(config, reason)]
     unknown = [i for i in silent if i not in state.beats]
     stuck = [i for i in silent if i in state.beats and now - state.beats[i] > state.bounds.stale_after]
     busy = [i for i in silent if i not in unknown and i not in stuck]

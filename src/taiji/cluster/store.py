@@ -342,15 +342,15 @@ class JobStore:
             return JobStore(kv.another(), self.job_id, self.signer)
         return self
 
-    def report_failure(self, version: int, worker_id: str) -> None:
-        self.set(f"failed/v{version}/{worker_id}", "1")
+    def report_failure(self, version: int, worker_id: str, step: int = -1) -> None:
+        self.set(f"failed/v{version}/{worker_id}", str(step))
         self.add(f"failed/v{version}/count", 1)
         self.ring()
 
-    def failure_reports(self, version: int, members: Iterable[str]) -> list[str]:
+    def failure_reports(self, version: int, members: Iterable[str]) -> dict[str, int]:  # member -> step it failed in
         if not self.failures_reported(version):
-            return []
-        return [m for m in members if self.has(f"failed/v{version}/{m}")]
+            return {}
+        return {m: int(self.get(f"failed/v{version}/{m}")) for m in members if self.has(f"failed/v{version}/{m}")}
 
     def report_fatal(self, worker_id: str, message: str) -> None:
         """Stop the whole job: the first report is the one the launcher shows."""

@@ -177,8 +177,9 @@ class Driver:
             elif isinstance(action, ctl.Log):
                 self.say(action.message)
             elif isinstance(action, ctl.Finish):
-                if action.code != 0 and action.failed_worker:
-                    self._report_root_cause(action.failed_worker)
+                if action.code != 0:
+                    if action.failed_worker:
+                        self._report_root_cause(action.failed_worker)
                     self.say(f"job {self.cfg.job_id} stopped: {action.reason}")
                 return action.code
         return None
@@ -235,7 +236,7 @@ class Driver:
                                 tuple((str(h), int(n)) for h, n in p.get("placement", ()))) for p in proposals]
         version = self.state.config.version
         reported = self.job.failure_reports(version, self.state.config.ids)
-        events += [ctl.FailureReported(i, version) for i in reported if i not in self.state.reports]
+        events += [ctl.FailureReported(i, version, step) for i, step in reported.items() if i not in self.state.reports]
         if not self._fatal_seen:
             fatal = self.job.fatal_report()
             if fatal is not None:

@@ -1,8 +1,10 @@
-"""Declarative fault injection: "kill / hang rank r at step s in phase p".
+"""Declarative fault injection: "kill / hang rank r at step s in phase p", or make its
+collectives fail there (``raise``: a CommError, as a lost peer would).
 
 A plan comes from ``TAIJI_FAULTS`` (JSON list). Each fault fires at most once per job
 (claimed through the store), so a retried step or a replacement worker does not fire it
-again. Phases: ``compute`` (batch built, before forward), ``allreduce`` (backward done,
+again -- unless it says ``repeat`` (every matching worker, every time: a failure that is not
+transient). Phases: ``compute`` (batch built, before forward), ``allreduce`` (backward done,
 gradients in flight), ``sync`` (state sync after a membership change), ``boot`` (a
 joiner before it reports ready).
 """
@@ -16,12 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import env
-from ..errors import ConfigError
+from ..errors import CommError, ConfigError
 
 log = logging.getLogger(__name__)
 
 PHASES = ("compute", "allreduce", "sync", "boot")
-ACTIONS = ("kill", "hang", "exit")
+ACTIONS = ("kill", "hang", "exit", "raise")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Fault:
     rank: int = -1          # -1: any rank
     worker: str = ""        # match by worker id instead of rank
     code: int = 1           # for action "exit"
+    repeat: bool = False    # fire every time it matches, on every matching worker
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS or self.phase not in PHASES:
@@ -58,7 +61,7 @@ class FaultPlan:
 
     def fire(self, phase: str, rank: int, step: int, worker: str) -> None:
         for i, fault in enumerate(self.faults):
-            if fault.matches(phase, rank, step, worker) and self._claim(i):
+            if fault.matches(phase, rank, step, worker) and (fault.repeat or self._claim(i)):
                 log.warning("injected fault: %s rank %d (worker %s) at step %d in phase %s",
                             fault.action, rank, worker, step, phase)
                 for handler in logging.getLogger().handlers:
@@ -67,6 +70,8 @@ class FaultPlan:
                     os.kill(os.getpid(), signal.SIGKILL)
                 elif fault.action == "hang":
                     os.kill(os.getpid(), signal.SIGSTOP)
+                elif fault.action == "raise":
+                    raise CommError(f"injected collective failure at step {step} in phase {phase}")
                 else:
                     os._exit(fault.code)
 

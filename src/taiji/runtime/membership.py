@@ -227,16 +227,16 @@ class ElasticMembership(_PeerMembership):
         version = self.peer.version
         if self.newest_version() > version:
             return
-        threading.Thread(target=self._send_report, args=(version,), name="taiji-failure-report",
+        threading.Thread(target=self._send_report, args=(version, self.peer.step), name="taiji-failure-report",
                          daemon=True).start()
 
-    def _send_report(self, version: int) -> None:
+    def _send_report(self, version: int, step: int) -> None:
         with self._report_lock:
             store = self._connect_reporter()
             try:
                 if store is None:
                     raise StoreError("no connection to the job store")
-                store.report_failure(version, self.peer.worker_id)
+                store.report_failure(version, self.peer.worker_id, step)
             except StoreError as exc:  # the wait for the next config tells the training thread
                 log.warning("could not report the failure of cluster v%d: %s", version, exc)
 
