@@ -30,3 +30,13 @@ def test_own_loop_survives_a_worker_killed_mid_allreduce(tmp_path):
         # the new version's notice; the other's attempt failed and it adopted that commit in the sync
         assert changes[0] == ("failure", 3, 2, 13), changes
         assert sorted(f["retries"] for f in finals) == [0, 1], finals
+
+
+@pytest.mark.timeout(240)
+def test_own_loop_whose_every_worker_fails_at_one_step_in_every_version_stops_saying_why(tmp_path):
+    faults = json.dumps([{"action": "raise", "step": 7, "phase": "allreduce", "repeat": True}])
+    proc = taiji_run(2, ["python", str(REPO / "examples" / "own_loop.py"), "--steps", "40", "--out", str(tmp_path)],
+                     extra=["--timeout", "5"], env={"TAIJI_FAULTS": faults}, timeout=200)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "every worker failed at step 7 in 11 cluster versions in a row" in out, out[-4000:]
+    assert not (tmp_path / "0.json").exists(), "the loop finished although step 7 never committed"

@@ -120,7 +120,10 @@ class Optimizer:
         if attempt is None:
             raise ConfigError("opt.step() without opt.zero_grad() before the backward: zero_grad() begins "
                               "each step (it joins the job, and the gradients are sent as backward runs)")
-        self._fire("allreduce", attempt.index)
+        try:
+            self._fire("allreduce", attempt.index)
+        except CommError as exc:  # an injected collective failure: this attempt fails, as in the Job
+            attempt.error = attempt.error or exc
         outcome = self._engine.finish(attempt)
         if isinstance(outcome, Failed):
             self._leave_if_not_member(lambda: self._transitions.recover(outcome.error))
