@@ -267,7 +267,7 @@ def main(argv=None) -> None:
 
     base = Path(tempfile.mkdtemp(prefix="taiji-rayengine-"))
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="eth0",
-               OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0")
+               OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0", **ray_nodes.auth_env())
     sides = {"ray": lambda *a: taiji_side(*a, on_ray=True), "join": lambda *a: taiji_side(*a, on_ray=False),
              "raytrain": raytrain_side}
     order = [name for name in args.cases.split(",") if name in sides]

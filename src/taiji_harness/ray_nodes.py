@@ -6,6 +6,7 @@ Ray process on the machine). Used by tests/multihost/test_ray.py and benchmarks/
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,32 @@ def unavailable() -> str | None:
     if why:
         return f"no emulated hosts here: {why}"
     return None if ray_installed() else "Ray is not installed (pip install 'taiji[ray]')"
+
+
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+
+
+def auth_env() -> dict[str, str]:
+    """The environment of a Ray cluster with token authentication, a fresh token."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+@contextmanager
+def token_auth() -> Iterator[None]:
+    """Ray's token authentication on (a fresh token) for the nodes started meanwhile and for every
+    process started from here (they inherit the environment: taiji's launchers and agents connect
+    as Ray clients with it). Ray announced it as the default for every cluster from 2.61, so the
+    tests run what users will get; a client without the token is refused."""
+    saved = {name: os.environ.get(name) for name in AUTH_VARS}
+    os.environ.update(auth_env())
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager

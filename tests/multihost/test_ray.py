@@ -53,7 +53,7 @@ def ray_hosts(tmp_path_factory):
     if why:
         pytest.skip(why)
     out = tmp_path_factory.mktemp("ray")
-    with ray_nodes.temp_dir("tjray") as temp, EmulatedHosts(3) as hosts:
+    with ray_nodes.token_auth(), ray_nodes.temp_dir("tjray") as temp, EmulatedHosts(3) as hosts:
         for i in (0, 1):
             _start_node(hosts, i, out / f"ray{i}.log", temp)
         yield hosts, out, temp

@@ -42,7 +42,7 @@ def test_two_jobs_on_ray_nodes_grow_onto_a_node_added_and_survive_a_daemon_resta
     why = ray_nodes.unavailable()
     if why:
         pytest.skip(why)
-    with ray_nodes.temp_dir("tjrs") as temp, EmulatedHosts(3) as hosts:
+    with ray_nodes.token_auth(), ray_nodes.temp_dir("tjrs") as temp, EmulatedHosts(3) as hosts:
         s = SchedOnHosts(hosts, tmp_path, pool_args=("--ray", f"{hosts.address(0)}:{ray_nodes.PORT}", "--slots", "1",
                                                       "--max-hosts", "3"))
         try:
@@ -119,7 +119,7 @@ def test_a_job_whose_home_ray_node_is_lost_resumes_from_its_checkpoint_on_the_no
     why = ray_nodes.unavailable()
     if why:
         pytest.skip(why)
-    with ray_nodes.temp_dir("tjrh") as temp, EmulatedHosts(3) as hosts:
+    with ray_nodes.token_auth(), ray_nodes.temp_dir("tjrh") as temp, EmulatedHosts(3) as hosts:
         s = SchedOnHosts(hosts, tmp_path, home=2, pool_args=("--ray", f"{hosts.address(2)}:{ray_nodes.PORT}",
                                                               "--slots", "1", "--max-hosts", "2"))
         try:
