@@ -6,8 +6,9 @@ Each size runs its workers as threads of this process, one gloo process group ea
 per worker would not fit this machine at 64), so the collective's time is measured with every
 worker issuing it together; the decode (``agree`` of the gathered rows against ``agree_compact``
 of the summed message) is timed apart on one thread, as each worker does it alone. A row is the
-message's cost per step: collective + decode, in milliseconds. Where the ratio passes 1 is the
-crossover that ``TAIJI_CONTROL_COMPACT_AT`` defaults to.
+message's cost per step: collective + decode, in milliseconds. ``crossover_workers``: the first
+size where the compact message costs less (None: none measured, and ``TAIJI_CONTROL_COMPACT_AT``
+stays 0, off).
 
     .venv/bin/python benchmarks/control_message.py --quick
 """

@@ -72,7 +72,8 @@ CUDA_BACKEND = EnvVar("TAIJI_CUDA_BACKEND", "nccl", _cuda_backend,
 BUCKET_MB = EnvVar("TAIJI_BUCKET_MB", 25.0, float, "SyncSGD gradient bucket size in MB")
 CONTROL_COMPACT_AT = EnvVar("TAIJI_CONTROL_COMPACT_AT", 0, int,
                             "from this many workers on, the step's control message travels compact: a sum-"
-                            "allreduce of the sums plus a slot per worker (monitor/compact.py); 0: never")
+                            "allreduce of the sums plus a slot per worker (monitor/compact.py); 0: never, the default (on "
+                            "loopback gloo up to 64 workers the allgather costs less: benchmarks/control_message.py)")
 DEBUG_COLLECTIVES = EnvVar(
     "TAIJI_DEBUG_COLLECTIVES", False, _parse_bool,
     "check shapes and dtypes across ranks before each collective and name mismatching ranks",
