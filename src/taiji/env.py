@@ -73,7 +73,7 @@ BUCKET_MB = EnvVar("TAIJI_BUCKET_MB", 25.0, float, "SyncSGD gradient bucket size
 CONTROL_COMPACT_AT = EnvVar("TAIJI_CONTROL_COMPACT_AT", 0, int,
                             "from this many workers on, the step's control message travels compact: a sum-"
                             "allreduce of the sums plus a slot per worker (monitor/compact.py); 0: never, the default (on "
-                            "loopback gloo up to 64 workers the allgather costs less: benchmarks/control_message.py)")
+                            "loopback gloo at 2-32 workers the allgather costs less: benchmarks/control_message.py)")
 DEBUG_COLLECTIVES = EnvVar(
     "TAIJI_DEBUG_COLLECTIVES", False, _parse_bool,
     "check shapes and dtypes across ranks before each collective and name mismatching ranks",
