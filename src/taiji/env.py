@@ -70,6 +70,10 @@ CUDA_BACKEND = EnvVar("TAIJI_CUDA_BACKEND", "nccl", _cuda_backend,
                       "process groups for CUDA tensors: nccl (one GPU per worker) or gloo (workers sharing "
                       "a GPU; `taiji run --cuda-backend`)")
 BUCKET_MB = EnvVar("TAIJI_BUCKET_MB", 25.0, float, "SyncSGD gradient bucket size in MB")
+CONTROL_COMPACT_AT = EnvVar("TAIJI_CONTROL_COMPACT_AT", 0, int,
+                            "from this many workers on, the step's control message travels compact: a sum-"
+                            "allreduce of the sums plus a slot per worker (monitor/compact.py); 0: never, the default (on "
+                            "loopback gloo at 2-32 workers the allgather costs less: benchmarks/control_message.py)")
 DEBUG_COLLECTIVES = EnvVar(
     "TAIJI_DEBUG_COLLECTIVES", False, _parse_bool,
     "check shapes and dtypes across ranks before each collective and name mismatching ranks",
@@ -122,7 +126,7 @@ RAY_DEDUP_LOGS = EnvVar("RAY_DEDUP_LOGS", True, _parse_bool,
 ALL: tuple[EnvVar, ...] = (
     JOB_ID, WORKER_ID, STORE_HOST, STORE_PORT, STORE_URL, ETCD_CA, ETCD_CERT, ETCD_KEY, SECRET, LAUNCHER_PID, TIMEOUT, TOPOLOGY, BUCKET_MB,
     DEBUG_COLLECTIVES, LOG_LEVEL, RUN_DIR, FAULTS, RECOVERY_TIMEOUT, HEARTBEAT, BEAT_DIR, GLOO_SOCKET_IFNAME, HOME, MIN_NP, MAX_NP,
-    MALLOC_TUNING, TORCH_CPP_LOG_LEVEL, CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME, SLURM_DIR,
+    MALLOC_TUNING, TORCH_CPP_LOG_LEVEL, CHECKPOINT_DIR, CHECKPOINT_EVERY, RESUME, SLURM_DIR, CONTROL_COMPACT_AT,
 )
 
 _quieted_cpp_logs = False

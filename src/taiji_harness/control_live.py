@@ -246,6 +246,8 @@ def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts:
         figures.update(steady(store, launched.url, procs, launched.proc.pid, window))
         procs[0].send({"op": "kill", "address": host_address(0)})
         lost_at = procs[0].answer()["at"]
+        if lost_at is None:
+            raise RuntimeError(f"{host_address(0)} had no tether to drop yet")
         figures["loss_s"] = until(procs, workers - per_host, 120, launched) - lost_at
         t0 = time.monotonic()
         start(procs, [host_address(len(slots) + j) for j in range(grow_hosts)], per_host)

@@ -122,7 +122,19 @@ class SimHost(threading.Thread):
         self.killed = threading.Event()
         self.dropped_at: float | None = None
         self.workers: Workers | None = None
+        self.tether: Tether | None = None
         self.error: str | None = None
+
+    def kill(self) -> float | None:
+        """Its agent's death, at once: the tether closed without ``bye``, the lease left to expire.
+        Done here, not by the host's thread, which on a loaded machine may be inside a store call
+        for seconds (it stops at its next tick); None if the host has no tether yet."""
+        self.killed.set()
+        if self.tether is None:
+            return None
+        self.tether.drop()
+        self.dropped_at = time.monotonic()
+        return self.dropped_at
 
     def run(self) -> None:
         try:
@@ -138,7 +150,8 @@ class SimHost(threading.Thread):
         channel = agent_channel.AgentChannel(job, self.address, session, bounds.host_timeout)
         settings = agent_channel.read_settings(job)
         agent_channel.register(job, self.address, self.slots, os.getpid(), session)
-        tether = Tether(str(agent_channel.read_controller(job)["tether"]), self.secret, self.address, session)
+        tether = self.tether = Tether(str(agent_channel.read_controller(job)["tether"]), self.secret, self.address,
+                                      session)
         workers = self.workers = Workers(job, settings.heartbeat)
         if job.can_watch:
             threading.Thread(target=follow_newest, args=(job.another_connection(), workers, self.killed),
@@ -162,9 +175,7 @@ class SimHost(threading.Thread):
             if now >= next_beat:
                 channel.beat(dict(workers.beats))
                 next_beat = now + BEAT_SECONDS
-        workers.beats.clear()
-        tether.drop()  # as the agent's death: no bye, no lease released
-        self.dropped_at = time.monotonic()
+        workers.beats.clear()  # killed: the tether was dropped by ``kill``
 
 
 
@@ -221,9 +232,7 @@ def main(argv: list[str]) -> None:
             answer: dict = {"started": len(order["addresses"])}
         elif op == "kill":
             host = next(h for h in hosts if h.address == order["address"])
-            host.killed.set()
-            host.join(timeout=10.0)
-            answer = {"at": host.dropped_at}
+            answer = {"at": host.kill()}
         elif op == "until":
             answer = _until(hosts, int(order["size"]), float(order["timeout"]))
         elif op == "ops":

@@ -96,13 +96,17 @@ def test_peer_lost_mid_allreduce_recovers_and_retries_the_step():
     assert 3 not in record["w2"], "the failed step was committed by the dead worker"
 
 
-@pytest.mark.parametrize("carried", [True, False])
-def test_timeout_in_the_control_message_recovers(carried, monkeypatch):
+@pytest.mark.parametrize("sent", ["carried", "own", "compact"])
+def test_timeout_in_the_control_message_recovers(sent, monkeypatch):
     # SyncSGD's last bucket carries the control rows: the step's one collective times out; a
-    # strategy that cannot carry them sends them in an allgather of their own, which times out
-    if not carried:
+    # strategy that cannot carry them sends them in an allgather of their own, which times out;
+    # from TAIJI_CONTROL_COMPACT_AT workers on, the compact message's allreduce times out
+    if sent == "own":
         monkeypatch.setattr(taiji.SyncSGD, "carry", lambda self, width, row_of: False)
-    channel, op = ("grad", "allreduce") if carried else ("ctrl", "allgather")
+    if sent == "compact":
+        monkeypatch.setenv("TAIJI_CONTROL_COMPACT_AT", "2")
+    channel, op = {"carried": ("grad", "allreduce"), "own": ("ctrl", "allgather"),
+                   "compact": ("ctrl", "allreduce")}[sent]
     injector = Injector([Inject("w1", 1, channel, op, 3, "die"), Inject("w0", 1, channel, op, 3, "timeout")])
     cluster, record = ThreadCluster(2, injector), {}
     for w in ("w0", "w1"):

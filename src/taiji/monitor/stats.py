@@ -84,19 +84,24 @@ class StepStats:
         small = small_sum / measured if measured else None
         variance = small - big_sqnorm if small is not None and big_sqnorm is not None else None
         times = tuple(r.compute_seconds for r in rows)
-        median = statistics.median(times) if times else 0.0
         return StepStats(
             version_seen=int(max(r.version_seen for r in rows)), stop=any(r.stop > 0 for r in rows),
             loss=loss_sum / total if total > 0 else None, small_sqnorm=small,
             global_batch=total, small_batch=small_batch_sum / measured if measured else 0.0,
             grad_variance=variance, compute_seconds=times,
-            straggler=max(times) / median if median > 0 else 1.0,
+            straggler=straggler_of(times),
             clock=rows[0].clock, decisions=tuple(r.decisions for r in rows),
             wall_seconds=tuple(r.wall_seconds for r in rows),
             previous_global_sqnorm=_sum_of_finite([r.previous_global_sqnorm for r in rows]),
             previous_allreduce_wait=_mean_of_finite([r.previous_allreduce_wait for r in rows]),
             previous_monitor_seconds=max((r.previous_monitor_seconds for r in rows
                                           if math.isfinite(r.previous_monitor_seconds)), default=None))
+
+
+def straggler_of(times: tuple[float, ...]) -> float:
+    """The slowest worker's compute time over the median's (1.0: balanced, or nothing measured)."""
+    median = statistics.median(times) if times else 0.0
+    return max(times) / median if median > 0 else 1.0
 
 
 def _sum_of_finite(values: list[float]) -> float | None:

@@ -6,7 +6,9 @@ monitors' local sums, loss, compute time, decision fingerprint, rank 0's clock) 
 every worker's row, so all derive the same ``StepStats`` from the same numbers. In a step it
 rides in the last gradient bucket where the strategy can carry it (``SupportsCarry``: SyncSGD's
 float32 buckets), otherwise it is launched right after the last bucket, overlapping the
-allreduce's tail.
+allreduce's tail. From ``compact_at`` workers on (``TAIJI_CONTROL_COMPACT_AT``) the message is
+compact instead (``monitor.compact``: a sum-allreduce of the sums and a slot per worker), sent on
+its own: the sums cannot ride a float32 bucket exactly.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import env
 from ..comm.communicator import Handle
+from ..monitor.compact import agree_compact, compact_above, compact_message
 from ..monitor.stats import StepStats, ControlRow
 from .membership import Membership
 from .peer import Member
@@ -42,14 +46,17 @@ class Measurements:
 
 
 class PendingControl:
-    def __init__(self, handle: Handle | None, own: ControlRow):
+    def __init__(self, handle: Handle | None, own: ControlRow, compact_of: int = 0):
         self._handle = handle
         self._own = own
+        self._compact_of = compact_of  # workers of a compact message (0: the rows allgathered)
 
     def wait(self) -> StepStats:
         """The agreed statistics (raises CommError if a peer failed)."""
         if self._handle is None:
             return StepStats.reduce([self._own], None)
+        if self._compact_of:
+            return agree_compact(self._handle.wait().numpy(), self._compact_of)
         return agree([r.tolist() for r in self._handle.wait()])
 
 
@@ -61,20 +68,29 @@ def agree(rows: list[list[float]]) -> StepStats:
 class ControlChannel:
     WIDTH = ControlRow.WIDTH  # floats in a row
 
-    def __init__(self, peer: Member, membership: Membership, signals: Signals):
+    def __init__(self, peer: Member, membership: Membership, signals: Signals, compact_at: int | None = None):
         self.peer = peer
         self.membership = membership
         self.signals = signals
+        self.compact_at = env.CONTROL_COMPACT_AT.get() if compact_at is None else compact_at
         self._last_sent = 0.0
+
+    @property
+    def compact(self) -> bool:
+        """Whether this cluster's control message is compact (then no strategy carries it)."""
+        return compact_above(self.peer.comm.size, self.compact_at)
 
     def send(self, decisions: int, measured: Measurements = Measurements()) -> PendingControl:
         """Launch this worker's row; ``wait()`` on the result gives the agreed statistics."""
         report = self._report(decisions, measured)
         comm = self.peer.comm
-        handle = None
-        if comm.size > 1:
-            handle = comm.allgather(torch.tensor(report.to_row(), dtype=torch.float64), channel="ctrl",
-                                    async_op=True)
+        if comm.size < 2:
+            return PendingControl(None, report)
+        if compact_above(comm.size, self.compact_at):
+            message = torch.tensor(compact_message(report, comm.rank, comm.size), dtype=torch.float64)
+            return PendingControl(comm.allreduce(message, "sum", channel="ctrl", async_op=True),  # type: ignore[arg-type]
+                                  report, comm.size)
+        handle = comm.allgather(torch.tensor(report.to_row(), dtype=torch.float64), channel="ctrl", async_op=True)
         return PendingControl(handle, report)  # type: ignore[arg-type]
 
     def row(self, decisions: int, measured: Measurements) -> list[float]:

@@ -132,7 +132,7 @@ class StepEngine:
         self._buffers_before = [b.detach().clone() for b in self._buffers] if self.peer.view.size > 1 else []
         self.peer.at_step(attempt.index)
         self._strategy().begin_step(weight, attempt.index, attempt.measure)
-        attempt.carried = self._carrier is not None and self._carrier.carry(
+        attempt.carried = self._carrier is not None and not self.control.compact and self._carrier.carry(
             self.control.WIDTH, lambda: self.control.row(attempt.decisions, self._measurements(attempt)))
         self.fire("compute", attempt.index)
         return attempt
