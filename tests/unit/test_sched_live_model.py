@@ -92,3 +92,15 @@ def test_the_simulator_replays_live_jobs_with_their_fitted_applications():
     assert jct["b"] == pytest.approx(math.ceil(100 * at_2) + 50 * at_2, rel=0.05)
     with pytest.raises(ConfigError, match="no Application"):
         simulate([JobSpec("c", 0.0, LIVE, 1, BATCH)], make_policy("fifo"), SimConfig(cluster=Cluster(1, 2, 2)))
+
+
+def test_a_jobs_mean_step_time_per_size_comes_from_its_whole_run_log():
+    from taiji.sched.live import logged_step_times
+    rows = [{"time": 10.0 + 0.5 * i, "step": i, "size": 1, "version": 1, "batch_size": BATCH} for i in range(5)]
+    rows += [{"time": 20.0 + 0.2 * i, "step": 5 + i, "size": 2, "version": 2, "batch_size": BATCH} for i in range(11)]
+    rows += [{"time": 40.0 + 0.4 * i, "step": 16 + i, "size": 2, "version": 3, "batch_size": BATCH} for i in range(11)]
+    rows += [{"time": 60.0, "step": 30, "size": 2, "version": 3, "batch_size": BATCH}]   # (resumed: a gap, not a step)
+    rows += [{"time": 61.0 + i, "step": 31 + i, "size": 2, "version": 3, "batch_size": 2 * BATCH} for i in range(3)]
+    got = {m.replicas: m.step_seconds for m in logged_step_times(rows, BATCH)}
+    assert got == {1: pytest.approx(0.5), 2: pytest.approx(0.3)}, "the mean over both stretches at 2, not the last"
+    assert logged_step_times(rows[:1], BATCH) == []
