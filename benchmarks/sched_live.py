@@ -51,6 +51,7 @@ the replay); the JSON line also carries ``sim_error_max`` (target <= 0.25) and `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -328,8 +329,12 @@ def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round
     taiji = SYSTEMS["taiji"]
     cost = ResizeCost(start=startup, grow=taiji.grow, shrink=taiji.shrink, move=taiji.move,
                       resume=taiji.resume_s if resume is None else resume)
+    exit_s = fixed_overhead([run])["last_step_to_exit_s"]
+    own = tuple((job["id"], dataclasses.replace(   # each job's measured boot and suspend + resume, where it has them
+        cost, start=job["boots"][0] + exit_s if job.get("boots") else cost.start,
+        resume=statistics.median(job["costs"]) if job.get("costs") else cost.resume)) for job in run["jobs"])
     config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()),
-                       preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules)
+                       preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own)
     result = simulate(specs, make_policy(policy, cost, las_threshold=las_threshold), config)
     return {record.name: record.jct for record in result.records}
 

@@ -96,11 +96,11 @@ def test_the_simulator_replays_live_jobs_with_their_fitted_applications():
 
 def test_a_jobs_mean_step_time_per_size_comes_from_its_whole_run_log():
     from taiji.sched.live import logged_step_times
-    rows = [{"time": 10.0 + 0.5 * i, "step": i, "size": 1, "version": 1, "batch_size": BATCH} for i in range(5)]
-    rows += [{"time": 20.0 + 0.2 * i, "step": 5 + i, "size": 2, "version": 2, "batch_size": BATCH} for i in range(11)]
-    rows += [{"time": 40.0 + 0.4 * i, "step": 16 + i, "size": 2, "version": 3, "batch_size": BATCH} for i in range(11)]
-    rows += [{"time": 60.0, "step": 30, "size": 2, "version": 3, "batch_size": BATCH}]   # (resumed: a gap, not a step)
-    rows += [{"time": 61.0 + i, "step": 31 + i, "size": 2, "version": 3, "batch_size": 2 * BATCH} for i in range(3)]
+
+    def row(size, step_s, batch=BATCH):
+        return {"size": size, "batch_size": batch, "samples_per_s": batch / step_s}
+    rows = [row(1, 0.5)] * 4 + [row(2, 0.2)] * 10 + [row(2, 0.4)] * 10   # beside another job, then alone...
+    rows += [row(2, 1.0, batch=2 * BATCH), {"size": 2, "batch_size": BATCH, "samples_per_s": None}]
     got = {m.replicas: m.step_seconds for m in logged_step_times(rows, BATCH)}
     assert got == {1: pytest.approx(0.5), 2: pytest.approx(0.3)}, "the mean over both stretches at 2, not the last"
-    assert logged_step_times(rows[:1], BATCH) == []
+    assert logged_step_times([], BATCH) == []

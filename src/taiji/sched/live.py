@@ -81,16 +81,14 @@ def features(batch_size: int, hosts: int, replicas: int) -> list[float]:
 
 def logged_step_times(rows: Sequence[Mapping], batch_size: int) -> list[Measured]:
     """A job's mean step seconds per size at ``batch_size`` over its whole run, from its run log's
-    metric rows (``metrics.jsonl``: one per step with its time, size, version and batch): the time
-    between consecutive steps of one cluster version, summed per size over the steps. Unlike the
-    daemon's recent readings, this is the speed it trained at on average, whatever else ran beside it."""
+    metric rows (``metrics.jsonl``: one per step with its size, batch and samples/s): unlike the
+    daemon's recent readings, the speed it trained at on average, whatever else ran beside it
+    (a gap while it was suspended is no step: each row's speed is its own step's)."""
     seconds: dict[int, list[float]] = {}
-    for before, after in zip(rows, rows[1:]):
-        same = all(before.get(k) == after.get(k) for k in ("size", "version", "batch_size"))
-        if same and after.get("batch_size") == batch_size and after.get("step") == before.get("step", -2) + 1:
-            seconds.setdefault(int(after["size"]), []).append(float(after["time"]) - float(before["time"]))
-    return [Measured(size, 1, sum(times) / len(times)) for size, times in sorted(seconds.items())
-            if sum(times) > 0]
+    for row in rows:
+        if row.get("batch_size") == batch_size and (row.get("samples_per_s") or 0) > 0 and row.get("size"):
+            seconds.setdefault(int(row["size"]), []).append(batch_size / float(row["samples_per_s"]))
+    return [Measured(size, 1, sum(times) / len(times)) for size, times in sorted(seconds.items())]
 
 
 def fit_step_model(batch_size: int, measured: Sequence[Measured]) -> StepModel:

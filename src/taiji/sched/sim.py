@@ -35,9 +35,10 @@ such a job where it was — the live scheduler's ``--min-np`` floor without susp
 the changes that then no longer fit wait (the newest jobs' first), so the answer stays feasible.
 With ``SimConfig.suspend_rules`` a suspension must pass the live scheduler's own
 :func:`~taiji.sched.preemption.may_suspend` (its hysteresis, the hourly bound, a job about to finish
-is not suspended; the cost is ``start``, a boot, until some job resumed, then ``resume``, as the
-daemon measures them), else the job is kept the same way: a replay of a live run decides as the
-daemon did.
+is not suspended; the cost is the job's ``start``, its boot, until some job resumed, then its
+``resume``, as the daemon measures them), else the job is kept the same way: a replay of a live
+run decides as the daemon did. ``SimConfig.job_costs`` gives jobs costs of their own (a live job's
+measured boot and resume).
 
 **Interference** (optional, ``SimConfig.interference``, Pollux's 0.25/0.5): a distributed job
 that shares a host with another distributed job trains that much slower; speeds are re-evaluated
@@ -142,6 +143,7 @@ class SimConfig:
     live: tuple[tuple[str, Application], ...] = ()   # (job name, its Application) for LIVE jobs (sched/live.py)
     preemption: bool = True   # False: a started job keeps its GPUs until it ends (no suspend/resume)
     suspend_rules: SuspendRules | None = None   # the live scheduler's rules for a suspension (None: any)
+    job_costs: tuple[tuple[str, ResizeCost], ...] = ()   # (job name, its own costs, e.g. its measured boot)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
@@ -342,7 +344,7 @@ class _Engine:
                                   f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}")
         for job in self.active:
             new = answer.get(job.spec.name)
-            pause = resize_cost(self.config.resize, job.allocation, new, resumed=job.start is not None)
+            pause = resize_cost(self._cost(job), job.allocation, new, resumed=job.start is not None)
             if pause is not None:
                 job.restarts += 1
                 job.pause_left = pause
@@ -361,16 +363,24 @@ class _Engine:
     def _kept(self, answer: Mapping[str, Allocation]) -> dict[str, Allocation]:
         """The running jobs ``answer`` leaves out that are not suspended (all without preemption;
         with suspend rules, those the rules keep), with what they hold."""
-        rules, resize = self.config.suspend_rules, self.config.resize
-        # as live: a job's boot (the start) until a resume was seen, then the resume's cost
-        cost = resize.resume_s if self.resumed_any else resize.start
+        rules = self.config.suspend_rules
         return {job.spec.name: job.allocation for job in self.active
                 if job.allocation is not None and answer.get(job.spec.name) is None
                 and (not self.config.preemption or rules is not None and not may_suspend(
-                    True, job.suspensions, job.resumed, self.now, cost, rules,
+                    True, job.suspensions, job.resumed, self.now, self._rule_cost(job), rules,
                     trained=job.progress > job.resumed_at, left_s=job.pause_left + time_to_finish(
                         job.app, job.progress, job.allocation.placement, job.allocation.batch_size,
                         job.allocation.ps_placement) / job.speed))}
+
+    def _cost(self, job: _Job) -> ResizeCost:
+        return dict(self.config.job_costs).get(job.spec.name, self.config.resize)
+
+    def _rule_cost(self, job: _Job) -> float:
+        """A job's suspend/resume cost as the live rules see it: its resume once one was seen
+        (its own, else any job's), else its boot (its start)."""
+        if job.suspensions and job.resumed > job.suspensions[0] or self.resumed_any:
+            return self._cost(job).resume_s
+        return self._cost(job).start
 
     def _without_preemption(self, answer: dict[str, Allocation], kept: dict[str, Allocation]) -> dict[str, Allocation]:
         """``answer`` with the running jobs in ``kept`` kept as they are; the other changes undone,
