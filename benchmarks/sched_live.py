@@ -206,6 +206,7 @@ def run_live(policy: str, jobs: list[tuple[float, int, bool]], where: OneHost | 
     out.mkdir(parents=True)
     env = {**os.environ, "TAIJI_HOME": str(out / "home")}
     slots = where.slots * len(where.addresses)
+    load = {"start": [round(x, 2) for x in os.getloadavg()]}   # this box's load over the run, with its figures
     try:
         where.start(policy, round_s, out, env, extra)
         t0 = time.time()
@@ -225,7 +226,9 @@ def run_live(policy: str, jobs: list[tuple[float, int, bool]], where: OneHost | 
                                    f"{[(j['id'], j['state']) for j in saved['jobs']]}")
             time.sleep(0.5)
         where.stop()
-        return {"t0": t0, "jobs": saved["jobs"], "state": where.state}
+        load["end"] = [round(x, 2) for x in os.getloadavg()]
+        (out / "load.json").write_text(json.dumps(load))
+        return {"t0": t0, "jobs": saved["jobs"], "state": where.state, "load": load}
     finally:
         where.close()
 
@@ -237,7 +240,8 @@ def saved_run(out: Path, jobs: list[tuple[float, int, bool]]) -> dict[str, Any]:
     if len(saved["jobs"]) != len(jobs) or any(j["state"] in ("queued", "running", "suspended") for j in saved["jobs"]):
         raise RuntimeError(f"{out}: not a finished run of this workload ({len(saved['jobs'])} jobs saved)")
     first = min(saved["jobs"], key=lambda j: j["submitted"])
-    return {"t0": first["submitted"] - jobs[0][0], "jobs": saved["jobs"], "state": out / "state"}
+    load = json.loads((out / "load.json").read_text()) if (out / "load.json").exists() else None
+    return {"t0": first["submitted"] - jobs[0][0], "jobs": saved["jobs"], "state": out / "state", "load": load}
 
 
 def wait_for_daemon(state: Path, daemon: subprocess.Popen, inside: bool = False) -> str:
@@ -445,6 +449,7 @@ def main(argv: list[str] | None = None) -> None:
                 "measured_sizes": sorted(size_key(n, BATCH)[0] for n in j["measured"])} for j in first["jobs"]]
     print_result("sched_live", rows, sim_error_max=round(sim_error_max, 3), sim_error_target=GOAL_SIM_ERROR,
                  sim_error_by_run={p: round(max(per.values()), 3) for p, per in errors.items()},
+                 load_by_run={p: run.get("load") for p, run in runs.items()},
                  oversubscribed=total_over, oversubscribed_by_run=over, fixed_overhead=overhead,
                  resume_cost_s=None if resume is None else round(resume, 2), compare=args.compare,
                  slots=slots, hosts=args.hosts, slots_per_host=per_host, shaped=args.shape if args.hosts > 1 else "",
