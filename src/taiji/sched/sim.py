@@ -376,11 +376,9 @@ class _Engine:
         return dict(self.config.job_costs).get(job.spec.name, self.config.resize)
 
     def _rule_cost(self, job: _Job) -> float:
-        """A job's suspend/resume cost as the live rules see it: its resume once one was seen
-        (its own, else any job's), else its boot (its start)."""
-        if job.suspensions and job.resumed > job.suspensions[0] or self.resumed_any:
-            return self._cost(job).resume_s
-        return self._cost(job).start
+        """A job's suspend/resume cost as the live rules see it: its resume once some job's
+        resume was seen, else its boot (its start)."""
+        return self._cost(job).resume_s if self.resumed_any else self._cost(job).start
 
     def _without_preemption(self, answer: dict[str, Allocation], kept: dict[str, Allocation]) -> dict[str, Allocation]:
         """``answer`` with the running jobs in ``kept`` kept as they are; the other changes undone,
