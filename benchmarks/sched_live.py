@@ -6,14 +6,18 @@ without, on one host or on emulated hosts, and the simulator's replay.
     .venv/bin/python benchmarks/sched_live.py --quick --hosts 3   # 3 namespace hosts x 1 slot (root): ~5 min
     .venv/bin/python benchmarks/sched_live.py --quick --compare suspend   # 4 live runs of 4 jobs
 
-``--compare suspend``: long jobs that must hold every slot (``--min-np`` = the slots) arrive first,
-short elastic ones after. Each of PCRR and Tiresias (``--las-threshold``: demoted after
-``LAS_THRESHOLD`` worker-seconds) runs twice: **with** suspend/resume (the daemon's default) and
-**without** (``--max-suspensions-per-hour 0``: today's ``--min-np`` floor, a long job keeps its
-slots until it ends). Rows ``live avg JCT: <policy> with suspend vs without`` (taiji = with, anchor
-= without, ratio = without / with; target >= 1.3). The simulator replays the runs with suspension,
-charging each resume the suspend + resume cost the daemon measured (median over jobs), and
-``sim_error_max`` is over those runs.
+``--compare suspend``: a long job that must hold every slot (``--min-np`` = the slots; the whole
+60000-sample set, two epochs) arrives first, three short elastic ones (3000-4000 samples) after, on
+the seeded Poisson schedule (mean gap 8 s): they arrive while it holds the slots. Each of PCRR and
+Tiresias (``--las-threshold``: demoted after ``LAS_THRESHOLD`` worker-seconds) runs twice: **with**
+suspend/resume (the daemon's default rules: a job is suspended only after it ran 3 x its
+suspend/resume cost, at most 4 times an hour, and not when it has less than that cost left to
+train) and **without** (``--max-suspensions-per-hour 0``: today's ``--min-np`` floor, a long job
+keeps its slots until it ends). Rows ``live avg JCT: <policy> with suspend vs without`` (taiji =
+with, anchor = without, ratio = without / with; target >= 1.3). The simulator replays every run as
+its daemon decided (the same policy and LAS threshold, the same suspension rules or the floor),
+charging each resume the suspend + resume cost the daemon measured (median over jobs);
+``sim_error_max`` is over all runs (``sim_error_by_run`` per run).
 
 With ``--hosts N`` the daemon runs in emulated host 0 with ``--hosts FILE`` and one ``taiji sched
 agent`` per host (network namespaces, taiji_harness/netns.py; the last host's link shaped with ``--shape``);
@@ -26,12 +30,14 @@ twice, each time under a fresh ``taiji sched serve --slots S --round R``: once w
 pcrr``, once with ``--policy fifo`` (every job asks for all S slots: FIFO runs them one after
 another, whole). Each job's JCT = when the daemon saw it end − when it was submitted.
 
-The simulator then replays the same workload (same arrival times, same cluster of 1 × S slots,
-same round length) under both policies, with each job's Application fitted to the step times the
-daemon measured for it in both live runs (:mod:`taiji.sched.live`) and a start cost equal to a
-job's measured fixed overhead (``fixed_overhead``: the median time from its launch to its first
-step, plus from its last step to the daemon seeing its launcher exit); taiji's in-place resizes
-cost what the simulator's ``taiji`` system says. ``sim_error_max`` is the largest
+The simulator then replays each live run (same arrival times, same cluster of 1 × S slots, same
+round length, same policy) with what was measured in that run: each job's Application fitted to
+its mean step time per size over the whole run, from its own run log
+(:func:`~taiji.sched.live.logged_step_times`: on 2 shared cores a job trains several times slower
+beside another job than alone, so the daemon's last few readings mislead), and a start cost equal
+to the run's fixed overhead per job (``fixed_overhead``: the median time from a launch to its
+first step, plus from its last step to the daemon seeing its launcher exit); taiji's in-place
+resizes cost what the simulator's ``taiji`` system says. ``sim_error_max`` is the largest
 per-job |simulated − live| / live JCT.
 
 ``oversubscribed`` counts the instants at which the jobs' workers exceeded the slots, rebuilt two
@@ -45,6 +51,7 @@ the replay); the JSON line also carries ``sim_error_max`` (target <= 0.25) and `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -61,8 +68,10 @@ from taiji_harness.bench import contract_row, print_result, reap_on_sigterm
 
 from taiji.launch.sched.channel import ask
 from taiji.sched.cluster import Cluster
-from taiji.sched.live import Measured, fit_step_model, live_application, placement_timeline
+from taiji.metrics.runlog import METRICS_FILE, read_jsonl
+from taiji.sched.live import Measured, fit_step_model, live_application, logged_step_times, placement_timeline
 from taiji.sched.policies import make_policy
+from taiji.sched.preemption import SuspendRules
 from taiji.launch.sched.daemon import read_secret
 from taiji.sched.rounds import oversubscribed_instants
 from taiji.sched.scheduler import size_key
@@ -76,8 +85,10 @@ BATCH = 128
 QUICK = {"samples": [24000, 4000, 8000, 3000, 12000], "mean_gap_s": 4.0}
 FULL = {"samples": [30000, 5000, 10000, 3000, 20000, 6000, 15000, 4000], "mean_gap_s": 6.0}
 # --compare suspend: (samples, holds every slot) per job: long rigid jobs first, short elastic ones after
-SUSPEND_QUICK = {"jobs": [(24000, True), (3000, False), (4000, False), (3000, False)], "mean_gap_s": 8.0}
-SUSPEND_FULL = {"jobs": [(30000, True), (3000, False), (5000, False), (24000, True), (3000, False),
+# (the long ones: the whole 60000-sample set, ~900 steps at 2 workers, minutes on this box, many times a
+# job's boot, so they still hold the slots when they may be suspended, after 3 x their boot)
+SUSPEND_QUICK = {"jobs": [(60000, True), (3000, False), (4000, False), (3000, False)], "mean_gap_s": 8.0}
+SUSPEND_FULL = {"jobs": [(60000, True), (3000, False), (5000, False), (48000, True), (3000, False),
                          (4000, False)], "mean_gap_s": 10.0}
 LAS_THRESHOLD = 60.0   # worker-seconds: Tiresias demotes a job after a minute on one worker
 EPOCHS = 2
@@ -195,6 +206,7 @@ def run_live(policy: str, jobs: list[tuple[float, int, bool]], where: OneHost | 
     out.mkdir(parents=True)
     env = {**os.environ, "TAIJI_HOME": str(out / "home")}
     slots = where.slots * len(where.addresses)
+    load = {"start": [round(x, 2) for x in os.getloadavg()]}   # this box's load over the run, with its figures
     try:
         where.start(policy, round_s, out, env, extra)
         t0 = time.time()
@@ -214,7 +226,9 @@ def run_live(policy: str, jobs: list[tuple[float, int, bool]], where: OneHost | 
                                    f"{[(j['id'], j['state']) for j in saved['jobs']]}")
             time.sleep(0.5)
         where.stop()
-        return {"t0": t0, "jobs": saved["jobs"], "state": where.state}
+        load["end"] = [round(x, 2) for x in os.getloadavg()]
+        (out / "load.json").write_text(json.dumps(load))
+        return {"t0": t0, "jobs": saved["jobs"], "state": where.state, "load": load}
     finally:
         where.close()
 
@@ -226,7 +240,8 @@ def saved_run(out: Path, jobs: list[tuple[float, int, bool]]) -> dict[str, Any]:
     if len(saved["jobs"]) != len(jobs) or any(j["state"] in ("queued", "running", "suspended") for j in saved["jobs"]):
         raise RuntimeError(f"{out}: not a finished run of this workload ({len(saved['jobs'])} jobs saved)")
     first = min(saved["jobs"], key=lambda j: j["submitted"])
-    return {"t0": first["submitted"] - jobs[0][0], "jobs": saved["jobs"], "state": out / "state"}
+    load = json.loads((out / "load.json").read_text()) if (out / "load.json").exists() else None
+    return {"t0": first["submitted"] - jobs[0][0], "jobs": saved["jobs"], "state": out / "state", "load": load}
 
 
 def wait_for_daemon(state: Path, daemon: subprocess.Popen, inside: bool = False) -> str:
@@ -294,16 +309,37 @@ def fixed_overhead(runs: list[dict[str, Any]]) -> dict[str, float]:
             "last_step_to_exit_s": round(statistics.median(after), 2) if after else 0.0}
 
 
+def fitted_apps(run: dict[str, Any], slots: int) -> dict[str, Any]:
+    """Each job's Application fitted to the mean step times its own run log shows for each size
+    over the whole run (:func:`~taiji.sched.live.logged_step_times`; else the daemon's recent readings)."""
+    apps = {}
+    for job in run["jobs"]:
+        path = run["state"] / "jobs" / job["id"] / "run" / METRICS_FILE
+        measured = logged_step_times(read_jsonl(path), BATCH) if path.exists() else []
+        measured = measured or [Measured(size_key(n, BATCH)[0], 1, statistics.median(times))
+                                for n, times in job["measured"].items() if times and size_key(n, BATCH)[1] == BATCH]
+        apps[job["id"]] = live_application(job["id"], fit_step_model(BATCH, measured), BATCH, max(job["end"], 1), 1, slots)
+    return apps
+
+
 def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round_s: float,
-           startup: float, resume: float | None = None) -> dict[str, float]:
-    """The simulator's JCT per job for the live run's workload (``resume``: the seconds a
-    suspended job's resume costs, default the simulator's ``taiji`` system's)."""
+           startup: float, resume: float | None = None, las_threshold: float | None = None,
+           rules: SuspendRules | None = None) -> dict[str, float]:
+    """The simulator's JCT per job for the live run's workload, deciding as its daemon did
+    (``resume``: the seconds a suspended job's resume costs, default the simulator's ``taiji``
+    system's; ``las_threshold``: Tiresias's ``--las-threshold``; ``rules``: the daemon's suspension
+    rules, whose ``max_per_hour`` 0 is the ``--min-np`` floor)."""
     specs = [JobSpec(job["id"], job["submitted"] - run["t0"], LIVE, job["requested"], BATCH) for job in run["jobs"]]
     taiji = SYSTEMS["taiji"]
     cost = ResizeCost(start=startup, grow=taiji.grow, shrink=taiji.shrink, move=taiji.move,
                       resume=taiji.resume_s if resume is None else resume)
-    config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()))
-    result = simulate(specs, make_policy(policy, cost), config)
+    exit_s = fixed_overhead([run])["last_step_to_exit_s"]
+    own = tuple((job["id"], dataclasses.replace(   # each job's measured boot and suspend + resume, where it has them
+        cost, start=job["boots"][0] + exit_s if job.get("boots") else cost.start,
+        resume=statistics.median(job["costs"]) if job.get("costs") else cost.resume)) for job in run["jobs"])
+    config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()),
+                       preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own)
+    result = simulate(specs, make_policy(policy, cost, las_threshold=las_threshold), config)
     return {record.name: record.jct for record in result.records}
 
 
@@ -339,10 +375,13 @@ def main(argv: list[str] | None = None) -> None:
         options = {"pcrr": (), "tiresias": las}
         plan = {name: (policy, extra) for policy in chosen
                 for name, extra in ((policy + "+suspend", options[policy]), (policy, options[policy] + never))}
+        rules = {name: SuspendRules(max_per_hour=0 if never[0] in extra else SuspendRules.max_per_hour)
+                 for name, (_, extra) in plan.items()}   # the daemons' (their defaults, or the floor)
     else:
         shape = QUICK if args.quick else FULL
         jobs = workload(shape["samples"], shape["mean_gap_s"], args.seed)
         plan = {"pcrr": ("pcrr", ()), "fifo": ("fifo", ())}
+        rules = {}
     timeout = args.timeout or (300.0 if args.quick else 900.0)
     out = Path(args.out)
     per_host = args.slots or (2 if args.hosts == 1 else 1)
@@ -367,23 +406,18 @@ def main(argv: list[str] | None = None) -> None:
             where.release()
 
     live_jct = {p: {j["id"]: j["ended"] - j["submitted"] for j in run["jobs"]} for p, run in runs.items()}
-    measured: dict[str, list[Measured]] = {}
-    work: dict[str, int] = {}
-    for run in runs.values():
-        for job in run["jobs"]:
-            measured.setdefault(job["id"], []).extend(
-                Measured(size_key(n, BATCH)[0], 1, statistics.median(times))
-                for n, times in job["measured"].items() if times and size_key(n, BATCH)[1] == BATCH)
-            work[job["id"]] = job["end"] or work.get(job["id"], 0)
-    apps = {job_id: live_application(job_id, fit_step_model(BATCH, m), BATCH, max(work[job_id], 1), 1, slots)
-            for job_id, m in measured.items()}
-    overhead = fixed_overhead(list(runs.values()))
-    startup = sum(overhead.values())   # the simulator charges a job's fixed overhead as its start cost
+    apps = {name: fitted_apps(run, slots) for name, run in runs.items()}
+    overhead = {name: fixed_overhead([run]) for name, run in runs.items()}
     costs = [c for run in runs.values() for j in run["jobs"] for c in j.get("costs", [])]
     resume = statistics.median(costs) if costs else None   # measured: checkpoint stall + boot + load
     cluster = Cluster(args.hosts, per_host, per_host)
-    replayed = [name for name in runs if args.compare == "fifo" or name.endswith("+suspend")]
-    sim_jct = {name: replay(plan[name][0], runs[name], apps, cluster, args.round, startup, resume) for name in replayed}
+    las = {"tiresias": LAS_THRESHOLD} if args.compare == "suspend" else {}   # as the live runs' daemons
+    sim_jct = {}
+    for name, run in runs.items():   # each run replayed with what was measured in it (its load, its neighbours)
+        own = [c for j in run["jobs"] for c in j.get("costs", [])]
+        sim_jct[name] = replay(plan[name][0], run, apps[name], cluster, args.round, sum(overhead[name].values()),
+                               statistics.median(own) if own else resume, las.get(plan[name][0]), rules.get(name))
+    replayed = list(runs)
     errors = {p: {j: abs(sim_jct[p][j] - live_jct[p][j]) / live_jct[p][j] for j in live_jct[p]} for p in replayed}
     sim_error_max = max(e for per in errors.values() for e in per.values())
     over = {p: {"observed": oversubscribed({j["id"]: [tuple(a) for a in j["allocations"]] for j in run["jobs"]},
@@ -414,6 +448,8 @@ def main(argv: list[str] | None = None) -> None:
                 **{f"{p}_sim_jct_s": round(sim_jct[p][j["id"]], 2) for p in sim_jct},
                 "measured_sizes": sorted(size_key(n, BATCH)[0] for n in j["measured"])} for j in first["jobs"]]
     print_result("sched_live", rows, sim_error_max=round(sim_error_max, 3), sim_error_target=GOAL_SIM_ERROR,
+                 sim_error_by_run={p: round(max(per.values()), 3) for p, per in errors.items()},
+                 load_by_run={p: run.get("load") for p, run in runs.items()},
                  oversubscribed=total_over, oversubscribed_by_run=over, fixed_overhead=overhead,
                  resume_cost_s=None if resume is None else round(resume, 2), compare=args.compare,
                  slots=slots, hosts=args.hosts, slots_per_host=per_host, shaped=args.shape if args.hosts > 1 else "",

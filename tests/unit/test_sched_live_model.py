@@ -92,3 +92,15 @@ def test_the_simulator_replays_live_jobs_with_their_fitted_applications():
     assert jct["b"] == pytest.approx(math.ceil(100 * at_2) + 50 * at_2, rel=0.05)
     with pytest.raises(ConfigError, match="no Application"):
         simulate([JobSpec("c", 0.0, LIVE, 1, BATCH)], make_policy("fifo"), SimConfig(cluster=Cluster(1, 2, 2)))
+
+
+def test_a_jobs_mean_step_time_per_size_comes_from_its_whole_run_log():
+    from taiji.sched.live import logged_step_times
+
+    def row(size, step_s, batch=BATCH):
+        return {"size": size, "batch_size": batch, "samples_per_s": batch / step_s}
+    rows = [row(1, 0.5)] * 4 + [row(2, 0.2)] * 10 + [row(2, 0.4)] * 10   # beside another job, then alone...
+    rows += [row(2, 1.0, batch=2 * BATCH), {"size": 2, "batch_size": BATCH, "samples_per_s": None}]
+    got = {m.replicas: m.step_seconds for m in logged_step_times(rows, BATCH)}
+    assert got == {1: pytest.approx(0.5), 2: pytest.approx(0.3)}, "the mean over both stretches at 2, not the last"
+    assert logged_step_times([], BATCH) == []

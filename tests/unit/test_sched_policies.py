@@ -107,6 +107,12 @@ def test_packing_uses_few_hosts_and_keeps_running_jobs_in_place():
     assert placed["a"].placement == (0, 3) and placed["b"].placement == (4, 0)
     with pytest.raises(ConfigError):
         make_policy("lottery")
+    # the live daemon's --las-threshold and a replay of its run build the same Tiresias
+    assert make_policy("tiresias", las_threshold=60.0) == Tiresias(threshold_gpu_s=60.0)
+    assert make_policy("tiresias").threshold_gpu_s == Tiresias().threshold_gpu_s != 60.0
+    for name, threshold in (("pcrr", 60.0), ("tiresias", 0.0)):
+        with pytest.raises(ConfigError):
+            make_policy(name, las_threshold=threshold)
     assert Cluster.parse("16x4") == Cluster(16, 4)
     with pytest.raises(ConfigError):
         Cluster.parse("sixteen")

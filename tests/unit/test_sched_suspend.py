@@ -16,7 +16,7 @@ from taiji.sched.policies import Tiresias
 from taiji.sched.preemption import Running, SuspendRules, may_suspend, priority_victims, suspension_of
 from taiji.sched.rounds import Change
 from taiji.sched.scheduler import Observed, Scheduler
-from taiji.sched.sim import SYSTEMS, resize_cost
+from taiji.sched.sim import SYSTEMS, ResizeCost, resize_cost
 
 
 class Scripted:
@@ -287,3 +287,45 @@ def test_before_any_suspension_is_measured_a_jobs_cost_is_its_boot_then_a_typica
     assert sched.suspend_cost(a) == sched.suspend_cost(b) == pytest.approx(30.0), "its boot; b: a typical job's"
     a.costs = [50.0]
     assert sched.suspend_cost(b) == pytest.approx(50.0), "a measured suspension outranks boots"
+
+
+def test_a_job_with_less_left_to_train_than_its_suspension_costs_is_not_suspended():
+    rules = SuspendRules(min_run_factor=0.0, min_left_factor=1.0)
+    assert not may_suspend(True, [], 0.0, 100.0, 30.0, rules, left_s=25.0), "25 s left < its 30 s resume"
+    assert may_suspend(True, [], 0.0, 100.0, 30.0, rules, left_s=35.0)
+    assert may_suspend(True, [], 0.0, 100.0, 30.0, rules), "nothing known of its end: no such bound"
+    # live: what is left comes from the job's reported end, position and speed
+    sched = Scheduler(slots=2, policy=Scripted(), rules=rules)
+    job = sched.submit(0.0, ["a"], max_np=2, checkpoint_dir="/c/a")
+    sched.launched(0.0, job.id)
+    sched.observe(30.0, job.id, Observed(size=2, version=1, step=10, batch_size=64, position=64000 - 640 * 20,
+                                         end=64000, samples_per_s=640.0))   # 20 s left, its boot cost 30 s
+    assert not sched.may_suspend(job, 60.0)
+    sched.observe(31.0, job.id, Observed(size=2, version=1, step=11, batch_size=64, position=64000 - 640 * 40,
+                                         end=64000, samples_per_s=640.0))   # (a longer run: 40 s left)
+    assert sched.may_suspend(job, 60.0)
+
+
+def test_the_simulator_keeps_a_job_the_live_rules_would_not_suspend():
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    specs = [JobSpec("long", 0.0, "yolov3", 4, 128), JobSpec("short", 6000.0, "ncf", 4, 128)]
+    las = lambda: Tiresias(threshold_gpu_s=20000.0)   # noqa: E731  (long is demoted before short arrives)
+    cost = ResizeCost(start=20.0, grow=0.03, shrink=0.01, move=0.04, resume=30.0)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=4), resize=cost, interval_s=60.0)
+    free = {r.name: r for r in simulate(specs, las(), config).records}
+    assert free["long"].restarts >= 2, "without rules Tiresias suspends long when short arrives"
+    # short arrives at 6000 s: long must have run 360 x its cost since its start; no job has resumed
+    # yet, so its cost is its boot (20 s): it is kept until 7200 s (with the resume's 30 s: 10800 s)
+    ruled = SimConfig(**{**config.__dict__, "suspend_rules": SuspendRules(min_run_factor=360.0)})
+    kept = {r.name: r for r in simulate(specs, las(), ruled).records}
+    assert 7200.0 <= kept["short"].start_time < 7300.0 and free["short"].start_time < 6100.0
+    # and a job with less left to train than its cost is not suspended
+    ending = SimConfig(**{**config.__dict__, "suspend_rules": SuspendRules(min_run_factor=0.0, min_left_factor=1e6)})
+    assert {r.name: r.jct for r in simulate(specs, las(), ending).records} == {
+        r.name: r.jct for r in simulate(specs, las(), SimConfig(**{**config.__dict__, "preemption": False})).records}
+    never = SimConfig(**{**config.__dict__, "suspend_rules": SuspendRules(max_per_hour=0)})
+    floor = {r.name: r for r in simulate(specs, las(), SimConfig(**{**config.__dict__, "preemption": False})).records}
+    assert {r.name: r.jct for r in simulate(specs, las(), never).records} == {n: r.jct for n, r in floor.items()}, \
+        "no suspension allowed: the floor"

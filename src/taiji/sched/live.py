@@ -79,6 +79,18 @@ def features(batch_size: int, hosts: int, replicas: int) -> list[float]:
     return [1.0, batch_size / replicas, many, many * max(replicas - 2, 0), 1.0 if hosts > 1 else 0.0]
 
 
+def logged_step_times(rows: Sequence[Mapping], batch_size: int) -> list[Measured]:
+    """A job's mean step seconds per size at ``batch_size`` over its whole run, from its run log's
+    metric rows (``metrics.jsonl``: one per step with its size, batch and samples/s): unlike the
+    daemon's recent readings, the speed it trained at on average, whatever else ran beside it
+    (a gap while it was suspended is no step: each row's speed is its own step's)."""
+    seconds: dict[int, list[float]] = {}
+    for row in rows:
+        if row.get("batch_size") == batch_size and (row.get("samples_per_s") or 0) > 0 and row.get("size"):
+            seconds.setdefault(int(row["size"]), []).append(batch_size / float(row["samples_per_s"]))
+    return [Measured(size, 1, sum(times) / len(times)) for size, times in sorted(seconds.items())]
+
+
 def fit_step_model(batch_size: int, measured: Sequence[Measured]) -> StepModel:
     """The non-negative model closest (in relative error) to the measurements. Each measurement
     counts once per distinct (replicas, hosts): a size measured for longer is not a better fit."""

@@ -15,7 +15,12 @@ the job's measured suspend + resume, ``lp.py``; these rules are the safety net f
 - it has run at least ``min_run_factor`` × its suspend/resume cost since it last started (what a
   resume cost is paid back by before it may be paid again);
 - it was suspended fewer than ``max_per_hour`` times in the last hour: **at most
-  ``max_per_hour`` suspensions per job per hour** (4 by default), whatever the policy asks.
+  ``max_per_hour`` suspensions per job per hour** (4 by default), whatever the policy asks;
+- it has more than ``min_left_factor`` × its suspend/resume cost left to train (at its present
+  size, as its fitted model predicts): a job about to finish frees its slots sooner by finishing
+  than a suspension pays back — the suspension delays it by its whole resume and by what runs in
+  its place, while those that wait for it gain at most what it has left. Tiresias demotes a job by
+  attained service alone, so without this rule it suspends the jobs closest to their end.
 
 **Priority classes** (``submit --priority P``, higher first): a waiting job that the policy left
 without its ``--min-np`` may suspend running, preemptible jobs of lower classes, but only if that
@@ -32,6 +37,7 @@ to redo anyway. Anything else ended it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Sequence
@@ -47,9 +53,10 @@ class SuspendRules:
     max_per_hour: int = 4            # suspensions of one job in any hour, at most
     min_run_factor: float = 3.0      # a (re)started job runs this × its suspend/resume cost before another
     guess_cost_s: float = 10.0       # a job's suspend/resume cost until one was measured
+    min_left_factor: float = 1.0     # a job with less than this × its cost left to train is not suspended
 
     def __post_init__(self) -> None:
-        if self.max_per_hour < 0 or self.min_run_factor < 0 or self.guess_cost_s < 0:
+        if min(self.max_per_hour, self.min_run_factor, self.guess_cost_s, self.min_left_factor) < 0:
             raise ConfigError(f"suspension rules must be >= 0, got {self}")
 
 
@@ -79,11 +86,12 @@ def suspension_of(resumable_exit: bool, stopped_unsaved: bool, asked: bool, home
 
 
 def may_suspend(preemptible: bool, suspensions: Sequence[float], started: float, now: float,
-                cost_s: float, rules: SuspendRules, trained: bool = True) -> bool:
+                cost_s: float, rules: SuspendRules, trained: bool = True, left_s: float = math.inf) -> bool:
     """Whether a running job may be suspended now (see the module's doc): ``suspensions`` are the
     times it was suspended before, ``started`` when it last (re)started, ``cost_s`` its measured
-    suspend + resume seconds, ``trained`` whether it has committed a step since it (re)started."""
-    if not preemptible or not trained:
+    suspend + resume seconds, ``trained`` whether it has committed a step since it (re)started,
+    ``left_s`` the seconds it still has to train at its present size (unknown: infinite)."""
+    if not preemptible or not trained or left_s <= rules.min_left_factor * cost_s:
         return False
     recent = sum(1 for t in suspensions if now - t < HOUR_S)
     return recent < rules.max_per_hour and now - started >= rules.min_run_factor * cost_s

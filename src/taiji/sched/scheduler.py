@@ -244,6 +244,11 @@ class Scheduler:
         typical = self._typical(lambda j: statistics.median(j.costs) if j.costs else 0.0, 0.0)
         if typical:
             return typical
+        return self.boot_cost(job)
+
+    def boot_cost(self, job: LiveJob) -> float:
+        """Seconds from its launch to its first step: its own measured boots, else a typical
+        job's, else the rules' guess."""
         if job.boots:
             return statistics.median(job.boots)
         return self._typical(lambda j: statistics.median(j.boots) if j.boots else 0.0, self.rules.guess_cost_s)
@@ -251,7 +256,7 @@ class Scheduler:
     def may_suspend(self, job: LiveJob, now: float) -> bool:
         return job.state == "running" and job.size > 0 and job.suspending is None and bool(job.checkpoint_dir) and may_suspend(
             job.preemptible, job.suspensions, last_start(job, now), now, self.suspend_cost(job), self.rules,
-            trained=job.step > max(job.stopped_at, 0))
+            trained=job.step > max(job.stopped_at, 0), left_s=seconds_left(job))
 
     def ended(self, now: float, job_id: str, state: str, reason: str = "") -> None:
         if state not in ENDED:
@@ -421,6 +426,13 @@ def size_key(key: str, batch: int) -> tuple[int, int]:
     """(workers, batch) of a key of ``LiveJob.measured``: ``"N@B"`` (``"N"`` in an older state: ``batch``)."""
     size, _, at = key.partition("@")
     return int(size), int(at) if at else batch
+
+
+def seconds_left(job: LiveJob) -> float:
+    """Seconds ``job`` still trains at its present speed (infinite until it reported its end and speed)."""
+    if not job.end or job.samples_per_s <= 0:
+        return math.inf
+    return max(0, job.end - job.position) / job.samples_per_s
 
 
 def last_start(job: LiveJob, now: float) -> float:

@@ -33,6 +33,12 @@ than ``start``: the same cost model the live scheduler fits per job.
 without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
 such a job where it was — the live scheduler's ``--min-np`` floor without suspend/resume — and
 the changes that then no longer fit wait (the newest jobs' first), so the answer stays feasible.
+With ``SimConfig.suspend_rules`` a suspension must pass the live scheduler's own
+:func:`~taiji.sched.preemption.may_suspend` (its hysteresis, the hourly bound, a job about to finish
+is not suspended; the cost is the job's ``start``, its boot, until some job resumed, then its
+``resume``, as the daemon measures them), else the job is kept the same way: a replay of a live
+run decides as the daemon did. ``SimConfig.job_costs`` gives jobs costs of their own (a live job's
+measured boot and resume).
 
 **Interference** (optional, ``SimConfig.interference``, Pollux's 0.25/0.5): a distributed job
 that shares a host with another distributed job trains that much slower; speeds are re-evaluated
@@ -59,6 +65,7 @@ import numpy as np
 from taiji.errors import ConfigError
 from taiji.sched.cluster import Allocation, Cluster, PolicyError
 from taiji.sched.model import AnyApplication, Application, advance, load_application, time_to_finish
+from taiji.sched.preemption import SuspendRules, may_suspend
 from taiji.sched.ps import PsSettings, ps_application
 from taiji.sched.workload import LIVE, JobSpec
 
@@ -135,6 +142,8 @@ class SimConfig:
     error_seed: int = 0
     live: tuple[tuple[str, Application], ...] = ()   # (job name, its Application) for LIVE jobs (sched/live.py)
     preemption: bool = True   # False: a started job keeps its GPUs until it ends (no suspend/resume)
+    suspend_rules: SuspendRules | None = None   # the live scheduler's rules for a suspension (None: any)
+    job_costs: tuple[tuple[str, ResizeCost], ...] = ()   # (job name, its own costs, e.g. its measured boot)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
@@ -204,6 +213,9 @@ class _Job:
     peak_replicas: int = 0
     start: float | None = None
     end: float | None = None
+    resumed: float = 0.0            # when it last (re)started
+    resumed_at: float = 0.0         # its progress then
+    suspensions: list[float] = field(default_factory=list)   # when it was suspended
 
     def view(self) -> JobView:
         return JobView(self.spec, self.estimate, self.progress, self.attained, self.allocation,
@@ -251,6 +263,7 @@ class _Engine:
     active: list[_Job] = field(default_factory=list)
     records: dict[str, JobRecord] = field(default_factory=dict)
     utilization: list[tuple[float, int]] = field(default_factory=list)
+    resumed_any: bool = False   # a suspended job ran again
 
     def run(self) -> SimResult:
         pending = sorted(self.specs, key=lambda spec: spec.submit_time)
@@ -323,8 +336,7 @@ class _Engine:
         cluster = self.config.cluster
         answer = dict(self.policy.allocate(self.now, cluster, tuple(job.view() for job in self.active)))
         cluster.check(answer, (job.spec.name for job in self.active))
-        if not self.config.preemption:
-            answer = self._without_preemption(answer)
+        answer = self._without_preemption(answer, self._kept(answer))
         for job in self.active:   # a PS job runs only with its servers (the model's W ≤ γS)
             new = answer.get(job.spec.name)
             if new is not None and new.servers != job.app.servers_for(new.replicas):
@@ -332,22 +344,45 @@ class _Engine:
                                   f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}")
         for job in self.active:
             new = answer.get(job.spec.name)
-            pause = resize_cost(self.config.resize, job.allocation, new, resumed=job.start is not None)
+            pause = resize_cost(self._cost(job), job.allocation, new, resumed=job.start is not None)
             if pause is not None:
                 job.restarts += 1
                 job.pause_left = pause
             if new is not None and job.start is None:
                 job.start = self.now
+            if new is None and job.allocation is not None:
+                job.suspensions.append(self.now)
+            elif new is not None and job.allocation is None:
+                job.resumed, job.resumed_at = self.now, job.progress
+                self.resumed_any = self.resumed_any or bool(job.suspensions)
             job.allocation = new
             job.peak_replicas = max(job.peak_replicas, new.replicas if new else 0)
         self._retime_all()
         self._note_utilization()
 
-    def _without_preemption(self, answer: dict[str, Allocation]) -> dict[str, Allocation]:
-        """``answer`` with every running job it leaves out kept as it is; the other changes undone,
+    def _kept(self, answer: Mapping[str, Allocation]) -> dict[str, Allocation]:
+        """The running jobs ``answer`` leaves out that are not suspended (all without preemption;
+        with suspend rules, those the rules keep), with what they hold."""
+        rules = self.config.suspend_rules
+        return {job.spec.name: job.allocation for job in self.active
+                if job.allocation is not None and answer.get(job.spec.name) is None
+                and (not self.config.preemption or rules is not None and not may_suspend(
+                    True, job.suspensions, job.resumed, self.now, self._rule_cost(job), rules,
+                    trained=job.progress > job.resumed_at, left_s=job.pause_left + time_to_finish(
+                        job.app, job.progress, job.allocation.placement, job.allocation.batch_size,
+                        job.allocation.ps_placement) / job.speed))}
+
+    def _cost(self, job: _Job) -> ResizeCost:
+        return dict(self.config.job_costs).get(job.spec.name, self.config.resize)
+
+    def _rule_cost(self, job: _Job) -> float:
+        """A job's suspend/resume cost as the live rules see it: its resume once some job's
+        resume was seen, else its boot (its start)."""
+        return self._cost(job).resume_s if self.resumed_any else self._cost(job).start
+
+    def _without_preemption(self, answer: dict[str, Allocation], kept: dict[str, Allocation]) -> dict[str, Allocation]:
+        """``answer`` with the running jobs in ``kept`` kept as they are; the other changes undone,
         newest job first, until the whole fits (all undone is the previous, feasible state)."""
-        kept = {job.spec.name: job.allocation for job in self.active
-                if job.allocation is not None and answer.get(job.spec.name) is None}
         if not kept:
             return answer
         answer.update(kept)

@@ -200,12 +200,7 @@ def main(argv: Sequence[str]) -> int:
                 listed = read_hosts_file(args.hosts)
                 hosts, slots, count = (AgentHosts(listed, args.host_timeout, args.fence, args.checkpoint_grace),
                                        listed[0][1], len(listed))
-            policy = make_policy(args.policy, SYSTEMS["taiji"])
-            if args.las_threshold is not None:
-                from ...sched.policies import Tiresias
-                if not isinstance(policy, Tiresias) or args.las_threshold <= 0:
-                    raise ConfigError("--las-threshold is a number of worker-seconds > 0 for --policy tiresias")
-                policy = Tiresias(threshold_gpu_s=args.las_threshold)
+            policy = make_policy(args.policy, SYSTEMS["taiji"], las_threshold=args.las_threshold)
             rules = SuspendRules(max_per_hour=args.max_suspensions_per_hour, min_run_factor=args.min_run_factor)
             scheduler = Scheduler(slots, policy, args.shrink_timeout, hosts=count,
                                   rules=rules)

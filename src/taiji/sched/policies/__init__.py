@@ -16,7 +16,8 @@ POLICIES = {"fifo": Fifo, "drf": ElasticDrf, "tiresias": Tiresias, "optimus": Op
             "pollux": PolluxLike, "srtf": SrtfOracle, "pcrr": Pcrr}
 
 
-def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "taiji"):
+def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "taiji",
+                las_threshold: float | None = None):
     """A policy by name (``fifo``, ``drf``, ``tiresias``, ``optimus``, ``pollux``, ``srtf``, ``pcrr``).
 
     ``resize``: the simulated system's resize cost (``sim.SYSTEMS[...]``, the same as
@@ -25,10 +26,17 @@ def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "ta
     not tell policies what a change costs, so without it both assume a 30 s restart.
 
     ``fidelity`` (:data:`FIDELITY_MODES`): ``pollux`` makes ``tiresias`` and ``optimus`` place jobs and
-    rank GPUs as Pollux's simulator does (``policies.common``); the other policies have no such mode."""
+    rank GPUs as Pollux's simulator does (``policies.common``); the other policies have no such mode.
+
+    ``las_threshold``: Tiresias's demotion threshold in worker-seconds (default: 16 GPU-hours), the
+    live daemon's ``--las-threshold``; a replay of a live run must build its policy the same way."""
     check_fidelity(fidelity)
     if name not in POLICIES:
         raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    if las_threshold is not None:
+        if name != "tiresias" or not las_threshold > 0:
+            raise ConfigError("a LAS threshold is a number of worker-seconds > 0 for the tiresias policy")
+        return Tiresias(threshold_gpu_s=las_threshold, fidelity=fidelity)
     if name in ("tiresias", "optimus"):
         return POLICIES[name](fidelity=fidelity)
     if resize is not None and name == "pcrr":
