@@ -164,9 +164,9 @@ def test_etcd_rendezvous_store_reads_a_group_at_once_and_waits_by_watch(etcd_ser
             calls["read_prefix"] += 1
             return super().read_prefix(prefix, put)
 
-        def puts_under(self, prefix, revision, quiet_s):
+        def puts_under(self, prefix, quiet_s):
             calls["watch"] += 1
-            return super().puts_under(prefix, revision, quiet_s)
+            return super().puts_under(prefix, quiet_s)
 
         def wait(self, keys, timeout=None):
             calls["poll"] += 1
@@ -186,6 +186,43 @@ def test_etcd_rendezvous_store_reads_a_group_at_once_and_waits_by_watch(etcd_ser
     with pytest.raises(RendezvousAbandoned, match="dropped lost worker"):
         doomed.wait([f"{prefix}/never/0"], datetime.timedelta(seconds=30))
     assert time.monotonic() - began < 10
+
+
+def test_etcd_rendezvous_wait_hears_a_key_written_after_its_read_at_once(etcd_server):
+    """A rendezvous wait learns of a key written while it waits from its watch at once, not at
+    etcd's next catch-up of lagging watches (every 100 ms): its watch starts from now and is live
+    before the prefix is read, though other keys are written meanwhile (as a job's are). One
+    watch serves a group's successive waits (gloo waits for one rank's key at a time)."""
+    import collections
+
+    from taiji.cluster.etcd import EtcdKV
+    from taiji.cluster.rendezvous import EtcdRendezvousStore
+    read, calls = threading.Event(), collections.Counter()
+
+    class Told(EtcdKV):  # the real client, telling when the wait has read its group
+        def read_prefix(self, prefix, put=None):
+            found = super().read_prefix(prefix, put)
+            read.set()
+            return found
+
+        def puts_under(self, prefix, quiet_s):
+            calls["watch"] += 1
+            return super().puts_under(prefix, quiet_s)
+
+    writer, store = EtcdKV(etcd_server.url, 10), EtcdRendezvousStore(Told(etcd_server.url, 10), timeout=20)
+    group = f"taiji/l{uuid.uuid4().hex[:6]}/pg/v1/grad/0/"
+    lags = []
+    for rank in range(5):
+        read.clear()
+        waiter = threading.Thread(target=store.wait, args=([group + str(rank)],))
+        waiter.start()
+        assert rank > 0 or read.wait(10)  # (then the group's watch is kept: nothing is read again)
+        writer.set(f"{group}other/{rank}", "x")  # the job's other keys move etcd's revision
+        writer.set(group + str(rank), "addr")
+        written = time.monotonic()
+        waiter.join(20)
+        lags.append(time.monotonic() - written)
+    assert sum(lags) < 0.15 and calls["watch"] <= 2, (lags, calls)
 
 
 def test_etcd_watch_streams_every_new_version_and_stops_when_told(etcd_server, monkeypatch):

@@ -16,7 +16,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import torch.distributed as dist
 
@@ -385,15 +385,16 @@ class EtcdKV:
         found = {_unb64(kv["key"]).decode(): _unb64(kv.get("value", "")) for kv in answer.get("kvs", ())}
         return int(answer["header"]["revision"]), found
 
-    def puts_under(self, prefix: str, revision: int, quiet_s: float) -> Iterator[tuple[str, bytes]]:
-        """Keys written under ``prefix`` after ``revision``, with their values, as they are written;
-        ends after ``quiet_s`` without one. StoreError if the watch fails (read the prefix again)."""
+    def puts_under(self, prefix: str, quiet_s: float) -> Generator[tuple[str, bytes] | None, None, None]:
+        """None once a watch of ``prefix`` is live (a read of the prefix then misses nothing), then each
+        key written under it with its value; ends after ``quiet_s`` without a line. From now, not from a
+        past revision: etcd gives a watch that starts in the past its events only at its next catch-up
+        of such watches (every 100 ms) once anything was written since. StoreError if it fails."""
         import requests
-        request = {**_scan(prefix), "start_revision": revision + 1}
         try:
-            for result in self._watch(request, quiet_s):
-                if result.get("canceled"):
-                    raise StoreError(f"etcd at {self.url}: the watch of {prefix} was compacted away")
+            for result in self._watch(_scan(prefix), quiet_s):
+                if result.get("created"):
+                    yield None
                 for event in result.get("events", ()):
                     if event.get("type") != "DELETE":
                         yield _unb64(event["kv"]["key"]).decode(), _unb64(event["kv"].get("value", ""))

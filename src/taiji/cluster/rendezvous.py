@@ -8,10 +8,13 @@ builds cost a recovery on etcd 0.2-0.4 s where the TCPStore answers in a few ms.
 
 Those keys are written once (a new version has a new prefix), so ``EtcdRendezvousStore`` writes
 a rank's key and reads its group's whole prefix in one round trip (a transaction), keeps what it
-read, and waits for the keys still missing with one watch of the prefix from a read's revision
-(woken as each key is written). Any other call goes to etcd as it is. A wait also ends as soon as
-its version is abandoned (a newer one dropped a rank it waits for, told by the worker's config
-watcher): a group build no longer waits out the collective timeout for a dead rank's key.
+read, and waits for the keys still missing with a watch of the prefix (woken as each key is
+written), kept open for the group's next wait (gloo waits for one rank's key at a time). The watch
+starts from now and the prefix is read once it is live: a watch from a past revision would get its
+events only at etcd's next catch-up of lagging watches, up to 100 ms later, for each wait. Any
+other call goes to etcd as it is. A wait also ends as soon as its version is abandoned (a newer one
+dropped a rank it waits for, told by the worker's config watcher): a group build no longer waits
+out the collective timeout for a dead rank's key.
 """
 from __future__ import annotations
 
@@ -19,15 +22,19 @@ import collections
 import datetime
 import threading
 import time
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Generator, Protocol
 
 import torch.distributed as dist
 
 from ..errors import StoreError
 
 KEPT_GROUPS = 16  # the groups' keys remembered (a version's few groups, and the previous versions')
+KEPT_WATCHES = 4  # the groups whose watch stays open between waits (the newest: the version being built)
 RETRY_PAUSE_S = 0.05
 GIVE_UP_CHECK_S = 0.25  # a wait asks this often whether to give up (its watch is reopened that often)
+
+
+Watch = Generator[tuple[str, bytes] | None, None, None]  # None once live, then each (key, value) written
 
 
 class PrefixKV(Protocol):
@@ -36,7 +43,7 @@ class PrefixKV(Protocol):
     url: str
 
     def read_prefix(self, prefix: str, put: tuple[str, bytes] | None = None) -> tuple[int, dict[str, bytes]]: ...
-    def puts_under(self, prefix: str, revision: int, quiet_s: float) -> Iterator[tuple[str, bytes]]: ...
+    def puts_under(self, prefix: str, quiet_s: float) -> Watch: ...
     def check(self, keys: list[str]) -> bool: ...
     def add(self, key: str, amount: int) -> int: ...
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes: ...
@@ -64,20 +71,16 @@ class EtcdRendezvousStore(dist.Store):
         self._timeout = timeout
         self._give_up = give_up
         self._known: collections.OrderedDict[str, dict[str, bytes]] = collections.OrderedDict()
-        self._read_at: dict[str, int] = {}  # a group's last prefix read: its revision (watches start after it)
+        self._watches: collections.OrderedDict[str, Watch] = collections.OrderedDict()
         self._lock = threading.Lock()  # a plan thread builds its groups beside the training thread
 
-    def _remember(self, found: dict[str, bytes], group: str = "", revision: int = 0) -> None:
-        """Keep ``found``; with ``group``: everything under it at ``revision`` is in ``found``."""
+    def _remember(self, found: dict[str, bytes]) -> None:
         with self._lock:
-            if group:
-                self._known.setdefault(group, {})
-                self._read_at[group] = max(revision, self._read_at.get(group, 0))
             for key, value in found.items():
                 self._known.setdefault(_group_of(key), {})[key] = value
                 self._known.move_to_end(_group_of(key))
             while len(self._known) > KEPT_GROUPS:
-                self._read_at.pop(self._known.popitem(last=False)[0], None)
+                self._known.popitem(last=False)
 
     def _missing(self, keys: list[str]) -> list[str]:
         with self._lock:
@@ -86,9 +89,7 @@ class EtcdRendezvousStore(dist.Store):
     def set(self, key: str, value: Any) -> None:
         """Write ``key`` and read its group's keys written so far, in one round trip."""
         raw = value.encode() if isinstance(value, str) else bytes(value)
-        group = _group_of(key)
-        revision, found = self.kv.read_prefix(group, put=(key, raw))
-        self._remember(found, group, revision)
+        self._remember(self.kv.read_prefix(_group_of(key), put=(key, raw))[1])
 
     def get(self, key: str) -> bytes:
         self.wait([key])
@@ -107,29 +108,35 @@ class EtcdRendezvousStore(dist.Store):
                 for key in missing:
                     self.wait([key], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
                 return
-            with self._lock:
-                revision = self._read_at.get(group, 0)
-            if not revision:  # not read since this rank wrote its key: read it now
-                revision, found = self.kv.read_prefix(group)
-                self._remember(found, group, revision)
+            why = self._give_up()
+            if why:
+                raise RendezvousAbandoned(f"gave up waiting for keys {missing}: {why}")
+            if time.monotonic() >= deadline:
+                raise StoreError(f"etcd at {self.kv.url}: wait timeout after {limit:g}s for keys {missing}")
             try:
-                while self._missing(missing) and time.monotonic() < deadline:
-                    why = self._give_up()
-                    if why:
-                        raise RendezvousAbandoned(f"gave up waiting for keys {self._missing(missing)}: {why}")
-                    quiet = max(min(deadline - time.monotonic(), GIVE_UP_CHECK_S), 0.001)
-                    for key, value in self.kv.puts_under(group, revision, quiet):
-                        self._remember({key: value})
-                        if not self._missing(missing):
-                            return
-            except RendezvousAbandoned:
-                raise
-            except StoreError:  # the watch broke: read the prefix again, after a pause
-                with self._lock:
-                    self._read_at.pop(group, None)
+                self._watch_for(group, missing, max(min(deadline - time.monotonic(), GIVE_UP_CHECK_S), 0.001))
+            except StoreError:  # the watch broke: another, after a pause
                 time.sleep(min(RETRY_PAUSE_S, max(deadline - time.monotonic(), 0.0)))
-            if self._missing(missing) and time.monotonic() >= deadline:
-                raise StoreError(f"etcd at {self.kv.url}: wait timeout after {limit:g}s for keys {self._missing(missing)}")
+
+    def _watch_for(self, group: str, missing: list[str], quiet: float) -> None:
+        """Follow ``group``'s watch (opened, and the prefix read, if none is kept) until ``missing``
+        are known (the watch is kept for the next wait) or ``quiet`` passes without a write."""
+        with self._lock:
+            watch = self._watches.pop(group, None)
+        if watch is None:
+            watch = self.kv.puts_under(group, quiet)
+            if next(watch, ()) is not None:
+                return  # not live within ``quiet``
+            self._remember(self.kv.read_prefix(group)[1])
+        while self._missing(missing):
+            put = next(watch, None)
+            if put is None:
+                return  # quiet: the caller asks whether to give up, and watches anew
+            self._remember(dict([put]))
+        with self._lock:
+            self._watches[group] = watch
+            while len(self._watches) > KEPT_WATCHES:
+                self._watches.popitem(last=False)[1].close()
 
     def check(self, keys: list[str]) -> bool:
         missing = self._missing(keys)
