@@ -127,6 +127,27 @@ def test_parts_round_trip_and_completeness(tmp_path, root):
         storage.remove("")
 
 
+def test_a_part_is_checksummed_once_by_its_digest_not_again_by_torch_save(tmp_path):
+    """torch.save's per-record CRC-32 (never checked by torch.load) is off while a part is
+    written, and the process-wide setting is as it was afterwards; the part still loads."""
+    import io
+    import zipfile
+    storage = Storage(str(tmp_path / "ck"))
+    tensors = {"model.w": torch.randn(64, 32), "state.0": torch.arange(50.0)}
+    torch.serialization.set_crc32_options(True)
+    _write(storage, 3, tensors)
+    assert torch.serialization.get_crc32_options() is True
+    rel = f"{layout.checkpoint_name(3)}/{layout.part_name(0)}"
+    index = storage.read_json(f"{rel}/{layout.INDEX}")
+    for key, (name, offset, length) in index.items():
+        record = storage.read_ranges(f"{rel}/{name}", [(offset, length)])[0]
+        crcs = {info.filename: info.CRC for info in zipfile.ZipFile(io.BytesIO(record)).infolist()}
+        assert set(crcs.values()) == {0}, (key, crcs)
+    targets = {k: torch.zeros_like(t) for k, t in tensors.items()}
+    load_tensors(find(str(tmp_path / "ck")), targets)
+    assert all(torch.equal(targets[k], tensors[k]) for k in tensors)
+
+
 def test_missing_and_corrupt_checkpoints_refused(tmp_path):
     with pytest.raises(CheckpointError, match="the path does not exist"):
         find(str(tmp_path / "nowhere"))

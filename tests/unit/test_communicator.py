@@ -10,6 +10,7 @@ import torch
 from taiji.errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
                           PeerLost)
 from taiji.comm.communicator import CommOptions, Communicator
+from taiji_harness.latent_store import LatentStore
 from taiji_harness.testing import run_threads
 
 pytestmark = pytest.mark.timeout(120)
@@ -282,37 +283,6 @@ def test_float32_pieces_are_a_float64_to_float32_cast_at_the_edges_and_never_rai
     assert back[-1] == 2.0**70 and back[-2] == 0.0 and math.copysign(1.0, float(pieces[0][-2])) == -1.0
 
 
-class _LatentStore(torch.distributed.Store):
-    """A real store whose every write takes ``delay`` seconds, as a store across a slow network
-    does (etcd on a loaded host): a group's rendezvous costs at least one ``delay``."""
-
-    def __init__(self, inner, delay: float):
-        super().__init__()
-        self.inner, self.delay = inner, delay
-
-    def set(self, key, value):
-        time.sleep(self.delay)
-        self.inner.set(key, value)
-
-    def get(self, key):
-        return self.inner.get(key)
-
-    def wait(self, keys, timeout=None):
-        return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
-
-    def check(self, keys):
-        return self.inner.check(keys)
-
-    def add(self, key, value):
-        return self.inner.add(key, value)
-
-    def set_timeout(self, timeout):
-        self.inner.set_timeout(timeout)
-
-    def clone(self):
-        return _LatentStore(self.inner.clone(), self.delay)
-
-
 @pytest.mark.parametrize("side_by_side", [True, False])
 def test_connect_builds_a_versions_groups_side_by_side_so_it_pays_one_rendezvous(side_by_side):
     """A new version's ctrl and grad groups are built before its first step; given a second
@@ -320,7 +290,7 @@ def test_connect_builds_a_versions_groups_side_by_side_so_it_pays_one_rendezvous
     delay, inner, kept, took = 1.0, torch.distributed.HashStore(), [], {}
 
     def body(rank):
-        store = _LatentStore(inner, delay)
+        store = LatentStore(inner, delay)
         side = store.clone()
         kept.extend([store, side])  # a store written in Python must outlive the C++ stores wrapping it
         comm = Communicator(store, rank, 2, 1, CommOptions(timeout=30), side_store=side if side_by_side else None)

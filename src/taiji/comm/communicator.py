@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,12 +24,12 @@ import torch.distributed as dist
 from .addresses import gloo_device
 from .topologies import check_topology
 from .topology import PLANS, HostLayout, PlanRunner, PlanWork, host_layout, runs_as_ring
+from .handle import REAP_DELAY_S, Handle, comm_error, comm_where, when_done
 from .teardown import Pending, Teardown, keep_forever, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
 from .digest import tensor_digest
-from .failures import collective_error, where
 from .signature import check_signatures, signature
 from .. import env
-from ..errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, PeerLost, TaijiError
+from ..errors import CommError, ConfigError, ConsensusError, PeerLost, TaijiError
 
 log = logging.getLogger(__name__)
 
@@ -42,81 +42,7 @@ _REDUCE_OPS = {
     "avg": dist.ReduceOp.SUM,  # gloo has no AVG: sum, then divide by the live size
     "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
 }
-_REAP_DELAY_S = 1.0
 _ABANDON_SLICE = datetime.timedelta(milliseconds=10)  # how soon a wait sees its version abandoned
-
-
-def _where(comm: "Communicator") -> str:
-    return where(comm.rank, comm.version)
-
-
-def _collective_error(comm: "Communicator", exc: BaseException, op: str, channel: str) -> TaijiError:
-    return collective_error(exc, op, channel, rank=comm.rank, size=comm.size, version=comm.version,
-                            timeout=comm.options.timeout)
-
-
-def _when_done(work: Any, callback: Callable[[], None]) -> None:
-    """Call ``callback`` (on any thread) once ``work`` — a gloo/NCCL Work or a plan's — ends."""
-    if isinstance(work, PlanWork):
-        work.add_done_callback(callback)
-    else:
-        work.get_future().add_done_callback(lambda _: callback())
-
-
-class Handle(Generic[T]):
-    """An asynchronous collective in flight. ``wait()`` returns its result or raises CommError
-    (also after its communicator was closed: then within about a second)."""
-
-    def __init__(self, work: Any, finish: Callable[[], T], comm: "Communicator", op: str, channel: str,
-                 sliced: bool = True):
-        self._pending = work if work is None or isinstance(work, Pending) else Pending(work)
-        self._sliced = sliced  # a gloo Work: waited in short slices (see Communicator.wait_unless_abandoned)
-        self._finish, self._comm, self._op, self._channel = finish, comm, op, channel
-        self._result: T | None = None
-        self._done = False
-
-    def wait(self) -> T:
-        if not self._done:
-            pending = self._pending
-            work = pending.work if pending is not None else None
-            if work is not None and not pending.orphaned:
-                if not work.is_completed() and not self._comm.wait_unless_abandoned(work, self._sliced):
-                    del work
-                    self._comm.leave_behind(pending)
-                    raise self._comm.abandoned_error(self._op, self._channel)
-                try:
-                    work.wait()
-                except CommError:
-                    raise  # a plan's own (its communicator closed under it)
-                except RuntimeError as exc:
-                    raise _collective_error(self._comm, exc, self._op, self._channel) from exc
-                finally:
-                    # a Work keeps its group's connections alive: hold it no longer than needed
-                    pending.work = work = None
-            elif pending is not None and pending.orphaned:
-                self._wait_orphaned(pending)
-            self._result = self._finish()
-            self._done = True
-        return self._result  # type: ignore[return-value]
-
-    def _wait_orphaned(self, pending: Pending) -> None:
-        limit = _REAP_DELAY_S + 2 * self._comm.options.timeout + 5.0
-        assert pending.done is not None
-        if not pending.done.wait(limit):
-            raise CollectiveTimeout(f"{_where(self._comm)} {self._op} on channel '{self._channel}' "
-                                    f"still in flight {limit:g}s after its communicator was closed",
-                                    channel=self._channel, op=self._op, version=self._comm.version)
-        if pending.error is not None:
-            raise _collective_error(self._comm, pending.error, self._op, self._channel) from pending.error
-
-    def is_completed(self) -> bool:
-        pending = self._pending
-        if self._done or pending is None:
-            return True
-        if pending.orphaned:
-            return pending.done is not None and pending.done.is_set()
-        work = pending.work
-        return work is None or work.is_completed()
 
 
 class _PlanGroups:
@@ -160,6 +86,8 @@ class Communicator:
         self._groups: dict[str, Any] = {}
         self._in_flight: weakref.WeakSet[Pending] = weakref.WeakSet()  # while its Handle lives
         self._lock = threading.Lock()
+        self._connecting = threading.Lock()  # held by connect(), which may run on a thread of its own
+        self._connect_failed: CommError | None = None
         self._closed = False
         self._abandoned: str | None = None     # why this version can no longer complete a collective
         self._waiters: set[threading.Event] = set()  # Handles waiting for a collective to end
@@ -218,7 +146,7 @@ class Communicator:
             if not self._closed:
                 self._groups[key] = group
                 return group
-        reaper.submit(Teardown(self.version, [group], [], _REAP_DELAY_S))  # closed meanwhile
+        reaper.submit(Teardown(self.version, [group], [], REAP_DELAY_S))  # closed meanwhile
         raise closed
 
     # -- topology -----------------------------------------------------------------------
@@ -245,14 +173,25 @@ class Communicator:
         plan = PLANS[self.topology]
         return self._plans.submit(lambda: plan(tensor, groups))
 
-    def connect(self, channels: Sequence[str] | None = None) -> None:
+    def connect(self, channels: Sequence[str] | None = None,
+                via: tuple[dist.Store, dist.Store] | None = None) -> None:
         """Build the CPU groups of ``channels`` now rather than on first use (default: the ones a
         step uses): a new version's groups are ready before its first step, two side by side (with
-        ``side_store``), so that a recovery pays about one rendezvous, not one per channel."""
-        with self._lock:  # every rank the same channels: a joiner learns the plan in use only after this
-            wanted = [c for c in channels or CHANNELS if c not in self._groups]
-        if self.size == 1 or not wanted:
-            return
+        ``side_store``), so that a recovery pays about one rendezvous, not one per channel. ``via``:
+        two store connections to meet on instead (a build ahead: runtime/ahead.py). One call at a
+        time: a second (the transition, while a thread builds them ahead) waits for the first, and
+        a failed build fails every later call alike (never rebuilt)."""
+        with self._connecting:
+            if self._connect_failed is not None:
+                raise self._connect_failed
+            with self._lock:  # every rank the same channels: a joiner learns the plan in use only after this
+                wanted = [c for c in channels or CHANNELS if c not in self._groups]
+            if self.size > 1 and wanted:
+                self._connect_failed = self._build_groups(wanted, *(via or (None, self.side_store)))
+            if self._connect_failed is not None:
+                raise self._connect_failed
+
+    def _build_groups(self, wanted: list[str], store: dist.Store | None, side: dist.Store | None) -> CommError | None:
         built: dict[str, Any] = {}
         failed: list[CommError] = []
 
@@ -262,11 +201,11 @@ class Communicator:
             except CommError as exc:
                 failed.append(exc)
         beside = None
-        if len(wanted) > 1 and self.side_store is not None:
-            beside = threading.Thread(target=build, args=(wanted.pop(), self.side_store), daemon=True)
+        if len(wanted) > 1 and side is not None:
+            beside = threading.Thread(target=build, args=(wanted.pop(), side), daemon=True)
             beside.start()
         for channel in wanted:
-            build(channel)
+            build(channel, store)
         if beside is not None:
             beside.join()
         with self._lock:
@@ -274,9 +213,8 @@ class Communicator:
                 self._groups.update(built)
                 built = {}
         if built:  # closed meanwhile
-            reaper.submit(Teardown(self.version, list(built.values()), [], _REAP_DELAY_S))
-        if failed:
-            raise failed[0]
+            reaper.submit(Teardown(self.version, list(built.values()), [], REAP_DELAY_S))
+        return failed[0] if failed else None
 
     def close(self) -> None:
         """Tear down this version's groups; later collectives on it raise CommError.
@@ -305,7 +243,7 @@ class Communicator:
             # Destroying a gloo group waits on each peer's connection (~10 ms per peer and
             # channel), and peers may still be reading what we sent last: the reaper does it
             # a moment later.
-            reaper.submit(Teardown(self.version, groups, orphans, _REAP_DELAY_S, plans=self._plans))
+            reaper.submit(Teardown(self.version, groups, orphans, REAP_DELAY_S, plans=self._plans))
 
     # -- abandoning a dead version -------------------------------------------------------
 
@@ -361,7 +299,7 @@ class Communicator:
             ended.set()
             woken.set()
         try:
-            _when_done(work, end)
+            when_done(work, end)
             woken.wait()
         finally:
             with self._lock:
@@ -382,10 +320,10 @@ class Communicator:
     # -- errors -----------------------------------------------------------------------
 
     def _where(self) -> str:
-        return _where(self)
+        return comm_where(self)
 
     def _error(self, exc: BaseException, op: str, channel: str) -> TaijiError:
-        return _collective_error(self, exc, op, channel)
+        return comm_error(self, exc, op, channel)
 
     # -- debug-mode signature check ---------------------------------------------------
 
@@ -419,7 +357,7 @@ class Communicator:
                         self._in_flight.add(pending)
                 if closed and pending.orphan():  # closed by another thread meanwhile
                     reaper.submit(Teardown(self.version, [group] if group is not None else [], [pending],
-                                           _REAP_DELAY_S))
+                                           REAP_DELAY_S))
         return handle if async_op else handle.wait()
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", *, channel: str = "grad",

@@ -1,4 +1,5 @@
-"""Liveness: a heartbeat that tells the launcher this worker's process is running.
+"""Liveness: a heartbeat that tells the launcher this worker's process is running, and the watch
+by which a worker exits when its launcher dies (``watch_launcher``).
 
 A collective that waits on a peer cannot tell a peer that is *stuck* (SIGSTOPped, frozen, its
 host gone) from one that is *busy* (an evaluation on rank 0 between epochs, a checkpoint). The
@@ -11,6 +12,9 @@ the counts: a stale heartbeat is a hang, a fresh one is busy.
 from __future__ import annotations
 
 import logging
+import os
+import select
+import signal
 import threading
 import time
 from pathlib import Path
@@ -73,3 +77,31 @@ class Heartbeat:
         self._stopped.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(max(self.interval * 4, 1.0))
+
+
+def _exit_with_own_children() -> None:
+    # the launcher starts each worker as the leader of its own process group: take the
+    # worker's children (data-loader processes, ...) down with it
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os._exit(1)
+
+
+def watch_launcher(pid: int) -> None:
+    """Exit this worker (and its children) when the launcher dies: nothing outlives its job."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        fd = None
+    if fd is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _exit_with_own_children()
+        return  # no pidfd support: rely on the launcher's parent-death signal
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        log.error("the launcher (pid %d) died; this worker exits so that nothing is orphaned", pid)
+        _exit_with_own_children()
+    threading.Thread(target=wait, name="taiji-launcher-watch", daemon=True).start()

@@ -111,7 +111,8 @@ class ElasticMembership(_PeerMembership):
         self._given_store = watch_store
         self._watcher: threading.Thread | None = None  # started by the first question it answers
         self._moved = threading.Condition()  # notified by the watcher when ``_newest`` moves
-        self._newest_config: ClusterConfig | None = None  # read by the watcher (a store that can watch)
+        self._newest_config: ClusterConfig | None = None  # read by the watcher
+        self._considered = peer.version  # the newest version the watcher has looked at (``_consider``)
         self._report_lock = threading.Lock()  # failure reports, one at a time, on their own connection
         self._report_store: JobStore | None = None
 
@@ -134,7 +135,7 @@ class ElasticMembership(_PeerMembership):
                     for version in store.follow_latest(self._closed):
                         if version > self._newest:  # read here: the training thread may be waiting for it
                             self._saw(version, store.read_config(version))
-                        self._abandon_if_doomed(store)  # (the config just read is not read again)
+                        self._consider(store)  # (the config just read is not read again)
                     continue
                 comm = self.peer.comm
                 if time.monotonic() - polled < pause and (comm is None or comm.waiting_for() < STUCK_AFTER_S):
@@ -142,8 +143,9 @@ class ElasticMembership(_PeerMembership):
                 polled = time.monotonic()
                 following = max(self._newest, self.peer.version) + 1
                 if store.has(config_key(following)):
-                    self._saw(max(following, store.latest_version()))
-                self._abandon_if_doomed(store)
+                    newest = max(following, store.latest_version())
+                    self._saw(newest, store.read_config(newest))
+                self._consider(store)
             except StoreError:
                 # the launcher is gone or restarting: the training thread finds out itself
                 self._closed.wait(pause)
@@ -154,26 +156,33 @@ class ElasticMembership(_PeerMembership):
                 self._newest, self._newest_config = version, config
                 self._moved.notify_all()
 
-    def _abandon_if_doomed(self, store: JobStore) -> None:
-        """A newer version that dropped members of ours as lost means our version's collectives
-        can never complete: abandon them now (comm.abandon) rather than at gloo's timeout."""
-        comm, config = self.peer.comm, self.peer.config
-        if comm is None or config is None or comm.version != config.version or comm.abandoned:
-            return
-        ours, looked = self._doom_checked
-        start = looked + 1 if ours == config.version else config.version + 1
-        for version in range(start, self._newest + 1):
-            known = self._newest_config
-            read = known if known is not None and known.version == version else store.read_config(version)
-            lost = read.dooms(config.ids)
-            if lost:
-                comm.abandon(f"cluster v{version} dropped lost worker(s) {', '.join(lost)}")
-                break
-        self._doom_checked = (config.version, max(self._newest, start - 1))
+    def _consider(self, store: JobStore) -> None:
+        """Look at the versions newer than ours not looked at yet. One that dropped members of ours
+        as lost means our version's collectives can never complete: abandon them now (comm.abandon)
+        rather than at gloo's timeout. Else the newest, a planned change, has its groups built ahead
+        (Peer.prepare: runtime/ahead.py); only then is it the newest to move to (``newest_version``)."""
+        newest, comm, config = self._newest, self.peer.comm, self.peer.config
+        if comm is not None and config is not None and comm.version == config.version and not comm.abandoned:
+            ours, looked = self._doom_checked
+            start, lost = (looked + 1 if ours == config.version else config.version + 1), ()
+            for version in range(start, newest + 1):
+                known = self._newest_config
+                read = known if known is not None and known.version == version else store.read_config(version)
+                lost = read.dooms(config.ids)
+                if lost:
+                    comm.abandon(f"cluster v{version} dropped lost worker(s) {', '.join(lost)}")
+                    break
+            if not lost and start <= newest and self._newest_config is not None:
+                self.peer.prepare(self._newest_config)
+            self._doom_checked = (config.version, max(newest, start - 1))
+        self._considered = newest
 
     def newest_version(self) -> int:
+        """The newest version to move to at the next step boundary: the newest the watcher looked
+        at, once the groups it builds ahead for it are built (until then, ours)."""
         self.watch()
-        return max(self._newest, self.peer.version)
+        version, ours = self._considered, self.peer.version
+        return ours if version > ours and not self.peer.prepared(version) else max(version, ours)
 
     def watch(self) -> None:
         """Start following the published configs (idempotent). Every worker watches (not only the
@@ -225,7 +234,8 @@ class ElasticMembership(_PeerMembership):
         connection of its own: waiting for the next config does not wait for the report's round
         trips (five on etcd), and the launcher, if it needs the report, gets it as soon."""
         version = self.peer.version
-        if self.newest_version() > version:
+        self.watch()
+        if self._newest > version:
             return
         threading.Thread(target=self._send_report, args=(version, self.peer.step), name="taiji-failure-report",
                          daemon=True).start()

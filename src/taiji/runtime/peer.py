@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
-import select
-import signal
 import threading
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -23,7 +20,8 @@ from ..comm.default import set_default_provider
 from ..errors import ConfigError, StoreError
 from ..log import set_prefix_source
 from ..policies.base import Context
-from .liveness import Heartbeat
+from .ahead import Ahead, worth_building_ahead
+from .liveness import Heartbeat, watch_launcher
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +72,13 @@ class Peer:
         self._context_source: Callable[[], Context] | None = None  # the running Job's
         # (a store written in Python must outlive the C++ stores wrapping it: kept here)
         self._rendezvous = raw_store.rendezvous(self._abandoned) if isinstance(raw_store, SupportsRendezvous) else raw_store
-        self._comm_store = dist.PrefixStore(f"taiji/{self.job_store.job_id}", self._rendezvous)
-        self._side: tuple[dist.Store, dist.Store] | None = None  # (kept, prefixed): see ``_side_store``
+        self._comm_store = self._prefixed(self._rendezvous)
+        self._clones: dict[str, tuple[dist.Store, dist.Store]] = {}  # (kept, prefixed): see ``_connection``
         self._provisional = provisional
         self.config: spec.ClusterConfig | None = None
         self.comm: Communicator = None  # type: ignore[assignment]
         self._view: spec.ClusterView | None = None  # of ``config``, made when first asked
+        self._ahead = Ahead(self._connections)  # newer versions' groups, built while this one trains
         if config is not None:
             if config.rank_of(worker_id) is None:
                 raise ConfigError(f"worker {worker_id} is not a member of cluster v{config.version} "
@@ -142,26 +141,52 @@ class Peer:
         return self.comm.abandoned if self.comm is not None else None
 
     def transition(self, config: spec.ClusterConfig) -> bool:
-        """Switch to ``config``'s groups (same topology); False (and no communicator) if this worker left."""
+        """Switch to ``config``'s groups (same topology; built ahead if they were); False (and no
+        communicator) if this worker left."""
         topology = self.options.topology if self.comm is None else self.comm.topology
         if self.comm is not None:
             self.comm.close()
         rank = config.rank_of(self.worker_id)
         self.config = config
+        built = self._ahead.take(config.version)
         if rank is None:
             self.comm = None  # type: ignore[assignment]
             return False
-        self.comm = self._make_comm(self._comm_store, rank, config.size, config.version, CommOptions(
-            timeout=self.options.timeout, debug=self.options.debug_collectives, host=config.workers[rank].host,
-            hosts=tuple(w.host for w in config.workers), topology=topology),
-            side_store=self._side_store() if config.size > 1 else None)
+        self.comm = built or self._communicator(config, rank, topology)
+        self.comm.set_topology(topology)
         return True
 
-    def _side_store(self) -> dist.Store:
-        """The store on a second connection, made once: a version's second group meets beside its first."""
-        if self._side is None:  # (the clone, kept alive, and its prefixed view)
-            self._side = (kept := self._rendezvous.clone(), dist.PrefixStore(f"taiji/{self.job_store.job_id}", kept))
-        return self._side[1]
+    def prepare(self, config: spec.ClusterConfig) -> bool:
+        """Build a newer ``config``'s groups ahead, while training goes on in the current version
+        (runtime/ahead.py), on store connections of their own; False if not worth it."""
+        if not worth_building_ahead(self.config if self.joined else None, config, self.worker_id):
+            return False
+        rank, topology = config.rank_of(self.worker_id), self.options.topology if self.comm is None else self.comm.topology
+        return self._ahead.start(config.version, lambda: self._communicator(config, rank, topology))
+
+    def prepared(self, version: int) -> bool:
+        """Whether nothing is still being built ahead for ``version``."""
+        return self._ahead.ready(version)
+
+    def _communicator(self, config: spec.ClusterConfig, rank: int, topology: str) -> Communicator:
+        return self._make_comm(self._comm_store, rank, config.size, config.version, CommOptions(
+            timeout=self.options.timeout, debug=self.options.debug_collectives, host=config.workers[rank].host,
+            hosts=tuple(w.host for w in config.workers), topology=topology),
+            side_store=self._connection("side") if config.size > 1 else None)
+
+    def _prefixed(self, store: dist.Store) -> dist.Store:
+        return dist.PrefixStore(f"taiji/{self.job_store.job_id}", store)
+
+    def _connection(self, name: str) -> dist.Store:
+        """The store on a connection of its own, made once per ``name``: ``side``, where a version's
+        second group meets beside its first; ``ahead<n>``, where groups built ahead meet (``_connections``)."""
+        if name not in self._clones:  # (the clone, kept alive: a store written in Python must outlive
+            self._clones[name] = (kept := self._rendezvous.clone(), self._prefixed(kept))  # the C++ ones wrapping it)
+        return self._clones[name][1]
+
+    def _connections(self) -> tuple[dist.Store, dist.Store]:
+        n = len(self._clones)
+        return self._connection(f"ahead{n}"), self._connection(f"ahead{n}-side")
 
     def _store(self) -> JobStore:
         if not self.elastic:
@@ -174,6 +199,7 @@ class Peer:
         self._store().propose(size, source)
 
     def close(self) -> None:
+        self._ahead.close()
         if self.comm is not None:
             self.comm.close()
 
@@ -224,34 +250,6 @@ def default_peer() -> Peer:
     return _default if _default is not None else init()
 
 
-def _exit_with_own_children() -> None:
-    # the launcher starts each worker as the leader of its own process group: take the
-    # worker's children (data-loader processes, ...) down with it
-    if os.getpgrp() == os.getpid():
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-    os._exit(1)
-
-
-def _watch_launcher(pid: int) -> None:
-    """Exit this worker (and its children) when the launcher dies: nothing outlives its job."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        fd = None
-    if fd is None:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            _exit_with_own_children()
-        return  # no pidfd support: rely on the launcher's parent-death signal
-
-    def wait() -> None:
-        select.select([fd], [], [])
-        log.error("the launcher (pid %d) died; this worker exits so that nothing is orphaned", pid)
-        _exit_with_own_children()
-    threading.Thread(target=wait, name="taiji-launcher-watch", daemon=True).start()
-
-
 def init(options: PeerOptions | None = None) -> Peer:
     """Join the job started by ``taiji run``, or become a one-worker job when run directly.
 
@@ -264,7 +262,7 @@ def init(options: PeerOptions | None = None) -> Peer:
         if env.STORE_PORT.get():
             launcher = env.LAUNCHER_PID.get()
             if launcher:
-                _watch_launcher(launcher)
+                watch_launcher(launcher)
             _default = Peer.from_env(options)
             _start_heartbeat(_default)
         else:
