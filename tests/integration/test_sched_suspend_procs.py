@@ -38,7 +38,7 @@ def saved(state, job_id):
 def start_daemon(tmp_path, env, state):
     with open(tmp_path / "daemon.log", "a") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "taiji.launch.cli", "sched", "serve", "--slots", str(SLOTS),
-                                   "--policy", "drf", "--round", "0.5", "--min-run-factor", "0",
+                                   "--policy", "drf", "--round", "0.5", "--min-run-factor", "0", "--min-left-factor", "0",
                                    "--state-dir", str(state)],
                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     def serving():

@@ -86,7 +86,7 @@ def test_a_higher_class_takes_a_jobs_home_host_and_the_policy_moves_it_to_a_free
     if WHY_NOT:
         pytest.skip(f"no emulated hosts here: {WHY_NOT}")
     with EmulatedHosts(3) as hosts:
-        s = SchedOnHosts(hosts, tmp_path, serve_args=("--min-run-factor", "0"))
+        s = SchedOnHosts(hosts, tmp_path, serve_args=("--min-run-factor", "0", "--min-left-factor", "0"))
         try:
             s.serve()
             for i in range(3):

@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--min-run-factor", type=float, default=SuspendRules.min_run_factor, metavar="K",
                        help="a (re)started job runs at least K x its measured suspend/resume cost before it may "
                             "be suspended again (default: %(default)s)")
+    serve.add_argument("--min-left-factor", type=float, default=SuspendRules.min_left_factor, metavar="K",
+                       help="a job with less than K x its suspend/resume cost left to train is not suspended: it "
+                            "ends sooner than its suspension would pay (default: %(default)s; 0: any job)")
     serve.add_argument("--las-threshold", type=float, default=None, metavar="WORKER_SECONDS",
                        help="tiresias: attained service (worker-seconds) after which a job is demoted (default: "
                             "16 GPU-hours, Pollux's setting)")
@@ -201,7 +204,8 @@ def main(argv: Sequence[str]) -> int:
                 hosts, slots, count = (AgentHosts(listed, args.host_timeout, args.fence, args.checkpoint_grace),
                                        listed[0][1], len(listed))
             policy = make_policy(args.policy, SYSTEMS["taiji"], las_threshold=args.las_threshold)
-            rules = SuspendRules(max_per_hour=args.max_suspensions_per_hour, min_run_factor=args.min_run_factor)
+            rules = SuspendRules(max_per_hour=args.max_suspensions_per_hour, min_run_factor=args.min_run_factor,
+                                 min_left_factor=args.min_left_factor)
             scheduler = Scheduler(slots, policy, args.shrink_timeout, hosts=count,
                                   rules=rules)
             if args.fence < 0 or args.checkpoint_grace <= 0:
