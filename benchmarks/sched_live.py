@@ -16,8 +16,9 @@ train) and **without** (``--max-suspensions-per-hour 0``: today's ``--min-np`` f
 keeps its slots until it ends). Rows ``live avg JCT: <policy> with suspend vs without`` (taiji =
 with, anchor = without, ratio = without / with; target >= 1.3). The simulator replays every run as
 its daemon decided (the same policy and LAS threshold, the same suspension rules or the floor),
-charging each resume the suspend + resume cost the daemon measured (median over jobs);
-``sim_error_max`` is over all runs (``sim_error_by_run`` per run).
+charging each resume the suspend + resume cost the daemon measured (median over jobs), each job's
+``--min-np`` (below it a job gets nothing, as the daemon clamps) and PCRR's first LP slot of one
+``--round``, as the daemon; ``sim_error_max`` is over all runs (``sim_error_by_run`` per run).
 
 With ``--hosts N`` the daemon runs in emulated host 0 with ``--hosts FILE`` and one ``taiji sched
 agent`` per host (network namespaces, taiji_harness/netns.py; the last host's link shaped with ``--shape``);
@@ -336,10 +337,12 @@ def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round
     exit_s = fixed_overhead([run])["last_step_to_exit_s"]
     own = tuple((job["id"], dataclasses.replace(   # each job's measured boot and suspend + resume, where it has them
         cost, start=job["boots"][0] + exit_s if job.get("boots") else cost.start,
+        boot=job["boots"][0] if job.get("boots") else None,   # (what the daemon's rules counted)
         resume=statistics.median(job["costs"]) if job.get("costs") else cost.resume)) for job in run["jobs"])
     config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()),
-                       preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own)
-    result = simulate(specs, make_policy(policy, cost, las_threshold=las_threshold), config)
+                       preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own,
+                       min_replicas=tuple((job["id"], job["min_np"]) for job in run["jobs"]))
+    result = simulate(specs, make_policy(policy, cost, las_threshold=las_threshold, round_s=round_s), config)
     return {record.name: record.jct for record in result.records}
 
 

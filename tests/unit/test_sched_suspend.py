@@ -329,3 +329,59 @@ def test_the_simulator_keeps_a_job_the_live_rules_would_not_suspend():
     floor = {r.name: r for r in simulate(specs, las(), SimConfig(**{**config.__dict__, "preemption": False})).records}
     assert {r.name: r.jct for r in simulate(specs, las(), never).records} == {n: r.jct for n, r in floor.items()}, \
         "no suspension allowed: the floor"
+
+
+@pytest.mark.parametrize("round_s, suspends", [(2.0, True), (None, False)])
+def test_pcrr_live_plans_its_first_slot_as_long_as_the_daemons_round(round_s, suspends):
+    """A long job holding every slot, short ones arriving: PCRR with the LP's first slot = the 2 s
+    round suspends it for them; with a 60 s first slot, which a 10 s job finishes in whether it runs
+    now or not, the long one keeps its slots round after round."""
+    from taiji.sched.policies import make_policy
+    policy = make_policy("pcrr", SYSTEMS["taiji"], round_s=round_s)
+    assert (policy.slot_s, policy.slots) == ((2.0, 13) if round_s else (60.0, 8)), "the same ~2.1 h horizon"
+    sched = Scheduler(slots=2, policy=policy, rules=SuspendRules())
+    long = sched.submit(0.0, ["long"], min_np=2, max_np=2, work=120000, checkpoint_dir="/c/long")
+    sched.round(0.0)
+    sched.launched(0.5, long.id)
+    shorts = [sched.submit(at, ["short"], min_np=1, max_np=2, work=6000, checkpoint_dir=f"/c/{at}")
+              for at in (14.9, 26.2, 30.6)]
+    kinds = []
+    for now in range(8, 40, 2):   # 1460 samples/s at 2 workers (0.088 s a step of 128): ~80 s left
+        step = 1 + int((now - 8) * 1460 / 128)
+        sched.observe(float(now), long.id, Observed(size=2, version=1, step=step, batch_size=128,
+                                                    position=128 * step, end=120000, samples_per_s=1460.0))
+        kinds += [(c.job, c.kind) for c in sched.round(float(now))]
+    assert ((long.id, "suspend") in kinds) is suspends and not any(j in dict(kinds) for j in (s.id for s in shorts))
+
+
+class Timed:
+    """A policy whose answer depends on the time: ``plan(now)`` -> {job: workers on host 0}."""
+    name = "timed"
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def allocate(self, now, cluster, jobs):
+        return {job.name: Allocation((n,), job.spec.batch_size) for job in jobs
+                for name, n in self.plan(now).items() if name == job.name and n}
+
+
+def test_the_simulator_holds_a_jobs_min_np_and_its_boot_as_the_daemon_does():
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    cost = ResizeCost(start=10.0, grow=0.03, shrink=0.01, move=0.04, resume=12.0)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=1.0, preemption=False)
+    specs = [JobSpec("rigid", 0.0, "cifar10", 2, 128), JobSpec("short", 20.0, "cifar10", 1, 128)]
+    split = Timed(lambda now: {"rigid": 2} if now < 20 else {"rigid": 1, "short": 1})
+    free = {r.name: r for r in simulate(specs, split, config).records}
+    floor = {r.name: r for r in simulate(specs, split, SimConfig(**{**config.__dict__,
+                                                                     "min_replicas": (("rigid", 2),)})).records}
+    assert free["short"].start_time < 25.0, "without a --min-np the rigid job shrinks to 1 for it"
+    assert floor["short"].start_time >= floor["rigid"].end_time, "below its --min-np: kept whole (the floor)"
+    # a grow while it still boots does not cut its boot short (live: a booting launcher takes no resize)
+    one = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=1.0)
+    alone = [JobSpec("a", 0.0, "cifar10", 2, 128)]
+    whole = simulate(alone, Timed(lambda now: {"a": 2}), one).records[0]
+    grown = simulate(alone, Timed(lambda now: {"a": 1 if now < 1 else 2}), one).records[0]
+    assert grown.jct >= whole.jct - 0.1 and grown.restarts == 2

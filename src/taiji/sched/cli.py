@@ -99,11 +99,13 @@ def workload_from(spec: str, *, seed: int, jobs: int, duration_s: float,
     return load_workload(spec)
 
 
-def configured_policy(name: str, *, seed: int, resize: ResizeCost, fidelity: str = "taiji") -> Policy:
-    """``make_policy(name, resize, fidelity)`` (a policy that weighs a change against its cost must see the
-    cost the simulator charges, or a cost sweep measures nothing), seeded where it has a dataclass
-    field ``seed`` (the randomized rounding of PCRR)."""
-    policy = make_policy(name, resize=resize, fidelity=fidelity)
+def configured_policy(name: str, *, seed: int, resize: ResizeCost, fidelity: str = "taiji",
+                      round_s: float | None = None) -> Policy:
+    """``make_policy(name, resize, fidelity, round_s=...)`` (a policy that weighs a change against its cost
+    must see the cost the simulator charges, or a cost sweep measures nothing; PCRR plans its first slot
+    as long as the simulator's rounds), seeded where it has a dataclass field ``seed`` (the randomized
+    rounding of PCRR)."""
+    policy = make_policy(name, resize=resize, fidelity=fidelity, round_s=round_s)
     if dataclasses.is_dataclass(policy) and any(spec.name == "seed" and spec.init
                                                 for spec in dataclasses.fields(policy)):
         policy = dataclasses.replace(policy, seed=seed)
@@ -196,7 +198,7 @@ def run_policy(specs: Sequence[JobSpec], name: str, config: SimConfig, *, seed: 
                progress: bool = False, fidelity: str = "taiji") -> PolicyRun:
     """Simulate ``specs`` under the policy ``name`` (seeded, told ``config.resize``, in ``fidelity``
     mode), with a progress bar on stderr when ``progress`` is set and tqdm is installed."""
-    policy = configured_policy(name, seed=seed, resize=config.resize, fidelity=fidelity)
+    policy = configured_policy(name, seed=seed, resize=config.resize, fidelity=fidelity, round_s=config.interval_s)
     bar = _progress_bar(name, len(specs)) if progress else None
     instrumented = _Instrumented(policy, sorted(spec.submit_time for spec in specs),
                                  on_round=None if bar is None else _updater(bar))

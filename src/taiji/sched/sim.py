@@ -38,7 +38,9 @@ With ``SimConfig.suspend_rules`` a suspension must pass the live scheduler's own
 is not suspended; the cost is the job's ``start``, its boot, until some job resumed, then its
 ``resume``, as the daemon measures them), else the job is kept the same way: a replay of a live
 run decides as the daemon did. ``SimConfig.job_costs`` gives jobs costs of their own (a live job's
-measured boot and resume).
+measured boot and resume). ``SimConfig.min_replicas`` gives jobs the live ``--min-np``: the daemon
+treats an answer below it as none (a waiting job waits; a running one is suspended, or kept as
+the rules say), and so does the simulator.
 
 **Interference** (optional, ``SimConfig.interference``, Pollux's 0.25/0.5): a distributed job
 that shares a host with another distributed job trains that much slower; speeds are re-evaluated
@@ -81,10 +83,15 @@ class ResizeCost:
     shrink: float
     move: float   # same GPU count, other hosts
     resume: float | None = None   # a preempted job starting again (suspend + resume); None: as ``start``
+    boot: float | None = None     # launch -> first step, what the live rules count before any resume; None: ``start``
 
     @property
     def resume_s(self) -> float:
         return self.start if self.resume is None else self.resume
+
+    @property
+    def boot_s(self) -> float:
+        return self.start if self.boot is None else self.boot
 
 
 SYSTEMS: dict[str, ResizeCost] = {
@@ -144,6 +151,7 @@ class SimConfig:
     preemption: bool = True   # False: a started job keeps its GPUs until it ends (no suspend/resume)
     suspend_rules: SuspendRules | None = None   # the live scheduler's rules for a suspension (None: any)
     job_costs: tuple[tuple[str, ResizeCost], ...] = ()   # (job name, its own costs, e.g. its measured boot)
+    min_replicas: tuple[tuple[str, int], ...] = ()   # (job name, its live --min-np): fewer is no allocation
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
@@ -336,6 +344,8 @@ class _Engine:
         cluster = self.config.cluster
         answer = dict(self.policy.allocate(self.now, cluster, tuple(job.view() for job in self.active)))
         cluster.check(answer, (job.spec.name for job in self.active))
+        floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
+        answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
         answer = self._without_preemption(answer, self._kept(answer))
         for job in self.active:   # a PS job runs only with its servers (the model's W ≤ γS)
             new = answer.get(job.spec.name)
@@ -345,9 +355,9 @@ class _Engine:
         for job in self.active:
             new = answer.get(job.spec.name)
             pause = resize_cost(self._cost(job), job.allocation, new, resumed=job.start is not None)
-            if pause is not None:
+            if pause is not None:   # a (re)start pays its whole cost; a change while it boots waits for the boot
                 job.restarts += 1
-                job.pause_left = pause
+                job.pause_left = pause if job.allocation is None else max(job.pause_left, pause)
             if new is not None and job.start is None:
                 job.start = self.now
             if new is None and job.allocation is not None:
@@ -377,8 +387,8 @@ class _Engine:
 
     def _rule_cost(self, job: _Job) -> float:
         """A job's suspend/resume cost as the live rules see it: its resume once some job's
-        resume was seen, else its boot (its start)."""
-        return self._cost(job).resume_s if self.resumed_any else self._cost(job).start
+        resume was seen, else its boot."""
+        return self._cost(job).resume_s if self.resumed_any else self._cost(job).boot_s
 
     def _without_preemption(self, answer: dict[str, Allocation], kept: dict[str, Allocation]) -> dict[str, Allocation]:
         """``answer`` with the running jobs in ``kept`` kept as they are; the other changes undone,

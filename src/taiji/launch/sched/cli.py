@@ -203,7 +203,8 @@ def main(argv: Sequence[str]) -> int:
                 listed = read_hosts_file(args.hosts)
                 hosts, slots, count = (AgentHosts(listed, args.host_timeout, args.fence, args.checkpoint_grace),
                                        listed[0][1], len(listed))
-            policy = make_policy(args.policy, SYSTEMS["taiji"], las_threshold=args.las_threshold)
+            policy = make_policy(args.policy, SYSTEMS["taiji"], las_threshold=args.las_threshold,
+                                 round_s=args.round)
             rules = SuspendRules(max_per_hour=args.max_suspensions_per_hour, min_run_factor=args.min_run_factor,
                                  min_left_factor=args.min_left_factor)
             scheduler = Scheduler(slots, policy, args.shrink_timeout, hosts=count,

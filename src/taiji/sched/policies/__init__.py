@@ -6,7 +6,7 @@ from taiji.sched.policies.common import FIDELITY_MODES, check_fidelity
 from taiji.sched.policies.drf import ElasticDrf
 from taiji.sched.policies.fifo import Fifo
 from taiji.sched.policies.optimus import OptimusOracle
-from taiji.sched.policies.pcrr import Pcrr
+from taiji.sched.policies.pcrr import Pcrr, horizon_slots
 from taiji.sched.policies.pollux import PolluxLike
 from taiji.sched.policies.srtf import SrtfOracle
 from taiji.sched.policies.tiresias import Tiresias
@@ -17,7 +17,7 @@ POLICIES = {"fifo": Fifo, "drf": ElasticDrf, "tiresias": Tiresias, "optimus": Op
 
 
 def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "taiji",
-                las_threshold: float | None = None):
+                las_threshold: float | None = None, round_s: float | None = None):
     """A policy by name (``fifo``, ``drf``, ``tiresias``, ``optimus``, ``pollux``, ``srtf``, ``pcrr``).
 
     ``resize``: the simulated system's resize cost (``sim.SYSTEMS[...]``, the same as
@@ -29,7 +29,10 @@ def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "ta
     rank GPUs as Pollux's simulator does (``policies.common``); the other policies have no such mode.
 
     ``las_threshold``: Tiresias's demotion threshold in worker-seconds (default: 16 GPU-hours), the
-    live daemon's ``--las-threshold``; a replay of a live run must build its policy the same way."""
+    live daemon's ``--las-threshold``; a replay of a live run must build its policy the same way.
+
+    ``round_s``: the seconds between the rounds that execute its decisions (the simulator's
+    interval, the daemon's ``--round``): PCRR's LP plans with a first slot that long (default 60 s)."""
     check_fidelity(fidelity)
     if name not in POLICIES:
         raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
@@ -39,8 +42,9 @@ def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "ta
         return Tiresias(threshold_gpu_s=las_threshold, fidelity=fidelity)
     if name in ("tiresias", "optimus"):
         return POLICIES[name](fidelity=fidelity)
-    if resize is not None and name == "pcrr":
-        return Pcrr(resize=resize)
+    if name == "pcrr" and (resize is not None or round_s is not None):
+        first = Pcrr.slot_s if round_s is None else round_s
+        return Pcrr(resize=resize or Pcrr.resize, slot_s=first, slots=horizon_slots(first))
     if resize is not None and name == "pollux":
         return PolluxLike(restart_penalty_s=max(resize.grow, resize.shrink, resize.move))
     return POLICIES[name]()

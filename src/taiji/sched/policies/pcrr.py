@@ -25,6 +25,14 @@ finish assumes the batch is re-chosen at epoch boundaries; the allocation gets t
 current epoch on its actual placement. With ``adaptive_batch=False`` the job keeps its requested batch
 (the setting of Tiresias and Optimus) and GPUs beyond ``batch / min_local_bsz`` are not offered.
 
+**Horizon**: geometric slots (two of ``slot_s``, then each twice the last) reaching ~2.1 h; the first
+slot is the round the decision is executed for (the simulator's interval, the live daemon's
+``--round``: ``make_policy("pcrr", resize, round_s=R)`` sets ``slot_s`` = R and as many slots as
+reach the same horizon, :func:`horizon_slots`). Completion is counted at slot ends, so a first slot
+many rounds long hides what running a short job *now* gains: with 60 s slots under 2 s live rounds
+a job of 10 s finished "in the first slot" whether it ran now or behind a long running job, and
+the sticky rounding kept the long one whole round after round (it was never suspended).
+
 **Resize cost**: the simulator does not tell a policy what a change costs, so it is a constructor field
 (``resize``, one of :data:`~taiji.sched.sim.SYSTEMS`; ``make_policy("pcrr", resize)``); the LP and
 the fill charge a running job κ × the largest of its grow/shrink/move pauses for a change. Pass the
@@ -74,6 +82,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from taiji.errors import ConfigError
 from taiji.sched.cluster import Allocation, Cluster, packed_shape, with_servers
 from taiji.sched.lp import Config, Horizon, Host, Job, Problem
 from taiji.sched.model import Application, canonical_placement, progress_rate
@@ -81,6 +90,7 @@ from taiji.sched.rounding import decide
 from taiji.sched.sim import SYSTEMS, JobView, ResizeCost
 
 BATCH_GRID_POINTS = 12       # candidate total batch sizes per GPU count (geometric)
+HORIZON_S = 7680.0           # the LP's horizon by default: 60, 60, 120, … 3840 s (~2.1 h in all)
 MAX_GPUS_PER_JOB = 64        # as the Pollux-like baseline: beyond this no trace data exists
 Shape = tuple[int, ...]      # canonical placement: GPUs per used host
 
@@ -146,6 +156,17 @@ def candidate_counts(cap: int, gpus_per_host: int) -> list[int]:
         n *= 2
     counts.add(cap)
     return sorted(c for c in counts if c <= cap)
+
+
+def horizon_slots(first_s: float, total_s: float = HORIZON_S) -> int:
+    """The fewest slots of a geometric horizon whose first slot is ``first_s`` (the round it is
+    executed for) that reaches ``total_s``: a 2 s live round plans as far ahead as a 60 s one."""
+    if not first_s > 0:
+        raise ConfigError(f"the LP's first slot must be > 0 seconds, got {first_s}")
+    slots = 2
+    while Horizon.geometric(slots, first_s).total_s < total_s:
+        slots += 1
+    return slots
 
 
 @dataclass(frozen=True)
