@@ -52,7 +52,8 @@ REGISTRATIONS = "hosts"
 FROM_AGENTS = "from-agent/"  # what agents write (their summaries, leases and events): the launcher's to watch
 STOP_POLL_S = 0.02  # how often a stopping launcher looks for its agents' byes
 RENEWALS_PER_TTL = 3  # an agent renews its lease this often per TTL (etcd)
-CONFIRM_AFTER_S = 0.5  # a watched summary unchanged this long (two agent beats) is read from the store itself
+CONFIRM_AFTER_S = 0.5  # a watched summary unchanged this long (two agent beats; a quarter of the lease's TTL if
+# that is shorter, so that it comes before the controller's judgment) is read from the store itself
 
 
 def publish_settings(job: JobStore, settings: WorkerSettings) -> None:
@@ -235,7 +236,8 @@ class AgentChannel:
                 return "expired"
         now = time.monotonic()
         seq, counts = beats.read_summary(self._read("summary"))
-        if seq <= self.beats_seen and self.watched is not None and now - self._moved_at > CONFIRM_AFTER_S:
+        if seq <= self.beats_seen and self.watched is not None and \
+                now - self._moved_at > min(CONFIRM_AFTER_S, self.lease_ttl / 4):
             seq, counts = beats.read_summary(self._read("summary", fresh=True))
         if seq <= self.beats_seen:
             return "quiet"
