@@ -258,8 +258,9 @@ def test_etcd_watch_streams_every_new_version_and_stops_when_told(etcd_server, m
 
 
 def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
-    """The launcher reads an agent's liveness from a leased key: present while renewed, and
-    'expired' once etcd deletes it; the agent then learns its host was dropped."""
+    """On etcd as on a TCP store an agent beats while its beat number moves; a silent one is 'quiet'
+    (the controller judges the silence) though its leased key is still there, and 'expired' once
+    etcd deletes it; the agent then learns its host was dropped."""
     import time
     from taiji.cluster.store import open_store
     from taiji.launch import agent_channel as hosts
@@ -276,8 +277,9 @@ def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
         agent.beat({"w1": count})
         assert head.liveness() == "beat" and head.worker_beats == {"w1": count}  # the summary of its workers
         threading.Event().wait(0.05)
+    assert job.has("from-agent/10.0.0.2/s1/alive") and head.liveness() == "quiet"  # leased, yet silent
     deadline = time.monotonic() + 8.0
-    while head.liveness() == "beat" and time.monotonic() < deadline:
+    while head.liveness() != "expired" and time.monotonic() < deadline:
         threading.Event().wait(0.1)
     assert head.liveness() == "expired"
     with pytest.raises(hosts.LeaseExpired, match="dropped this host"):
@@ -485,12 +487,45 @@ def test_the_launcher_follows_every_agents_liveness_with_one_watch(etcd_server):
     try:
         for n, agent in enumerate(agents):
             agent.beat({f"w{n}": 5})
-        wait_for(lambda: all(h.liveness() == "beat" for h in heads), 10, "both agents' keys through the watch")
+        beaten: set[int] = set()  # a head says "beat" once per move of its agent's number
+        wait_for(lambda: beaten.update(i for i, h in enumerate(heads) if h.liveness() == "beat") or len(beaten) == 2,
+                 10, "both agents' keys through the watch")
         assert [h.worker_beats for h in heads] == [{"w0": 5}, {"w1": 5}] and not reads
         agents[0].beat({"w0": 6})
         wait_for(lambda: heads[0].liveness() == "beat" and heads[0].worker_beats == {"w0": 6}, 10, "the new count")
+        assert not reads
         assert woken.wait(10.0), "a lease ran out (nobody renews them): its key's deletion wakes the controller"
         wait_for(lambda: [h.liveness() for h in heads] == ["expired"] * 2, 10, "both leases to run out")
-        assert not reads
+        # a silent agent's summary may have been read from the store itself (CONFIRM_AFTER_S), nothing else
+        assert set(reads) <= {f"from-agent/10.0.0.{i}/s/summary" for i in (2, 3)}, reads
     finally:
         watched.close()
+
+
+def test_a_watch_that_shows_no_beat_is_checked_against_the_store_before_an_agent_counts_as_silent(etcd_server):
+    """The launcher's watch may run behind (a loaded host): an agent whose summary it has not shown
+    move for CONFIRM_AFTER_S is read from the store itself, and beats if its number moved there."""
+    from taiji.cluster.follow import PrefixFollower
+    from taiji.cluster.store import open_store
+    from taiji.launch import agent_channel as hosts
+    from taiji_harness.testing import wait_for
+    job = JobStore(open_store(etcd_server.url, timeout=5), f"b{uuid.uuid4().hex[:6]}")
+    behind = PrefixFollower(job.another_connection(), "nothing-written-here/")  # shows none of the agent's keys
+    agent = hosts.AgentChannel(job, "10.0.0.2", "s", lease_ttl=2)
+    head = hosts.AgentChannel(job, "10.0.0.2", "s", lease_ttl=2, watched=behind)
+    reads = []
+    job.has = lambda name: reads.append(name) or JobStore.has(job, name)
+    try:
+        agent.beat({"w0": 7})
+        since = time.monotonic()
+        assert head.liveness() == "quiet" and not reads  # within CONFIRM_AFTER_S the watch is trusted
+        wait_for(lambda: head.liveness() == "beat", 10, "the beat read from the store")
+        assert time.monotonic() - since >= hosts.CONFIRM_AFTER_S * 0.9 and head.worker_beats == {"w0": 7}
+        assert set(reads) == {"from-agent/10.0.0.2/s/summary"}
+        assert head.liveness() == "quiet"  # the number has not moved since
+        agent.beat({"w0": 8})
+        wait_for(lambda: head.liveness() == "beat", 10, "the next beat, read from the store in turn")
+        assert head.worker_beats == {"w0": 8}
+    finally:
+        agent.leave()
+        behind.close()

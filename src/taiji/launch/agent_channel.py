@@ -14,10 +14,13 @@ Keys (under the job's prefix), each record sealed with the job secret (cluster/a
   they write to files on their host (cluster/beats.py), not to the store;
 - ``from-agent/<address>/<session>/alive`` (etcd): a key under a lease the agent renews a few
   times per TTL; etcd deletes it when the lease runs out (``host_timeout``), and the launcher
-  drops the host in one version. On etcd the launcher follows every ``from-agent/`` key with one
-  watch (and reads an agent's events only once their count moved); on a TCP store (no leases, no
-  watches) it reads each host's summary per look, and an agent is alive while its beat number
-  moves.
+  drops the host in one version. On every store an agent is alive while its beat number moves:
+  the controller drops a host silent for ``host_timeout`` (the lease is the other way to go: it
+  runs out up to a renewal period sooner, or up to etcd's half-second expiry sweep later). On etcd
+  the launcher follows every ``from-agent/`` key with one watch (and reads an agent's events only
+  once their count moved), reading a summary from the store itself only once the watch has shown
+  it unchanged for ``CONFIRM_AFTER_S`` (a watch that runs behind must not pass for a silent
+  agent); on a TCP store (no leases, no watches) it reads each host's summary per look.
 Besides these keys, each agent holds a tether to the controller (launch/tether.py): a TCP
 connection whose closing says at once that the process at the other end is gone.
 Each registration has a session of its own, so an agent that joins again at the same address
@@ -49,6 +52,8 @@ REGISTRATIONS = "hosts"
 FROM_AGENTS = "from-agent/"  # what agents write (their summaries, leases and events): the launcher's to watch
 STOP_POLL_S = 0.02  # how often a stopping launcher looks for its agents' byes
 RENEWALS_PER_TTL = 3  # an agent renews its lease this often per TTL (etcd)
+CONFIRM_AFTER_S = 0.5  # a watched summary unchanged this long (two agent beats; a quarter of the lease's TTL if
+# that is shorter, so that it comes before the controller's judgment) is read from the store itself
 
 
 def publish_settings(job: JobStore, settings: WorkerSettings) -> None:
@@ -160,6 +165,7 @@ class AgentChannel:
         self.commands_seen = 0
         self.events_seen = 0
         self.beats_seen = 0
+        self._moved_at = time.monotonic()  # when its beat number last moved, as the launcher saw it
         self.beats_sent = 0
         self._lease: int | None = None
         self._renewed = float("-inf")
@@ -219,21 +225,29 @@ class AgentChannel:
             self._lease = None
 
     def liveness(self) -> str:
-        """What the launcher sees of the agent since its last look: ``"beat"`` (alive), ``"quiet"``
-        (no sign: the controller judges the silence), or ``"expired"`` (its lease ran out: gone);
-        its workers' heartbeat counts are left in ``worker_beats``."""
-        seq, self.worker_beats = beats.read_summary(self._read("summary"))
+        """What the launcher sees of the agent since its last look: ``"beat"`` (its beat number moved:
+        alive), ``"quiet"`` (no sign: the controller judges the silence, alike on every store), or
+        ``"expired"`` (etcd: its lease ran out: gone); its workers' heartbeat counts, from its
+        newest summary, are left in ``worker_beats``."""
         if self.job.has_leases:
             if self._read("alive") is not None:
                 self._alive_seen = True
-                return "beat"
-            return "expired" if self._alive_seen else "quiet"
-        moved, self.beats_seen = seq != self.beats_seen, seq
-        return "beat" if moved else "quiet"
+            elif self._alive_seen:
+                return "expired"
+        now = time.monotonic()
+        seq, counts = beats.read_summary(self._read("summary"))
+        if seq <= self.beats_seen and self.watched is not None and \
+                now - self._moved_at > min(CONFIRM_AFTER_S, self.lease_ttl / 4):
+            seq, counts = beats.read_summary(self._read("summary", fresh=True))
+        if seq <= self.beats_seen:
+            return "quiet"
+        self.beats_seen, self.worker_beats, self._moved_at = seq, counts, now
+        return "beat"
 
-    def _read(self, name: str) -> bytes | None:
-        """One of its keys: from the launcher's watch where there is one, else the store."""
+    def _read(self, name: str, fresh: bool = False) -> bytes | None:
+        """One of its keys: from the launcher's watch where there is one (unless ``fresh``), else
+        the store."""
         key = f"{self._live}/{name}"
-        if self.watched is not None:
+        if self.watched is not None and not fresh:
             return self.watched.values.get(key)
         return self.job.get(key) if self.job.has(key) else None
