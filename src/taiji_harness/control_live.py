@@ -5,7 +5,8 @@ For each store (the launcher's TCPStore, the etcd server ``--store etcd`` starts
 ``taiji run -np N --nproc-per-node 8 --nnodes H+1:...`` — the real launcher, its controller and
 driver unchanged, with 8 real worker processes on its own host (each one simulated worker) — and
 N-8 simulated workers on H = N/8-1 simulated hosts (taiji_harness/control_sim.py, a few processes
-of threads speaking the real store protocol). Measured: the start (every worker on the first config), the store's
+of threads speaking the real store protocol). Measured: the start (every worker on the first config), then —
+once the launcher's own workers are ready (``settle``) — the store's
 operations per second at steady state (etcd: counted by the server, ``/metrics``; TCP: counted by
 the simulated clients — the launcher's own reads of the store it hosts are not counted, they show
 as its CPU), the launcher's CPU (its process; etcd's server apart), a host loss (its agent's death:
