@@ -5,7 +5,8 @@ For each store (the launcher's TCPStore, the etcd server ``--store etcd`` starts
 ``taiji run -np N --nproc-per-node 8 --nnodes H+1:...`` — the real launcher, its controller and
 driver unchanged, with 8 real worker processes on its own host (each one simulated worker) — and
 N-8 simulated workers on H = N/8-1 simulated hosts (taiji_harness/control_sim.py, a few processes
-of threads speaking the real store protocol). Measured: the start (every worker on the first config), the store's
+of threads speaking the real store protocol). Measured: the start (every worker on the first config), then —
+once the launcher's own workers are ready (``settle``) — the store's
 operations per second at steady state (etcd: counted by the server, ``/metrics``; TCP: counted by
 the simulated clients — the launcher's own reads of the store it hosts are not counted, they show
 as its CPU), the launcher's CPU (its process; etcd's server apart), a host loss (its agent's death:
@@ -36,12 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taiji.cluster import auth
+from taiji.cluster.store import connect_job
 from taiji.launch.supervisor import die_with_parent
 
 SLOTS = 8          # per simulated host
 GROW_HOSTS = 16    # a grow of 128 workers
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LIVENESS_TIMEOUT_S = 120.0
+LAUNCHER_HOST = "127.0.0.1"
 
 
 # -- pure parts ------------------------------------------------------------------------------
@@ -153,7 +156,7 @@ def launch(store: str, workers: int, hosts: int, job_id: str, secret_file: Path,
            log: Path, grow_hosts: int, slots: int) -> Launched:
     cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(workers), "--nproc-per-node", str(slots),
            "--nnodes", f"{hosts + 1}:{hosts + 1 + grow_hosts}", "--max-np", str(workers + slots * (grow_hosts - 1)),
-           "--store", store, "--host", "127.0.0.1", "--job-id", job_id, "--secret-file", str(secret_file),
+           "--store", store, "--host", LAUNCHER_HOST, "--job-id", job_id, "--secret-file", str(secret_file),
            "--join-timeout", "600",
            # a host is lost by its tether here; on this shared 2-core machine a starved simulated agent
            # must not also be judged silent (the default is 5 s)
@@ -199,6 +202,20 @@ def until(procs: list[SimProcess], size: int, timeout: float, launched: Launched
     return max(a["at"] for a in answers)
 
 
+def settle(url: str, job_id: str, secret: bytes, host: str, timeout: float) -> None:
+    """Until the launcher's own workers on ``host`` have said they are ready. They are real processes,
+    started with the first config, and each imports torch first: seconds of CPU apiece, which would
+    otherwise be measured as the control plane's (the steady load, a host loss and a grow) on a
+    machine of few cores."""
+    _, job = connect_job(url, job_id, secret)
+    mine = [w.id for w in job.read_config().workers if w.host == host]
+    deadline = time.monotonic() + timeout
+    while not all(job.is_ready(w) for w in mine):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the launcher's own workers {mine} were not ready within {timeout:g} s")
+        time.sleep(0.1)
+
+
 def steady(store: str, url: str, procs: list[SimProcess], launcher: int, window: float) -> dict:
     """Store operations per second and the launcher's CPU over ``window`` seconds."""
     metrics = "http://" + url.split("://", 1)[1] + "/metrics"
@@ -227,7 +244,8 @@ def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts:
     workers on every host."""
     slots = plan_hosts(workers, per_host)
     base = Path(tempfile.mkdtemp(prefix="taiji-control-live-"))
-    secret_file = auth.write_secret_file(base / "secret", auth.new_secret())
+    secret = auth.new_secret()
+    secret_file = auth.write_secret_file(base / "secret", secret)
     environ = dict(os.environ, TAIJI_HOME=str(base / "home"))
     job_id = f"scale{os.getpid()}{store}{workers}"
     launched = launch(store, workers, len(slots), job_id, secret_file, environ, base / "launcher.log",
@@ -242,6 +260,7 @@ def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts:
         t0 = time.monotonic()
         start(procs, [host_address(j) for j in range(len(slots))], per_host)
         figures["start_s"] = until(procs, workers, 300, launched) - t0
+        settle(launched.url, job_id, secret, LAUNCHER_HOST, 300)
         time.sleep(1.0)
         figures.update(steady(store, launched.url, procs, launched.proc.pid, window))
         procs[0].send({"op": "kill", "address": host_address(0)})

@@ -529,3 +529,53 @@ def test_a_watch_that_shows_no_beat_is_checked_against_the_store_before_an_agent
     finally:
         agent.leave()
         behind.close()
+
+
+def _etcd_calls(server, method: str) -> int:
+    """How many ``method`` calls (Range, Txn, Put...) the etcd server has answered, from its metrics."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as answer:
+        lines = answer.read().decode().splitlines()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in lines
+               if line.startswith("grpc_server_handled_total{") and f'grpc_method="{method}"' in line)
+
+
+def test_racing_adds_count_every_one_and_a_lost_race_costs_one_round_trip(kv, request):
+    """Many writers adding to one counter at once (agents registering together) each get a number of
+    their own; on etcd a writer that lost a race retries in one transaction, without reading again."""
+    from taiji.cluster.kv import SupportsConnections
+    key, got, lock = f"race{uuid.uuid4().hex[:6]}/n", [], threading.Lock()
+
+    def adder(mine):
+        for _ in range(10):
+            n = mine.add(key, 1)
+            with lock:
+                got.append(n)
+    etcd = request.getfixturevalue("etcd_server") if isinstance(kv, SupportsConnections) else None
+    reads = _etcd_calls(etcd, "Range") if etcd else 0
+    threads = [threading.Thread(target=adder, args=(kv.another() if etcd else kv,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(got) == list(range(1, 81)) and kv.add(key, 0) == 80
+    if etcd:
+        assert _etcd_calls(etcd, "Range") - reads <= 81 + 5, "a lost race read the key again"
+
+
+def test_a_watched_doorbell_rings_by_one_write_and_each_ring_moves_it(etcd_server):
+    """On etcd the launcher watches the doorbell: a ring is one plain write (no add, which every
+    ringer racing it would retry), and the follower sees each ring as a new value."""
+    from taiji.cluster.store import open_store
+    from taiji_harness.testing import wait_for
+    job = JobStore(open_store(etcd_server.url, timeout=5), f"bell{uuid.uuid4().hex[:6]}")
+    bell = job.follow_doorbell()
+    try:
+        seen, txns = bell.value, _etcd_calls(etcd_server, "Txn")
+        for _ in range(3):
+            job.ring()
+            wait_for(lambda: bell.value != seen, 10, "the ring through the watch")
+            seen = bell.value
+        assert _etcd_calls(etcd_server, "Txn") == txns, "a ring raced an add"
+    finally:
+        bell.close()

@@ -287,19 +287,19 @@ class EtcdKV:
         return bool(self._txn([_holds(k, v) for k, v in expected.items()], success, []).get("succeeded"))
 
     def add(self, key: str, amount: int) -> int:
-        """Atomic add; a pure read when ``amount`` is 0."""
+        """Atomic add (``amount`` 0: a read); a lost race answers the key as it is now: one round trip a retry."""
+        kv = self._range(key)
         while True:
-            kv = self._range(key)
             current = int(_unb64(kv.get("value", "")) or b"0") if kv else 0
             if amount == 0:
                 return current
-            if kv is None:
-                compare = [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
-            else:
-                compare = [{"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": kv["mod_revision"]}]
-            value = current + amount
-            if self._txn(compare, [{"request_put": {"key": _b64(key), "value": _b64(str(value))}}], []).get("succeeded"):
-                return value
+            compare = [_holds(key, b"") if kv is None else
+                       {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": kv["mod_revision"]}]
+            done = self._txn(compare, [{"request_put": {"key": _b64(key), "value": _b64(str(current + amount))}}],
+                             [{"request_range": {"key": _b64(key)}}])
+            if done.get("succeeded"):
+                return current + amount
+            kv = (done["responses"][0]["response_range"].get("kvs") or [None])[0]
 
     def delete_key(self, key: str) -> bool:
         return int(self._post("/kv/deleterange", {"key": _b64(key)}).get("deleted", 0)) > 0

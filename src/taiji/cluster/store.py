@@ -276,7 +276,6 @@ class JobStore:
         self.put_record(name, config.to_dict())
         return self._call("publish", self.kv.compare_set, latest, previous, desired) == desired
 
-
     # -- keys the launcher's driver watches (written by workers or `taiji resize`) -------
 
     def propose(self, size: int, source: str, placement: tuple[tuple[str, int], ...] = ()) -> int:
@@ -368,17 +367,18 @@ class JobStore:
     # -- the doorbell: one key the launcher's driver polls every tick -------------------------
 
     def ring(self) -> None:
-        """Say that something the launcher reacts to was written (after writing it)."""
+        """Say that something the launcher reacts to was written (after writing it). Where the doorbell is
+        watched (etcd), a fresh token: an add there is a compare-and-set that every ringer racing it retries."""
+        if self.can_watch:
+            return self.set("doorbell", str(uuid.uuid4().int >> 66))
         self.add("doorbell", 1)
 
     def follow_doorbell(self) -> "KeyFollower | None":
-        """Where the store can watch (etcd): the doorbell's count kept current by a thread of its
-        own, so the launcher's tick reads a variable instead of the store."""
+        """Where the store can watch (etcd): the doorbell followed by a thread of its own (a tick reads a variable)."""
         return KeyFollower(self.another_connection(), "doorbell") if self.can_watch else None
 
     def doorbell(self) -> int:
-        """The doorbell's count: while it stays put, nothing the launcher reacts to was written,
-        so one read per tick replaces a poll of every key (on etcd each is an HTTP round trip)."""
+        """The doorbell: while it stays put, nothing the launcher reacts to was written (one read, no poll of all)."""
         return self.add("doorbell", 0)
 
     def is_done(self) -> bool:
