@@ -203,12 +203,13 @@ class AgentChannel:
         """Say the agent is alive and how its workers' heartbeats stand (``worker_beats``, read from
         their files): one summary write, and on etcd its lease renewed (a few times per TTL)."""
         self.beats_sent += 1  # a plain write of our own record: one round trip on any store
+        if self.job.has_leases and self._lease is None:  # the leased key before the first summary: a
+            # launcher whose watch shows a summary has been shown the key (revision order)
+            self._lease, self._renewed = self.job.hold(f"{self._live}/alive", "1", self.lease_ttl), time.monotonic()
         self.job.set(f"{self._live}/summary", beats.summary(self.beats_sent, worker_beats))
         if self.job.has_leases:
             now = time.monotonic()
-            if self._lease is None:
-                self._lease = self.job.hold(f"{self._live}/alive", "1", self.lease_ttl)
-            elif now - self._renewed < self.lease_ttl / RENEWALS_PER_TTL:
+            if now - self._renewed < self.lease_ttl / RENEWALS_PER_TTL:
                 return
             elif not self.job.renew(self._lease):
                 raise LeaseExpired(f"host {self.address}: its lease in the job store expired (not renewed for "
@@ -229,13 +230,14 @@ class AgentChannel:
         alive), ``"quiet"`` (no sign: the controller judges the silence, alike on every store), or
         ``"expired"`` (etcd: its lease ran out: gone); its workers' heartbeat counts, from its
         newest summary, are left in ``worker_beats``."""
+        summary = self._read("summary")  # first: a summary shown means its leased key was shown before
         if self.job.has_leases:
             if self._read("alive") is not None:
                 self._alive_seen = True
             elif self._alive_seen:
                 return "expired"
         now = time.monotonic()
-        seq, counts = beats.read_summary(self._read("summary"))
+        seq, counts = beats.read_summary(summary)
         if seq <= self.beats_seen and self.watched is not None and \
                 now - self._moved_at > min(CONFIRM_AFTER_S, self.lease_ttl / 4):
             seq, counts = beats.read_summary(self._read("summary", fresh=True))
