@@ -26,10 +26,12 @@ def test_own_loop_survives_a_worker_killed_mid_allreduce(tmp_path):
     assert changes[0] == changes[1], changes   # one transition, the same on both survivors
     if changes[0] == ("failure", 3, 2, 12):    # neither committed step 12: both retry it
         assert all(f["retries"] == 1 for f in finals), finals
-    else:   # the killed worker's last bucket went out: a survivor committed step 12 and moved on at
-        # the new version's notice; the other's attempt failed and it adopted that commit in the sync
+    else:   # the killed worker's last bucket went out: a survivor committed step 12; the other's attempt
+        # failed and it adopted that commit in the sync (one retry). The survivor that committed moved on
+        # at the new version's notice (no retry) or, when it had already begun step 13's allreduce
+        # before the notice came (a loaded machine), saw that attempt fail (one retry of step 13)
         assert changes[0] == ("failure", 3, 2, 13), changes
-        assert sorted(f["retries"] for f in finals) == [0, 1], finals
+        assert sorted(f["retries"] for f in finals) in ([0, 1], [1, 1]), finals
 
 
 @pytest.mark.timeout(240)
