@@ -199,13 +199,14 @@ def test_decision_time_for_100_active_jobs_is_under_a_second():
     assert min(times) < 1.0
 
 
-def _waiting(name, seconds, arrival, weight=1.0, gpus=(1, 2)):
-    """A job that waits, with candidates of ``gpus`` workers and ``seconds`` to finish at its best."""
-    return Job(name, seconds, tuple(Config.external(g, g / max(gpus)) for g in gpus), weight, arrival=arrival)
+def _waiting(name, work, arrival, weight=1.0, gpus=(1, 2), speed=1.0):
+    """A job that waits, with candidates of ``gpus`` workers and ``work / speed`` seconds to finish at its best."""
+    return Job(name, work, tuple(Config.external(g, speed * g / max(gpus)) for g in gpus), weight, arrival=arrival)
 
 
 def test_equal_waiting_jobs_are_served_first_come_and_take_the_earlier_places_roles():
-    jobs = (_waiting("late", 10.0, arrival=30.0), _waiting("early", 10.5, arrival=15.0), _waiting("long", 40.0, 26.0))
+    jobs = (_waiting("late", 10.0, arrival=30.0), _waiting("early", 10.4, arrival=15.0, speed=0.7),
+            _waiting("long", 40.0, 26.0))
     # the LP put the later arrival first (2 workers: configuration 1) and the earlier one last, with nothing
     order, rounded = first_come_among_equals(jobs, [0, 2, 1], [1, None, 0])
     assert order == [1, 2, 0], "the earlier arrival takes the first place"
@@ -218,8 +219,10 @@ def test_equal_waiting_jobs_are_served_first_come_and_take_the_earlier_places_ro
 
 
 def test_jobs_that_differ_keep_the_lps_order():
-    far = (_waiting("late", 10.0, arrival=30.0), _waiting("early", 13.0, arrival=15.0))   # 30% apart
+    far = (_waiting("late", 10.0, arrival=30.0), _waiting("early", 13.0, arrival=15.0))   # 30% more work
     assert first_come_among_equals(far, [0, 1], [1, None]) == ([0, 1], [1, None])
+    slower = (_waiting("late", 10.0, arrival=30.0), _waiting("early", 10.0, arrival=15.0, speed=0.4))   # 2.5x slower
+    assert first_come_among_equals(slower, [0, 1], [1, None]) == ([0, 1], [1, None])
     heavier = (_waiting("late", 10.0, 30.0, weight=2.0), _waiting("early", 10.0, 15.0))
     assert first_come_among_equals(heavier, [0, 1], [1, None]) == ([0, 1], [1, None])
     other_shapes = (_waiting("late", 10.0, 30.0, gpus=(1,)), _waiting("early", 10.0, 15.0))

@@ -16,7 +16,8 @@ import numpy as np
 
 from .lp import Config, Job, LPSolution, Placement, Problem, predicted_completion_s, solve_lp
 
-TIE_TOLERANCE = 0.2   # waiting jobs whose best-case remaining times agree this closely are equals (first come first)
+WORK_TOLERANCE = 0.05   # waiting jobs with this much the same remaining work are identical requests ...
+SPEED_NOISE = 2.0       # ... unless their speeds differ by this factor: more than noise (first_come_among_equals)
 
 
 @dataclass(frozen=True)
@@ -85,24 +86,31 @@ def round_first_slot(solution: LPSolution, jobs: tuple[Job, ...], uniforms: np.n
 
 
 def first_come_among_equals(jobs: tuple[Job, ...], order: list[int], rounded: list[int | None],
-                            tolerance: float = TIE_TOLERANCE) -> tuple[list[int], list[int | None]]:
-    """Waiting jobs that are equal as far as the scheduler can tell are served first come, first served.
+                            work_tolerance: float = WORK_TOLERANCE,
+                            speed_noise: float = SPEED_NOISE) -> tuple[list[int], list[int | None]]:
+    """Identical waiting jobs are served first come, first served.
 
-    Two jobs are equal here when neither runs, they have the same weight and the same candidate
-    shapes, and their best-case remaining times (``remaining / best_rate``) agree within
-    ``tolerance`` (relative, chained from the shortest of a group). The LP orders such jobs by
-    differences below what its rates are good for (a waiting job's rate is a guess until it ran; a
-    measured one is good to ~20% on shared hosts), so which of two identical jobs runs first would
-    follow noise and the order the jobs were listed in — and a replay of the same workload, with
-    rates measured afterwards, may order them the other way. Within each group the places the group
-    holds in ``order`` and the configurations rounded for those places go to its members in arrival
-    order (then name): the same schedule for the cluster, deterministic and fair to the jobs.
-    Pure: returns the new order and rounded configurations."""
+    Two jobs are identical requests here when neither runs, they have the same weight and the same
+    candidate shapes, the same remaining work (within ``work_tolerance``, relative) and best-case
+    remaining times (``remaining / best_rate``) less than ``speed_noise`` times apart. The LP would
+    order them by their speeds alone, and those do not tell such jobs apart: a waiting job that never
+    ran has a guessed one (live: a typical job's), and identical jobs measured on shared hosts differ
+    by their neighbours' interference (two identical jobs of ``benchmarks/sched_live.py`` measured
+    40% apart). So which of two identical jobs ran first followed noise and the order the jobs were
+    listed in, and a replay of a live run, with speeds measured afterwards, ran them the other way.
+    Groups are chained from the least work; within each, the places the group holds in ``order``
+    and the configurations rounded for those places go to its members in arrival order (then name):
+    the same use of the cluster, deterministic and fair. Pure: returns the new order and rounded
+    configurations."""
     def shapes(job: Job) -> tuple:
         return tuple((c.gpus, c.placement) for c in job.configs)
 
     def seconds(j: int) -> float:
         return jobs[j].remaining / max(jobs[j].best_rate, 1e-12)
+
+    def identical(first: int, j: int) -> bool:
+        longer, shorter = max(seconds(first), seconds(j)), min(seconds(first), seconds(j))
+        return jobs[j].remaining <= jobs[first].remaining * (1.0 + work_tolerance) and longer < speed_noise * shorter
 
     order, rounded = list(order), list(rounded)
     kinds: dict[tuple, list[int]] = {}
@@ -110,10 +118,9 @@ def first_come_among_equals(jobs: tuple[Job, ...], order: list[int], rounded: li
         if jobs[j].current is None:
             kinds.setdefault((jobs[j].weight, shapes(jobs[j])), []).append(j)
     for members in kinds.values():
-        members.sort(key=seconds)
         groups: list[list[int]] = []
-        for j in members:
-            if groups and seconds(j) <= seconds(groups[-1][0]) * (1.0 + tolerance):
+        for j in sorted(members, key=lambda j: (jobs[j].remaining, seconds(j))):
+            if groups and identical(groups[-1][0], j):
                 groups[-1].append(j)
             else:
                 groups.append([j])
