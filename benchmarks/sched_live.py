@@ -9,7 +9,8 @@ without, on one host or on emulated hosts, and the simulator's replay.
 ``--compare suspend``: a long job that must hold every slot (``--min-np`` = the slots; the whole
 60000-sample set, two epochs) arrives first, three short elastic ones (3000-4000 samples) after, on
 the seeded Poisson schedule (mean gap 8 s): they arrive while it holds the slots. Each of PCRR and
-Tiresias (``--las-threshold``: demoted after ``LAS_THRESHOLD`` worker-seconds) runs twice: **with**
+Tiresias (``--las-threshold auto``, the daemon's default: a job is demoted once it attained the
+median predicted size, in worker-seconds, of the jobs seen so far) runs twice: **with**
 suspend/resume (the daemon's default rules: a job is suspended only after it ran 3 x its
 suspend/resume cost, at most 4 times an hour, and not when it has less than that cost left to
 train) and **without** (``--max-suspensions-per-hour 0``: today's ``--min-np`` floor, a long job
@@ -45,6 +46,12 @@ per-job |simulated − live| / live JCT.
 ways: from the daemon's observations of each job (``observed``) and from the jobs' own event logs
 (start / resize / end with sizes, written by each job's rank 0: ``logged``). Both must be 0.
 
+``samples_exactly_once`` (per run and job in ``samples_audit_by_run``): every worker process of
+every job logs the sample indices of each step it draws and commits (``_sched_job.py``), across
+all its launchers (a suspended job's and its resumed one's); no sample may be committed twice in an
+epoch, drawn for a step never committed, or left out of an epoch. The benchmark exits non-zero
+(after writing its JSON) when one is.
+
 Rows (DESIGN §9 contract): ``live avg JCT: PCRR vs fifo`` (taiji = PCRR's average JCT, anchor =
 FIFO's, ratio = FIFO / PCRR; target >= 1.2) and ``simulated avg JCT: PCRR vs fifo`` (the same from
 the replay); the JSON line also carries ``sim_error_max`` (target <= 0.25) and ``oversubscribed``.
@@ -66,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from taiji_harness.bench import contract_row, print_result, reap_on_sigterm
+from taiji_harness.elastic_analysis import exactly_once_audit
 
 from taiji.launch.sched.channel import ask
 from taiji.sched.cluster import Cluster
@@ -91,7 +99,7 @@ FULL = {"samples": [30000, 5000, 10000, 3000, 20000, 6000, 15000, 4000], "mean_g
 SUSPEND_QUICK = {"jobs": [(60000, True), (3000, False), (4000, False), (3000, False)], "mean_gap_s": 8.0}
 SUSPEND_FULL = {"jobs": [(60000, True), (3000, False), (5000, False), (48000, True), (3000, False),
                          (4000, False)], "mean_gap_s": 10.0}
-LAS_THRESHOLD = 60.0   # worker-seconds: Tiresias demotes a job after a minute on one worker
+LAS_THRESHOLD = "auto"   # Tiresias: the daemon's default, the median predicted job size of the workload
 EPOCHS = 2
 GOAL_SPEEDUP, GOAL_SUSPEND_SPEEDUP, GOAL_SIM_ERROR = 1.2, 1.3, 0.25
 
@@ -293,6 +301,19 @@ def logged_oversubscribed(run: dict[str, Any], addresses: list[str], slots_per_h
     return len(oversubscribed_instants((slots_per_host,) * len(addresses), timelines))
 
 
+def samples_audit(run: dict[str, Any]) -> dict[str, Any]:
+    """Exactly-once across suspensions, per job, from the sample indices every worker process of
+    every launcher it had logged (``_sched_job.py``; :func:`~taiji_harness.elastic_analysis.exactly_once_audit`):
+    no sample committed twice in an epoch, none drawn for a step never committed, none left out."""
+    jobs = {}
+    for job in run["jobs"]:
+        records = [json.loads(line) for path in sorted((run["state"] / "jobs" / job["id"] / "run").glob("samples-*.jsonl"))
+                   for line in path.read_text().splitlines() if line.strip()]
+        jobs[job["id"]] = {**exactly_once_audit(records, job["end"] // EPOCHS, EPOCHS),
+                           "suspensions": len(job.get("suspensions", []))}
+    return {"exactly_once": all(j["exactly_once"] for j in jobs.values()), "jobs": jobs}
+
+
 def fixed_overhead(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Per job, outside training: launch -> first step (interpreter, torch, data, join) and last
     step -> the daemon seeing the launcher exit; medians over every job of every run."""
@@ -324,7 +345,7 @@ def fitted_apps(run: dict[str, Any], slots: int) -> dict[str, Any]:
 
 
 def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round_s: float,
-           startup: float, resume: float | None = None, las_threshold: float | None = None,
+           startup: float, resume: float | None = None, las_threshold: float | str | None = None,
            rules: SuspendRules | None = None) -> dict[str, float]:
     """The simulator's JCT per job for the live run's workload, deciding as its daemon did
     (``resume``: the seconds a suspended job's resume costs, default the simulator's ``taiji``
@@ -344,6 +365,17 @@ def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round
                        min_replicas=tuple((job["id"], job["min_np"]) for job in run["jobs"]))
     result = simulate(specs, make_policy(policy, cost, las_threshold=las_threshold, round_s=round_s), config)
     return {record.name: record.jct for record in result.records}
+
+
+def publish(rows: list[dict], audits: dict[str, dict], **fields: Any) -> None:
+    """The result line (benchmarks/results/sched_live.json), then a non-zero exit if any job lost,
+    repeated or never trained a sample (or logged none): the JSON shows which."""
+    print_result("sched_live", rows, samples_exactly_once=all(a["exactly_once"] for a in audits.values()),
+                 samples_audit_by_run=audits, **fields)
+    broken = {p: {j: a for j, a in audit["jobs"].items() if not a["exactly_once"]}
+              for p, audit in audits.items() if not audit["exactly_once"]}
+    if broken:
+        raise SystemExit(f"sched_live.py: samples lost, repeated or never trained (or no sample log): {broken}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -427,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
                                            slots),
                 "logged": logged_oversubscribed(run, where.addresses, per_host)} for p, run in runs.items()}
     total_over = sum(v for per in over.values() for v in per.values())
+    audits = {p: samples_audit(run) for p, run in runs.items()}
 
     def avg(values: dict[str, float]) -> float:
         return round(statistics.mean(values.values()), 2)
@@ -450,14 +483,14 @@ def main(argv: list[str] | None = None) -> None:
                 **{f"{p}_live_jct_s": round(live_jct[p][j["id"]], 2) for p in runs},
                 **{f"{p}_sim_jct_s": round(sim_jct[p][j["id"]], 2) for p in sim_jct},
                 "measured_sizes": sorted(size_key(n, BATCH)[0] for n in j["measured"])} for j in first["jobs"]]
-    print_result("sched_live", rows, sim_error_max=round(sim_error_max, 3), sim_error_target=GOAL_SIM_ERROR,
-                 sim_error_by_run={p: round(max(per.values()), 3) for p, per in errors.items()},
-                 load_by_run={p: run.get("load") for p, run in runs.items()},
-                 oversubscribed=total_over, oversubscribed_by_run=over, fixed_overhead=overhead,
-                 resume_cost_s=None if resume is None else round(resume, 2), compare=args.compare,
-                 slots=slots, hosts=args.hosts, slots_per_host=per_host, shaped=args.shape if args.hosts > 1 else "",
-                 round_s=args.round, quick=args.quick, jobs=per_job,
-                 arrivals=[{"offset_s": t, "samples": n, "holds_every_slot": r} for t, n, r in jobs])
+    publish(rows, audits, sim_error_max=round(sim_error_max, 3), sim_error_target=GOAL_SIM_ERROR,
+            sim_error_by_run={p: round(max(per.values()), 3) for p, per in errors.items()},
+            load_by_run={p: run.get("load") for p, run in runs.items()},
+            oversubscribed=total_over, oversubscribed_by_run=over, fixed_overhead=overhead,
+            resume_cost_s=None if resume is None else round(resume, 2), compare=args.compare,
+            slots=slots, hosts=args.hosts, slots_per_host=per_host, shaped=args.shape if args.hosts > 1 else "",
+            round_s=args.round, quick=args.quick, jobs=per_job,
+            arrivals=[{"offset_s": t, "samples": n, "holds_every_slot": r} for t, n, r in jobs])
 
 
 if __name__ == "__main__":

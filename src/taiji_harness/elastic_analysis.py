@@ -256,6 +256,23 @@ def exactly_once_figures(records: list[dict], killed: set[str]) -> dict:
     }
 
 
+def exactly_once_audit(records: list[dict], samples_per_epoch: int, epochs: int) -> dict:
+    """A finished job's exactly-once audit from its ``draw`` and ``commit`` records (every process
+    of every launcher it had): :func:`exactly_once_figures` (none killed: every process ended on
+    its own), plus ``missing``: samples of each of its ``epochs`` that no commit trained.
+    ``exactly_once``: some process logged, nothing repeated, lost or missing."""
+    figures = exactly_once_figures(records, killed=set())
+    seen: list[set[int]] = [set() for _ in range(epochs)]
+    for commit in select(records, "commit"):
+        if commit["epoch"] < epochs:
+            seen[commit["epoch"]].update(commit["samples"])
+    missing = sum(samples_per_epoch - len(epoch & set(range(samples_per_epoch))) for epoch in seen)
+    processes = len({r["worker"] for r in records if "worker" in r})
+    return {"exactly_once": bool(processes) and not (figures["samples_repeated"] or figures["samples_lost"] or missing),
+            "processes": processes, "repeated": figures["samples_repeated"], "lost": figures["samples_lost"],
+            "missing": missing}
+
+
 def worker_error(text: str) -> str:
     """What stopped a worker, from its output: the last exception of its traceback and where it
     was raised, with the exception it was raised while handling (a launcher's own

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from taiji_harness.elastic_analysis import (each_over, exactly_once_figures, join_figures, kill_figures,
-                                            median_over, model_figures, normal_step, samples_per_s, select,
+from taiji_harness.elastic_analysis import (each_over, exactly_once_audit, exactly_once_figures, join_figures,
+                                            kill_figures, median_over, model_figures, normal_step, samples_per_s, select,
                                             step_intervals, taiji_change_figures, taiji_fault_figures,
                                             torchrun_change_figures, torchrun_fault_figures, worker_error)
 from taiji_harness.elastic_report import build_rows, table
@@ -232,6 +232,21 @@ def test_exactly_once_counts_repeats_per_epoch_and_lost_draws_but_not_the_last_i
     retry = records[:6] + [drawn(1.3, "a", 1, [4, 5, 6, 7]), done(1.4, "a", 1, [4, 5, 6, 7], 1)]
     clean = exactly_once_figures(retry, killed={"b"})
     assert clean["samples_lost"] == 0 and clean["samples_repeated"] == 0 and clean["exactly_once_share"] == 1.0
+
+
+def test_a_suspended_jobs_audit_reads_every_launchers_processes_and_finds_missing_samples():
+    # first launcher (a, b) stops after step 1 (its last draw in flight); the resumed one (c) goes on
+    first = [drawn(1.0, "a", 0, [0, 1]), done(1.1, "a", 0, [0, 1], 2), drawn(1.0, "b", 0, [2, 3]),
+             done(1.1, "b", 0, [2, 3], 2), drawn(1.2, "a", 1, [4, 5])]
+    resumed = [drawn(5.0, "c", 1, [4, 5]), done(5.1, "c", 1, [4, 5], 1),
+               drawn(5.2, "c", 2, [0, 1], epoch=1), done(5.3, "c", 2, [0, 1], 1, epoch=1)]
+    audit = exactly_once_audit(first + resumed, samples_per_epoch=6, epochs=2)
+    assert audit["processes"] == 3 and audit["repeated"] == 0 and audit["lost"] == 0
+    assert audit["missing"] == 4 and not audit["exactly_once"]    # epoch 1 trained only samples 0 and 1
+    assert exactly_once_audit(first + resumed, samples_per_epoch=6, epochs=1)["exactly_once"]
+    again = first + resumed + [drawn(5.0, "d", 1, [4, 5]), done(5.1, "d", 1, [4, 5], 1)]   # a step trained twice
+    assert exactly_once_audit(again, 6, 1)["repeated"] == 2
+    assert not exactly_once_audit([], 6, 1)["exactly_once"], "no sample log at all is no proof"
 
 
 def test_samples_per_s_is_the_batch_over_the_median_interval_after_the_first_ones():

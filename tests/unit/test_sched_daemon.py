@@ -166,3 +166,14 @@ def test_pcrr_serves_the_heavier_of_two_equal_jobs_first():
                 for i in range(2)]
         assert sched.view_of(jobs[heavy]).weight == 10.0
         assert sched.round(1.0) == [Change(jobs[heavy].id, (0,), (2,))], heavy
+
+
+def test_las_threshold_takes_worker_seconds_or_auto():
+    import argparse
+
+    from taiji.launch.sched.cli import build_parser, las_threshold
+    assert las_threshold("auto") == "auto" and las_threshold("60") == 60.0
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            las_threshold(bad)
+    assert build_parser().parse_args(["serve"]).las_threshold is None   # main: tiresias then takes "auto"

@@ -3,6 +3,7 @@ the simulator), same seed → same run, the resize cost it is told about makes i
 a lone job gets what fits, and the decision time at 100 active jobs."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ from taiji.sched.lp import Config, Horizon, Host, Job, Problem, solve_lp
 from taiji.sched.model import load_application
 from taiji.sched.policies import PolluxLike, make_policy
 from taiji.sched.policies.pcrr import Pcrr, batch_grid, candidate_counts, epoch_plan
-from taiji.sched.rounding import decide, slot_loss
+from taiji.sched.rounding import decide, first_come_among_equals, slot_loss
 from taiji.sched.sim import SYSTEMS, JobView, SimConfig, simulate
 from taiji.sched.workload import JobSpec, synthetic_workload
 
@@ -196,3 +197,38 @@ def test_decision_time_for_100_active_jobs_is_under_a_second():
     assert stats.lp_optimal and stats.jobs == 100
     assert sum(a.replicas for a in answer.values()) == cluster.total_gpus   # work-conserving
     assert min(times) < 1.0
+
+
+def _waiting(name, work, arrival, weight=1.0, gpus=(1, 2), speed=1.0):
+    """A job that waits, with candidates of ``gpus`` workers and ``work / speed`` seconds to finish at its best."""
+    return Job(name, work, tuple(Config.external(g, speed * g / max(gpus)) for g in gpus), weight, arrival=arrival)
+
+
+def test_equal_waiting_jobs_are_served_first_come_and_take_the_earlier_places_roles():
+    jobs = (_waiting("late", 10.0, arrival=30.0), _waiting("early", 10.4, arrival=15.0, speed=0.7),
+            _waiting("long", 40.0, 26.0))
+    # the LP put the later arrival first (2 workers: configuration 1) and the earlier one last, with nothing
+    order, rounded = first_come_among_equals(jobs, [0, 2, 1], [1, None, 0])
+    assert order == [1, 2, 0], "the earlier arrival takes the first place"
+    assert rounded == [None, 1, 0], "with the configuration rounded for that place; the longer job is untouched"
+    # listed in the other order (as a replay may list them): the same schedule
+    swapped = (jobs[1], jobs[0], jobs[2])
+    order2, rounded2 = first_come_among_equals(swapped, [1, 2, 0], [None, 1, 0])
+    assert [swapped[j].name for j in order2] == [jobs[j].name for j in order]
+    assert {swapped[j].name: rounded2[j] for j in range(3)} == {jobs[j].name: rounded[j] for j in range(3)}
+
+
+def test_jobs_that_differ_keep_the_lps_order():
+    far = (_waiting("late", 10.0, arrival=30.0), _waiting("early", 13.0, arrival=15.0))   # 30% more work
+    assert first_come_among_equals(far, [0, 1], [1, None]) == ([0, 1], [1, None])
+    slower = (_waiting("late", 10.0, arrival=30.0), _waiting("early", 10.0, arrival=15.0, speed=0.4))   # 2.5x slower
+    assert first_come_among_equals(slower, [0, 1], [1, None]) == ([0, 1], [1, None])
+    heavier = (_waiting("late", 10.0, 30.0, weight=2.0), _waiting("early", 10.0, 15.0))
+    assert first_come_among_equals(heavier, [0, 1], [1, None]) == ([0, 1], [1, None])
+    other_shapes = (_waiting("late", 10.0, 30.0, gpus=(1,)), _waiting("early", 10.0, 15.0))
+    assert first_come_among_equals(other_shapes, [0, 1], [0, None]) == ([0, 1], [0, None])
+    running = (_waiting("late", 10.0, 30.0), dataclasses.replace(_waiting("early", 10.0, 15.0), current=0))
+    assert first_come_among_equals(running, [0, 1], [1, 0]) == ([0, 1], [1, 0]), "a running job is no waiting equal"
+    # a tie that the α-points leave exact is broken by arrival, not by the order the jobs were listed in
+    tied = (_waiting("b", 10.0, 20.0, gpus=(2,)), _waiting("a", 10.0, 20.0, gpus=(2,)))
+    assert first_come_among_equals(tied, [0, 1], [0, None]) == ([1, 0], [None, 0])

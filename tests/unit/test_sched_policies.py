@@ -15,6 +15,7 @@ from taiji.sched.model import load_application, progress_rate, time_to_finish
 from taiji.sched.policies import (ElasticDrf, Fifo, OptimusOracle, PolluxLike, SrtfOracle, Tiresias,
                                   make_policy)
 from taiji.sched.policies.drf import fair_counts
+from taiji.sched.policies.tiresias import predicted_service, workload_threshold
 from taiji.sched.sim import JobView, SimConfig, simulate
 from taiji.sched.workload import JobSpec
 
@@ -52,6 +53,28 @@ def test_las_demotes_a_job_past_sixteen_gpu_hours():
         jobs = [view("old", "cifar10", 0, 4, 2048, placement=(4,), attained=attained),
                 view("new", "cifar10", 50, 4, 2048)]
         assert set(Tiresias().allocate(0, one_host, jobs)) == {winner}
+
+
+def test_las_threshold_from_the_workload_is_the_median_predicted_size():
+    one_host = Cluster(1, 4)
+    cifar10 = load_application("cifar10")
+    size = predicted_service(view("x", "cifar10", 0, 4, 2048))
+    assert size == pytest.approx(cifar10.target_progress / progress_rate(cifar10, (1,), cifar10.init_batch_size, 0))
+    assert workload_threshold([3.0, 1.0, 2.0]) == 2.0 and workload_threshold([4.0, 1.0]) == 1.0, "the lower median"
+    # a long job holds the host when a shorter one arrives: with the lower median of the two sizes (the
+    # short one's) as the threshold, the long job is demoted once it had that much service
+    auto = make_policy("tiresias", las_threshold="auto")
+    assert auto.threshold_gpu_s is None
+    short = predicted_service(view("s", "ncf", 0, 4, 32768))
+    assert short < size
+    for attained, winner in ((0.9 * short, "long"), (1.1 * short, "short")):
+        jobs = [view("long", "cifar10", 0, 4, 2048, placement=(4,), attained=attained),
+                view("short", "ncf", 50, 4, 32768)]
+        assert set(auto.allocate(0, one_host, jobs)) == {winner}
+        assert auto.threshold_now == pytest.approx(short)
+    # the sizes of jobs that ended still count (the last SIZE_WINDOW jobs seen)
+    alone = [view("long", "cifar10", 0, 4, 2048, placement=(4,), attained=1.1 * short)]
+    assert set(auto.allocate(0, one_host, alone)) == {"long"} and "short" in auto.sizes
 
 
 def test_las_preempts_in_simulation_once_the_running_job_is_demoted():
@@ -110,7 +133,7 @@ def test_packing_uses_few_hosts_and_keeps_running_jobs_in_place():
     # the live daemon's --las-threshold and a replay of its run build the same Tiresias
     assert make_policy("tiresias", las_threshold=60.0) == Tiresias(threshold_gpu_s=60.0)
     assert make_policy("tiresias").threshold_gpu_s == Tiresias().threshold_gpu_s != 60.0
-    for name, threshold in (("pcrr", 60.0), ("tiresias", 0.0)):
+    for name, threshold in (("pcrr", 60.0), ("tiresias", 0.0), ("tiresias", "never"), ("pcrr", "auto")):
         with pytest.raises(ConfigError):
             make_policy(name, las_threshold=threshold)
     assert Cluster.parse("16x4") == Cluster(16, 4)

@@ -98,7 +98,8 @@ class Config:
 class Job:
     """An active job: ``remaining`` work units, its candidate configurations, and (for hysteresis) the
     index of the configuration it runs now (``None``: not running), the seconds a change costs it and
-    the seconds a suspension (no configuration at all) costs it: suspend + resume, at least a change."""
+    the seconds a suspension (no configuration at all) costs it: suspend + resume, at least a change;
+    ``arrival`` (its submission time) breaks ties between otherwise equal jobs (first come, first served)."""
     name: str
     remaining: float
     configs: tuple[Config, ...]
@@ -106,6 +107,7 @@ class Job:
     current: int | None = None
     resize_cost_s: float = 0.0
     suspend_cost_s: float = 0.0
+    arrival: float = 0.0
 
     def change_cost_s(self, config: int | None) -> float:
         """Seconds of progress a running job loses going to ``config`` (None: suspended)."""

@@ -1,6 +1,7 @@
 """PCRR's rounding: from the LP's fractions to one configuration (or none) per job for the next slot.
 
-Steps (SCHEDULER.md §2.5, §4.2): α-point order → randomized rounding of the first slot → hysteresis
+Steps (SCHEDULER.md §2.5, §4.2): α-point order → randomized rounding of the first slot → waiting jobs
+the scheduler cannot tell apart served first come, first served (:func:`first_come_among_equals`) → hysteresis
 (keep a running job's configuration unless the change is worth more than its resize cost) → greedy
 placement in that order with repair (capacity is never exceeded; a running job the repair would change
 is kept instead when its whole resize costs the first slot more) → work-conserving fill of leftover GPUs.
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .lp import Config, Job, LPSolution, Placement, Problem, predicted_completion_s, solve_lp
+
+WORK_TOLERANCE = 0.05   # waiting jobs with this much the same remaining work are identical requests ...
+SPEED_NOISE = 2.0       # ... unless their speeds differ by this factor: more than noise (first_come_among_equals)
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,53 @@ def round_first_slot(solution: LPSolution, jobs: tuple[Job, ...], uniforms: np.n
         k = int(np.searchsorted(cumulative, uniforms[j], side="right"))
         choices.append(k if k < len(job.configs) else None)
     return choices
+
+
+def first_come_among_equals(jobs: tuple[Job, ...], order: list[int], rounded: list[int | None],
+                            work_tolerance: float = WORK_TOLERANCE,
+                            speed_noise: float = SPEED_NOISE) -> tuple[list[int], list[int | None]]:
+    """Identical waiting jobs are served first come, first served.
+
+    Two jobs are identical requests here when neither runs, they have the same weight and the same
+    candidate shapes, the same remaining work (within ``work_tolerance``, relative) and best-case
+    remaining times (``remaining / best_rate``) less than ``speed_noise`` times apart. The LP would
+    order them by their speeds alone, and those do not tell such jobs apart: a waiting job that never
+    ran has a guessed one (live: a typical job's), and identical jobs measured on shared hosts differ
+    by their neighbours' interference (two identical jobs of ``benchmarks/sched_live.py`` measured
+    40% apart). So which of two identical jobs ran first followed noise and the order the jobs were
+    listed in, and a replay of a live run, with speeds measured afterwards, ran them the other way.
+    Groups are chained from the least work; within each, the places the group holds in ``order``
+    and the configurations rounded for those places go to its members in arrival order (then name):
+    the same use of the cluster, deterministic and fair. Pure: returns the new order and rounded
+    configurations."""
+    def shapes(job: Job) -> tuple:
+        return tuple((c.gpus, c.placement) for c in job.configs)
+
+    def seconds(j: int) -> float:
+        return jobs[j].remaining / max(jobs[j].best_rate, 1e-12)
+
+    def identical(first: int, j: int) -> bool:
+        longer, shorter = max(seconds(first), seconds(j)), min(seconds(first), seconds(j))
+        return jobs[j].remaining <= jobs[first].remaining * (1.0 + work_tolerance) and longer < speed_noise * shorter
+
+    order, rounded = list(order), list(rounded)
+    kinds: dict[tuple, list[int]] = {}
+    for j in order:
+        if jobs[j].current is None:
+            kinds.setdefault((jobs[j].weight, shapes(jobs[j])), []).append(j)
+    for members in kinds.values():
+        groups: list[list[int]] = []
+        for j in sorted(members, key=lambda j: (jobs[j].remaining, seconds(j))):
+            if groups and identical(groups[-1][0], j):
+                groups[-1].append(j)
+            else:
+                groups.append([j])
+        for group in (g for g in groups if len(g) > 1):
+            places = sorted(order.index(j) for j in group)
+            roles = [rounded[order[p]] for p in places]
+            for place, role, j in zip(places, roles, sorted(group, key=lambda j: (jobs[j].arrival, jobs[j].name))):
+                order[place], rounded[j] = j, role
+    return order, rounded
 
 
 def _rate(job: Job, config: int | None) -> float:
@@ -290,7 +341,8 @@ def decide(problem: Problem, solution: LPSolution | None = None, *, seed: int, a
         # No LP: order by weighted shortest processing time and let the fill hand out GPUs.
         times = np.array([job.remaining / job.best_rate / job.weight for job in jobs])
         rounded = [None] * len(jobs)
-    order = sorted(range(len(jobs)), key=lambda j: (times[j], -jobs[j].weight, j))
+    order = sorted(range(len(jobs)), key=lambda j: (times[j], -jobs[j].weight, jobs[j].arrival, jobs[j].name))
+    order, rounded = first_come_among_equals(jobs, order, rounded)
 
     # Hysteresis: a running job keeps its configuration unless the change pays for its resize
     # (gain test), or unless the LP itself moved most of its first slot elsewhere (keep_share).

@@ -36,6 +36,19 @@ from .channel import ask
 PROG = "taiji sched"
 
 
+def las_threshold(text: str) -> float | str:
+    """``--las-threshold``: worker-seconds > 0, or ``auto`` (set from the workload)."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"worker-seconds > 0 or 'auto', not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,9 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--min-left-factor", type=float, default=SuspendRules.min_left_factor, metavar="K",
                        help="a job with less than K x its suspend/resume cost left to train is not suspended: it "
                             "ends sooner than its suspension would pay (default: %(default)s; 0: any job)")
-    serve.add_argument("--las-threshold", type=float, default=None, metavar="WORKER_SECONDS",
-                       help="tiresias: attained service (worker-seconds) after which a job is demoted (default: "
-                            "16 GPU-hours, Pollux's setting)")
+    serve.add_argument("--las-threshold", type=las_threshold, default=None, metavar="WORKER_SECONDS",
+                       help="tiresias: attained service (worker-seconds) after which a job is demoted, or 'auto' "
+                            "(default): the median predicted size, in worker-seconds, of the jobs seen lately "
+                            "(a fixed one, e.g. Pollux's 16 GPU-hours, suits only jobs of a known scale)")
     serve.add_argument("--hosts", default=None, metavar="FILE",
                        help="many hosts: one 'ADDRESS SLOTS' line per host (all with the same slots), each running "
                             "`taiji sched agent`; listen on an address they reach (--address)")
@@ -203,8 +217,8 @@ def main(argv: Sequence[str]) -> int:
                 listed = read_hosts_file(args.hosts)
                 hosts, slots, count = (AgentHosts(listed, args.host_timeout, args.fence, args.checkpoint_grace),
                                        listed[0][1], len(listed))
-            policy = make_policy(args.policy, SYSTEMS["taiji"], las_threshold=args.las_threshold,
-                                 round_s=args.round)
+            threshold = args.las_threshold if args.las_threshold is not None or args.policy != "tiresias" else "auto"
+            policy = make_policy(args.policy, SYSTEMS["taiji"], las_threshold=threshold, round_s=args.round)
             rules = SuspendRules(max_per_hour=args.max_suspensions_per_hour, min_run_factor=args.min_run_factor,
                                  min_left_factor=args.min_left_factor)
             scheduler = Scheduler(slots, policy, args.shrink_timeout, hosts=count,

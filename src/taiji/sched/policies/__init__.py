@@ -9,7 +9,7 @@ from taiji.sched.policies.optimus import OptimusOracle
 from taiji.sched.policies.pcrr import Pcrr, horizon_slots
 from taiji.sched.policies.pollux import PolluxLike
 from taiji.sched.policies.srtf import SrtfOracle
-from taiji.sched.policies.tiresias import Tiresias
+from taiji.sched.policies.tiresias import AUTO, Tiresias
 from taiji.sched.sim import ResizeCost
 
 POLICIES = {"fifo": Fifo, "drf": ElasticDrf, "tiresias": Tiresias, "optimus": OptimusOracle,
@@ -17,7 +17,7 @@ POLICIES = {"fifo": Fifo, "drf": ElasticDrf, "tiresias": Tiresias, "optimus": Op
 
 
 def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "taiji",
-                las_threshold: float | None = None, round_s: float | None = None):
+                las_threshold: float | str | None = None, round_s: float | None = None):
     """A policy by name (``fifo``, ``drf``, ``tiresias``, ``optimus``, ``pollux``, ``srtf``, ``pcrr``).
 
     ``resize``: the simulated system's resize cost (``sim.SYSTEMS[...]``, the same as
@@ -28,8 +28,10 @@ def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "ta
     ``fidelity`` (:data:`FIDELITY_MODES`): ``pollux`` makes ``tiresias`` and ``optimus`` place jobs and
     rank GPUs as Pollux's simulator does (``policies.common``); the other policies have no such mode.
 
-    ``las_threshold``: Tiresias's demotion threshold in worker-seconds (default: 16 GPU-hours), the
-    live daemon's ``--las-threshold``; a replay of a live run must build its policy the same way.
+    ``las_threshold``: Tiresias's demotion threshold in worker-seconds (default: 16 GPU-hours, Pollux's
+    setting), or ``"auto"``: the median predicted job size of the workload (the live daemon's default,
+    ``--las-threshold``; :mod:`~taiji.sched.policies.tiresias`); a replay of a live run must build its
+    policy the same way.
 
     ``round_s``: the seconds between the rounds that execute its decisions (the simulator's
     interval, the daemon's ``--round``): PCRR's LP plans with a first slot that long (default 60 s)."""
@@ -37,9 +39,10 @@ def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "ta
     if name not in POLICIES:
         raise ConfigError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
     if las_threshold is not None:
-        if name != "tiresias" or not las_threshold > 0:
-            raise ConfigError("a LAS threshold is a number of worker-seconds > 0 for the tiresias policy")
-        return Tiresias(threshold_gpu_s=las_threshold, fidelity=fidelity)
+        auto = las_threshold == AUTO
+        if name != "tiresias" or not (auto or isinstance(las_threshold, (int, float)) and las_threshold > 0):
+            raise ConfigError(f"a LAS threshold is a number of worker-seconds > 0 or {AUTO!r} for the tiresias policy")
+        return Tiresias(threshold_gpu_s=None if auto else float(las_threshold), fidelity=fidelity)
     if name in ("tiresias", "optimus"):
         return POLICIES[name](fidelity=fidelity)
     if name == "pcrr" and (resize is not None or round_s is not None):

@@ -59,6 +59,13 @@ fraction of a resize, but a job earlier in α-point order that takes its GPUs ma
 it in full; so such a displaced job is kept (placed first) whenever its whole resize plus the progress
 it would lose cost the slot more than the wait it causes (:func:`~taiji.sched.rounding.slot_loss`).
 
+**Identical waiting jobs** (:func:`~taiji.sched.rounding.first_come_among_equals`): waiting jobs of the
+same weight, candidate sizes and remaining work (within 5%), speeds less than 2× apart, are served in
+arrival order (then name), taking the places and configurations the rounding gave their group: the LP
+orders them by their speeds alone — a guess for a waiting live job, interference-laden measurements
+otherwise — so a replay of a live run, with speeds measured afterwards, ran two identical jobs the
+other way round.
+
 **PS jobs** (:mod:`taiji.sched.ps`): the same candidates; a count up to one host is rated internal
 (workers and servers on one host, intra-host bandwidth), a larger one external. The LP and the rounding
 count GPUs only; servers are placed afterwards in α-point order (:func:`~taiji.sched.cluster.with_servers`)
@@ -272,4 +279,4 @@ class Pcrr:
         running = current is not None
         return Job(view.name, max(view.remaining_progress, 1e-9), tuple(configs), view.weight, current,
                    self.hysteresis * self.change_cost_s if running else 0.0,
-                   self.hysteresis * suspend_s if running else 0.0)
+                   self.hysteresis * suspend_s if running else 0.0, view.spec.submit_time)
