@@ -287,6 +287,44 @@ def test_etcd_watch_streams_every_new_config_in_its_events_and_stops_when_told(e
     assert not watcher.is_alive()
 
 
+def test_etcd_registrations_race_for_nothing_and_are_read_once_in_order(etcd_server):
+    """Agents registering at once on etcd: one transaction each (no counter to retry on), distinct
+    numbers 1..N, and the launcher reads each registration once, in order, from where it was."""
+    import collections
+    from taiji.cluster.etcd import EtcdKV
+    from taiji.cluster.etcd_store import EtcdC10dStore
+    from taiji.launch import agent_channel
+    calls: collections.Counter = collections.Counter()
+
+    class Counted(EtcdKV):
+        def _post(self, path, payload, as_user=True):
+            calls[path] += 1
+            return super()._post(path, payload, as_user)
+
+    job_id, signer, hosts = f"g{uuid.uuid4().hex[:6]}", auth.Signer(auth.new_secret()), 16
+    jobs = [JobStore(EtcdC10dStore(Counted(etcd_server.url, 10)), job_id, signer) for _ in range(hosts)]
+    gate, numbers = threading.Barrier(hosts), []
+
+    def register(i: int) -> None:
+        gate.wait()
+        numbers.append(agent_channel.register(jobs[i], f"10.0.0.{i}", 8, 1, f"s{i}"))
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(hosts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(numbers) == list(range(1, hosts + 1)) and calls["/kv/txn"] == hosts, (numbers, calls)
+    seen, found = agent_channel.registrations_after(jobs[0], 0)
+    assert sorted(r["address"] for r in found) == sorted(f"10.0.0.{i}" for i in range(hosts))
+    assert agent_channel.registrations_after(jobs[0], seen) == (seen, [])  # (a position: etcd's revision)
+    agent_channel.register(jobs[1], "10.0.1.1", 8, 1, "late")
+    forger = JobStore(jobs[3].kv, job_id, auth.Signer(auth.new_secret()))  # another secret: ignored
+    forger.enrol("hosts", {"address": "10.6.6.6", "slots": 8, "pid": 1, "session": "forged"})
+    later, found = agent_channel.registrations_after(jobs[0], seen)
+    assert later > seen and [r["address"] for r in found] == ["10.0.1.1"]
+
+
 def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
     """On etcd as on a TCP store an agent beats while its beat number moves; a silent one is 'quiet'
     (the controller judges the silence) though its leased key is still there, and 'expired' once
