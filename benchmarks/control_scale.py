@@ -34,7 +34,8 @@ from taiji_harness.bench import contract_row, median, print_result, reap_on_sigt
 from taiji.cluster import auth  # noqa: E402
 from taiji.cluster.controller import (Beat, Bounds, HostBeat, HostJoined, HostLost, Proposal, Tick,  # noqa: E402
                                       WorkerExited, WorkerReady, decide, initial_state)
-from taiji.cluster.store import FakeStore, JobStore  # noqa: E402
+from taiji.cluster.fake_store import FakeStore  # noqa: E402
+from taiji.cluster.store import JobStore  # noqa: E402
 from taiji.monitor.stats import ControlRow  # noqa: E402
 
 PER_HOST = 8

@@ -8,10 +8,11 @@ one record per host, and on etcd its lease) and carries out the controller's sig
 (``spawn``, ``kill``, ``stop``), reporting exits. Its workers do what a worker's background
 threads do (runtime/liveness.py, runtime/membership.py): a heartbeat each every
 ``TAIJI_HEARTBEAT`` seconds (a count the agent reads on its host: in memory here, a file there),
-``ready`` when spawned, and the config followed. Two simplifications keep 1,024 workers within two shared cores: a host's workers follow
-the config together — one poll every ``WATCH_POLL_S`` on a TCP store (a real worker polls on its
-own), one watch of ``config/latest`` on etcd (a real worker holds its own) — and each new config is
-read and verified once per host, not once per worker.
+``ready`` when spawned, and the config followed. Two simplifications keep 1,024 workers within two
+shared cores: a host's workers follow the config together — one poll every ``WATCH_POLL_S`` on a TCP
+store (a real worker polls on its own), one watch on etcd (a real worker holds its own: the same
+``JobStore.follow_configs``, whose events carry the configs) — and each new config is read (TCP
+store) and verified once per host, not once per worker.
 
 Orders come on stdin, one JSON object a line; answers go to stdout, one JSON line each:
 ``{"op": "hosts", "addresses": [...], "slots": K}`` starts hosts; ``{"op": "kill", "address": A}``
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from taiji import env
 from taiji.cluster.auth import Signer
+from taiji.cluster.spec import ClusterConfig
 from taiji.cluster.store import JobStore, config_key, connect_job
 from taiji.errors import StoreError
 from taiji.launch import agent_channel
@@ -92,7 +94,6 @@ class Workers:
         self.beats: dict[str, int] = {}
         self.version = self.size = 0
         self.at = 0.0  # when the host's workers got that config
-        self.newest = 0  # the newest version a watch saw (etcd)
         self._beat_at = self._poll_at = 0.0
 
     def add(self, worker_id: str) -> None:
@@ -104,12 +105,13 @@ class Workers:
             self._beat_at = now + self.heartbeat
             for wid in self.beats:
                 self.beats[wid] += 1
-        if not self.job.can_watch and now >= self._poll_at:
+        if not self.job.can_watch and now >= self._poll_at:  # (etcd: ``follow_configs``)
             self._poll_at = now + WATCH_POLL_S
             if self.job.has(config_key(self.version + 1)):
-                self.newest = max(self.newest, self.job.latest_version())
-        if self.newest > self.version:
-            config = self.job.read_config(self.newest)
+                self.hold(self.job.read_config(max(self.version + 1, self.job.latest_version())))
+
+    def hold(self, config: ClusterConfig) -> None:
+        if config.version > self.version:
             self.version, self.size, self.at = config.version, config.size, time.monotonic()
 
 
@@ -154,7 +156,7 @@ class SimHost(threading.Thread):
                                       session)
         workers = self.workers = Workers(job, settings.heartbeat)
         if job.can_watch:
-            threading.Thread(target=follow_newest, args=(job.another_connection(), workers, self.killed),
+            threading.Thread(target=follow_configs, args=(job.another_connection(), workers, self.killed),
                              daemon=True).start()
         next_beat = 0.0
         while not self.killed.wait(TICK_S):
@@ -179,11 +181,12 @@ class SimHost(threading.Thread):
 
 
 
-def follow_newest(job: JobStore, workers: Workers, stop: threading.Event) -> None:
-    """A config watch on etcd (its own connection): the newest version, for ``workers`` to read."""
+def follow_configs(job: JobStore, workers: Workers, stop: threading.Event) -> None:
+    """The configs on etcd, as a real worker's watcher follows them (runtime/membership.py), on a
+    connection of its own: each one arrives in the watch's event, verified and held."""
     try:
-        for version in job.follow_latest(stop):
-            workers.newest = max(workers.newest, version)
+        for config in job.follow_configs(stop):
+            workers.hold(config)
     except StoreError:
         pass
 
@@ -211,7 +214,7 @@ def worker() -> None:
     Heartbeat.on_this_host(env.WORKER_ID.get(), env.HEARTBEAT.get())  # the real heartbeat: a file its launcher reads
     stop = threading.Event()
     if job.can_watch:
-        threading.Thread(target=follow_newest, args=(job.another_connection(), workers, stop), daemon=True).start()
+        threading.Thread(target=follow_configs, args=(job.another_connection(), workers, stop), daemon=True).start()
     while not stop.wait(TICK_S):
         workers.step(time.monotonic())
 

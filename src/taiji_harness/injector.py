@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from taiji.cluster import spec
-from taiji.cluster.store import FakeStore, JobStore
+from taiji.cluster.fake_store import FakeStore
+from taiji.cluster.store import JobStore
 from taiji.comm.communicator import Communicator, Handle
 from taiji.errors import CollectiveTimeout, PeerLost
 from taiji.runtime.peer import Peer, PeerOptions

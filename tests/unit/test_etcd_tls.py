@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from taiji import env
+from taiji.cluster.spec import ClusterConfig, WorkerSpec
 from taiji.errors import StoreError
 
 pytestmark = pytest.mark.timeout(120)
@@ -89,9 +90,11 @@ def test_an_etcds_store_works_with_the_ca_and_a_client_certificate(tls_etcd, mon
     job.set("x", "1")
     assert job.get("x") == b"1" and job.add("n", 2) == 2
     stop = threading.Event()
-    stream = job.follow_latest(stop)  # the watch stream goes over TLS too
-    job.set("config/latest", "3")
-    assert next(stream) == 3
+    stream = job.follow_configs(stop)  # the watch stream goes over TLS too
+    config = ClusterConfig(1, (WorkerSpec("w0"),))
+    assert job.publish(config) and next(stream) == config  # read when the watch begins
+    config = ClusterConfig(2, (WorkerSpec("w0"), WorkerSpec("w1")))
+    assert job.publish(config) and next(stream) == config  # carried by the watch
     stop.set()
 
 

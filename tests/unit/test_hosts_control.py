@@ -12,7 +12,8 @@ from taiji.cluster import auth
 from taiji.cluster.controller import (Beat, Bounds, FailureReported, HostBeat, HostJoined, HostLost, Proposal, Publish,
                                       Spawn, Tick, WorkerExited, WorkerReady, initial_state)
 from taiji.cluster.spec import ClusterConfig, WorkerSpec
-from taiji.cluster.store import FakeStore, JobStore
+from taiji.cluster.fake_store import FakeStore
+from taiji.cluster.store import JobStore
 from taiji.errors import AuthError, ConfigError
 from taiji.launch import agent_channel as hosts
 from taiji.launch.cli import build_parser, parse_join

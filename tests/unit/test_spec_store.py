@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from taiji.cluster import spec
-from taiji.cluster.store import FakeStore, JobStore, connect_store, host_store
-from taiji.errors import ConfigError, StoreError
+from taiji.cluster import auth, spec
+from taiji.cluster.fake_store import FakeStore
+from taiji.cluster.store import JobStore, connect_store, host_store
+from taiji.errors import AuthError, ConfigError, StoreError
 
 
 def workers(*ids):
@@ -225,36 +226,103 @@ def test_etcd_rendezvous_wait_hears_a_key_written_after_its_read_at_once(etcd_se
     assert sum(lags) < 0.15 and calls["watch"] <= 2, (lags, calls)
 
 
-def test_etcd_watch_streams_every_new_version_and_stops_when_told(etcd_server, monkeypatch):
-    """A worker's config watcher on etcd: a watch, not a poll; no version is missed, even ones
-    published while the stream is being reopened, and a stop ends it within the reopen period."""
+def test_etcd_watch_streams_every_new_config_in_its_events_and_stops_when_told(etcd_server, monkeypatch):
+    """A worker's config watcher on etcd: a watch, not a poll, whose events carry the configs (no
+    read per change: only the config there when the watch began is read); no version is missed,
+    even ones published while the stream is being reopened, and a stop ends it within the reopen
+    period. A config that fails its check is refused, not followed."""
+    import collections
     import queue
     from taiji.cluster import etcd
-    from taiji.cluster.store import open_store
+    from taiji.cluster.etcd import EtcdKV
+    from taiji.cluster.etcd_store import EtcdC10dStore
     WATCH_REOPEN_S = 0.5
     monkeypatch.setattr(etcd, "WATCH_REOPEN_S", WATCH_REOPEN_S)  # reopened often here: seen to lose nothing
-    job = JobStore(open_store(etcd_server.url, timeout=5), f"w{uuid.uuid4().hex[:6]}")
+    calls: collections.Counter = collections.Counter()
+
+    class Counted(EtcdKV):
+        def _post(self, path, payload, as_user=True):
+            calls[path] += 1
+            return super()._post(path, payload, as_user)
+
+    job_id, signer = f"w{uuid.uuid4().hex[:6]}", auth.Signer(auth.new_secret())
+    job = JobStore(EtcdC10dStore(EtcdKV(etcd_server.url, 5)), job_id, signer)
     assert job.can_watch and not JobStore(FakeStore(), "j").can_watch
+    with pytest.raises(StoreError, match="cannot be watched"):
+        next(JobStore(FakeStore(), "j").follow_configs(threading.Event()))
     config = spec.initial(workers("a"))
     assert job.publish(config)
-    seen: "queue.Queue[int]" = queue.Queue()
+    seen: "queue.Queue[spec.ClusterConfig | BaseException]" = queue.Queue()
     stop = threading.Event()
-    watcher = threading.Thread(target=lambda: [seen.put(v) for v in job.another_connection().follow_latest(stop)])
+
+    def follow() -> None:
+        try:
+            for c in JobStore(EtcdC10dStore(Counted(etcd_server.url, 5)), job_id, signer).follow_configs(stop):
+                seen.put(c)
+        except BaseException as exc:  # noqa: BLE001 - the test's thread says what ended it
+            seen.put(exc)
+
+    watcher = threading.Thread(target=follow)
     watcher.start()
     try:
-        assert seen.get(timeout=5) == 1  # the version when the watch began
+        assert seen.get(timeout=5) == config  # the config when the watch began (read: one range)
+        published = []
         for _ in range(3):
             config = spec.grow(config, workers(f"x{config.version}"))
             assert job.publish(config)
-        assert [seen.get(timeout=5) for _ in range(3)] == [2, 3, 4]
+            published.append(config)
+        assert [seen.get(timeout=5) for _ in range(3)] == published
+        assert calls["/kv/range"] == 2, calls  # when the watch began: `latest` and its config; none per change
         done = threading.Event()  # published while the stream sits idle past a reopen
         done.wait(WATCH_REOPEN_S * 1.5)
-        assert job.publish(spec.grow(config, workers("late")))
-        assert seen.get(timeout=5) == 5
+        late = spec.grow(config, workers("late"))
+        assert job.publish(late)
+        assert seen.get(timeout=5) == late
+        forged = spec.grow(late, workers("forged"))  # written with another secret
+        assert JobStore(job.kv, job_id, auth.Signer(auth.new_secret())).publish(forged)
+        assert isinstance(seen.get(timeout=5), AuthError)
     finally:
         stop.set()
         watcher.join(WATCH_REOPEN_S * 3)
     assert not watcher.is_alive()
+
+
+def test_etcd_registrations_race_for_nothing_and_are_read_once_in_order(etcd_server):
+    """Agents registering at once on etcd: one transaction each (no counter to retry on), distinct
+    numbers 1..N, and the launcher reads each registration once, in order, from where it was."""
+    import collections
+    from taiji.cluster.etcd import EtcdKV
+    from taiji.cluster.etcd_store import EtcdC10dStore
+    from taiji.launch import agent_channel
+    calls: collections.Counter = collections.Counter()
+
+    class Counted(EtcdKV):
+        def _post(self, path, payload, as_user=True):
+            calls[path] += 1
+            return super()._post(path, payload, as_user)
+
+    job_id, signer, hosts = f"g{uuid.uuid4().hex[:6]}", auth.Signer(auth.new_secret()), 16
+    jobs = [JobStore(EtcdC10dStore(Counted(etcd_server.url, 10)), job_id, signer) for _ in range(hosts)]
+    gate, numbers = threading.Barrier(hosts), []
+
+    def register(i: int) -> None:
+        gate.wait()
+        numbers.append(agent_channel.register(jobs[i], f"10.0.0.{i}", 8, 1, f"s{i}"))
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(hosts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(numbers) == list(range(1, hosts + 1)) and calls["/kv/txn"] == hosts, (numbers, calls)
+    seen, found = agent_channel.registrations_after(jobs[0], 0)
+    assert sorted(r["address"] for r in found) == sorted(f"10.0.0.{i}" for i in range(hosts))
+    assert agent_channel.registrations_after(jobs[0], seen) == (seen, [])  # (a position: etcd's revision)
+    agent_channel.register(jobs[1], "10.0.1.1", 8, 1, "late")
+    forger = JobStore(jobs[3].kv, job_id, auth.Signer(auth.new_secret()))  # another secret: ignored
+    forger.enrol("hosts", {"address": "10.6.6.6", "slots": 8, "pid": 1, "session": "forged"})
+    later, found = agent_channel.registrations_after(jobs[0], seen)
+    assert later > seen and [r["address"] for r in found] == ["10.0.1.1"]
 
 
 def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
@@ -365,9 +433,7 @@ def test_the_job_store_listens_only_on_the_address_it_is_given():
 
 
 def test_a_launcher_started_etcd_admits_only_the_jobs_user_on_its_own_keys(own_etcd_server):
-    from taiji.cluster import auth
     from taiji.cluster.etcd import EtcdKV, job_credentials
-    from taiji.errors import AuthError
     server = own_etcd_server
     secret = auth.new_secret()
     user, password = job_credentials("j", secret)
@@ -392,7 +458,6 @@ def test_a_processes_etcd_connections_share_one_login_and_renew_it_once(own_etcd
     bcrypt check with its write lock held); when the server forgets the token, the first
     connection to notice renews it for all, and a watch stream follows."""
     import requests
-    from taiji.cluster import auth
     from taiji.cluster.etcd import EtcdKV, job_credentials
     server = own_etcd_server
     secret = auth.new_secret()

@@ -4,8 +4,8 @@
 ``EtcdKV`` gives etcd the semantics taiji relies on from ``torch.distributed.TCPStore`` (cluster/kv.py's
 ``KeyValue``): blocking ``get``/``wait`` with a timeout, compare-and-set (a transaction on the key's value, or on
 its absence), atomic ``add`` (a transaction on the key's modification revision, retried on a race), and leases and
-watches besides. ``EtcdC10dStore`` wraps it as a ``torch.distributed.Store`` so gloo's rendezvous runs on the same
-etcd. Waits poll with a short backoff: a worker's config watcher and a group's rendezvous wait seldom and briefly.
+watches besides. ``EtcdC10dStore`` (cluster/etcd_store.py) wraps it as a ``torch.distributed.Store`` so gloo's
+rendezvous runs on the same etcd. Waits poll with a short backoff: a worker's config watcher and a group's rendezvous wait seldom and briefly.
 """
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable, Generator, Iterator
-
-import torch.distributed as dist
+from typing import Any, Generator, Iterator
 
 from .. import env
 from ..errors import AuthError, ConfigError, StoreError
@@ -301,6 +299,22 @@ class EtcdKV:
                 return current + amount
             kv = (done["responses"][0]["response_range"].get("kvs") or [None])[0]
 
+    def put_counted(self, puts: dict[str, str | bytes], prefix: str) -> int:
+        """Write every key of ``puts`` and count the keys under ``prefix`` then, in one transaction
+        with no comparison (it cannot lose a race, so is never retried): the n-th new key written
+        under ``prefix`` answers n."""
+        success = [{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in puts.items()]
+        done = self._txn([], success + [{"request_range": {**_scan(prefix), "count_only": True}}], [])
+        return int(done["responses"][-1]["response_range"].get("count", 0))
+
+    def created_after(self, prefix: str, revision: int) -> tuple[int, list[tuple[str, bytes]]]:
+        """The keys under ``prefix`` created after ``revision``, with their values, oldest first, and
+        the revision read at (the next call's ``revision``: nothing created by then is missed)."""
+        answer = self._post("/kv/range", {**_scan(prefix), "min_create_revision": str(revision + 1),
+                                          "sort_target": "CREATE", "sort_order": "ASCEND"})
+        found = [(_unb64(kv["key"]).decode(), _unb64(kv.get("value", ""))) for kv in answer.get("kvs", ())]
+        return int(answer["header"]["revision"]), found
+
     def delete_key(self, key: str) -> bool:
         return int(self._post("/kv/deleterange", {"key": _b64(key)}).get("deleted", 0)) > 0
 
@@ -328,13 +342,21 @@ class EtcdKV:
         put or delete (None) under it (after a compaction, the keys there then, afresh)."""
         return self._follow(_scan(prefix), stop)
 
-    def _follow(self, scan: dict, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
+    def changes_from(self, key: str, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
+        """``key``'s value now (None: absent), then every put or delete under ``prefix`` (which holds
+        ``key``), each with its key's name, until ``stop``: one watch whose events carry the values, and
+        only one key read first, not the prefix (after a compaction, ``key``'s value then, afresh)."""
+        return self._follow(_scan(prefix), stop, first={"key": _b64(key)})
+
+    def _follow(self, scan: dict, stop: threading.Event, first: dict | None = None) -> Iterator[tuple[str, bytes | None]]:
+        """The changes ``scan`` covers, after what ``first`` (default: ``scan``) holds now."""
         import requests
+        first = first or scan
 
         def current() -> tuple[int, list[tuple[str, bytes | None]]]:  # (a single key absent: None)
-            answer = self._post("/kv/range", scan)
+            answer = self._post("/kv/range", first)
             found = [(_unb64(kv["key"]).decode(), _unb64(kv.get("value", ""))) for kv in answer.get("kvs", ())]
-            return int(answer["header"]["revision"]), found or ([] if "range_end" in scan else [(_unb64(scan["key"]).decode(), None)])
+            return int(answer["header"]["revision"]), found or ([] if "range_end" in first else [(_unb64(first["key"]).decode(), None)])
 
         revision, found = current()
         yield from found
@@ -431,70 +453,3 @@ class EtcdKV:
     def close(self) -> None:
         for client in self._clients:
             client.session.close()
-
-
-class EtcdC10dStore(dist.Store):
-    """A ``torch.distributed.Store`` on etcd, for gloo's rendezvous (process groups)."""
-
-    poll_interval = 0.2  # background pollers (a worker's config watcher) look this often
-
-    def __init__(self, kv: EtcdKV):
-        super().__init__()
-        self.kv = kv
-
-    def set(self, key: str, value: Any) -> None:
-        self.kv.set(key, value)
-
-    def hold(self, key: str, value: str, ttl: float) -> int:
-        lease = self.kv.grant_lease(ttl)
-        self.kv.set(key, value, lease=lease)
-        return lease
-
-    def renew(self, lease: int) -> bool:
-        return self.kv.renew_lease(lease)
-
-    def release(self, lease: int) -> None:
-        self.kv.revoke_lease(lease)
-
-    def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]:
-        return self.kv.changes(key, stop)
-
-    def changes_under(self, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
-        return self.kv.changes_under(prefix, stop)
-
-    def get(self, key: str) -> bytes:
-        return self.kv.get(key)
-
-    def add(self, key: str, value: int) -> int:
-        return self.kv.add(key, value)
-
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        return self.kv.compare_set(key, expected, desired)
-
-    def put_if(self, expected: dict[str, bytes], puts: dict[str, str | bytes]) -> bool:
-        return self.kv.put_if(expected, puts)
-
-    def check(self, keys: list[str]) -> bool:
-        return self.kv.check(keys)
-
-    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        self.kv.wait(keys, timeout)
-
-    def delete_key(self, key: str) -> bool:
-        return self.kv.delete_key(key)
-
-    def set_timeout(self, timeout: datetime.timedelta) -> None:
-        self.kv.set_timeout(timeout)
-
-    def another(self) -> "EtcdC10dStore":
-        return EtcdC10dStore(self.kv.another())
-
-    def rendezvous(self, give_up: Callable[[], str | None]) -> dist.Store:
-        """This connection as a store for gloo's rendezvous (cluster/rendezvous.py)."""
-        from .rendezvous import EtcdRendezvousStore
-        return EtcdRendezvousStore(self.kv, self.kv.timeout, give_up)
-
-    clone = another  # gloo clones its store for its own threads
-
-    def num_keys(self) -> int:  # not kept: taiji never asks, and counting would scan every job's keys
-        return 0

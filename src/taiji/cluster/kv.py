@@ -36,10 +36,12 @@ class SupportsLease(Protocol):
 @runtime_checkable
 class SupportsWatch(Protocol):
     """A key's value (or every key's under a prefix, with its name) now and at each change (None:
-    deleted), until ``stop``: no polling."""
+    deleted), until ``stop``: no polling; or one key's value now and every change under a prefix
+    (``changes_from``: a stream of new records whose events carry them)."""
 
     def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]: ...
     def changes_under(self, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]: ...
+    def changes_from(self, key: str, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]: ...
 
 
 @runtime_checkable
@@ -47,6 +49,16 @@ class SupportsTransactions(Protocol):
     """Several keys written at once, only if other keys hold what is expected (b"": absent)."""
 
     def put_if(self, expected: dict[str, bytes], puts: dict[str, str | bytes]) -> bool: ...
+
+
+@runtime_checkable
+class SupportsCountedPuts(Protocol):
+    """Keys written together with a count of the keys under a prefix, in one write that cannot
+    lose a race (``put_counted``), and the keys created under a prefix since a revision, oldest
+    first (``created_after``): a stream many writers append to without contending for a counter."""
+
+    def put_counted(self, puts: dict[str, str | bytes], prefix: str) -> int: ...
+    def created_after(self, prefix: str, revision: int) -> tuple[int, list[tuple[str, bytes]]]: ...
 
 
 @runtime_checkable

@@ -80,8 +80,8 @@ class ClusterConfig:
     def from_dict(data: dict) -> "ClusterConfig":
         if "runs" in data:
             hosts = [str(h) for h in data["hosts"]]
-            workers = tuple(WorkerSpec(_next_id(str(first), k), hosts[int(host)])
-                            for host, first, count in data["runs"] for k in range(int(count)))
+            workers = tuple(WorkerSpec(wid, hosts[int(host)]) for host, first, count in data["runs"]
+                            for wid in _run_ids(str(first), int(count)))
         else:  # one entry per worker
             workers = tuple(WorkerSpec.from_dict(w) for w in data["workers"])
         return ClusterConfig(version=int(data["version"]), workers=workers,
@@ -97,6 +97,18 @@ class ClusterConfig:
     @staticmethod
     def from_json(text: str | bytes) -> "ClusterConfig":
         return ClusterConfig.from_dict(json.loads(text))
+
+
+def _run_ids(first: str, count: int) -> list[str]:
+    """The ids of a run of ``count`` from ``first`` (the stem and number split once per run, not per
+    worker: a config of 1,024 workers is read by every worker at each change)."""
+    if count == 1:
+        return [first]
+    stem = first.rstrip("0123456789")
+    if _next_id(first, 1) is None:
+        raise ConfigError(f"a run of {count} worker ids from {first!r}, which does not end in a number")
+    base = int(first[len(stem):])
+    return [f"{stem}{base + k}" for k in range(count)]
 
 
 def _next_id(first: str, k: int) -> str | None:

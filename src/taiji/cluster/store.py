@@ -2,8 +2,8 @@
 
 The launcher hosts a ``torch.distributed.TCPStore``; everything taiji keeps there lives
 under a per-job prefix. Config versions are published with compare-and-set, so two
-writers can never both publish ``v{N}``. ``FakeStore`` has the same semantics in memory
-(plus fault injection) for unit tests of control-plane logic.
+writers can never both publish ``v{N}``. ``FakeStore`` (cluster/fake_store.py) has the same
+semantics in memory (plus fault injection) for unit tests of control-plane logic.
 """
 from __future__ import annotations
 
@@ -15,16 +15,19 @@ import socket
 import threading
 import time
 import uuid
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch.distributed as dist
 
 from ..errors import AuthError, StoreError
 from .auth import Signer, unsealed
-from .kv import (KeyValue, SupportsConnections, SupportsLease, SupportsPollInterval, SupportsTransactions,
-                 SupportsWatch)
+from .kv import (KeyValue, SupportsConnections, SupportsCountedPuts, SupportsLease, SupportsPollInterval,
+                 SupportsTransactions, SupportsWatch)
 from .listener import store_listener
 from .spec import ClusterConfig
+
+if TYPE_CHECKING:
+    from .follow import KeyFollower
 
 log = logging.getLogger(__name__)
 
@@ -34,92 +37,6 @@ DEFAULT_POLL_S = 0.05
 
 def config_key(version: int) -> str:
     return f"config/v{version}"
-
-
-def _as_bytes(value: str | bytes) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
-
-
-class FakeStore:
-    """In-memory store with TCPStore's semantics; ``drop()`` makes every call fail."""
-
-    def __init__(self, timeout: float = 5.0):
-        self._data: dict[str, bytes] = {}
-        self._cond = threading.Condition()
-        self._timeout = timeout
-        self._dropped = False
-
-    def drop(self) -> None:
-        with self._cond:
-            self._dropped = True
-            self._cond.notify_all()
-
-    def _check_alive(self) -> None:
-        if self._dropped:
-            raise StoreError("fake store dropped (injected fault)")
-
-    def set_timeout(self, timeout: datetime.timedelta) -> None:
-        self._timeout = timeout.total_seconds()
-
-    def set(self, key: str, value: str | bytes) -> None:
-        with self._cond:
-            self._check_alive()
-            self._data[key] = _as_bytes(value)
-            self._cond.notify_all()
-
-    def get(self, key: str) -> bytes:
-        deadline = time.monotonic() + self._timeout
-        with self._cond:
-            while True:
-                self._check_alive()
-                if key in self._data:
-                    return self._data[key]
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise StoreError(f"fake store: wait timeout for key {key!r}")
-                self._cond.wait(remaining)
-
-    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
-        expected, desired = _as_bytes(expected), _as_bytes(desired)
-        with self._cond:
-            self._check_alive()
-            current = self._data.get(key)
-            if current is None:
-                if expected == b"":
-                    self._data[key] = desired
-                    self._cond.notify_all()
-                    return desired
-                return expected
-            if current == expected:
-                self._data[key] = desired
-                self._cond.notify_all()
-                return desired
-            return current
-
-    def add(self, key: str, amount: int) -> int:
-        with self._cond:
-            self._check_alive()
-            value = int(self._data.get(key, b"0")) + amount
-            self._data[key] = str(value).encode()
-            self._cond.notify_all()
-            return value
-
-    def check(self, keys: list[str]) -> bool:
-        with self._cond:
-            self._check_alive()
-            return all(k in self._data for k in keys)
-
-    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
-        deadline = time.monotonic() + timeout.total_seconds()
-        with self._cond:
-            while True:
-                self._check_alive()
-                if all(k in self._data for k in keys):
-                    return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise StoreError(f"fake store: wait timeout for keys {keys}")
-                self._cond.wait(remaining)
 
 
 class JobStore:
@@ -177,9 +94,9 @@ class JobStore:
     def _sealed(self, name: str, record: dict) -> str | bytes:
         return self.signer.seal(self.key(name), record) if self.signer else json.dumps(record)
 
-    def get_record(self, name: str) -> dict:
-        """Read a control record; AuthError if it is not sealed with this job's secret."""
-        raw = self.get(name)
+    def get_record(self, name: str, raw: bytes | None = None) -> dict:
+        """Read a control record (``raw``: as read already); AuthError if it is not sealed with this job's secret."""
+        raw = self.get(name) if raw is None else raw
         return self.signer.open(self.key(name), raw) if self.signer else unsealed(raw)
 
     def compare_set(self, name: str, expected: str | bytes, desired: str | bytes) -> bytes:
@@ -236,13 +153,27 @@ class JobStore:
         for key, value in self.kv.changes_under(self.key(name), stop):
             yield key[len(self._prefix):], value
 
-    def follow_latest(self, stop: threading.Event) -> Iterator[int]:
-        """The newest published version now and each time it moves, until ``stop``."""
-        for value in self.follow(LATEST_KEY, stop):
-            if value:
-                yield int(value)
+    def follow_configs(self, stop: threading.Event) -> Iterator[ClusterConfig]:
+        """The newest published config (once there is one) and each newer one as it is published, until
+        ``stop``: one watch of ``config/`` whose events carry the configs themselves (a publish writes
+        ``config/v{N}`` and moves ``latest`` in one transaction), so no read follows a change; only a
+        version the watch did not carry (the first, or one past a compaction) is read."""
+        if not isinstance(self.kv, SupportsWatch):
+            raise StoreError(f"job {self.job_id}: this store cannot be watched (etcd can; poll a TCPStore)")
+        carried: dict[str, bytes] = {}
+        newest, latest = 0, self.key(LATEST_KEY)
+        for key, value in self.kv.changes_from(latest, self.key("config/"), stop):
+            if key != latest:
+                if value is not None:
+                    carried[key] = value
+                continue
+            if int(value or 0) > newest:
+                newest = int(value or 0)
+                yield self.read_config(newest, raw=carried.get(self.key(config_key(newest))))
+            carried.clear()
 
-    def read_config(self, version: int | None = None, wait: float = 0.0) -> ClusterConfig:
+    def read_config(self, version: int | None = None, wait: float = 0.0, raw: bytes | None = None) -> ClusterConfig:
+        """Config ``version`` (``raw``: as read already; None: the latest, ``wait``: once one is published)."""
         if version is None:
             if wait > 0:   # the latest once one is published (`taiji run` starts workers before it publishes)
                 self.wait_for_version(1, wait)
@@ -250,7 +181,7 @@ class JobStore:
             if version == 0:
                 raise StoreError(f"job {self.job_id}: no cluster config is published yet")
         try:
-            return ClusterConfig.from_dict(self.get_record(config_key(version)))
+            return ClusterConfig.from_dict(self.get_record(config_key(version), raw))
         except AuthError as exc:
             raise AuthError(f"job {self.job_id}: cluster config v{version} is not signed with the job's "
                             f"secret ({exc}); someone else wrote to the job store: stop the job and keep its "
@@ -300,19 +231,45 @@ class JobStore:
             self.ring()
         return seq
 
+    def enrol(self, stream: str, record: dict) -> int:
+        """Append ``record`` to ``stream`` and ring the doorbell; its number there (1, 2, ...). Where a
+        put can be counted (etcd), one transaction writes it under a fresh name, rings and counts the
+        records: it cannot lose a race, where ``append_record``'s counter is a compare-and-set that
+        every writer racing it retries. Read with ``enrolled_after``."""
+        if not isinstance(self.kv, SupportsCountedPuts):
+            return self.append_record(stream, record)
+        name = f"{stream}/joined/{uuid.uuid4().hex}"
+        return self._call(f"enrol in {stream}", self.kv.put_counted, {
+            self.key(name): self._sealed(name, record), self.key("doorbell"): _bell_token()}, self.key(f"{stream}/joined/"))
+
+    def enrolled_after(self, stream: str, seen: int) -> tuple[int, list[dict]]:
+        """The records ``enrol`` added to ``stream`` since position ``seen`` (0: the start), in order, and
+        the position now (a store revision where puts are counted, else a record's number)."""
+        if not isinstance(self.kv, SupportsCountedPuts):
+            return self.records_after(stream, seen)
+        seen, found = self._call(f"read {stream}", self.kv.created_after, self.key(f"{stream}/joined/"), seen)
+        return seen, self._opened((key[len(self._prefix):], raw) for key, raw in found)
+
+    def _opened(self, records: Iterable[tuple[str, bytes | None]]) -> list[dict]:
+        """Records (name, value as read, or None: read it now) opened; those that fail their check are
+        logged and skipped."""
+        found = []
+        for name, raw in records:
+            try:
+                found.append(self.get_record(name, raw))
+            except AuthError as exc:
+                log.warning("job %s: ignored %s: %s", self.job_id, name, exc)
+        return found
+
     def records_after(self, stream: str, seen: int) -> tuple[int, list[dict]]:
         """The records of ``stream`` numbered above ``seen``, in order, up to the first one its
         writer has not finished; records that fail their signature check are logged and skipped."""
         latest = self.add(f"{stream}/seq", 0)
-        found = []
         for seq in range(seen + 1, latest + 1):
             if not self.has(f"{stream}/{seq}"):
-                return seq - 1, found  # its writer has not set the value yet: next time
-            try:
-                found.append(self.get_record(f"{stream}/{seq}"))
-            except AuthError as exc:
-                log.warning("job %s: ignored %s/%d: %s", self.job_id, stream, seq, exc)
-        return latest, found
+                latest = seq - 1  # its writer has not set the value yet: next time
+                break
+        return latest, self._opened((f"{stream}/{seq}", None) for seq in range(seen + 1, latest + 1))
 
     def mark_ready(self, worker_id: str) -> None:
         self.set(f"worker/{worker_id}/ready", "1")
@@ -370,11 +327,12 @@ class JobStore:
         """Say that something the launcher reacts to was written (after writing it). Where the doorbell is
         watched (etcd), a fresh token: an add there is a compare-and-set that every ringer racing it retries."""
         if self.can_watch:
-            return self.set("doorbell", str(uuid.uuid4().int >> 66))
+            return self.set("doorbell", _bell_token())
         self.add("doorbell", 1)
 
     def follow_doorbell(self) -> "KeyFollower | None":
         """Where the store can watch (etcd): the doorbell followed by a thread of its own (a tick reads a variable)."""
+        from .follow import KeyFollower
         return KeyFollower(self.another_connection(), "doorbell") if self.can_watch else None
 
     def doorbell(self) -> int:
@@ -396,28 +354,9 @@ class JobStore:
         self._call(f"wait for config v{version}", self.kv.wait, [key], datetime.timedelta(seconds=timeout))
 
 
-class KeyFollower:
-    """An integer key's latest value, followed through a watch by a daemon thread."""
-
-    def __init__(self, job: JobStore, name: str):
-        self.value = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, args=(job, name), name=f"taiji-follow-{name}",
-                                        daemon=True)
-        self._thread.start()
-
-    def _follow(self, job: JobStore, name: str) -> None:
-        while not self._stop.is_set():
-            try:
-                for raw in job.follow(name, self._stop):
-                    self.value = int(raw or 0)
-            except Exception as exc:  # noqa: BLE001 - a frozen value would make the launcher deaf
-                log.warning("following %s failed (%s): retrying", name, exc)
-                self.value += 1  # meanwhile the launcher re-reads what the doorbell guards
-                self._stop.wait(DEFAULT_POLL_S * 4)
-
-    def close(self) -> None:
-        self._stop.set()  # noticed at the stream's next reopen; a daemon thread, never waited for
+def _bell_token() -> str:
+    """A watched doorbell's new value: any that differs from the last one."""
+    return str(uuid.uuid4().int >> 66)
 
 
 def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0,
@@ -444,7 +383,8 @@ def open_store(url: str, timeout: float = 60.0, credentials: tuple[str, str] | N
     both are ``torch.distributed.Store``s (gloo rendezvous)."""
     from .etcd import is_etcd_url
     if is_etcd_url(url):
-        from .etcd import EtcdC10dStore, EtcdKV
+        from .etcd import EtcdKV
+        from .etcd_store import EtcdC10dStore
         try:
             kv = EtcdKV(url, timeout, credentials)  # authenticating reaches the cluster too
             kv.reachable()

@@ -3,7 +3,8 @@
 Keys (under the job's prefix), each record sealed with the job secret (cluster/auth.py):
 - ``job/spec``: the workers' settings (``WorkerSettings``), written once by the launcher; an
   agent that cannot verify it holds the wrong secret and leaves before writing anything;
-- ``hosts/N``: agents' registrations ``{address, slots, pid, session}``;
+- ``hosts/N`` (etcd: ``hosts/joined/<token>``, each written with a count of them by one transaction
+  that cannot conflict): agents' registrations ``{address, slots, pid, session}``;
 - ``agent/<address>/<session>/cmd/N``: the controller's orders to one agent: ``spawn`` (id, rank,
   size), ``kill`` (id), ``stop`` (the job is over, or the host was declared lost), ``refuse``
   (another agent holds that address);
@@ -38,8 +39,8 @@ from dataclasses import asdict
 
 from ..cluster import beats
 from ..cluster.controller import Bounds
-from ..cluster.follow import PrefixFollower
-from ..cluster.store import JobStore, KeyFollower
+from ..cluster.follow import KeyFollower, PrefixFollower
+from ..cluster.store import JobStore
 from ..errors import StoreError
 from .worker_env import WorkerSettings
 
@@ -110,12 +111,14 @@ def elect(job: JobStore, address: str, seen: bytes) -> bool:
 
 
 def register(job: JobStore, address: str, slots: int, pid: int, session: str) -> int:
-    return job.append_record(REGISTRATIONS, {"address": address, "slots": int(slots), "pid": int(pid),
-                                             "session": session})
+    """The agent's registration, and its host's number in the job (1, 2, ...): on etcd one write
+    that cannot lose a race (``JobStore.enrol``), however many agents register at once."""
+    return job.enrol(REGISTRATIONS, {"address": address, "slots": int(slots), "pid": int(pid), "session": session})
 
 
 def registrations_after(job: JobStore, seen: int) -> tuple[int, list[dict]]:
-    return job.records_after(REGISTRATIONS, seen)
+    """Registrations since position ``seen`` (0: every one), and the position now."""
+    return job.enrolled_after(REGISTRATIONS, seen)
 
 
 def stop_agents(channels: dict[str, "AgentChannel"], wait: float, say) -> None:

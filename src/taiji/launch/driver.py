@@ -17,8 +17,8 @@ from ..cluster import auth
 from ..cluster import controller as ctl
 from ..cluster import spec
 from ..cluster.etcd import EtcdKV, job_credentials, parse_url
-from ..cluster.follow import PrefixFollower
-from ..cluster.store import JobStore, KeyFollower, host_store, open_store
+from ..cluster.follow import KeyFollower, PrefixFollower
+from ..cluster.store import JobStore, host_store, open_store
 from ..errors import LaunchError, StoreError
 from . import agent_channel, registry
 from .checkpoint_cli import stop_workers

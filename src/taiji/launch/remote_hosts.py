@@ -69,7 +69,7 @@ class RemoteHosts:
 
     def skip_past_registrations(self) -> None:
         """React only to registrations written from now on."""
-        self._registrations_seen = self.job.add(f"{agent_channel.REGISTRATIONS}/seq", 0)
+        self._registrations_seen, _ = agent_channel.registrations_after(self.job, 0)
 
     # -- orders -----------------------------------------------------------------------------
 

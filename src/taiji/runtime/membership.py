@@ -131,11 +131,10 @@ class ElasticMembership(_PeerMembership):
         pause, polled = min(WATCH_POLL_S * 4, max(WATCH_POLL_S, store.poll_interval)), 0.0
         while not self._closed.wait(0 if store.can_watch else STUCK_POLL_S):
             try:
-                if store.can_watch:  # etcd: a stream of the latest version, no polling
-                    for version in store.follow_latest(self._closed):
-                        if version > self._newest:  # read here: the training thread may be waiting for it
-                            self._saw(version, store.read_config(version))
-                        self._consider(store)  # (the config just read is not read again)
+                if store.can_watch:  # etcd: a stream of the configs themselves, no polling and no read per change
+                    for config in store.follow_configs(self._closed):
+                        self._saw(config.version, config)  # the training thread may be waiting for it
+                        self._consider(store)  # (the config just carried is not read again)
                     continue
                 comm = self.peer.comm
                 if time.monotonic() - polled < pause and (comm is None or comm.waiting_for() < STUCK_AFTER_S):
@@ -219,7 +218,7 @@ class ElasticMembership(_PeerMembership):
                     if not self._moved.wait_for(lambda: self._newest > peer.version, timeout):
                         raise StoreError(f"config v{peer.version + 1} not published")
                     newest, config = self._newest, self._newest_config
-                # the watcher follows `latest`, which moves only after `config/v{N}` is written
+                # the watcher carries each config as `latest` moves to it
                 return config if config is not None and config.version == newest else store.read_config(newest)
             store.wait_for_version(peer.version + 1, timeout)
         except StoreError as exc:
