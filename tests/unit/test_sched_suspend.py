@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from taiji.errors import AuthError
+from taiji.errors import AuthError, StoreError
 from taiji.launch.sched.channel import ask
 from taiji.sched.cluster import Allocation
 from taiji.sched.policies import Tiresias
@@ -193,6 +193,25 @@ def test_a_reply_not_signed_with_the_daemons_secret_is_refused():
     thread.start()
     try:
         with pytest.raises(AuthError, match="not signed with this scheduler's secret"):
+            ask(f"127.0.0.1:{server.getsockname()[1]}", b"k" * 32, {"op": "status"}, timeout=5.0)
+    finally:
+        thread.join(5.0)
+        server.close()
+
+
+def test_a_daemon_gone_before_its_reply_is_no_daemon_not_a_forged_reply():
+    """A daemon killed between its nonce and its reply closes the connection: the agent must take
+    that as a daemon to ask again (StoreError), not as another process answering (AuthError)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    def answer():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b'{"nonce": "00"}\n')
+            conn.recv(65536)
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(StoreError, match="no scheduler daemon answered"):
             ask(f"127.0.0.1:{server.getsockname()[1]}", b"k" * 32, {"op": "status"}, timeout=5.0)
     finally:
         thread.join(5.0)

@@ -118,7 +118,10 @@ def ask(address: str, secret: bytes, request: dict[str, Any], timeout: float = 3
             mine = secrets.token_hex(16)
             signed = {"request": request, "nonce": mine, "mac": _mac(channel_key(secret), str(nonce), request)}
             sock.sendall(json.dumps(signed).encode() + b"\n")
-            answer = json.loads(read_line(sock, timeout, LINE_LIMIT) or b"{}")
+            line = read_line(sock, timeout, LINE_LIMIT)
+            if not line:   # the daemon stopped (or was killed) before it answered: no reply, not a forged one
+                raise OSError("the connection closed before a reply")
+            answer = json.loads(line)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise StoreError(f"no scheduler daemon answered on {address} ({exc}); start one with "
                          f"`taiji sched serve`") from None
