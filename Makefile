@@ -108,7 +108,7 @@ shakespeare: setup
 	  --policy gns,schedule --resize 200:3 600:2
 
 test: setup data etcd prometheus tmux slurm chromium
-	$(BIN)/python -m pytest -q -rs --durations=40
+	$(BIN)/python -m taiji_harness.streams -q -rs --durations=40
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -1,0 +1,73 @@
+"""The whole suite as two streams side by side (``make test``): the tests marked ``waits``
+(tests/conftest.py: they mostly wait on daemons and assert no tight timing) in one pytest, every
+other test in another, each stream one test at a time. The machine's cores are busy with the
+first stream's jobs while the second's wait on the scheduler's rounds, Ray's and Slurm's services,
+and no two timing-sensitive tests ever run together.
+
+    python -m taiji_harness.streams [pytest options and paths]
+
+The main stream prints as it runs; the waiting stream's output goes to a file named at the start
+and is printed once both end. The exit status is the first failing stream's (pytest's "no tests
+collected", 5, counts as success for a stream when the other ran tests)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+NO_TESTS = 5
+
+# The test files that spend most of their time waiting on daemons (the scheduler's rounds, Ray's and
+# Slurm's services, emulated hosts' timeouts) and assert no tight timing; tests/conftest.py marks
+# their tests `waits`.
+WAITS = frozenset({
+    "tests/multihost/test_sched_hosts.py",
+    "tests/multihost/test_sched_ray_nodes.py",
+    "tests/multihost/test_ray.py",
+    "tests/multihost/test_slurm.py",
+    "tests/integration/test_sched_daemon_procs.py",
+    "tests/integration/test_sched_suspend_procs.py",
+    "tests/integration/test_metrics_procs.py",
+})
+
+
+def combined(main: int, side: int) -> int:
+    """One exit status for both streams."""
+    if main == side == NO_TESTS:
+        return NO_TESTS
+    return next((rc for rc in (main, side) if rc not in (0, NO_TESTS)), 0)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Interrupt a pytest like Ctrl-C (its fixtures clean up), then kill it if it does not end."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main(argv: list[str]) -> int:
+    pytest = [sys.executable, "-m", "pytest", *argv]
+    work = Path(tempfile.mkdtemp(prefix="taiji-waits-"))
+    log = work / "waits.log"
+    print(f"the tests marked `waits` run beside the others; their output: {log}", flush=True)
+    with open(log, "w") as out:
+        side = subprocess.Popen([*pytest, "-m", "waits", "--basetemp", str(work / "tmp")],
+                                stdout=out, stderr=subprocess.STDOUT)
+        try:
+            main_rc = subprocess.call([*pytest, "-m", "not waits"])
+            side_rc = side.wait()
+        finally:
+            _stop(side)
+    print(f"\n{'=' * 30} the tests marked `waits` {'=' * 30}", flush=True)
+    print(log.read_text(), flush=True)
+    return combined(main_rc, side_rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
