@@ -18,8 +18,12 @@ keeps its slots until it ends). Rows ``live avg JCT: <policy> with suspend vs wi
 with, anchor = without, ratio = without / with; target >= 1.3). The simulator replays every run as
 its daemon decided (the same policy and LAS threshold, the same suspension rules or the floor),
 charging each resume the suspend + resume cost the daemon measured (median over jobs), each job's
-``--min-np`` (below it a job gets nothing, as the daemon clamps) and PCRR's first LP slot of one
-``--round``, as the daemon; ``sim_error_max`` is over all runs (``sim_error_by_run`` per run).
+``--min-np`` (below it a job gets nothing; one the rules keep holds only its ``--min-np``, and starts
+and grows are clipped to the free slots, as the daemon clamps and its rounds clip) and PCRR's first
+LP slot of one ``--round``, as the daemon, at the times its rounds ran (saved in its state); a
+grow's new workers join after the measured ask -> arrival (median over the run's grows; none measured:
+its launch -> first step), and what a round starts waits for the stall (ask -> launcher gone) of the
+jobs it suspends; ``sim_error_max`` is over all runs (``sim_error_by_run`` per run).
 
 With ``--hosts N`` the daemon runs in emulated host 0 with ``--hosts FILE`` and one ``taiji sched
 agent`` per host (network namespaces, taiji_harness/netns.py; the last host's link shaped with ``--shape``);
@@ -237,7 +241,7 @@ def run_live(policy: str, jobs: list[tuple[float, int, bool]], where: OneHost | 
         where.stop()
         load["end"] = [round(x, 2) for x in os.getloadavg()]
         (out / "load.json").write_text(json.dumps(load))
-        return {"t0": t0, "jobs": saved["jobs"], "state": where.state, "load": load}
+        return {"t0": t0, "jobs": saved["jobs"], "rounds": saved.get("rounds", []), "state": where.state, "load": load}
     finally:
         where.close()
 
@@ -250,7 +254,8 @@ def saved_run(out: Path, jobs: list[tuple[float, int, bool]]) -> dict[str, Any]:
         raise RuntimeError(f"{out}: not a finished run of this workload ({len(saved['jobs'])} jobs saved)")
     first = min(saved["jobs"], key=lambda j: j["submitted"])
     load = json.loads((out / "load.json").read_text()) if (out / "load.json").exists() else None
-    return {"t0": first["submitted"] - jobs[0][0], "jobs": saved["jobs"], "state": out / "state", "load": load}
+    return {"t0": first["submitted"] - jobs[0][0], "jobs": saved["jobs"], "rounds": saved.get("rounds", []),
+            "state": out / "state", "load": load}
 
 
 def wait_for_daemon(state: Path, daemon: subprocess.Popen, inside: bool = False) -> str:
@@ -344,6 +349,12 @@ def fitted_apps(run: dict[str, Any], slots: int) -> dict[str, Any]:
     return apps
 
 
+def stalls(job: dict[str, Any]) -> list[float]:
+    """Its suspensions' stalls (the ask -> its launcher gone) as the daemon measured them; from an
+    older state, each resume's cost less that resume's boot (the daemon's cost is their sum)."""
+    return job.get("stalls") or [cost - boot for cost, boot in zip(job.get("costs", []), job.get("boots", [])[1:])]
+
+
 def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round_s: float,
            startup: float, resume: float | None = None, las_threshold: float | str | None = None,
            rules: SuspendRules | None = None) -> dict[str, float]:
@@ -352,17 +363,21 @@ def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round
     system's; ``las_threshold``: Tiresias's ``--las-threshold``; ``rules``: the daemon's suspension
     rules, whose ``max_per_hour`` 0 is the ``--min-np`` floor)."""
     specs = [JobSpec(job["id"], job["submitted"] - run["t0"], LIVE, job["requested"], BATCH) for job in run["jobs"]]
-    taiji = SYSTEMS["taiji"]
+    taiji, overhead = SYSTEMS["taiji"], fixed_overhead([run])
+    joins = [s for job in run["jobs"] for s in job.get("joins", [])]   # a grow's ask -> its joiners seen
     cost = ResizeCost(start=startup, grow=taiji.grow, shrink=taiji.shrink, move=taiji.move,
-                      resume=taiji.resume_s if resume is None else resume)
-    exit_s = fixed_overhead([run])["last_step_to_exit_s"]
+                      resume=taiji.resume_s if resume is None else resume,
+                      join=statistics.median(joins) if joins else overhead["launch_to_first_step_s"])
+    exit_s = overhead["last_step_to_exit_s"]
     own = tuple((job["id"], dataclasses.replace(   # each job's measured boot and suspend + resume, where it has them
         cost, start=job["boots"][0] + exit_s if job.get("boots") else cost.start,
         boot=job["boots"][0] if job.get("boots") else None,   # (what the daemon's rules counted)
+        stall=statistics.median(stalls(job)) if stalls(job) else 0.0,   # its suspensions' ask -> exit
         resume=statistics.median(job["costs"]) if job.get("costs") else cost.resume)) for job in run["jobs"])
     config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()),
                        preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own,
-                       min_replicas=tuple((job["id"], job["min_np"]) for job in run["jobs"]))
+                       min_replicas=tuple((job["id"], job["min_np"]) for job in run["jobs"]),
+                       round_times=tuple(t - run["t0"] for t in run.get("rounds", []) if t >= run["t0"]))
     result = simulate(specs, make_policy(policy, cost, las_threshold=las_threshold, round_s=round_s), config)
     return {record.name: record.jct for record in result.records}
 

@@ -3,6 +3,7 @@ taiji/sched/scheduler.py): a policy's 0 suspends a job, the hysteresis and the h
 suspended job resumes at another size, priority preemption of gangs, the cost model shared with
 the simulator, and the signed replies of the request channel. Processes:
 tests/integration/test_sched_suspend_procs.py."""
+import dataclasses
 import json
 import socket
 import threading
@@ -404,3 +405,114 @@ def test_the_simulator_holds_a_jobs_min_np_and_its_boot_as_the_daemon_does():
     whole = simulate(alone, Timed(lambda now: {"a": 2}), one).records[0]
     grown = simulate(alone, Timed(lambda now: {"a": 1 if now < 1 else 2}), one).records[0]
     assert grown.jct >= whole.jct - 0.1 and grown.restarts == 2
+
+
+def test_a_job_the_rules_keep_holds_only_its_min_np_and_a_start_takes_the_slots_left():
+    """The daemon clamps a running job the policy left out (and may not suspend) to its --min-np,
+    and its rounds start a waiting job on the slots that leaves (down to that job's own --min-np);
+    the simulator does the same for jobs with a --min-np, and keeps the whole job without one."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    cost = ResizeCost(start=1.0, grow=0.03, shrink=0.01, move=0.04, resume=2.0)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=1.0,
+                       suspend_rules=SuspendRules(max_per_hour=0))   # nothing may be suspended
+    specs = [JobSpec("first", 0.0, "cifar10", 2, 128), JobSpec("next", 10.0, "cifar10", 2, 128)]
+    swap = Timed(lambda now: {"first": 2} if now < 10 else {"next": 2})   # the policy turns to "next"
+    whole = {r.name: r for r in simulate(specs, swap, config).records}
+    assert whole["next"].start_time >= whole["first"].end_time, "no --min-np known: kept whole, the start waits"
+    floors = SimConfig(**{**config.__dict__, "min_replicas": (("first", 1), ("next", 1))})
+    clamped = {r.name: r for r in simulate(specs, swap, floors).records}
+    assert clamped["next"].start_time == 10.0 < clamped["first"].end_time, "first keeps 1, next starts on the other"
+    assert clamped["first"].restarts == 2, "its start and its shrink to its --min-np"
+    rigid = SimConfig(**{**config.__dict__, "min_replicas": (("first", 1), ("next", 2))})
+    waits = {r.name: r for r in simulate(specs, swap, rigid).records}
+    assert waits["next"].start_time >= waits["first"].end_time, "one free slot is below next's --min-np: it waits"
+
+
+def test_the_simulators_rounds_fall_when_the_daemons_did():
+    """A replay's rounds are the daemon's (their times as it recorded them), then every interval."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    cost = ResizeCost(start=1.0, grow=0.03, shrink=0.01, move=0.04)
+    specs = [JobSpec("a", 0.1, "cifar10", 1, 128), JobSpec("b", 3.2, "cifar10", 1, 128)]
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=2.0, max_time_s=20.0)
+    fixed = {r.name: r.start_time for r in simulate(specs, Timed(lambda now: {"a": 1, "b": 1}), config).records}
+    assert fixed == {"a": 2.0, "b": 4.0}, "every 2 s from 0"
+    replayed = SimConfig(**{**config.__dict__, "round_times": (0.7, 3.1)})
+    assert {r.name: r.start_time for r in simulate(specs, Timed(lambda now: {"a": 1, "b": 1}), replayed).records} == \
+        {"a": 0.7, "b": 5.1}, "the recorded rounds, then every 2 s after the last"
+
+
+def test_the_scheduler_records_its_rounds_and_keeps_them_across_a_restart():
+    sched = Scheduler(slots=2, policy=Tiresias(threshold_gpu_s=None))
+    assert sched.round(1.0) == [] and sched.round_times == [], "no job: the policy did not run"
+    sched.submit(2.0, ["job"], min_np=1, max_np=2)
+    sched.round(2.5)
+    sched.round(4.75)
+    again = Scheduler(slots=2, policy=Tiresias(threshold_gpu_s=None))
+    again.load_json(sched.to_json())
+    assert sched.round_times == again.round_times == [2.5, 4.75]
+
+
+def test_the_scheduler_times_a_grow_from_its_ask_to_its_joiners_arrival():
+    sched = Scheduler(slots=2, policy=Tiresias(threshold_gpu_s=None))
+    job = sched.submit(0.0, ["job"], min_np=1, max_np=2, np=1)
+    assert [c.kind for c in sched.round(0.0)] == ["start"]
+    sched.launched(0.0, job.id)
+    sched.observe(3.0, job.id, Observed(size=1, version=1, step=1, batch_size=128, samples_per_s=100.0))
+    job.requested = 2   # (the policy now gives it both slots)
+    assert [c.kind for c in sched.round(4.0)] == ["grow"] and job.growing == 4.0
+    sched.request_failed(job.id)   # its launcher did not answer: not asked, not timed
+    assert job.growing is None
+    assert [c.kind for c in sched.round(6.0)] == ["grow"]
+    sched.observe(8.0, job.id, Observed(size=1, version=1, step=5, batch_size=128, samples_per_s=100.0))
+    sched.observe(10.5, job.id, Observed(size=2, version=2, step=9, batch_size=128, samples_per_s=200.0))
+    assert job.joins == [4.5] and job.growing is None
+
+
+def linear_jobs(*names: str, steps: int = 100):
+    """LIVE jobs of ``steps`` steps of batch 128 at 0.01 s a sample of the local batch (1.28 s a
+    step on one worker, 0.64 s on two), for exact timings."""
+    from taiji.sched.live import StepModel, live_application
+    from taiji.sched.workload import LIVE
+    app = lambda name: live_application(name, StepModel(0.0, 0.01, 0.0, 0.0, 0.0), 128, 128 * steps, 1, 2)  # noqa: E731
+    return LIVE, tuple((name, app(name)) for name in names)
+
+
+def test_a_grows_new_workers_train_only_once_they_joined():
+    """Live, a grow's new workers boot and join seconds after it is asked; the job trains at its
+    old size meanwhile: the simulator charges ``join`` so, exactly."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    kind, live = linear_jobs("a")
+    grows = Timed(lambda now: {"a": 1 if now < 1 else 2})
+    jct = {}
+    for join in (0.0, 5.0):
+        cost = ResizeCost(start=1.0, grow=0.0, shrink=0.0, move=0.0, join=join)
+        config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=1.0, live=live)
+        jct[join] = simulate([JobSpec("a", 0.0, kind, 2, 128)], grows, config).records[0].jct
+    # boot 0-1 s, then 100 steps at 0.64 s; with join 5 s, 1-6 s at 1.28 s a step: 2.5 s later
+    assert jct[0.0] == pytest.approx(65.0) and jct[5.0] == pytest.approx(67.5)
+
+
+def test_what_starts_in_a_suspended_jobs_slots_waits_for_its_stall():
+    """Live, a suspended job's slots are free once its launcher checkpointed and exited, and a
+    round's starts come after its shrinks: the job started in its place waits for that stall."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    kind, long = linear_jobs("old", steps=1000)
+    _, short = linear_jobs("new", steps=10)
+    swap = Timed(lambda now: {"old": 2} if now < 10 else {"new": 2})
+    specs = [JobSpec("old", 0.0, kind, 2, 128), JobSpec("new", 9.5, kind, 2, 128)]
+    jct = {}
+    for stall in (0.0, 3.0):
+        cost = ResizeCost(start=1.0, grow=0.0, shrink=0.0, move=0.0)
+        config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=1.0,
+                           live=long + short, job_costs=(("old", dataclasses.replace(cost, stall=stall)),))
+        jct[stall] = {r.name: r.jct for r in simulate(specs, swap, config).records}
+    # new: round at 10 s, its boot (1 s), the stall, 10 steps of 0.64 s
+    assert jct[0.0]["new"] == pytest.approx(0.5 + 1.0 + 6.4) and jct[3.0]["new"] == pytest.approx(jct[0.0]["new"] + 3.0)

@@ -8,6 +8,8 @@ policy bug surfaces as a :class:`PolicyError` instead of oversubscribed GPUs.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
@@ -265,3 +267,14 @@ def place_all(cluster: Cluster, wanted: Sequence[tuple[str, int, int]],
     if needs is None:
         return result
     return with_servers(cluster, [(name, result[name]) for name, _, _ in wanted if name in result], needs, current)
+
+
+def at_least(allocation: Allocation, count: int | None) -> Allocation:
+    """``allocation`` cut to ``count`` workers (None: all of it), kept on the hosts where it has
+    the most (the live ``clamp`` of a job to its ``--min-np``)."""
+    if count is None or count >= allocation.replicas:
+        return allocation
+    out = [0] * len(allocation.placement)
+    for host in sorted(range(len(out)), key=lambda h: (-allocation.placement[h], h)):
+        out[host] = min(allocation.placement[host], count - sum(out))
+    return dataclasses.replace(allocation, placement=tuple(out))

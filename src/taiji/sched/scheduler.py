@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ENDED = ("finished", "failed", "cancelled")
 KEEP_MEASUREMENTS = 8          # recent step times kept per size
+KEEP_ROUNDS = 1800             # the times of the latest rounds that ran the policy (a replay's rounds)
 GUESS_BATCH = 128              # a queued job's batch and work are unknown until it reports them
                                # (the work from `submit --work` if given; else a typical job's)
 GUESS_SAMPLES = 60000
@@ -89,6 +90,9 @@ class LiveJob:
     costs: list[float] = field(default_factory=list)   # measured suspend + resume seconds
     boots: list[float] = field(default_factory=list)   # measured launch -> first step seconds
     booting: bool = False             # its launcher (re)started and it has not reported a step yet
+    growing: float | None = None      # when a grow was asked of it, until its new workers are seen
+    joins: list[float] = field(default_factory=list)   # measured grow ask -> new workers seen seconds
+    stalls: list[float] = field(default_factory=list)  # measured suspend ask -> launcher gone seconds
     max_batch: int = 0        # `submit --max-batch`: it adapts its batch up to this (0: not said)
     init_batch: int = 0       # its run log's first batch (B0), 0 until read
     largest_batch: int = 0    # the largest batch its run log shows
@@ -136,6 +140,7 @@ class Scheduler:
         self.rounds = Rounds(slots=(slots,) * hosts, shrink_timeout=shrink_timeout)
         self.jobs: dict[str, LiveJob] = {}
         self.next_id = 1
+        self.round_times: list[float] = []   # when the latest rounds ran the policy (KEEP_ROUNDS of them)
 
     # -- what happens to jobs -------------------------------------------------------------------
 
@@ -190,6 +195,8 @@ class Scheduler:
         if job.booting and fresh and seen.size and job.resumed is not None:   # its first step since (re)starting
             job.boots = (job.boots + [now - job.resumed])[-KEEP_MEASUREMENTS:]
             job.booting = False
+        if job.growing is not None and seen.size > job.size:   # a grow's joiners arrived
+            job.joins, job.growing = (job.joins + [now - job.growing])[-KEEP_MEASUREMENTS:], None
         if job.stall is not None and fresh and seen.size and job.resumed is not None:   # its first step since resuming
             job.costs = (job.costs + [job.stall + now - job.resumed])[-KEEP_MEASUREMENTS:]
             job.stall = None
@@ -227,6 +234,7 @@ class Scheduler:
         if job.suspending is not None:
             job.suspensions.append(now)
             job.stall = now - job.suspending
+            job.stalls = (job.stalls + [job.stall])[-KEEP_MEASUREMENTS:]
         else:
             job.stall = 0.0
         if job.size:
@@ -234,6 +242,7 @@ class Scheduler:
         job.state, job.reason, job.suspending, job.stopped_at = "suspended", reason, None, step
         self.rounds.asked.pop(job_id, None)   # its launcher is gone: nothing it was asked can still arrive
         job.size, job.placement, job.home, job.version, job.step = 0, [], -1, 0, step
+        job.growing = None
 
     def suspend_cost(self, job: LiveJob) -> float:
         """Its suspend + resume seconds: measured, else a typical job's, else its own measured boot
@@ -289,6 +298,7 @@ class Scheduler:
         live = [h for h in range(self.hosts) if self.up[h]]
         if not live:
             return []
+        self.round_times = (self.round_times + [now])[-KEEP_ROUNDS:]
         views = [self.view_of(job, now, live) for job in active]
         cluster = Cluster(num_hosts=len(live), gpus_per_host=self.slots_per_host, cpus_per_host=self.slots_per_host)
         allocations = self.policy.allocate(now, cluster, views)
@@ -312,8 +322,16 @@ class Scheduler:
         self._keep_for_lower_classes(active, targets)
         self._preempt_for_priority(now, active, targets)
         active_ids = {job.id: job for job in active}
-        return self.rounds.start(now, self.holds(), targets, {j: active_ids[j].min_np for j in targets},
-                                 self.versions())
+        return self._note_grows(now, self.rounds.start(now, self.holds(), targets,
+                                                       {j: active_ids[j].min_np for j in targets}, self.versions()))
+
+    def _note_grows(self, now: float, changes: list[Change]) -> list[Change]:
+        """When each running job was asked to grow (what its joiners' arrival is timed from)."""
+        for change in changes:
+            job = self.jobs[change.job]
+            if job.state == "running" and job.size:
+                job.growing = (job.growing or now) if change.kind == "grow" else None
+        return changes
 
     def _keep_for_lower_classes(self, active: list[LiveJob], targets: dict[str, tuple[int, ...]]) -> None:
         """A policy's 0 suspends a job only for a job of its class or a higher one: if every job
@@ -354,7 +372,7 @@ class Scheduler:
             targets[job.id] = tuple(min(job.max_np, room) if h == host else 0 for h in range(self.hosts))
 
     def tick(self, now: float) -> list[Change]:
-        return self.rounds.tick(now, self.holds(), self.versions())
+        return self._note_grows(now, self.rounds.tick(now, self.holds(), self.versions()))
 
     def versions(self) -> dict[str, int]:
         return {job.id: job.version for job in self.jobs.values() if job.active}
@@ -362,6 +380,7 @@ class Scheduler:
     def request_failed(self, job_id: str) -> None:
         """A change never reached the job's launcher: the next round asks again."""
         self.rounds.withdraw(job_id)
+        self.jobs[job_id].growing = None
 
     def view_of(self, job: LiveJob, now: float | None = None, live: list[int] | None = None):  # noqa: ANN202
         """What the policy sees of ``job`` (a sim.JobView): its fitted model, goodput (its batch range and
@@ -404,7 +423,8 @@ class Scheduler:
     # -- persistence ------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        return {"slots": self.slots_per_host, "hosts": self.hosts, "next_id": self.next_id, "jobs": [asdict(j) for j in self.jobs.values()],
+        return {"slots": self.slots_per_host, "hosts": self.hosts, "next_id": self.next_id, "rounds": self.round_times,
+                "jobs": [asdict(j) for j in self.jobs.values()],
                 "asked": {job: [list(a.target), list(a.reserve), a.shrink] for job, a in self.rounds.asked.items()}}
 
     def load_json(self, data: Mapping[str, Any]) -> None:
@@ -415,6 +435,7 @@ class Scheduler:
                               f"{self.hosts} of {self.slots_per_host}: start it with the same --slots/--hosts "
                               f"or move the state away")
         self.next_id = int(data.get("next_id", 1))
+        self.round_times = [float(t) for t in data.get("rounds", [])]
         for raw in data.get("jobs", []):
             job = LiveJob(**{**raw, "allocations": [tuple(a) for a in raw.get("allocations", [])]})
             self.jobs[job.id] = job

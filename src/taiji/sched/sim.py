@@ -27,7 +27,11 @@ oversubscribed (GPUs, or server CPUs) or a PS job lacks its servers, so capacity
 move; ``taiji`` = its measured ~0.03 s grow / 0.01 s shrink). The job holds its GPUs while paused.
 A change of batch size alone is free; preemption (no GPUs) costs nothing until the job restarts,
 when it pays ``resume`` (a suspend/resume: the checkpoint stall, a process boot and the load) rather
-than ``start``: the same cost model the live scheduler fits per job.
+than ``start``: the same cost model the live scheduler fits per job (:mod:`taiji.sched.costs`).
+As live, a grow's new workers train only ``join`` seconds after it (the job trains on what it had
+meanwhile), and what a round starts or grows waits for the ``stall`` of the jobs it suspends (their
+slots are free once their launchers checkpointed and exited). ``SimConfig.round_times``: a replay's
+rounds fall when the daemon's did.
 
 **Preemption** (``SimConfig.preemption``, on by default): a policy may leave a started job
 without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
@@ -40,7 +44,9 @@ is not suspended; the cost is the job's ``start``, its boot, until some job resu
 run decides as the daemon did. ``SimConfig.job_costs`` gives jobs costs of their own (a live job's
 measured boot and resume). ``SimConfig.min_replicas`` gives jobs the live ``--min-np``: the daemon
 treats an answer below it as none (a waiting job waits; a running one is suspended, or kept as
-the rules say), and so does the simulator.
+the rules say: only its ``--min-np`` of its workers), and so does the simulator, which also clips
+such a job's start or grow to the slots the others leave (as the daemon's rounds; a start below
+its ``--min-np`` waits).
 
 **Interference** (optional, ``SimConfig.interference``, Pollux's 0.25/0.5): a distributed job
 that shares a host with another distributed job trains that much slower; speeds are re-evaluated
@@ -56,6 +62,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import bisect
 import math
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -65,45 +72,14 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 
 from taiji.errors import ConfigError
-from taiji.sched.cluster import Allocation, Cluster, PolicyError
+from taiji.sched.cluster import Allocation, Cluster, PolicyError, at_least
+from taiji.sched.costs import SYSTEMS, ResizeCost, resize_cost  # noqa: F401  (the cost model, re-exported)
 from taiji.sched.model import AnyApplication, Application, advance, load_application, time_to_finish
 from taiji.sched.preemption import SuspendRules, may_suspend
 from taiji.sched.ps import PsSettings, ps_application
 from taiji.sched.workload import LIVE, JobSpec
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ResizeCost:
-    """Seconds a job makes no progress after each kind of allocation change."""
-
-    start: float
-    grow: float
-    shrink: float
-    move: float   # same GPU count, other hosts
-    resume: float | None = None   # a preempted job starting again (suspend + resume); None: as ``start``
-    boot: float | None = None     # launch -> first step, what the live rules count before any resume; None: ``start``
-
-    @property
-    def resume_s(self) -> float:
-        return self.start if self.resume is None else self.resume
-
-    @property
-    def boot_s(self) -> float:
-        return self.start if self.boot is None else self.boot
-
-
-SYSTEMS: dict[str, ResizeCost] = {
-    # Pollux's simulator: every reallocation is a checkpoint-restart of 30 s.
-    "restart": ResizeCost(start=30.0, grow=30.0, shrink=30.0, move=30.0),
-    # taiji in place: grow ~0.03 s, shrink ~0.01 s (SCHEDULER.md §4.1); a move is shrink + grow.
-    # Starting a job is taken as a grow [I: not measured separately].
-    # A suspended taiji job resumes through a new launcher: boot, load the checkpoint [I: taken as
-    # the restart from a checkpoint measured on this kind of machine, ~5 s, benchmarks/README.md's
-    # elastic rows; the checkpoint's own stall is ~0.08 s]. The live scheduler fits it per job.
-    "taiji": ResizeCost(start=0.03, grow=0.03, shrink=0.01, move=0.04, resume=5.0),
-}
 
 
 @dataclass(frozen=True)
@@ -152,6 +128,7 @@ class SimConfig:
     suspend_rules: SuspendRules | None = None   # the live scheduler's rules for a suspension (None: any)
     job_costs: tuple[tuple[str, ResizeCost], ...] = ()   # (job name, its own costs, e.g. its measured boot)
     min_replicas: tuple[tuple[str, int], ...] = ()   # (job name, its live --min-np): fewer is no allocation
+    round_times: tuple[float, ...] = ()   # when rounds fall (a replay: the daemon's, sorted); after them every interval_s
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
@@ -224,42 +201,50 @@ class _Job:
     resumed: float = 0.0            # when it last (re)started
     resumed_at: float = 0.0         # its progress then
     suspensions: list[float] = field(default_factory=list)   # when it was suspended
+    joining: Allocation | None = None   # what it trains on until a grow's joiners arrive (None: no grow pending)
+    join_at: float = 0.0
 
     def view(self) -> JobView:
         return JobView(self.spec, self.estimate, self.progress, self.attained, self.allocation,
                        self.restarts, self.peak_replicas)
 
-    def run_for(self, seconds: float) -> None:
+    def run_for(self, start: float, seconds: float) -> None:
+        """Progress from ``start`` for ``seconds``: its pause first, then on what it trains on (a
+        grow's old allocation until its joiners arrive at ``join_at``, then the new one)."""
         if self.allocation is None or seconds <= 0:
             return
-        self.attained += seconds * self.allocation.replicas
         paused = min(self.pause_left, seconds)
         self.pause_left -= paused
-        self.progress = advance(self.app, self.progress, (seconds - paused) * self.speed,
-                                self.allocation.placement, self.allocation.batch_size,
-                                self.allocation.ps_placement)
+        self.attained += paused * (self.joining or self.allocation).replicas   # (its joiners are not there yet)
+        for allocation, span in self._spans(start + paused, seconds - paused):
+            self.attained += span * allocation.replicas   # (as the daemon counts: the workers it has)
+            self.progress = advance(self.app, self.progress, span * self.speed, allocation.placement,
+                                    allocation.batch_size, allocation.ps_placement)
+        if self.joining is not None and start + seconds >= self.join_at:
+            self.joining = None
+
+    def _spans(self, start: float, seconds: float) -> list[tuple[Allocation, float]]:
+        """(allocation trained on, seconds) from ``start``: the old one until the joiners arrive."""
+        if self.joining is None or start >= self.join_at:
+            return [(self.allocation, seconds)]
+        before = min(seconds, self.join_at - start)
+        return [(self.joining, before), (self.allocation, seconds - before)]
 
     def retime(self, now: float) -> None:
-        """Exact completion time from ``now`` under the current allocation and speed."""
-        allocation = self.allocation
-        self.finish_at = math.inf if allocation is None else now + self.pause_left + time_to_finish(
-            self.app, self.progress, allocation.placement, allocation.batch_size,
-            allocation.ps_placement) / self.speed
-
-
-def resize_cost(cost: ResizeCost, old: Allocation | None, new: Allocation | None,
-                resumed: bool = False) -> float | None:
-    """Pause for changing ``old`` to ``new``; None when nothing changes that needs a pause (a new
-    batch alone is free; moving a PS job's servers is a move). ``resumed``: the job ran before (a
-    start is then a resume)."""
-    if new is None or (old is not None and old.placement == new.placement
-                       and old.ps_placement == new.ps_placement):
-        return None
-    if old is None:
-        return cost.resume_s if resumed else cost.start
-    if new.replicas > old.replicas:
-        return cost.grow
-    return cost.shrink if new.replicas < old.replicas else cost.move
+        """Exact completion time from ``now`` under the current allocation(s) and speed."""
+        if self.allocation is None:
+            self.finish_at = math.inf
+            return
+        at, progress = now + self.pause_left, self.progress
+        for allocation, span in self._spans(at, math.inf):
+            left = time_to_finish(self.app, progress, allocation.placement, allocation.batch_size,
+                                  allocation.ps_placement) / self.speed
+            if left <= span:
+                self.finish_at = at + left
+                return
+            progress = advance(self.app, progress, span * self.speed, allocation.placement,
+                               allocation.batch_size, allocation.ps_placement)
+            at += span
 
 
 @dataclass
@@ -278,7 +263,7 @@ class _Engine:
         names = [spec.name for spec in pending]
         if len(set(names)) != len(names):
             raise ConfigError("job names in a workload must be unique")
-        cursor, next_round = 0, 0.0
+        cursor, next_round = 0, self._round_after(-math.inf)
         while cursor < len(pending) or self.active:
             next_arrival = pending[cursor].submit_time if cursor < len(pending) else math.inf
             next_finish = min((job.finish_at for job in self.active), default=math.inf)
@@ -287,7 +272,7 @@ class _Engine:
                 logger.warning("%s: stopped at the time limit %.0f s", self.policy.name, self.config.max_time_s)
                 break
             for job in self.active:
-                job.run_for(now - self.now)
+                job.run_for(self.now, now - self.now)
             self.now = now
             finished = self._complete()
             arrived = cursor
@@ -296,7 +281,7 @@ class _Engine:
                 cursor += 1
             is_round = now >= next_round
             if is_round:
-                next_round = (math.floor(now / self.config.interval_s) + 1) * self.config.interval_s
+                next_round = self._round_after(now)
             if is_round or (self.config.reschedule_on_events and (finished or cursor > arrived)):
                 self._schedule()
                 if is_round and cursor == len(pending) and self.active and \
@@ -311,6 +296,15 @@ class _Engine:
                                                 "unfinished", reason="submitted after the time limit")
         return SimResult(self.policy.name, tuple(self.records[name] for name in names),
                          tuple(self.utilization))
+
+    def _round_after(self, now: float) -> float:
+        """The first round after ``now``: the next of ``round_times``, else every ``interval_s`` (after the last of them)."""
+        times, interval = self.config.round_times, self.config.interval_s
+        if bisect.bisect_right(times, now) < len(times):
+            return times[bisect.bisect_right(times, now)]
+        last = times[-1] if times else 0.0
+        after = last + (math.floor(max(now - last, -interval) / interval) + 1) * interval
+        return after if after > now else after + interval   # (a rounding error must not repeat a round)
 
     def _arrive(self, spec: JobSpec) -> None:
         cluster = self.config.cluster
@@ -352,14 +346,17 @@ class _Engine:
             if new is not None and new.servers != job.app.servers_for(new.replicas):
                 raise PolicyError(f"{job.spec.name}: {new.replicas} workers need "
                                   f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}")
+        stall = max((self._cost(job).stall for job in self.active   # a round's grows wait for its suspensions
+                     if job.allocation is not None and job.spec.name not in answer), default=0.0)
         for job in self.active:
             new = answer.get(job.spec.name)
             pause = resize_cost(self._cost(job), job.allocation, new, resumed=job.start is not None)
             if pause is not None:   # a (re)start pays its whole cost; a change while it boots waits for the boot
                 job.restarts += 1
-                job.pause_left = pause if job.allocation is None else max(job.pause_left, pause)
+                job.pause_left = pause + stall if job.allocation is None else max(job.pause_left, pause)
             if new is not None and job.start is None:
                 job.start = self.now
+            self._join(job, new, stall)
             if new is None and job.allocation is not None:
                 job.suspensions.append(self.now)
             elif new is not None and job.allocation is None:
@@ -370,11 +367,24 @@ class _Engine:
         self._retime_all()
         self._note_utilization()
 
+    def _join(self, job: _Job, new: Allocation | None, stall: float = 0.0) -> None:
+        """A grow's new workers train only ``join`` seconds after its pause and the round's ``stall``
+        (live: a process boots and joins; a launcher still booting takes no resize); meanwhile it
+        trains on what it had."""
+        old, join = job.allocation, self._cost(job).join
+        if join + stall > 0 and old is not None and new is not None and new.replicas > old.replicas:
+            job.joining = job.joining or old
+            job.join_at = max(job.join_at, self.now + job.pause_left + stall + join)
+        elif new is None or job.joining is not None and new.replicas <= job.joining.replicas:
+            job.joining = None
+
     def _kept(self, answer: Mapping[str, Allocation]) -> dict[str, Allocation]:
         """The running jobs ``answer`` leaves out that are not suspended (all without preemption;
-        with suspend rules, those the rules keep), with what they hold."""
+        with suspend rules, those the rules keep), with what they hold — or, for a job with a live
+        ``--min-np``, only that many of its workers (as the daemon clamps a policy's answer)."""
         rules = self.config.suspend_rules
-        return {job.spec.name: job.allocation for job in self.active
+        floor = dict(self.config.min_replicas)
+        return {job.spec.name: at_least(job.allocation, floor.get(job.spec.name)) for job in self.active
                 if job.allocation is not None and answer.get(job.spec.name) is None
                 and (not self.config.preemption or rules is not None and not may_suspend(
                     True, job.suspensions, job.resumed, self.now, self._rule_cost(job), rules,
@@ -392,10 +402,13 @@ class _Engine:
 
     def _without_preemption(self, answer: dict[str, Allocation], kept: dict[str, Allocation]) -> dict[str, Allocation]:
         """``answer`` with the running jobs in ``kept`` kept as they are; the other changes undone,
-        newest job first, until the whole fits (all undone is the previous, feasible state)."""
+        newest job first, until the whole fits (all undone is the previous, feasible state). A job
+        with a live ``--min-np`` has its start or grow clipped to the slots the others leave it
+        instead, as the daemon's rounds do (a start below its ``--min-np`` waits)."""
         if not kept:
             return answer
         answer.update(kept)
+        floor = dict(self.config.min_replicas)
         names = [job.spec.name for job in self.active]
         for job in reversed(self.active):
             try:
@@ -404,11 +417,31 @@ class _Engine:
             except PolicyError:
                 if job.spec.name in kept:
                     continue
-                if job.allocation is None:
+                clipped = self._clipped(job, answer) if job.spec.name in floor else None
+                if clipped is not None:
+                    answer[job.spec.name] = clipped   # the daemon's rounds: what fits now, the rest later
+                elif job.allocation is None:
                     answer.pop(job.spec.name, None)   # its start waits
                 else:
                     answer[job.spec.name] = job.allocation   # its resize waits
         return answer
+
+    def _clipped(self, job: _Job, answer: Mapping[str, Allocation]) -> Allocation | None:
+        """``job``'s answer clipped per host to what the other answers leave free (the live
+        ``Rounds``' grow); None if that adds nothing to what it holds, or starts it below its ``--min-np``."""
+        wanted = answer.get(job.spec.name)
+        if wanted is None:
+            return None
+        cap = self.config.cluster.gpus_per_host
+        used = [sum(a.placement[h] for name, a in answer.items() if name != job.spec.name)
+                for h in range(len(wanted.placement))]
+        after = tuple(min(n, max(0, cap - u)) for n, u in zip(wanted.placement, used))
+        held = job.allocation.placement if job.allocation is not None else (0,) * len(after)
+        if (job.allocation is None and sum(after) < dict(self.config.min_replicas).get(job.spec.name, 1)) \
+                or not any(a > h for a, h in zip(after, held)):
+            return None
+        return dataclasses.replace(wanted, placement=tuple(max(a, min(h, n)) for a, h, n in
+                                                           zip(after, held, wanted.placement)))
 
     def _retime_all(self) -> None:
         """Set every job's speed (a distributed job sharing any of its hosts with another
