@@ -114,7 +114,7 @@ def live(args: argparse.Namespace) -> None:
     sizes = [int(n) for n in args.sizes.split(",")]
     results, anchors = [], {}
     for n in sizes:
-        anchors[n] = control_torchrun.measure(n, args.window)
+        anchors[n] = control_torchrun.measure(n, args.window) if args.torchrun else {}
         print(f"# torchrun c10d, {n} workers: {anchors[n]} (None: not within 120 s)", file=sys.stderr, flush=True)
         for store in stores:
             results.append(control_live.measure(store, n, args.window, args.sim_procs))
@@ -135,6 +135,8 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", default=None, help="--live: workers per run (default 64,128,256,512,1024)")
     parser.add_argument("--stores", default="tcp,etcd", help="--live: tcp,etcd")
     parser.add_argument("--window", type=float, default=None, help="--live: steady-state seconds measured")
+    parser.add_argument("--no-torchrun", dest="torchrun", action="store_false",
+                        help="--live: no torchrun anchor (to iterate on taiji's own figures)")
     parser.add_argument("--sim-procs", type=int, default=2, help="--live: processes of simulated hosts")
     args = parser.parse_args(argv)
     if args.live or args.cases == "live":

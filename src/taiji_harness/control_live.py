@@ -5,13 +5,15 @@ For each store (the launcher's TCPStore, the etcd server ``--store etcd`` starts
 ``taiji run -np N --nproc-per-node 8 --nnodes H+1:...`` — the real launcher, its controller and
 driver unchanged, with 8 real worker processes on its own host (each one simulated worker) — and
 N-8 simulated workers on H = N/8-1 simulated hosts (taiji_harness/control_sim.py, a few processes
-of threads speaking the real store protocol). Measured: the start (every worker on the first config), then —
-once the launcher's own workers are ready (``settle``) — the store's
-operations per second at steady state (etcd: counted by the server, ``/metrics``; TCP: counted by
-the simulated clients — the launcher's own reads of the store it hosts are not counted, they show
-as its CPU), the launcher's CPU (its process; etcd's server apart), a host loss (its agent's death:
-tether closed, lease left) until every simulated worker holds the config without it, and a grow
-of 128 workers (16 hosts joining) until every simulated worker holds the grown config.
+of threads speaking the real store protocol). Measured: the start (every worker on the first
+config), then — once the launcher's own workers are ready (``settle``) — the store's operations per
+second at steady state (etcd: counted by the server, ``/metrics``; TCP: counted by the simulated
+clients — the launcher's own reads of the store it hosts are not counted, they show as its CPU),
+the launcher's CPU (its process; etcd's server apart; the simulated hosts' processes beside it), a
+host loss (its agent's death: tether closed, lease left) until every simulated worker holds the
+config without it (and until the first simulated host's workers do: the launcher's detection,
+decision and publish and one delivery; the rest is the config's spread to the other hosts), and a
+grow of 128 workers (16 hosts joining) until every simulated worker holds the grown config.
 
 The anchor: torchrun's c10d rendezvous (``DynamicRendezvousHandler`` on a ``C10dRendezvousBackend``
 over a TCPStore on loopback) with one simulated agent per host, a thread each, driven the same
@@ -193,13 +195,14 @@ def start(procs: list[SimProcess], addresses: list[str], slots: int) -> None:
         p.answer()
 
 
-def until(procs: list[SimProcess], size: int, timeout: float, launched: Launched) -> float:
+def until(procs: list[SimProcess], size: int, timeout: float, launched: Launched) -> tuple[float, float]:
+    """When the first and the last simulated host's workers got a config of ``size`` workers."""
     answers = ask_all(procs, {"op": "until", "size": size, "timeout": timeout})
     errors = [e for a in answers for e in a.get("errors", [])]
     if errors or any(a["at"] is None for a in answers):
         raise RuntimeError(f"not every simulated worker reached a config of {size}: {answers}; the launcher "
                            "said:\n" + launched.said())
-    return max(a["at"] for a in answers)
+    return min(a["first"] for a in answers), max(a["at"] for a in answers)
 
 
 def settle(url: str, job_id: str, secret: bytes, host: str, timeout: float) -> None:
@@ -217,7 +220,8 @@ def settle(url: str, job_id: str, secret: bytes, host: str, timeout: float) -> N
 
 
 def steady(store: str, url: str, procs: list[SimProcess], launcher: int, window: float) -> dict:
-    """Store operations per second and the launcher's CPU over ``window`` seconds."""
+    """Store operations per second, the launcher's CPU (etcd's server apart) and the simulated
+    hosts' processes' over ``window`` seconds."""
     metrics = "http://" + url.split("://", 1)[1] + "/metrics"
 
     def ops() -> float:
@@ -228,14 +232,17 @@ def steady(store: str, url: str, procs: list[SimProcess], launcher: int, window:
 
     servers = children(launcher) if store == "etcd" else []
     etcd_pid = next((p for p in servers if "etcd" in Path(f"/proc/{p}/cmdline").read_text()), None)
-    t0, ops0, cpu0 = time.monotonic(), ops(), process_cpu(launcher)
+    def sims() -> float:
+        return sum(process_cpu(p.proc.pid) for p in procs)
+
+    t0, ops0, cpu0, sim0 = time.monotonic(), ops(), process_cpu(launcher), sims()
     etcd0 = process_cpu(etcd_pid) if etcd_pid else 0.0
     time.sleep(window)
-    t1, ops1, cpu1 = time.monotonic(), ops(), process_cpu(launcher)
+    t1, ops1, cpu1, sim1 = time.monotonic(), ops(), process_cpu(launcher), sims()
     etcd1 = process_cpu(etcd_pid) if etcd_pid else 0.0
     span = t1 - t0
     return {"ops_per_s": (ops1 - ops0) / span, "launcher_cpu": (cpu1 - cpu0) / span,
-            "etcd_cpu": (etcd1 - etcd0) / span if etcd_pid else None}
+            "etcd_cpu": (etcd1 - etcd0) / span if etcd_pid else None, "sim_cpu": (sim1 - sim0) / span}
 
 
 def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts: int = GROW_HOSTS,
@@ -253,13 +260,13 @@ def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts:
     print(f"# {store}, {workers} workers: the launcher says {launched.log}", file=sys.stderr, flush=True)
     procs: list[SimProcess] = []
     figures: dict = {"store": store, "workers": workers, "hosts": len(slots), "grown": per_host * grow_hosts,
-                     "start_s": None, "loss_s": None, "grow_s": None, "ops_per_s": None, "launcher_cpu": None,
-                     "etcd_cpu": None}
+                     "start_s": None, "loss_s": None, "loss_first_s": None, "grow_s": None, "ops_per_s": None,
+                     "launcher_cpu": None, "etcd_cpu": None, "sim_cpu": None}
     try:
         procs = [SimProcess(launched.url, job_id, secret_file, environ) for _ in range(min(sim_procs, len(slots)))]
         t0 = time.monotonic()
         start(procs, [host_address(j) for j in range(len(slots))], per_host)
-        figures["start_s"] = until(procs, workers, 300, launched) - t0
+        figures["start_s"] = until(procs, workers, 300, launched)[1] - t0
         settle(launched.url, job_id, secret, LAUNCHER_HOST, 300)
         time.sleep(1.0)
         figures.update(steady(store, launched.url, procs, launched.proc.pid, window))
@@ -267,10 +274,11 @@ def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts:
         lost_at = procs[0].answer()["at"]
         if lost_at is None:
             raise RuntimeError(f"{host_address(0)} had no tether to drop yet")
-        figures["loss_s"] = until(procs, workers - per_host, 120, launched) - lost_at
+        first, last = until(procs, workers - per_host, 120, launched)
+        figures["loss_s"], figures["loss_first_s"] = last - lost_at, first - lost_at
         t0 = time.monotonic()
         start(procs, [host_address(len(slots) + j) for j in range(grow_hosts)], per_host)
-        figures["grow_s"] = until(procs, workers - per_host + per_host * grow_hosts, 300, launched) - t0
+        figures["grow_s"] = until(procs, workers - per_host + per_host * grow_hosts, 300, launched)[1] - t0
     except RuntimeError as exc:  # a phase that did not end: the figures measured before it are kept
         print(f"# {store}, {workers} workers: {exc}", file=sys.stderr, flush=True)
         figures["error"] = str(exc).splitlines()[0][:300]
@@ -318,8 +326,9 @@ def summary(r: dict) -> str:
     def f(key: str, fmt: str) -> str:
         return "—" if r.get(key) is None else format(r[key], fmt)
     return (f"{r['hosts']} simulated hosts: start {f('start_s', '.2f')} s, steady {f('ops_per_s', '.0f')} ops/s, "
-            f"launcher CPU {f('launcher_cpu', '.2f')} cores (etcd {f('etcd_cpu', '.2f')}), host loss "
-            f"{f('loss_s', '.3f')} s, grow of {r['grown']} {f('grow_s', '.2f')} s"
+            f"launcher CPU {f('launcher_cpu', '.2f')} cores (etcd {f('etcd_cpu', '.2f')}, simulated hosts "
+            f"{f('sim_cpu', '.2f')}), host loss {f('loss_s', '.3f')} s (the first host {f('loss_first_s', '.3f')} s), "
+            f"grow of {r['grown']} {f('grow_s', '.2f')} s"
             + (f"; {r['error']}" if r.get("error") else ""))
 
 

@@ -18,9 +18,9 @@ Orders come on stdin, one JSON object a line; answers go to stdout, one JSON lin
 ``{"op": "hosts", "addresses": [...], "slots": K}`` starts hosts; ``{"op": "kill", "address": A}``
 drops one as its death would (tether closed without ``bye``, lease left to expire);
 ``{"op": "until", "size": S, "timeout": T}`` answers once every live worker holds a config of
-``S`` workers, with when the last one got it (``time.monotonic``, one clock for every process of
-this machine); ``{"op": "ops"}`` answers the store operations counted on TCP stores (etcd's are
-counted by the server); ``{"op": "quit"}``.
+``S`` workers, with when the last one got it and when the first did (``at``, ``first``:
+``time.monotonic``, one clock for every process of this machine); ``{"op": "ops"}`` answers the
+store operations counted on TCP stores (etcd's are counted by the server); ``{"op": "quit"}``.
 """
 from __future__ import annotations
 
@@ -199,7 +199,9 @@ def _until(hosts: list[SimHost], size: int, timeout: float) -> dict:
         errors = [h.error for h in hosts if h.error]
         workers = sum(len(w.beats) for w in held)
         if errors or all(w is not None and w.beats and w.size == size for w in live):
-            return {"at": max((w.at for w in held), default=0.0), "workers": workers, "errors": errors}
+            ats = sorted(w.at for w in held)
+            return {"at": max(ats, default=0.0), "first": min(ats, default=0.0), "workers": workers,
+                    "errors": errors}
         if time.monotonic() > deadline:
             return {"at": None, "workers": workers, "sizes": sorted({w.size for w in held}), "errors": errors}
         time.sleep(0.005)

@@ -500,6 +500,16 @@ def test_a_config_lists_each_host_once_and_its_workers_as_runs_of_ids():
     # a config written one entry per worker still reads
     assert spec.ClusterConfig.from_dict({"version": 2, "workers": [{"id": "w0", "host": "h"}, {"id": "w1"}]}) == \
         spec.ClusterConfig(2, (spec.WorkerSpec("w0", "h"), spec.WorkerSpec("w1")))
+    # the next version, a host lost: read anew, equal to what was written; the runs it shares with the
+    # last one are made once (a reader of 1,024 workers makes the runs that changed, not every worker)
+    fewer = spec.ClusterConfig(placed.version + 1, tuple(w for w in placed.workers if w.host != "10.0.5.1"))
+    read_before = spec.ClusterConfig.from_json(placed.to_json())
+    read_now = spec.ClusterConfig.from_json(fewer.to_json())
+    assert read_now == fewer and read_now.size == 1016 and "10.0.5.1" not in {w.host for w in read_now.workers}
+    assert read_now.workers[0] is read_before.workers[0] and read_now.workers[-1] is read_before.workers[-1]
+    # the same ids on another host are other workers
+    moved = spec.ClusterConfig(9, tuple(spec.WorkerSpec(f"w{i}", "elsewhere") for i in range(8)))
+    assert spec.ClusterConfig.from_json(moved.to_json()) == moved
 
 
 def test_an_agent_on_etcd_reads_its_orders_only_once_their_watched_count_moves(etcd_server):
