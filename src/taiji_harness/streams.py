@@ -6,7 +6,7 @@ and no two timing-sensitive tests ever run together.
 
     python -m taiji_harness.streams [pytest options and paths]
 
-The main stream prints as it runs; the waiting stream's output goes to a file named at the start
+The main stream (the pure tests first) prints as it runs; the waiting stream's output goes to a file named at the start
 and is printed once both end. The exit status is the first failing stream's (pytest's "no tests
 collected", 5, counts as success for a stream when the other ran tests)."""
 from __future__ import annotations
@@ -51,6 +51,18 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+# The main stream's order when no path is given: the pure tests of tests/unit first, on one core,
+# while the waiting stream starts its daemons on the other; the multi-process tests after them.
+TESTS = Path(__file__).resolve().parents[2] / "tests"
+MAIN_ORDER = tuple(str(TESTS / d) for d in ("unit", "faults", "integration", "multihost", "gpu"))
+
+
+def main_paths(argv: list[str]) -> list[str]:
+    """MAIN_ORDER, unless the arguments name tests of their own (a path, or a path::test)."""
+    named = any(Path(a.split("::")[0]).exists() for a in argv if not a.startswith("-"))
+    return [] if named else list(MAIN_ORDER)
+
+
 def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", *argv]
     work = Path(tempfile.mkdtemp(prefix="taiji-waits-"))
@@ -60,7 +72,7 @@ def main(argv: list[str]) -> int:
         side = subprocess.Popen([*pytest, "-m", "waits", "--basetemp", str(work / "tmp")],
                                 stdout=out, stderr=subprocess.STDOUT)
         try:
-            main_rc = subprocess.call([*pytest, "-m", "not waits"])
+            main_rc = subprocess.call([*pytest, "-m", "not waits", *main_paths(argv)])
             side_rc = side.wait()
         finally:
             _stop(side)

@@ -1,8 +1,10 @@
 """`make test`'s two streams (taiji_harness.streams): one exit status for both, and the marks that
 split them."""
+from pathlib import Path
+
 import pytest
 
-from taiji_harness.streams import NO_TESTS, WAITS, combined
+from taiji_harness.streams import MAIN_ORDER, NO_TESTS, WAITS, combined, main_paths
 from taiji_harness.testing import REPO
 
 
@@ -18,3 +20,11 @@ def test_every_waiting_file_exists_and_only_those_wait(request):
     missing = [path for path in WAITS if not (REPO / path).is_file()]
     assert not missing, f"taiji_harness.streams.WAITS names files that do not exist: {missing}"
     assert request.node.get_closest_marker("waits") is None
+
+
+def test_the_main_stream_runs_the_pure_tests_first_unless_tests_are_named():
+    assert main_paths(["-q", "-p", "no:cacheprovider", "--durations=40"]) == list(MAIN_ORDER)
+    assert MAIN_ORDER[0] == str(REPO / "tests" / "unit") and all(Path(path).is_dir() for path in MAIN_ORDER)
+    assert {p.name for p in (REPO / "tests").iterdir() if p.is_dir() and p.name.startswith(("unit", "faults",
+            "integration", "multihost", "gpu"))} == {Path(path).name for path in MAIN_ORDER}
+    assert main_paths(["-q", str(REPO / "tests/unit/test_streams.py") + "::test_x"]) == []
