@@ -23,7 +23,10 @@ and grows are clipped to the free slots, as the daemon clamps and its rounds cli
 LP slot of one ``--round``, as the daemon, at the times its rounds ran (saved in its state); a
 grow's new workers join after the measured ask -> arrival (median over the run's grows; none measured:
 its launch -> first step), and what a round starts waits for the stall (ask -> launcher gone) of the
-jobs it suspends; ``sim_error_max`` is over all runs (``sim_error_by_run`` per run).
+jobs it suspends. Its policy sees each job as the daemon did: no workers while its launcher boots,
+and until its first step the daemon's guess of its model (:mod:`taiji.sched.replay`), while the
+simulated job trains at the speed fitted to its run log. ``sim_error_max`` is over all runs
+(``sim_error_by_run`` per run).
 
 With ``--hosts N`` the daemon runs in emulated host 0 with ``--hosts FILE`` and one ``taiji sched
 agent`` per host (network namespaces, taiji_harness/netns.py; the last host's link shaped with ``--shape``);
@@ -88,6 +91,7 @@ from taiji.sched.preemption import SuspendRules
 from taiji.launch.sched.daemon import read_secret
 from taiji.sched.rounds import oversubscribed_instants
 from taiji.sched.scheduler import size_key
+from taiji.sched.replay import DaemonGuess
 from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig, simulate
 from taiji.sched.workload import LIVE, JobSpec
 
@@ -336,17 +340,22 @@ def fixed_overhead(runs: list[dict[str, Any]]) -> dict[str, float]:
             "last_step_to_exit_s": round(statistics.median(after), 2) if after else 0.0}
 
 
-def fitted_apps(run: dict[str, Any], slots: int) -> dict[str, Any]:
-    """Each job's Application fitted to the mean step times its own run log shows for each size
-    over the whole run (:func:`~taiji.sched.live.logged_step_times`; else the daemon's recent readings)."""
-    apps = {}
+def step_times(run: dict[str, Any]) -> dict[str, list[Measured]]:
+    """Each job's mean step times per size over the whole run, from its own run log
+    (:func:`~taiji.sched.live.logged_step_times`; else the daemon's recent readings)."""
+    times = {}
     for job in run["jobs"]:
         path = run["state"] / "jobs" / job["id"] / "run" / METRICS_FILE
         measured = logged_step_times(read_jsonl(path), BATCH) if path.exists() else []
-        measured = measured or [Measured(size_key(n, BATCH)[0], 1, statistics.median(times))
-                                for n, times in job["measured"].items() if times and size_key(n, BATCH)[1] == BATCH]
-        apps[job["id"]] = live_application(job["id"], fit_step_model(BATCH, measured), BATCH, max(job["end"], 1), 1, slots)
-    return apps
+        times[job["id"]] = measured or [Measured(size_key(n, BATCH)[0], 1, statistics.median(t))
+                                        for n, t in job["measured"].items() if t and size_key(n, BATCH)[1] == BATCH]
+    return times
+
+
+def fitted_apps(run: dict[str, Any], slots: int) -> dict[str, Any]:
+    """Each job's Application fitted to its :func:`step_times`."""
+    return {job["id"]: live_application(job["id"], fit_step_model(BATCH, step_times(run)[job["id"]]), BATCH,
+                                        max(job["end"], 1), 1, slots) for job in run["jobs"]}
 
 
 def stalls(job: dict[str, Any]) -> list[float]:
@@ -377,7 +386,9 @@ def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round
     config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()),
                        preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own,
                        min_replicas=tuple((job["id"], job["min_np"]) for job in run["jobs"]),
-                       round_times=tuple(t - run["t0"] for t in run.get("rounds", []) if t >= run["t0"]))
+                       round_times=tuple(t - run["t0"] for t in run.get("rounds", []) if t >= run["t0"]),
+                       daemon_view=DaemonGuess(step_times(run), {job["id"]: job["work_hint"] or job["end"]
+                                                                 for job in run["jobs"]}, BATCH, cluster.total_gpus))
     result = simulate(specs, make_policy(policy, cost, las_threshold=las_threshold, round_s=round_s), config)
     return {record.name: record.jct for record in result.records}
 

@@ -29,8 +29,9 @@ A sample trained counts once, whatever batch it was trained at (``progress = pos
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -151,6 +152,28 @@ def live_application(name: str, model: StepModel, batch_size: int, samples_per_e
                        min_local_bsz=max(min_local_bsz, 1), max_local_bsz=top, max_replicas=largest,
                        fixed_batch_size=None if adapts else batch_size, placements={}, spreads=spreads,
                        validations=(stats,), epoch_progress=progress, pollux_batch_rules=False)
+
+
+def policy_application(name: str, measured: Sequence[Measured], per_sample: float, batch: int, work: int,
+                       max_replicas: int, init: int, largest: int, noise_scale: float | None = None) -> Application:
+    """The model a policy sees of a live job (``Scheduler.view_of``, and a replay before a job's first
+    step): fitted to its ``measured`` step times at ``batch``; never measured, compute that scales
+    linearly at ``per_sample`` worker-seconds per sample (its own at another batch, else a typical job's)."""
+    model = fit_step_model(batch, measured) if measured else StepModel(0.0, per_sample, 0.0, 0.0, 0.0)
+    return live_application(name, model, batch, samples_per_epoch=work, epochs=1, max_replicas=max_replicas,
+                            init_batch=init, max_batch=largest, noise_scale=noise_scale)
+
+
+def seconds_per_sample(measured: Iterable[tuple[int, int, float]]) -> float:
+    """Worker-seconds per sample at the fastest of (workers, batch, step seconds); 0 when none."""
+    per = [n * t / b for n, b, t in measured if b]
+    return min(per) if per else 0.0
+
+
+def typical(values: Iterable[float], default: float) -> float:
+    """The median of the known (non-zero) ``values``, as ``default``'s type; ``default`` when none is."""
+    known = [v for v in values if v]
+    return type(default)(statistics.median(known)) if known else default
 
 
 def live_view(app: Application, submitted: float, requested: int, steps_done: float,

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 from ..errors import ConfigError
 from .cluster import Cluster
 from .goodput import BatchStats, batch_range
-from .live import Measured, StepModel, fit_step_model, live_application, live_view
+from .live import Measured, live_view, policy_application, seconds_per_sample, typical
 from .preemption import Running, SuspendRules, may_suspend, priority_victims
 from .rounds import Ask, Change, Rounds
 from .sim import Policy
@@ -389,16 +389,13 @@ class Scheduler:
         measured = job.measurements()
         batch = job.batch_size or self._typical(lambda j: j.batch_size, GUESS_BATCH)
         init, largest = batch_range(job.stats(), batch, job.max_batch)
-        if measured:
-            model = fit_step_model(batch, measured)
-        else:   # never measured: compute that scales linearly, at a typical job's speed
-            # (its own speed at another batch, if it measured one: a goodput job that just changed it)
-            per_sample = self._seconds_per_sample(job) or self._typical(self._seconds_per_sample, GUESS_SECONDS_PER_SAMPLE)
-            model = StepModel(0.0, per_sample, 0.0, 0.0, 0.0)
+        # never measured: a typical job's speed (its own at another batch, if it measured one:
+        # a goodput job that just changed it)
+        per_sample = 0.0 if measured else (self._seconds_per_sample(job) or
+                                           self._typical(self._seconds_per_sample, GUESS_SECONDS_PER_SAMPLE))
         work = job.end or job.work_hint or self._typical(lambda j: j.end or j.work_hint, GUESS_SAMPLES)
-        app = live_application(job.id, model, batch, samples_per_epoch=work, epochs=1,
-                               max_replicas=min(job.max_np, self.slots), init_batch=init, max_batch=largest,
-                               noise_scale=job.noise_scale)
+        app = policy_application(job.id, measured, per_sample, batch, work, min(job.max_np, self.slots), init, largest,
+                                 job.noise_scale)
         live = list(range(self.hosts)) if live is None else live
         held = self.holds().get(job.id, (0,) * self.hosts)
         placement = tuple(held[h] for h in live) if any(held[h] for h in live) else None
@@ -410,15 +407,13 @@ class Scheduler:
                          suspend_cost_s=self.suspend_cost(job) if job.state == "running" else None)
 
     def _typical(self, read, default: float):  # noqa: ANN001, ANN202
-        values = [v for v in (read(j) for j in self.jobs.values()) if v]
-        return type(default)(statistics.median(values)) if values else default
+        return typical((read(j) for j in self.jobs.values()), default)
 
     @staticmethod
     def _seconds_per_sample(job: LiveJob) -> float:
         """Worker-seconds per sample, from its fastest measured size (0 when never measured)."""
-        per = [n * statistics.median(t) / b for (n, b), t in
-               ((size_key(k, job.batch_size), v) for k, v in job.measured.items()) if t and b]
-        return min(per) if per else 0.0
+        return seconds_per_sample((*size_key(k, job.batch_size), statistics.median(t))
+                                  for k, t in job.measured.items() if t)
 
     # -- persistence ------------------------------------------------------------------------------
 

@@ -31,7 +31,10 @@ than ``start``: the same cost model the live scheduler fits per job (:mod:`taiji
 As live, a grow's new workers train only ``join`` seconds after it (the job trains on what it had
 meanwhile), and what a round starts or grows waits for the ``stall`` of the jobs it suspends (their
 slots are free once their launchers checkpointed and exited). ``SimConfig.round_times``: a replay's
-rounds fall when the daemon's did.
+rounds fall when the daemon's did. ``SimConfig.daemon_view``: a replay's policy sees each job as
+the daemon did — no workers while its launcher boots ((re)started, not trained since), and until
+its first step the daemon's guess of its model (a typical measured job's speed) — while the job
+itself advances at its true speed.
 
 **Preemption** (``SimConfig.preemption``, on by default): a policy may leave a started job
 without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
@@ -60,13 +63,11 @@ the run stops and reports the remaining jobs as ``unfinished``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import bisect
 import math
 import zlib
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 import numpy as np
@@ -77,6 +78,7 @@ from taiji.sched.costs import SYSTEMS, ResizeCost, resize_cost  # noqa: F401  (t
 from taiji.sched.model import AnyApplication, Application, advance, load_application, time_to_finish
 from taiji.sched.preemption import SuspendRules, may_suspend
 from taiji.sched.ps import PsSettings, ps_application
+from taiji.sched.simresult import JobRecord, SimResult  # noqa: F401  (re-exported)
 from taiji.sched.workload import LIVE, JobSpec
 
 logger = logging.getLogger(__name__)
@@ -105,6 +107,13 @@ class JobView:
         return self.app.target_progress - self.progress
 
 
+class DaemonView(Protocol):
+    """What a live daemon's policy saw of a job before its first step (a replay's: :mod:`taiji.sched.replay`)."""
+
+    def guess(self, name: str, measured: Sequence[str]) -> AnyApplication:
+        """``name``'s model given the jobs (``measured``) that had made a step."""
+
+
 class Policy(Protocol):
     name: str
 
@@ -129,6 +138,7 @@ class SimConfig:
     job_costs: tuple[tuple[str, ResizeCost], ...] = ()   # (job name, its own costs, e.g. its measured boot)
     min_replicas: tuple[tuple[str, int], ...] = ()   # (job name, its live --min-np): fewer is no allocation
     round_times: tuple[float, ...] = ()   # when rounds fall (a replay: the daemon's, sorted); after them every interval_s
+    daemon_view: DaemonView | None = None   # a replay: policies see jobs as the daemon did (see the module's doc)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
@@ -137,48 +147,6 @@ class SimConfig:
             raise ConfigError(f"interference must lie in [0, 1), got {self.interference}")
         if not 0.0 <= self.estimation_error < 1.0:
             raise ConfigError(f"estimation_error must lie in [0, 1), got {self.estimation_error}")
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    name: str
-    application: str
-    submit_time: float
-    status: str                 # "done", "rejected" or "unfinished"
-    start_time: float | None = None
-    end_time: float | None = None
-    jct: float | None = None
-    restarts: int = 0
-    gpu_seconds: float = 0.0
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class SimResult:
-    policy: str
-    records: tuple[JobRecord, ...]
-    utilization: tuple[tuple[float, int], ...]   # (time, GPUs allocated from then on)
-
-    def summary(self) -> dict[str, float | int | str | list[str]]:
-        done = [r for r in self.records if r.status == "done"]
-        jcts = np.array([r.jct for r in done], dtype=float)
-        return {
-            "policy": self.policy, "jobs": len(self.records), "completed": len(done),
-            "avg_jct_s": float(jcts.mean()) if done else math.nan,
-            "p99_jct_s": float(np.percentile(jcts, 99)) if done else math.nan,
-            "makespan_s": (max(r.end_time for r in done) - min(r.submit_time for r in self.records))
-            if done else math.nan,
-            "gpu_hours": sum(r.gpu_seconds for r in self.records) / 3600.0,
-            "restarts": sum(r.restarts for r in self.records),
-            "rejected": [r.name for r in self.records if r.status == "rejected"],
-            "unfinished": [r.name for r in self.records if r.status == "unfinished"],
-        }
-
-    def write_jsonl(self, path: str | Path) -> None:
-        """One JSON object per job, in submission order."""
-        with open(path, "w", encoding="utf-8") as out:
-            for record in self.records:
-                out.write(json.dumps(asdict(record)) + "\n")
 
 
 @dataclass
@@ -203,10 +171,18 @@ class _Job:
     suspensions: list[float] = field(default_factory=list)   # when it was suspended
     joining: Allocation | None = None   # what it trains on until a grow's joiners arrive (None: no grow pending)
     join_at: float = 0.0
+    booting: bool = False           # (re)started and not trained since: its launcher boots
+    stepped: bool = False           # it has trained (made a first step)
 
-    def view(self) -> JobView:
-        return JobView(self.spec, self.estimate, self.progress, self.attained, self.allocation,
-                       self.restarts, self.peak_replicas)
+    def view(self, daemon: DaemonView | None = None, measured: Sequence[str] = ()) -> JobView:
+        """What a policy sees; as a live daemon saw it with ``daemon``: no workers while it boots, the
+        daemon's guess of its model until its first step (``measured``: the jobs that made one)."""
+        if daemon is None:
+            return JobView(self.spec, self.estimate, self.progress, self.attained, self.allocation,
+                           self.restarts, self.peak_replicas)
+        return JobView(self.spec, self.estimate if self.stepped else daemon.guess(self.spec.name, measured),
+                       self.progress, self.attained, None if self.booting else self.allocation, self.restarts,
+                       self.peak_replicas)
 
     def run_for(self, start: float, seconds: float) -> None:
         """Progress from ``start`` for ``seconds``: its pause first, then on what it trains on (a
@@ -216,6 +192,8 @@ class _Job:
         paused = min(self.pause_left, seconds)
         self.pause_left -= paused
         self.attained += paused * (self.joining or self.allocation).replicas   # (its joiners are not there yet)
+        if seconds > paused:
+            self.booting, self.stepped = False, True
         for allocation, span in self._spans(start + paused, seconds - paused):
             self.attained += span * allocation.replicas   # (as the daemon counts: the workers it has)
             self.progress = advance(self.app, self.progress, span * self.speed, allocation.placement,
@@ -336,7 +314,10 @@ class _Engine:
 
     def _schedule(self) -> None:
         cluster = self.config.cluster
-        answer = dict(self.policy.allocate(self.now, cluster, tuple(job.view() for job in self.active)))
+        measured = [job.spec.name for job in self.active if job.stepped] + \
+            [r.name for r in self.records.values() if r.status == "done"]
+        answer = dict(self.policy.allocate(self.now, cluster, tuple(job.view(self.config.daemon_view, measured)
+                                                                    for job in self.active)))
         cluster.check(answer, (job.spec.name for job in self.active))
         floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
         answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
@@ -360,7 +341,7 @@ class _Engine:
             if new is None and job.allocation is not None:
                 job.suspensions.append(self.now)
             elif new is not None and job.allocation is None:
-                job.resumed, job.resumed_at = self.now, job.progress
+                job.resumed, job.resumed_at, job.booting = self.now, job.progress, True
                 self.resumed_any = self.resumed_any or bool(job.suspensions)
             job.allocation = new
             job.peak_replicas = max(job.peak_replicas, new.replicas if new else 0)
