@@ -182,41 +182,35 @@ def test_the_simulator_charges_a_resume_not_a_start_to_a_preempted_job():
     assert resize_cost(SYSTEMS["restart"], None, new, resumed=True) == 30.0
 
 
-def test_a_reply_not_signed_with_the_daemons_secret_is_refused():
+def _ask_a_server_that_replies(reply: bytes, error: type, match: str) -> None:
+    """``ask`` a one-connection server that sends its nonce, reads the request, then sends ``reply``
+    (b"": it closes the connection instead) and raises ``error``."""
     server = socket.create_server(("127.0.0.1", 0))
     def answer():
         conn, _ = server.accept()
         with conn:
             conn.sendall(b'{"nonce": "00"}\n')
             conn.recv(65536)
-            conn.sendall(json.dumps({"reply": {"ok": True, "job": "s0001"}, "mac": "0" * 64}).encode() + b"\n")
+            conn.sendall(reply)
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
     try:
-        with pytest.raises(AuthError, match="not signed with this scheduler's secret"):
+        with pytest.raises(error, match=match):
             ask(f"127.0.0.1:{server.getsockname()[1]}", b"k" * 32, {"op": "status"}, timeout=5.0)
     finally:
         thread.join(5.0)
         server.close()
+
+
+def test_a_reply_not_signed_with_the_daemons_secret_is_refused():
+    forged = json.dumps({"reply": {"ok": True, "job": "s0001"}, "mac": "0" * 64}).encode() + b"\n"
+    _ask_a_server_that_replies(forged, AuthError, "not signed with this scheduler's secret")
 
 
 def test_a_daemon_gone_before_its_reply_is_no_daemon_not_a_forged_reply():
     """A daemon killed between its nonce and its reply closes the connection: the agent must take
     that as a daemon to ask again (StoreError), not as another process answering (AuthError)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    def answer():
-        conn, _ = server.accept()
-        with conn:
-            conn.sendall(b'{"nonce": "00"}\n')
-            conn.recv(65536)
-    thread = threading.Thread(target=answer, daemon=True)
-    thread.start()
-    try:
-        with pytest.raises(StoreError, match="no scheduler daemon answered"):
-            ask(f"127.0.0.1:{server.getsockname()[1]}", b"k" * 32, {"op": "status"}, timeout=5.0)
-    finally:
-        thread.join(5.0)
-        server.close()
+    _ask_a_server_that_replies(b"", StoreError, "no scheduler daemon answered")
 
 
 def test_status_and_plot_show_a_suspension(tmp_path):
