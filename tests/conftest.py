@@ -12,7 +12,7 @@ import os
 import pytest
 
 from taiji_harness.results import RESULTS_ENV
-from taiji_harness.streams import BESIDE
+from taiji_harness.streams import WAITS
 
 # a benchmark run by a test (benchmarks/soak.py, print_result in the unit tests) records nothing in
 # benchmarks/results/: those files are the figures the docs show
@@ -20,7 +20,7 @@ os.environ[RESULTS_ENV] = ""
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark `beside` the tests of taiji_harness.streams.BESIDE: `make test` runs them beside the rest."""
+    """Mark `waits` the tests of taiji_harness.streams.WAITS: `make test` runs them beside the rest."""
     for item in items:
-        if item.nodeid.split("::")[0] in BESIDE:
-            item.add_marker(pytest.mark.beside)
+        if item.nodeid.split("::")[0] in WAITS:
+            item.add_marker(pytest.mark.waits)

@@ -11,5 +11,5 @@ lives beside it under src/ and is importable from a checkout's editable install,
   docs' Benchmarks page is rendered from;
 - ``netns``: emulated hosts (network namespaces) for the many-host tests and benchmarks;
 - ``injector``: failures injected into real communicators of ranks run as threads.
-- ``streams``: ``make test``'s two streams side by side (the tests that assert no tight timing beside the rest).
+- ``streams``: ``make test``'s two streams side by side (the tests that mostly wait beside the rest).
 """

@@ -1,13 +1,14 @@
-"""The whole suite as two streams side by side (``make test``): the tests marked ``beside``
-(``BESIDE``: they assert no tight timing) in one pytest, every other test in another, each stream
-one test at a time. One stream's processes use the cores while the other's wait (on the scheduler's
-rounds, Ray's and Slurm's services, timeouts), and no two timing-sensitive tests ever run together.
+"""The whole suite as two streams side by side (``make test``): the tests marked ``waits``
+(tests/conftest.py: they mostly wait on daemons and assert no tight timing) in one pytest, every
+other test in another, each stream one test at a time. The machine's cores are busy with the
+first stream's jobs while the second's wait on the scheduler's rounds, Ray's and Slurm's services,
+and no two timing-sensitive tests ever run together.
 
     python -m taiji_harness.streams [pytest options and paths]
 
-The main stream (the pure tests first) prints as it runs; the other stream's output goes to a file
-named at the start and is printed once both end. The exit status is the first failing stream's
-(pytest's "no tests collected", 5, counts as success for a stream when the other ran tests)."""
+The main stream (the pure tests first) prints as it runs; the waiting stream's output goes to a file named at the start
+and is printed once both end. The exit status is the first failing stream's (pytest's "no tests
+collected", 5, counts as success for a stream when the other ran tests)."""
 from __future__ import annotations
 
 import signal
@@ -18,11 +19,10 @@ from pathlib import Path
 
 NO_TESTS = 5
 
-# The test files that assert no tight timing: they mostly wait on daemons (the scheduler's rounds,
-# Ray's and Slurm's services, emulated hosts' timeouts) or train to a result (accuracy, the framework
-# entry points' exactly-once audits, the docs site in a browser). tests/conftest.py marks their
-# tests `beside`.
-BESIDE = frozenset({
+# The test files that spend most of their time waiting on daemons (the scheduler's rounds, Ray's and
+# Slurm's services, emulated hosts' timeouts) and assert no tight timing; tests/conftest.py marks
+# their tests `waits`.
+WAITS = frozenset({
     "tests/multihost/test_sched_hosts.py",
     "tests/multihost/test_sched_ray_nodes.py",
     "tests/multihost/test_ray.py",
@@ -30,10 +30,6 @@ BESIDE = frozenset({
     "tests/integration/test_sched_daemon_procs.py",
     "tests/integration/test_sched_suspend_procs.py",
     "tests/integration/test_metrics_procs.py",
-    "tests/integration/test_accuracy.py",
-    "tests/integration/test_integrations_procs.py",
-    "tests/integration/test_shakespeare_example.py",
-    "tests/integration/test_docs.py",
 })
 
 
@@ -56,7 +52,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 # The main stream's order when no path is given: the pure tests of tests/unit first, on one core,
-# while the other stream starts its daemons and jobs on the other; the multi-process tests after them.
+# while the waiting stream starts its daemons on the other; the multi-process tests after them.
 TESTS = Path(__file__).resolve().parents[2] / "tests"
 MAIN_ORDER = tuple(str(TESTS / d) for d in ("unit", "faults", "integration", "multihost", "gpu"))
 
@@ -69,18 +65,18 @@ def main_paths(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", *argv]
-    work = Path(tempfile.mkdtemp(prefix="taiji-beside-"))
-    log = work / "beside.log"
-    print(f"the tests marked `beside` run beside the others; their output: {log}", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="taiji-waits-"))
+    log = work / "waits.log"
+    print(f"the tests marked `waits` run beside the others; their output: {log}", flush=True)
     with open(log, "w") as out:
-        side = subprocess.Popen([*pytest, "-m", "beside", "--basetemp", str(work / "tmp")],
+        side = subprocess.Popen([*pytest, "-m", "waits", "--basetemp", str(work / "tmp")],
                                 stdout=out, stderr=subprocess.STDOUT)
         try:
-            main_rc = subprocess.call([*pytest, "-m", "not beside", *main_paths(argv)])
+            main_rc = subprocess.call([*pytest, "-m", "not waits", *main_paths(argv)])
             side_rc = side.wait()
         finally:
             _stop(side)
-    print(f"\n{'=' * 30} the tests marked `beside` {'=' * 30}", flush=True)
+    print(f"\n{'=' * 30} the tests marked `waits` {'=' * 30}", flush=True)
     print(log.read_text(), flush=True)
     return combined(main_rc, side_rc)
 

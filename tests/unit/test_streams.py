@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.streams import MAIN_ORDER, NO_TESTS, BESIDE, combined, main_paths
+from taiji_harness.streams import MAIN_ORDER, NO_TESTS, WAITS, combined, main_paths
 from taiji_harness.testing import REPO
 
 
@@ -17,9 +17,9 @@ def test_a_failure_in_either_stream_fails_the_run(main, side, expected):
 
 def test_every_waiting_file_exists_and_only_those_wait(request):
     """A renamed file would silently leave the waiting stream (and run in the main one)."""
-    missing = [path for path in BESIDE if not (REPO / path).is_file()]
-    assert not missing, f"taiji_harness.streams.BESIDE names files that do not exist: {missing}"
-    assert request.node.get_closest_marker("beside") is None
+    missing = [path for path in WAITS if not (REPO / path).is_file()]
+    assert not missing, f"taiji_harness.streams.WAITS names files that do not exist: {missing}"
+    assert request.node.get_closest_marker("waits") is None
 
 
 def test_the_main_stream_runs_the_pure_tests_first_unless_tests_are_named():
