@@ -454,3 +454,21 @@ def test_fetch_25mb_is_fast(store, capsys):
               f"fetch best {best * 1e3:.1f} ms, median {sorted(times)[2] * 1e3:.1f} ms "
               f"({nbytes / best / 1e9:.2f} GB/s)")
     assert best < 2.0
+
+
+def test_an_interrupt_before_the_connection_is_made_still_fails_the_fetch_at_once():
+    """close() may interrupt a fetch whose socket is not assigned yet (the connect still returning
+    on a loaded machine): the fetch must fail as soon as it connects, not wait out its timeout."""
+    from taiji.comm.p2p import PeerConnection
+
+    def silent(conn):  # greets, then never answers (fake_server holds the connection open)
+        conn.sendall(p2p._MAGIC + b"s" * 16)
+
+    with fake_server(silent) as address:
+        connection = PeerConnection(address, SECRET, timeout=8)
+        connection.interrupt()
+        started = time.monotonic()
+        with pytest.raises(PeerLost, match="interrupted while connecting"):
+            connection.fetch()
+        assert time.monotonic() - started < 3
+        connection.close()

@@ -312,6 +312,7 @@ class PeerConnection:
         self.address, self.timeout, self.max_bytes = address, timeout, max_bytes
         self._key = _key(secret, address[0], "p2p fetch")
         self._sock: socket.socket | None = None
+        self._interrupted = False
         # the last fetch failed on a connection opened before it, before any byte of the reply and
         # not by a timeout: the store restarted or ended the idle connection, worth one fresh try
         self.went_stale = False
@@ -355,6 +356,8 @@ class PeerConnection:
         except OSError as e:
             raise c.fail(f"cannot connect ({e.strerror or e}); peer gone or address stale?") from None
         try:
+            if self._interrupted:   # interrupt() ran before the socket was ours to shut down
+                raise c.fail("interrupted while connecting (the fetcher is closing)")
             c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = c.recv(len(_MAGIC) + _NONCE, "waiting for the greeting")
             if not hello.startswith(_MAGIC):
@@ -372,7 +375,9 @@ class PeerConnection:
             raise
 
     def interrupt(self) -> None:
-        """From another thread: make a fetch in progress fail now."""
+        """From another thread: make a fetch in progress fail now (one still connecting, too: it
+        fails once connected instead of waiting out its timeout)."""
+        self._interrupted = True
         sock = self._sock
         if sock is not None:
             try:
@@ -459,6 +464,8 @@ class BackgroundFetcher:
     def _fetch(self, address: Address) -> Snapshot | None:
         connection = self._connections.pop(address, None) or PeerConnection(address, self._secret, self._timeout)
         self._connections[address] = self._current = connection
+        if self._closed:   # close() ran before it could see this connection to interrupt it
+            raise CommError("the fetcher was closed", channel="p2p")
         while len(self._connections) > KEPT_CONNECTIONS:  # peers not asked for longest (or gone)
             self._connections.popitem(last=False)[1].close()
         try:
