@@ -103,7 +103,7 @@ QUICK = {"samples": [24000, 4000, 8000, 3000, 12000], "mean_gap_s": 4.0}
 FULL = {"samples": [30000, 5000, 10000, 3000, 20000, 6000, 15000, 4000], "mean_gap_s": 6.0}
 # --compare suspend: (samples, holds every slot) per job: long rigid jobs first, short elastic ones after
 # (the long ones: the whole 60000-sample set, ~900 steps at 2 workers, minutes on this box, many times a
-# job's boot, so they still hold the slots when they may be suspended, after 3 x their boot)
+# job's boot, so they still hold the slots when the short ones arrive)
 SUSPEND_QUICK = {"jobs": [(60000, True), (3000, False), (4000, False), (3000, False)], "mean_gap_s": 8.0}
 SUSPEND_FULL = {"jobs": [(60000, True), (3000, False), (5000, False), (48000, True), (3000, False),
                          (4000, False)], "mean_gap_s": 10.0}

@@ -72,8 +72,11 @@ def test_how_a_launchers_exit_leaves_its_job():
 def test_hysteresis_and_the_hourly_bound():
     rules = SuspendRules(max_per_hour=2, min_run_factor=3.0)
     assert not may_suspend(False, [], 0.0, 1000.0, 10.0, rules), "--no-preempt"
-    assert not may_suspend(True, [], 990.0, 1000.0, 10.0, rules), "ran 10 s < 3 x its 10 s cost"
+    assert not may_suspend(True, [], 990.0, 1000.0, 10.0, rules), "resumed, ran 10 s < 3 x its 10 s cost"
     assert may_suspend(True, [], 970.0, 1000.0, 10.0, rules)
+    assert may_suspend(True, [], 990.0, 1000.0, 10.0, rules, resumed=False), "a first start pays no resume back"
+    assert not may_suspend(True, [], 990.0, 1000.0, 10.0, rules, trained=False, resumed=False), "but not booting"
+    assert not may_suspend(True, [100.0, 900.0], 990.0, 1000.0, 10.0, rules, resumed=False), "nor past the bound"
     assert not may_suspend(True, [100.0, 900.0], 0.0, 1000.0, 10.0, rules), "two in the last hour"
     assert may_suspend(True, [100.0, 900.0], 0.0, 3800.0, 10.0, rules), "the first is an hour old"
     assert not may_suspend(True, [], 0.0, 1000.0, 10.0, rules, trained=False), "still booting: no step yet"
@@ -120,7 +123,7 @@ def test_a_policys_zero_suspends_a_job_which_resumes_later_at_another_size():
     assert saved.jobs[a.id].suspensions == [25.0] and saved.jobs[pinned.id].preemptible is False
 
 
-def test_within_the_hysteresis_or_without_a_checkpoint_dir_a_job_keeps_its_minimum():
+def test_within_the_hysteresis_after_a_resume_or_without_a_checkpoint_dir_a_job_keeps_its_minimum():
     policy = Scripted()
     sched = Scheduler(slots=4, policy=policy, rules=SuspendRules(min_run_factor=3.0, guess_cost_s=10.0))
     a = sched.submit(0.0, ["a"], min_np=2, max_np=4, checkpoint_dir="/ckpt/a")
@@ -133,8 +136,18 @@ def test_within_the_hysteresis_or_without_a_checkpoint_dir_a_job_keeps_its_minim
     assert sched.suspend_cost(sched.jobs[a.id]) == pytest.approx(8.0), "no suspension measured: its boot"
     b = sched.submit(10.0, ["b"], min_np=4, max_np=4, checkpoint_dir="/ckpt/b")
     policy.plan = {b.id: 4}
-    assert sched.round(20.0) == [Change(a.id, (3,), (2,))], "20 s < 3 x 8 s: kept at its minimum"
-    seen(sched, 21.0, a.id, 2, 2, version=2)
+    assert [(ch.job, ch.kind) for ch in sched.round(12.0)] == [(a.id, "suspend")], \
+        "a first start is not held back (12 s < 3 x 8 s): no resume cost was paid for it"
+    sched.suspending_job(12.0, a.id)
+    sched.suspended(14.0, a.id, step=1)
+    policy.plan = {a.id: 3}
+    sched.round(15.0)
+    sched.launched(15.0, a.id)
+    seen(sched, 21.0, a.id, 3, 2)   # resumed: 2 s stall + 6 s to its first step
+    assert sched.suspend_cost(sched.jobs[a.id]) == pytest.approx(8.0)
+    policy.plan = {b.id: 4}
+    assert sched.round(30.0) == [Change(a.id, (3,), (2,))], "resumed 15 s ago < 3 x 8 s: kept at its minimum"
+    seen(sched, 31.0, a.id, 2, 3, version=2)
     assert [(ch.job, ch.kind) for ch in sched.round(40.0)] == [(a.id, "suspend")]
 
 
@@ -279,62 +292,21 @@ def test_the_simulators_floor_keeps_started_jobs_that_a_preemptive_policy_suspen
     from taiji.sched.cluster import Cluster
     from taiji.sched.sim import SimConfig, simulate
     from taiji.sched.workload import JobSpec
-    specs = [JobSpec("long", 0.0, "yolov3", 4, 128), JobSpec("short", 6000.0, "ncf", 4, 128)]
-    las = lambda: Tiresias(threshold_gpu_s=20000.0)   # noqa: E731  (long is demoted before short arrives)
-    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=4), resize=SYSTEMS["taiji"])
-    preempting = {r.name: r for r in simulate(specs, las(), config).records}
-    floor = {r.name: r for r in simulate(specs, las(), SimConfig(**{**config.__dict__, "preemption": False})).records}
-    assert preempting["short"].jct < floor["short"].jct, "with preemption the short job need not wait"
-    assert preempting["long"].restarts >= 2 and floor["long"].restarts == 1
-    assert floor["short"].start_time >= floor["long"].end_time
-
-
-def test_before_any_suspension_is_measured_a_jobs_cost_is_its_boot_then_a_typical_jobs_boot():
-    sched = Scheduler(slots=4, policy=Scripted(), rules=SuspendRules(guess_cost_s=10.0))
-    a = sched.submit(0.0, ["a"], max_np=2, checkpoint_dir="/c/a")
-    b = sched.submit(0.0, ["b"], max_np=2, checkpoint_dir="/c/b")
-    assert sched.suspend_cost(a) == 10.0, "nothing measured: the rules' guess"
-    sched.launched(1.0, a.id)
-    seen(sched, 31.0, a.id, 2, 1)
-    seen(sched, 32.0, a.id, 2, 2)   # a later step is not a boot
-    assert a.boots == [pytest.approx(30.0)]
-    assert sched.suspend_cost(a) == sched.suspend_cost(b) == pytest.approx(30.0), "its boot; b: a typical job's"
-    a.costs = [50.0]
-    assert sched.suspend_cost(b) == pytest.approx(50.0), "a measured suspension outranks boots"
-
-
-def test_a_job_with_less_left_to_train_than_its_suspension_costs_is_not_suspended():
-    rules = SuspendRules(min_run_factor=0.0, min_left_factor=1.0)
-    assert not may_suspend(True, [], 0.0, 100.0, 30.0, rules, left_s=25.0), "25 s left < its 30 s resume"
-    assert may_suspend(True, [], 0.0, 100.0, 30.0, rules, left_s=35.0)
-    assert may_suspend(True, [], 0.0, 100.0, 30.0, rules), "nothing known of its end: no such bound"
-    # live: what is left comes from the job's reported end, position and speed
-    sched = Scheduler(slots=2, policy=Scripted(), rules=rules)
-    job = sched.submit(0.0, ["a"], max_np=2, checkpoint_dir="/c/a")
-    sched.launched(0.0, job.id)
-    sched.observe(30.0, job.id, Observed(size=2, version=1, step=10, batch_size=64, position=64000 - 640 * 20,
-                                         end=64000, samples_per_s=640.0))   # 20 s left, its boot cost 30 s
-    assert not sched.may_suspend(job, 60.0)
-    sched.observe(31.0, job.id, Observed(size=2, version=1, step=11, batch_size=64, position=64000 - 640 * 40,
-                                         end=64000, samples_per_s=640.0))   # (a longer run: 40 s left)
-    assert sched.may_suspend(job, 60.0)
-
-
-def test_the_simulator_keeps_a_job_the_live_rules_would_not_suspend():
-    from taiji.sched.cluster import Cluster
-    from taiji.sched.sim import SimConfig, simulate
-    from taiji.sched.workload import JobSpec
-    specs = [JobSpec("long", 0.0, "yolov3", 4, 128), JobSpec("short", 6000.0, "ncf", 4, 128)]
+    specs = [JobSpec("long", 0.0, "yolov3", 4, 128), JobSpec("short", 6000.0, "ncf", 4, 128),
+             JobSpec("short2", 12000.0, "ncf", 4, 128)]
     las = lambda: Tiresias(threshold_gpu_s=20000.0)   # noqa: E731  (long is demoted before short arrives)
     cost = ResizeCost(start=20.0, grow=0.03, shrink=0.01, move=0.04, resume=30.0)
     config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=4), resize=cost, interval_s=60.0)
     free = {r.name: r for r in simulate(specs, las(), config).records}
-    assert free["long"].restarts >= 2, "without rules Tiresias suspends long when short arrives"
-    # short arrives at 6000 s: long must have run 360 x its cost since its start; no job has resumed
-    # yet, so its cost is its boot (20 s): it is kept until 7200 s (with the resume's 30 s: 10800 s)
+    assert free["long"].restarts >= 3, "without rules Tiresias suspends long when each short job arrives"
+    assert free["short2"].start_time < 12100.0
+    # long's first start is not held back: short starts on arrival. long resumes when short ends
+    # (~10740 s) and must then run 360 x its resume cost (30 s) = 10800 s before another suspension,
+    # so short2 waits for long to finish (~20790 s)
     ruled = SimConfig(**{**config.__dict__, "suspend_rules": SuspendRules(min_run_factor=360.0)})
     kept = {r.name: r for r in simulate(specs, las(), ruled).records}
-    assert 7200.0 <= kept["short"].start_time < 7300.0 and free["short"].start_time < 6100.0
+    assert kept["short"].start_time == free["short"].start_time == 6000.0
+    assert kept["long"].restarts == 2 and kept["long"].end_time <= kept["short2"].start_time < kept["long"].end_time + 100
     # and a job with less left to train than its cost is not suspended
     ending = SimConfig(**{**config.__dict__, "suspend_rules": SuspendRules(min_run_factor=0.0, min_left_factor=1e6)})
     assert {r.name: r.jct for r in simulate(specs, las(), ending).records} == {
@@ -510,3 +482,45 @@ def test_what_starts_in_a_suspended_jobs_slots_waits_for_its_stall():
         jct[stall] = {r.name: r.jct for r in simulate(specs, swap, config).records}
     # new: round at 10 s, its boot (1 s), the stall, 10 steps of 0.64 s
     assert jct[0.0]["new"] == pytest.approx(0.5 + 1.0 + 6.4) and jct[3.0]["new"] == pytest.approx(jct[0.0]["new"] + 3.0)
+
+
+def test_a_start_waiting_on_a_suspensions_exit_launches_at_the_size_a_later_round_gave_it():
+    """Live, a start queued behind a suspending job's exit launches only then: a round meanwhile
+    re-sizes the start (no grow, no join delay) — and the simulator, the same."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    kind, long = linear_jobs("old", steps=1000)
+    _, short = linear_jobs("new", steps=10)
+    swap = Timed(lambda now: {"old": 2} if now < 10 else {"new": 1} if now < 11 else {"new": 2})
+    specs = [JobSpec("old", 0.0, kind, 2, 128), JobSpec("new", 9.5, kind, 2, 128)]
+    cost = ResizeCost(start=1.0, grow=0.0, shrink=0.0, move=0.0, join=5.0)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=1.0,
+                       live=long + short, job_costs=(("old", dataclasses.replace(cost, stall=3.0)),))
+    new = next(r for r in simulate(specs, swap, config).records if r.name == "new")
+    # the round at 10 s starts it on 1; the one at 11 s (its launch waits until 13 s) makes that 2:
+    # the stall, its boot (1 s), then 10 steps of 0.64 s on 2 workers from the start
+    assert new.jct == pytest.approx(0.5 + 3.0 + 1.0 + 6.4) and new.restarts == 1
+
+
+def test_in_a_replay_a_booting_job_takes_no_resize_until_a_round_after_its_boot():
+    """Live, a launcher still booting takes no resize (its store is not up): the daemon asks again
+    in a round after its first step. A replay (``daemon_view``) defers the change the same way."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    kind, live = linear_jobs("a")
+
+    class Known:
+        def guess(self, name, measured):
+            return dict(live)[name]
+
+    shrinks = Timed(lambda now: {"a": 2 if now < 1 else 1})
+    cost = ResizeCost(start=4.0, grow=0.0, shrink=0.0, move=0.0)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=3.0, live=live)
+    specs = [JobSpec("a", 0.0, kind, 2, 128)]
+    at_once = simulate(specs, shrinks, config).records[0].jct
+    deferred = simulate(specs, shrinks, SimConfig(**{**config.__dict__, "daemon_view": Known()})).records[0].jct
+    # at once: boot 0-4 s, then 100 steps at 1.28 s; deferred: the round at 3 s finds it booting, the
+    # one at 6 s shrinks it: 2 s at 0.64 s a step (3.125 steps), then 96.875 steps at 1.28 s
+    assert at_once == pytest.approx(4.0 + 128.0) and deferred == pytest.approx(6.0 + 96.875 * 1.28)

@@ -12,8 +12,11 @@ the job's measured suspend + resume, ``lp.py``; these rules are the safety net f
 - it has committed a step since it last started: a job still booting is never suspended (its boot
   would be thrown away for nothing saved; on a loaded machine a boot takes tens of seconds, and
   Tiresias's newest arrival always outranks the job before it);
-- it has run at least ``min_run_factor`` × its suspend/resume cost since it last started (what a
-  resume cost is paid back by before it may be paid again);
+- if it last started as a *resume* (a suspension or a lost home host stopped it before), it has
+  run at least ``min_run_factor`` × its suspend/resume cost since (what a resume cost is paid back
+  by before it may be paid again). A job's first start is not held back: no resume cost was paid
+  for it, and its boot — noisy, tens of seconds when the machine is loaded — would otherwise decide
+  how long a short arrival waits behind it. The hourly bound still holds;
 - it was suspended fewer than ``max_per_hour`` times in the last hour: **at most
   ``max_per_hour`` suspensions per job per hour** (4 by default), whatever the policy asks;
 - it has more than ``min_left_factor`` × its suspend/resume cost left to train (at its present
@@ -51,7 +54,7 @@ MAX_CANDIDATES = 10   # per host, the lowest classes first: at most 2^10 sets ar
 @dataclass(frozen=True)
 class SuspendRules:
     max_per_hour: int = 4            # suspensions of one job in any hour, at most
-    min_run_factor: float = 3.0      # a (re)started job runs this × its suspend/resume cost before another
+    min_run_factor: float = 1.0      # a resumed job runs this × its suspend/resume cost before another
     guess_cost_s: float = 10.0       # a job's suspend/resume cost until one was measured
     min_left_factor: float = 1.0     # a job with less than this × its cost left to train is not suspended
 
@@ -86,15 +89,17 @@ def suspension_of(resumable_exit: bool, stopped_unsaved: bool, asked: bool, home
 
 
 def may_suspend(preemptible: bool, suspensions: Sequence[float], started: float, now: float,
-                cost_s: float, rules: SuspendRules, trained: bool = True, left_s: float = math.inf) -> bool:
+                cost_s: float, rules: SuspendRules, trained: bool = True, left_s: float = math.inf,
+                resumed: bool = True) -> bool:
     """Whether a running job may be suspended now (see the module's doc): ``suspensions`` are the
     times it was suspended before, ``started`` when it last (re)started, ``cost_s`` its measured
     suspend + resume seconds, ``trained`` whether it has committed a step since it (re)started,
-    ``left_s`` the seconds it still has to train at its present size (unknown: infinite)."""
+    ``left_s`` the seconds it still has to train at its present size (unknown: infinite),
+    ``resumed`` whether it last started as a resume (only then does the minimum run apply)."""
     if not preemptible or not trained or left_s <= rules.min_left_factor * cost_s:
         return False
     recent = sum(1 for t in suspensions if now - t < HOUR_S)
-    return recent < rules.max_per_hour and now - started >= rules.min_run_factor * cost_s
+    return recent < rules.max_per_hour and (not resumed or now - started >= rules.min_run_factor * cost_s)
 
 
 def priority_victims(need: int, priority: int, free: Sequence[int],

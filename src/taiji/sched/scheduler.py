@@ -265,7 +265,7 @@ class Scheduler:
     def may_suspend(self, job: LiveJob, now: float) -> bool:
         return job.state == "running" and job.size > 0 and job.suspending is None and bool(job.checkpoint_dir) and may_suspend(
             job.preemptible, job.suspensions, last_start(job, now), now, self.suspend_cost(job), self.rules,
-            trained=job.step > max(job.stopped_at, 0), left_s=seconds_left(job))
+            trained=job.step > max(job.stopped_at, 0), left_s=seconds_left(job), resumed=job.stopped_at >= 0)
 
     def ended(self, now: float, job_id: str, state: str, reason: str = "") -> None:
         if state not in ENDED:

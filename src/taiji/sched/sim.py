@@ -171,18 +171,21 @@ class _Job:
     suspensions: list[float] = field(default_factory=list)   # when it was suspended
     joining: Allocation | None = None   # what it trains on until a grow's joiners arrive (None: no grow pending)
     join_at: float = 0.0
+    launch_at: float = 0.0          # a start waiting on a suspension's exit launches then (a round before re-sizes it)
     booting: bool = False           # (re)started and not trained since: its launcher boots
     stepped: bool = False           # it has trained (made a first step)
 
-    def view(self, daemon: DaemonView | None = None, measured: Sequence[str] = ()) -> JobView:
+    def view(self, daemon: DaemonView | None = None, measured: Sequence[str] = (),
+             suspend_cost_s: float | None = None) -> JobView:
         """What a policy sees; as a live daemon saw it with ``daemon``: no workers while it boots, the
-        daemon's guess of its model until its first step (``measured``: the jobs that made one)."""
+        daemon's guess of its model until its first step (``measured``: the jobs that made one), and
+        while it runs the suspend cost the daemon's rules count (``suspend_cost_s``)."""
         if daemon is None:
             return JobView(self.spec, self.estimate, self.progress, self.attained, self.allocation,
                            self.restarts, self.peak_replicas)
         return JobView(self.spec, self.estimate if self.stepped else daemon.guess(self.spec.name, measured),
                        self.progress, self.attained, None if self.booting else self.allocation, self.restarts,
-                       self.peak_replicas)
+                       self.peak_replicas, suspend_cost_s=None if self.allocation is None else suspend_cost_s)
 
     def run_for(self, start: float, seconds: float) -> None:
         """Progress from ``start`` for ``seconds``: its pause first, then on what it trains on (a
@@ -316,8 +319,8 @@ class _Engine:
         cluster = self.config.cluster
         measured = [job.spec.name for job in self.active if job.stepped] + \
             [r.name for r in self.records.values() if r.status == "done"]
-        answer = dict(self.policy.allocate(self.now, cluster, tuple(job.view(self.config.daemon_view, measured)
-                                                                    for job in self.active)))
+        answer = dict(self.policy.allocate(self.now, cluster, tuple(
+            job.view(self.config.daemon_view, measured, self._rule_cost(job)) for job in self.active)))
         cluster.check(answer, (job.spec.name for job in self.active))
         floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
         answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
@@ -331,10 +334,17 @@ class _Engine:
                      if job.allocation is not None and job.spec.name not in answer), default=0.0)
         for job in self.active:
             new = answer.get(job.spec.name)
+            if new is not None and job.allocation is not None and self.now < job.launch_at:
+                job.allocation = new   # its launcher has not started yet: it starts at the new size
+                job.peak_replicas = max(job.peak_replicas, new.replicas)
+                continue
+            if new is not None and job.booting and self.config.daemon_view is not None:
+                continue   # live, a launcher still booting takes no resize: a later round asks again
             pause = resize_cost(self._cost(job), job.allocation, new, resumed=job.start is not None)
             if pause is not None:   # a (re)start pays its whole cost; a change while it boots waits for the boot
                 job.restarts += 1
                 job.pause_left = pause + stall if job.allocation is None else max(job.pause_left, pause)
+                job.launch_at = self.now + stall if job.allocation is None else job.launch_at
             if new is not None and job.start is None:
                 job.start = self.now
             self._join(job, new, stall)
@@ -371,7 +381,7 @@ class _Engine:
                     True, job.suspensions, job.resumed, self.now, self._rule_cost(job), rules,
                     trained=job.progress > job.resumed_at, left_s=job.pause_left + time_to_finish(
                         job.app, job.progress, job.allocation.placement, job.allocation.batch_size,
-                        job.allocation.ps_placement) / job.speed))}
+                        job.allocation.ps_placement) / job.speed, resumed=bool(job.suspensions)))}
 
     def _cost(self, job: _Job) -> ResizeCost:
         return dict(self.config.job_costs).get(job.spec.name, self.config.resize)

@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-suspensions-per-hour", type=int, default=SuspendRules.max_per_hour, metavar="N",
                        help="a job is suspended at most this often in any hour (default: %(default)s; 0: never)")
     serve.add_argument("--min-run-factor", type=float, default=SuspendRules.min_run_factor, metavar="K",
-                       help="a (re)started job runs at least K x its measured suspend/resume cost before it may "
-                            "be suspended again (default: %(default)s)")
+                       help="a resumed job runs at least K x its measured suspend/resume cost before it may be "
+                            "suspended again (a first start is not held back; default: %(default)s)")
     serve.add_argument("--min-left-factor", type=float, default=SuspendRules.min_left_factor, metavar="K",
                        help="a job with less than K x its suspend/resume cost left to train is not suspended: it "
                             "ends sooner than its suspension would pay (default: %(default)s; 0: any job)")
