@@ -379,12 +379,12 @@ def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round
                       join=statistics.median(joins) if joins else overhead["launch_to_first_step_s"])
     exit_s = overhead["last_step_to_exit_s"]
     own = tuple((job["id"], dataclasses.replace(   # each job's measured boot and suspend + resume, where it has them
-        cost, start=job["boots"][0] + exit_s if job.get("boots") else cost.start,
+        cost, start=job["boots"][0] if job.get("boots") else cost.start,
         boot=job["boots"][0] if job.get("boots") else None,   # (what the daemon's rules counted)
         stall=statistics.median(stalls(job)) if stalls(job) else 0.0,   # its suspensions' ask -> exit
         resume=statistics.median(job["costs"]) if job.get("costs") else cost.resume)) for job in run["jobs"])
     config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()),
-                       preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own,
+                       preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own, exit_s=exit_s,
                        min_replicas=tuple((job["id"], job["min_np"]) for job in run["jobs"]),
                        round_times=tuple(t - run["t0"] for t in run.get("rounds", []) if t >= run["t0"]),
                        daemon_view=DaemonGuess(step_times(run), {job["id"]: job["work_hint"] or job["end"]
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
     sim_jct = {}
     for name, run in runs.items():   # each run replayed with what was measured in it (its load, its neighbours)
         own = [c for j in run["jobs"] for c in j.get("costs", [])]
-        sim_jct[name] = replay(plan[name][0], run, apps[name], cluster, args.round, sum(overhead[name].values()),
+        sim_jct[name] = replay(plan[name][0], run, apps[name], cluster, args.round, overhead[name]["launch_to_first_step_s"],
                                statistics.median(own) if own else resume, las.get(plan[name][0]), rules.get(name))
     replayed = list(runs)
     errors = {p: {j: abs(sim_jct[p][j] - live_jct[p][j]) / live_jct[p][j] for j in live_jct[p]} for p in replayed}

@@ -447,6 +447,16 @@ def linear_jobs(*names: str, steps: int = 100):
     return LIVE, tuple((name, app(name)) for name in names)
 
 
+class Known:
+    """A replay's view of jobs whose models are known (``daemon_view``)."""
+
+    def __init__(self, live):
+        self.apps = dict(live)
+
+    def guess(self, name, measured):
+        return self.apps[name]
+
+
 def test_a_grows_new_workers_train_only_once_they_joined():
     """Live, a grow's new workers boot and join seconds after it is asked; the job trains at its
     old size meanwhile: the simulator charges ``join`` so, exactly."""
@@ -510,17 +520,34 @@ def test_in_a_replay_a_booting_job_takes_no_resize_until_a_round_after_its_boot(
     from taiji.sched.sim import SimConfig, simulate
     from taiji.sched.workload import JobSpec
     kind, live = linear_jobs("a")
-
-    class Known:
-        def guess(self, name, measured):
-            return dict(live)[name]
-
     shrinks = Timed(lambda now: {"a": 2 if now < 1 else 1})
     cost = ResizeCost(start=4.0, grow=0.0, shrink=0.0, move=0.0)
     config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=3.0, live=live)
     specs = [JobSpec("a", 0.0, kind, 2, 128)]
     at_once = simulate(specs, shrinks, config).records[0].jct
-    deferred = simulate(specs, shrinks, SimConfig(**{**config.__dict__, "daemon_view": Known()})).records[0].jct
+    deferred = simulate(specs, shrinks, SimConfig(**{**config.__dict__, "daemon_view": Known(live)})).records[0].jct
     # at once: boot 0-4 s, then 100 steps at 1.28 s; deferred: the round at 3 s finds it booting, the
     # one at 6 s shrinks it: 2 s at 0.64 s a step (3.125 steps), then 96.875 steps at 1.28 s
     assert at_once == pytest.approx(4.0 + 128.0) and deferred == pytest.approx(6.0 + 96.875 * 1.28)
+
+
+def test_in_a_replay_a_jobs_end_launches_the_start_waiting_for_its_slots_once_its_launcher_exited():
+    """Live, a start that did not fit waits in the daemon's rounds and launches when a job's
+    launcher exits (between rounds: the daemon's tick), and a job's JCT ends at that exit."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    kind, live = linear_jobs("a", "b", steps=10)
+    swap = Timed(lambda now: {"a": 2} if now < 5 else {"b": 2})   # at 5 s a is kept: no preemption
+    specs = [JobSpec("a", 0.0, kind, 2, 128), JobSpec("b", 0.0, kind, 2, 128)]
+    cost = ResizeCost(start=1.0, grow=0.0, shrink=0.0, move=0.0)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=5.0, live=live,
+                       preemption=False, exit_s=1.5)
+
+    def jcts(**change):
+        return {r.name: r.jct for r in simulate(specs, swap, SimConfig(**{**config.__dict__, **change})).records}
+    # a: boot 1 s, 10 steps of 0.64 s, its exit: 8.9 s. With the tick b launches at 8.9 s (its start
+    # waited from a's last step for the exit), boots, trains, exits: 17.8 s; without, at the round at 10 s
+    assert jcts(daemon_view=Known(live)) == pytest.approx({"a": 8.9, "b": 8.9 + 1.0 + 6.4 + 1.5})
+    assert jcts() == pytest.approx({"a": 8.9, "b": 10.0 + 1.0 + 6.4 + 1.5})
+    assert jcts(daemon_view=Known(live), exit_s=0.0) == pytest.approx({"a": 7.4, "b": 7.4 + 1.0 + 6.4})

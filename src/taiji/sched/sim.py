@@ -30,11 +30,16 @@ when it pays ``resume`` (a suspend/resume: the checkpoint stall, a process boot 
 than ``start``: the same cost model the live scheduler fits per job (:mod:`taiji.sched.costs`).
 As live, a grow's new workers train only ``join`` seconds after it (the job trains on what it had
 meanwhile), and what a round starts or grows waits for the ``stall`` of the jobs it suspends (their
-slots are free once their launchers checkpointed and exited). ``SimConfig.round_times``: a replay's
-rounds fall when the daemon's did. ``SimConfig.daemon_view``: a replay's policy sees each job as
-the daemon did — no workers while its launcher boots ((re)started, not trained since), and until
-its first step the daemon's guess of its model (a typical measured job's speed) — while the job
-itself advances at its true speed.
+slots are free once their launchers checkpointed and exited).
+
+**Replaying a live run** (``benchmarks/sched_live.py``): rounds fall at ``round_times``, the
+daemon's. With ``daemon_view`` the policy sees each job as the daemon did: no workers while its
+launcher boots, the daemon's guess of its model until its first step (:mod:`taiji.sched.replay`),
+the suspend cost its rules count; the job itself advances at its true speed. A booting launcher
+takes no resize (a later round asks again); a start queued behind a suspension launches at the
+size the latest round gave it; a job's end launches the starts the last round could not fit (the
+daemon's tick). ``exit_s``: a job's JCT ends that long after its last step, and what starts in its
+slots waits for it.
 
 **Preemption** (``SimConfig.preemption``, on by default): a policy may leave a started job
 without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
@@ -55,10 +60,8 @@ its ``--min-np`` waits).
 that shares a host with another distributed job trains that much slower; speeds are re-evaluated
 at every allocation change and completion, so progress stays exact.
 
-**Rejection.** A job asking for more GPUs than the cluster has is rejected on arrival and
-reported in the result (status ``rejected``), never run and never a crash. If nothing can ever
-change (no job running, no arrival left, the policy allocates nothing) or ``max_time_s`` passes,
-the run stops and reports the remaining jobs as ``unfinished``.
+**Rejection.** A job asking for more GPUs than the cluster has is rejected on arrival (status
+``rejected``). If nothing can ever change or ``max_time_s`` passes, the rest are ``unfinished``.
 """
 from __future__ import annotations
 
@@ -66,20 +69,17 @@ import dataclasses
 import logging
 import bisect
 import math
-import zlib
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
-
-import numpy as np
 
 from taiji.errors import ConfigError
 from taiji.sched.cluster import Allocation, Cluster, PolicyError, at_least
 from taiji.sched.costs import SYSTEMS, ResizeCost, resize_cost  # noqa: F401  (the cost model, re-exported)
-from taiji.sched.model import AnyApplication, Application, advance, load_application, time_to_finish
+from taiji.sched.model import AnyApplication, Application, advance, time_to_finish
 from taiji.sched.preemption import SuspendRules, may_suspend
-from taiji.sched.ps import PsSettings, ps_application
+from taiji.sched.ps import PsSettings
 from taiji.sched.simresult import JobRecord, SimResult  # noqa: F401  (re-exported)
-from taiji.sched.workload import LIVE, JobSpec
+from taiji.sched.workload import JobSpec, application_of, estimated  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -139,12 +139,15 @@ class SimConfig:
     min_replicas: tuple[tuple[str, int], ...] = ()   # (job name, its live --min-np): fewer is no allocation
     round_times: tuple[float, ...] = ()   # when rounds fall (a replay: the daemon's, sorted); after them every interval_s
     daemon_view: DaemonView | None = None   # a replay: policies see jobs as the daemon did (see the module's doc)
+    exit_s: float = 0.0   # a replay: a job's launcher exits this long after its last step (see the module's doc)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
             raise ConfigError(f"interval_s and max_time_s must be > 0, got {self.interval_s}, {self.max_time_s}")
         if not 0.0 <= self.interference < 1.0:
             raise ConfigError(f"interference must lie in [0, 1), got {self.interference}")
+        if self.exit_s < 0:
+            raise ConfigError(f"exit_s must be >= 0, got {self.exit_s}")
         if not 0.0 <= self.estimation_error < 1.0:
             raise ConfigError(f"estimation_error must lie in [0, 1), got {self.estimation_error}")
 
@@ -238,6 +241,8 @@ class _Engine:
     records: dict[str, JobRecord] = field(default_factory=dict)
     utilization: list[tuple[float, int]] = field(default_factory=list)
     resumed_any: bool = False   # a suspended job ran again
+    exits: list[float] = field(default_factory=list)   # when ended jobs' launchers are gone (``exit_s``)
+    asked: dict[str, Allocation] = field(default_factory=dict)   # the last round's answer (a replay's ticks)
 
     def run(self) -> SimResult:
         pending = sorted(self.specs, key=lambda spec: spec.submit_time)
@@ -270,6 +275,8 @@ class _Engine:
                     logger.warning("%s: %d jobs can never run (nothing running, no arrivals left)",
                                    self.policy.name, len(self.active))
                     break
+            elif finished and self.config.daemon_view is not None:
+                self._tick()
         for job in self.active:
             self.records[job.spec.name] = self._record(job, "unfinished", "did not finish in the simulation")
         for spec in pending[cursor:]:
@@ -306,7 +313,8 @@ class _Engine:
     def _complete(self) -> bool:
         done = [job for job in self.active if job.finish_at <= self.now]
         for job in done:
-            job.progress, job.end = job.app.target_progress, job.finish_at
+            job.progress, job.end = job.app.target_progress, job.finish_at + self.config.exit_s
+            self.exits.append(job.end)
             self.records[job.spec.name] = self._record(job, "done")
         self.active = [job for job in self.active if job.finish_at > self.now]
         if done:
@@ -324,14 +332,27 @@ class _Engine:
         cluster.check(answer, (job.spec.name for job in self.active))
         floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
         answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
-        answer = self._without_preemption(answer, self._kept(answer))
+        self.asked = dict(answer)
+        self._apply(self._without_preemption(answer, self._kept(answer)))
+
+    def _tick(self) -> None:
+        """A replay, between rounds: a job ended, and the starts the last round asked for that did
+        not fit then launch in its slots if they fit now (the daemon's tick; the policy is not asked)."""
+        held = {job.spec.name: job.allocation for job in self.active if job.allocation is not None}
+        starts = {job.spec.name: self.asked[job.spec.name] for job in self.active
+                  if job.allocation is None and job.spec.name in self.asked}
+        if starts:
+            self._apply(self._without_preemption(starts, held))
+
+    def _apply(self, answer: dict[str, Allocation]) -> None:
         for job in self.active:   # a PS job runs only with its servers (the model's W ≤ γS)
             new = answer.get(job.spec.name)
             if new is not None and new.servers != job.app.servers_for(new.replicas):
                 raise PolicyError(f"{job.spec.name}: {new.replicas} workers need "
                                   f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}")
-        stall = max((self._cost(job).stall for job in self.active   # a round's grows wait for its suspensions
-                     if job.allocation is not None and job.spec.name not in answer), default=0.0)
+        stall = max([self._cost(job).stall for job in self.active   # a round's grows wait for its suspensions
+                     if job.allocation is not None and job.spec.name not in answer] +   # and for ended jobs' exits
+                    [at - self.now for at in self.exits if at > self.now], default=0.0)
         for job in self.active:
             new = answer.get(job.spec.name)
             if new is not None and job.allocation is not None and self.now < job.launch_at:
@@ -458,28 +479,6 @@ class _Engine:
                          start_time=job.start, end_time=job.end,
                          jct=None if job.end is None else job.end - job.spec.submit_time,
                          restarts=job.restarts, gpu_seconds=job.attained, reason=reason)
-
-
-def application_of(spec: JobSpec, ps: PsSettings, live: Mapping[str, Application] | None = None) -> AnyApplication:
-    """A job's ground truth: Pollux's measured application, a DL2 PS model under ``ps``, or for a
-    LIVE job (a replay of taiji jobs) the Application fitted to it, from ``live`` by job name."""
-    if spec.application == LIVE:
-        if not live or spec.name not in live:
-            raise ConfigError(f"job {spec.name!r} is a live job but SimConfig.live has no Application for it")
-        return live[spec.name]
-    if spec.is_ps:
-        return ps_application(spec.application, spec.epochs, spec.batch_size, ps)
-    return load_application(spec.application)
-
-
-def estimated(app: AnyApplication, name: str, error: float, seed: int) -> AnyApplication:
-    """What a policy believes of ``app``: every speed × one factor ``1 + error·U(−1, 1)`` per job,
-    drawn from (seed, job name) so it does not depend on arrival order [I: DL2/Optimus perturb
-    their speed estimates by ±10 %; a per-job constant factor is our reading]."""
-    if error == 0.0:
-        return app
-    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    return dataclasses.replace(app, speed_scale=1.0 + error * rng.uniform(-1.0, 1.0))
 
 
 def simulate(specs: Sequence[JobSpec], policy: Policy, config: SimConfig = SimConfig()) -> SimResult:

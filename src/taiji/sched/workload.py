@@ -12,20 +12,24 @@ arrivals over a window and the application/configuration mix of the eight Pollux
 :func:`workload_at_load` gives workload N at a relative job load: the shipped file at 1.0x and,
 since Pollux's 0.5x/1.5x/2.0x sets were not copied, a *reconstructed* synthetic stand-in otherwise.
 :func:`mixed_workload` adds parameter-server jobs (DL2's models, :mod:`taiji.sched.ps`) to that mix.
+:func:`application_of` is a job's ground truth in the simulator, :func:`estimated` a policy's belief of it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
 from taiji.errors import ConfigError
 from taiji.sched.csvio import Source, data_root, parse_number, read_rows
-from taiji.sched.model import APPLICATIONS
-from taiji.sched.ps import PS_MODELS
+from taiji.sched.model import APPLICATIONS, AnyApplication, Application, load_application
+from taiji.sched.ps import PS_MODELS, PsSettings, ps_application
 
 logger = logging.getLogger(__name__)
 
@@ -219,3 +223,25 @@ def mixed_workload(seed: int, num_jobs: int = 60, duration_s: float = 4 * 3600.0
             app, replicas, batch, _ = mix[picks[i]]
             jobs.append(JobSpec(f"{app}-{i}", float(t), app, replicas, batch))
     return tuple(jobs)
+
+
+def application_of(spec: JobSpec, ps: PsSettings, live: Mapping[str, Application] | None = None) -> AnyApplication:
+    """A job's ground truth: Pollux's measured application, a DL2 PS model under ``ps``, or for a
+    LIVE job (a replay of taiji jobs) the Application fitted to it, from ``live`` by job name."""
+    if spec.application == LIVE:
+        if not live or spec.name not in live:
+            raise ConfigError(f"job {spec.name!r} is a live job but SimConfig.live has no Application for it")
+        return live[spec.name]
+    if spec.is_ps:
+        return ps_application(spec.application, spec.epochs, spec.batch_size, ps)
+    return load_application(spec.application)
+
+
+def estimated(app: AnyApplication, name: str, error: float, seed: int) -> AnyApplication:
+    """What a policy believes of ``app``: every speed × one factor ``1 + error·U(−1, 1)`` per job,
+    drawn from (seed, job name) so it does not depend on arrival order [I: DL2/Optimus perturb
+    their speed estimates by ±10 %; a per-job constant factor is our reading]."""
+    if error == 0.0:
+        return app
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    return dataclasses.replace(app, speed_scale=1.0 + error * rng.uniform(-1.0, 1.0))
