@@ -38,8 +38,8 @@ launcher boots, the daemon's guess of its model until its first step (:mod:`taij
 the suspend cost its rules count; the job itself advances at its true speed. A booting launcher
 takes no resize (a later round asks again); a start queued behind a suspension launches at the
 size the latest round gave it; a job's end launches the starts the last round could not fit (the
-daemon's tick). ``exit_s``: a job's JCT ends that long after its last step, and what starts in its
-slots waits for it.
+daemon's tick). ``exit_s``: a job's launcher exits that long after its last step: it holds its
+slots (and the policy sees it) and its JCT ends then.
 
 **Preemption** (``SimConfig.preemption``, on by default): a policy may leave a started job
 without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
@@ -175,6 +175,7 @@ class _Job:
     joining: Allocation | None = None   # what it trains on until a grow's joiners arrive (None: no grow pending)
     join_at: float = 0.0
     launch_at: float = 0.0          # a start waiting on a suspension's exit launches then (a round before re-sizes it)
+    exiting: bool = False           # trained to the end; its launcher exits at ``finish_at`` (``exit_s``)
     booting: bool = False           # (re)started and not trained since: its launcher boots
     stepped: bool = False           # it has trained (made a first step)
 
@@ -216,6 +217,8 @@ class _Job:
 
     def retime(self, now: float) -> None:
         """Exact completion time from ``now`` under the current allocation(s) and speed."""
+        if self.exiting:
+            return
         if self.allocation is None:
             self.finish_at = math.inf
             return
@@ -241,7 +244,6 @@ class _Engine:
     records: dict[str, JobRecord] = field(default_factory=dict)
     utilization: list[tuple[float, int]] = field(default_factory=list)
     resumed_any: bool = False   # a suspended job ran again
-    exits: list[float] = field(default_factory=list)   # when ended jobs' launchers are gone (``exit_s``)
     asked: dict[str, Allocation] = field(default_factory=dict)   # the last round's answer (a replay's ticks)
 
     def run(self) -> SimResult:
@@ -311,11 +313,15 @@ class _Engine:
         self.active.append(_Job(spec, app, estimate))
 
     def _complete(self) -> bool:
-        done = [job for job in self.active if job.finish_at <= self.now]
-        for job in done:
-            job.progress, job.end = job.app.target_progress, job.finish_at + self.config.exit_s
-            self.exits.append(job.end)
+        done = []
+        for job in (job for job in self.active if job.finish_at <= self.now):
+            job.progress = job.app.target_progress
+            if self.config.exit_s > 0 and not job.exiting:   # its launcher exits after its last step
+                job.exiting, job.finish_at = True, self.now + self.config.exit_s
+                continue
+            job.end = job.finish_at
             self.records[job.spec.name] = self._record(job, "done")
+            done.append(job)
         self.active = [job for job in self.active if job.finish_at > self.now]
         if done:
             self._note_utilization()
@@ -333,7 +339,8 @@ class _Engine:
         floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
         answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
         self.asked = dict(answer)
-        self._apply(self._without_preemption(answer, self._kept(answer)))
+        exiting = {job.spec.name: job.allocation for job in self.active if job.exiting}   # hold their slots
+        self._apply(self._without_preemption({**answer, **exiting}, {**self._kept(answer), **exiting}))
 
     def _tick(self) -> None:
         """A replay, between rounds: a job ended, and the starts the last round asked for that did
@@ -350,9 +357,8 @@ class _Engine:
             if new is not None and new.servers != job.app.servers_for(new.replicas):
                 raise PolicyError(f"{job.spec.name}: {new.replicas} workers need "
                                   f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}")
-        stall = max([self._cost(job).stall for job in self.active   # a round's grows wait for its suspensions
-                     if job.allocation is not None and job.spec.name not in answer] +   # and for ended jobs' exits
-                    [at - self.now for at in self.exits if at > self.now], default=0.0)
+        stall = max((self._cost(job).stall for job in self.active   # a round's grows wait for its suspensions
+                     if job.allocation is not None and job.spec.name not in answer), default=0.0)
         for job in self.active:
             new = answer.get(job.spec.name)
             if new is not None and job.allocation is not None and self.now < job.launch_at:
