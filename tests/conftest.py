@@ -24,3 +24,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.split("::")[0] in WAITS:
             item.add_marker(pytest.mark.waits)
+
+
+def pytest_configure(config):
+    """The tests' own torch computations (the 1-worker reference trajectory of an audit, ranks run
+    as threads) use one intra-op thread. On a busy 2-core machine two OpenMP threads per process
+    spin against the workers a test launched and the other stream's: the reference of a 638-step
+    audit took 27 s with two threads and 0.6 s with one, and ended within 5e-16 of it (the audit allows
+    1e-9; the workers of a 2-worker job on 2 cores run one thread each, launch/worker_env.py). Only
+    this process's setting: the environment of the processes a test starts is unchanged."""
+    import torch
+    torch.set_num_threads(1)

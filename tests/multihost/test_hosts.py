@@ -93,10 +93,10 @@ def test_hierarchical_allreduce_across_shaped_hosts_survives_losing_a_non_leader
     _no_process_left(hosts3, 0, 1)
 
 
-def _grown_to_four(job: HostsJob, steps: int = 400, timeout: float = 3) -> None:
+def _grown_to_four(job: HostsJob, steps: int = 400, timeout: float = 3, *script_args: str) -> None:
     """Host 0 trains with 2 workers; host 1 joins with 2 slots; a step commits at 4."""
     job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
-              ["--batch", "16", "--steps", str(steps), "--step-delay", "0.03"], timeout=timeout)
+              ["--batch", "16", "--steps", str(steps), "--step-delay", "0.03", *script_args], timeout=timeout)
     job.join(1, 2)
     job.wait_log("4 worker(s)")
     # a step committed at 4 workers: the joiners on host 1 train
@@ -106,7 +106,8 @@ def _grown_to_four(job: HostsJob, steps: int = 400, timeout: float = 3) -> None:
 
 def test_agent_killed_its_workers_leave_in_one_version(hosts3, tmp_path):
     job = HostsJob(hosts3, tmp_path)
-    _grown_to_four(job, timeout=30)
+    # v1 2 workers, v2 4, v3 the 2 left: the workers stop after their first step at v3, not at step 400
+    _grown_to_four(job, 400, 30, "--stop-at-version", "3")
     killed = time.time()
     job.agents[1].send_signal(signal.SIGKILL)  # its workers die with it (parent-death signal)
     assert job.finish() == 0, job.log()[-4000:]

@@ -175,7 +175,14 @@ def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = Non
             result["lost_samples"] += num_samples - len(set(positions))
     final = Path(out) / "final.pt"
     if final.exists() and steps:
-        reference, _ = train(Peer.solo(), len(steps), batch, policy=policy)
+        # one intra-op thread, as a worker of a job that fills the host's cores: two OpenMP threads
+        # spinning against the jobs beside it made a 638-step reference take 27 s instead of 0.6 s
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            reference, _ = train(Peer.solo(), len(steps), batch, policy=policy)
+        finally:
+            torch.set_num_threads(threads)
         result["trajectory_error"] = max(float((a - b).abs().max()) for a, b in zip(torch.load(final), reference))
     return result
 
