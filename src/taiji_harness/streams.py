@@ -1,8 +1,8 @@
 """The whole suite as two streams side by side (``make test``): the tests marked ``waits``
-(tests/conftest.py: they mostly wait on daemons, or train an example to a result, and assert no
-tight timing) in one pytest, every other test in another, each stream one test at a time. The
-machine's cores are busy with the first stream's jobs while the second's wait on the scheduler's
-rounds, Ray's and Slurm's services, and no two timing-sensitive tests ever run together.
+(tests/conftest.py: they mostly wait on daemons and assert no tight timing) in one pytest, every
+other test in another, each stream one test at a time. The machine's cores are busy with the
+first stream's jobs while the second's wait on the scheduler's rounds, Ray's and Slurm's services,
+and no two timing-sensitive tests ever run together.
 
     python -m taiji_harness.streams [pytest options and paths]
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 NO_TESTS = 5
 
-# The test files that assert no tight timing: they spend most of their time waiting on daemons (the
-# scheduler's rounds, Ray's and Slurm's services, emulated hosts' timeouts), or train an example to a
-# result (accuracy, the Shakespeare example) after those; tests/conftest.py marks their tests `waits`.
+# The test files that spend most of their time waiting on daemons (the scheduler's rounds, Ray's and
+# Slurm's services, emulated hosts' timeouts) and assert no tight timing; tests/conftest.py marks
+# their tests `waits`.
 WAITS = frozenset({
     "tests/multihost/test_sched_hosts.py",
     "tests/multihost/test_sched_ray_nodes.py",
@@ -30,8 +30,6 @@ WAITS = frozenset({
     "tests/integration/test_sched_daemon_procs.py",
     "tests/integration/test_sched_suspend_procs.py",
     "tests/integration/test_metrics_procs.py",
-    "tests/integration/test_accuracy.py",
-    "tests/integration/test_shakespeare_example.py",
 })
 
 
@@ -57,16 +55,12 @@ def _stop(proc: subprocess.Popen) -> None:
 # while the waiting stream starts its daemons on the other; the multi-process tests after them.
 TESTS = Path(__file__).resolve().parents[2] / "tests"
 MAIN_ORDER = tuple(str(TESTS / d) for d in ("unit", "faults", "integration", "multihost", "gpu"))
-# The waiting stream's: the daemons' tests first, the examples trained to a result last (they fill
-# the cores, and by then the main stream is past its pure tests).
-SIDE_ORDER = tuple(str(TESTS / d) for d in ("multihost", "integration"))
 
 
-def main_paths(argv: list[str], order: tuple[str, ...] = MAIN_ORDER) -> list[str]:
-    """``order`` (the main stream's by default), unless the arguments name tests of their own (a
-    path, or a path::test)."""
+def main_paths(argv: list[str]) -> list[str]:
+    """MAIN_ORDER, unless the arguments name tests of their own (a path, or a path::test)."""
     named = any(Path(a.split("::")[0]).exists() for a in argv if not a.startswith("-"))
-    return [] if named else list(order)
+    return [] if named else list(MAIN_ORDER)
 
 
 def main(argv: list[str]) -> int:
@@ -75,7 +69,7 @@ def main(argv: list[str]) -> int:
     log = work / "waits.log"
     print(f"the tests marked `waits` run beside the others; their output: {log}", flush=True)
     with open(log, "w") as out:
-        side = subprocess.Popen([*pytest, "-m", "waits", "--basetemp", str(work / "tmp"), *main_paths(argv, SIDE_ORDER)],
+        side = subprocess.Popen([*pytest, "-m", "waits", "--basetemp", str(work / "tmp")],
                                 stdout=out, stderr=subprocess.STDOUT)
         try:
             main_rc = subprocess.call([*pytest, "-m", "not waits", *main_paths(argv)])

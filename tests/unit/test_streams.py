@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.streams import MAIN_ORDER, NO_TESTS, SIDE_ORDER, WAITS, combined, main_paths
+from taiji_harness.streams import MAIN_ORDER, NO_TESTS, WAITS, combined, main_paths
 from taiji_harness.testing import REPO
 
 
@@ -28,9 +28,3 @@ def test_the_main_stream_runs_the_pure_tests_first_unless_tests_are_named():
     assert {p.name for p in (REPO / "tests").iterdir() if p.is_dir() and p.name.startswith(("unit", "faults",
             "integration", "multihost", "gpu"))} == {Path(path).name for path in MAIN_ORDER}
     assert main_paths(["-q", str(REPO / "tests/unit/test_streams.py") + "::test_x"]) == []
-
-
-def test_the_waiting_stream_runs_the_daemons_tests_before_the_trained_examples():
-    assert main_paths(["-q"], SIDE_ORDER) == [str(REPO / "tests" / d) for d in ("multihost", "integration")]
-    waiting_dirs = {path.split("/")[1] for path in WAITS}
-    assert waiting_dirs <= {Path(path).name for path in SIDE_ORDER}, "a waiting file outside the side stream's paths"
