@@ -79,7 +79,7 @@ from taiji.sched.model import AnyApplication, Application, advance, time_to_fini
 from taiji.sched.preemption import SuspendRules, may_suspend
 from taiji.sched.ps import PsSettings
 from taiji.sched.simresult import JobRecord, SimResult  # noqa: F401  (re-exported)
-from taiji.sched.workload import JobSpec, application_of, estimated  # noqa: F401  (re-exported)
+from taiji.sched.workload import JobSpec, application_of, estimated
 
 logger = logging.getLogger(__name__)
 
@@ -333,8 +333,9 @@ class _Engine:
         cluster = self.config.cluster
         measured = [job.spec.name for job in self.active if job.stepped] + \
             [r.name for r in self.records.values() if r.status == "done"]
+        daemon = self.config.daemon_view
         answer = dict(self.policy.allocate(self.now, cluster, tuple(
-            job.view(self.config.daemon_view, measured, self._rule_cost(job)) for job in self.active)))
+            job.view(daemon, measured, self._rule_cost(job) if daemon else None) for job in self.active)))
         cluster.check(answer, (job.spec.name for job in self.active))
         floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
         answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
