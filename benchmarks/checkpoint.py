@@ -28,10 +28,15 @@ makes the synchronous sides slower still).
 
     .venv/bin/python benchmarks/checkpoint.py --quick     # <= 2 min
     .venv/bin/python benchmarks/checkpoint.py             # >= 200 MB of state
+
+On a GPU (``--device cuda``, recorded as its own variant): the model, its Adam state and the
+batches live on the one GPU the 2 workers share (gloo groups: NCCL refuses two ranks on one
+device); staging is then a copy from GPU memory into pinned host memory, and the floor is that copy.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import tempfile
@@ -52,6 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps per throughput block (default: 40; quick 40)")
     parser.add_argument("--blocks", type=int, default=None, help="throughput blocks per side (default: 3; quick 2)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the state lives")
     parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a temporary directory)")
     parser.add_argument("--timeout", type=float, default=None, help="hard limit in seconds (default: 600; quick 150)")
     worker_arguments(parser)
@@ -64,21 +70,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build(width: int):
+def build(width: int, device: str = "cpu"):
     import torch
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[m for _ in range(3) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())],
-                                torch.nn.Linear(width, 10))
+                                torch.nn.Linear(width, 10)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     return model, opt
 
 
-def train_step(model, opt, width: int) -> None:
+def train_step(model, opt, width: int, device: str = "cpu") -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    x = torch.randn(32, width)
-    y = torch.randint(0, 10, (32,))
+    x = torch.randn(32, width, device=device)
+    y = torch.randint(0, 10, (32,), device=device)
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
     grads = [p.grad for p in model.parameters()]
@@ -89,6 +95,8 @@ def train_step(model, opt, width: int) -> None:
         g.copy_(flat[offset:offset + g.numel()].view_as(g)).div_(dist.get_world_size())
         offset += g.numel()
     opt.step()
+    if device == "cuda":
+        torch.cuda.synchronize()  # a step's time is its kernels' too
 
 
 def everything(model, opt) -> dict:
@@ -124,8 +132,9 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", store=connect_store(args.port, args.timeout), rank=args.rank,
                             world_size=args.world_size, timeout=datetime.timedelta(seconds=args.timeout))
     rank, n = args.rank, args.world_size
-    model, opt = build(args.width)
-    train_step(model, opt, args.width)  # Adam's state exists
+    model, opt = build(args.width, args.device)
+    step_on = functools.partial(train_step, model, opt, args.width, args.device)
+    step_on()  # Adam's state exists
     state = everything(model, opt)
     owners = assign({k: t.numel() * t.element_size() for k, t in state.items()}, n)
     mine = {k: t for k, t in state.items() if owners[k] == rank}
@@ -144,7 +153,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def timed_step() -> float:
         begun = time.perf_counter()
-        train_step(model, opt, args.width)
+        step_on()
         return time.perf_counter() - begun
 
     def fresh() -> None:
@@ -203,7 +212,7 @@ def worker(args: argparse.Namespace) -> None:
             dist.barrier()
             start, cpu_start = time.perf_counter(), time.process_time()
             for step in range(1, args.steps + 1):
-                train_step(model, opt, args.width)
+                step_on()
                 if side == "every20" and step % 20 == 10:  # mid-block: its write overlaps later steps
                     share_now = {k: t for k, t in everything(model, opt).items() if owners[k] == rank}
                     now, later = until_update(share_now, opt)
@@ -260,13 +269,14 @@ def main(argv=None) -> None:
         return
     reap_on_sigterm()
     directory = tempfile.mkdtemp(prefix="taiji-bench-ckpt-", dir=args.dir)
-    passthrough = ["--width", str(args.width), "--reps", str(args.reps), "--steps", str(args.steps),
+    passthrough = ["--device", args.device, "--width", str(args.width), "--reps", str(args.reps), "--steps", str(args.steps),
                    "--blocks", str(args.blocks), "--timeout", str(args.timeout), "--dir", directory]
     try:
         result = run_workers(os.path.abspath(__file__), 2, passthrough, args.timeout)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    print_result("checkpoint", result["rows"], state_mib=result.get("state_mib"), workers=2,
+    variant = {"variant": "cuda"} if args.device == "cuda" else {}
+    print_result("checkpoint", result["rows"], state_mib=result.get("state_mib"), workers=2, **variant,
                  background_write_ms=result.get("background_write_ms"), quick=args.quick)
 
 

@@ -4,14 +4,21 @@ The same invariant checks as tests/faults (tests/scripts/elastic_train.py with `
 replicas bitwise identical after every committed step, every sample once per epoch, and the
 trajectory of an uninterrupted 1-worker CPU run. Several workers share the one GPU through gloo
 (`taiji run --cuda-backend gloo`): NCCL refuses two ranks on one device. Figures of the Job loop
-against a plain PyTorch loop on the GPU: benchmarks/gpu.py.
+against a plain PyTorch loop on the GPU: `benchmarks/throughput.py --device cuda`. Checkpoints of
+CUDA state: staged from GPU memory while the next step runs, resumed bitwise (dropout's CUDA
+random stream included) and at another size.
 """
 import json
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
 
-from taiji_harness.testing import check_invariants, load_script, run_elastic
+import taiji
+from taiji.checkpoint.storage import Storage
+from taiji.runtime.peer import Peer
+from taiji_harness.testing import check_invariants, load_script, merge_runs, run_elastic
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine"),
               pytest.mark.timeout(300)]
@@ -20,7 +27,6 @@ GLOO = ["--cuda-backend", "gloo"]
 
 
 def test_one_worker_job_on_cuda_follows_the_cpu_trajectory():
-    from taiji.runtime.peer import Peer
     script = load_script("elastic_train")
     on_gpu, job = script.train(Peer.solo(), 40, 16, device="cuda")
     on_cpu, _ = script.train(Peer.solo(), 40, 16)
@@ -68,8 +74,6 @@ def test_decoupled_strategies_on_cuda_grow_and_shrink_with_exactly_once_data(tmp
 
 
 def test_batches_bound_for_the_gpu_are_pinned_and_arrive_intact():
-    from torch.utils.data import TensorDataset
-
     from taiji.data.fetch import BatchFetcher, pinned
     data = TensorDataset(torch.arange(64.0).reshape(32, 2), torch.arange(32))
     fetch = BatchFetcher(data, device="cuda")
@@ -79,3 +83,62 @@ def test_batches_bound_for_the_gpu_are_pinned_and_arrive_intact():
         x, y = fetch(indices, key)
         assert x.is_cuda and torch.equal(x.cpu(), data.tensors[0][indices]) and torch.equal(y.cpu(), indices)
     assert all(t.is_pinned() for t in pinned({"a": [torch.ones(2)], "b": (torch.zeros(1),)})["a"])
+
+
+# -- checkpoints of CUDA state -------------------------------------------------------------
+
+def _train_with_dropout(checkpoint, max_steps):
+    torch.manual_seed(3)  # the model's init; dropout then draws from the CUDA generator
+    model = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(64, 2)).cuda()
+    torch.cuda.manual_seed(5)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(48, 4, generator=g), torch.randint(0, 2, (48,), generator=g))
+    job = taiji.Job(model, opt, data, 8, peer=Peer.solo(), log_every=0, epochs=3, max_steps=max_steps,
+                    data=taiji.DataOptions(seed=1, device="cuda"), checkpoint=checkpoint)
+    for step in job:
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+    return model
+
+
+def test_a_cuda_job_resumed_from_its_checkpoint_ends_bitwise_equal_dropout_included(tmp_path):
+    """The state is staged from GPU memory while the next step runs, and loaded back onto the GPU;
+    the CUDA generator's stream (dropout's) continues from the checkpoint."""
+    reference = _train_with_dropout(None, 14)
+    root = str(tmp_path / "ck")
+    _train_with_dropout(taiji.Checkpoint(root, steps=4, keep=5), 10)
+    assert Storage(root).listing().complete == (4, 8, 10)
+    resumed = _train_with_dropout(taiji.Checkpoint(root, steps=4, resume=f"{root}/step-00000008"), 14)
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), resumed.parameters()))
+    on_cpu = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(64, 2))
+    assert taiji.load_checkpoint(root, on_cpu)["step"] == 14  # and a plain CPU script loads it
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(resumed.parameters(), on_cpu.parameters()))
+
+
+def _records(out) -> dict[int, str]:
+    return {json.loads(ln)["step"]: json.loads(ln)["digest"] for ln in (out / "w0.jsonl").read_text().splitlines()}
+
+
+def test_workers_on_one_gpu_resume_from_checkpoints_bitwise_and_at_another_size(tmp_path):
+    """2 workers checkpoint every 4 steps; resumed from step 28 with 2 workers they retrain each
+    step bitwise as before; resumed from step 32 with 3, the merged runs keep every invariant."""
+    ck = tmp_path / "ck"
+
+    def run(name, nproc, *extra):
+        out = tmp_path / name
+        out.mkdir()
+        proc = run_elastic(out, nproc, "--device", "cuda", "--steps", "36",
+                           launcher_args=[*GLOO, "--max-np", "3", "--checkpoint-every", "4", *extra], timeout=150)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+        return out
+    a = run("a", 2, "--checkpoint-dir", str(ck))
+    assert Storage(str(ck)).listing().complete == (28, 32, 36)
+    b = run("b", 2, "--checkpoint-dir", str(tmp_path / "ck_b"), "--resume", str(ck / "step-00000028"))
+    first, redone = _records(a), _records(b)
+    assert min(redone) == 28 and all(redone[s] == first[s] for s in range(28, 36)), "a redone step differs"
+    c = run("c", 3, "--checkpoint-dir", str(tmp_path / "ck_c"), "--resume", str(ck / "step-00000032"))
+    merge_runs([(a, 0, 32), (c, 32, 36)], tmp_path / "merged")
+    result = check_invariants(tmp_path / "merged", 16)
+    assert result["steps"] == 36 and result["sizes"] == [2, 3], result

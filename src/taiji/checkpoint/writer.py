@@ -46,8 +46,17 @@ def stage(tensors: Mapping[str, torch.Tensor],
             if buffer is not None and buffer.shape == t.shape and buffer.dtype == t.dtype:
                 staged[k] = buffer.copy_(t.detach())
             else:
-                staged[k] = t.detach().to("cpu", copy=True)
+                staged[k] = host_copy(t.detach())
     return staged
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in host memory; of a GPU's tensor, in pinned memory (the GPU copies into it
+    directly, at the link's speed, instead of through a driver's bounce buffer; and the buffer is
+    reused by the next save)."""
+    if t.is_cuda:
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+    return t.to("cpu", copy=True)
 
 
 def until_update(tensors: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer

@@ -49,6 +49,25 @@ def effective(given: Checkpoint | None, launcher: Checkpoint | None) -> Checkpoi
     return given
 
 
+def rng_state() -> tuple[torch.Tensor, int]:
+    """This process's random streams as one byte tensor, and how many of its bytes are the CUDA
+    generator's: torch's CPU generator, then (where the job has initialised CUDA) the current
+    device's, which dropout on a GPU draws from."""
+    cpu = torch.get_rng_state()
+    if not torch.cuda.is_initialized():  # a CPU job: CUDA is never initialised for it
+        return cpu, 0
+    cuda = torch.cuda.get_rng_state()
+    return torch.cat([cpu, cuda]), cuda.numel()
+
+
+def set_rng_state(state: torch.Tensor, cuda_bytes: int) -> None:
+    """Restore ``rng_state``'s streams; a CUDA stream saved by a job resumed without CUDA (or
+    the reverse) is left as it is."""
+    torch.set_rng_state(state[:state.numel() - cuda_bytes].clone())
+    if cuda_bytes and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state[state.numel() - cuda_bytes:].clone())
+
+
 class Checkpointer:
     """Checkpoints of one Job (see module doc); ``config`` None: none are taken."""
 
@@ -93,7 +112,8 @@ class Checkpointer:
         self.state.load_state_dict(load_into(found, self.state.model, rng))
         mine = rng.get(rng_key(self.peer.view.rank))
         if mine is not None and found.manifest.size == self.peer.view.size:
-            torch.set_rng_state(mine)  # the same rank's random stream continues (dropout, ...)
+            # the same rank's random streams continue (dropout, ...)
+            set_rng_state(mine, int(found.manifest.extra.get("cuda_rng_bytes", 0)))
         self._last_step, self.resumed, self.load_seconds = found.step, found, time.perf_counter() - began
         log.info("resumed from %s (step %d, written by %d worker(s)) in %.3fs", found.url, found.step,
                  found.manifest.size, self.load_seconds)
@@ -150,7 +170,7 @@ class Checkpointer:
         owners = assign({k: t.numel() * t.element_size() for k, t in everything.items()}, writers)
         owners.update({rng_key(r): r for r in range(writers)})
         mine = {k: t for k, t in everything.items() if owners[k] == view.rank}
-        mine[rng_key(view.rank)] = torch.get_rng_state()
+        mine[rng_key(view.rank)], cuda_rng_bytes = rng_state()
         manifest = None
         if view.rank == 0:
             manifest = Manifest(
@@ -158,7 +178,7 @@ class Checkpointer:
                 model=model_info(self.state.model),
                 owners=owners, state=image, strategy=self.state.strategy,
                 extra={"bounds": {"min_np": env.MIN_NP.get(), "max_np": env.MAX_NP.get()},
-                       "rng_bytes": mine[rng_key(view.rank)].numel(),
+                       "rng_bytes": mine[rng_key(view.rank)].numel(), "cuda_rng_bytes": cuda_rng_bytes,
                        "version": view.version, "epoch": self.state.progress.epoch})
         later: dict[str, torch.Tensor] = {}
         if self._hook is not None and self.exact():  # else replicas drift: averaging may change them first
