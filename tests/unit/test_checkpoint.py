@@ -148,6 +148,24 @@ def test_a_part_is_checksummed_once_by_its_digest_not_again_by_torch_save(tmp_pa
     assert all(torch.equal(targets[k], tensors[k]) for k in tensors)
 
 
+def test_a_dcp_that_returns_its_metadata_without_storage_data_still_indexes_every_tensor(tmp_path, monkeypatch):
+    """torch 2.11's FileSystemWriter records where each tensor went on a copy of the metadata, so
+    ``dcp.save`` returns it without ``storage_data``: the part's index is read from what it wrote."""
+    import dataclasses
+
+    import torch.distributed.checkpoint as dcp
+    real_save = dcp.save
+    monkeypatch.setattr(dcp, "save", lambda *a, **kw: dataclasses.replace(real_save(*a, **kw), storage_data=None))
+    storage = Storage(str(tmp_path / "ck"))
+    tensors = {"model.w": torch.randn(32, 32), "model.b": torch.randn(32)}
+    _write(storage, 2, tensors, writers=1)
+    index = storage.read_json(f"{layout.checkpoint_name(2)}/{layout.part_name(0)}/{layout.INDEX}")
+    assert sorted(index) == sorted(tensors)
+    targets = {k: torch.zeros_like(t) for k, t in tensors.items()}
+    load_tensors(find(str(tmp_path / "ck")), targets)
+    assert all(torch.equal(targets[k], tensors[k]) for k in tensors)
+
+
 def test_missing_and_corrupt_checkpoints_refused(tmp_path):
     with pytest.raises(CheckpointError, match="the path does not exist"):
         find(str(tmp_path / "nowhere"))

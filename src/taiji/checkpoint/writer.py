@@ -93,6 +93,8 @@ def write_part(storage: Storage, step: int, part: int, staged: Mapping[str, torc
     storage.write_json(f"{rel}/{DIGEST}", {"digest": part_digest(staged), "keys": sorted(staged)})
     with torch_crc32_off():
         metadata = dcp.save(dict(staged), storage_writer=storage.dcp_writer(rel), no_dist=True)
+    if metadata.storage_data is None:  # torch 2.11's writer records it on a copy: read what it wrote
+        metadata = storage.dcp_reader(rel).read_metadata()
     storage.write_json(f"{rel}/{INDEX}", index_of(metadata))
 
 
@@ -222,7 +224,8 @@ class Writer:
             self.failures += 1
             log.warning("checkpoint at step %d could not be written to %s (%s: %s); training goes on and "
                         "the previous complete checkpoint stays the one to resume from", step,
-                        self.storage.url, type(exc).__name__, exc)
+                        self.storage.url, type(exc).__name__, exc,
+                        exc_info=not isinstance(exc, OSError))  # not the storage's: where it came from
             self.storage.remove(f"{checkpoint_name(step)}/{part_name(part)}")  # free what it took
             return
         self.last_written = step
