@@ -43,11 +43,12 @@ The simulator then replays each live run (same arrival times, same cluster of 1 
 round length, same policy) with what was measured in that run: each job's Application fitted to
 its mean step time per size over the whole run, from its own run log
 (:func:`~taiji.sched.live.logged_step_times`: on 2 shared cores a job trains several times slower
-beside another job than alone, so the daemon's last few readings mislead), and a start cost equal
-to the run's fixed overhead per job (``fixed_overhead``: the median time from a launch to its
-first step, plus from its last step to the daemon seeing its launcher exit); taiji's in-place
-resizes cost what the simulator's ``taiji`` system says. ``sim_error_max`` is the largest
-per-job |simulated − live| / live JCT.
+beside another job than alone, so the daemon's last few readings mislead), each job's measured
+costs (``job_cost``: its launch to its first step, from its run log; how much later the daemon saw
+that step, which is how late the replay's policy sees the job's progress; its suspensions' stall
+and resumes), and an exit after its last step equal to the run's median (``fixed_overhead``);
+taiji's in-place resizes cost what the simulator's ``taiji`` system says. ``sim_error_max`` is the
+largest per-job |simulated − live| / live JCT.
 
 ``oversubscribed`` counts the instants at which the jobs' workers exceeded the slots, rebuilt two
 ways: from the daemon's observations of each job (``observed``) and from the jobs' own event logs
@@ -366,6 +367,22 @@ def stalls(job: dict[str, Any]) -> list[float]:
     return job.get("stalls") or [cost - boot for cost, boot in zip(job.get("costs", []), job.get("boots", [])[1:])]
 
 
+def job_cost(cost: ResizeCost, job: dict[str, Any], run: dict[str, Any]) -> ResizeCost:
+    """A job's measured costs, where it has them. The daemon measured its boot and each resume up
+    to its first reading of the new launcher (``boots``, ``costs``); the job trained from its first
+    step, ``seen`` earlier (its run log's start): the replay trains it from then, and the policy
+    sees it boot until the daemon did. Its suspensions' stall: the ask -> its launcher gone."""
+    boots = job.get("boots") or []
+    starts = [e["time"] for e in job_events(run["state"], job["id"]) if e["kind"] == "start"]
+    first = starts[0] - job["started"] if boots and starts and job.get("started") else None
+    seen = min(max(boots[0] - first, 0.0), boots[0]) if first is not None else 0.0
+    return dataclasses.replace(
+        cost, start=boots[0] - seen if boots else cost.start, seen=seen,
+        boot=boots[0] if boots else None,   # (what the daemon's rules counted)
+        stall=statistics.median(stalls(job)) if stalls(job) else 0.0,
+        resume=statistics.median(job["costs"]) - seen if job.get("costs") else cost.resume)
+
+
 def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round_s: float,
            startup: float, resume: float | None = None, las_threshold: float | str | None = None,
            rules: SuspendRules | None = None) -> dict[str, float]:
@@ -380,11 +397,7 @@ def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round
                       resume=taiji.resume_s if resume is None else resume,
                       join=statistics.median(joins) if joins else overhead["launch_to_first_step_s"])
     exit_s = overhead["last_step_to_exit_s"]
-    own = tuple((job["id"], dataclasses.replace(   # each job's measured boot and suspend + resume, where it has them
-        cost, start=job["boots"][0] if job.get("boots") else cost.start,
-        boot=job["boots"][0] if job.get("boots") else None,   # (what the daemon's rules counted)
-        stall=statistics.median(stalls(job)) if stalls(job) else 0.0,   # its suspensions' ask -> exit
-        resume=statistics.median(job["costs"]) if job.get("costs") else cost.resume)) for job in run["jobs"])
+    own = tuple((job["id"], job_cost(cost, job, run)) for job in run["jobs"])
     config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()),
                        preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own, exit_s=exit_s,
                        min_replicas=tuple((job["id"], job["min_np"]) for job in run["jobs"]),

@@ -551,3 +551,69 @@ def test_in_a_replay_a_jobs_end_launches_the_start_waiting_for_its_slots_once_it
     assert jcts(daemon_view=Known(live)) == pytest.approx({"a": 8.9, "b": 8.9 + 1.0 + 6.4 + 1.5})
     assert jcts() == pytest.approx({"a": 8.9, "b": 10.0 + 1.0 + 6.4 + 1.5})
     assert jcts(daemon_view=Known(live), exit_s=0.0) == pytest.approx({"a": 7.4, "b": 7.4 + 1.0 + 6.4})
+
+
+class Watching(Timed):
+    """A Timed policy that records, per round, what it saw of each job: (workers, progress)."""
+
+    def __init__(self, plan):
+        super().__init__(plan)
+        self.seen = {}
+
+    def allocate(self, now, cluster, jobs):
+        self.seen[round(now, 6)] = {j.name: (j.allocation and j.allocation.replicas, j.progress) for j in jobs}
+        return super().allocate(now, cluster, jobs)
+
+
+def test_in_a_replay_the_policy_sees_a_job_as_late_as_the_daemon_did():
+    """Live, the daemon sees a job's steps some time after they happen (its readings lag): the job
+    trains from its first step, but a round just after that still sees it boot, and a round just
+    after its last step still sees it train with work left. A replay with ``ResizeCost.seen``
+    trains it from the same time and shows the policy each job that late."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    kind, live = linear_jobs("a", steps=10)
+    seen = {}
+    for lag in (0.0, 0.5):
+        policy = Watching(lambda now: {"a": 2})
+        cost = ResizeCost(start=1.0, grow=0.0, shrink=0.0, move=0.0, seen=lag)
+        config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=0.25,
+                           live=live, daemon_view=Known(live), exit_s=1.0)
+        record = simulate([JobSpec("a", 0.0, kind, 2, 128)], policy, config).records[0]
+        assert record.jct == pytest.approx(1.0 + 6.4 + 1.0)   # boot, 10 steps of 0.64 s, exit: the lag costs nothing
+        seen[lag] = {t: v["a"] for t, v in policy.seen.items()}
+    assert seen[0.0][1.25][0] == 2 and seen[0.5][1.25][0] is None and seen[0.5][1.5][0] == 2   # booting until seen
+    for t in (1.75, 3.0, 7.25):   # the same progress, 0.5 s late
+        assert seen[0.5][t][1] == pytest.approx(seen[0.0][round(t - 0.5, 6)][1])
+    target = seen[0.0][7.25][1] / (6.25 / 6.4)   # the round after its last step (7.4 s): done, or not yet seen done
+    assert seen[0.0][7.5][1] == pytest.approx(target) and seen[0.5][7.5][1] == pytest.approx(target * 6.0 / 6.4)
+
+
+def test_in_a_replay_a_job_the_daemon_still_sees_booting_is_not_suspended():
+    """Live, a job is suspended only once the daemon has seen it run (``may_suspend`` needs its
+    workers): a round that would suspend it while it boots, or trains unseen, keeps it."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    kind, live = linear_jobs("a", steps=10)
+    blink = Timed(lambda now: {} if 1.1 < now < 1.4 else {"a": 2})   # 0 at the round at 1.25 s only
+    cost = ResizeCost(start=1.0, grow=0.0, shrink=0.0, move=0.0, seen=0.5)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=0.25, live=live)
+    record = simulate([JobSpec("a", 0.0, kind, 2, 128)], blink, SimConfig(**{**config.__dict__,
+                                                                           "daemon_view": Known(live)})).records[0]
+    assert record.restarts == 1 and record.jct == pytest.approx(1.0 + 6.4)
+
+
+def test_a_trail_gives_the_progress_lag_seconds_ago():
+    from taiji.sched.trail import Trail
+    trail = Trail(1.0)   # asked at each time it is told of, or later
+    asked = {}
+    for t, p in ((1.0, 0.0), (2.0, 10.0), (3.0, 30.0), (3.5, 35.0), (4.0, 30.0)):
+        trail.add(t, p)
+        asked[t] = trail.at(t)
+    assert asked == pytest.approx({1.0: 0.0, 2.0: 0.0, 3.0: 10.0, 3.5: 20.0, 4.0: 30.0})
+    assert trail.at(4.25) == pytest.approx(32.5) and len(trail.points) <= 3   # only what a later ``at`` may ask is kept
+    trail = Trail(0.0)
+    trail.add(2.0, 7.0)
+    assert trail.at(2.0) == 7.0

@@ -22,6 +22,8 @@ class ResizeCost:
     join: float = 0.0             # a grow's new workers train this long after it (after ``grow``): the job trains at its old size meanwhile
     stall: float = 0.0            # its suspension frees its slots this long after it is asked (the checkpoint, the exit):
                                   # the starts and grows of that round wait for it (the live rounds: grows after shrinks)
+    seen: float = 0.0             # a replay: the daemon sees a (re)started job's first step this long after it (its
+                                  # first reading); until then the job trains but, to the policy, still boots
 
     @property
     def resume_s(self) -> float:

@@ -33,28 +33,27 @@ meanwhile), and what a round starts or grows waits for the ``stall`` of the jobs
 slots are free once their launchers checkpointed and exited).
 
 **Replaying a live run** (``benchmarks/sched_live.py``): rounds fall at ``round_times``, the
-daemon's. With ``daemon_view`` the policy sees each job as the daemon did: no workers while its
-launcher boots, the daemon's guess of its model until its first step (:mod:`taiji.sched.replay`),
-the suspend cost its rules count; the job itself advances at its true speed. A booting launcher
-takes no resize (a later round asks again); a start queued behind a suspension launches at the
-size the latest round gave it; a job's end launches the starts the last round could not fit (the
-daemon's tick). ``exit_s``: a job's launcher exits that long after its last step: it holds its
-slots (and the policy sees it) and its JCT ends then.
+daemon's. With ``daemon_view`` the policy sees each job as the daemon did: its progress
+``ResizeCost.seen`` late (the daemon's readings lag the steps, :mod:`taiji.sched.trail`), no
+workers while its launcher boots (until its first step is seen), the daemon's guess of its model
+until then (:mod:`taiji.sched.replay`), the suspend cost its rules count; the job itself trains
+from its first step at its true speed. A booting launcher takes no resize or suspension (a later
+round asks again); a start queued behind a suspension launches at the size the latest round gave
+it; a job's end launches the starts the last round could not fit (the daemon's tick). ``exit_s``:
+a launcher exits that long after its last step, holding its slots (the policy sees it); its JCT
+ends then.
 
 **Preemption** (``SimConfig.preemption``, on by default): a policy may leave a started job
 without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
 such a job where it was — the live scheduler's ``--min-np`` floor without suspend/resume — and
 the changes that then no longer fit wait (the newest jobs' first), so the answer stays feasible.
 With ``SimConfig.suspend_rules`` a suspension must pass the live scheduler's own
-:func:`~taiji.sched.preemption.may_suspend` (its hysteresis, the hourly bound, a job about to finish
-is not suspended; the cost is the job's ``start``, its boot, until some job resumed, then its
-``resume``, as the daemon measures them), else the job is kept the same way: a replay of a live
-run decides as the daemon did. ``SimConfig.job_costs`` gives jobs costs of their own (a live job's
-measured boot and resume). ``SimConfig.min_replicas`` gives jobs the live ``--min-np``: the daemon
-treats an answer below it as none (a waiting job waits; a running one is suspended, or kept as
-the rules say: only its ``--min-np`` of its workers), and so does the simulator, which also clips
-such a job's start or grow to the slots the others leave (as the daemon's rounds; a start below
-its ``--min-np`` waits).
+:func:`~taiji.sched.preemption.may_suspend` (hysteresis, the hourly bound, not a job about to
+finish; the cost is the job's boot until some job resumed, then its ``resume``), else the job is
+kept the same way. ``SimConfig.job_costs`` gives jobs costs of their own (a live job's measured
+boot and resume). ``SimConfig.min_replicas`` gives jobs the live ``--min-np``: an answer below it
+is none (a waiting job waits; a running one is suspended, or kept at its ``--min-np`` as the rules
+say), and a start or grow is clipped to the slots the others leave (a start below it waits).
 
 **Interference** (optional, ``SimConfig.interference``, Pollux's 0.25/0.5): a distributed job
 that shares a host with another distributed job trains that much slower; speeds are re-evaluated
@@ -78,6 +77,7 @@ from taiji.sched.costs import SYSTEMS, ResizeCost, resize_cost  # noqa: F401  (t
 from taiji.sched.model import AnyApplication, Application, advance, time_to_finish
 from taiji.sched.preemption import SuspendRules, may_suspend
 from taiji.sched.ps import PsSettings
+from taiji.sched.trail import Trail
 from taiji.sched.simresult import JobRecord, SimResult  # noqa: F401  (re-exported)
 from taiji.sched.workload import JobSpec, application_of, estimated
 
@@ -176,11 +176,13 @@ class _Job:
     join_at: float = 0.0
     launch_at: float = 0.0          # a start waiting on a suspension's exit launches then (a round before re-sizes it)
     exiting: bool = False           # trained to the end; its launcher exits at ``finish_at`` (``exit_s``)
-    booting: bool = False           # (re)started and not trained since: its launcher boots
-    stepped: bool = False           # it has trained (made a first step)
+    booting: bool = False           # (re)started and not seen training since: its launcher boots
+    seen_at: float = 0.0            # when the daemon sees its (re)start's first step (``ResizeCost.seen``)
+    stepped: bool = False           # the daemon has seen it train (a first step, seen at ``seen_at``)
+    trail: Trail | None = None      # a replay: its progress as the daemon saw it (``ResizeCost.seen`` late)
 
     def view(self, daemon: DaemonView | None = None, measured: Sequence[str] = (),
-             suspend_cost_s: float | None = None) -> JobView:
+             suspend_cost_s: float | None = None, now: float = 0.0) -> JobView:
         """What a policy sees; as a live daemon saw it with ``daemon``: no workers while it boots, the
         daemon's guess of its model until its first step (``measured``: the jobs that made one), and
         while it runs the suspend cost the daemon's rules count (``suspend_cost_s``)."""
@@ -188,7 +190,8 @@ class _Job:
             return JobView(self.spec, self.estimate, self.progress, self.attained, self.allocation,
                            self.restarts, self.peak_replicas)
         return JobView(self.spec, self.estimate if self.stepped else daemon.guess(self.spec.name, measured),
-                       self.progress, self.attained, None if self.booting else self.allocation, self.restarts,
+                       self.trail.at(now) if self.trail else self.progress, self.attained,
+                       None if self.booting else self.allocation, self.restarts,
                        self.peak_replicas, suspend_cost_s=None if self.allocation is None else suspend_cost_s)
 
     def run_for(self, start: float, seconds: float) -> None:
@@ -199,14 +202,17 @@ class _Job:
         paused = min(self.pause_left, seconds)
         self.pause_left -= paused
         self.attained += paused * (self.joining or self.allocation).replicas   # (its joiners are not there yet)
-        if seconds > paused:
-            self.booting, self.stepped = False, True
+        if seconds > paused:   # it trains; the daemon sees it (and measures it) at ``seen_at``
+            self.booting = self.booting and start + seconds < self.seen_at - 1e-9
+            self.stepped = self.stepped or not self.booting
         for allocation, span in self._spans(start + paused, seconds - paused):
             self.attained += span * allocation.replicas   # (as the daemon counts: the workers it has)
             self.progress = advance(self.app, self.progress, span * self.speed, allocation.placement,
                                     allocation.batch_size, allocation.ps_placement)
         if self.joining is not None and start + seconds >= self.join_at:
             self.joining = None
+        if self.trail:
+            self.trail.add(start + seconds, self.progress)
 
     def _spans(self, start: float, seconds: float) -> list[tuple[Allocation, float]]:
         """(allocation trained on, seconds) from ``start``: the old one until the joiners arrive."""
@@ -311,6 +317,7 @@ class _Engine:
             return
         estimate = estimated(app, spec.name, self.config.estimation_error, self.config.error_seed)
         self.active.append(_Job(spec, app, estimate))
+        self.active[-1].trail = Trail(self._cost(self.active[-1]).seen) if self.config.daemon_view else None
 
     def _complete(self) -> bool:
         done = []
@@ -335,7 +342,7 @@ class _Engine:
             [r.name for r in self.records.values() if r.status == "done"]
         daemon = self.config.daemon_view
         answer = dict(self.policy.allocate(self.now, cluster, tuple(
-            job.view(daemon, measured, self._rule_cost(job) if daemon else None) for job in self.active)))
+            job.view(daemon, measured, self._rule_cost(job) if daemon else None, self.now) for job in self.active)))
         cluster.check(answer, (job.spec.name for job in self.active))
         floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
         answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
@@ -366,13 +373,14 @@ class _Engine:
                 job.allocation = new   # its launcher has not started yet: it starts at the new size
                 job.peak_replicas = max(job.peak_replicas, new.replicas)
                 continue
-            if new is not None and job.booting and self.config.daemon_view is not None:
-                continue   # live, a launcher still booting takes no resize: a later round asks again
+            if job.booting and job.allocation is not None and self.config.daemon_view is not None:
+                continue   # live, a launcher still booting takes no resize or suspension: a later round asks again
             pause = resize_cost(self._cost(job), job.allocation, new, resumed=job.start is not None)
             if pause is not None:   # a (re)start pays its whole cost; a change while it boots waits for the boot
                 job.restarts += 1
                 job.pause_left = pause + stall if job.allocation is None else max(job.pause_left, pause)
                 job.launch_at = self.now + stall if job.allocation is None else job.launch_at
+                job.seen_at = self.now + job.pause_left + self._cost(job).seen if job.allocation is None else job.seen_at
             if new is not None and job.start is None:
                 job.start = self.now
             self._join(job, new, stall)
@@ -415,8 +423,7 @@ class _Engine:
         return dict(self.config.job_costs).get(job.spec.name, self.config.resize)
 
     def _rule_cost(self, job: _Job) -> float:
-        """A job's suspend/resume cost as the live rules see it: its resume once some job's
-        resume was seen, else its boot."""
+        """A job's suspend/resume cost as the live rules see it: its resume once any resumed, else its boot."""
         return self._cost(job).resume_s if self.resumed_any else self._cost(job).boot_s
 
     def _without_preemption(self, answer: dict[str, Allocation], kept: dict[str, Allocation]) -> dict[str, Allocation]:
