@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.streams import MAIN_ORDER, NO_TESTS, WAITS, combined, main_paths
+from taiji_harness.streams import MAIN_ORDER, NO_TESTS, WAITS, combined, main_paths, waits
 from taiji_harness.testing import REPO
 
 
@@ -15,11 +15,15 @@ def test_a_failure_in_either_stream_fails_the_run(main, side, expected):
     assert combined(main, side) == expected
 
 
-def test_every_waiting_file_exists_and_only_those_wait(request):
-    """A renamed file would silently leave the waiting stream (and run in the main one)."""
-    missing = [path for path in WAITS if not (REPO / path).is_file()]
-    assert not missing, f"taiji_harness.streams.WAITS names files that do not exist: {missing}"
+def test_every_waiting_file_and_test_exists_and_only_those_wait(request):
+    """A renamed file or test would silently leave the waiting stream (and run in the main one)."""
+    missing = [entry for entry in WAITS if not (REPO / entry.split("::")[0]).is_file() or "::" in entry and
+               f"def {entry.split('::')[1]}(" not in (REPO / entry.split("::")[0]).read_text()]
+    assert not missing, f"taiji_harness.streams.WAITS names files or tests that do not exist: {missing}"
     assert request.node.get_closest_marker("waits") is None
+    assert waits("tests/integration/test_docs.py::test_a_page_loads_in_chromium_without_console_errors[index.html]")
+    assert waits("tests/integration/test_launcher.py::test_signal_to_launcher_stops_all_workers[SIGINT]")
+    assert not waits("tests/integration/test_launcher.py::test_an_exited_workers_grandchild_is_not_orphaned")
 
 
 def test_the_main_stream_runs_the_pure_tests_first_unless_tests_are_named():
