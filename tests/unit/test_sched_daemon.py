@@ -177,3 +177,23 @@ def test_las_threshold_takes_worker_seconds_or_auto():
         with pytest.raises(argparse.ArgumentTypeError):
             las_threshold(bad)
     assert build_parser().parse_args(["serve"]).las_threshold is None   # main: tiresias then takes "auto"
+
+
+def test_a_shrink_asked_while_a_job_boots_frees_its_slot_only_after_its_first_step():
+    """A launcher takes a shrink into its cluster before its workers trained, but the worker taken
+    out is a process still booting: it leaves at the first step boundary. Until then the slot is
+    held, so a start asked for it waits (else three processes would boot on two slots)."""
+    policy = Scripted()
+    sched = Scheduler(slots=2, policy=policy)
+    a = sched.submit(0.0, ["a"], min_np=1, max_np=2)
+    policy.plan = {a.id: 2}
+    assert sched.round(0.0) == [Change(a.id, (0,), (2,))]
+    sched.launched(0.5, a.id)
+    running(sched, 1.0, a.id, 2, 1, sps=0.0, step=0)       # its store: 2 workers, no step yet
+    b = sched.submit(2.0, ["b"], min_np=1, max_np=1)
+    policy.plan = {a.id: 1, b.id: 1}
+    assert sched.round(2.0) == [Change(a.id, (2,), (1,))]
+    running(sched, 2.5, a.id, 1, 2, sps=0.0, step=0)       # the shrink is in its cluster; nobody stepped
+    assert sched.tick(3.0) == [] and sched.holds()[a.id] == (2,)
+    running(sched, 4.0, a.id, 1, 2, step=1)                 # its first step: the worker taken out left
+    assert sched.tick(4.0) == [Change(b.id, (0,), (1,))]

@@ -188,10 +188,12 @@ class Scheduler:
             del times[:-KEEP_MEASUREMENTS]
         if seen.size != job.size:
             job.allocations.append((now, seen.size))
-        if seen.placement:
-            job.placement = list(seen.placement)
-        else:
-            job.placement = [seen.size if h == max(job.home, 0) else 0 for h in range(self.hosts)]
+        placement = list(seen.placement) or [seen.size if h == max(job.home, 0) else 0 for h in range(self.hosts)]
+        if job.booting and not (fresh and seen.size) and len(job.placement) == len(placement):
+            # no step yet since it (re)started: a worker a shrink took out of its cluster is still a
+            # process booting, and leaves only at the first step boundary; its slot is not free yet
+            placement = [max(a, b) for a, b in zip(placement, job.placement)]
+        job.placement = placement
         if job.booting and fresh and seen.size and job.resumed is not None:   # its first step since (re)starting
             job.boots = (job.boots + [now - job.resumed])[-KEEP_MEASUREMENTS:]
             job.booting = False
