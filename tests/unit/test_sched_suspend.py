@@ -617,3 +617,21 @@ def test_a_trail_gives_the_progress_lag_seconds_ago():
     trail = Trail(0.0)
     trail.add(2.0, 7.0)
     assert trail.at(2.0) == 7.0
+
+
+def test_in_a_replay_a_start_waits_for_the_slots_a_booting_job_holds():
+    """Live, a shrink asked while a job boots frees its slot only once the job stepped (the worker
+    taken out is a process booting until then): a replay's start waits for it too, and the
+    simulated cluster never holds more workers than slots."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+    kind, live = linear_jobs("a", "b", steps=10)
+    share = Timed(lambda now: {"a": 2} if now < 1 else {"a": 1, "b": 1})
+    cost = ResizeCost(start=3.0, grow=0.0, shrink=0.0, move=0.0)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=2.0, live=live,
+                       daemon_view=Known(live))
+    result = simulate([JobSpec("a", 0.0, kind, 2, 128), JobSpec("b", 1.5, kind, 1, 128)], share, config)
+    assert max(used for _, used in result.utilization) <= 2, result.utilization
+    b = next(r for r in result.records if r.name == "b")
+    assert b.start_time == pytest.approx(4.0)   # the round at 2 s finds a booting on both slots: the one at 4 s

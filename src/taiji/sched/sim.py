@@ -37,11 +37,10 @@ daemon's. With ``daemon_view`` the policy sees each job as the daemon did: its p
 ``ResizeCost.seen`` late (the daemon's readings lag the steps, :mod:`taiji.sched.trail`), no
 workers while its launcher boots (until its first step is seen), the daemon's guess of its model
 until then (:mod:`taiji.sched.replay`), the suspend cost its rules count; the job itself trains
-from its first step at its true speed. A booting launcher takes no resize or suspension (a later
-round asks again); a start queued behind a suspension launches at the size the latest round gave
-it; a job's end launches the starts the last round could not fit (the daemon's tick). ``exit_s``:
-a launcher exits that long after its last step, holding its slots (the policy sees it); its JCT
-ends then.
+from its first step at its true speed. A booting launcher holds its slots and takes no resize or
+suspension (a later round asks again); a start queued behind a suspension launches at the size the
+latest round gave it; a job's end launches the starts the last round could not fit (the daemon's
+tick). ``exit_s``: a launcher exits that long after its last step, holding its slots; JCT ends then.
 
 **Preemption** (``SimConfig.preemption``, on by default): a policy may leave a started job
 without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
@@ -347,8 +346,9 @@ class _Engine:
         floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
         answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
         self.asked = dict(answer)
-        exiting = {job.spec.name: job.allocation for job in self.active if job.exiting}   # hold their slots
-        self._apply(self._without_preemption({**answer, **exiting}, {**self._kept(answer), **exiting}))
+        held = {job.spec.name: job.allocation for job in self.active if job.exiting   # hold their slots (and, live,
+                or job.booting and job.allocation is not None and daemon is not None}   # a launcher booting)
+        self._apply(self._without_preemption({**answer, **held}, {**self._kept(answer), **held}))
 
     def _tick(self) -> None:
         """A replay, between rounds: a job ended, and the starts the last round asked for that did
