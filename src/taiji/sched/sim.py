@@ -210,8 +210,6 @@ class _Job:
                                     allocation.batch_size, allocation.ps_placement)
         if self.joining is not None and start + seconds >= self.join_at:
             self.joining = None
-        if self.trail:
-            self.trail.add(start + seconds, self.progress)
 
     def _spans(self, start: float, seconds: float) -> list[tuple[Allocation, float]]:
         """(allocation trained on, seconds) from ``start``: the old one until the joiners arrive."""
@@ -266,6 +264,8 @@ class _Engine:
                 break
             for job in self.active:
                 job.run_for(self.now, now - self.now)
+                if job.trail:   # (a suspended job's too: it made no progress meanwhile)
+                    job.trail.add(now, job.progress)
             self.now = now
             finished = self._complete()
             arrived = cursor
@@ -346,8 +346,8 @@ class _Engine:
         floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
         answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
         self.asked = dict(answer)
-        held = {job.spec.name: job.allocation for job in self.active if job.exiting   # hold their slots (and, live,
-                or job.booting and job.allocation is not None and daemon is not None}   # a launcher booting)
+        held = {job.spec.name: job.allocation for job in self.active if job.exiting   # keep their slots and size
+                or job.booting and job.allocation is not None and daemon is not None}   # (live: not while booting)
         self._apply(self._without_preemption({**answer, **held}, {**self._kept(answer), **held}))
 
     def _tick(self) -> None:
@@ -373,8 +373,6 @@ class _Engine:
                 job.allocation = new   # its launcher has not started yet: it starts at the new size
                 job.peak_replicas = max(job.peak_replicas, new.replicas)
                 continue
-            if job.booting and job.allocation is not None and self.config.daemon_view is not None:
-                continue   # live, a launcher still booting takes no resize or suspension: a later round asks again
             pause = resize_cost(self._cost(job), job.allocation, new, resumed=job.start is not None)
             if pause is not None:   # a (re)start pays its whole cost; a change while it boots waits for the boot
                 job.restarts += 1

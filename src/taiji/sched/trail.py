@@ -7,6 +7,9 @@ policy the job's true progress would decide as no live round could.
 """
 from __future__ import annotations
 
+import numpy as np
+
+
 class Trail:
     """A job's progress as the daemon saw it: its readings arrive ``lag`` seconds after the steps
     they report (a replay's ``ResizeCost.seen``), so near its end a job still looks to be training."""
@@ -22,12 +25,5 @@ class Trail:
 
     def at(self, now: float) -> float:
         """Its progress ``lag`` seconds before ``now`` (linear between the points recorded)."""
-        when = now - self.lag
-        before = [p for p in self.points if p[0] <= when]
-        after = [p for p in self.points if p[0] > when]
-        if not before:
-            return self.points[0][1]
-        if not after:
-            return before[-1][1]
-        (t0, p0), (t1, p1) = before[-1], after[0]
-        return p0 + (p1 - p0) * (when - t0) / (t1 - t0)
+        times, progress = zip(*self.points)
+        return float(np.interp(now - self.lag, times, progress))
