@@ -23,7 +23,10 @@ and grows are clipped to the free slots, as the daemon clamps and its rounds cli
 LP slot of one ``--round``, as the daemon, at the times its rounds ran (saved in its state); a
 grow's new workers join after the measured ask -> arrival (median over the run's grows; none measured:
 its launch -> first step), and what a round starts waits for the stall (ask -> launcher gone) of the
-jobs it suspends. Its policy sees each job as the daemon did: no workers while its launcher boots,
+jobs it suspends; a round's starts and grows wait for all its shrinks, as the daemon's rounds do
+(a booting job's shrink frees its slot once its first step is seen; a job that trained to its end
+takes none), and what landed within half the daemon's tick after a round landed in that round's tick.
+Its policy sees each job as the daemon did: its workers from the daemon's first listing of them,
 and until its first step the daemon's guess of its model (:mod:`taiji.sched.replay`), while the
 simulated job trains at the speed fitted to its run log. ``sim_error_max`` is over all runs
 (``sim_error_by_run`` per run).
@@ -44,9 +47,10 @@ round length, same policy) with what was measured in that run: each job's Applic
 its mean step time per size over the whole run, from its own run log
 (:func:`~taiji.sched.live.logged_step_times`: on 2 shared cores a job trains several times slower
 beside another job than alone, so the daemon's last few readings mislead), each job's measured
-costs (``job_cost``: its launch to its first step, from its run log; how much later the daemon saw
-that step, which is how late the replay's policy sees the job's progress; its suspensions' stall
-and resumes), and an exit after its last step equal to the run's median (``fixed_overhead``);
+costs, one per launch (``job_costs``: its first launch and each resume to its first step, from its
+run log; how much later the daemon saw that step, which is how late the replay's policy sees the
+job's progress; when the daemon listed its workers; each suspension's stall; its own exit after its
+last step);
 taiji's in-place resizes cost what the simulator's ``taiji`` system says. ``sim_error_max`` is the
 largest per-job |simulated − live| / live JCT.
 
@@ -91,7 +95,7 @@ from taiji.metrics.runlog import METRICS_FILE, read_jsonl
 from taiji.sched.live import Measured, fit_step_model, live_application, logged_step_times, placement_timeline
 from taiji.sched.policies import make_policy
 from taiji.sched.preemption import SuspendRules
-from taiji.launch.sched.daemon import read_secret
+from taiji.launch.sched.daemon import TICK_S, read_secret
 from taiji.sched.rounds import oversubscribed_instants
 from taiji.sched.scheduler import size_key
 from taiji.sched.replay import DaemonGuess
@@ -367,20 +371,49 @@ def stalls(job: dict[str, Any]) -> list[float]:
     return job.get("stalls") or [cost - boot for cost, boot in zip(job.get("costs", []), job.get("boots", [])[1:])]
 
 
-def job_cost(cost: ResizeCost, job: dict[str, Any], run: dict[str, Any]) -> ResizeCost:
-    """A job's measured costs, where it has them. The daemon measured its boot and each resume up
-    to its first reading of the new launcher (``boots``, ``costs``); the job trained from its first
-    step, ``seen`` earlier (its run log's start): the replay trains it from then, and the policy
-    sees it boot until the daemon did. Its suspensions' stall: the ask -> its launcher gone."""
-    boots = job.get("boots") or []
-    starts = [e["time"] for e in job_events(run["state"], job["id"]) if e["kind"] == "start"]
-    first = starts[0] - job["started"] if boots and starts and job.get("started") else None
-    seen = min(max(boots[0] - first, 0.0), boots[0]) if first is not None else 0.0
-    return dataclasses.replace(
-        cost, start=boots[0] - seen if boots else cost.start, seen=seen,
-        boot=boots[0] if boots else None,   # (what the daemon's rules counted)
-        stall=statistics.median(stalls(job)) if stalls(job) else 0.0,
-        resume=statistics.median(job["costs"]) - seen if job.get("costs") else cost.resume)
+def launches(job: dict[str, Any]) -> list[tuple[float, float | None]]:
+    """(launch time, the daemon's first listing of its workers) of each of the job's launchers: its
+    first, then one per resume. A daemon state without ``launches`` (older runs) gives the first and
+    the last (``started``, ``resumed``); another resume's launch is its listing less the first's lag."""
+    listings, listed = [], True
+    for t, n in job.get("allocations", []):   # its sizes as observed; 0 once a launcher is gone
+        if n and listed:
+            listings.append(t)
+        listed = not n
+    times = list(job.get("launches") or [])
+    if not times and job.get("started") is not None:
+        lag = listings[0] - job["started"] if listings else 0.0
+        times = [job["started"]] + [t - lag for t in listings[1:]]
+        if job.get("resumed") is not None and len(times) > 1:
+            times[-1] = job["resumed"]
+    return [(t, listings[k] if k < len(listings) else None) for k, t in enumerate(times)]
+
+
+def job_costs(cost: ResizeCost, job: dict[str, Any], run: dict[str, Any]) -> list[ResizeCost]:
+    """A job's measured costs, one per launch (its first, then each resume: the simulator charges
+    the k-th to its k-th launch). Its launch -> first step (its run log's ``start``); how much later
+    the daemon saw that step (``seen``, from its ``boots``: launch -> its first reading of a step;
+    the replay trains the job from the step, and its policy sees it boot until the daemon did); its
+    workers from the daemon's first listing of them (``listed``); the stall of the suspension that
+    ended the launch (ask -> launcher gone); its exit after its last step; the suspend + resume cost
+    the daemon's rules counted (``suspend``: the median of its measured ones)."""
+    events = job_events(run["state"], job["id"])
+    steps = [e["time"] for e in events if e["kind"] == "start"]   # each launcher's first step
+    ends = [e["time"] for e in events if e["kind"] == "end"]
+    boots, stall, each = job.get("boots") or [], stalls(job), launches(job)
+    if len(boots) != len(each):   # (the daemon keeps its latest few: they no longer match launches)
+        boots = [statistics.median(boots)] * len(each) if boots else []
+    out = []
+    for k, ((launch, listing), step) in enumerate(zip(each, steps)):
+        pause = step - launch
+        seen = min(max(launch + boots[k] - step, 0.0), boots[k]) if k < len(boots) else 0.0
+        out.append(dataclasses.replace(
+            cost, start=out[0].start if out else pause, resume=pause if k else cost.resume, seen=seen,
+            listed=None if listing is None else listing - launch, boot=boots[0] if boots else None,
+            stall=stall[k] if k < len(stall) else statistics.median(stall) if stall else 0.0,
+            suspend=statistics.median(job["costs"]) if job.get("costs") else cost.resume,
+            exit=job["ended"] - ends[-1] if ends and job.get("ended") else None))
+    return out or [cost]
 
 
 def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round_s: float,
@@ -397,9 +430,10 @@ def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round
                       resume=taiji.resume_s if resume is None else resume,
                       join=statistics.median(joins) if joins else overhead["launch_to_first_step_s"])
     exit_s = overhead["last_step_to_exit_s"]
-    own = tuple((job["id"], job_cost(cost, job, run)) for job in run["jobs"])
+    own = tuple((job["id"], each) for job in run["jobs"] for each in job_costs(cost, job, run))
     config = SimConfig(cluster=cluster, interval_s=round_s, resize=cost, live=tuple(apps.items()),
                        preemption=rules is None or rules.max_per_hour > 0, suspend_rules=rules, job_costs=own, exit_s=exit_s,
+                       same_tick_s=TICK_S / 2,
                        min_replicas=tuple((job["id"], job["min_np"]) for job in run["jobs"]),
                        round_times=tuple(t - run["t0"] for t in run.get("rounds", []) if t >= run["t0"]),
                        daemon_view=DaemonGuess(step_times(run), {job["id"]: job["work_hint"] or job["end"]

@@ -299,6 +299,32 @@ def test_strategies_ratios_and_rows_with_the_straggler_setting_only():
     assert rows["local_sgd_straggler"]["ratio"] == 1.6 and rows["local_sgd_straggler"]["target"] == ">= 1.5"
 
 
+def test_sched_live_charges_each_launch_of_a_job_its_own_measured_costs(tmp_path):
+    """A job launched, suspended, resumed twice: the replay gets one ResizeCost per launch, from its
+    run log (launch -> first step) and the daemon's readings (first step seen, workers listed, each
+    suspension's stall); a state without ``launches`` estimates a middle resume's launch."""
+    from taiji.sched.sim import ResizeCost
+    sched_live = load_benchmark("sched_live")
+    run_dir = tmp_path / "state" / "jobs" / "s0001" / "run"
+    run_dir.mkdir(parents=True)
+    events = [{"time": t, "kind": kind} for t, kind in ((4.0, "start"), (10.0, "end"), (15.0, "start"),
+                                                        (20.0, "end"), (30.5, "start"), (40.0, "end"))]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    job = {"id": "s0001", "started": 1.0, "resumed": 27.0, "ended": 41.5, "boots": [3.5, 3.0, 4.0],
+           "costs": [5.0, 6.0], "stalls": [1.0, 2.0], "launches": [1.0, 12.5, 27.0],
+           "allocations": [(3.0, 2), (11.0, 0), (14.5, 2), (21.0, 0), (29.0, 2), (41.5, 0)]}
+    run = {"state": tmp_path / "state", "jobs": [job]}
+    assert sched_live.launches(job) == [(1.0, 3.0), (12.5, 14.5), (27.0, 29.0)]
+    old = {k: v for k, v in job.items() if k != "launches"}
+    assert sched_live.launches(old) == [(1.0, 3.0), (12.5, 14.5), (27.0, 29.0)]   # 14.5 - the first's 2 s lag
+    base = ResizeCost(start=9.0, grow=0.0, shrink=0.0, move=0.0, resume=7.0)
+    costs = sched_live.job_costs(base, job, run)
+    assert [c.start for c in costs] == [3.0] * 3 and [c.resume for c in costs] == [7.0, 2.5, 3.5]
+    assert [c.seen for c in costs] == pytest.approx([0.5, 0.5, 0.5]) and [c.listed for c in costs] == [2.0] * 3
+    assert [c.stall for c in costs] == [1.0, 2.0, 1.5] and {c.exit for c in costs} == {1.5}
+    assert {c.suspend for c in costs} == {5.5} and {c.boot for c in costs} == {3.5}
+
+
 def test_sched_live_audits_the_slots_from_timelines_and_event_logs(tmp_path):
     sched_live = load_benchmark("sched_live")
     fine = {"a": [(0.0, 2), (5.0, 1), (9.0, 0)], "b": [(6.0, 1), (8.0, 0)]}

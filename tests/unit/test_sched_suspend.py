@@ -494,9 +494,11 @@ def test_what_starts_in_a_suspended_jobs_slots_waits_for_its_stall():
     assert jct[0.0]["new"] == pytest.approx(0.5 + 1.0 + 6.4) and jct[3.0]["new"] == pytest.approx(jct[0.0]["new"] + 3.0)
 
 
-def test_a_start_waiting_on_a_suspensions_exit_launches_at_the_size_a_later_round_gave_it():
-    """Live, a start queued behind a suspending job's exit launches only then: a round meanwhile
-    re-sizes the start (no grow, no join delay) — and the simulator, the same."""
+def test_a_start_waits_for_a_suspended_jobs_exit_and_a_round_meanwhile_defers_it():
+    """Live, a round's starts wait for its suspensions (the daemon's Rounds: grows after shrinks);
+    a later round replaces it, finds the slots still held by the exiting launcher and defers its
+    start to a round after the exit. A round within ``same_tick_s`` before the exit ran, live, in
+    the tick that saw the launcher gone (the daemon reads its jobs, then runs its round)."""
     from taiji.sched.cluster import Cluster
     from taiji.sched.sim import SimConfig, simulate
     from taiji.sched.workload import JobSpec
@@ -505,52 +507,65 @@ def test_a_start_waiting_on_a_suspensions_exit_launches_at_the_size_a_later_roun
     swap = Timed(lambda now: {"old": 2} if now < 10 else {"new": 1} if now < 11 else {"new": 2})
     specs = [JobSpec("old", 0.0, kind, 2, 128), JobSpec("new", 9.5, kind, 2, 128)]
     cost = ResizeCost(start=1.0, grow=0.0, shrink=0.0, move=0.0, join=5.0)
-    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=1.0,
-                       live=long + short, job_costs=(("old", dataclasses.replace(cost, stall=3.0)),))
-    new = next(r for r in simulate(specs, swap, config).records if r.name == "new")
-    # the round at 10 s starts it on 1; the one at 11 s (its launch waits until 13 s) makes that 2:
-    # the stall, its boot (1 s), then 10 steps of 0.64 s on 2 workers from the start
-    assert new.jct == pytest.approx(0.5 + 3.0 + 1.0 + 6.4) and new.restarts == 1
+
+    def new(stall, **tick):
+        config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=1.0, **tick,
+                           live=long + short, job_costs=(("old", dataclasses.replace(cost, stall=stall)),))
+        return next(r for r in simulate(specs, swap, config).records if r.name == "new")
+    # the round at 10 s asks `new` to start on 1 once old is gone (12.5 s); the rounds at 11 and 12 s
+    # replace it (2 workers) and find old's slots held: it starts at the round at 13 s, on 2
+    assert new(2.5).jct == pytest.approx(13.0 - 9.5 + 1.0 + 6.4) and new(2.5).restarts == 1
+    assert new(3.0).jct == pytest.approx(13.0 - 9.5 + 1.0 + 6.4)   # gone at 13 s: the round at 13 s starts it
+    assert new(3.05).jct == pytest.approx(14.0 - 9.5 + 1.0 + 6.4)  # gone just after: the next round
+    assert new(3.05, same_tick_s=0.1).jct == pytest.approx(13.0 - 9.5 + 1.0 + 6.4)   # ... unless in its tick
 
 
-def test_in_a_replay_a_booting_job_takes_no_resize_until_a_round_after_its_boot():
-    """Live, a launcher still booting takes no resize (its store is not up): the daemon asks again
-    in a round after its first step. A replay (``daemon_view``) defers the change the same way."""
+def test_a_job_named_several_times_in_job_costs_pays_each_launch_its_own_costs():
+    """A replay charges each launch of a job what that launch measured: the k-th entry of its
+    ``job_costs`` is its k-th launch's (the first, then each resume), with the stall of the
+    suspension that ends it and its own exit after its last step."""
     from taiji.sched.cluster import Cluster
     from taiji.sched.sim import SimConfig, simulate
     from taiji.sched.workload import JobSpec
-    kind, live = linear_jobs("a")
-    shrinks = Timed(lambda now: {"a": 2 if now < 1 else 1})
-    cost = ResizeCost(start=4.0, grow=0.0, shrink=0.0, move=0.0)
-    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=3.0, live=live)
-    specs = [JobSpec("a", 0.0, kind, 2, 128)]
-    at_once = simulate(specs, shrinks, config).records[0].jct
-    deferred = simulate(specs, shrinks, SimConfig(**{**config.__dict__, "daemon_view": Known(live)})).records[0].jct
-    # at once: boot 0-4 s, then 100 steps at 1.28 s; deferred: the round at 3 s finds it booting, the
-    # one at 6 s shrinks it: 2 s at 0.64 s a step (3.125 steps), then 96.875 steps at 1.28 s
-    assert at_once == pytest.approx(4.0 + 128.0) and deferred == pytest.approx(6.0 + 96.875 * 1.28)
+    kind, long = linear_jobs("old", steps=20)
+    _, short = linear_jobs("new", steps=5)
+    swap = Timed(lambda now: {"old": 2} if now < 4 else {"new": 2} if now < 11 else {"old": 2})
+    cost = ResizeCost(start=1.0, grow=0.0, shrink=0.0, move=0.0)
+    own = (("old", dataclasses.replace(cost, stall=2.0)), ("old", dataclasses.replace(cost, resume=3.0, exit=0.5)))
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=1.0,
+                       live=long + short, job_costs=own)
+    jobs = {r.name: r for r in simulate([JobSpec("old", 0.0, kind, 2, 128), JobSpec("new", 3.5, kind, 2, 128)],
+                                        swap, config).records}
+    # old: boot 1 s, 3 s of steps of 0.64 s, suspended at 4 s (its slots free at 6 s: new boots 1 s and
+    # trains 5 steps, done at 10.2 s); resumed at 11 s (3 s), the 15.3125 steps left, its exit of 0.5 s
+    assert jobs["new"].jct == pytest.approx(10.2 - 3.5) and jobs["old"].restarts == 2
+    assert jobs["old"].jct == pytest.approx(11.0 + 3.0 + (20 - 3.0 / 0.64) * 0.64 + 0.5)
 
 
-def test_in_a_replay_a_jobs_end_launches_the_start_waiting_for_its_slots_once_its_launcher_exited():
-    """Live, a start that did not fit waits in the daemon's rounds and launches when a job's
-    launcher exits (between rounds: the daemon's tick), and a job's JCT ends at that exit."""
+def test_a_rounds_starts_wait_for_a_shrink_its_job_can_no_longer_take_until_its_launcher_exits():
+    """Live, a job that trained to its end takes no shrink: a round that asked it for one waits
+    for its launcher's exit, then starts what it asked (the daemon's Rounds). A round that asked it
+    nothing starts what fits at once, and what did not fit waits for the next round."""
     from taiji.sched.cluster import Cluster
     from taiji.sched.sim import SimConfig, simulate
     from taiji.sched.workload import JobSpec
     kind, live = linear_jobs("a", "b", steps=10)
-    swap = Timed(lambda now: {"a": 2} if now < 5 else {"b": 2})   # at 5 s a is kept: no preemption
     specs = [JobSpec("a", 0.0, kind, 2, 128), JobSpec("b", 0.0, kind, 2, 128)]
     cost = ResizeCost(start=1.0, grow=0.0, shrink=0.0, move=0.0)
-    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=5.0, live=live,
-                       preemption=False, exit_s=1.5)
+    config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=4.0, live=live,
+                       preemption=False, exit_s=1.5, daemon_view=Known(live))
 
-    def jcts(**change):
-        return {r.name: r.jct for r in simulate(specs, swap, SimConfig(**{**config.__dict__, **change})).records}
-    # a: boot 1 s, 10 steps of 0.64 s, its exit: 8.9 s. With the tick b launches at 8.9 s (its start
-    # waited from a's last step for the exit), boots, trains, exits: 17.8 s; without, at the round at 10 s
-    assert jcts(daemon_view=Known(live)) == pytest.approx({"a": 8.9, "b": 8.9 + 1.0 + 6.4 + 1.5})
-    assert jcts() == pytest.approx({"a": 8.9, "b": 10.0 + 1.0 + 6.4 + 1.5})
-    assert jcts(daemon_view=Known(live), exit_s=0.0) == pytest.approx({"a": 7.4, "b": 7.4 + 1.0 + 6.4})
+    def jcts(plan, **change):
+        result = simulate(specs, Timed(plan), SimConfig(**{**config.__dict__, **change}))
+        return {r.name: r.jct for r in result.records}
+    # a: boot 1 s, 10 steps of 0.64 s (the last at 7.4 s), its exit at 8.9 s. The round at 8 s asks
+    # it for 1 (b for 1): b starts on 1 at the exit, boots, 10 steps of 1.28 s, exits
+    assert jcts(lambda now: {"a": 2} if now < 6 else {"a": 1, "b": 1}) == pytest.approx(
+        {"a": 8.9, "b": 8.9 + 1.0 + 12.8 + 1.5})
+    # the round at 8 s gives b both slots and keeps a (no preemption): b waits for the round at 12 s
+    assert jcts(lambda now: {"a": 2} if now < 6 else {"b": 2}) == pytest.approx({"a": 8.9, "b": 12.0 + 1.0 + 6.4 + 1.5})
+    assert jcts(lambda now: {"a": 2} if now < 6 else {"b": 2}, exit_s=0.0) == pytest.approx(
+        {"a": 7.4, "b": 8.0 + 1.0 + 6.4})
 
 
 class Watching(Timed):
@@ -590,6 +605,33 @@ def test_in_a_replay_the_policy_sees_a_job_as_late_as_the_daemon_did():
     assert seen[0.0][7.5][1] == pytest.approx(target) and seen[0.5][7.5][1] == pytest.approx(target * 6.0 / 6.4)
 
 
+def test_in_a_replay_the_policy_sees_a_jobs_workers_from_the_daemons_first_listing_of_them():
+    """Live, the daemon lists a job's workers (its launcher's first status) before it sees the
+    job's first step: from then a policy sees it hold them, and its attained service counts from
+    then. A replay with ``ResizeCost.listed`` shows it so; without, it shows the workers once the
+    job's first step is seen, and counts their service from that step."""
+    from taiji.sched.cluster import Cluster
+    from taiji.sched.sim import SimConfig, simulate
+    from taiji.sched.workload import JobSpec
+
+    class Attained(Watching):
+        def allocate(self, now, cluster, jobs):
+            self.seen[round(now, 6)] = {j.name: (j.allocation and j.allocation.replicas, j.attained_gpu_s) for j in jobs}
+            return Timed.allocate(self, now, cluster, jobs)
+    kind, live = linear_jobs("a", steps=10)
+    seen = {}
+    for listed in (None, 1.0):
+        policy = Attained(lambda now: {"a": 2})
+        cost = ResizeCost(start=2.0, grow=0.0, shrink=0.0, move=0.0, seen=0.5, listed=listed)
+        config = SimConfig(cluster=Cluster(num_hosts=1, gpus_per_host=2), resize=cost, interval_s=0.25,
+                           live=live, daemon_view=Known(live))
+        simulate([JobSpec("a", 0.0, kind, 2, 128)], policy, config)
+        seen[listed] = {t: v["a"] for t, v in policy.seen.items()}
+    assert seen[1.0][0.75] == (None, 0.0) and seen[1.0][1.0] == (2, 0.0) and seen[1.0][1.5] == (2, pytest.approx(1.0))
+    assert seen[None][1.75] == (None, 0.0) and seen[None][2.25] == (None, pytest.approx(0.5))   # from its first step
+    assert seen[None][2.5] == (2, pytest.approx(1.0))
+
+
 def test_in_a_replay_a_job_the_daemon_still_sees_booting_is_not_suspended():
     """Live, a job is suspended only once the daemon has seen it run (``may_suspend`` needs its
     workers): a round that would suspend it while it boots, or trains unseen, keeps it."""
@@ -619,10 +661,11 @@ def test_a_trail_gives_the_progress_lag_seconds_ago():
     assert trail.at(2.0) == 7.0
 
 
-def test_in_a_replay_a_start_waits_for_the_slots_a_booting_job_holds():
-    """Live, a shrink asked while a job boots frees its slot only once the job stepped (the worker
-    taken out is a process booting until then): a replay's start waits for it too, and the
-    simulated cluster never holds more workers than slots."""
+def test_in_a_replay_a_booting_jobs_shrink_lands_at_once_and_frees_its_slot_once_it_stepped():
+    """Live, a shrink asked while a job boots lands in its cluster at once (it trains on fewer from
+    its first step), but frees its slot only once the daemon saw that step (the worker taken out is
+    a process booting until then): the round's start waits for it, and the simulated cluster never
+    holds more workers than slots."""
     from taiji.sched.cluster import Cluster
     from taiji.sched.sim import SimConfig, simulate
     from taiji.sched.workload import JobSpec
@@ -633,5 +676,6 @@ def test_in_a_replay_a_start_waits_for_the_slots_a_booting_job_holds():
                        daemon_view=Known(live))
     result = simulate([JobSpec("a", 0.0, kind, 2, 128), JobSpec("b", 1.5, kind, 1, 128)], share, config)
     assert max(used for _, used in result.utilization) <= 2, result.utilization
-    b = next(r for r in result.records if r.name == "b")
-    assert b.start_time == pytest.approx(4.0)   # the round at 2 s finds a booting on both slots: the one at 4 s
+    jobs = {r.name: r for r in result.records}
+    assert jobs["b"].start_time == pytest.approx(3.0)   # the round at 2 s shrinks a, booting until 3 s
+    assert jobs["a"].jct == pytest.approx(3.0 + 12.8)   # 10 steps of 1.28 s on 1 worker from its first step

@@ -24,6 +24,10 @@ class ResizeCost:
                                   # the starts and grows of that round wait for it (the live rounds: grows after shrinks)
     seen: float = 0.0             # a replay: the daemon sees a (re)started job's first step this long after it (its
                                   # first reading); until then the job trains but, to the policy, still boots
+    listed: float | None = None   # a replay: the daemon lists a (re)started job's workers this long after its launch
+                                  # (its launcher's first status): the policy sees them from then (None: once ``seen``)
+    suspend: float | None = None  # a replay: the suspend + resume seconds the daemon's rules counted (None: ``resume``)
+    exit: float | None = None     # a replay: its launcher exits this long after its last step (None: ``SimConfig.exit_s``)
 
     @property
     def resume_s(self) -> float:

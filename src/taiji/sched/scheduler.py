@@ -83,6 +83,7 @@ class LiveJob:
     checkpoint_dir: str = ""  # where it checkpoints (what it resumes from)
     checkpoint_every: str = ""
     resumed: float | None = None      # when its launcher last started
+    launches: list[float] = field(default_factory=list)   # when each of its launchers started
     suspending: float | None = None   # when it was asked to suspend (its launcher still runs)
     stopped_at: int = -1              # the step it stopped at, while suspended (its latest checkpoint)
     suspensions: list[float] = field(default_factory=list)   # when it was suspended
@@ -221,6 +222,7 @@ class Scheduler:
         job = self.jobs[job_id]
         if job.state in ("queued", "suspended"):
             job.state, job.home, job.resumed, job.booting = "running", home, now, True
+            job.launches.append(now)
             job.started = job.started if job.started is not None else now
 
     def suspending_job(self, now: float, job_id: str) -> None:

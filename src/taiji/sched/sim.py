@@ -29,18 +29,26 @@ A change of batch size alone is free; preemption (no GPUs) costs nothing until t
 when it pays ``resume`` (a suspend/resume: the checkpoint stall, a process boot and the load) rather
 than ``start``: the same cost model the live scheduler fits per job (:mod:`taiji.sched.costs`).
 As live, a grow's new workers train only ``join`` seconds after it (the job trains on what it had
-meanwhile), and what a round starts or grows waits for the ``stall`` of the jobs it suspends (their
-slots are free once their launchers checkpointed and exited).
+meanwhile).
+
+**Rounds as the daemon applies them** (:mod:`taiji.sched.rounds`): a round's shrinks and
+suspensions land first, its starts and grows once they have all landed (at most
+``SHRINK_TIMEOUT_S`` later), each then fitted to the slots the others hold (a start that does not
+fit waits for a later round, which replaces the pending one). A shrink lands at once, except that a
+suspended job's slots are free only ``ResizeCost.stall`` after the ask (its launcher checkpoints and
+exits), and, in a replay, a booting job's shrink frees its slots once the daemon sees its first step
+and a job that trained to its end takes none (its launcher exits first). A round with nothing to wait
+for applies everything at once, as before.
 
 **Replaying a live run** (``benchmarks/sched_live.py``): rounds fall at ``round_times``, the
-daemon's. With ``daemon_view`` the policy sees each job as the daemon did: its progress
-``ResizeCost.seen`` late (the daemon's readings lag the steps, :mod:`taiji.sched.trail`), no
-workers while its launcher boots (until its first step is seen), the daemon's guess of its model
-until then (:mod:`taiji.sched.replay`), the suspend cost its rules count; the job itself trains
-from its first step at its true speed. A booting launcher holds its slots and takes no resize or
-suspension (a later round asks again); a start queued behind a suspension launches at the size the
-latest round gave it; a job's end launches the starts the last round could not fit (the daemon's
-tick). ``exit_s``: a launcher exits that long after its last step, holding its slots; JCT ends then.
+daemon's; what lands within ``same_tick_s`` after a round landed in the daemon's tick before it.
+With ``daemon_view`` the policy sees each job as the daemon did: its progress ``ResizeCost.seen``
+late (the daemon's readings lag the steps, :mod:`taiji.sched.trail`), its workers (and their
+service) only from the daemon's first listing of them (``ResizeCost.listed``), the daemon's guess
+of its model until its first step is seen (:mod:`taiji.sched.replay`), the suspend cost its rules
+count; the job itself trains from its first step at its true speed. A booting launcher takes no
+grow and is not suspended. ``exit_s``: a launcher exits that long after its last step, holding its
+slots; JCT ends then.
 
 **Preemption** (``SimConfig.preemption``, on by default): a policy may leave a started job
 without GPUs (it is suspended and pays ``resume`` when it runs again). Off, the simulator keeps
@@ -77,40 +85,12 @@ from taiji.sched.model import AnyApplication, Application, advance, time_to_fini
 from taiji.sched.preemption import SuspendRules, may_suspend
 from taiji.sched.ps import PsSettings
 from taiji.sched.trail import Trail
+from taiji.sched.simjob import DaemonView, JobView, SimJob  # noqa: F401  (JobView re-exported)
 from taiji.sched.simresult import JobRecord, SimResult  # noqa: F401  (re-exported)
 from taiji.sched.workload import JobSpec, application_of, estimated
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class JobView:
-    """What a policy sees of one active job."""
-
-    spec: JobSpec
-    app: AnyApplication             # the policy's model of the job: ground truth unless estimation error is on
-    progress: float                 # statistical progress made (PS jobs: mini-batches)
-    attained_gpu_s: float           # GPU-seconds held so far (Tiresias' attained service)
-    allocation: Allocation | None   # current allocation, None when waiting
-    restarts: int                   # allocation changes that cost a pause
-    peak_replicas: int = 0          # most GPUs held at once so far (what has been "profiled")
-    weight: float = 1.0             # its weight in a weighted objective (PCRR's); live jobs' `submit --weight`
-    suspend_cost_s: float | None = None   # its measured suspend + resume seconds (live); None: the system's
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def remaining_progress(self) -> float:
-        return self.app.target_progress - self.progress
-
-
-class DaemonView(Protocol):
-    """What a live daemon's policy saw of a job before its first step (a replay's: :mod:`taiji.sched.replay`)."""
-
-    def guess(self, name: str, measured: Sequence[str]) -> AnyApplication:
-        """``name``'s model given the jobs (``measured``) that had made a step."""
+SHRINK_TIMEOUT_S = 30.0   # as the live Rounds': a round's grows go ahead without a shrink that never landed
 
 
 class Policy(Protocol):
@@ -134,107 +114,22 @@ class SimConfig:
     live: tuple[tuple[str, Application], ...] = ()   # (job name, its Application) for LIVE jobs (sched/live.py)
     preemption: bool = True   # False: a started job keeps its GPUs until it ends (no suspend/resume)
     suspend_rules: SuspendRules | None = None   # the live scheduler's rules for a suspension (None: any)
-    job_costs: tuple[tuple[str, ResizeCost], ...] = ()   # (job name, its own costs, e.g. its measured boot)
+    job_costs: tuple[tuple[str, ResizeCost], ...] = ()   # (job name, its own costs): a replay's, one per launch
     min_replicas: tuple[tuple[str, int], ...] = ()   # (job name, its live --min-np): fewer is no allocation
     round_times: tuple[float, ...] = ()   # when rounds fall (a replay: the daemon's, sorted); after them every interval_s
     daemon_view: DaemonView | None = None   # a replay: policies see jobs as the daemon did (see the module's doc)
     exit_s: float = 0.0   # a replay: a job's launcher exits this long after its last step (see the module's doc)
+    same_tick_s: float = 0.0   # a replay: what lands this soon after a round landed in the daemon's tick before it
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
             raise ConfigError(f"interval_s and max_time_s must be > 0, got {self.interval_s}, {self.max_time_s}")
         if not 0.0 <= self.interference < 1.0:
             raise ConfigError(f"interference must lie in [0, 1), got {self.interference}")
-        if self.exit_s < 0:
-            raise ConfigError(f"exit_s must be >= 0, got {self.exit_s}")
+        if self.exit_s < 0 or self.same_tick_s < 0:
+            raise ConfigError(f"exit_s and same_tick_s must be >= 0, got {self.exit_s}, {self.same_tick_s}")
         if not 0.0 <= self.estimation_error < 1.0:
             raise ConfigError(f"estimation_error must lie in [0, 1), got {self.estimation_error}")
-
-
-@dataclass
-class _Job:
-    """Mutable simulation state of one job (never handed to a policy)."""
-
-    spec: JobSpec
-    app: AnyApplication             # ground truth: progress and completion times use it
-    estimate: AnyApplication        # what the policy is shown (``app`` unless estimation error is on)
-    progress: float = 0.0
-    allocation: Allocation | None = None
-    pause_left: float = 0.0
-    finish_at: float = math.inf     # exact completion time under the current allocation
-    speed: float = 1.0              # 1 − interference slowdown, constant between events
-    attained: float = 0.0
-    restarts: int = 0
-    peak_replicas: int = 0
-    start: float | None = None
-    end: float | None = None
-    resumed: float = 0.0            # when it last (re)started
-    resumed_at: float = 0.0         # its progress then
-    suspensions: list[float] = field(default_factory=list)   # when it was suspended
-    joining: Allocation | None = None   # what it trains on until a grow's joiners arrive (None: no grow pending)
-    join_at: float = 0.0
-    launch_at: float = 0.0          # a start waiting on a suspension's exit launches then (a round before re-sizes it)
-    exiting: bool = False           # trained to the end; its launcher exits at ``finish_at`` (``exit_s``)
-    booting: bool = False           # (re)started and not seen training since: its launcher boots
-    seen_at: float = 0.0            # when the daemon sees its (re)start's first step (``ResizeCost.seen``)
-    stepped: bool = False           # the daemon has seen it train (a first step, seen at ``seen_at``)
-    trail: Trail | None = None      # a replay: its progress as the daemon saw it (``ResizeCost.seen`` late)
-
-    def view(self, daemon: DaemonView | None = None, measured: Sequence[str] = (),
-             suspend_cost_s: float | None = None, now: float = 0.0) -> JobView:
-        """What a policy sees; as a live daemon saw it with ``daemon``: no workers while it boots, the
-        daemon's guess of its model until its first step (``measured``: the jobs that made one), and
-        while it runs the suspend cost the daemon's rules count (``suspend_cost_s``)."""
-        if daemon is None:
-            return JobView(self.spec, self.estimate, self.progress, self.attained, self.allocation,
-                           self.restarts, self.peak_replicas)
-        return JobView(self.spec, self.estimate if self.stepped else daemon.guess(self.spec.name, measured),
-                       self.trail.at(now) if self.trail else self.progress, self.attained,
-                       None if self.booting else self.allocation, self.restarts,
-                       self.peak_replicas, suspend_cost_s=None if self.allocation is None else suspend_cost_s)
-
-    def run_for(self, start: float, seconds: float) -> None:
-        """Progress from ``start`` for ``seconds``: its pause first, then on what it trains on (a
-        grow's old allocation until its joiners arrive at ``join_at``, then the new one)."""
-        if self.allocation is None or seconds <= 0:
-            return
-        paused = min(self.pause_left, seconds)
-        self.pause_left -= paused
-        self.attained += paused * (self.joining or self.allocation).replicas   # (its joiners are not there yet)
-        if seconds > paused:   # it trains; the daemon sees it (and measures it) at ``seen_at``
-            self.booting = self.booting and start + seconds < self.seen_at - 1e-9
-            self.stepped = self.stepped or not self.booting
-        for allocation, span in self._spans(start + paused, seconds - paused):
-            self.attained += span * allocation.replicas   # (as the daemon counts: the workers it has)
-            self.progress = advance(self.app, self.progress, span * self.speed, allocation.placement,
-                                    allocation.batch_size, allocation.ps_placement)
-        if self.joining is not None and start + seconds >= self.join_at:
-            self.joining = None
-
-    def _spans(self, start: float, seconds: float) -> list[tuple[Allocation, float]]:
-        """(allocation trained on, seconds) from ``start``: the old one until the joiners arrive."""
-        if self.joining is None or start >= self.join_at:
-            return [(self.allocation, seconds)]
-        before = min(seconds, self.join_at - start)
-        return [(self.joining, before), (self.allocation, seconds - before)]
-
-    def retime(self, now: float) -> None:
-        """Exact completion time from ``now`` under the current allocation(s) and speed."""
-        if self.exiting:
-            return
-        if self.allocation is None:
-            self.finish_at = math.inf
-            return
-        at, progress = now + self.pause_left, self.progress
-        for allocation, span in self._spans(at, math.inf):
-            left = time_to_finish(self.app, progress, allocation.placement, allocation.batch_size,
-                                  allocation.ps_placement) / self.speed
-            if left <= span:
-                self.finish_at = at + left
-                return
-            progress = advance(self.app, progress, span * self.speed, allocation.placement,
-                               allocation.batch_size, allocation.ps_placement)
-            at += span
 
 
 @dataclass
@@ -243,11 +138,13 @@ class _Engine:
     policy: Policy
     config: SimConfig
     now: float = 0.0
-    active: list[_Job] = field(default_factory=list)
+    active: list[SimJob] = field(default_factory=list)
     records: dict[str, JobRecord] = field(default_factory=dict)
     utilization: list[tuple[float, int]] = field(default_factory=list)
     resumed_any: bool = False   # a suspended job ran again
-    asked: dict[str, Allocation] = field(default_factory=dict)   # the last round's answer (a replay's ticks)
+    grows: dict[str, Allocation] = field(default_factory=dict)   # a round's starts and grows, waiting for its shrinks
+    grows_at: float = math.inf   # when its shrinks have all landed (or timed out): the grows go then
+    holding: dict[str, tuple[float, Allocation]] = field(default_factory=dict)   # slots a job frees only then
 
     def run(self) -> SimResult:
         pending = sorted(self.specs, key=lambda spec: spec.submit_time)
@@ -258,7 +155,7 @@ class _Engine:
         while cursor < len(pending) or self.active:
             next_arrival = pending[cursor].submit_time if cursor < len(pending) else math.inf
             next_finish = min((job.finish_at for job in self.active), default=math.inf)
-            now = min(next_arrival, next_finish, next_round)
+            now = min(next_arrival, next_finish, next_round, self.grows_at if self.grows else math.inf)
             if now > self.config.max_time_s:
                 logger.warning("%s: stopped at the time limit %.0f s", self.policy.name, self.config.max_time_s)
                 break
@@ -267,23 +164,24 @@ class _Engine:
                 if job.trail:   # (a suspended job's too: it made no progress meanwhile)
                     job.trail.add(now, job.progress)
             self.now = now
-            finished = self._complete()
+            is_round = now >= next_round   # (the daemon's tick takes what landed, then runs its round)
+            horizon = now + self.config.same_tick_s if is_round else now
+            finished = self._complete(horizon)
             arrived = cursor
             while cursor < len(pending) and pending[cursor].submit_time <= now:
                 self._arrive(pending[cursor])
                 cursor += 1
-            is_round = now >= next_round
+            if self.grows and self.grows_at <= horizon:
+                self._grow(horizon)
             if is_round:
                 next_round = self._round_after(now)
             if is_round or (self.config.reschedule_on_events and (finished or cursor > arrived)):
-                self._schedule()
-                if is_round and cursor == len(pending) and self.active and \
+                self._schedule(horizon)
+                if is_round and cursor == len(pending) and self.active and not (self.grows or self.holding) and \
                         all(job.allocation is None for job in self.active):
                     logger.warning("%s: %d jobs can never run (nothing running, no arrivals left)",
                                    self.policy.name, len(self.active))
                     break
-            elif finished and self.config.daemon_view is not None:
-                self._tick()
         for job in self.active:
             self.records[job.spec.name] = self._record(job, "unfinished", "did not finish in the simulation")
         for spec in pending[cursor:]:
@@ -315,49 +213,96 @@ class _Engine:
                                                 "rejected", reason=reason)
             return
         estimate = estimated(app, spec.name, self.config.estimation_error, self.config.error_seed)
-        self.active.append(_Job(spec, app, estimate))
+        self.active.append(SimJob(spec, app, estimate))
         self.active[-1].trail = Trail(self._cost(self.active[-1]).seen) if self.config.daemon_view else None
 
-    def _complete(self) -> bool:
+    def _complete(self, horizon: float) -> bool:
+        """Jobs that trained to their end (their launchers exit ``exit_s`` later) and those whose
+        launchers exited (by ``horizon``: a round's tick saw them gone)."""
         done = []
-        for job in (job for job in self.active if job.finish_at <= self.now):
+        for job in [job for job in self.active if job.finish_at <= (horizon if job.exiting else self.now)]:
             job.progress = job.app.target_progress
-            if self.config.exit_s > 0 and not job.exiting:   # its launcher exits after its last step
-                job.exiting, job.finish_at = True, self.now + self.config.exit_s
+            exit_s = self.config.exit_s if self._cost(job).exit is None else self._cost(job).exit
+            if exit_s > 0 and not job.exiting:   # its launcher exits after its last step
+                job.exiting, job.finish_at = True, self.now + exit_s
                 continue
             job.end = job.finish_at
             self.records[job.spec.name] = self._record(job, "done")
             done.append(job)
-        self.active = [job for job in self.active if job.finish_at > self.now]
+        self.active = [job for job in self.active if job not in done]
         if done:
             self._note_utilization()
             if self.config.interference:   # fewer neighbours: the others may speed up
                 self._retime_all()
         return bool(done)
 
-    def _schedule(self) -> None:
+    def _schedule(self, horizon: float) -> None:
         cluster = self.config.cluster
         measured = [job.spec.name for job in self.active if job.stepped] + \
             [r.name for r in self.records.values() if r.status == "done"]
         daemon = self.config.daemon_view
+        self.holding = {name: held for name, held in self.holding.items() if held[0] > horizon}
+        leaving = {job.spec.name: self.holding[job.spec.name][1] for job in self.active   # suspended, launcher
+                   if job.allocation is None and job.spec.name in self.holding}          # still exiting
+        views = (job.view(daemon, measured, self._rule_cost(job) if daemon else None, self.now, horizon)
+                 for job in self.active)
         answer = dict(self.policy.allocate(self.now, cluster, tuple(
-            job.view(daemon, measured, self._rule_cost(job) if daemon else None, self.now) for job in self.active)))
+            dataclasses.replace(v, allocation=leaving[v.name]) if v.name in leaving else v for v in views)))
         cluster.check(answer, (job.spec.name for job in self.active))
         floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
-        answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0)}
-        self.asked = dict(answer)
+        answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0) and name not in leaving}
         held = {job.spec.name: job.allocation for job in self.active if job.exiting   # keep their slots and size
-                or job.booting and job.allocation is not None and daemon is not None}   # (live: not while booting)
-        self._apply(self._without_preemption({**answer, **held}, {**self._kept(answer), **held}))
+                or job.booting and job.allocation is not None and daemon is not None}   # (live: no grow while booting)
+        kept = self._kept(answer)
+        first, grows, lands = {}, {}, [self.now]   # as the live Rounds: shrinks first, grows once they landed
+        wanted = {**answer, **kept}
+        for job in self.active:
+            name, old, new = job.spec.name, job.allocation, wanted.get(job.spec.name)
+            if old is None:
+                grows.update({name: new} if new is not None else {})
+            elif job.exiting:   # a shrink it can no longer take: the round waits for its launcher's exit
+                first[name] = old
+                lands += [job.finish_at] if new is None or fewer(new, old) else []
+            elif new is None and name in held:   # booting: not suspended (live: clamped to its --min-np)
+                first[name] = at_least(old, floor.get(name))
+                self._hold(job, first[name], until=job.seen_at, lands=lands)
+            elif new is None:   # suspended: its slots are free once its launcher is gone
+                self._hold(job, None, until=self.now + self._cost(job).stall, lands=lands)
+            elif not fewer(old, new):   # a shrink (or a new batch) lands now; a booting job's frees its slots
+                first[name] = new         # once the daemon saw its first step (the worker leaves then)
+                self._hold(job, new, until=job.seen_at if name in held else self.now, lands=lands)
+            else:
+                first[name], grows[name] = old, new
+        if max(lands) <= horizon:   # nothing to wait for: the whole round at once
+            self.grows = {}
+            self._apply(self._without_preemption({**answer, **held}, {**kept, **held, **self._reserved(horizon)}))
+            return
+        self._apply(first)
+        self.grows = {name: a for name, a in grows.items() if name not in held}
+        self.grows_at = min(max(lands), self.now + SHRINK_TIMEOUT_S)
 
-    def _tick(self) -> None:
-        """A replay, between rounds: a job ended, and the starts the last round asked for that did
-        not fit then launch in its slots if they fit now (the daemon's tick; the policy is not asked)."""
-        held = {job.spec.name: job.allocation for job in self.active if job.allocation is not None}
-        starts = {job.spec.name: self.asked[job.spec.name] for job in self.active
-                  if job.allocation is None and job.spec.name in self.asked}
-        if starts:
-            self._apply(self._without_preemption(starts, held))
+    def _hold(self, job: SimJob, new: Allocation | None, until: float, lands: list[float]) -> None:
+        """``job`` goes from its allocation to ``new`` and frees the slots it gives up only at ``until``."""
+        gone = tuple(a - min(a, b) for a, b in zip(job.allocation.placement, new.placement if new else
+                                                   (0,) * len(job.allocation.placement)))
+        if until > self.now and any(gone):
+            self.holding[job.spec.name] = (until, dataclasses.replace(job.allocation, placement=gone))
+            lands.append(until)
+
+    def _reserved(self, horizon: float) -> dict[str, Allocation]:
+        """The slots jobs still hold beyond their allocations after ``horizon``, to fit the others around."""
+        return {f"{name} (freed at {until:g} s)": held for name, (until, held) in self.holding.items() if until > horizon}
+
+    def _grow(self, horizon: float) -> None:
+        """A round's starts and grows once its shrinks landed (or ``SHRINK_TIMEOUT_S`` passed): as the
+        live ``Rounds``, each fits in the slots the others hold now (a suspended job's until its
+        launcher is gone, a shrunk booting job's until it stepped), else waits or is clipped."""
+        active = {job.spec.name for job in self.active}
+        grows, self.grows = {name: a for name, a in self.grows.items() if name in active}, {}
+        self.holding = {name: held for name, held in self.holding.items() if held[0] > horizon}
+        current = {job.spec.name: job.allocation for job in self.active if job.allocation is not None}
+        kept = {name: a for name, a in current.items() if name not in grows}
+        self._apply(self._without_preemption({**current, **grows}, {**kept, **self._reserved(horizon)}))
 
     def _apply(self, answer: dict[str, Allocation]) -> None:
         for job in self.active:   # a PS job runs only with its servers (the model's W ≤ γS)
@@ -365,23 +310,19 @@ class _Engine:
             if new is not None and new.servers != job.app.servers_for(new.replicas):
                 raise PolicyError(f"{job.spec.name}: {new.replicas} workers need "
                                   f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}")
-        stall = max((self._cost(job).stall for job in self.active   # a round's grows wait for its suspensions
-                     if job.allocation is not None and job.spec.name not in answer), default=0.0)
         for job in self.active:
             new = answer.get(job.spec.name)
-            if new is not None and job.allocation is not None and self.now < job.launch_at:
-                job.allocation = new   # its launcher has not started yet: it starts at the new size
-                job.peak_replicas = max(job.peak_replicas, new.replicas)
-                continue
             pause = resize_cost(self._cost(job), job.allocation, new, resumed=job.start is not None)
             if pause is not None:   # a (re)start pays its whole cost; a change while it boots waits for the boot
                 job.restarts += 1
-                job.pause_left = pause + stall if job.allocation is None else max(job.pause_left, pause)
-                job.launch_at = self.now + stall if job.allocation is None else job.launch_at
-                job.seen_at = self.now + job.pause_left + self._cost(job).seen if job.allocation is None else job.seen_at
+                job.pause_left = pause if job.allocation is None else max(job.pause_left, pause)
+                if job.allocation is None and self.config.daemon_view is not None:   # a replay: when the
+                    job.seen_at = self.now + job.pause_left + self._cost(job).seen
+                    listed = self._cost(job).listed   # daemon sees it step, and lists its workers
+                    job.listed_at = job.seen_at if listed is None else min(self.now + listed, job.seen_at)
             if new is not None and job.start is None:
                 job.start = self.now
-            self._join(job, new, stall)
+            self._join(job, new)
             if new is None and job.allocation is not None:
                 job.suspensions.append(self.now)
             elif new is not None and job.allocation is None:
@@ -392,14 +333,13 @@ class _Engine:
         self._retime_all()
         self._note_utilization()
 
-    def _join(self, job: _Job, new: Allocation | None, stall: float = 0.0) -> None:
-        """A grow's new workers train only ``join`` seconds after its pause and the round's ``stall``
-        (live: a process boots and joins; a launcher still booting takes no resize); meanwhile it
-        trains on what it had."""
+    def _join(self, job: SimJob, new: Allocation | None) -> None:
+        """A grow's new workers train only ``join`` seconds after its pause (live: a process boots
+        and joins); meanwhile it trains on what it had."""
         old, join = job.allocation, self._cost(job).join
-        if join + stall > 0 and old is not None and new is not None and new.replicas > old.replicas:
+        if join > 0 and old is not None and new is not None and new.replicas > old.replicas:
             job.joining = job.joining or old
-            job.join_at = max(job.join_at, self.now + job.pause_left + stall + join)
+            job.join_at = max(job.join_at, self.now + job.pause_left + join)
         elif new is None or job.joining is not None and new.replicas <= job.joining.replicas:
             job.joining = None
 
@@ -417,12 +357,16 @@ class _Engine:
                         job.app, job.progress, job.allocation.placement, job.allocation.batch_size,
                         job.allocation.ps_placement) / job.speed, resumed=bool(job.suspensions)))}
 
-    def _cost(self, job: _Job) -> ResizeCost:
-        return dict(self.config.job_costs).get(job.spec.name, self.config.resize)
+    def _cost(self, job: SimJob) -> ResizeCost:
+        """Its own costs, else the system's; a job named k times in ``job_costs``: those of its
+        launch in progress (the first, then one per resume; the last repeats)."""
+        own = [cost for name, cost in self.config.job_costs if name == job.spec.name]
+        return own[min(len(job.suspensions), len(own) - 1)] if own else self.config.resize
 
-    def _rule_cost(self, job: _Job) -> float:
+    def _rule_cost(self, job: SimJob) -> float:
         """A job's suspend/resume cost as the live rules see it: its resume once any resumed, else its boot."""
-        return self._cost(job).resume_s if self.resumed_any else self._cost(job).boot_s
+        cost = self._cost(job)
+        return (cost.resume_s if cost.suspend is None else cost.suspend) if self.resumed_any else cost.boot_s
 
     def _without_preemption(self, answer: dict[str, Allocation], kept: dict[str, Allocation]) -> dict[str, Allocation]:
         """``answer`` with the running jobs in ``kept`` kept as they are; the other changes undone,
@@ -433,7 +377,7 @@ class _Engine:
             return answer
         answer.update(kept)
         floor = dict(self.config.min_replicas)
-        names = [job.spec.name for job in self.active]
+        names = list(answer)   # (with any slots still held, ``_reserved``)
         for job in reversed(self.active):
             try:
                 self.config.cluster.check(answer, names)
@@ -450,7 +394,7 @@ class _Engine:
                     answer[job.spec.name] = job.allocation   # its resize waits
         return answer
 
-    def _clipped(self, job: _Job, answer: Mapping[str, Allocation]) -> Allocation | None:
+    def _clipped(self, job: SimJob, answer: Mapping[str, Allocation]) -> Allocation | None:
         """``job``'s answer clipped per host to what the other answers leave free (the live
         ``Rounds``' grow); None if that adds nothing to what it holds, or starts it below its ``--min-np``."""
         wanted = answer.get(job.spec.name)
@@ -486,11 +430,16 @@ class _Engine:
         if not self.utilization or self.utilization[-1][1] != used:
             self.utilization.append((self.now, used))
 
-    def _record(self, job: _Job, status: str, reason: str = "") -> JobRecord:
+    def _record(self, job: SimJob, status: str, reason: str = "") -> JobRecord:
         return JobRecord(job.spec.name, job.spec.application, job.spec.submit_time, status,
                          start_time=job.start, end_time=job.end,
                          jct=None if job.end is None else job.end - job.spec.submit_time,
                          restarts=job.restarts, gpu_seconds=job.attained, reason=reason)
+
+
+def fewer(a: Allocation, b: Allocation) -> bool:
+    """``a`` has fewer workers than ``b`` on some host."""
+    return any(x < y for x, y in zip(a.placement, b.placement))
 
 
 def simulate(specs: Sequence[JobSpec], policy: Policy, config: SimConfig = SimConfig()) -> SimResult:

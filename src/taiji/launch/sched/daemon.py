@@ -186,7 +186,7 @@ class Daemon:
             self._dirty = True
         for job in [j for j in self.sched.jobs.values() if j.state == "running"]:
             code = self.hosts.outcome(job.id)
-            if code is not None and job.id not in self.stopping and self._resumable(job.id, code):
+            if code is not None and job.id not in self.stopping and self._resumable(job.id, code, now):
                 continue
             if code is not None:
                 why = self.hosts.note(job.id) or f"see {self._job_dir(job.id)}/launcher.log on its host"
@@ -198,7 +198,7 @@ class Daemon:
             status = self.hosts.status(job.id)
             if status is None:
                 if not self.hosts.running(job.id) and not (
-                        job.suspending is not None and self._resumable(job.id, EXIT_RESUMABLE)):
+                        job.suspending is not None and self._resumable(job.id, EXIT_RESUMABLE, now)):
                     self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
                 continue   # starting up, or busy: read again next tick
             progress = status.get("progress") or {}
@@ -217,10 +217,11 @@ class Daemon:
             first, latest = read_jsonl_ends(self._job_dir(job.id) / "run" / METRICS_FILE)
             self.sched.read_run_log(job.id, batch_stats(first, latest))
 
-    def _resumable(self, job_id: str, code: int) -> bool:
+    def _resumable(self, job_id: str, code: int, now: float | None = None) -> bool:
         """A launcher that exited after a suspension, or on a lost home host, with a checkpoint
         to resume from (or asked to suspend before it had one): the job is suspended (True), not
-        ended (:func:`~taiji.sched.preemption.suspension_of`)."""
+        ended (:func:`~taiji.sched.preemption.suspension_of`). ``now``: the tick's time (what the
+        round after it sees), else the clock's."""
         job = self.sched.jobs[job_id]
         outcome = suspension_of(code == EXIT_RESUMABLE, code == EXIT_STOPPED_UNSAVED, job.suspending is not None,
                                 code != 0 and self.hosts.home_lost(job_id), latest_checkpoint(job.checkpoint_dir),
@@ -228,7 +229,7 @@ class Daemon:
         if outcome is None:
             return False
         step, reason = outcome
-        self.sched.suspended(time.time(), job_id, step, reason)
+        self.sched.suspended(time.time() if now is None else now, job_id, step, reason)
         self.hosts.forget(job_id)
         self.sent.pop(job_id, None)
         self.joining.pop(job_id, None)
