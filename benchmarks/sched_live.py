@@ -93,7 +93,7 @@ from taiji.launch.sched.channel import ask
 from taiji.sched.cluster import Cluster
 from taiji.metrics.runlog import METRICS_FILE, read_jsonl
 from taiji.sched.live import Measured, fit_step_model, live_application, logged_step_times, placement_timeline
-from taiji.sched.policies import make_policy
+from taiji.sched.policies import Pcrr, make_policy
 from taiji.sched.preemption import SuspendRules
 from taiji.launch.sched.daemon import TICK_S, read_secret
 from taiji.sched.rounds import oversubscribed_instants
@@ -438,7 +438,10 @@ def replay(policy: str, run: dict[str, Any], apps: dict, cluster: Cluster, round
                        round_times=tuple(t - run["t0"] for t in run.get("rounds", []) if t >= run["t0"]),
                        daemon_view=DaemonGuess(step_times(run), {job["id"]: job["work_hint"] or job["end"]
                                                                  for job in run["jobs"]}, BATCH, cluster.total_gpus))
-    result = simulate(specs, make_policy(policy, cost, las_threshold=las_threshold, round_s=round_s), config)
+    decide = make_policy(policy, SYSTEMS["taiji"], las_threshold=las_threshold, round_s=round_s)   # as the daemon's
+    if isinstance(decide, Pcrr):   # its rounds round as the daemon's did (their seeds come from the daemon's clock)
+        decide = dataclasses.replace(decide, seed_clock=run["t0"])
+    result = simulate(specs, decide, config)
     return {record.name: record.jct for record in result.records}
 
 

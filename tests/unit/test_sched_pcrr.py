@@ -69,6 +69,8 @@ def test_same_seed_same_result():
     assert first == again
     assert make_policy("pcrr").name == "pcrr" and make_policy("pcrr", SYSTEMS["taiji"]).resize == SYSTEMS["taiji"]
     assert make_policy("pollux", SYSTEMS["taiji"]) == PolluxLike(restart_penalty_s=SYSTEMS["taiji"].move)
+    # a replay of a live run rounds as the daemon did: its rounds' seeds come from the daemon's clock
+    assert Pcrr(seed_clock=1.8e9)._round_seed(12.345) == Pcrr()._round_seed(1.8e9 + 12.345) != Pcrr()._round_seed(12.345)
 
 
 def test_a_dear_resize_keeps_allocations_that_a_cheap_one_changes():

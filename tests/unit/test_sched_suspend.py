@@ -603,6 +603,9 @@ def test_in_a_replay_the_policy_sees_a_job_as_late_as_the_daemon_did():
         assert seen[0.5][t][1] == pytest.approx(seen[0.0][round(t - 0.5, 6)][1])
     target = seen[0.0][7.25][1] / (6.25 / 6.4)   # the round after its last step (7.4 s): done, or not yet seen done
     assert seen[0.0][7.5][1] == pytest.approx(target) and seen[0.5][7.5][1] == pytest.approx(target * 6.0 / 6.4)
+    policy = Watching(lambda now: {"a": 2})   # a round reads at its tick: the lag less half a tick
+    simulate([JobSpec("a", 0.0, kind, 2, 128)], policy, dataclasses.replace(config, same_tick_s=0.2))
+    assert policy.seen[3.0]["a"][1] == pytest.approx(seen[0.0][2.75][1] + (3.0 - 2.75 - 0.3) / 0.64)
 
 
 def test_in_a_replay_the_policy_sees_a_jobs_workers_from_the_daemons_first_listing_of_them():

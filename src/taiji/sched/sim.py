@@ -41,7 +41,9 @@ and a job that trained to its end takes none (its launcher exits first). A round
 for applies everything at once, as before.
 
 **Replaying a live run** (``benchmarks/sched_live.py``): rounds fall at ``round_times``, the
-daemon's; what lands within ``same_tick_s`` after a round landed in the daemon's tick before it.
+daemon's; what lands within ``same_tick_s`` (half the daemon's tick) after a round landed in the
+tick before it, and a round's readings lag the steps by ``ResizeCost.seen`` less that much (a first
+step's ``seen`` includes the wait for the next tick, half a tick on average; a round reads at its tick).
 With ``daemon_view`` the policy sees each job as the daemon did: its progress ``ResizeCost.seen``
 late (the daemon's readings lag the steps, :mod:`taiji.sched.trail`), its workers (and their
 service) only from the daemon's first listing of them (``ResizeCost.listed``), the daemon's guess
@@ -119,7 +121,7 @@ class SimConfig:
     round_times: tuple[float, ...] = ()   # when rounds fall (a replay: the daemon's, sorted); after them every interval_s
     daemon_view: DaemonView | None = None   # a replay: policies see jobs as the daemon did (see the module's doc)
     exit_s: float = 0.0   # a replay: a job's launcher exits this long after its last step (see the module's doc)
-    same_tick_s: float = 0.0   # a replay: what lands this soon after a round landed in the daemon's tick before it
+    same_tick_s: float = 0.0   # a replay: half the daemon's tick (see the module's doc)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
@@ -214,7 +216,8 @@ class _Engine:
             return
         estimate = estimated(app, spec.name, self.config.estimation_error, self.config.error_seed)
         self.active.append(SimJob(spec, app, estimate))
-        self.active[-1].trail = Trail(self._cost(self.active[-1]).seen) if self.config.daemon_view else None
+        lag = max(0.0, self._cost(self.active[-1]).seen - self.config.same_tick_s)   # (a round reads at its tick)
+        self.active[-1].trail = Trail(lag) if self.config.daemon_view else None
 
     def _complete(self, horizon: float) -> bool:
         """Jobs that trained to their end (their launchers exit ``exit_s`` later) and those whose

@@ -76,8 +76,9 @@ with ``SimConfig.estimation_error`` PCRR plans with perturbed speeds like every 
 
 **Not modelled**: interference between distributed jobs, and Pollux-like's limit of twice the GPUs a job has held (PCRR may give a new job many GPUs at once).
 
-**Determinism**: the rounding's seed is derived from ``seed`` and the round's time, so a run is a pure
-function of (workload, settings, seed). No LP time limit is set by default, because a limit would make
+**Determinism**: the rounding's seed is derived from ``seed`` and the round's time (plus
+``seed_clock``: a replay of a live run gives the run's start, so each of its rounds draws what the
+daemon's round at that time drew), so a run is a pure function of (workload, settings, seed). No LP time limit is set by default, because a limit would make
 decisions depend on the machine's speed.
 """
 from __future__ import annotations
@@ -198,6 +199,7 @@ class Pcrr:
     name: str = "pcrr"
     resize: ResizeCost = SYSTEMS["restart"]
     seed: int = 0
+    seed_clock: float = 0.0         # added to a round's time for its seed (module docstring, "Determinism")
     adaptive_batch: bool = True
     slot_s: float = 60.0            # first slot = the simulator's round (only it is executed)
     slots: int = 8                  # geometric horizon: 60, 60, 120, … 3840 s (~2.2 h in all)
@@ -243,7 +245,7 @@ class Pcrr:
         return answer
 
     def _round_seed(self, now: float) -> int:
-        return int(np.random.SeedSequence((self.seed, int(round(now * 1000)))).generate_state(1)[0])
+        return int(np.random.SeedSequence((self.seed, int(round((now + self.seed_clock) * 1000)))).generate_state(1)[0])
 
     def _plan(self, view: JobView, shape: Shape) -> EpochPlan:
         grid = batch_grid(view.app, sum(shape), self.adaptive_batch, view.spec.batch_size)
