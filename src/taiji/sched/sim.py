@@ -225,7 +225,8 @@ class _Engine:
         done = []
         for job in [job for job in self.active if job.finish_at <= (horizon if job.exiting else self.now)]:
             job.progress = job.app.target_progress
-            exit_s = self.config.exit_s if self._cost(job).exit is None else self._cost(job).exit
+            own_exit = self._cost(job).exit
+            exit_s = self.config.exit_s if own_exit is None else own_exit
             if exit_s > 0 and not job.exiting:   # its launcher exits after its last step
                 job.exiting, job.finish_at = True, self.now + exit_s
                 continue
@@ -273,7 +274,8 @@ class _Engine:
                 self._hold(job, None, until=self.now + self._cost(job).stall, lands=lands)
             elif not fewer(old, new):   # a shrink (or a new batch) lands now; a booting job's frees its slots
                 first[name] = new         # once the daemon saw its first step (the worker leaves then)
-                self._hold(job, new, until=job.seen_at if name in held else self.now, lands=lands)
+                if name in held:
+                    self._hold(job, new, until=job.seen_at, lands=lands)
             else:
                 first[name], grows[name] = old, new
         if max(lands) <= horizon:   # nothing to wait for: the whole round at once
@@ -302,7 +304,6 @@ class _Engine:
         launcher is gone, a shrunk booting job's until it stepped), else waits or is clipped."""
         active = {job.spec.name for job in self.active}
         grows, self.grows = {name: a for name, a in self.grows.items() if name in active}, {}
-        self.holding = {name: held for name, held in self.holding.items() if held[0] > horizon}
         current = {job.spec.name: job.allocation for job in self.active if job.allocation is not None}
         kept = {name: a for name, a in current.items() if name not in grows}
         self._apply(self._without_preemption({**current, **grows}, {**kept, **self._reserved(horizon)}))
