@@ -98,15 +98,23 @@ def taiji_fault(args: argparse.Namespace, out: Path, env: dict, nproc: int, acti
         job.close()  # the stopped victim too: it is one of the step logs' pids
 
 
-def taiji_kill_join(args: argparse.Namespace, out: Path, env: dict) -> dict:
+def taiji_kill_join(args: argparse.Namespace, out: Path, env: dict, kill_at_commit: int | None = None) -> dict:
     """The case run beside torchft: 2 workers (steady-state samples/s), SIGKILL w1 (the survivor
     retries the step alone), then ask for 2 workers again (a new worker joins); every step's
-    samples logged for the exactly-once figures."""
+    samples logged for the exactly-once figures. ``kill_at_commit``: instead of a SIGKILL from
+    outside at a random moment, w1 kills itself at that step's fault phase ``commit`` (after the
+    step's last collective, before its own commit: w0 commits the step with w1's share in it);
+    the kill's time is then w1's last draw."""
     job_id = f"bench{os.getpid()}{out.name}"
     home = out / "home"
     log = StepLog(out, "taiji")
     deadline = time.monotonic() + 2 * args.timeout
     cmd = taiji_cmd(args, out, 2, args.collective_timeout, job_id, "--max-np", "2")
+    if kill_at_commit is not None:
+        if kill_at_commit <= args.steady:
+            raise ValueError(f"kill_at_commit {kill_at_commit} must come after the {args.steady} steady steps")
+        env = dict(env, TAIJI_FAULTS=json.dumps([{"action": "kill", "worker": "w1", "step": kill_at_commit,
+                                                   "phase": "commit"}]))
     job = LaunchedJob("taiji-kill-join", [*cmd, "--log-samples"], out, dict(env, TAIJI_HOME=str(home)), log)
     try:
         def w0() -> list[dict]:
@@ -114,9 +122,13 @@ def taiji_kill_join(args: argparse.Namespace, out: Path, env: dict) -> dict:
         wait_for(lambda: len(w0()) >= args.steady and log.select("commit", worker="w1"), log, [job], deadline,
                  "steady steps at 2 workers")
         steady = samples_per_s(w0(), args.batch)
-        victim = log.select("boot", worker="w1")[0]["pid"]
-        hit = time.time()
-        job.signal_worker(victim, signal.SIGKILL)
+        if kill_at_commit is None:
+            victim = log.select("boot", worker="w1")[0]["pid"]
+            hit = time.time()
+            job.signal_worker(victim, signal.SIGKILL)
+        else:
+            wait_for(lambda: any(c["size"] == 1 for c in w0()), log, [job], deadline, "a step after w1's kill")
+            hit = log.select("draw", worker="w1")[-1]["time"]
         wait_for(lambda: len([c for c in w0() if c["time"] > hit]) >= args.settle, log, [job], deadline,
                  "steps after the kill")
         requested = time.time()

@@ -140,7 +140,7 @@ def taiji_main(args: argparse.Namespace) -> None:
         if peer.rank == 0 and stop.exists():
             job.request_stop()
         if args.log_samples:
-            log.write(event="draw", worker=peer.worker_id, step=step.index, time=time.time(),
+            log.write(event="draw", worker=peer.worker_id, step=step.index, version=peer.version, time=time.time(),
                       **samples(args, step.indices, step.epoch))
         x, y = step.batch
         loss = F.cross_entropy(model(x), y)

@@ -231,18 +231,32 @@ def exactly_once_figures(records: list[dict], killed: set[str]) -> dict:
     Repeated: a sample's committed contributions in one epoch beyond its first. Lost: a sample
     drawn for a step that no worker committed with it, in that epoch, by the end of the run. A
     worker's last draw counts only if it was killed (its step can never finish) or it logged
-    something after it (the step was done with); the draws in flight when the run stops do not."""
+    something after it (the step was done with); the draws in flight when the run stops do not.
+
+    A draw that carries its cluster ``version`` is committed when the drawing worker committed
+    that step, or when a peer committed the same step in the same version: every collective of a
+    step in a version has every member's share in it, so a worker killed after the step's last
+    collective and before its own commit record (fault phase ``commit``) had its share trained by
+    the peers' commit. A retry of the step runs in a newer version, so a failed attempt's draw is
+    not covered by it."""
     commits = select(records, "commit")
     committed: dict[tuple[int, int], int] = {}
     for c in commits:
         for sample in c["samples"]:
             committed[(c["epoch"], sample)] = committed.get((c["epoch"], sample), 0) + 1
+    own = {(c["worker"], c["step"]) for c in commits}  # a worker that adopted its peers' commit logs it too
+    by_peers = {(c["step"], c["version"]) for c in commits if "version" in c}
     last_record: dict[str, float] = {}
     for r in records:
         if "worker" in r and "time" in r:
             last_record[r["worker"]] = max(last_record.get(r["worker"], 0.0), r["time"])
+    draws = select(records, "draw")
+    for d in draws:
+        if "version" in d and (d["step"], d["version"]) in by_peers and (d["worker"], d["step"]) not in own:
+            for sample in d["samples"]:  # trained in its peers' commit of this step
+                committed[(d["epoch"], sample)] = committed.get((d["epoch"], sample), 0) + 1
     lost = set()
-    for d in select(records, "draw"):
+    for d in draws:
         if d["worker"] in killed or d["time"] < last_record[d["worker"]]:
             lost.update((d["epoch"], s) for s in d["samples"] if (d["epoch"], s) not in committed)
     once = sum(1 for n in committed.values() if n == 1)

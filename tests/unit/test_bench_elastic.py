@@ -234,6 +234,32 @@ def test_exactly_once_counts_repeats_per_epoch_and_lost_draws_but_not_the_last_i
     assert clean["samples_lost"] == 0 and clean["samples_repeated"] == 0 and clean["exactly_once_share"] == 1.0
 
 
+def test_a_share_killed_after_the_last_collective_counts_as_trained_by_the_peers_commit():
+    # b is killed after step 1's collectives and before its commit record: a committed step 1 in the
+    # same version, so b's share is in it; step 2 fails (b gone) and a retries it alone in version 2
+    def v(record, version):
+        return {**record, "version": version}
+    records = [v(drawn(1.0, "a", 0, [0, 1]), 1), v(done(1.1, "a", 0, [0, 1], 2), 1),
+               v(drawn(1.0, "b", 0, [2, 3]), 1), v(done(1.1, "b", 0, [2, 3], 2), 1),
+               v(drawn(1.2, "a", 1, [4, 5]), 1), v(drawn(1.2, "b", 1, [6, 7]), 1), v(done(1.3, "a", 1, [4, 5], 2), 1),
+               v(drawn(1.4, "a", 2, [8, 9]), 1),                                     # fails: b is gone
+               v(drawn(1.5, "a", 2, [8, 9, 10, 11]), 2), v(done(1.6, "a", 2, [8, 9, 10, 11], 1), 2)]
+    figures = exactly_once_figures(records, killed={"b"})
+    assert figures["samples_lost"] == 0 and figures["samples_repeated"] == 0
+    assert figures["samples_distinct"] == 12 and figures["exactly_once_share"] == 1.0
+    # without the version a draw is covered only by its own worker's commit: b's share counts as lost
+    unversioned = [{k: x for k, x in r.items() if k != "version"} if r["worker"] == "b" else r for r in records]
+    assert exactly_once_figures(unversioned, killed={"b"})["samples_lost"] == 2
+    # a retry in a newer version covers no draw of the failed attempt: a share nobody committed is lost
+    no_commit = [r for r in records if not (r["event"] == "commit" and r["step"] == 1)]
+    assert exactly_once_figures(no_commit, killed={"b"})["samples_lost"] == 4
+    # b failed step 1 but survived, its peers committed it, and b logged the adopted commit later:
+    # its share counts once
+    adopted = [r for r in records if r["worker"] == "a" or r["step"] == 0] + [
+        v(drawn(1.2, "b", 1, [6, 7]), 1), v(done(1.45, "b", 1, [6, 7], 1), 2)]
+    assert exactly_once_figures(adopted, killed=set())["samples_repeated"] == 0
+
+
 def test_a_suspended_jobs_audit_reads_every_launchers_processes_and_finds_missing_samples():
     # first launcher (a, b) stops after step 1 (its last draw in flight); the resumed one (c) goes on
     first = [drawn(1.0, "a", 0, [0, 1]), done(1.1, "a", 0, [0, 1], 2), drawn(1.0, "b", 0, [2, 3]),

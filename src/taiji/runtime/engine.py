@@ -65,8 +65,7 @@ class StepEngine:
                  control: ControlChannel, monitors: Monitors, check_consensus: Callable[[Sequence[float], int], None],
                  fire: Callable[[str, int], None], max_steps: int | None = None, clear_grads: bool = True):
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
-        self.fetch = fetch
-        self.sampler = sampler
+        self.fetch, self.sampler = fetch, sampler
         self.peer, self.membership = peer, membership
         self.control = control
         self.monitors = monitors
@@ -267,6 +266,7 @@ class StepEngine:
         stats = attempt.stats
         assert stats is not None
         self.check_consensus(stats.decisions, attempt.index)
+        self.fire("commit", attempt.index)  # the peers commit this step whatever happens here now
         self._update()
         self.monitors.update(stats, self._strategy().global_sqnorm_share(), self.peer.view.version)
         self._last_allreduce_wait = math.nan if attempt.allreduce_wait is None else attempt.allreduce_wait

@@ -5,8 +5,10 @@ A plan comes from ``TAIJI_FAULTS`` (JSON list). Each fault fires at most once pe
 (claimed through the store), so a retried step or a replacement worker does not fire it
 again -- unless it says ``repeat`` (every matching worker, every time: a failure that is not
 transient). Phases: ``compute`` (batch built, before forward), ``allreduce`` (backward done,
-gradients in flight), ``sync`` (state sync after a membership change), ``boot`` (a
-joiner before it reports ready).
+gradients in flight), ``commit`` (every collective of the step done, before this worker
+applies the update: its peers commit the step with its share in it), ``sync`` (state sync
+after a membership change), ``boot`` (a joiner before it reports ready). ``raise`` has no
+meaning at ``commit``: no collective is left to fail there.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from ..errors import CommError, ConfigError
 
 log = logging.getLogger(__name__)
 
-PHASES = ("compute", "allreduce", "sync", "boot")
+PHASES = ("compute", "allreduce", "commit", "sync", "boot")
 ACTIONS = ("kill", "hang", "exit", "raise")
 
 
@@ -39,6 +41,9 @@ class Fault:
     def __post_init__(self) -> None:
         if self.action not in ACTIONS or self.phase not in PHASES:
             raise ConfigError(f"bad fault {self}: action in {ACTIONS}, phase in {PHASES}")
+        if self.action == "raise" and self.phase == "commit":
+            raise ConfigError(f"bad fault {self}: no collective is left to fail at 'commit'; "
+                              "use 'allreduce' for a failed collective, or kill/hang/exit at 'commit'")
 
     def matches(self, phase: str, rank: int, step: int, worker: str) -> bool:
         return (phase == self.phase and self.step in (-1, step)
