@@ -76,7 +76,8 @@ def _task_pid(slurm3, host: int, subcommand: str) -> int:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"taiji.launch.cli" in argv and subcommand.encode() in argv:
+        taiji = b"taiji.launch.cli" in argv or any(word.endswith(b"/taiji") for word in argv)  # or the script
+        if taiji and subcommand.encode() in argv:
             return pid
     raise AssertionError(f"no `taiji {subcommand}` task on host {host}")
 
@@ -120,6 +121,64 @@ def test_srun_job_grows_onto_a_second_allocation_survives_a_killed_task_and_resu
     assert not (a / ".taiji" / "slurm" / job).exists(), "the launcher removes its handover when it exits"
     merge_runs([(a, 0, stopped_at), (c, stopped_at, stopped_at + 2)], tmp_path / "merged")
     assert check_invariants(tmp_path / "merged", 16)["sizes"] == [2, 3, 2, 1]
+
+
+def _guide_script(out: Path) -> str:
+    """slurm.md's sbatch script as written, sized for this cluster (2 of its nodes, no GPUs), its
+    `python train.py ...` the test's script with as many steps as ``out/steps`` says when it starts."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "slurm.md").read_text()
+    script = next(block for block in guide.split("```bash\n")[1:] if block.startswith("#!/bin/bash"))
+    script = script.split("```")[0]
+    lines = [line for line in script.splitlines() if "--gpus-per-node" not in line]
+    script = "\n".join(lines).replace("--nodes=4", "--nodes=2").replace("--nnodes 4:8", "--nnodes 2:2")
+    train = f"python {ELASTIC_SCRIPT} {out} --batch 16 --step-delay 0.03 --steps $(cat {out}/steps)"
+    assert "python train.py --epochs 90" in script, script
+    return script.replace("python train.py --epochs 90", train) + "\n"
+
+
+def _job_field(slurm3, job: str, name: str) -> str:
+    out = slurm3.run(0, ["scontrol", "-o", "show", "job", job]).stdout
+    return next((f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}=")), "")
+
+
+def test_the_guides_sbatch_script_requeues_after_a_notice_though_a_node_was_lost_earlier(slurm3, tmp_path):
+    """slurm.md's sbatch script on n0, n1: n1's task is SIGKILLed (137: srun's status is no longer
+    what the launcher says), then `scancel --signal=TERM`: the launcher takes its final checkpoint,
+    exits 75 and requeues the job itself; the requeued job (held by Slurm's BeginTime, released
+    here) resumes from that checkpoint, says so, and completes."""
+    out = tmp_path / "a"
+    out.mkdir()
+    (out / "steps").write_text("100000")
+    (out / "job.sh").write_text(_guide_script(out))
+    environ = dict(slurm3.env, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+                   PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR", TAIJI_HOME=str(out / "home"))
+    done = slurm3.run(0, ["sbatch", "--parsable", "-w", "n0,n1", str(out / "job.sh")], cwd=str(out), env=environ)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().split(";")[0]
+    log = out / f"slurm-{job}.out"
+    try:
+        wait_for(lambda: committed_steps(out, "w1") > 0, 180, "a step with 2 workers")
+        os.kill(_task_pid(slurm3, 1, "run"), signal.SIGKILL)  # n1's task: srun's status is 137 from now on
+        wait_for(lambda: "cluster v2" in _text(log), 60, "the job to shrink")
+        wait_for(lambda: '"size": 1' in _text(out / "w0.jsonl"), 60, "a step after the shrink")
+        slurm3.run(0, ["scancel", "--signal=TERM", job])
+        wait_for(lambda: _job_field(slurm3, job, "Restarts") == "1" and _job_field(slurm3, job, "JobState") == "PENDING",
+                 120, "the launcher to requeue its job")
+        assert _job_field(slurm3, job, "Reason") == "BeginTime", _job_field(slurm3, job, "Reason")  # slurm.md says so
+        stopped_at = Storage(str(out / "ckpt")).listing().latest
+        assert stopped_at is not None and stopped_at == committed_steps(out, "w0"), stopped_at
+        (out / "steps").write_text(str(stopped_at + 3))
+        slurm3.run(0, ["scontrol", "update", f"JobId={job}", "StartTime=now"])  # not the ~2 min Slurm holds it
+        wait_for(lambda: _job_field(slurm3, job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 240,
+                 "the requeued job to resume and complete")
+        said = _text(log)
+        assert _job_field(slurm3, job, "JobState") == "COMPLETED", said[-4000:]
+    finally:
+        slurm3.run(0, ["scancel", job])
+    assert "requeueing Slurm job" in said and f"resumable from {out}/ckpt/step-{stopped_at:08d}" in said, said[-4000:]
+    assert f"resuming from {out}/ckpt/step-{stopped_at:08d}" in said, said[-4000:]
+    assert "add a host: copy" not in said, said[:3000]
+    assert "Traceback" not in said, said[-4000:]
 
 
 def test_the_host_list_parser_agrees_with_scontrol(slurm3):

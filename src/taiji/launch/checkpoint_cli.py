@@ -68,13 +68,33 @@ def parse_run_flags(args: argparse.Namespace) -> CheckpointFlags:
     return CheckpointFlags(directory, args.checkpoint_every, resume, args.checkpoint_grace)
 
 
+def resume_note(directory: str, resume: str) -> str | None:
+    """What the launcher says at the start about ``--resume`` (None: nothing to say): the
+    checkpoint the workers resume from (that of a Job whose own ``taiji.Checkpoint`` says
+    otherwise wins), or that ``--resume auto`` found none and the job starts fresh."""
+    if not resume:
+        return None
+    try:
+        found = find(directory if resume == "auto" else resume, missing_ok=True)
+    except CheckpointError as exc:
+        return f"--resume {resume}: {exc}"
+    if found is None:
+        return f"--resume auto: no complete checkpoint in {directory} yet: a fresh start"
+    m = found.manifest
+    return (f"resuming from {found.url} (step {found.step}, written by {m.size} worker(s)); the run log's "
+            "`resume` event has the details")
+
+
 def stop_workers(signum: int, sup: Supervisor, directory: str, grace: float, checkpoint_grace: float,
-                 say: Callable[[str], None]) -> int:
-    """The launcher received ``signum``: stop this host's workers; returns the launcher's status.
-    SIGTERM with a checkpoint directory is a preemption notice: the workers get ``NOTICE_SIGNAL``
-    and up to ``checkpoint_grace`` seconds to stop at a step boundary after a final checkpoint."""
+                 say: Callable[[str], None], elsewhere: int = 0) -> int:
+    """The launcher received ``signum``: stop this host's workers (``elsewhere``: how many run on
+    the other hosts, which their agents stop); returns the launcher's status. SIGTERM with a
+    checkpoint directory is a preemption notice: the workers get ``NOTICE_SIGNAL`` and up to
+    ``checkpoint_grace`` seconds to stop at a step boundary after a final checkpoint."""
     saving = signum == signal.SIGTERM and bool(directory)
-    say(f"received {signal.Signals(signum).name}; stopping {len(sup.running())} worker(s)" + (
+    here = len(sup.running())
+    where = f" ({here} here, {elsewhere} on other hosts)" if elsewhere else ""
+    say(f"received {signal.Signals(signum).name}; stopping {here + elsewhere} worker(s){where}" + (
         f" at the next step boundary, after a final checkpoint in {directory}" if saving
         else "" if directory else "; no --checkpoint-dir was given: nothing was saved"))
     if saving:

@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "--slurm ...`): task 0 is the launcher, the others join it; --nnodes defaults to the step's "
                           "nodes, --nproc-per-node to the node's GPUs (else 1); the secret is handed over in a 0600 "
                           f"file under $SLURM_SUBMIT_DIR/.taiji (or ${env.SLURM_DIR.name})")
+    run.add_argument("--requeue", action="store_true",
+                     help="with --slurm, --checkpoint-dir and --resume auto: when the job stops on a notice with a "
+                          "complete checkpoint (exit 75: scancel --signal=TERM, a time limit's --signal), task 0 "
+                          "requeues its Slurm job (`scontrol requeue`, a batch job submitted with --requeue), "
+                          "whatever the other tasks' statuses (srun reports the largest)")
     checkpoint_cli.add_run_flags(run)
     metrics_http.add_flags(run)
     ray_hosts.add_run_flags(run)
@@ -153,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                           usage="taiji plot RUN_DIR [-o OUT.png]")
     plot.add_argument("run_dir", metavar="RUN_DIR")
     plot.add_argument("-o", "--output", default=None, help="PNG path (default: RUN_DIR/timeline.png)")
-    # listed for `taiji --help` only: main() hands `taiji sched ...` to taiji.sched.cli before parsing
+    # listed for `taiji --help` only: main() hands these to their own parsers (OWN_PARSERS) before parsing
+    sub.add_parser("checkpoint", help="inspect and export checkpoints: `taiji checkpoint show|export --help`",
+                   add_help=False)
     sub.add_parser("sched", help="cluster scheduling: `taiji sched simulate --help`", add_help=False)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                      help="the worker command, e.g. `python train.py --lr 0.1`; a bare `python` "
@@ -184,11 +191,16 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
         command = command[1:]
     min_hosts, max_hosts = _parse_nnodes(args.nnodes, args.nproc_per_node)
     if args.nproc is None:
-        if args.nnodes is None:
-            raise ConfigError("say how many workers: -np N (or --nnodes MIN:MAX with --nproc-per-node K)")
-        args.nproc = min_hosts * args.nproc_per_node
+        if args.nproc_per_node < 1:
+            raise ConfigError("say how many workers: -np N (N workers on this host), or --nproc-per-node K (K on "
+                              "this host, more on the hosts that join, up to --max-np; with --nnodes MIN:MAX, "
+                              "MIN x K across MIN hosts); e.g. `taiji run -np 2 python train.py`")
+        args.nproc = min_hosts * args.nproc_per_node  # torchrun's: K workers on each of the MIN hosts
     if args.nproc < 1:
         raise ConfigError(f"-np must be at least 1, got {args.nproc}")
+    if getattr(args, "requeue", False) and not args.slurm:
+        raise ConfigError("--requeue is for `srun taiji run --slurm` in an sbatch job (it requeues the Slurm job); "
+                          "elsewhere rerun `taiji run --checkpoint-dir PATH --resume auto ...` after exit 75")
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
     min_np = 1 if args.min_np is None else args.min_np
@@ -207,10 +219,10 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
         raise ConfigError(f"--grace must be >= 0 seconds, got {args.grace}")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
-    if args.nproc_per_node < 0 or (args.nproc_per_node and args.nproc > min_hosts * args.nproc_per_node):
-        where = "this host's" if min_hosts == 1 else f"the {min_hosts} starting hosts' (--nnodes MIN) x"
-        raise ConfigError(f"-np {args.nproc} workers must fit {where} --nproc-per-node {args.nproc_per_node}; "
-                          "more come with the hosts that join")
+    if args.nproc_per_node < 0:
+        raise ConfigError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+    if args.nproc_per_node and args.nproc > min_hosts * args.nproc_per_node:
+        raise ConfigError(_unfit_start(args.nproc, args.nproc_per_node, args.nnodes, max_np))
     if command and command[0] in ("python", "python3"):
         command[0] = sys.executable  # the interpreter that has taiji, venv or not
     elif command and command[0].endswith(".py"):
@@ -228,6 +240,19 @@ def parse_run(args: argparse.Namespace) -> RunConfig:
                      nproc_per_node=args.nproc_per_node, store=_parse_store(args.store),
                      min_hosts=min_hosts, max_hosts=max_hosts, grow_on_join=args.grow_on_join,
                      secret=_read_secret(args.secret_file), checkpoint=checkpoint_cli.parse_run_flags(args))
+
+
+def _unfit_start(nproc: int, per_node: int, nnodes: str | None, max_np: int) -> str:
+    """Why -np does not fit the starting hosts' slots, with the two forms that work."""
+    min_hosts = int(nnodes.partition(":")[0]) if nnodes else 1
+    where = "this host's" if min_hosts == 1 else f"the {min_hosts} starting hosts' (--nnodes MIN) x"
+    fits, hosts = min_hosts * per_node, -(-nproc // per_node)
+    most = max(-(-max_np // per_node), hosts)
+    same_hosts = f"--nnodes {nnodes} " if nnodes else ""
+    return (f"-np {nproc} workers must fit {where} --nproc-per-node {per_node} at the start: either start with "
+            f"what fits and grow onto the hosts that join (`-np {fits} {same_hosts}--nproc-per-node {per_node} "
+            f"--max-np {max(max_np, nproc)}`), or wait for enough hosts before the start (`--nnodes {hosts}:{most} "
+            f"--nproc-per-node {per_node}`, -np defaults to {hosts} x {per_node})")
 
 
 def _read_secret(path: str | None) -> bytes | None:
@@ -388,13 +413,19 @@ def exiting(code: int) -> int:
     return code
 
 
+def _sched_main(argv: Sequence[str]) -> int:
+    from .sched.cli import main as sched_main   # its own parser (launch/sched/cli.py), loaded only when used
+    return sched_main(argv)
+
+
+# commands with a parser of their own: `taiji NAME ...` goes to it whole (build_parser lists them for --help)
+OWN_PARSERS = {"checkpoint": checkpoint_cli.main, "sched": _sched_main}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["checkpoint"]:
-        return checkpoint_cli.main(argv[1:])
-    if argv[:1] == ["sched"]:   # its own parser (launch/sched/cli.py), loaded only when used
-        from .sched.cli import main as sched_main
-        return sched_main(argv[1:])
+    if argv[:1] and argv[0] in OWN_PARSERS:
+        return OWN_PARSERS[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     env.quiet_cpp_logs()  # before torch loads (lazily, below)
@@ -409,7 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics = metrics_http.config_of(args)
             if args.slurm:
                 return exiting(run_task(parse_run(args), allocation,
-                                        lambda cfg, announce: run_job(cfg, metrics=metrics, announce=announce)))
+                                        lambda cfg, announce: run_job(cfg, metrics=metrics, announce=announce),
+                                        requeue_on_notice=args.requeue))
+            ray_hosts.fill_defaults(args)
             cfg, ray_cfg, provider = parse_run(args), ray_hosts.config_of(args), None
             if ray_cfg is not None:
                 cfg, provider = ray_hosts.prepare(cfg, ray_cfg)

@@ -21,7 +21,7 @@ from ..cluster.follow import KeyFollower, PrefixFollower
 from ..cluster.store import JobStore, host_store, open_store
 from ..errors import LaunchError, StoreError
 from . import agent_channel, registry
-from .checkpoint_cli import stop_workers
+from .checkpoint_cli import resume_note, stop_workers
 from .control_socket import ControlServer
 from .etcd_server import EtcdServer
 from .options import DriverConfig
@@ -322,6 +322,9 @@ class Driver:
                  f"{cfg.bounds.max_np}), store {self.store_address}, command: "
                  f"{' '.join(self.settings.command)}")
         self.say(f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`")
+        resuming = resume_note(self.settings.checkpoint_dir, self.settings.resume)
+        if resuming:
+            self.say(resuming)
         agent_channel.publish_settings(self.job, self.settings)
         agent_channel.publish_bounds(self.job, cfg.bounds)
         return self._serve(self._start)
@@ -339,7 +342,7 @@ class Driver:
         agent_channel.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots,
                                          survivable=self.survivable, tether=tether)
         auth.write_secret_file(self.secret_file, self.secret)
-        if self.cfg.slots:
+        if self.cfg.slots and not self.cfg.hosts_from:  # Ray and Slurm start the other hosts' agents
             self.say(f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
                      f"`taiji join {self.cfg.job_id}@{self.store_address} --secret-file FILE "
                      f"--nproc-per-node K --host ITS_IP`")
@@ -365,7 +368,7 @@ class Driver:
                 exited, received = self.sup.wait(timeout=self.tick)
                 if received:  # SIGTERM with --checkpoint-dir: a final checkpoint first
                     code = stop_workers(received[0], self.sup, self.settings.checkpoint_dir, cfg.grace,
-                                        cfg.checkpoint_grace, self.say)
+                                        cfg.checkpoint_grace, self.say, len(self.remote.running()))
                     self.remote.stop(cfg.grace + 2.0)
                     return code
                 self._forward_resizes()

@@ -42,6 +42,7 @@ class RunConfig:
     grow_on_join: bool = True  # grow onto a joining host's slots (off: only resizes place workers there)
     secret: bytes | None = None  # the job's secret (--secret-file); None: a new one
     checkpoint: CheckpointFlags = field(default_factory=lambda: CheckpointFlags())  # --checkpoint-dir, --resume
+    hosts_from: str = ""       # who starts the other hosts' agents: "" (`taiji join` by hand), "ray", "slurm"
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class DriverConfig:
     min_hosts: int = 1  # hosts (this one included) that must have joined before the job starts
     secret: bytes | None = None  # the job's secret when given (a scheduler derives it); else a new one
     checkpoint_grace: float = 60.0  # with --checkpoint-dir: SIGTERM -> final checkpoint -> exit, at most
+    hosts_from: str = ""  # RunConfig.hosts_from: "" when other hosts join by hand (the launcher says how)
 
     @property
     def output_prefix(self) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from .. import env
 from ..errors import ConfigError
 from .options import RunConfig
+from .worker_env import forwarded_environment
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,23 @@ def config_of(args: argparse.Namespace) -> RayConfig | None:
         raise ConfigError("--ray-cpus-per-worker and --ray-gpus-per-worker must be >= 0")
     return RayConfig(address=args.ray, cpus_per_worker=args.ray_cpus_per_worker,
                      gpus_per_worker=args.ray_gpus_per_worker)
+
+
+def fill_defaults(args: argparse.Namespace) -> None:
+    """`taiji run --ray`'s shape, into ``args`` before they are parsed: --nproc-per-node is required
+    (the slots, and so the Ray resources, of every node); -np N beyond this node's slots (without
+    --nnodes) waits for the nodes that hold them: --nnodes ceil(N/K):ceil(max(N, --max-np)/K)."""
+    if args.ray is None:
+        return
+    per_node = args.nproc_per_node
+    if per_node < 1:
+        raise ConfigError("--ray needs --nproc-per-node K: the workers each Ray node runs (this host's too), e.g. "
+                          "`taiji run --ray HOST:PORT --nproc-per-node 1 --max-np 8 python train.py` (1 worker "
+                          "here, and 1 on each other Ray node, up to 8)")
+    if args.nnodes is None and args.nproc is not None and args.nproc > per_node:
+        first = math.ceil(args.nproc / per_node)
+        most = max(first, math.ceil((args.max_np or 0) / per_node))
+        args.nnodes = f"{first}:{most}"
 
 
 # -- pure decisions -----------------------------------------------------------------------
@@ -149,7 +167,40 @@ def connect(ray_cfg: RayConfig) -> Any:
     except ConnectionError as exc:
         raise ConfigError(f"no Ray cluster at {address}: {str(exc).splitlines()[0]} (give --ray HOST:PORT, set "
                           "RAY_ADDRESS, or --ray local to start one here)") from None
+    shorten_ray_reports()
     return ray
+
+
+def first_lines(lines: list[str]) -> list[str]:
+    """Each of Ray's reports (one string, many lines) as its first line, saying how many were left out."""
+    shortened = []
+    for report in lines:
+        first, _, rest = str(report).partition("\n")
+        more = len(rest.rstrip("\n").splitlines())
+        shortened.append(first + (f" [{more} more line(s) of Ray's report in the node's Ray logs]" if more else ""))
+    return shortened
+
+
+def shorten_ray_reports() -> None:
+    """Ray prints the cluster's error reports to its drivers' terminals: a dead raylet's comes with
+    ~25 lines of its state dump, ahead of the launcher's own one-line diagnosis (`host ... is lost`).
+    Print the first line of each (the diagnosis; the dump stays in the node's Ray logs). Ray's
+    error listener looks its printer up in ``ray._private.worker`` at each report: where a Ray
+    version has no such printer, nothing changes."""
+    try:
+        from ray._private import worker as ray_worker
+    except ImportError:
+        return
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "taiji_shortened", False):
+        return
+
+    def shortened(data: dict, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(data, dict) and data.get("pid") == "raylet" and isinstance(data.get("lines"), list):
+            data = {**data, "lines": first_lines(data["lines"])}
+        return printer(data, *args, **kwargs)
+    shortened.taiji_shortened = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = shortened
 
 
 class RayHosts:
@@ -216,7 +267,7 @@ class RayHosts:
             name=f"taiji-{self.cfg.job_id}-{node_id[:12]}", num_cpus=self.demand["CPU"],
             num_gpus=self.demand.get("GPU", 0), max_restarts=0, scheduling_strategy=strategy,
             lifetime=lifetime).remote()
-        environ = env.for_children({"PYTHONUNBUFFERED": "1"})
+        environ = {**forwarded_environment(dict(os.environ)), "PYTHONUNBUFFERED": "1"}  # as this host's workers
         ref = actor.run.remote(self._agent_argv(driver.store_address, address), driver.secret.hex(), environ,
                                leave_when_done=driver.survivable)
         self.actors[node_id] = (actor, ref, address)
@@ -303,6 +354,7 @@ def prepare(cfg: RunConfig, ray_cfg: RayConfig) -> tuple[RunConfig, RayHosts]:
     the launcher's address: the Ray node's address of this machine unless --host/--ifname says."""
     if cfg.nproc_per_node < 1:
         raise ConfigError("--ray needs --nproc-per-node K: the workers each Ray node runs (this host's too)")
+    cfg = replace(cfg, hosts_from="ray")
     ray = connect(ray_cfg)
     try:
         if cfg.host == "127.0.0.1":

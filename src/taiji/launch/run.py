@@ -88,7 +88,7 @@ def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None,
     driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=cfg.nproc, bounds=bounds,
                               host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace,
                               slots=cfg.nproc_per_node, store=cfg.store, min_hosts=cfg.min_hosts,
-                              secret=cfg.secret, checkpoint_grace=cfg.checkpoint.grace)
+                              secret=cfg.secret, checkpoint_grace=cfg.checkpoint.grace, hosts_from=cfg.hosts_from)
     drivers: list["Driver"] = []  # the control server hands out the snapshot `taiji status` shows
 
     def snapshot() -> dict:

@@ -11,7 +11,9 @@ own allocation's end (SIGTERM) is a planned shrink off its node.
 
 Inside one allocation, Slurm signals every task at once (scancel --signal, a time limit's
 --signal, preemption): the launcher takes the final checkpoint and exits 75, so an agent there
-keeps its workers until the launcher stops them.
+keeps its workers until the launcher stops them. With ``--requeue`` the launcher then requeues
+its Slurm job itself (``scontrol requeue``): the decision is the launcher's own outcome, not
+`srun`'s status, which is the largest of its tasks' (137 once any node's task was killed).
 """
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -29,10 +33,12 @@ from ..cluster.auth import read_secret_file, write_secret_file
 from ..comm.addresses import interface_address
 from ..errors import ConfigError, LaunchError, StoreError
 from . import slurm
+from .checkpoint_cli import EXIT_RESUMABLE
 from .options import JoinConfig, RunConfig
 
 POLL_SECONDS = 0.1
 RECORD, SECRET = "job.json", "secret"
+SCONTROL_TIMEOUT = 30.0
 
 
 def shared_dir(allocation: slurm.Allocation | None) -> Path:
@@ -124,37 +130,86 @@ def prepare_run(args: argparse.Namespace) -> slurm.Allocation:
         args.nproc_per_node = slurm.default_slots(allocation)
     if allocation.launches and not args.ifname:
         slurm.check_nodes_resolve(allocation.nodes)  # every node: an agent there must advertise its own
+    if args.requeue and not (args.checkpoint_dir and args.resume == "auto"):
+        raise ConfigError("--requeue needs --checkpoint-dir PATH and --resume auto: the requeued job runs the same "
+                          "command and must resume from the checkpoint its stop wrote")
     args.host = _node_address(args, allocation)
     args.ifname = None
     args.job_id = args.job_id or f"slurm{allocation.job}"
     return allocation
 
 
+def job_state(job: str) -> str:
+    """Slurm's state of ``job`` (RUNNING, CANCELLED, ...; "" where scontrol cannot say)."""
+    try:
+        done = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True,
+                              timeout=SCONTROL_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return next((field.split("=", 1)[1] for field in done.stdout.split() if field.startswith("JobState=")), "")
+
+
+def requeue(allocation: slurm.Allocation, say: Callable[[str], None]) -> bool:
+    """Requeue this task's Slurm job (it stopped on a notice with a complete checkpoint); whether
+    Slurm took it. Only a job still RUNNING is: a cancelled one (plain `scancel`) was meant to
+    end, and one Slurm requeues itself (preemption with PreemptMode=REQUEUE) is not requeued twice."""
+    state = job_state(allocation.job)
+    if state != "RUNNING":
+        say(f"Slurm job {allocation.job} is {state or 'in a state scontrol does not tell'}, not RUNNING: "
+            "not requeued (a cancelled job is meant to end; a preempted one Slurm requeues itself)")
+        return False
+    say(f"requeueing Slurm job {allocation.job} (`scontrol requeue`): it resumes from its checkpoint when Slurm "
+        "starts it again (Slurm holds a requeued job for about two minutes first: its BeginTime)")
+    try:
+        done = subprocess.run(["scontrol", "requeue", allocation.job], capture_output=True, text=True,
+                              timeout=SCONTROL_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        say(f"could not requeue Slurm job {allocation.job}: {exc}; requeue it yourself: "
+            f"`scontrol requeue {allocation.job}`")
+        return False
+    if done.returncode != 0:
+        say(f"Slurm refused to requeue job {allocation.job}: {(done.stderr or done.stdout).strip()} (a job "
+            "submitted with --no-requeue, or not a batch job: requeue needs `sbatch --requeue`)")
+        return False
+    return True
+
+
 def run_task(cfg: RunConfig, allocation: slurm.Allocation,
-             run_job: Callable[[RunConfig, Callable[[str, bytes], None]], int]) -> int:
-    """Task 0: the launcher (``run_job`` with a callback that publishes the handover); any other
-    task: its node's agent, once the handover of this step is there."""
+             run_job: Callable[[RunConfig, Callable[[str, bytes], None]], int], requeue_on_notice: bool = False) -> int:
+    """Task 0: the launcher (``run_job`` with a callback that publishes the handover; with
+    ``requeue_on_notice``, a stop on a notice with a complete checkpoint requeues the Slurm job);
+    any other task: its node's agent, once the handover of this step is there."""
     handover = Handover(shared_dir(allocation), allocation.job)
+    cfg = replace(cfg, hosts_from="slurm")
     if allocation.launches:
-        def announce(store_url: str, secret: bytes) -> None:
-            handover.publish(allocation, cfg.job_id, store_url, secret)
-            others = ", ".join(allocation.nodes[1:]) or "no other node"
-            sys.stdout.write(f"taiji: Slurm job {allocation.job}: the tasks on {others} join through "
-                             f"{handover.directory}; another allocation's tasks join with "
-                             f"`srun taiji join --slurm {allocation.job}`\n")
-            sys.stdout.flush()
-        try:
-            return run_job(cfg, announce)
-        except (ConfigError, LaunchError, StoreError) as exc:
-            handover.fail(allocation, str(exc))
-            raise
-        finally:
-            handover.withdraw(allocation)
+        code = _launch(cfg, allocation, handover, run_job)
+        if code == EXIT_RESUMABLE and requeue_on_notice:
+            requeue(allocation, lambda text: print(f"taiji: {text}", flush=True))
+        return code
     from .agent import Agent  # torch loads while the launcher starts
     record, secret = handover.wait(lambda r: same_run(r, allocation), cfg.join_timeout,
                                    f"launcher of Slurm job {allocation.job} step {allocation.step or '-'}")
     return Agent(JoinConfig(job_id=str(record["job"]), store_url=str(record["store"]), secret=secret,
                             slots=cfg.nproc_per_node, host=cfg.host, grace=cfg.grace, job_notice=True)).run()
+
+
+def _launch(cfg: RunConfig, allocation: slurm.Allocation, handover: Handover,
+            run_job: Callable[[RunConfig, Callable[[str, bytes], None]], int]) -> int:
+    """Task 0's launcher, its handover published once its store is up and withdrawn when it exits."""
+    def announce(store_url: str, secret: bytes) -> None:
+        handover.publish(allocation, cfg.job_id, store_url, secret)
+        others = ", ".join(allocation.nodes[1:]) or "no other node"
+        sys.stdout.write(f"taiji: Slurm job {allocation.job}: the tasks on {others} join through "
+                         f"{handover.directory}; another allocation's tasks join with "
+                         f"`srun taiji join --slurm {allocation.job}`\n")
+        sys.stdout.flush()
+    try:
+        return run_job(cfg, announce)
+    except (ConfigError, LaunchError, StoreError) as exc:
+        handover.fail(allocation, str(exc))
+        raise
+    finally:
+        handover.withdraw(allocation)
 
 
 def join_config(args: argparse.Namespace) -> JoinConfig:

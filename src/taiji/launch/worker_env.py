@@ -104,6 +104,27 @@ def local_start(settings: WorkerSettings, secret: bytes, worker_id: str, rank: i
                                                local_rank=local_rank, local_size=min(slots, size))
 
 
+# What describes the launcher's host, session or software layout rather than the job: not carried to
+# another host's workers (each host has its own), and taiji's and Ray's own variables, which each
+# host sets for itself. Everything else in the launcher's environment is (`forwarded_environment`).
+NOT_FORWARDED = frozenset({
+    "HOSTNAME", "HOST", "PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "DISPLAY",
+    "XAUTHORITY", "MAIL", "TMPDIR", "TMUX", "TMUX_PANE", "STY", "WINDOW", "LS_COLORS", "PS1",
+    "DBUS_SESSION_BUS_ADDRESS", "PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "PYTHONHOME",
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+})
+NOT_FORWARDED_PREFIXES = ("TAIJI_", "RAY_", "SLURM_", "SSH_", "XDG_", "CONDA_")
+
+
+def forwarded_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The part of the launcher's ``environ`` that another host's workers get (`taiji run --ray`):
+    what the user exported for the job, as srun's default ``--export=ALL`` carries it to every
+    task, less ``NOT_FORWARDED`` (the launcher's host, session and paths; the devices Ray assigns)
+    and ``NOT_FORWARDED_PREFIXES`` (taiji's, Ray's, Slurm's and the shell's own)."""
+    return {name: value for name, value in env.for_children(dict(environ)).items()
+            if name not in NOT_FORWARDED and not name.startswith(NOT_FORWARDED_PREFIXES)}
+
+
 @dataclass(frozen=True)
 class StartedAhead:
     """What `taiji run` made before it imported torch (launch/run.py): the store's bound socket,
