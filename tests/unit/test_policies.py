@@ -300,6 +300,39 @@ def test_lr_scaling_policy_tracks_the_batch_and_composes_factors():
     assert policy.applied == pytest.approx(math.sqrt(2))
 
 
+def test_lr_scaling_ramps_a_higher_factor_in_and_lowers_at_once():
+    policy = LRScaling("linear", ramp=4)
+    policy.before_train(ctx(batch_size=64))
+    assert policy.before_step(ctx(step=10, batch_size=64)) is None
+    factors = [policy.before_step(ctx(step=s, batch_size=256)).factor for s in range(11, 15)]
+    lrs = [math.prod(factors[:i + 1]) for i in range(4)]
+    assert lrs == pytest.approx([1.75, 2.5, 3.25, 4.0])                    # 1 -> 4 over 4 steps
+    assert policy.before_step(ctx(step=15, batch_size=256)) is None and policy.ramp_from is None
+    assert policy.before_step(ctx(step=16, batch_size=128)).factor == pytest.approx(0.5)   # at once
+    mid = LRScaling("linear", ramp=4)                                       # a change in mid-ramp
+    mid.before_train(ctx(batch_size=64))
+    mid.before_step(ctx(step=0, batch_size=64))
+    mid.before_step(ctx(step=1, batch_size=256))
+    assert mid.applied == pytest.approx(1.75)
+    mid.before_step(ctx(step=2, batch_size=128))                            # 2 is above 1.75: a new ramp
+    assert mid.applied == pytest.approx(1.75 + 0.25 / 4)
+    restored = LRScaling("linear", ramp=4)                                  # a joiner or a resume
+    restored.load_state_dict(mid.state_dict())
+    assert restored.before_step(ctx(step=3, batch_size=128)).factor == pytest.approx((1.75 + 0.125) / (1.75 + 0.0625))
+
+
+def test_lr_scaling_of_a_job_that_starts_above_its_base_batch_is_a_gradual_warmup():
+    policy = LRScaling("sqrt", base_batch=64, ramp=3)
+    policy.before_train(ctx(batch_size=1024))
+    applied = []
+    for step in range(5):
+        decision = policy.before_step(ctx(step=step, batch_size=1024))
+        applied.append(policy.applied if decision else None)
+    assert applied == pytest.approx([2.0, 3.0, 4.0, None, None])
+    with pytest.raises(ConfigError):
+        LRScaling(ramp=-1)
+
+
 def test_batch_per_worker_follows_the_cluster():
     assert BatchPerWorker(32).before_step(ctx(size=3)) == SetBatchSize(96)
 

@@ -35,14 +35,24 @@ class LRScaling(Policy):
     """Keep ``lr = base_lr × lr_scale(rule, B, B0)`` as the global batch B changes (by a batch
     policy, or with the cluster under ``BatchPerWorker``). B0 is the batch at the start unless
     given. Put it after batch-size policies, or anywhere: it acts in ``before_step``, after the
-    boundary's batch decisions. Works with LR schedulers: it scales, it does not set."""
+    boundary's batch decisions. Works with LR schedulers: it scales, it does not set.
 
-    def __init__(self, rule: str = "linear", base_batch: int | None = None):
+    ``ramp``: a batch change that raises the factor reaches it linearly over this many steps
+    (gradual warm-up, Goyal et al.: a larger batch's larger LR is approached, not jumped to, so the
+    momentum built at the old LR does not overshoot); a lower factor applies at once. A job that
+    starts above B0 ramps up from 1 in its first steps. 0: every change at once."""
+
+    def __init__(self, rule: str = "linear", base_batch: int | None = None, *, ramp: int = 0):
         if rule not in RULES:
             raise ConfigError(f"unknown LR scaling rule {rule!r}; use one of {', '.join(RULES)}")
-        self._rule = rule
+        if ramp < 0:
+            raise ConfigError(f"LRScaling's ramp is a number of steps >= 0, got {ramp}")
+        self._rule, self._ramp = rule, ramp
         self.base_batch = base_batch
         self.applied = 1.0  # the factor currently in the learning rate
+        self.ramp_from: float | None = None  # the factor a ramp started from, while one runs
+        self.ramp_batch = 0  # the batch the last ramp (or change) was for
+        self.ramp_step = 0  # the step that ramp started at
 
     @property
     def name(self) -> str:
@@ -55,11 +65,24 @@ class LRScaling(Policy):
 
     def before_step(self, ctx: Context) -> HookResult:
         assert self.base_batch is not None
-        wanted = lr_scale(self._rule, ctx.batch_size, self.base_batch, ctx.metrics.gns)
+        wanted = self._ramped(ctx, lr_scale(self._rule, ctx.batch_size, self.base_batch, ctx.metrics.gns))
         if math.isclose(wanted, self.applied, rel_tol=1e-9):
             return None
         factor, self.applied = wanted / self.applied, wanted
         return ScaleLR(factor)
+
+    def _ramped(self, ctx: Context, wanted: float) -> float:
+        """The factor for this step: ``wanted``, or the way to it while a ramp runs."""
+        if ctx.batch_size != self.ramp_batch:  # a new batch: ramp towards its factor if it is higher
+            self.ramp_batch, self.ramp_step = ctx.batch_size, ctx.step
+            self.ramp_from = self.applied if self._ramp and wanted > self.applied else None
+        if self.ramp_from is None:
+            return wanted
+        done = (ctx.step - self.ramp_step + 1) / self._ramp
+        if done >= 1 or wanted <= self.ramp_from:
+            self.ramp_from = None
+            return wanted
+        return self.ramp_from + (wanted - self.ramp_from) * done
 
 
 def LinearLRScaling(base_batch: int | None = None) -> LRScaling:
