@@ -164,6 +164,8 @@ def torchft_rows(taiji_runs: list[dict], torchft_runs: list[dict], ddp_runs: lis
                     torchrun_s=rounded(median_over(grow, "request_to_first_step_s")), **status("kill", "join")),
         contract_row("exactly-once across the kill and the join: share of drawn samples trained on exactly once "
                      "vs torchft", rounded(share), rounded(anchor_share), higher_is_better=True,
+                     taiji_all=each_over(taiji_runs, "exactly_once", "exactly_once_share"),
+                     anchor_all=each_over(torchft_runs, "exactly_once", "exactly_once_share"),
                      **{f"{side}_{key}": median_over(runs, "exactly_once", key)
                         for side, runs in (("taiji", taiji_runs), ("anchor", torchft_runs))
                         for key in ("samples_lost", "samples_repeated", "samples_committed")},

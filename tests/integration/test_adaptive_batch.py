@@ -1,6 +1,7 @@
 """The GNS-adaptive batch adapts, and keeps the small batch's accuracy: benchmarks/adaptive_batch.py's
 own repetition (small, large and adaptive runs through `taiji run -np 2`, on the real
-Fashion-MNIST), shortened to 8,000 samples with the policy checking every 20 steps after 30.
+Fashion-MNIST), shortened to 8,000 samples and one large-batch LR, with the policy checking every 20
+steps after 30.
 
 Fails when the adaptive run stops adapting (its batch never grows past the small batch) or its
 accuracy falls away from the small run's (more than 2 points: a short run's final evaluation
@@ -21,6 +22,7 @@ def test_the_gns_adaptive_batch_grows_and_keeps_the_small_batchs_accuracy(tmp_pa
     bench = load_benchmark("adaptive_batch")
     args = bench.parse_args(["--quick", "--arms", "adaptive", "--train-subset", "8000", "--test-subset", "4000",
                              "--warmup", "30", "--interval", "20", "--eval-every", "0.25", "--timeout", "240",
+                             "--large-lr-factors", "1",
                              "--out", str(tmp_path)])
     rep = bench.one_rep(0, args, tmp_path)
     adaptive, small = rep["runs"]["adaptive"], rep["runs"]["small"]

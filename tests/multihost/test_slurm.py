@@ -136,6 +136,11 @@ def _guide_script(out: Path) -> str:
     return script.replace("python train.py --epochs 90", train) + "\n"
 
 
+def _node_state(slurm3, node: str) -> str:
+    out = slurm3.run(0, ["scontrol", "-o", "show", "node", node]).stdout
+    return next((f.split("=", 1)[1] for f in out.split() if f.startswith("State=")), "")
+
+
 def _job_field(slurm3, job: str, name: str) -> str:
     out = slurm3.run(0, ["scontrol", "-o", "show", "job", job]).stdout
     return next((f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}=")), "")
@@ -168,7 +173,11 @@ def test_the_guides_sbatch_script_requeues_after_a_notice_though_a_node_was_lost
         stopped_at = Storage(str(out / "ckpt")).listing().latest
         assert stopped_at is not None and stopped_at == committed_steps(out, "w0"), stopped_at
         (out / "steps").write_text(str(stopped_at + 3))
-        slurm3.run(0, ["scontrol", "update", f"JobId={job}", "StartTime=now"])  # not the ~2 min Slurm holds it
+        # released at once, not after the ~2 min Slurm holds it, but only once the first run has left its nodes: a
+        # job started while they still end its steps is killed by Slurm ("Job credential revoked")
+        wait_for(lambda: all(_node_state(slurm3, node) == "IDLE" for node in ("n0", "n1")), 120,
+                 "the first run's nodes to finish its steps")
+        slurm3.run(0, ["scontrol", "update", f"JobId={job}", "StartTime=now"])
         wait_for(lambda: _job_field(slurm3, job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 240,
                  "the requeued job to resume and complete")
         said = _text(log)

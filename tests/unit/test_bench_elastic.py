@@ -325,6 +325,7 @@ def test_torchft_rows_name_the_anchor_and_put_taiji_ahead_above_one():
     assert [r["ratio"] for r in rows] == [50.0, 0.5, 2.0, 1.111, 2.0, 1.25]
     assert rows[0]["torchrun_s"] == 3.0 and rows[0]["anchor_version"] == "torchft-nightly 1"
     assert not any("anchor_error" in r for r in rows)
+    assert (rows[3]["taiji_all"], rows[3]["anchor_all"]) == ([1.0], [0.9]), "every repetition's exactly-once share"
 
 
 def test_torchft_rows_say_what_torchft_could_not_complete():
