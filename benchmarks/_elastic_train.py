@@ -34,6 +34,7 @@ Training stops at the next step boundary once the file ``OUT/stop`` exists (taij
 sees it and asks the Job to stop, so every worker stops at the same step), or at
 ``--max-steps``. torchrun and torchft jobs are simply stopped from outside (torchrun's resize path).
 """
+
 import time
 
 EXEC_TIME = time.time()  # before anything heavy: when this process began running Python
@@ -56,9 +57,13 @@ NUM_SAMPLES = 8192
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN[0]), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN[0], HIDDEN[1]), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN[1], CLASSES))
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, HIDDEN[0]),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN[0], HIDDEN[1]),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN[1], CLASSES),
+    )
 
 
 def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -67,13 +72,18 @@ def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def make_data() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
-    return torch.randn(NUM_SAMPLES, FEATURES, generator=g), torch.randint(0, CLASSES, (NUM_SAMPLES,), generator=g)
+    return torch.randn(NUM_SAMPLES, FEATURES, generator=g), torch.randint(
+        0, CLASSES, (NUM_SAMPLES,), generator=g
+    )
 
 
 def state_bytes(model: torch.nn.Module) -> dict:
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"params": sum(p.numel() for p in model.parameters()), "model_state_bytes": params,
-            "train_state_bytes": 2 * params}  # + one momentum buffer per parameter
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "model_state_bytes": params,
+        "train_state_bytes": 2 * params,
+    }  # + one momentum buffer per parameter
 
 
 class Log:
@@ -114,19 +124,37 @@ def taiji_main(args: argparse.Namespace) -> None:
 
     def on_commit(step) -> None:
         nonlocal seen_transitions
-        record = {"event": "commit", "step": step.index, "size": peer.size, "rank": peer.rank,
-                  "version": peer.version, "pid": os.getpid(), "worker": peer.worker_id, "time": time.time(),
-                  "began": phases["began"], "backward_done": phases["backward_done"],
-                  **samples(args, step.indices, step.epoch)}
+        record = {
+            "event": "commit",
+            "step": step.index,
+            "size": peer.size,
+            "rank": peer.rank,
+            "version": peer.version,
+            "pid": os.getpid(),
+            "worker": peer.worker_id,
+            "time": time.time(),
+            "began": phases["began"],
+            "backward_done": phases["backward_done"],
+            **samples(args, step.indices, step.epoch),
+        }
         if len(job.transitions) > seen_transitions:  # the first commit after a membership change
             record["transitions"] = job.transitions[seen_transitions:]
             seen_transitions = len(job.transitions)
         log.write(**record)
 
     policies = [taiji.policies.AdaptiveTopology(trial_steps=5)] if args.adaptive_topology else []
-    job = taiji.Job(model, opt, TensorDataset(*make_data()), batch_size=args.batch, epochs=10**6,
-                    max_steps=args.max_steps, peer=peer, monitoring=taiji.MonitorOptions(log_every=0),
-                    on_commit=on_commit, policies=policies)
+    job = taiji.Job(
+        model,
+        opt,
+        TensorDataset(*make_data()),
+        batch_size=args.batch,
+        epochs=10**6,
+        max_steps=args.max_steps,
+        peer=peer,
+        monitoring=taiji.MonitorOptions(log_every=0),
+        on_commit=on_commit,
+        policies=policies,
+    )
     marks["loaded"] = time.time()  # the Job is built (with a checkpoint to resume: loaded)
     stop = args.out / "stop"
     first = True
@@ -134,22 +162,39 @@ def taiji_main(args: argparse.Namespace) -> None:
     for step in job:
         phases["began"] = time.time()
         if first:  # joined (a joiner: admitted and synced) and about to run its first step
-            log.write(event="boot", side="taiji", pid=os.getpid(), rank=peer.rank, size=peer.size,
-                      ready=time.time(), cpu=time.process_time(), **boot, **marks, **state_bytes(model))
+            log.write(
+                event="boot",
+                side="taiji",
+                pid=os.getpid(),
+                rank=peer.rank,
+                size=peer.size,
+                ready=time.time(),
+                cpu=time.process_time(),
+                **boot,
+                **marks,
+                **state_bytes(model),
+            )
             first = False
         if peer.rank == 0 and stop.exists():
             job.request_stop()
         if args.log_samples:
-            log.write(event="draw", worker=peer.worker_id, step=step.index, version=peer.version, time=time.time(),
-                      **samples(args, step.indices, step.epoch))
+            log.write(
+                event="draw",
+                worker=peer.worker_id,
+                step=step.index,
+                version=peer.version,
+                time=time.time(),
+                **samples(args, step.indices, step.epoch),
+            )
         x, y = step.batch
         loss = F.cross_entropy(model(x), y)
         if args.step_delay:
             time.sleep(args.step_delay)  # stands in for a bigger model's compute
         step.backward(loss)  # includes waiting for the gradient allreduce
         phases["backward_done"] = time.time()
-    log.write(event="done", pid=os.getpid(), worker=peer.worker_id, time=time.time(),
-              transitions=job.transitions)
+    log.write(
+        event="done", pid=os.getpid(), worker=peer.worker_id, time=time.time(), transitions=job.transitions
+    )
 
 
 def torchrun_main(args: argparse.Namespace) -> None:
@@ -169,10 +214,16 @@ def torchrun_main(args: argparse.Namespace) -> None:
         # torchrun's workers share the agent's store across restarts, and torch 2.13 adds no
         # per-restart prefix there: a restarted rank can read the previous attempt's gloo
         # address of a peer and fail with "Connection refused". Prefix it by the restart count.
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=start_timeout)
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"restart{restart}", store), rank=rank,
-                                world_size=size, timeout=start_timeout)
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=start_timeout
+        )
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"restart{restart}", store),
+            rank=rank,
+            world_size=size,
+            timeout=start_timeout,
+        )
     else:
         dist.init_process_group("gloo", timeout=start_timeout)
     group = dist.new_group(timeout=datetime.timedelta(seconds=args.timeout))
@@ -190,17 +241,30 @@ def torchrun_main(args: argparse.Namespace) -> None:
     loaded = time.time()
     ddp = DDP(model, process_group=group)  # broadcasts rank 0's parameters
     ready = time.time()
-    log.write(event="boot", side="torchrun", pid=os.getpid(), rank=rank, size=size, restart=restart,
-              exec=EXEC_TIME, imported=IMPORT_TIME, joined=joined, built=built, loaded=loaded, ready=ready,
-              cpu=time.process_time(), resumed_at=step,
-              **state_bytes(model))
+    log.write(
+        event="boot",
+        side="torchrun",
+        pid=os.getpid(),
+        rank=rank,
+        size=size,
+        restart=restart,
+        exec=EXEC_TIME,
+        imported=IMPORT_TIME,
+        joined=joined,
+        built=built,
+        loaded=loaded,
+        ready=ready,
+        cpu=time.process_time(),
+        resumed_at=step,
+        **state_bytes(model),
+    )
     x_all, y_all = make_data()
     perm = torch.randperm(NUM_SAMPLES, generator=torch.Generator().manual_seed(11))
     share = args.batch // size
     measured_bcast = False
     while args.max_steps is None or step < args.max_steps:
         lo = (step * args.batch + rank * share) % NUM_SAMPLES
-        idx = perm[lo:lo + share]
+        idx = perm[lo : lo + share]
         loss = F.cross_entropy(ddp(x_all[idx]), y_all[idx])
         if args.step_delay:
             time.sleep(args.step_delay)
@@ -212,8 +276,15 @@ def torchrun_main(args: argparse.Namespace) -> None:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
             os.replace(tmp, ckpt)
-        log.write(event="commit", step=step - 1, size=size, rank=rank, restart=restart, pid=os.getpid(),
-                  time=time.time())
+        log.write(
+            event="commit",
+            step=step - 1,
+            size=size,
+            rank=rank,
+            restart=restart,
+            pid=os.getpid(),
+            time=time.time(),
+        )
         if args.measure_broadcast and not measured_bcast and size > 1:
             # reference for "state transfer at broadcast bandwidth": raw gloo broadcast of a
             # buffer as large as the training state (parameters + momentum), after the first step
@@ -247,8 +318,14 @@ def torchft_main(args: argparse.Namespace) -> None:
     model = make_model()
     inner = make_optimizer(model)
     x_all, y_all = make_data()
-    sampler = DistributedSampler(range(NUM_SAMPLES), replica_rank=replica, num_replica_groups=groups,
-                                 group_rank=0, num_replicas=1, shuffle=True)
+    sampler = DistributedSampler(
+        range(NUM_SAMPLES),
+        replica_rank=replica,
+        num_replica_groups=groups,
+        group_rank=0,
+        num_replicas=1,
+        shuffle=True,
+    )
     loader = DataLoader(range(NUM_SAMPLES), batch_size=args.batch // groups, sampler=sampler)
 
     def load_state_dict(state: dict) -> None:
@@ -256,25 +333,46 @@ def torchft_main(args: argparse.Namespace) -> None:
         inner.load_state_dict(state["optim"])
 
     pg = ProcessGroupGloo(timeout=datetime.timedelta(seconds=5))
-    manager = Manager(pg=pg, min_replica_size=1, load_state_dict=load_state_dict,
-                      state_dict=lambda: {"model": model.state_dict(), "optim": inner.state_dict()},
-                      replica_id=f"bench_{replica}", timeout=datetime.timedelta(seconds=30),
-                      checkpoint_transport=PGTransport(pg, timeout=datetime.timedelta(seconds=10),
-                                                       device=torch.device("cpu")),
-                      hostname="localhost")  # advertised to the lighthouse: stay on loopback
+    manager = Manager(
+        pg=pg,
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=lambda: {"model": model.state_dict(), "optim": inner.state_dict()},
+        replica_id=f"bench_{replica}",
+        timeout=datetime.timedelta(seconds=30),
+        checkpoint_transport=PGTransport(
+            pg, timeout=datetime.timedelta(seconds=10), device=torch.device("cpu")
+        ),
+        hostname="localhost",
+    )  # advertised to the lighthouse: stay on loopback
     joined = time.time()
     ddp = DistributedDataParallel(manager, model)
     opt = Optimizer(manager, inner)
-    log.write(event="boot", side="torchft", pid=os.getpid(), worker=worker, replica=replica, exec=EXEC_TIME,
-              imported=IMPORT_TIME, joined=joined, ready=time.time(), **state_bytes(model))
+    log.write(
+        event="boot",
+        side="torchft",
+        pid=os.getpid(),
+        worker=worker,
+        replica=replica,
+        exec=EXEC_TIME,
+        imported=IMPORT_TIME,
+        joined=joined,
+        ready=time.time(),
+        **state_bytes(model),
+    )
     epoch = 0
     while args.max_steps is None or manager.current_step() < args.max_steps:
         sampler.set_epoch(epoch)
         for idx in loader:
             began = time.time()
             if args.log_samples:
-                log.write(event="draw", worker=worker, step=manager.current_step(), time=began,
-                          **samples(args, idx, epoch))
+                log.write(
+                    event="draw",
+                    worker=worker,
+                    step=manager.current_step(),
+                    time=began,
+                    **samples(args, idx, epoch),
+                )
             opt.zero_grad()  # starts the quorum of this step
             loss = F.cross_entropy(ddp(x_all[idx]), y_all[idx])
             if args.step_delay:
@@ -283,8 +381,17 @@ def torchft_main(args: argparse.Namespace) -> None:
             before = manager.current_step()
             opt.step()  # steps the optimizer only if the Manager commits the step
             if manager.current_step() > before:
-                log.write(event="commit", step=before, size=manager.num_participants(), rank=0, worker=worker,
-                          pid=os.getpid(), time=time.time(), began=began, **samples(args, idx, epoch))
+                log.write(
+                    event="commit",
+                    step=before,
+                    size=manager.num_participants(),
+                    rank=0,
+                    worker=worker,
+                    pid=os.getpid(),
+                    time=time.time(),
+                    began=began,
+                    **samples(args, idx, epoch),
+                )
         epoch += 1
     manager.shutdown()
 
@@ -297,13 +404,23 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--checkpoint", type=Path, default=None, help="torchrun: checkpoint file")
     parser.add_argument("--timeout", type=float, default=60.0, help="torchrun: collective timeout")
-    parser.add_argument("--adaptive-topology", action="store_true",
-                        help="taiji: the AdaptiveTopology policy (ring, hierarchical, tree) decides the allreduce plan")
+    parser.add_argument(
+        "--adaptive-topology",
+        action="store_true",
+        help="taiji: the AdaptiveTopology policy (ring, hierarchical, tree) decides the allreduce plan",
+    )
     parser.add_argument("--tag", default="", help="copied into every record (which launch wrote it)")
-    parser.add_argument("--measure-broadcast", type=int, default=0,
-                        help="torchrun: time this many state-sized broadcasts after the first step")
-    parser.add_argument("--log-samples", action="store_true",
-                        help="log each step's sample indices (draw and commit records): the exactly-once figures")
+    parser.add_argument(
+        "--measure-broadcast",
+        type=int,
+        default=0,
+        help="torchrun: time this many state-sized broadcasts after the first step",
+    )
+    parser.add_argument(
+        "--log-samples",
+        action="store_true",
+        help="log each step's sample indices (draw and commit records): the exactly-once figures",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     if os.environ.get("TAIJI_STORE_PORT"):

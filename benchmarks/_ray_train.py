@@ -15,6 +15,7 @@ new group resumes from it, so a restart loses no committed step.
 Every worker appends ``boot`` and ``commit`` records to ``OUT/raytrain-<pid>.jsonl`` as
 ``_elastic_train.py`` does (``size`` = the group's world size). The job is stopped from outside.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,14 +53,22 @@ def train_loop(config: dict) -> None:
         opt.load_state_dict(saved["optimizer"])
         step = saved["step"]
     ddp = DDP(model)  # on the process group Ray Train set up; broadcasts rank 0's parameters
-    log.write(event="boot", side="raytrain", pid=os.getpid(), rank=rank, size=size, exec=started, ready=time.time(),
-              resumed_at=step)
+    log.write(
+        event="boot",
+        side="raytrain",
+        pid=os.getpid(),
+        rank=rank,
+        size=size,
+        exec=started,
+        ready=time.time(),
+        resumed_at=step,
+    )
     x_all, y_all = et.make_data()
     perm = torch.randperm(et.NUM_SAMPLES, generator=torch.Generator().manual_seed(11))
     share = batch // size
     while True:
         lo = (step * batch + rank * share) % et.NUM_SAMPLES
-        idx = perm[lo:lo + share]
+        idx = perm[lo : lo + share]
         loss = F.cross_entropy(ddp(x_all[idx]), y_all[idx])
         if delay:
             time.sleep(delay)  # stands in for a bigger model's compute, as on the other sides
@@ -81,9 +90,13 @@ def main() -> None:
     parser.add_argument("--max-workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--step-delay", type=float, default=0.0)
-    parser.add_argument("--monitor-interval", type=float, default=1.0,
-                        help="ScalingConfig(elastic_resize_monitor_interval_s): how often a running group "
-                             "looks for room to grow (Ray's default is 60 s)")
+    parser.add_argument(
+        "--monitor-interval",
+        type=float,
+        default=1.0,
+        help="ScalingConfig(elastic_resize_monitor_interval_s): how often a running group "
+        "looks for room to grow (Ray's default is 60 s)",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="the process group's timeout, seconds")
     args = parser.parse_args()
 
@@ -94,14 +107,25 @@ def main() -> None:
     ray.init(address=args.address, logging_level="WARNING")
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"out": str(args.out), "benchmarks": str(HERE), "batch": args.batch,
-                           "step_delay": args.step_delay},
-        scaling_config=ScalingConfig(num_workers=(1, args.max_workers), use_gpu=False,
-                                     resources_per_worker={"CPU": 1},
-                                     elastic_resize_monitor_interval_s=args.monitor_interval),
+        train_loop_config={
+            "out": str(args.out),
+            "benchmarks": str(HERE),
+            "batch": args.batch,
+            "step_delay": args.step_delay,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=(1, args.max_workers),
+            use_gpu=False,
+            resources_per_worker={"CPU": 1},
+            elastic_resize_monitor_interval_s=args.monitor_interval,
+        ),
         torch_config=TorchConfig(backend="gloo", timeout_s=int(args.timeout)),
-        run_config=RunConfig(name="bench", storage_path=str(args.out / "raytrain-storage"),
-                             failure_config=FailureConfig(max_failures=-1)))
+        run_config=RunConfig(
+            name="bench",
+            storage_path=str(args.out / "raytrain-storage"),
+            failure_config=FailureConfig(max_failures=-1),
+        ),
+    )
     trainer.fit()
 
 

@@ -8,6 +8,7 @@ Every worker process also appends to ``$TAIJI_RUN_DIR/samples-<process>.jsonl`` 
 directory, which the daemon keeps across suspensions): a ``draw`` record when a step hands it its
 batch and a ``commit`` record when the step commits, each with the batch's sample indices and
 epoch: what ``sched_live.py``'s exactly-once audit reads (``samples_exactly_once``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,14 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s"
+    )
     torch.set_num_threads(1)
     taiji.init()
     torch.manual_seed(args.seed)
     train, _, name = load_data(None)
-    keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(1234))[:args.samples]
+    keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(1234))[: args.samples]
     train = torch.utils.data.TensorDataset(*(t[keep] for t in train.tensors))
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -52,8 +55,16 @@ def main() -> None:
     def on_commit(step) -> None:  # noqa: ANN001
         log("commit", step)
 
-    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs, on_commit=on_commit,
-                    data=taiji.DataOptions(seed=args.seed), monitoring=taiji.MonitorOptions(log_every=5))
+    job = taiji.Job(
+        model,
+        optimizer,
+        train,
+        batch_size=args.batch,
+        epochs=args.epochs,
+        on_commit=on_commit,
+        data=taiji.DataOptions(seed=args.seed),
+        monitoring=taiji.MonitorOptions(log_every=5),
+    )
     loss = torch.zeros(())
     for step in job:
         log("draw", step)
@@ -61,7 +72,10 @@ def main() -> None:
         loss = F.cross_entropy(model(images), labels)
         step.backward(loss)
     if taiji.rank() == 0:
-        print(f"done: {len(train)} samples x {args.epochs} epoch(s) of {name}, last loss {float(loss):.4f}", flush=True)
+        print(
+            f"done: {len(train)} samples x {args.epochs} epoch(s) of {name}, last loss {float(loss):.4f}",
+            flush=True,
+        )
 
 
 def samples_log():  # noqa: ANN201
@@ -70,13 +84,25 @@ def samples_log():  # noqa: ANN201
     run_dir = os.environ.get("TAIJI_RUN_DIR")
     if not run_dir:
         return lambda event, step: None
-    worker = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"   # one file per process: a resumed job's are new ones
+    worker = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # one file per process: a resumed job's are new ones
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     out = open(Path(run_dir) / f"samples-{worker}.jsonl", "a", buffering=1)
 
     def log(event: str, step) -> None:  # noqa: ANN001
-        out.write(json.dumps({"event": event, "worker": worker, "step": step.index, "epoch": step.epoch,
-                              "samples": step.indices.tolist(), "time": time.time()}) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "event": event,
+                    "worker": worker,
+                    "step": step.index,
+                    "epoch": step.epoch,
+                    "samples": step.indices.tolist(),
+                    "time": time.time(),
+                }
+            )
+            + "\n"
+        )
+
     return log
 
 

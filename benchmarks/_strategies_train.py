@@ -13,6 +13,7 @@ its samples, loop start/end (``time.monotonic``, one clock for all processes of 
 per-step timings, a checksum of its final parameters, and on rank 0 the test accuracy of the
 final model (the Job averages the replicas of non-exact strategies when training ends).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,11 +57,17 @@ def main() -> None:
     parser.add_argument("--train-subset", type=int, default=0, help="train on N samples (0 = all 60k)")
     parser.add_argument("--ma-alpha", type=float, default=1.0)
     parser.add_argument("--ma-every", type=int, default=4)
-    parser.add_argument("--sync-every", type=int, default=0, help="PairAveraging sync point every N samples "
-                                                                     "(0 = the Job's default, one epoch)")
+    parser.add_argument(
+        "--sync-every",
+        type=int,
+        default=0,
+        help="PairAveraging sync point every N samples (0 = the Job's default, one epoch)",
+    )
     parser.add_argument("--pair-age-scale", type=float, default=1.0, help="PairAveraging age_scale")
     parser.add_argument("--local-every", type=int, default=8, help="LocalSGD: average every H global batches")
-    parser.add_argument("--outer-lr", type=float, default=1.0, help="LocalSGD outer learning rate (1: plain average)")
+    parser.add_argument(
+        "--outer-lr", type=float, default=1.0, help="LocalSGD outer learning rate (1: plain average)"
+    )
     parser.add_argument("--outer-momentum", type=float, default=0.0, help="LocalSGD outer Nesterov momentum")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="directory for rank{R}.json")
@@ -75,23 +82,31 @@ def main() -> None:
     if name != "Fashion-MNIST":
         raise SystemExit("the real Fashion-MNIST is required (/usr/share/datasets/fashion-mnist)")
     if args.train_subset:  # a fixed random subset, the same on every rank and in every job
-        keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(1234))[:args.train_subset]
+        keep = torch.randperm(len(train), generator=torch.Generator().manual_seed(1234))[: args.train_subset]
         train = torch.utils.data.TensorDataset(*(t[keep] for t in train.tensors))
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     strategy = make_strategy(args)
-    job = taiji.Job(model, optimizer, train, batch_size=args.batch, epochs=args.epochs, strategy=strategy,
-                    data=taiji.DataOptions(seed=args.seed), sync=taiji.SyncOptions(sync_every=args.sync_every or None),
-                    monitoring=taiji.MonitorOptions(log_every=0, run_dir=""))
+    job = taiji.Job(
+        model,
+        optimizer,
+        train,
+        batch_size=args.batch,
+        epochs=args.epochs,
+        strategy=strategy,
+        data=taiji.DataOptions(seed=args.seed),
+        sync=taiji.SyncOptions(sync_every=args.sync_every or None),
+        monitoring=taiji.MonitorOptions(log_every=0, run_dir=""),
+    )
 
     last_grad = [0.0]  # when the backward pass accumulated its latest gradient
     for p in model.parameters():  # registered after the strategy's hooks: fires after them
         p.register_post_accumulate_grad_hook(lambda _p: last_grad.__setitem__(0, time.perf_counter()))
     slowed = taiji.rank() == args.straggler
     samples = steps = 0
-    compute_ms: list[float] = []   # receive step -> last gradient accumulated
-    step_ms: list[float] = []      # receive step -> step.backward returned (incl. waiting for peers)
-    between_ms: list[float] = []   # step.backward returned (+ sleep) -> next step received: the Job's work
+    compute_ms: list[float] = []  # receive step -> last gradient accumulated
+    step_ms: list[float] = []  # receive step -> step.backward returned (incl. waiting for peers)
+    between_ms: list[float] = []  # step.backward returned (+ sleep) -> next step received: the Job's work
     slept = 0.0
     start = done = 0.0
     for step in job:
@@ -115,12 +130,23 @@ def main() -> None:
     end = time.monotonic()  # the loop includes the last sync point and the final averaging
 
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
-    result = {"rank": taiji.rank(), "size": taiji.size(), "strategy": strategy.name, "slowed": slowed,
-              "samples": samples, "steps": steps, "start": start, "end": end, "slept_s": round(slept, 3),
-              "compute_ms_median": statistics.median(compute_ms) if compute_ms else None,
-              "step_ms_median": statistics.median(step_ms) if step_ms else None,
-              "between_ms_median": statistics.median(between_ms) if between_ms else None,
-              "checksum": checksum, "train_samples": len(train), "epochs": args.epochs}
+    result = {
+        "rank": taiji.rank(),
+        "size": taiji.size(),
+        "strategy": strategy.name,
+        "slowed": slowed,
+        "samples": samples,
+        "steps": steps,
+        "start": start,
+        "end": end,
+        "slept_s": round(slept, 3),
+        "compute_ms_median": statistics.median(compute_ms) if compute_ms else None,
+        "step_ms_median": statistics.median(step_ms) if step_ms else None,
+        "between_ms_median": statistics.median(between_ms) if between_ms else None,
+        "checksum": checksum,
+        "train_samples": len(train),
+        "epochs": args.epochs,
+    }
     if isinstance(strategy, PairAveraging):
         result.update(pair_averaged=strategy.averaged, pair_skipped=strategy.skipped)
     if isinstance(strategy, LocalSGD):

@@ -3,6 +3,7 @@ reads how many bytes its host sent on ``eth0`` meanwhile (the first rank of each
 
     python _topology_worker.py OUT RANK STORE_HOST STORE_PORT HOSTS(comma-separated) --sizes-mb 1 10 ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,11 @@ def main() -> None:
     args = parser.parse_args()
     hosts = tuple(args.hosts.split(","))
     me = hosts[args.rank]
-    store = (host_store(me, args.store_port, timeout=120) if args.rank == 0
-             else connect_store(args.store_host, args.store_port, timeout=120))
+    store = (
+        host_store(me, args.store_port, timeout=120)
+        if args.rank == 0
+        else connect_store(args.store_host, args.store_port, timeout=120)
+    )
     comm = Communicator(store, args.rank, len(hosts), 1, CommOptions(timeout=120, host=me, hosts=hosts))
     counts_bytes = hosts.index(me) == args.rank  # the first rank of each host reads its counter
     rows = []

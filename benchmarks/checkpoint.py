@@ -33,6 +33,7 @@ On a GPU (``--device cuda``, recorded as its own variant): the model, its Adam s
 batches live on the one GPU the 2 workers share (gloo groups: NCCL refuses two ranks on one
 device); staging is then a copy from GPU memory into pinned host memory, and the floor is that copy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,19 @@ import shutil
 import tempfile
 import time
 
-from taiji_harness.bench import (connect_store, contract_row, interleaved, median, paired_ratio,  # noqa: E402
-                                 print_result, reap_on_sigterm, run_workers, spread, watch_parent, worker_arguments)
+from taiji_harness.bench import (
+    connect_store,
+    contract_row,
+    interleaved,
+    median,
+    paired_ratio,  # noqa: E402
+    print_result,
+    reap_on_sigterm,
+    run_workers,
+    spread,
+    watch_parent,
+    worker_arguments,
+)
 
 MB = 2**20
 SIDES = ("taiji", "blocking", "dcp_async", "floor", "torch_save", "dcp_sync")
@@ -54,12 +66,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a ~25 MB state, fewer repetitions (<= 2 min)")
     parser.add_argument("--width", type=int, default=None, help="the MLP's width (default: 2400; quick 800)")
     parser.add_argument("--reps", type=int, default=None, help="saves per side (default: 5; quick 3)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="training steps per throughput block (default: 40; quick 40)")
-    parser.add_argument("--blocks", type=int, default=None, help="throughput blocks per side (default: 3; quick 2)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="training steps per throughput block (default: 40; quick 40)"
+    )
+    parser.add_argument(
+        "--blocks", type=int, default=None, help="throughput blocks per side (default: 3; quick 2)"
+    )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the state lives")
-    parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a temporary directory)")
-    parser.add_argument("--timeout", type=float, default=None, help="hard limit in seconds (default: 600; quick 150)")
+    parser.add_argument(
+        "--dir", default=None, help="where checkpoints are written (default: a temporary directory)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="hard limit in seconds (default: 600; quick 150)"
+    )
     worker_arguments(parser)
     args = parser.parse_args(argv)
     args.width = args.width or (800 if args.quick else 2400)
@@ -72,9 +91,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build(width: int, device: str = "cpu"):
     import torch
+
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[m for _ in range(3) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())],
-                                torch.nn.Linear(width, 10)).to(device)
+    model = torch.nn.Sequential(
+        *[m for _ in range(3) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())],
+        torch.nn.Linear(width, 10),
+    ).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     return model, opt
 
@@ -83,6 +105,7 @@ def train_step(model, opt, width: int, device: str = "cpu") -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+
     x = torch.randn(32, width, device=device)
     y = torch.randint(0, 10, (32,), device=device)
     opt.zero_grad()
@@ -92,7 +115,7 @@ def train_step(model, opt, width: int, device: str = "cpu") -> None:
     dist.all_reduce(flat)
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g)).div_(dist.get_world_size())
+        g.copy_(flat[offset : offset + g.numel()].view_as(g)).div_(dist.get_world_size())
         offset += g.numel()
     opt.step()
     if device == "cuda":
@@ -102,6 +125,7 @@ def train_step(model, opt, width: int, device: str = "cpu") -> None:
 def everything(model, opt) -> dict:
     from taiji.checkpoint.layout import tensor_keys
     from taiji.comm.transfer import encode
+
     tensors: list = []
     encode(opt.state_dict(), tensors)
     return tensor_keys(model.state_dict(), tensors)
@@ -112,6 +136,7 @@ def slowest(seconds: float, *, summed: bool = False) -> float:
     ``summed``, the workers' sum."""
     import torch
     import torch.distributed as dist
+
     t = torch.tensor([seconds], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.SUM if summed else dist.ReduceOp.MAX)
     return float(t.item())
@@ -129,8 +154,14 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     watch_parent(args.parent_pid)
     import datetime
-    dist.init_process_group("gloo", store=connect_store(args.port, args.timeout), rank=args.rank,
-                            world_size=args.world_size, timeout=datetime.timedelta(seconds=args.timeout))
+
+    dist.init_process_group(
+        "gloo",
+        store=connect_store(args.port, args.timeout),
+        rank=args.rank,
+        world_size=args.world_size,
+        timeout=datetime.timedelta(seconds=args.timeout),
+    )
     rank, n = args.rank, args.world_size
     model, opt = build(args.width, args.device)
     step_on = functools.partial(train_step, model, opt, args.width, args.device)
@@ -220,45 +251,109 @@ def worker(args: argparse.Namespace) -> None:
             writer.wait()  # a write still running counts against the side that started it
             block_s[side].append(slowest(time.perf_counter() - start))
             rates[side].append(args.steps / block_s[side][-1])
-            cpu_s[side].append(slowest(time.process_time() - cpu_start, summed=True))  # every thread of both workers
+            cpu_s[side].append(
+                slowest(time.process_time() - cpu_start, summed=True)
+            )  # every thread of both workers
     fresh()
     if rank == 0:
         ms = {side: round(median(v) * 1e3, 2) for side, v in stalls.items()}
         rows = [
-            contract_row("stall per checkpoint vs torch.save", ms["taiji"], ms["torch_save"], higher_is_better=False,
-                         unit="ms", digits=2, taiji_spread=spread(v * 1e3 for v in stalls["taiji"]),
-                         anchor_spread=spread(v * 1e3 for v in stalls["torch_save"])),
-            contract_row("stall per checkpoint vs synchronous DCP", ms["taiji"], ms["dcp_sync"],
-                         higher_is_better=False, unit="ms", digits=2,
-                         anchor_spread=spread(v * 1e3 for v in stalls["dcp_sync"])),
-            contract_row("stall per checkpoint vs dcp.async_save", ms["taiji"], ms["dcp_async"],
-                         higher_is_better=False, unit="ms", digits=2,
-                         anchor_spread=spread(v * 1e3 for v in stalls["dcp_async"])),
-            contract_row("stall per checkpoint vs an in-memory copy of the share (the floor)", ms["taiji"],
-                         ms["floor"], higher_is_better=False, unit="ms", digits=2, target=">= 0.5"),
-            contract_row("stall per checkpoint staged at the boundary (overlap=False) vs torch.save", ms["blocking"],
-                         ms["torch_save"], higher_is_better=False, unit="ms", digits=2,
-                         taiji_spread=spread(v * 1e3 for v in stalls["blocking"])),
-            contract_row("a step with a checkpoint in it vs a step without", round(median(steps["with_save"]) * 1e3, 1),
-                         round(median(steps["plain"]) * 1e3, 1), higher_is_better=False, unit="ms",
-                         taiji_spread=spread(v * 1e3 for v in steps["with_save"]),
-                         anchor_spread=spread(v * 1e3 for v in steps["plain"])),
-            contract_row("throughput with checkpoints every 20 steps vs none", round(median(rates["every20"]), 3),
-                         round(median(rates["none"]), 3), higher_is_better=True, unit="steps/s",
-                         ratio=paired_ratio(block_s["every20"], block_s["none"]), ratio_is="paired",
-                         pair_ratios=[round(n / e, 3) for e, n in zip(block_s["every20"], block_s["none"])],
-                         taiji_spread=spread(rates["every20"]), anchor_spread=spread(rates["none"]), target=">= 0.98"),
-            contract_row("CPU per step with checkpoints every 20 steps vs none (both workers)",
-                         round(median(cpu_s["every20"]) / args.steps * 1e3, 1),
-                         round(median(cpu_s["none"]) / args.steps * 1e3, 1), higher_is_better=False, unit="ms",
-                         ratio=paired_ratio(cpu_s["every20"], cpu_s["none"]), ratio_is="paired",
-                         taiji_spread=spread(v / args.steps * 1e3 for v in cpu_s["every20"]),
-                         anchor_spread=spread(v / args.steps * 1e3 for v in cpu_s["none"]), target=">= 0.98"),
-            contract_row("host memory for staging per worker vs the whole state", round(share / MB, 1),
-                         round(total / MB, 1), higher_is_better=False, unit="MiB"),
+            contract_row(
+                "stall per checkpoint vs torch.save",
+                ms["taiji"],
+                ms["torch_save"],
+                higher_is_better=False,
+                unit="ms",
+                digits=2,
+                taiji_spread=spread(v * 1e3 for v in stalls["taiji"]),
+                anchor_spread=spread(v * 1e3 for v in stalls["torch_save"]),
+            ),
+            contract_row(
+                "stall per checkpoint vs synchronous DCP",
+                ms["taiji"],
+                ms["dcp_sync"],
+                higher_is_better=False,
+                unit="ms",
+                digits=2,
+                anchor_spread=spread(v * 1e3 for v in stalls["dcp_sync"]),
+            ),
+            contract_row(
+                "stall per checkpoint vs dcp.async_save",
+                ms["taiji"],
+                ms["dcp_async"],
+                higher_is_better=False,
+                unit="ms",
+                digits=2,
+                anchor_spread=spread(v * 1e3 for v in stalls["dcp_async"]),
+            ),
+            contract_row(
+                "stall per checkpoint vs an in-memory copy of the share (the floor)",
+                ms["taiji"],
+                ms["floor"],
+                higher_is_better=False,
+                unit="ms",
+                digits=2,
+                target=">= 0.5",
+            ),
+            contract_row(
+                "stall per checkpoint staged at the boundary (overlap=False) vs torch.save",
+                ms["blocking"],
+                ms["torch_save"],
+                higher_is_better=False,
+                unit="ms",
+                digits=2,
+                taiji_spread=spread(v * 1e3 for v in stalls["blocking"]),
+            ),
+            contract_row(
+                "a step with a checkpoint in it vs a step without",
+                round(median(steps["with_save"]) * 1e3, 1),
+                round(median(steps["plain"]) * 1e3, 1),
+                higher_is_better=False,
+                unit="ms",
+                taiji_spread=spread(v * 1e3 for v in steps["with_save"]),
+                anchor_spread=spread(v * 1e3 for v in steps["plain"]),
+            ),
+            contract_row(
+                "throughput with checkpoints every 20 steps vs none",
+                round(median(rates["every20"]), 3),
+                round(median(rates["none"]), 3),
+                higher_is_better=True,
+                unit="steps/s",
+                ratio=paired_ratio(block_s["every20"], block_s["none"]),
+                ratio_is="paired",
+                pair_ratios=[round(n / e, 3) for e, n in zip(block_s["every20"], block_s["none"])],
+                taiji_spread=spread(rates["every20"]),
+                anchor_spread=spread(rates["none"]),
+                target=">= 0.98",
+            ),
+            contract_row(
+                "CPU per step with checkpoints every 20 steps vs none (both workers)",
+                round(median(cpu_s["every20"]) / args.steps * 1e3, 1),
+                round(median(cpu_s["none"]) / args.steps * 1e3, 1),
+                higher_is_better=False,
+                unit="ms",
+                ratio=paired_ratio(cpu_s["every20"], cpu_s["none"]),
+                ratio_is="paired",
+                taiji_spread=spread(v / args.steps * 1e3 for v in cpu_s["every20"]),
+                anchor_spread=spread(v / args.steps * 1e3 for v in cpu_s["none"]),
+                target=">= 0.98",
+            ),
+            contract_row(
+                "host memory for staging per worker vs the whole state",
+                round(share / MB, 1),
+                round(total / MB, 1),
+                higher_is_better=False,
+                unit="MiB",
+            ),
         ]
-        print_result("checkpoint", rows, record=False, state_mib=round(total / MB, 1), workers=n,
-                     background_write_ms=round(median(written) * 1e3, 1))
+        print_result(
+            "checkpoint",
+            rows,
+            record=False,
+            state_mib=round(total / MB, 1),
+            workers=n,
+            background_write_ms=round(median(written) * 1e3, 1),
+        )
     dist.destroy_process_group()
 
 
@@ -269,15 +364,36 @@ def main(argv=None) -> None:
         return
     reap_on_sigterm()
     directory = tempfile.mkdtemp(prefix="taiji-bench-ckpt-", dir=args.dir)
-    passthrough = ["--device", args.device, "--width", str(args.width), "--reps", str(args.reps), "--steps", str(args.steps),
-                   "--blocks", str(args.blocks), "--timeout", str(args.timeout), "--dir", directory]
+    passthrough = [
+        "--device",
+        args.device,
+        "--width",
+        str(args.width),
+        "--reps",
+        str(args.reps),
+        "--steps",
+        str(args.steps),
+        "--blocks",
+        str(args.blocks),
+        "--timeout",
+        str(args.timeout),
+        "--dir",
+        directory,
+    ]
     try:
         result = run_workers(os.path.abspath(__file__), 2, passthrough, args.timeout)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     variant = {"variant": "cuda"} if args.device == "cuda" else {}
-    print_result("checkpoint", result["rows"], state_mib=result.get("state_mib"), workers=2, **variant,
-                 background_write_ms=result.get("background_write_ms"), quick=args.quick)
+    print_result(
+        "checkpoint",
+        result["rows"],
+        state_mib=result.get("state_mib"),
+        workers=2,
+        **variant,
+        background_write_ms=result.get("background_write_ms"),
+        quick=args.quick,
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ stays 0, off).
 
     .venv/bin/python benchmarks/control_message.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,20 @@ from taiji.runtime.control import agree
 
 
 def row(rank: int) -> ControlRow:
-    return ControlRow(version_seen=3.0, local_sqnorm=1.5 + rank, sqnorm_batch=32.0, local_batch=32.0,
-                      loss_sum=70.0 + rank, compute_seconds=0.01 * (1 + rank % 3), clock=time.time() if rank == 0 else 0,
-                      decisions=12345.0, wall_seconds=0.02, previous_global_sqnorm=0.1, previous_allreduce_wait=0.001,
-                      previous_monitor_seconds=0.0005)
+    return ControlRow(
+        version_seen=3.0,
+        local_sqnorm=1.5 + rank,
+        sqnorm_batch=32.0,
+        local_batch=32.0,
+        loss_sum=70.0 + rank,
+        compute_seconds=0.01 * (1 + rank % 3),
+        clock=time.time() if rank == 0 else 0,
+        decisions=12345.0,
+        wall_seconds=0.02,
+        previous_global_sqnorm=0.1,
+        previous_allreduce_wait=0.001,
+        previous_monitor_seconds=0.0005,
+    )
 
 
 def groups(n: int) -> list:
@@ -110,10 +121,16 @@ def measure(n: int, reps: int, calls: int) -> dict:
     for pg in pgs:
         del pg
     anchor, taiji = median(times["anchor"]), median(times["taiji"])
-    return {"workers": n, "anchor_ms": anchor, "taiji_ms": taiji, "anchor_spread": spread(times["anchor"]),
-            "taiji_spread": spread(times["taiji"]), "decode_anchor_ms": decode_ms(n, "anchor", calls),
-            "decode_taiji_ms": decode_ms(n, "taiji", calls),
-            "floats_received": {"anchor": ControlRow.WIDTH * n, "taiji": compact_width(n)}}
+    return {
+        "workers": n,
+        "anchor_ms": anchor,
+        "taiji_ms": taiji,
+        "anchor_spread": spread(times["anchor"]),
+        "taiji_spread": spread(times["taiji"]),
+        "decode_anchor_ms": decode_ms(n, "anchor", calls),
+        "decode_taiji_ms": decode_ms(n, "taiji", calls),
+        "floats_received": {"anchor": ControlRow.WIDTH * n, "taiji": compact_width(n)},
+    }
 
 
 def main(argv=None) -> None:
@@ -127,14 +144,30 @@ def main(argv=None) -> None:
     for n in sizes:
         results.append(measure(n, reps, calls))
         r = results[-1]
-        print(f"# {n:3d} workers: allgather of rows {r['anchor_ms']:.3f} ms, compact {r['taiji_ms']:.3f} ms "
-              f"(decode {r['decode_anchor_ms']:.4f} / {r['decode_taiji_ms']:.4f} ms)", file=sys.stderr, flush=True)
-    rows = [contract_row(f"control message per step, {r['workers']} workers (ms): compact vs every row allgathered",
-                         round(r["taiji_ms"], 4), round(r["anchor_ms"], 4), higher_is_better=False)
-            for r in results]
+        print(
+            f"# {n:3d} workers: allgather of rows {r['anchor_ms']:.3f} ms, compact {r['taiji_ms']:.3f} ms "
+            f"(decode {r['decode_anchor_ms']:.4f} / {r['decode_taiji_ms']:.4f} ms)",
+            file=sys.stderr,
+            flush=True,
+        )
+    rows = [
+        contract_row(
+            f"control message per step, {r['workers']} workers (ms): compact vs every row allgathered",
+            round(r["taiji_ms"], 4),
+            round(r["anchor_ms"], 4),
+            higher_is_better=False,
+        )
+        for r in results
+    ]
     crossover = next((r["workers"] for r in results if r["taiji_ms"] < r["anchor_ms"]), None)
-    print_result("control_message", rows, quick=args.quick, crossover_workers=crossover, sizes=results,
-                 load=os.getloadavg())
+    print_result(
+        "control_message",
+        rows,
+        quick=args.quick,
+        crossover_workers=crossover,
+        sizes=results,
+        load=os.getloadavg(),
+    )
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ the order of the runs.
     .venv/bin/python benchmarks/elastic.py --quick      # one repetition: 4-5 min on 2 busy cores
     .venv/bin/python benchmarks/elastic.py              # 3 repetitions + extras: about 28 min on 2 busy cores
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,41 +64,85 @@ from _elastic_taiji import taiji_fault, taiji_kill_join, taiji_resize  # noqa: E
 from _elastic_torchft import torchft_kill_join, torchft_missing, torchft_version  # noqa: E402
 from _elastic_torchrun import torchrun_elastic, torchrun_fault, torchrun_resize, torchrun_steady  # noqa: E402
 
-MEASURED_SETS = {"resize": ("taiji_resize", "torchrun_resize"), "crash": ("taiji_crash", "torchrun_crash"),
-                 "hang": ("taiji_hang", "torchrun_hang"),
-                 "kill-join": ("taiji_kill_join", "torchft_kill_join", "torchrun_steady")}
+MEASURED_SETS = {
+    "resize": ("taiji_resize", "torchrun_resize"),
+    "crash": ("taiji_crash", "torchrun_crash"),
+    "hang": ("taiji_hang", "torchrun_hang"),
+    "kill-join": ("taiji_kill_join", "torchft_kill_join", "torchrun_steady"),
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one repetition, fewer extras (<= 90 s)")
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default: 1 quick, 3 full)")
-    parser.add_argument("--warm", type=int, default=None, help="steps before the first change (default: 10 quick, 20 full)")
-    parser.add_argument("--settle", type=int, default=None,
-                        help="steps at a new size before the next change; their median is 'one normal step' "
-                             "(default: 8 quick, 15 full)")
+    parser.add_argument(
+        "--warm", type=int, default=None, help="steps before the first change (default: 10 quick, 20 full)"
+    )
+    parser.add_argument(
+        "--settle",
+        type=int,
+        default=None,
+        help="steps at a new size before the next change; their median is 'one normal step' "
+        "(default: 8 quick, 15 full)",
+    )
     parser.add_argument("--batch", type=int, default=64, help="global batch size")
     parser.add_argument("--step-delay", type=float, default=0.01, help="simulated compute per step, seconds")
-    parser.add_argument("--collective-timeout", type=float, default=30.0,
-                        help="collective timeout of the resize and crash runs, both sides")
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=30.0,
+        help="collective timeout of the resize and crash runs, both sides",
+    )
     parser.add_argument("--hang-timeout", type=float, default=2.0, help="collective timeout of the hang runs")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="hard limit per launched job, seconds (default: 45 quick, 150 full)")
-    parser.add_argument("--elastic-wait", type=float, default=None,
-                        help="how long to wait for torchrun's own elastic scale-up (default: 0 = not tried "
-                             "in --quick, 75 in full mode, enough for its 60 s store timeout to fire)")
-    parser.add_argument("--torchrun-hang", action=argparse.BooleanOptionalAction, default=None,
-                        help="measure torchrun's hang recovery (default: full mode only)")
-    parser.add_argument("--crash3", action=argparse.BooleanOptionalAction, default=None,
-                        help="also kill one of 3 taiji workers (default: full mode only)")
-    parser.add_argument("--steady", type=int, default=None,
-                        help="steps at 2 workers before the kill of the runs beside torchft; their median "
-                             "interval gives the steady-state samples/s (default: 30 quick, 60 full)")
-    parser.add_argument("--torchft", action=argparse.BooleanOptionalAction, default=True,
-                        help="run the torchft side (needs torchft: pip install -e '.[bench]')")
-    parser.add_argument("--only", nargs="+", choices=list(MEASURED_SETS), default=list(MEASURED_SETS),
-                        help="run only these measurements (default: all); the other rows come out empty")
-    parser.add_argument("--keep", action="store_true", help="keep the run directories (step logs, launcher output)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="hard limit per launched job, seconds (default: 45 quick, 150 full)",
+    )
+    parser.add_argument(
+        "--elastic-wait",
+        type=float,
+        default=None,
+        help="how long to wait for torchrun's own elastic scale-up (default: 0 = not tried "
+        "in --quick, 75 in full mode, enough for its 60 s store timeout to fire)",
+    )
+    parser.add_argument(
+        "--torchrun-hang",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="measure torchrun's hang recovery (default: full mode only)",
+    )
+    parser.add_argument(
+        "--crash3",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also kill one of 3 taiji workers (default: full mode only)",
+    )
+    parser.add_argument(
+        "--steady",
+        type=int,
+        default=None,
+        help="steps at 2 workers before the kill of the runs beside torchft; their median "
+        "interval gives the steady-state samples/s (default: 30 quick, 60 full)",
+    )
+    parser.add_argument(
+        "--torchft",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the torchft side (needs torchft: pip install -e '.[bench]')",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(MEASURED_SETS),
+        default=list(MEASURED_SETS),
+        help="run only these measurements (default: all); the other rows come out empty",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the run directories (step logs, launcher output)"
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.reps = args.reps or (1 if quick else 3)
@@ -133,8 +178,11 @@ def main(argv=None) -> None:
         "torchrun_steady": lambda out: torchrun_steady(args, out, env),
     }
     skipped = set() if args.torchrun_hang else {"torchrun_hang"}
-    missing = ((torchft_missing() if args.torchft else "not run (--no-torchft)") if "kill-join" in args.only
-               else "not run (--only)")
+    missing = (
+        (torchft_missing() if args.torchft else "not run (--no-torchft)")
+        if "kill-join" in args.only
+        else "not run (--only)"
+    )
     if missing:
         skipped.add("torchft_kill_join")
         print(f"# torchft side skipped: {missing}", file=sys.stderr, flush=True)
@@ -149,12 +197,19 @@ def main(argv=None) -> None:
         try:
             results[name].append(runners[name](out))
             failed = results[name][-1].get("error")  # a side that reports what it could not complete
-            print(f"# {name} rep {rep}: {time.monotonic() - t0:.1f}s" + (f", failed: {failed}" if failed else ""),
-                  file=sys.stderr, flush=True)
+            print(
+                f"# {name} rep {rep}: {time.monotonic() - t0:.1f}s"
+                + (f", failed: {failed}" if failed else ""),
+                file=sys.stderr,
+                flush=True,
+            )
         except Exception as exc:  # one bad run must not hide the others: reported in the JSON
             errors.append(f"{name} rep {rep}: {type(exc).__name__}: {str(exc)[:1500]}")
-            print(f"# {name} rep {rep} FAILED after {time.monotonic() - t0:.1f}s:\n{traceback.format_exc()}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"# {name} rep {rep} FAILED after {time.monotonic() - t0:.1f}s:\n{traceback.format_exc()}",
+                file=sys.stderr,
+                flush=True,
+            )
         if not model:
             every_log = StepLog(out, "*")
             every_log.poll()
@@ -164,7 +219,7 @@ def main(argv=None) -> None:
     try:
         for rep in range(args.reps):
             for sides in (MEASURED_SETS[key] for key in args.only):  # taiji first on even repetitions,
-                for name in interleaved(sides, rep):                    # the anchors first on odd ones
+                for name in interleaved(sides, rep):  # the anchors first on odd ones
                     if name not in skipped:
                         run(name, rep)
             if args.crash3 and "crash" in args.only:
@@ -177,7 +232,11 @@ def main(argv=None) -> None:
                 elastic = torchrun_elastic(args, out, env)
             except Exception as exc:
                 elastic = {"outcome": f"attempt failed: {type(exc).__name__}: {str(exc)[:500]}"}
-            print(f"# torchrun elastic scale-up attempt: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+            print(
+                f"# torchrun elastic scale-up attempt: {time.monotonic() - t0:.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
         rows = build_rows(results, elastic, model, args.hang_timeout, missing)
     finally:
         if args.keep:
@@ -185,12 +244,25 @@ def main(argv=None) -> None:
         else:
             shutil.rmtree(base, ignore_errors=True)
     print(f"# total {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
-    report(rows, model={"mlp": "512-1024-512-10", **model, "global_batch": args.batch,
-                        "step_delay_s": args.step_delay},
-           torchrun_elastic_scale_up=elastic, torchft=missing or torchft_version(), errors=errors, reps=args.reps,
-           quick=args.quick, only=args.only, cpus=os.cpu_count(), raw=results if not args.quick else None,
-           # a run of some measurements is recorded beside the whole run's (elastic.<those>.json), not over it
-           **({"variant": "+".join(args.only)} if set(args.only) != set(MEASURED_SETS) else {}))
+    report(
+        rows,
+        model={
+            "mlp": "512-1024-512-10",
+            **model,
+            "global_batch": args.batch,
+            "step_delay_s": args.step_delay,
+        },
+        torchrun_elastic_scale_up=elastic,
+        torchft=missing or torchft_version(),
+        errors=errors,
+        reps=args.reps,
+        quick=args.quick,
+        only=args.only,
+        cpus=os.cpu_count(),
+        raw=results if not args.quick else None,
+        # a run of some measurements is recorded beside the whole run's (elastic.<those>.json), not over it
+        **({"variant": "+".join(args.only)} if set(args.only) != set(MEASURED_SETS) else {}),
+    )
 
 
 if __name__ == "__main__":

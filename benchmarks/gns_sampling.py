@@ -16,6 +16,7 @@ gradients every step: exact norms, taiji's (1/17 of a bucket in chunks that move
 the checkpoints (lower is better; ``ratio`` = anchor / taiji); ``error_1_33``: that of moving 1/33
 chunks. The last line is the JSON result.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,27 +26,37 @@ import time
 
 from taiji_harness.bench import contract_row, print_result  # noqa: E402
 
-HALF = 64            # each worker's batch
-CHECK_EVERY = 25     # steps between checkpoints
+HALF = 64  # each worker's batch
+CHECK_EVERY = 25  # steps between checkpoints
 
 
 def data():
     from taiji.data.datasets import DatasetMissing, SyntheticImages, load_fashion_mnist
+
     try:
         return load_fashion_mnist(), "fashion-mnist"
     except DatasetMissing:
-        print("# Fashion-MNIST is not installed (apt-get install -y dataset-fashion-mnist): "
-              "synthetic images instead", file=sys.stderr)
+        print(
+            "# Fashion-MNIST is not installed (apt-get install -y dataset-fashion-mnist): "
+            "synthetic images instead",
+            file=sys.stderr,
+        )
         return SyntheticImages(num_samples=20000).build(), "synthetic"
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="150 steps")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default 150 quick, 400 full)")
-    parser.add_argument("--pad-to", type=int, default=0,
-                        help="append zero input features up to this many (dead inputs: their weights get no "
-                             "gradient, and a fixed subset may over- or under-read them)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="training steps (default 150 quick, 400 full)"
+    )
+    parser.add_argument(
+        "--pad-to",
+        type=int,
+        default=0,
+        help="append zero input features up to this many (dead inputs: their weights get no "
+        "gradient, and a fixed subset may over- or under-read them)",
+    )
     args = parser.parse_args(argv)
     steps = args.steps or (150 if args.quick else 400)
 
@@ -65,14 +76,17 @@ def main(argv=None) -> None:
     if args.pad_to > x_all.shape[1]:
         x_all = F.pad(x_all, (0, args.pad_to - x_all.shape[1]))
         source += f", zero-padded to {args.pad_to} features"
-    model = nn.Sequential(nn.Linear(x_all.shape[1], 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
-                          nn.Linear(2048, 10))
+    model = nn.Sequential(
+        nn.Linear(x_all.shape[1], 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)
+    )
     params = list(reversed(list(model.parameters())))  # SyncSGD's order
     plan = plan_buckets([p.numel() * 4 for p in params], 25 * 2**20, int(FIRST_BUCKET_MB * 2**20))
     buckets = [torch.zeros(sum(params[i].numel() for i in members)) for members in plan]
-    samplers = {"moving": ([BucketNorm(b) for b in buckets], True),   # taiji's
-                "moving_1_33": ([BucketNorm(b, period=33 * SAMPLE_CHUNK) for b in buckets], True),
-                "fixed_1_16": ([BucketNorm(b, period=16 * SAMPLE_CHUNK) for b in buckets], False)}
+    samplers = {
+        "moving": ([BucketNorm(b) for b in buckets], True),  # taiji's
+        "moving_1_33": ([BucketNorm(b, period=33 * SAMPLE_CHUNK) for b in buckets], True),
+        "fixed_1_16": ([BucketNorm(b, period=16 * SAMPLE_CHUNK) for b in buckets], False),
+    }
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
     def gradients_into_buckets() -> list[torch.Tensor]:
@@ -99,7 +113,7 @@ def main(argv=None) -> None:
         halves = []
         for h in range(2):
             optimizer.zero_grad()
-            part = idx[h * HALF:(h + 1) * HALF]
+            part = idx[h * HALF : (h + 1) * HALF]
             F.cross_entropy(model(x_all[part]), y_all[part]).backward()
             halves.append(gradients_into_buckets())
         big = [(a + b) / 2 for a, b in zip(*halves)]
@@ -112,22 +126,37 @@ def main(argv=None) -> None:
         if (step + 1) % CHECK_EVERY == 0:
             values = {how: e.b_noise for how, e in estimators.items()}
             checkpoints.append({"step": step + 1, **values})
-            print(f"# step {step + 1}: B_noise " + ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in values.items()),
-                  file=sys.stderr, flush=True)
+            print(
+                f"# step {step + 1}: B_noise "
+                + ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in values.items()),
+                file=sys.stderr,
+                flush=True,
+            )
 
     def error(how: str) -> float | None:
         """Mean |log(estimate / exact)|; a checkpoint where either has no estimate counts as an error of 1."""
-        logs = [abs(math.log(c[how] / c["exact"])) if c[how] and c["exact"] and c[how] > 0 and c["exact"] > 0
-                else 1.0 for c in checkpoints]
+        logs = [
+            abs(math.log(c[how] / c["exact"]))
+            if c[how] and c["exact"] and c[how] > 0 and c["exact"] > 0
+            else 1.0
+            for c in checkpoints
+        ]
         return round(sum(logs) / len(logs), 4) if logs else None
 
     moving, fixed = error("moving"), error("fixed_1_16")
     params_total = sum(p.numel() for p in params)
-    row = contract_row(f"noise scale of a {params_total / 1e6:.1f}M-param MLP on {source}: mean |log(sampled / exact)|, "
-                       "taiji's moving 1/17 chunks vs the former fixed 1/16", moving, fixed, higher_is_better=False,
-                       error_1_33=error("moving_1_33"),
-                       buckets=[b.numel() for b in buckets], steps=steps, checkpoints=checkpoints,
-                       seconds=round(time.monotonic() - started, 1))
+    row = contract_row(
+        f"noise scale of a {params_total / 1e6:.1f}M-param MLP on {source}: mean |log(sampled / exact)|, "
+        "taiji's moving 1/17 chunks vs the former fixed 1/16",
+        moving,
+        fixed,
+        higher_is_better=False,
+        error_1_33=error("moving_1_33"),
+        buckets=[b.numel() for b in buckets],
+        steps=steps,
+        checkpoints=checkpoints,
+        seconds=round(time.monotonic() - started, 1),
+    )
     print_result("gns_sampling", [row], quick=args.quick, pad_to=args.pad_to)
 
 

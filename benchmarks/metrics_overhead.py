@@ -13,6 +13,7 @@ the workers' processes do nothing different on the two sides.
 
     .venv/bin/python benchmarks/metrics_overhead.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,15 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from taiji_harness.bench import (contract_row, free_port, interleaved, median, paired_ratio, print_result,  # noqa: E402
-                     reap_on_sigterm)
+from taiji_harness.bench import (
+    contract_row,
+    free_port,
+    interleaved,
+    median,
+    paired_ratio,
+    print_result,  # noqa: E402
+    reap_on_sigterm,
+)
 from taiji_harness.elastic_runs import LaunchedJob, StepLog, steady_commits, steady_options, train_args  # noqa: E402
 
 SIDES = ("metrics", "plain")
@@ -68,18 +76,38 @@ def run(args: argparse.Namespace, side: str, out: Path) -> tuple[float, int, flo
     log = StepLog(out, "taiji")
     port = free_port()
     metrics = ["--metrics-port", str(port)] if side == "metrics" else []
-    cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", *metrics, "--job-id",
-           f"mo{os.getpid()}{side}", "--run-dir", str(out / "run"), "--",
-           *train_args(args, out, "--max-steps", str(args.warm + args.steps))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "taiji.launch.cli",
+        "run",
+        "-np",
+        "2",
+        *metrics,
+        "--job-id",
+        f"mo{os.getpid()}{side}",
+        "--run-dir",
+        str(out / "run"),
+        "--",
+        *train_args(args, out, "--max-steps", str(args.warm + args.steps)),
+    ]
     job = LaunchedJob(f"taiji-{side}", cmd, out, dict(os.environ, TAIJI_HOME=str(out / "home")), log)
     scraper = Scraper(port) if side == "metrics" else None
     marks: dict[str, tuple[float, float]] = {}
     try:
-        commits = steady_commits(args, job, log, lambda mark: marks.setdefault(
-            mark, (time.monotonic(), cpu_seconds(job.session.pid))))
+        commits = steady_commits(
+            args,
+            job,
+            log,
+            lambda mark: marks.setdefault(mark, (time.monotonic(), cpu_seconds(job.session.pid))),
+        )
         seconds = commits[-1]["time"] - commits[0]["time"]
         (t0, cpu0), (t1, cpu1) = marks["warm"], marks["end"]
-        return (len(commits) - 1) * args.batch / seconds, (scraper.ok if scraper else 0), (cpu1 - cpu0) / (t1 - t0)
+        return (
+            (len(commits) - 1) * args.batch / seconds,
+            (scraper.ok if scraper else 0),
+            (cpu1 - cpu0) / (t1 - t0),
+        )
     finally:
         if scraper is not None:
             scraper.close()
@@ -94,8 +122,10 @@ def main(argv=None) -> None:
     try:
         import prometheus_client  # noqa: F401
     except ImportError:
-        print("# metrics_overhead: prometheus_client missing (pip install -e '.[metrics]'); nothing measured",
-              file=sys.stderr)
+        print(
+            "# metrics_overhead: prometheus_client missing (pip install -e '.[metrics]'); nothing measured",
+            file=sys.stderr,
+        )
         print_result("metrics_overhead", [], skipped="prometheus_client missing")
         return
     base = Path(tempfile.mkdtemp(prefix="taiji-metrics-overhead-"))
@@ -111,20 +141,34 @@ def main(argv=None) -> None:
                 rates[side].append(rate)
                 launcher_cpu[side].append(cpu)
                 scrapes += [seen] if side == "metrics" else []
-                print(f"# rep {rep} {side}: {rate:.0f} samples/s, launcher CPU {100 * cpu:.2f}%"
-                      + (f", {seen} scrapes" if side == "metrics" else ""), file=sys.stderr, flush=True)
+                print(
+                    f"# rep {rep} {side}: {rate:.0f} samples/s, launcher CPU {100 * cpu:.2f}%"
+                    + (f", {seen} scrapes" if side == "metrics" else ""),
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     # costs (seconds per sample) paired per repetition: the ratio is metrics' samples/s over plain's
     ratio = paired_ratio([1 / r for r in rates["metrics"]], [1 / r for r in rates["plain"]])
-    row = contract_row("samples/s, metrics served and scraped every second vs none (2 workers, MLP)",
-                       round(median(rates["metrics"]), 1), round(median(rates["plain"]), 1), higher_is_better=True,
-                       ratio=ratio, metrics_all=[round(r, 1) for r in rates["metrics"]],
-                       plain_all=[round(r, 1) for r in rates["plain"]], scrapes=scrapes,
-                       cost_pct=round((1 / ratio - 1) * 100, 2), target_cost_pct=0.5,
-                       launcher_cpu_pct_metrics=[round(100 * c, 2) for c in launcher_cpu["metrics"]],
-                       launcher_cpu_pct_plain=[round(100 * c, 2) for c in launcher_cpu["plain"]])
-    print(f"# metrics vs none: {row['taiji']} vs {row['anchor']} samples/s, cost {row['cost_pct']}%", file=sys.stderr)
+    row = contract_row(
+        "samples/s, metrics served and scraped every second vs none (2 workers, MLP)",
+        round(median(rates["metrics"]), 1),
+        round(median(rates["plain"]), 1),
+        higher_is_better=True,
+        ratio=ratio,
+        metrics_all=[round(r, 1) for r in rates["metrics"]],
+        plain_all=[round(r, 1) for r in rates["plain"]],
+        scrapes=scrapes,
+        cost_pct=round((1 / ratio - 1) * 100, 2),
+        target_cost_pct=0.5,
+        launcher_cpu_pct_metrics=[round(100 * c, 2) for c in launcher_cpu["metrics"]],
+        launcher_cpu_pct_plain=[round(100 * c, 2) for c in launcher_cpu["plain"]],
+    )
+    print(
+        f"# metrics vs none: {row['taiji']} vs {row['anchor']} samples/s, cost {row['cost_pct']}%",
+        file=sys.stderr,
+    )
     print_result("metrics_overhead", [row], reps=args.reps, quick=args.quick)
 
 

@@ -30,6 +30,7 @@ added / `taiji join` started -> the first step at 2) and the 1-minute load avera
     .venv/bin/python benchmarks/ray_engine.py --quick     # one repetition of each side, ~10 min loaded
     .venv/bin/python benchmarks/ray_engine.py --cases ray,join --reps 3   # taiji's sides only (no Ray Train)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,11 +91,42 @@ class RayCluster:
         shutil.rmtree(self.temp, ignore_errors=True)  # its processes end with the hosts'
 
 
-def taiji_launcher(args: argparse.Namespace, hosts, out: Path, env: dict, log: StepLog, *mode: str) -> LaunchedJob:
-    return LaunchedJob("taiji", in_host(hosts, 0, [
-        *CLI, "run", "-np", "1", "--nproc-per-node", "1", "--max-np", "2", "--host", hosts.address(0), *mode,
-        "--job-id", "jray", "--timeout", str(args.collective_timeout), "--liveness-timeout", str(args.liveness_timeout),
-        "--run-dir", str(out / "run"), "--", *train_args(args, out)]), out, env, log)
+def taiji_launcher(
+    args: argparse.Namespace, hosts, out: Path, env: dict, log: StepLog, *mode: str
+) -> LaunchedJob:
+    return LaunchedJob(
+        "taiji",
+        in_host(
+            hosts,
+            0,
+            [
+                *CLI,
+                "run",
+                "-np",
+                "1",
+                "--nproc-per-node",
+                "1",
+                "--max-np",
+                "2",
+                "--host",
+                hosts.address(0),
+                *mode,
+                "--job-id",
+                "jray",
+                "--timeout",
+                str(args.collective_timeout),
+                "--liveness-timeout",
+                str(args.liveness_timeout),
+                "--run-dir",
+                str(out / "run"),
+                "--",
+                *train_args(args, out),
+            ],
+        ),
+        out,
+        env,
+        log,
+    )
 
 
 def taiji_side(args: argparse.Namespace, hosts, out: Path, env: dict, on_ray: bool) -> dict:
@@ -106,27 +138,45 @@ def taiji_side(args: argparse.Namespace, hosts, out: Path, env: dict, on_ray: bo
     jobs: list[LaunchedJob] = []
     try:
         cluster.start(0)
-        jobs.append(taiji_launcher(args, hosts, out, env, log,
-                                   *(["--ray", cluster.address] if on_ray else ["--port", str(TAIJI_PORT)])))
+        jobs.append(
+            taiji_launcher(
+                args,
+                hosts,
+                out,
+                env,
+                log,
+                *(["--ray", cluster.address] if on_ray else ["--port", str(TAIJI_PORT)]),
+            )
+        )
 
         def w0(version: int | None = None) -> list[dict]:
-            return [c for c in log.select("commit", worker="w0") if version is None or c["version"] == version]
+            return [
+                c for c in log.select("commit", worker="w0") if version is None or c["version"] == version
+            ]
+
         wait_for(lambda: len(w0()) >= args.warm, log, jobs, deadline, "warm-up steps")
         requested = cluster.start(1)  # the node is in the cluster: the job's part begins
         if not on_ray:
             jobs.append(taiji_agent(hosts, out, env, log, "jray", f"{hosts.address(0)}:{TAIJI_PORT}"))
         wanted = args.settle + args.steady
         wait_for(lambda: len(w0(2)) >= wanted, log, jobs, deadline, f"{wanted} steps on two hosts")
-        grow = taiji_change_figures(log.records, {"to_version": 2, "to_size": 2, "requested": requested}, args.settle)
+        grow = taiji_change_figures(
+            log.records, {"to_version": 2, "to_size": 2, "requested": requested}, args.settle
+        )
         grow["load"] = load()
-        steady = samples_per_s(w0(2)[args.settle:wanted], args.batch)
+        steady = samples_per_s(w0(2)[args.settle : wanted], args.batch)
         if on_ray:
             hit = cluster.kill_node(1)
         else:
             hit = time.time()
             os.killpg(jobs[1].session.popen.pid, signal.SIGKILL)
-        first = wait_for(lambda: [c for c in w0() if c["version"] > 2 and c["time"] > hit], log, jobs[:1], deadline,
-                         "a step after the node's loss")[0]
+        first = wait_for(
+            lambda: [c for c in w0() if c["version"] > 2 and c["time"] > hit],
+            log,
+            jobs[:1],
+            deadline,
+            "a step after the node's loss",
+        )[0]
         loss = {"resume_s": first["time"] - hit, "to_size": first["size"], "load": load()}
         (out / "stop").touch()
         jobs[0].session.wait(max(deadline - time.monotonic(), 1.0))
@@ -145,34 +195,76 @@ def raytrain_side(args: argparse.Namespace, hosts, out: Path, env: dict) -> dict
     jobs: list[LaunchedJob] = []
     try:
         cluster.start(0)
-        jobs.append(LaunchedJob("raytrain", in_host(hosts, 0, [
-            sys.executable, str(HERE / "_ray_train.py"), str(out), "--address", cluster.address, "--max-workers", "2",
-            "--batch", str(args.batch), "--step-delay", str(args.step_delay),
-            "--timeout", str(args.collective_timeout)]), out, env, log))
+        jobs.append(
+            LaunchedJob(
+                "raytrain",
+                in_host(
+                    hosts,
+                    0,
+                    [
+                        sys.executable,
+                        str(HERE / "_ray_train.py"),
+                        str(out),
+                        "--address",
+                        cluster.address,
+                        "--max-workers",
+                        "2",
+                        "--batch",
+                        str(args.batch),
+                        "--step-delay",
+                        str(args.step_delay),
+                        "--timeout",
+                        str(args.collective_timeout),
+                    ],
+                ),
+                out,
+                env,
+                log,
+            )
+        )
 
         def rank0(size: int | None = None, since: float = 0.0) -> list[dict]:
-            return [c for c in log.select("commit", rank=0) if (size is None or c["size"] == size) and c["time"] > since]
+            return [
+                c
+                for c in log.select("commit", rank=0)
+                if (size is None or c["size"] == size) and c["time"] > since
+            ]
+
         wait_for(lambda: len(rank0(1)) >= args.warm, log, jobs, deadline, "warm-up steps")
         requested = cluster.start(1)
         wanted = args.settle + args.steady
         wait_for(lambda: len(rank0(2)) >= wanted, log, jobs, deadline, f"{wanted} steps on two hosts")
         old, new = rank0(1), rank0(2)
         boots = [b for b in log.select("boot") if b["size"] == 2]
-        grow = {"to_size": 2, "stall_s": new[0]["time"] - old[-1]["time"] - normal_step(new, args.settle),
-                "request_to_new_size_s": new[0]["time"] - requested,
-                "restart_boot_s": max(b["ready"] for b in boots) - min(b["exec"] for b in boots),
-                "resumed_at": min(b["resumed_at"] for b in boots), "last_committed_before": old[-1]["step"],
-                "step_ms_after": normal_step(new, args.settle) * 1e3, "load": load()}
-        steady = samples_per_s(new[args.settle:wanted], args.batch)
+        grow = {
+            "to_size": 2,
+            "stall_s": new[0]["time"] - old[-1]["time"] - normal_step(new, args.settle),
+            "request_to_new_size_s": new[0]["time"] - requested,
+            "restart_boot_s": max(b["ready"] for b in boots) - min(b["exec"] for b in boots),
+            "resumed_at": min(b["resumed_at"] for b in boots),
+            "last_committed_before": old[-1]["step"],
+            "step_ms_after": normal_step(new, args.settle) * 1e3,
+            "load": load(),
+        }
+        steady = samples_per_s(new[args.settle : wanted], args.batch)
         hit = cluster.kill_node(1)
         try:
-            first = wait_for(lambda: rank0(1, since=hit), log, jobs, time.monotonic() + args.fault_wait,
-                             "a step after the node's loss")[0]
+            first = wait_for(
+                lambda: rank0(1, since=hit),
+                log,
+                jobs,
+                time.monotonic() + args.fault_wait,
+                "a step after the node's loss",
+            )[0]
             loss = {"resume_s": first["time"] - hit, "outcome": "restarted at 1 worker", "load": load()}
         except (TimeoutError, RuntimeError) as exc:
-            loss = {"resume_s": None, "lower_bound_s": args.fault_wait, "load": load(),
-                    "outcome": f"no step within {args.fault_wait:g}s" +
-                               (" (the driver exited)" if isinstance(exc, RuntimeError) else "")}
+            loss = {
+                "resume_s": None,
+                "lower_bound_s": args.fault_wait,
+                "load": load(),
+                "outcome": f"no step within {args.fault_wait:g}s"
+                + (" (the driver exited)" if isinstance(exc, RuntimeError) else ""),
+            }
         return {"grow": grow, "steady_samples_s": steady, "steady_load": load(), "node_loss": loss}
     finally:
         for job in jobs:
@@ -182,23 +274,42 @@ def raytrain_side(args: argparse.Namespace, hosts, out: Path, env: dict) -> dict
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one repetition of each side (~10 min on a loaded 2-core machine)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one repetition of each side (~10 min on a loaded 2-core machine)",
+    )
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default: 1 quick, 3 full)")
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--settle", type=int, default=8, help="steps at 2 before the steady window")
-    parser.add_argument("--steady", type=int, default=None,
-                        help="steps at 2 timed for samples/s (60 quick, 400 full: a shorter window is mostly load noise)")
+    parser.add_argument(
+        "--steady",
+        type=int,
+        default=None,
+        help="steps at 2 timed for samples/s (60 quick, 400 full: a shorter window is mostly load noise)",
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--step-delay", type=float, default=0.01)
     parser.add_argument("--collective-timeout", type=float, default=5.0)
-    parser.add_argument("--liveness-timeout", type=float, default=5.0,
-                        help="taiji's sides: a silent agent or worker is dropped after this (not what a node "
-                             "loss waits for: the agent's tether closes at once)")
+    parser.add_argument(
+        "--liveness-timeout",
+        type=float,
+        default=5.0,
+        help="taiji's sides: a silent agent or worker is dropped after this (not what a node "
+        "loss waits for: the agent's tether closes at once)",
+    )
     parser.add_argument("--timeout", type=float, default=400.0, help="hard limit per side, seconds")
-    parser.add_argument("--fault-wait", type=float, default=60.0,
-                        help="how long to wait for Ray Train to commit a step after the node's loss")
-    parser.add_argument("--cases", default="ray,join,raytrain",
-                        help="which sides (comma-separated; a run of some is recorded beside the full one)")
+    parser.add_argument(
+        "--fault-wait",
+        type=float,
+        default=60.0,
+        help="how long to wait for Ray Train to commit a step after the node's loss",
+    )
+    parser.add_argument(
+        "--cases",
+        default="ray,join,raytrain",
+        help="which sides (comma-separated; a run of some is recorded beside the full one)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     args = parser.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
@@ -223,32 +334,70 @@ def rows_of(runs: dict[str, list[dict]]) -> list[dict]:
     ray_stall, join_stall = med("ray", "grow", "stall_s"), med("join", "grow", "stall_s")
     anchor_loss = med("raytrain", "node_loss", "resume_s")
     rows = [  # (the sides a row needs, the row): a run of some sides has the rows they make
-        ({"ray", "raytrain"}, contract_row("grow stall: taiji on Ray vs Ray Train restart", ray_stall, med("raytrain", "grow", "stall_s"),
-                     higher_is_better=False, unit="s", target="ratio >= 100",
-                     taiji_all=values("ray", "grow", "stall_s"), anchor_all=values("raytrain", "grow", "stall_s"),
-                     taiji_request_to_new_size_s=med("ray", "grow", "request_to_new_size_s"),
-                     anchor_request_to_new_size_s=med("raytrain", "grow", "request_to_new_size_s"),
-                     load=values("ray", "grow", "load") + values("raytrain", "grow", "load"))),
-        ({"ray", "join"}, contract_row("grow stall: taiji on Ray vs taiji join", ray_stall, join_stall, higher_is_better=False, unit="s",
-                     target="taiji <= anchor + 0.010 s", met=None if None in (ray_stall, join_stall)
-                     else ray_stall <= join_stall + 0.010,
-                     taiji_all=values("ray", "grow", "stall_s"), anchor_all=values("join", "grow", "stall_s"),
-                     taiji_request_to_new_size_s=med("ray", "grow", "request_to_new_size_s"),
-                     anchor_request_to_new_size_s=med("join", "grow", "request_to_new_size_s"),
-                     load=values("ray", "grow", "load") + values("join", "grow", "load"))),
-        ({"ray"}, contract_row("node loss → next committed step", med("ray", "node_loss", "resume_s"),
-                     anchor_loss or med("raytrain", "node_loss", "lower_bound_s"), higher_is_better=False, unit="s",
-                     target="taiji <= 0.5 s", anchor_side="Ray Train, raylet killed the same way",
-                     anchor_is_lower_bound=anchor_loss is None and bool(runs["raytrain"]),
-                     anchor_outcome=values("raytrain", "node_loss", "outcome"),
-                     taiji_all=values("ray", "node_loss", "resume_s"),
-                     taiji_join_agent_killed_s=med("join", "node_loss", "resume_s"),
-                     load=values("ray", "node_loss", "load") + values("raytrain", "node_loss", "load"))),
-        ({"ray", "join"}, contract_row("steady samples/s: taiji on Ray vs taiji join", med("ray", "steady_samples_s"),
-                     med("join", "steady_samples_s"), higher_is_better=True, target="ratio >= 0.98",
-                     taiji_all=values("ray", "steady_samples_s"), anchor_all=values("join", "steady_samples_s"),
-                     ray_train_samples_s=med("raytrain", "steady_samples_s"),
-                     load=values("ray", "steady_load") + values("join", "steady_load"))),
+        (
+            {"ray", "raytrain"},
+            contract_row(
+                "grow stall: taiji on Ray vs Ray Train restart",
+                ray_stall,
+                med("raytrain", "grow", "stall_s"),
+                higher_is_better=False,
+                unit="s",
+                target="ratio >= 100",
+                taiji_all=values("ray", "grow", "stall_s"),
+                anchor_all=values("raytrain", "grow", "stall_s"),
+                taiji_request_to_new_size_s=med("ray", "grow", "request_to_new_size_s"),
+                anchor_request_to_new_size_s=med("raytrain", "grow", "request_to_new_size_s"),
+                load=values("ray", "grow", "load") + values("raytrain", "grow", "load"),
+            ),
+        ),
+        (
+            {"ray", "join"},
+            contract_row(
+                "grow stall: taiji on Ray vs taiji join",
+                ray_stall,
+                join_stall,
+                higher_is_better=False,
+                unit="s",
+                target="taiji <= anchor + 0.010 s",
+                met=None if None in (ray_stall, join_stall) else ray_stall <= join_stall + 0.010,
+                taiji_all=values("ray", "grow", "stall_s"),
+                anchor_all=values("join", "grow", "stall_s"),
+                taiji_request_to_new_size_s=med("ray", "grow", "request_to_new_size_s"),
+                anchor_request_to_new_size_s=med("join", "grow", "request_to_new_size_s"),
+                load=values("ray", "grow", "load") + values("join", "grow", "load"),
+            ),
+        ),
+        (
+            {"ray"},
+            contract_row(
+                "node loss → next committed step",
+                med("ray", "node_loss", "resume_s"),
+                anchor_loss or med("raytrain", "node_loss", "lower_bound_s"),
+                higher_is_better=False,
+                unit="s",
+                target="taiji <= 0.5 s",
+                anchor_side="Ray Train, raylet killed the same way",
+                anchor_is_lower_bound=anchor_loss is None and bool(runs["raytrain"]),
+                anchor_outcome=values("raytrain", "node_loss", "outcome"),
+                taiji_all=values("ray", "node_loss", "resume_s"),
+                taiji_join_agent_killed_s=med("join", "node_loss", "resume_s"),
+                load=values("ray", "node_loss", "load") + values("raytrain", "node_loss", "load"),
+            ),
+        ),
+        (
+            {"ray", "join"},
+            contract_row(
+                "steady samples/s: taiji on Ray vs taiji join",
+                med("ray", "steady_samples_s"),
+                med("join", "steady_samples_s"),
+                higher_is_better=True,
+                target="ratio >= 0.98",
+                taiji_all=values("ray", "steady_samples_s"),
+                anchor_all=values("join", "steady_samples_s"),
+                ray_train_samples_s=med("raytrain", "steady_samples_s"),
+                load=values("ray", "steady_load") + values("join", "steady_load"),
+            ),
+        ),
     ]
     ran = {side for side, found in runs.items() if found}
     return [row for needed, row in rows if needed <= ran]
@@ -260,22 +409,34 @@ def main(argv=None) -> None:
     if skipped_without_hosts("ray_engine"):
         return
     if not ray_nodes.ray_installed():
-        print("# ray_engine: Ray is not installed (pip install 'taiji[ray]'); nothing measured", file=sys.stderr)
+        print(
+            "# ray_engine: Ray is not installed (pip install 'taiji[ray]'); nothing measured", file=sys.stderr
+        )
         print_result("ray_engine", [], skipped="Ray is not installed")
         return
     from taiji_harness.netns import EmulatedHosts
 
     base = Path(tempfile.mkdtemp(prefix="taiji-rayengine-"))
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="eth0",
-               OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0", **ray_nodes.auth_env())
-    sides = {"ray": lambda *a: taiji_side(*a, on_ray=True), "join": lambda *a: taiji_side(*a, on_ray=False),
-             "raytrain": raytrain_side}
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        GLOO_SOCKET_IFNAME="eth0",
+        OMP_NUM_THREADS="1",
+        RAY_DEDUP_LOGS="0",
+        **ray_nodes.auth_env(),
+    )
+    sides = {
+        "ray": lambda *a: taiji_side(*a, on_ray=True),
+        "join": lambda *a: taiji_side(*a, on_ray=False),
+        "raytrain": raytrain_side,
+    }
     order = [name for name in args.cases.split(",") if name in sides]
     runs: dict[str, list[dict]] = {name: [] for name in sides}
     errors: list[str] = []
     try:
         for rep in range(args.reps):
-            for name in (order if rep % 2 == 0 else order[::-1]):
+            for name in order if rep % 2 == 0 else order[::-1]:
                 out = base / f"{name}-{rep}"
                 out.mkdir()
                 t0 = time.monotonic()
@@ -284,7 +445,11 @@ def main(argv=None) -> None:
                         runs[name].append(sides[name](args, hosts, out, env))
                 except Exception:
                     errors.append(f"{name} rep {rep}: {traceback.format_exc(limit=3)}")
-                print(f"# {name} rep {rep}: {time.monotonic() - t0:.1f}s, load {load()}", file=sys.stderr, flush=True)
+                print(
+                    f"# {name} rep {rep}: {time.monotonic() - t0:.1f}s, load {load()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -292,8 +457,11 @@ def main(argv=None) -> None:
             print(f"# run directories kept in {base}", file=sys.stderr)
     rows = rows_of(runs)
     for row in rows:
-        print(f"# {row['case']}: taiji {row['taiji']}  anchor {row['anchor']}  ratio {row['ratio']}  "
-              f"load {row['load']}", file=sys.stderr)
+        print(
+            f"# {row['case']}: taiji {row['taiji']}  anchor {row['anchor']}  ratio {row['ratio']}  "
+            f"load {row['load']}",
+            file=sys.stderr,
+        )
     for error in errors:
         print(f"# error: {error}", file=sys.stderr)
     print_result("ray_engine", rows, reps=args.reps, quick=args.quick, errors=len(errors), details=runs)

@@ -21,6 +21,7 @@ order alternating between repetitions; the figure is the median.
     .venv/bin/python benchmarks/resume.py --quick     # 2 repetitions
     .venv/bin/python benchmarks/resume.py             # 5 repetitions
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,16 @@ CHECKPOINT_EVERY = 10
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 repetitions (about 2 min)")
-    parser.add_argument("--reps", type=int, default=None, help="kills per side and size (default: 5; quick 2)")
-    parser.add_argument("--before-kill", type=int, default=25,
-                        help="steps committed before the kill (default: %(default)s; taiji's last checkpoint "
-                             f"is at a multiple of {CHECKPOINT_EVERY})")
+    parser.add_argument(
+        "--reps", type=int, default=None, help="kills per side and size (default: 5; quick 2)"
+    )
+    parser.add_argument(
+        "--before-kill",
+        type=int,
+        default=25,
+        help="steps committed before the kill (default: %(default)s; taiji's last checkpoint "
+        f"is at a multiple of {CHECKPOINT_EVERY})",
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed per phase")
@@ -57,12 +64,35 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def command(args: argparse.Namespace, side: str, out: Path, ck: Path, size: int, resume: bool) -> list[str]:
     if side == "taiji":
-        launcher = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(size), "--max-np", str(size),
-                    "--checkpoint-dir", str(ck), "--checkpoint-every", str(CHECKPOINT_EVERY),
-                    "--run-dir", str(out / "run"), *(["--resume", "auto"] if resume else []), "--"]
+        launcher = [
+            sys.executable,
+            "-m",
+            "taiji.launch.cli",
+            "run",
+            "-np",
+            str(size),
+            "--max-np",
+            str(size),
+            "--checkpoint-dir",
+            str(ck),
+            "--checkpoint-every",
+            str(CHECKPOINT_EVERY),
+            "--run-dir",
+            str(out / "run"),
+            *(["--resume", "auto"] if resume else []),
+            "--",
+        ]
         return launcher + train_args(args, out)
-    return torchrun_cmd(args, out, size, ["--standalone", "--max-restarts", "0"], "--checkpoint", str(ck / "ckpt.pt"),
-                        "--timeout", str(args.collective_timeout))
+    return torchrun_cmd(
+        args,
+        out,
+        size,
+        ["--standalone", "--max-restarts", "0"],
+        "--checkpoint",
+        str(ck / "ckpt.pt"),
+        "--timeout",
+        str(args.collective_timeout),
+    )
 
 
 def one(args: argparse.Namespace, side: str, size: int, root: Path, env: dict) -> dict:
@@ -75,13 +105,25 @@ def one(args: argparse.Namespace, side: str, size: int, root: Path, env: dict) -
     first = LaunchedJob(f"{side}-first", command(args, side, out, ck, 2, False), out, env, log)
     try:
         deadline = time.monotonic() + args.timeout
-        wait_for(lambda: len(log.select("commit", rank=0)) >= args.before_kill, log, [first], deadline,
-                 f"{args.before_kill} steps")
+        wait_for(
+            lambda: len(log.select("commit", rank=0)) >= args.before_kill,
+            log,
+            [first],
+            deadline,
+            f"{args.before_kill} steps",
+        )
         if side == "taiji":
-            wait_for(lambda: any(p.name.startswith("step-") and (p / "manifest.json").exists()
-                                 for p in ck.iterdir()), log, [first], deadline, "a complete checkpoint")
+            wait_for(
+                lambda: any(
+                    p.name.startswith("step-") and (p / "manifest.json").exists() for p in ck.iterdir()
+                ),
+                log,
+                [first],
+                deadline,
+                "a complete checkpoint",
+            )
     finally:
-        first.close()   # SIGKILL: the launcher's session and every worker
+        first.close()  # SIGKILL: the launcher's session and every worker
     log.poll()
     last = max(r["step"] for r in log.select("commit", rank=0))
     before = len(log.records)
@@ -92,14 +134,19 @@ def one(args: argparse.Namespace, side: str, size: int, root: Path, env: dict) -
 
         def resumed() -> list[dict]:
             return [r for r in log.records[before:] if r.get("event") == "commit" and r.get("rank") == 0]
+
         commits = wait_for(resumed, log, [second], deadline, "the first step after the restart")
     finally:
         second.close()
     # torchrun's side saves a step before it logs it: killed between the two, the saved step is
     # missing from the log and the restart begins one past the last logged step (nothing redone)
-    return {"seconds": commits[0]["time"] - restarted, "redone": max(0, last - commits[0]["step"] + 1),
-            "size": commits[0]["size"], **phases(log.records[before:], restarted),
-            **(run_log_phases(out / "run") if side == "taiji" else {})}
+    return {
+        "seconds": commits[0]["time"] - restarted,
+        "redone": max(0, last - commits[0]["step"] + 1),
+        "size": commits[0]["size"],
+        **phases(log.records[before:], restarted),
+        **(run_log_phases(out / "run") if side == "taiji" else {}),
+    }
 
 
 PHASES = ("to_exec", "import_torch", "join", "build", "load", "to_first_step")
@@ -119,18 +166,24 @@ def phases(records: list[dict], restarted: float) -> dict:
         return {}
     last = max(boots, key=lambda r: r["ready"])
     marks = [restarted] + [last[k] for k in ("exec", "imported", "joined", "built", "loaded", "ready")]
-    return {**{phase: b - a for phase, a, b in zip(PHASES, marks, marks[1:])},
-            "worker_cpu_s": sum(r["cpu"] for r in boots)}
+    return {
+        **{phase: b - a for phase, a, b in zip(PHASES, marks, marks[1:])},
+        "worker_cpu_s": sum(r["cpu"] for r in boots),
+    }
 
 
 def run_log_phases(run_dir: Path) -> dict:
     """From taiji's run log (rank 0's view): the last start's ``groups`` and ``sync`` seconds and
     its resume's ``load_s`` (finding, reading and checking the checkpoint)."""
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    events = [
+        json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()
+    ]
     start = [e for e in events if e.get("kind") == "start"][-1]
     resumed = [e for e in events if e.get("kind") == "resume"]
-    return {**{f"run_log_{k}": v for k, v in start.get("phases", {}).items()},
-            **({"run_log_load": resumed[-1]["load_s"]} if resumed and "load_s" in resumed[-1] else {})}
+    return {
+        **{f"run_log_{k}": v for k, v in start.get("phases", {}).items()},
+        **({"run_log_load": resumed[-1]["load_s"]} if resumed and "load_s" in resumed[-1] else {}),
+    }
 
 
 def medians(runs: list[dict]) -> dict:
@@ -155,25 +208,45 @@ def main(argv=None) -> None:
                     assert got["size"] == size, got
                     results.setdefault((side, size), []).append(got)
                     where_to = ", ".join(f"{k} {got[k]:.2f}s" for k in (*PHASES, "worker_cpu_s") if k in got)
-                    print(f"rep {rep}: {side} 2 -> {size}: first step {got['seconds']:.2f}s after the restart, "
-                          f"{got['redone']} step(s) redone ({where_to})", flush=True)
+                    print(
+                        f"rep {rep}: {side} 2 -> {size}: first step {got['seconds']:.2f}s after the restart, "
+                        f"{got['redone']} step(s) redone ({where_to})",
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
     def seconds(side: str, size: int) -> list[float]:
         return [r["seconds"] for r in results[(side, size)]]
+
     rows = []
-    for size, case in ((2, "resume after a whole-job kill vs torchrun restart (2 -> 2 workers)"),
-                       (3, "resume after a whole-job kill vs torchrun restart (2 -> 3 workers)")):
-        rows.append(contract_row(case, round(median(seconds("taiji", size)), 3), round(median(seconds("torchrun", size)), 3),
-                                 higher_is_better=False, unit="s to the first step after the restart",
-                                 taiji_spread=spread(seconds("taiji", size)),
-                                 anchor_spread=spread(seconds("torchrun", size)), target=">= 1.0",
-                                 steps_redone=[r["redone"] for r in results[("taiji", size)]],
-                                 taiji_phases=medians(results[("taiji", size)]),
-                                 anchor_phases=medians(results[("torchrun", size)])))
-    print_result("resume", rows, reps=args.reps, checkpoint_every=CHECKPOINT_EVERY, before_kill=args.before_kill,
-                 quick=args.quick)
+    for size, case in (
+        (2, "resume after a whole-job kill vs torchrun restart (2 -> 2 workers)"),
+        (3, "resume after a whole-job kill vs torchrun restart (2 -> 3 workers)"),
+    ):
+        rows.append(
+            contract_row(
+                case,
+                round(median(seconds("taiji", size)), 3),
+                round(median(seconds("torchrun", size)), 3),
+                higher_is_better=False,
+                unit="s to the first step after the restart",
+                taiji_spread=spread(seconds("taiji", size)),
+                anchor_spread=spread(seconds("torchrun", size)),
+                target=">= 1.0",
+                steps_redone=[r["redone"] for r in results[("taiji", size)]],
+                taiji_phases=medians(results[("taiji", size)]),
+                anchor_phases=medians(results[("torchrun", size)]),
+            )
+        )
+    print_result(
+        "resume",
+        rows,
+        reps=args.reps,
+        checkpoint_every=CHECKPOINT_EVERY,
+        before_kill=args.before_kill,
+        quick=args.quick,
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the requests per second the etcd server answered over the measured steps (its ow
 
     .venv/bin/python benchmarks/store_cost.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,13 +50,28 @@ def run(args: argparse.Namespace, store: str, out: Path, load: list[float]) -> f
     """Median step seconds of rank 0 after the warm-up, on ``store`` (etcd: its requests per
     second over those steps appended to ``load``)."""
     log = StepLog(out, "taiji")
-    cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--store", store, "--job-id",
-           f"cost{os.getpid()}{store}", "--run-dir", str(out / "run"), "--",
-           *train_args(args, out, "--max-steps", str(args.warm + args.steps))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "taiji.launch.cli",
+        "run",
+        "-np",
+        "2",
+        "--store",
+        store,
+        "--job-id",
+        f"cost{os.getpid()}{store}",
+        "--run-dir",
+        str(out / "run"),
+        "--",
+        *train_args(args, out, "--max-steps", str(args.warm + args.steps)),
+    ]
     job = LaunchedJob(f"taiji-{store}", cmd, out, dict(os.environ, TAIJI_HOME=str(out / "home")), log)
     etcd = EtcdLoad(out / f"taiji-{store}.out")
     try:
-        steps = median(step_intervals(steady_commits(args, job, log, etcd.at if store == "etcd" else lambda m: None)))
+        steps = median(
+            step_intervals(steady_commits(args, job, log, etcd.at if store == "etcd" else lambda m: None))
+        )
     finally:
         job.close()
     if etcd.per_s is not None:
@@ -69,7 +85,9 @@ def main(argv=None) -> None:
     args = steady_options(parser, 150, 400, 180.0, argv)
     reap_on_sigterm()
     if shutil.which("etcd") is None:
-        print("# store_cost: no etcd binary (apt-get install -y etcd-server); nothing measured", file=sys.stderr)
+        print(
+            "# store_cost: no etcd binary (apt-get install -y etcd-server); nothing measured", file=sys.stderr
+        )
         print_result("store_cost", [], skipped="no etcd binary")
         return
     base = Path(tempfile.mkdtemp(prefix="taiji-store-cost-"))
@@ -81,20 +99,34 @@ def main(argv=None) -> None:
                 out = base / f"{store}-{rep}"
                 out.mkdir()
                 steps[store].append(run(args, store, out, etcd_load))
-                print(f"# rep {rep} {store}: {steps[store][-1] * 1e3:.2f} ms/step", file=sys.stderr, flush=True)
+                print(
+                    f"# rep {rep} {store}: {steps[store][-1] * 1e3:.2f} ms/step", file=sys.stderr, flush=True
+                )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     ratio = paired_ratio(steps["etcd"], steps["tcp"])
-    row = contract_row("step time, etcd store vs TCPStore (ms, 2 workers, MLP)", round(median(steps["etcd"]) * 1e3, 3),
-                       round(median(steps["tcp"]) * 1e3, 3), higher_is_better=False, ratio=ratio,
-                       etcd_all_ms=[round(s * 1e3, 3) for s in steps["etcd"]],
-                       tcp_all_ms=[round(s * 1e3, 3) for s in steps["tcp"]],
-                       overhead_pct=round((1 / ratio - 1) * 100, 2))
-    print(f"# etcd vs tcp: {row['taiji']} vs {row['anchor']} ms/step, overhead {row['overhead_pct']}%; etcd answered "
-          f"{[round(x) for x in etcd_load]} requests/s", file=sys.stderr)
-    load = contract_row("etcd requests per second at steady state (2 workers, MLP; the server's count)",
-                        round(median(etcd_load), 1), None, higher_is_better=False,
-                        all_per_s=[round(x, 1) for x in etcd_load])
+    row = contract_row(
+        "step time, etcd store vs TCPStore (ms, 2 workers, MLP)",
+        round(median(steps["etcd"]) * 1e3, 3),
+        round(median(steps["tcp"]) * 1e3, 3),
+        higher_is_better=False,
+        ratio=ratio,
+        etcd_all_ms=[round(s * 1e3, 3) for s in steps["etcd"]],
+        tcp_all_ms=[round(s * 1e3, 3) for s in steps["tcp"]],
+        overhead_pct=round((1 / ratio - 1) * 100, 2),
+    )
+    print(
+        f"# etcd vs tcp: {row['taiji']} vs {row['anchor']} ms/step, overhead {row['overhead_pct']}%; etcd answered "
+        f"{[round(x) for x in etcd_load]} requests/s",
+        file=sys.stderr,
+    )
+    load = contract_row(
+        "etcd requests per second at steady state (2 workers, MLP; the server's count)",
+        round(median(etcd_load), 1),
+        None,
+        higher_is_better=False,
+        all_per_s=[round(x, 1) for x in etcd_load],
+    )
     print_result("store_cost", [row, load], reps=args.reps, quick=args.quick)
 
 

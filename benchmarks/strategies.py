@@ -29,6 +29,7 @@ samples/s, ratio = taiji / anchor) and ``pair_averaging_straggler_accuracy`` (fi
 ``local_sgd_...``. With ``--reps`` > 1, taiji and anchor are medians and the ratio is the median of
 the repetitions' own ratios (each repetition's jobs ran back to back). Every job's figures are under ``runs``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,10 +49,19 @@ WORKER = HERE / "_strategies_train.py"
 NPROC = 4
 STRAGGLER_RANK = 3
 STRATEGIES = ("sync", "avg", "pair", "local")  # the default set; pair_equal on request
-LABEL = {"sync": "SyncSGD", "avg": "ModelAveraging", "pair": "PairAveraging", "local": "LocalSGD",
-         "pair_equal": "PairAveraging-equal-weights"}
-CASE = {"avg": "model_averaging", "pair": "pair_averaging", "local": "local_sgd",
-        "pair_equal": "pair_averaging_equal_weights"}  # the result rows' names, against SyncSGD
+LABEL = {
+    "sync": "SyncSGD",
+    "avg": "ModelAveraging",
+    "pair": "PairAveraging",
+    "local": "LocalSGD",
+    "pair_equal": "PairAveraging-equal-weights",
+}
+CASE = {
+    "avg": "model_averaging",
+    "pair": "pair_averaging",
+    "local": "local_sgd",
+    "pair_equal": "pair_averaging_equal_weights",
+}  # the result rows' names, against SyncSGD
 STRAGGLER_PROOF = ("pair", "local", "pair_equal")  # the decoupled strategies the straggler goal is for
 SETTINGS = {"both": (False, True), "straggler": (True,), "none": (False,)}
 GOAL_SPEEDUP, GOAL_ACC_POINTS = 1.5, 1.0
@@ -82,8 +92,20 @@ def run_job(name: str, worker_args: list[str], out: Path, timeout: float) -> lis
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(NPROC), "--",
-           sys.executable, str(WORKER), *worker_args, "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "taiji.launch.cli",
+        "run",
+        "-np",
+        str(NPROC),
+        "--",
+        sys.executable,
+        str(WORKER),
+        *worker_args,
+        "--out",
+        str(out),
+    ]
     # without OMP_NUM_THREADS the launcher picks cpu_count // 4 = 1 thread per worker
     finished = run_launcher(cmd, out / "launcher.log", timeout, name=name, env_drop=["OMP_NUM_THREADS"])
     files = sorted(out.glob("rank*.json"))
@@ -96,22 +118,32 @@ def summarise(strategy: str, slowed: bool, ranks: list[dict[str, Any]]) -> dict[
     wall = max(r["end"] for r in ranks) - min(r["start"] for r in ranks)
     samples = sum(r["samples"] for r in ranks)
     expected = ranks[0]["train_samples"] * ranks[0]["epochs"]
-    row = {"strategy": LABEL[strategy], "straggler": slowed, "samples_per_s": round(samples / wall, 1),
-           "accuracy": ranks[0]["accuracy"], "train_wall_s": round(wall, 2), "samples": samples,
-           "samples_expected": expected, "eval_s": ranks[0]["eval_s"],
-           "replicas_identical": len({r["checksum"] for r in ranks}) == 1,
-           "per_rank_samples": [r["samples"] for r in ranks], "per_rank_steps": [r["steps"] for r in ranks],
-           "compute_ms": [round(r["compute_ms_median"], 1) for r in ranks],
-           "step_ms": [round(r["step_ms_median"], 1) for r in ranks],
-           "between_steps_ms": [round(r["between_ms_median"] or 0.0, 1) for r in ranks],
-           "straggler_slept_s": sum(r["slept_s"] for r in ranks)}
+    row = {
+        "strategy": LABEL[strategy],
+        "straggler": slowed,
+        "samples_per_s": round(samples / wall, 1),
+        "accuracy": ranks[0]["accuracy"],
+        "train_wall_s": round(wall, 2),
+        "samples": samples,
+        "samples_expected": expected,
+        "eval_s": ranks[0]["eval_s"],
+        "replicas_identical": len({r["checksum"] for r in ranks}) == 1,
+        "per_rank_samples": [r["samples"] for r in ranks],
+        "per_rank_steps": [r["steps"] for r in ranks],
+        "compute_ms": [round(r["compute_ms_median"], 1) for r in ranks],
+        "step_ms": [round(r["step_ms_median"], 1) for r in ranks],
+        "between_steps_ms": [round(r["between_ms_median"] or 0.0, 1) for r in ranks],
+        "straggler_slept_s": sum(r["slept_s"] for r in ranks),
+    }
     if "pair_averaged" in ranks[0]:
         row["pair_averaged"] = [r["pair_averaged"] for r in ranks]
         row["pair_skipped"] = [r["pair_skipped"] for r in ranks]
     if "sync_points" in ranks[0]:
         row["sync_points"] = ranks[0]["sync_points"]
     if samples != expected:
-        raise RuntimeError(f"{LABEL[strategy]}: trained {samples} samples, expected {expected} (lost/duplicated)")
+        raise RuntimeError(
+            f"{LABEL[strategy]}: trained {samples} samples, expected {expected} (lost/duplicated)"
+        )
     return row
 
 
@@ -127,10 +159,13 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for s in present[1:]:
             row = by[(s, slowed)]
             out[f"{s}/SyncSGD samples/s, {tag}"] = round(row["samples_per_s"] / anchor["samples_per_s"], 3)
-            out[f"{s}-SyncSGD accuracy points, {tag}"] = round(100 * (row["accuracy"] - anchor["accuracy"]), 2)
+            out[f"{s}-SyncSGD accuracy points, {tag}"] = round(
+                100 * (row["accuracy"] - anchor["accuracy"]), 2
+            )
     for s in present if len(settings) == 2 else []:
         out[f"{s} straggler/no-straggler samples/s"] = round(
-            by[(s, True)]["samples_per_s"] / by[(s, False)]["samples_per_s"], 3)
+            by[(s, True)]["samples_per_s"] / by[(s, False)]["samples_per_s"], 3
+        )
     return out
 
 
@@ -140,10 +175,15 @@ def median_rows(reps: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for first in reps[0]:
         key = (first["strategy"], first["straggler"])
         same = [r for rep in reps for r in rep if (r["strategy"], r["straggler"]) == key]
-        rows.append({**first, "samples_per_s": median(r["samples_per_s"] for r in same),
-                     "accuracy": median(r["accuracy"] for r in same),
-                     "all_samples_per_s": [r["samples_per_s"] for r in same],
-                     "all_accuracy": [r["accuracy"] for r in same]})
+        rows.append(
+            {
+                **first,
+                "samples_per_s": median(r["samples_per_s"] for r in same),
+                "accuracy": median(r["accuracy"] for r in same),
+                "all_samples_per_s": [r["samples_per_s"] for r in same],
+                "all_accuracy": [r["accuracy"] for r in same],
+            }
+        )
     return rows
 
 
@@ -161,17 +201,34 @@ def contract_rows(reps: list[list[dict[str, Any]]], strategies: list[str]) -> li
             if strategy in STRAGGLER_PROOF and slowed:
                 speed_goal = {"target": f">= {GOAL_SPEEDUP}"}
                 accuracy_goal = {"target": f"accuracy_points >= -{GOAL_ACC_POINTS}"}
-            rows.append(contract_row(
-                f"{CASE[strategy]}_{setting}", median(x["samples_per_s"] for x, _ in pairs),
-                median(a["samples_per_s"] for _, a in pairs), higher_is_better=True,
-                ratio=median(x["samples_per_s"] / a["samples_per_s"] for x, a in pairs),
-                unit="samples/s", taiji_is=LABEL[strategy], anchor_is="SyncSGD", **speed_goal))
-            rows.append(contract_row(
-                f"{CASE[strategy]}_{setting}_accuracy", median(x["accuracy"] for x, _ in pairs),
-                median(a["accuracy"] for _, a in pairs), higher_is_better=True,
-                ratio=median(x["accuracy"] / a["accuracy"] for x, a in pairs),
-                digits=4, accuracy_points=round(median(100 * (x["accuracy"] - a["accuracy"]) for x, a in pairs), 2),
-                unit="final test accuracy", taiji_is=LABEL[strategy], anchor_is="SyncSGD", **accuracy_goal))
+            rows.append(
+                contract_row(
+                    f"{CASE[strategy]}_{setting}",
+                    median(x["samples_per_s"] for x, _ in pairs),
+                    median(a["samples_per_s"] for _, a in pairs),
+                    higher_is_better=True,
+                    ratio=median(x["samples_per_s"] / a["samples_per_s"] for x, a in pairs),
+                    unit="samples/s",
+                    taiji_is=LABEL[strategy],
+                    anchor_is="SyncSGD",
+                    **speed_goal,
+                )
+            )
+            rows.append(
+                contract_row(
+                    f"{CASE[strategy]}_{setting}_accuracy",
+                    median(x["accuracy"] for x, _ in pairs),
+                    median(a["accuracy"] for _, a in pairs),
+                    higher_is_better=True,
+                    ratio=median(x["accuracy"] / a["accuracy"] for x, a in pairs),
+                    digits=4,
+                    accuracy_points=round(median(100 * (x["accuracy"] - a["accuracy"]) for x, a in pairs), 2),
+                    unit="final test accuracy",
+                    taiji_is=LABEL[strategy],
+                    anchor_is="SyncSGD",
+                    **accuracy_goal,
+                )
+            )
     return rows
 
 
@@ -179,21 +236,37 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="15k-sample subset, 1 epoch")
     parser.add_argument("--epochs", type=int, default=None, help="epoch budget (default 2; quick 1)")
-    parser.add_argument("--train-subset", type=int, default=None, help="training samples (default all; quick 15000)")
+    parser.add_argument(
+        "--train-subset", type=int, default=None, help="training samples (default all; quick 15000)"
+    )
     parser.add_argument("--reps", type=int, default=1, help="repetitions of the jobs, order alternating")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(LABEL))
-    parser.add_argument("--settings", default="both", choices=list(SETTINGS),
-                        help="with and without the straggler (both), or only one")
+    parser.add_argument(
+        "--settings",
+        default="both",
+        choices=list(SETTINGS),
+        help="with and without the straggler (both), or only one",
+    )
     parser.add_argument("--ma-alpha", type=float, default=1.0, help="ModelAveraging alpha")
     parser.add_argument("--ma-every", type=int, default=4, help="ModelAveraging: average every N steps")
-    parser.add_argument("--sync-every", type=int, default=0, help="PairAveraging sync point (samples; 0 = one epoch)")
+    parser.add_argument(
+        "--sync-every", type=int, default=0, help="PairAveraging sync point (samples; 0 = one epoch)"
+    )
     parser.add_argument("--local-every", type=int, default=8, help="LocalSGD: average every H global batches")
-    parser.add_argument("--outer-lr", type=float, default=1.0, help="LocalSGD outer learning rate (1: plain average)")
+    parser.add_argument(
+        "--outer-lr", type=float, default=1.0, help="LocalSGD outer learning rate (1: plain average)"
+    )
     parser.add_argument("--outer-momentum", type=float, default=0.0, help="LocalSGD outer Nesterov momentum")
-    parser.add_argument("--timeout", type=float, default=None, help="per job, seconds (default 900; quick 180)")
-    parser.add_argument("--wait-idle", type=float, default=None,
-                        help="before each job, wait for other benchmarks/tests to end; at most this many seconds "
-                             "over the whole run (default 600; quick 0)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="per job, seconds (default 900; quick 180)"
+    )
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=None,
+        help="before each job, wait for other benchmarks/tests to end; at most this many seconds "
+        "over the whole run (default 600; quick 0)",
+    )
     parser.add_argument("--out", default="runs/strategies", help="per-job directories (git-ignored runs/)")
     args = parser.parse_args(argv)
     epochs = args.epochs or (1 if args.quick else 2)
@@ -202,11 +275,27 @@ def main(argv: list[str] | None = None) -> None:
     if "sync" not in args.strategies or len(set(args.strategies)) < 2:
         parser.error("SyncSGD is the anchor: keep `sync` and at least one other strategy in --strategies")
     reap_on_sigterm()
-    wait_until = time.monotonic() + (args.wait_idle if args.wait_idle is not None else (0.0 if args.quick else 600.0))
-    common = ["--epochs", str(epochs), "--train-subset", str(subset), "--ma-alpha", str(args.ma_alpha),
-              "--ma-every", str(args.ma_every), "--sync-every", str(args.sync_every),
-              "--local-every", str(args.local_every), "--outer-lr", str(args.outer_lr),
-              "--outer-momentum", str(args.outer_momentum)]
+    wait_until = time.monotonic() + (
+        args.wait_idle if args.wait_idle is not None else (0.0 if args.quick else 600.0)
+    )
+    common = [
+        "--epochs",
+        str(epochs),
+        "--train-subset",
+        str(subset),
+        "--ma-alpha",
+        str(args.ma_alpha),
+        "--ma-every",
+        str(args.ma_every),
+        "--sync-every",
+        str(args.sync_every),
+        "--local-every",
+        str(args.local_every),
+        "--outer-lr",
+        str(args.outer_lr),
+        "--outer-momentum",
+        str(args.outer_momentum),
+    ]
     started = time.monotonic()
     reps, polluted = [], []
     for rep in range(args.reps):
@@ -219,24 +308,42 @@ def main(argv: list[str] | None = None) -> None:
             polluted += [f"{name}: {o}" for o in others]
             load = os.getloadavg()[0]
             worker = ["--strategy", strategy, "--straggler", str(STRAGGLER_RANK if slowed else -1), *common]
-            row = summarise(strategy, slowed, run_job(name, worker, Path(args.out, f"rep{rep}", name), timeout))
+            row = summarise(
+                strategy, slowed, run_job(name, worker, Path(args.out, f"rep{rep}", name), timeout)
+            )
             row.update(rep=rep, loadavg_before=round(load, 2), others_running=len(others))
             rows.append(row)
-            print(f"# rep {rep} {name:20s} {row['samples_per_s']:8.1f} samples/s  acc {row['accuracy']:.4f}  "
-                  f"wall {row['train_wall_s']:.1f}s  per-rank samples {row['per_rank_samples']}  "
-                  f"between-steps ms {row['between_steps_ms']}", file=sys.stderr, flush=True)
+            print(
+                f"# rep {rep} {name:20s} {row['samples_per_s']:8.1f} samples/s  acc {row['accuracy']:.4f}  "
+                f"wall {row['train_wall_s']:.1f}s  per-rank samples {row['per_rank_samples']}  "
+                f"between-steps ms {row['between_steps_ms']}",
+                file=sys.stderr,
+                flush=True,
+            )
         labels = [LABEL[s] for s in args.strategies]
         reps.append(sorted(rows, key=lambda r: (r["straggler"], labels.index(r["strategy"]))))
     rows = median_rows(reps) if args.reps > 1 else reps[0]
-    result: dict[str, Any] = {"runs": rows, "nproc": NPROC, "quick": args.quick,
-                              "epochs": epochs, "train_samples": rows[0]["samples_expected"] // epochs,
-                              "global_batch": 128, "lr": 0.05, "momentum": 0.9,
-                              "model_averaging": {"alpha": args.ma_alpha, "every": args.ma_every},
-                              "pair_sync_every": args.sync_every or "one epoch", "straggler_rank": STRAGGLER_RANK,
-                              "local_sgd": {"every": args.local_every, "outer_lr": args.outer_lr,
-                                            "outer_momentum": args.outer_momentum},
-                              "reps": args.reps, "polluted_by": polluted,
-                              "total_s": round(time.monotonic() - started, 1)}
+    result: dict[str, Any] = {
+        "runs": rows,
+        "nproc": NPROC,
+        "quick": args.quick,
+        "epochs": epochs,
+        "train_samples": rows[0]["samples_expected"] // epochs,
+        "global_batch": 128,
+        "lr": 0.05,
+        "momentum": 0.9,
+        "model_averaging": {"alpha": args.ma_alpha, "every": args.ma_every},
+        "pair_sync_every": args.sync_every or "one epoch",
+        "straggler_rank": STRAGGLER_RANK,
+        "local_sgd": {
+            "every": args.local_every,
+            "outer_lr": args.outer_lr,
+            "outer_momentum": args.outer_momentum,
+        },
+        "reps": args.reps,
+        "polluted_by": polluted,
+        "total_s": round(time.monotonic() - started, 1),
+    }
     per_rep = [ratios(rep) for rep in reps]  # each rep's jobs ran back to back: paired ratios
     result["ratios"] = {k: round(median(r[k] for r in per_rep), 3) for k in per_rep[0]}
     if args.reps > 1:
@@ -246,8 +353,12 @@ def main(argv: list[str] | None = None) -> None:
         speedup = result["ratios"][f"{LABEL[strategy]}/SyncSGD samples/s, straggler"]
         loss = -result["ratios"][f"{LABEL[strategy]}-SyncSGD accuracy points, straggler"]
         result["goal"][LABEL[strategy]] = {
-            "speedup_with_straggler": speedup, "target_speedup": GOAL_SPEEDUP, "accuracy_loss_points": loss,
-            "target_max_loss_points": GOAL_ACC_POINTS, "met": speedup >= GOAL_SPEEDUP and loss <= GOAL_ACC_POINTS}
+            "speedup_with_straggler": speedup,
+            "target_speedup": GOAL_SPEEDUP,
+            "accuracy_loss_points": loss,
+            "target_max_loss_points": GOAL_ACC_POINTS,
+            "met": speedup >= GOAL_SPEEDUP and loss <= GOAL_ACC_POINTS,
+        }
     print_result("strategies", contract_rows(reps, args.strategies), **result)
 
 

@@ -26,6 +26,7 @@ is torchvision's ResNet-18 on 32x32 images; with ``--nproc 1`` the anchor is a p
 
     python benchmarks/throughput.py --device cuda --models resnet18 cnn --nproc 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,19 @@ import os
 import sys
 import time
 
-from taiji_harness.bench import (contract_row, interleaved, median, paired_ratio, print_result,  # noqa: E402
-                     reap_on_sigterm, run_workers, side_by_side_groups, spread, time_on_all_ranks,
-                     worker_arguments)
+from taiji_harness.bench import (
+    contract_row,
+    interleaved,
+    median,
+    paired_ratio,
+    print_result,  # noqa: E402
+    reap_on_sigterm,
+    run_workers,
+    side_by_side_groups,
+    spread,
+    time_on_all_ranks,
+    worker_arguments,
+)
 
 BUCKET_MB = 25
 
@@ -44,18 +55,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (<= 90 s in all)")
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn", "resnet18"])
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where models and batches live")
-    parser.add_argument("--nproc", type=int, default=2, help="workers (1: the anchor is a plain loop, no DDP)")
-    parser.add_argument("--monitor-every", default="1", help="the Job's MonitorOptions(every=...): 1, k, 0 or auto")
-    parser.add_argument("--reps", type=int, default=None,
-                        help="timed blocks per side and model (default: 8 quick, 20 full)")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="training steps per timed block (default: 4 quick, 8 full)")
-    parser.add_argument("--ddp-bucket-view", action="store_true",
-                        help="run DDP with gradient_as_bucket_view=True (no copy back from its "
-                             "buckets, as taiji does); the default is DDP's default")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="hard limit for the worker group in seconds (default: 85 quick, 600 full)")
+    parser.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="where models and batches live"
+    )
+    parser.add_argument(
+        "--nproc", type=int, default=2, help="workers (1: the anchor is a plain loop, no DDP)"
+    )
+    parser.add_argument(
+        "--monitor-every", default="1", help="the Job's MonitorOptions(every=...): 1, k, 0 or auto"
+    )
+    parser.add_argument(
+        "--reps", type=int, default=None, help="timed blocks per side and model (default: 8 quick, 20 full)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="training steps per timed block (default: 4 quick, 8 full)"
+    )
+    parser.add_argument(
+        "--ddp-bucket-view",
+        action="store_true",
+        help="run DDP with gradient_as_bucket_view=True (no copy back from its "
+        "buckets, as taiji does); the default is DDP's default",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="hard limit for the worker group in seconds (default: 85 quick, 600 full)",
+    )
     worker_arguments(parser)
     args = parser.parse_args(argv)
     args.reps = args.reps or (8 if args.quick else 20)
@@ -67,6 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build_model(name: str):
     """(model, per-sample input shape, per-worker batch size)."""
     from torch import nn
+
     if name == "resnet18":  # ~11.2M parameters, ~45 MB of fp32 gradients
         try:
             from torchvision.models import resnet18
@@ -74,14 +101,23 @@ def build_model(name: str):
             raise SystemExit("--models resnet18 needs torchvision (pip install torchvision)") from None
         return resnet18(num_classes=10), (3, 32, 32), 128
     if name == "mlp":  # ~6.3M parameters, ~25 MB of fp32 gradients: two buckets
-        model = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
-                              nn.Linear(2048, 10))
+        model = nn.Sequential(
+            nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)
+        )
         return model, (1024,), 64
     # a small CIFAR-sized conv net, ~1.1M parameters: compute-bound rather than comm-bound
     model = nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10))
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 8 * 8, 256),
+        nn.ReLU(),
+        nn.Linear(256, 10),
+    )
     return model, (3, 32, 32), 32
 
 
@@ -95,6 +131,7 @@ def elastic_peer(rank: int, n: int, port: int, job_id: str):
     from taiji.cluster.store import JobStore
     from taiji.cluster.store import connect_store as taiji_connect
     from taiji.runtime.peer import Peer, PeerOptions
+
     raw = taiji_connect("127.0.0.1", port)
     job_store = JobStore(raw, job_id)  # one job per model: its groups get their own prefix
     config = spec.initial([spec.WorkerSpec(f"w{r}") for r in range(n)])
@@ -130,12 +167,16 @@ def bench_model(name: str, args, comm) -> dict:
         anchor_module = ddp_model.module
     else:  # one worker: the anchor is the plain PyTorch loop
         ddp_model = anchor_module = copy.deepcopy(base)
-    opts = {"taiji": torch.optim.SGD(taiji_model.parameters(), lr=0.01),
-            "anchor": torch.optim.SGD(ddp_model.parameters(), lr=0.01)}
+    opts = {
+        "taiji": torch.optim.SGD(taiji_model.parameters(), lr=0.01),
+        "anchor": torch.optim.SGD(ddp_model.parameters(), lr=0.01),
+    }
 
     gen = torch.Generator().manual_seed(1000 + rank)  # each worker its own slice of the data
-    host_batches = [(torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen))
-                    for _ in range(4)]
+    host_batches = [
+        (torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen))
+        for _ in range(4)
+    ]
     batches = [(x.to(device), y.to(device)) for x, y in host_batches]
     cursor = {"taiji": 0, "anchor": 0, "job": 0}  # every side walks the same batch sequence
 
@@ -143,13 +184,20 @@ def bench_model(name: str, args, comm) -> dict:
     # message with monitors, commit); its data set holds the same batches in the same order
     job_model = copy.deepcopy(base)
     job_peer = elastic_peer(rank, n, args.port, f"throughput-{name}")
-    data = torch.utils.data.TensorDataset(torch.cat([b[0] for b in host_batches] * n),
-                                          torch.cat([b[1] for b in host_batches] * n))
-    job = taiji.Job(job_model, torch.optim.SGD(job_model.parameters(), lr=0.01), data, batch * n,
-                    strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB), epochs=10**6,
-                    data=taiji.DataOptions(shuffle=False, device=device),
-                    monitoring=taiji.MonitorOptions(every=monitor_every(args.monitor_every), log_every=0, run_dir=""),
-                    peer=job_peer)
+    data = torch.utils.data.TensorDataset(
+        torch.cat([b[0] for b in host_batches] * n), torch.cat([b[1] for b in host_batches] * n)
+    )
+    job = taiji.Job(
+        job_model,
+        torch.optim.SGD(job_model.parameters(), lr=0.01),
+        data,
+        batch * n,
+        strategy=taiji.SyncSGD(bucket_mb=BUCKET_MB),
+        epochs=10**6,
+        data=taiji.DataOptions(shuffle=False, device=device),
+        monitoring=taiji.MonitorOptions(every=monitor_every(args.monitor_every), log_every=0, run_dir=""),
+        peer=job_peer,
+    )
     job_steps = iter(job)
 
     def taiji_step(x, y) -> None:
@@ -165,7 +213,7 @@ def bench_model(name: str, args, comm) -> dict:
         opts["anchor"].zero_grad()
 
     def job_step(x, y) -> None:  # the Job brings its own batch (the same tensors)
-        step = next(job_steps)   # also commits the previous step
+        step = next(job_steps)  # also commits the previous step
         bx, by = step.batch
         step.backward(F.cross_entropy(job_model(bx), by))
 
@@ -178,8 +226,9 @@ def bench_model(name: str, args, comm) -> dict:
 
     def time_block(side: str, steps: int) -> float:
         """Seconds for ``steps`` steps on the slowest worker; records the CPU seconds per step too."""
-        wall, cpu = time_on_all_ranks(lambda: next_step(side), steps,
-                                      finish=torch.cuda.synchronize if device.type == "cuda" else None)
+        wall, cpu = time_on_all_ranks(
+            lambda: next_step(side), steps, finish=torch.cuda.synchronize if device.type == "cuda" else None
+        )
         cpu_times[side].append(cpu / steps)
         return wall
 
@@ -199,8 +248,10 @@ def bench_model(name: str, args, comm) -> dict:
     same = torch.tensor([1 if torch.equal(flat, reference) else 0])
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
     changed = any(not torch.equal(p.detach(), p0) for p, p0 in zip(taiji_model.parameters(), initial))
-    drift = max((a.detach() - b.detach()).abs().max().item()
-                for a, b in zip(taiji_model.parameters(), anchor_module.parameters()))
+    drift = max(
+        (a.detach() - b.detach()).abs().max().item()
+        for a, b in zip(taiji_model.parameters(), anchor_module.parameters())
+    )
     taiji_buckets = sync.num_buckets
     sync.detach()
     job_steps.close()
@@ -213,7 +264,9 @@ def bench_model(name: str, args, comm) -> dict:
     return contract_row(
         f"{name} {params / 1e6:.1f}M params, batch {batch}/worker x{n}{on}, samples/s"
         + ("" if n > 1 else " vs a plain PyTorch loop"),
-        round(rate["taiji"], 1), round(rate["anchor"], 1), higher_is_better=True,
+        round(rate["taiji"], 1),
+        round(rate["anchor"], 1),
+        higher_is_better=True,
         ratio=paired_ratio(times["taiji"], times["anchor"]),
         ratio_of_medians=round(rate["taiji"] / rate["anchor"], 3),
         taiji_job_loop=round(rate["job"], 1),
@@ -222,12 +275,17 @@ def bench_model(name: str, args, comm) -> dict:
         taiji_cpu_ms_per_step=round(median(cpu_times["taiji"]) * 1e3, 2),
         anchor_cpu_ms_per_step=round(median(cpu_times["anchor"]) * 1e3, 2),
         job_cpu_ms_per_step=round(median(cpu_times["job"]) * 1e3, 2),
-        params=params, taiji_buckets=taiji_buckets, ddp_bucket_cap_bytes=ddp_model.bucket_bytes_cap if n > 1 else None,
-        reps=args.reps, steps_per_rep=args.steps,
-        taiji_replicas_identical=bool(same.item()), taiji_params_changed=changed,
+        params=params,
+        taiji_buckets=taiji_buckets,
+        ddp_bucket_cap_bytes=ddp_model.bucket_bytes_cap if n > 1 else None,
+        reps=args.reps,
+        steps_per_rep=args.steps,
+        taiji_replicas_identical=bool(same.item()),
+        taiji_params_changed=changed,
         # the Job set glibc's malloc thresholds for this process: every side ran with them
         malloc_tuned=allocator.applied(),
-        max_abs_diff_taiji_vs_ddp=drift)
+        max_abs_diff_taiji_vs_ddp=drift,
+    )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -242,9 +300,20 @@ def main(argv=None) -> None:
         worker(args)
         return
     reap_on_sigterm()
-    passthrough = ["--reps", str(args.reps), "--steps", str(args.steps), "--device", args.device,
-                   "--monitor-every", args.monitor_every,
-                   "--timeout", str(args.timeout), "--models", *args.models]
+    passthrough = [
+        "--reps",
+        str(args.reps),
+        "--steps",
+        str(args.steps),
+        "--device",
+        args.device,
+        "--monitor-every",
+        args.monitor_every,
+        "--timeout",
+        str(args.timeout),
+        "--models",
+        *args.models,
+    ]
     if args.device == "cuda":  # the workers share one GPU: taiji's groups for CUDA tensors are gloo too
         os.environ["TAIJI_CUDA_BACKEND"] = "gloo"
     passthrough += ["--ddp-bucket-view"] * args.ddp_bucket_view
@@ -252,10 +321,17 @@ def main(argv=None) -> None:
     result = run_workers(os.path.abspath(__file__), args.nproc, passthrough, args.timeout)
     print(f"# {args.nproc} processes: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
     variant = {"variant": f"cuda-x{args.nproc}"} if args.device == "cuda" else {}
-    print_result("throughput", result["rows"], backend="gloo", nproc=args.nproc, bucket_mb=BUCKET_MB, **variant,
-                 ddp_gradient_as_bucket_view=args.ddp_bucket_view,
-                 cpus=os.cpu_count(),
-                 quick=args.quick)
+    print_result(
+        "throughput",
+        result["rows"],
+        backend="gloo",
+        nproc=args.nproc,
+        bucket_mb=BUCKET_MB,
+        **variant,
+        ddp_gradient_as_bucket_view=args.ddp_bucket_view,
+        cpus=os.cpu_count(),
+        quick=args.quick,
+    )
 
 
 if __name__ == "__main__":

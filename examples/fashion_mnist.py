@@ -24,6 +24,7 @@ Uses the real data set from /usr/share/datasets/fashion-mnist (Debian package
 `dataset-fashion-mnist`) or --data DIR; without it, says so and trains on a synthetic
 stand-in so the demo still runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,17 @@ import torch.nn.functional as F
 
 import taiji
 from taiji.errors import ConfigError
-from taiji.policies import (EarlyStop, GNSBatchSize, GoodputBatchSize, InterferenceSwitch, LRScaling,
-                            ScheduledResize, ThroughputScaling, parse_policy_names, parse_resize_schedule)
+from taiji.policies import (
+    EarlyStop,
+    GNSBatchSize,
+    GoodputBatchSize,
+    InterferenceSwitch,
+    LRScaling,
+    ScheduledResize,
+    ThroughputScaling,
+    parse_policy_names,
+    parse_resize_schedule,
+)
 from taiji.strategies.pair_averaging import PairAveraging
 from taiji.data.datasets import FASHION_MNIST_DIR, DatasetMissing, SyntheticImages, load_fashion_mnist
 
@@ -63,8 +73,11 @@ def load_data(root: str | None) -> tuple[torch.utils.data.TensorDataset, torch.u
         return load_fashion_mnist(root, train=True), load_fashion_mnist(root, train=False), "Fashion-MNIST"
     except DatasetMissing as exc:
         if taiji.rank() == 0:
-            log.warning("real data set not found: %s Falling back to a SYNTHETIC stand-in; "
-                        "accuracy figures below are not Fashion-MNIST's.", exc)
+            log.warning(
+                "real data set not found: %s Falling back to a SYNTHETIC stand-in; "
+                "accuracy figures below are not Fashion-MNIST's.",
+                exc,
+            )
         full = SyntheticImages(num_samples=12000).build()
         train = torch.utils.data.TensorDataset(*(t[:10000] for t in full.tensors))
         test = torch.utils.data.TensorDataset(*(t[10000:] for t in full.tensors))
@@ -75,23 +88,34 @@ def load_data(root: str | None) -> tuple[torch.utils.data.TensorDataset, torch.u
 def evaluate(model: nn.Module, data: torch.utils.data.TensorDataset, batch: int = 1000) -> float:
     model.eval()
     images, labels = data.tensors
-    correct = sum(int((model(images[i:i + batch]).argmax(1) == labels[i:i + batch]).sum())
-                  for i in range(0, len(labels), batch))
+    correct = sum(
+        int((model(images[i : i + batch]).argmax(1) == labels[i : i + batch]).sum())
+        for i in range(0, len(labels), batch)
+    )
     model.train()
     return correct / len(labels)
 
 
 POLICIES = ("gns", "goodput", "schedule", "throughput", "interference", "topology", "none")
-STRATEGIES = {"sync_sgd": taiji.SyncSGD, "model_averaging": lambda: taiji.ModelAveraging(alpha=1.0, every=4),
-              "pair_averaging": PairAveraging, "local_sgd": taiji.LocalSGD}
+STRATEGIES = {
+    "sync_sgd": taiji.SyncSGD,
+    "model_averaging": lambda: taiji.ModelAveraging(alpha=1.0, every=4),
+    "pair_averaging": PairAveraging,
+    "local_sgd": taiji.LocalSGD,
+}
 
 
-def make_policies(names: list[str], args: argparse.Namespace, resizes: dict[int, int]) -> list[taiji.policies.Policy]:
+def make_policies(
+    names: list[str], args: argparse.Namespace, resizes: dict[int, int]
+) -> list[taiji.policies.Policy]:
     policies: list[taiji.policies.Policy] = []
     for name in names:
         if name in ("gns", "goodput"):
             batch_policy = GNSBatchSize if name == "gns" else GoodputBatchSize
-            policies += [batch_policy(max_batch=args.max_batch, warmup=100, interval=50), LRScaling(args.lr_rule)]
+            policies += [
+                batch_policy(max_batch=args.max_batch, warmup=100, interval=50),
+                LRScaling(args.lr_rule),
+            ]
         elif name == "schedule":
             policies.append(ScheduledResize(resizes))
         elif name == "throughput":
@@ -106,7 +130,9 @@ def make_policies(names: list[str], args: argparse.Namespace, resizes: dict[int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=128, help="global batch size")
     parser.add_argument("--lr", type=float, default=0.05)
@@ -114,17 +140,34 @@ def main() -> None:
     parser.add_argument("--data", default=None, help=f"IDX directory (default {FASHION_MNIST_DIR})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--policy", default="none",
-                        help=f"comma-separated adaptation policies: {', '.join(POLICIES)}")
-    parser.add_argument("--resize", nargs="*", default=[], metavar="STEP:SIZE",
-                        help="with --policy schedule: ask for SIZE workers at STEP (needs `taiji run ... --max-np`)")
-    parser.add_argument("--max-batch", type=int, default=1024,
-                        help="with --policy gns|goodput: the largest global batch")
-    parser.add_argument("--lr-rule", default="sqrt", choices=["linear", "sqrt", "adascale"],
-                        help="with --policy gns|goodput: how the learning rate follows the batch")
-    parser.add_argument("--strategy", default="sync_sgd", choices=sorted(STRATEGIES),
-                        help="how replicas agree (pair_averaging, local_sgd: each worker at its own pace)")
-    parser.add_argument("--target-loss", type=float, default=None, help="stop once the smoothed loss is below")
+    parser.add_argument(
+        "--policy", default="none", help=f"comma-separated adaptation policies: {', '.join(POLICIES)}"
+    )
+    parser.add_argument(
+        "--resize",
+        nargs="*",
+        default=[],
+        metavar="STEP:SIZE",
+        help="with --policy schedule: ask for SIZE workers at STEP (needs `taiji run ... --max-np`)",
+    )
+    parser.add_argument(
+        "--max-batch", type=int, default=1024, help="with --policy gns|goodput: the largest global batch"
+    )
+    parser.add_argument(
+        "--lr-rule",
+        default="sqrt",
+        choices=["linear", "sqrt", "adascale"],
+        help="with --policy gns|goodput: how the learning rate follows the batch",
+    )
+    parser.add_argument(
+        "--strategy",
+        default="sync_sgd",
+        choices=sorted(STRATEGIES),
+        help="how replicas agree (pair_averaging, local_sgd: each worker at its own pace)",
+    )
+    parser.add_argument(
+        "--target-loss", type=float, default=None, help="stop once the smoothed loss is below"
+    )
     args = parser.parse_args()
     try:
         names = parse_policy_names(args.policy, POLICIES, args.resize)
@@ -139,13 +182,29 @@ def main() -> None:
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     policies = make_policies(names, args, resizes)
-    job = taiji.Job(model, optimizer, train, batch_size=args.batch_size, epochs=args.epochs,
-                    max_steps=args.max_steps, policies=policies, strategy=STRATEGIES[args.strategy](),
-                    data=taiji.DataOptions(seed=args.seed), monitoring=taiji.MonitorOptions(log_every=args.log_every))
+    job = taiji.Job(
+        model,
+        optimizer,
+        train,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        policies=policies,
+        strategy=STRATEGIES[args.strategy](),
+        data=taiji.DataOptions(seed=args.seed),
+        monitoring=taiji.MonitorOptions(log_every=args.log_every),
+    )
     if taiji.rank() == 0:
-        log.info("training on %s: %d samples, %d workers, global batch %d, %d epoch(s), strategy %s, "
-                 "policies: %s", name, len(train), taiji.size(), args.batch_size, args.epochs, args.strategy,
-                 ", ".join(p.name for p in policies) or "none")
+        log.info(
+            "training on %s: %d samples, %d workers, global batch %d, %d epoch(s), strategy %s, policies: %s",
+            name,
+            len(train),
+            taiji.size(),
+            args.batch_size,
+            args.epochs,
+            args.strategy,
+            ", ".join(p.name for p in policies) or "none",
+        )
     epoch = 0
     started = time.perf_counter()
     for step in job:
@@ -159,9 +218,15 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     if taiji.rank() == 0:
         accuracy = evaluate(model, test)
-        log.info("final test accuracy %.4f on %s after %d steps in %.1fs (final global batch %d, lr %.4g)",
-                 accuracy, name, job.progress.step, elapsed, job.progress.sampler.batch_size,
-                 optimizer.param_groups[0]["lr"])
+        log.info(
+            "final test accuracy %.4f on %s after %d steps in %.1fs (final global batch %d, lr %.4g)",
+            accuracy,
+            name,
+            job.progress.step,
+            elapsed,
+            job.progress.sampler.batch_size,
+            optimizer.param_groups[0]["lr"],
+        )
 
 
 if __name__ == "__main__":

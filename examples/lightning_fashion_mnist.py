@@ -11,6 +11,7 @@ share, a killed worker's step is run again over the survivors, and the monitors 
 global batch, gradient noise scale, batch size, workers, samples/s) go to the Trainer's logger
 (CSV under runs/lightning/). Validation runs on every worker; ``sync_dist`` averages over them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,34 +47,73 @@ class FashionClassifier(L.LightningModule):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--max-steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=128, help="the global batch")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--resize", nargs="*", default=[], metavar="STEP:SIZE", help="ask for SIZE workers at STEP")
-    parser.add_argument("--gns", action="store_true", help="the batch follows the gradient noise scale (up to 1024)")
-    parser.add_argument("--data", default=None, help="Fashion-MNIST's IDX files (default: the Debian package's)")
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
-                        help="Lightning's checkpoints (with taiji's state) in runs/lightning/checkpoints")
+    parser.add_argument(
+        "--resize", nargs="*", default=[], metavar="STEP:SIZE", help="ask for SIZE workers at STEP"
+    )
+    parser.add_argument(
+        "--gns", action="store_true", help="the batch follows the gradient noise scale (up to 1024)"
+    )
+    parser.add_argument(
+        "--data", default=None, help="Fashion-MNIST's IDX files (default: the Debian package's)"
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="Lightning's checkpoints (with taiji's state) in runs/lightning/checkpoints",
+    )
     parser.add_argument("--resume", default=None, metavar="CKPT", help="a .ckpt path, or 'last'")
     args = parser.parse_args()
     taiji.log.configure_logging("INFO")
     taiji.init()
     train, test, name = load_data(args.data)
     torch.manual_seed(0)
-    policies: list[taiji.policies.Policy] = [ScheduledResize(parse_resize_schedule(args.resize))] if args.resize else []
+    policies: list[taiji.policies.Policy] = (
+        [ScheduledResize(parse_resize_schedule(args.resize))] if args.resize else []
+    )
     if args.gns:
         policies += [GNSBatchSize(max_batch=1024, warmup=100, interval=50), LRScaling("sqrt")]
     # the ModelCheckpoint also finds `last` to resume from (at any size: the checkpoint holds taiji's state)
-    checkpoints = [ModelCheckpoint(dirpath="runs/lightning/checkpoints", save_last=True, save_top_k=-1,
-                                   every_n_train_steps=args.checkpoint_every or None)
-                   ] if args.checkpoint_every or args.resume else []
-    trainer = L.Trainer(strategy=TaijiStrategy(policies=policies), accelerator="cpu", devices=1,
-                        max_steps=args.max_steps, max_epochs=-1, val_check_interval=None, check_val_every_n_epoch=1,
-                        logger=CSVLogger("runs", name="lightning"), log_every_n_steps=20, callbacks=checkpoints,
-                        enable_checkpointing=bool(checkpoints), enable_progress_bar=False, num_sanity_val_steps=0)
-    trainer.fit(FashionClassifier(args.lr), DataLoader(train, batch_size=args.batch, shuffle=True),
-                DataLoader(test, batch_size=1000), ckpt_path=args.resume)
+    checkpoints = (
+        [
+            ModelCheckpoint(
+                dirpath="runs/lightning/checkpoints",
+                save_last=True,
+                save_top_k=-1,
+                every_n_train_steps=args.checkpoint_every or None,
+            )
+        ]
+        if args.checkpoint_every or args.resume
+        else []
+    )
+    trainer = L.Trainer(
+        strategy=TaijiStrategy(policies=policies),
+        accelerator="cpu",
+        devices=1,
+        max_steps=args.max_steps,
+        max_epochs=-1,
+        val_check_interval=None,
+        check_val_every_n_epoch=1,
+        logger=CSVLogger("runs", name="lightning"),
+        log_every_n_steps=20,
+        callbacks=checkpoints,
+        enable_checkpointing=bool(checkpoints),
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(
+        FashionClassifier(args.lr),
+        DataLoader(train, batch_size=args.batch, shuffle=True),
+        DataLoader(test, batch_size=1000),
+        ckpt_path=args.resume,
+    )
     if taiji.rank() == 0:
         print(f"{name}: trained {trainer.strategy.progress.step} steps on {taiji.size()} worker(s)")
 

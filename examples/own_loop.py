@@ -9,6 +9,7 @@ simply runs the same batch again over the survivors. Which samples a worker trai
 business here (a ``taiji.Job`` would do it exactly-once for you): this one splits each global
 batch into equal shares by rank.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,9 +54,9 @@ def main() -> None:
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(1))
     retries = 0
     while opt.steps < args.steps:
-        opt.zero_grad()   # joins the job the first time; rank and size are current after it
+        opt.zero_grad()  # joins the job the first time; rank and size are current after it
         start = (opt.steps * args.batch) % (len(order) - args.batch)
-        shares = order[start:start + args.batch].chunk(taiji.size())
+        shares = order[start : start + args.batch].chunk(taiji.size())
         mine = shares[taiji.rank()] if taiji.rank() < len(shares) else order[:0]
         F.cross_entropy(model(images[mine]), labels[mine]).backward()
         if not opt.step():
@@ -66,9 +67,17 @@ def main() -> None:
     opt.close()
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{taiji.rank()}.json").write_text(json.dumps({
-            "steps": opt.steps, "size": taiji.size(), "retries": retries, "transitions": opt.transitions,
-            "digest": digest(list(model.parameters()))}))
+        (args.out / f"{taiji.rank()}.json").write_text(
+            json.dumps(
+                {
+                    "steps": opt.steps,
+                    "size": taiji.size(),
+                    "retries": retries,
+                    "transitions": opt.transitions,
+                    "digest": digest(list(model.parameters())),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

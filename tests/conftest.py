@@ -7,6 +7,7 @@ tests/, and pytest reports a clash. No test module imports another; shared helpe
 worker scripts live in tests/scripts/ (load them with ``taiji_harness.testing.load_script``;
 benchmarks/soak.py runs tests/scripts/elastic_train.py too).
 """
+
 import os
 
 import pytest
@@ -34,4 +35,5 @@ def pytest_configure(config):
     1e-9; the workers of a 2-worker job on 2 cores run one thread each, launch/worker_env.py). Only
     this process's setting: the environment of the processes a test starts is unchanged."""
     import torch
+
     torch.set_num_threads(1)

@@ -4,6 +4,7 @@ script's docstring), when, at which commit, on which machine and by which comman
 were taken, and a table of the result line's rows. The files are written by the benchmarks themselves
 (``taiji_harness.results``), so the page shows the latest recorded run of each.
 """
+
 from __future__ import annotations
 
 import ast
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from taiji_harness import results
 
-DETAILS = ("unit", "target", "target_met")   # row fields worth a column where any row has them
+DETAILS = ("unit", "target", "target_met")  # row fields worth a column where any row has them
 
 
 def summary(benchmark: str) -> str:
@@ -33,20 +34,28 @@ def value(x) -> str:
 
 def provenance(entry: dict) -> str:
     load = entry.get("load_average")
-    if isinstance(load, list):   # measured: 1, 5 and 15 minutes; transcribed: as recorded
+    if isinstance(load, list):  # measured: 1, 5 and 15 minutes; transcribed: as recorded
         load = " / ".join(map(str, load)) + " (1 / 5 / 15 min)"
-    lines = [f"- **Date** {entry['date']}, **commit** `{entry['commit'] or 'unknown'}`",
-             f"- **Machine** {entry['machine']}" + (f"; load average: {load}" if load else ""),
-             f"- **Command** `{entry['command']}`"]
+    lines = [
+        f"- **Date** {entry['date']}, **commit** `{entry['commit'] or 'unknown'}`",
+        f"- **Machine** {entry['machine']}" + (f"; load average: {load}" if load else ""),
+        f"- **Command** `{entry['command']}`",
+    ]
     if entry["source"] == "transcribed":
-        lines.append(f"- Transcribed from the written record {entry.get('record', 'benchmarks/README.md')} "
-                     "(figures from a run before the benchmark recorded its own results)")
+        lines.append(
+            f"- Transcribed from the written record {entry.get('record', 'benchmarks/README.md')} "
+            "(figures from a run before the benchmark recorded its own results)"
+        )
     return "\n".join(lines)
 
 
 def settings(result: dict) -> str:
     """The result line's scalar settings (reps, quick, ...), on one line."""
-    scalars = {k: v for k, v in result.items() if k not in ("benchmark", "rows") and isinstance(v, (int, float, str, bool))}
+    scalars = {
+        k: v
+        for k, v in result.items()
+        if k not in ("benchmark", "rows") and isinstance(v, (int, float, str, bool))
+    }
     return ", ".join(f"`{k}={v}`" for k, v in scalars.items())
 
 
@@ -60,7 +69,9 @@ def table(rows: list[dict]) -> str:
 
 def section(entry: dict) -> str:
     result = entry["result"]
-    variant = entry.get("variant") or (f"--cases {entry['cases'].replace('+', ',')}" if entry.get("cases") else "")
+    variant = entry.get("variant") or (
+        f"--cases {entry['cases'].replace('+', ',')}" if entry.get("cases") else ""
+    )
     title = entry["benchmark"] + (f" (`{variant}`)" if variant else "")
     parts = [f"## {title}", summary(entry["benchmark"]), provenance(entry), table(result["rows"])]
     if settings(result):
@@ -74,4 +85,3 @@ def render(where: Path = results.RESULTS_DIR) -> str:
     if not entries:
         raise ValueError(f"no benchmark results in {where}")
     return "\n".join(section(entry) for entry in entries)
-

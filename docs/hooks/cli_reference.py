@@ -4,11 +4,11 @@ One section per command and subcommand (usage, description, a table of its argum
 defaults), walking the parsers ``taiji`` itself builds. A command that main() hands to another
 parser (``taiji sched``, ``taiji sched simulate``, ``taiji checkpoint``) is read from that one.
 """
+
 from __future__ import annotations
 
 import argparse
 from typing import Callable, Iterator
-
 
 
 def delegated() -> dict[str, Callable[[], argparse.ArgumentParser]]:
@@ -16,9 +16,12 @@ def delegated() -> dict[str, Callable[[], argparse.ArgumentParser]]:
     from taiji.launch import checkpoint_cli
     from taiji.launch.sched import cli as sched_cli
     from taiji.sched import cli as simulate_cli
-    return {"taiji sched": sched_cli.build_parser,
-            "taiji sched simulate": lambda: subcommands(simulate_cli.build_parser())["simulate"][0],
-            "taiji checkpoint": checkpoint_cli.build_parser}
+
+    return {
+        "taiji sched": sched_cli.build_parser,
+        "taiji sched simulate": lambda: subcommands(simulate_cli.build_parser())["simulate"][0],
+        "taiji checkpoint": checkpoint_cli.build_parser,
+    }
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.ArgumentParser, str]]:
@@ -32,7 +35,9 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.Arg
     return found
 
 
-def walk(name: str, parser: argparse.ArgumentParser, summary: str = "") -> Iterator[tuple[str, argparse.ArgumentParser, str]]:
+def walk(
+    name: str, parser: argparse.ArgumentParser, summary: str = ""
+) -> Iterator[tuple[str, argparse.ArgumentParser, str]]:
     """Every command under ``parser`` (itself first), depth first, delegated parsers followed."""
     own = delegated().get(name)
     if own is not None:
@@ -45,6 +50,7 @@ def walk(name: str, parser: argparse.ArgumentParser, summary: str = "") -> Itera
 def commands() -> Iterator[tuple[str, argparse.ArgumentParser, str]]:
     """`taiji` and its subcommands, then those main() routes before parsing (`taiji checkpoint`)."""
     from taiji.launch.cli import build_parser
+
     seen = set()
     for found in walk("taiji", build_parser()):
         seen.add(found[0])
@@ -65,7 +71,10 @@ def argument_rows(parser: argparse.ArgumentParser) -> list[str]:
     formatter = parser._get_formatter()
     rows = []
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
+        if (
+            isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+            or action.help == argparse.SUPPRESS
+        ):
             continue
         if action.option_strings:
             takes = action.nargs != 0
@@ -75,8 +84,11 @@ def argument_rows(parser: argparse.ArgumentParser) -> list[str]:
             flag = f"`{formatter._metavar_formatter(action, action.dest)(1)[0]}`"
         help_text = formatter._expand_help(action) if action.help else ""
         default = ""
-        if action.option_strings and action.default not in (None, False, "", argparse.SUPPRESS) \
-                and "%(default)" not in (action.help or ""):
+        if (
+            action.option_strings
+            and action.default not in (None, False, "", argparse.SUPPRESS)
+            and "%(default)" not in (action.help or "")
+        ):
             default = f"`{action.default}`"
         rows.append(f"| {cell(flag)} | {cell(help_text)} | {default} |")
     return rows
@@ -97,4 +109,3 @@ def render() -> str:
         if rows:
             out.append("| argument | meaning | default |\n|---|---|---|\n" + "\n".join(rows) + "\n")
     return "\n".join(out)
-

@@ -5,6 +5,7 @@ CLI reference from the real argparse parsers (``cli_reference.py``) and the Benc
 the recorded results in benchmarks/results/ (``benchmark_results.py``). MkDocs puts this folder on
 the import path while it loads the hook.
 """
+
 from __future__ import annotations
 
 from typing import Callable

@@ -3,6 +3,7 @@
 The top level holds the user's API; the rest lives in ``taiji.policies``, ``taiji.errors``,
 ``taiji.data``, ``taiji.strategies``, ``taiji.monitor`` and ``taiji.comm``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,12 +30,21 @@ if TYPE_CHECKING:
 # The API is imported on first use: `taiji status`, `taiji ls` and `taiji resize` import this
 # package too and must answer in well under a second, without loading torch.
 _LAZY = {
-    "Job": "runtime.job", "Optimizer": "runtime.optimizer", "init": "runtime.peer",
-    "shutdown": "runtime.peer", "Step": "runtime.step", "Strategy": "strategies.base",
-    "ModelAveraging": "strategies.model_averaging", "PairAveraging": "strategies.pair_averaging",
-    "SyncSGD": "strategies.sync_sgd", "LocalSGD": "strategies.local_sgd",
-    "Checkpoint": "checkpoint.config", "load_checkpoint": "checkpoint.reader",
-    "DataOptions": "runtime.options", "MonitorOptions": "runtime.options", "FaultOptions": "runtime.options",
+    "Job": "runtime.job",
+    "Optimizer": "runtime.optimizer",
+    "init": "runtime.peer",
+    "shutdown": "runtime.peer",
+    "Step": "runtime.step",
+    "Strategy": "strategies.base",
+    "ModelAveraging": "strategies.model_averaging",
+    "PairAveraging": "strategies.pair_averaging",
+    "SyncSGD": "strategies.sync_sgd",
+    "LocalSGD": "strategies.local_sgd",
+    "Checkpoint": "checkpoint.config",
+    "load_checkpoint": "checkpoint.reader",
+    "DataOptions": "runtime.options",
+    "MonitorOptions": "runtime.options",
+    "FaultOptions": "runtime.options",
     "SyncOptions": "runtime.options",
 }
 
@@ -52,6 +62,7 @@ def __getattr__(name: str) -> Any:
 
 def _default_peer():  # noqa: ANN202
     from .runtime.peer import default_peer
+
     return default_peer()
 
 
@@ -89,6 +100,7 @@ def resize(n: int) -> None:
 # user collectives travel on their own channel: never queued behind (or mixed up with)
 # the training's gradient and control traffic
 
+
 def allreduce(tensor, op: str = "sum", *, async_op: bool = False):
     """Reduce ``tensor`` in place over the current cluster (sum, avg, min, max)."""
     return _default_peer().comm.allreduce(tensor, op, channel="user", async_op=async_op)
@@ -110,8 +122,30 @@ def barrier() -> None:
 
 
 __all__ = [
-    "Checkpoint", "DataOptions", "FaultOptions", "Job", "LocalSGD", "ModelAveraging", "MonitorOptions", "Optimizer",
-    "PairAveraging", "Step", "Strategy", "SyncOptions", "SyncSGD",
-    "TaijiError", "allgather", "allreduce", "barrier", "broadcast", "context", "init", "load_checkpoint", "rank", "resize",
-    "shutdown", "size", "version",
+    "Checkpoint",
+    "DataOptions",
+    "FaultOptions",
+    "Job",
+    "LocalSGD",
+    "ModelAveraging",
+    "MonitorOptions",
+    "Optimizer",
+    "PairAveraging",
+    "Step",
+    "Strategy",
+    "SyncOptions",
+    "SyncSGD",
+    "TaijiError",
+    "allgather",
+    "allreduce",
+    "barrier",
+    "broadcast",
+    "context",
+    "init",
+    "load_checkpoint",
+    "rank",
+    "resize",
+    "shutdown",
+    "size",
+    "version",
 ]

@@ -1,4 +1,5 @@
 """taiji's error hierarchy. Every message says what happened, where, and what to do."""
+
 from __future__ import annotations
 
 

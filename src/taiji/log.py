@@ -1,4 +1,5 @@
 """Rank-aware log prefix ``[rank r v=version step=s]``. Nothing is configured on import."""
+
 from __future__ import annotations
 
 import logging

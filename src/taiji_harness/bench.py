@@ -20,6 +20,7 @@ The contract of DESIGN §9. The last stdout line of every benchmark is
 meaning taiji is ahead; ``contract_row`` builds a row and ``print_result`` prints the line and
 records it under benchmarks/results/ (``taiji_harness.results``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,14 +51,22 @@ Side = TypeVar("Side")
 
 # -- processes ---------------------------------------------------------------------------------
 
+
 class Session:
     """One command in a process session of its own, its stdout and stderr in a file.
 
     With no ``output`` path the output goes to a temporary file, which ``close()`` reads into
     ``text()`` and deletes."""
 
-    def __init__(self, cmd: Sequence[str], *, output: Path | None = None, env: dict | None = None,
-                 cwd: Path | str | None = None, name: str | None = None):
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        *,
+        output: Path | None = None,
+        env: dict | None = None,
+        cwd: Path | str | None = None,
+        name: str | None = None,
+    ):
         self.name = name or Path(cmd[0]).name
         self._temporary = output is None
         if output is None:
@@ -71,8 +80,9 @@ class Session:
         try:
             # the child keeps its own descriptor: the parent never reads through a shared offset
             with open(self.output, "wb") as sink:
-                self.popen = subprocess.Popen(list(cmd), stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                              start_new_session=True)
+                self.popen = subprocess.Popen(
+                    list(cmd), stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+                )
         except BaseException:
             if self._temporary:
                 self.output.unlink(missing_ok=True)
@@ -146,6 +156,7 @@ class Session:
 @dataclass
 class Finished:
     """How one command ended: its exit code (None: killed at its timeout) and its output."""
+
     name: str
     returncode: int | None
     output: str
@@ -159,8 +170,15 @@ class Finished:
         return self.output[-chars:]
 
 
-def run_to_end(cmd: Sequence[str], timeout: float, *, name: str, output: Path | None = None,
-               env: dict | None = None, cwd: Path | str | None = None) -> Finished:
+def run_to_end(
+    cmd: Sequence[str],
+    timeout: float,
+    *,
+    name: str,
+    output: Path | None = None,
+    env: dict | None = None,
+    cwd: Path | str | None = None,
+) -> Finished:
     """Run ``cmd`` in a session of its own; at ``timeout`` seconds kill the session. Always reaps."""
     started = time.monotonic()
     with Session(cmd, output=output, env=env, cwd=cwd, name=name) as session:
@@ -171,8 +189,9 @@ def run_to_end(cmd: Sequence[str], timeout: float, *, name: str, output: Path | 
     return Finished(name, code, session.text(), time.monotonic() - started)
 
 
-def run_launcher(cmd: Sequence[str], log_path: Path, timeout: float, *, name: str,
-                 env_drop: Sequence[str] = ()) -> Finished:
+def run_launcher(
+    cmd: Sequence[str], log_path: Path, timeout: float, *, name: str, env_drop: Sequence[str] = ()
+) -> Finished:
     """Run a ``taiji run ...`` command with a job registry of its own, output to ``log_path``.
     Raises RuntimeError, with the output's tail, when it times out or exits non-zero."""
     home = tempfile.mkdtemp(prefix="taiji-bench-")
@@ -184,7 +203,9 @@ def run_launcher(cmd: Sequence[str], log_path: Path, timeout: float, *, name: st
     finally:
         shutil.rmtree(home, ignore_errors=True)
     if finished.timed_out:
-        raise RuntimeError(f"{name}: still running after {timeout:.0f}s; killed. Output tail:\n{finished.tail()}")
+        raise RuntimeError(
+            f"{name}: still running after {timeout:.0f}s; killed. Output tail:\n{finished.tail()}"
+        )
     if finished.returncode != 0:
         raise RuntimeError(f"{name}: exited with {finished.returncode}. Output tail:\n{finished.tail()}")
     return finished
@@ -209,15 +230,19 @@ def wait_all(sessions: Sequence[Session], timeout: float, what: str) -> None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 first = next(iter(exit_fds.values()))
-                raise RuntimeError(f"{what}: {len(exit_fds)} still running after {timeout:.0f}s; killed. "
-                                   f"{first.name}'s output:\n{first.tail(25)}")
+                raise RuntimeError(
+                    f"{what}: {len(exit_fds)} still running after {timeout:.0f}s; killed. "
+                    f"{first.name}'s output:\n{first.tail(25)}"
+                )
             ready, _, _ = select.select(list(exit_fds), [], [], remaining)  # no polling: woken by exits
             for fd in ready:
                 session = exit_fds.pop(fd)
                 os.close(fd)
                 code = session.wait(0)
                 if code != 0:
-                    raise RuntimeError(f"{what}: {session.name} exited with {code}; its output:\n{session.tail(25)}")
+                    raise RuntimeError(
+                        f"{what}: {session.name} exited with {code}; its output:\n{session.tail(25)}"
+                    )
     finally:
         for fd in exit_fds:
             os.close(fd)
@@ -227,17 +252,40 @@ def run_workers(script: str, nproc: int, extra_args: Sequence[str], timeout: flo
     """Run ``nproc`` copies of ``script --worker``; return rank 0's result (its last stdout line)."""
     import torch.distributed as dist  # the parent only needs torch for the store
 
-    store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1",        # one compute thread per worker: no oversubscription
-               GLOO_SOCKET_IFNAME="lo")    # raw default group on loopback, as taiji's groups are
+    store = dist.TCPStore(
+        HOST, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout)
+    )
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",  # one compute thread per worker: no oversubscription
+        GLOO_SOCKET_IFNAME="lo",
+    )  # raw default group on loopback, as taiji's groups are
     try:
         with ExitStack() as sessions:
-            workers = [sessions.enter_context(Session(
-                [sys.executable, script, "--worker", "--rank", str(rank), "--world-size", str(nproc),
-                 "--port", str(store.port), "--parent-pid", str(os.getpid()), *extra_args],
-                env=env, name=f"worker rank {rank}")) for rank in range(nproc)]
+            workers = [
+                sessions.enter_context(
+                    Session(
+                        [
+                            sys.executable,
+                            script,
+                            "--worker",
+                            "--rank",
+                            str(rank),
+                            "--world-size",
+                            str(nproc),
+                            "--port",
+                            str(store.port),
+                            "--parent-pid",
+                            str(os.getpid()),
+                            *extra_args,
+                        ],
+                        env=env,
+                        name=f"worker rank {rank}",
+                    )
+                )
+                for rank in range(nproc)
+            ]
             wait_all(workers, timeout, script)
         lines = [line for line in workers[0].text().splitlines() if line.strip()]
         if not lines:
@@ -259,11 +307,13 @@ def watch_parent(pid: int) -> None:
     def wait() -> None:
         select.select([exit_fd], [], [])
         os._exit(1)
+
     threading.Thread(target=wait, daemon=True).start()
 
 
 def connect_store(port: int, timeout: float):
     import torch.distributed as dist
+
     return dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
 
 
@@ -279,10 +329,20 @@ def side_by_side_groups(args: argparse.Namespace, channels: Sequence[str] | None
     torch.set_num_threads(1)
     watch_parent(args.parent_pid)
     store = connect_store(args.port, args.timeout)
-    dist.init_process_group("gloo", store=dist.PrefixStore("raw", store), rank=args.rank,
-                            world_size=args.world_size, timeout=datetime.timedelta(seconds=args.timeout))
-    comm = Communicator(dist.PrefixStore("taiji", store), args.rank, args.world_size, version=1,
-                        options=CommOptions(timeout=args.timeout))
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("raw", store),
+        rank=args.rank,
+        world_size=args.world_size,
+        timeout=datetime.timedelta(seconds=args.timeout),
+    )
+    comm = Communicator(
+        dist.PrefixStore("taiji", store),
+        args.rank,
+        args.world_size,
+        version=1,
+        options=CommOptions(timeout=args.timeout),
+    )
     if channels is None:
         comm.connect()
     else:
@@ -331,20 +391,23 @@ def reap_on_sigterm() -> None:
 
 # -- repetitions -------------------------------------------------------------------------------
 
+
 def interleaved(sides: Sequence[Side], rep: int) -> list[Side]:
     """The order of the sides in repetition ``rep``: as given on even repetitions, reversed on
     odd ones."""
     return list(sides) if rep % 2 == 0 else list(reversed(sides))
 
 
-def time_on_all_ranks(body: Callable[[], None], calls: int,
-                      finish: Callable[[], None] | None = None) -> tuple[float, float]:
+def time_on_all_ranks(
+    body: Callable[[], None], calls: int, finish: Callable[[], None] | None = None
+) -> tuple[float, float]:
     """In every worker of the default process group: run ``body()`` ``calls`` times, all ranks
     starting together, then ``finish()`` (``torch.cuda.synchronize``: the queued kernels count).
     Returns the slowest rank's wall seconds and the CPU seconds of all ranks together
     (communication threads included: a clock that other jobs disturb far less)."""
     import torch
     import torch.distributed as dist
+
     dist.all_reduce(torch.zeros(1))  # line the ranks up, untimed
     start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(calls):
@@ -360,6 +423,7 @@ def time_on_all_ranks(body: Callable[[], None], calls: int,
 
 # -- statistics --------------------------------------------------------------------------------
 
+
 def median(values: Iterable[float]) -> float:
     return statistics.median(values)
 
@@ -374,8 +438,9 @@ def paired_ratio(taiji_costs: Sequence[float], anchor_costs: Sequence[float]) ->
     """Median over repetitions of anchor/taiji for costs measured in adjacent blocks (seconds:
     lower is better), so > 1 means taiji is ahead."""
     if len(taiji_costs) != len(anchor_costs) or not taiji_costs:
-        raise ValueError(f"paired costs must be non-empty and of one length: {len(taiji_costs)}, "
-                         f"{len(anchor_costs)}")
+        raise ValueError(
+            f"paired costs must be non-empty and of one length: {len(taiji_costs)}, {len(anchor_costs)}"
+        )
     return median([anchor / taiji for taiji, anchor in zip(taiji_costs, anchor_costs)])
 
 
@@ -387,6 +452,7 @@ def quartiles(values: Iterable[float], digits: int = 4) -> list[float]:
 
 # -- the contract ------------------------------------------------------------------------------
 
+
 def ahead_ratio(taiji: float | None, anchor: float | None, *, higher_is_better: bool) -> float | None:
     """How many times better taiji is than the anchor (> 1: taiji ahead); None if either is
     missing or the divisor is not positive."""
@@ -396,14 +462,27 @@ def ahead_ratio(taiji: float | None, anchor: float | None, *, higher_is_better: 
     return better / worse if worse > 0 else None
 
 
-def contract_row(case: str, taiji: float | None, anchor: float | None, *, higher_is_better: bool,
-                 ratio: float | None = None, digits: int = 3, **details) -> dict:
+def contract_row(
+    case: str,
+    taiji: float | None,
+    anchor: float | None,
+    *,
+    higher_is_better: bool,
+    ratio: float | None = None,
+    digits: int = 3,
+    **details,
+) -> dict:
     """One row of the result line. ``ratio`` defaults to ``ahead_ratio``; pass a paired ratio
     measured by the caller instead where there is one."""
     if ratio is None:
         ratio = ahead_ratio(taiji, anchor, higher_is_better=higher_is_better)
-    return {"case": case, "taiji": taiji, "anchor": anchor, "ratio": None if ratio is None else round(ratio, digits),
-            **details}
+    return {
+        "case": case,
+        "taiji": taiji,
+        "anchor": anchor,
+        "ratio": None if ratio is None else round(ratio, digits),
+        **details,
+    }
 
 
 def result_line(benchmark: str, rows: Sequence[dict], **extra) -> str:

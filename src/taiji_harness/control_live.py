@@ -22,6 +22,7 @@ moment they all start over; torchrun first waits for its workers' collectives to
 store's operations per second at steady state (each agent's keep-alive and its monitor loop
 asking ``num_nodes_waiting`` every ``monitor_interval``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,14 +43,15 @@ from taiji.cluster import auth
 from taiji.cluster.store import connect_job
 from taiji.launch.supervisor import die_with_parent
 
-SLOTS = 8          # per simulated host
-GROW_HOSTS = 16    # a grow of 128 workers
+SLOTS = 8  # per simulated host
+GROW_HOSTS = 16  # a grow of 128 workers
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LIVENESS_TIMEOUT_S = 120.0
 LAUNCHER_HOST = "127.0.0.1"
 
 
 # -- pure parts ------------------------------------------------------------------------------
+
 
 def plan_hosts(workers: int, slots: int = SLOTS) -> list[int]:
     """The simulated hosts' slots for ``workers`` in all, ``slots`` of them on the launcher's own
@@ -94,6 +96,7 @@ def store_address(line: str) -> str | None:
 
 # -- effects -----------------------------------------------------------------------------------
 
+
 def process_cpu(pid: int) -> float:
     return cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
 
@@ -109,9 +112,14 @@ class SimProcess:
     """One process of simulated hosts (taiji_harness/control_sim.py), ordered over its stdin."""
 
     def __init__(self, url: str, job_id: str, secret_file: Path, environ: dict):
-        self.proc = subprocess.Popen([sys.executable, "-m", "taiji_harness.control_sim", url, job_id,
-                                      str(secret_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=environ, preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "taiji_harness.control_sim", url, job_id, str(secret_file)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=environ,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
 
     def send(self, order: dict) -> None:
         assert self.proc.stdin is not None
@@ -154,19 +162,59 @@ class Launched:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def launch(store: str, workers: int, hosts: int, job_id: str, secret_file: Path, environ: dict,
-           log: Path, grow_hosts: int, slots: int) -> Launched:
-    cmd = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(workers), "--nproc-per-node", str(slots),
-           "--nnodes", f"{hosts + 1}:{hosts + 1 + grow_hosts}", "--max-np", str(workers + slots * (grow_hosts - 1)),
-           "--store", store, "--host", LAUNCHER_HOST, "--job-id", job_id, "--secret-file", str(secret_file),
-           "--join-timeout", "600",
-           # a host is lost by its tether here; on this shared 2-core machine a starved simulated agent
-           # must not also be judged silent (the default is 5 s)
-           "--liveness-timeout", str(LIVENESS_TIMEOUT_S), "--",
-           sys.executable, "-m", "taiji_harness.control_sim", "--worker"]
+def launch(
+    store: str,
+    workers: int,
+    hosts: int,
+    job_id: str,
+    secret_file: Path,
+    environ: dict,
+    log: Path,
+    grow_hosts: int,
+    slots: int,
+) -> Launched:
+    cmd = [
+        sys.executable,
+        "-m",
+        "taiji.launch.cli",
+        "run",
+        "-np",
+        str(workers),
+        "--nproc-per-node",
+        str(slots),
+        "--nnodes",
+        f"{hosts + 1}:{hosts + 1 + grow_hosts}",
+        "--max-np",
+        str(workers + slots * (grow_hosts - 1)),
+        "--store",
+        store,
+        "--host",
+        LAUNCHER_HOST,
+        "--job-id",
+        job_id,
+        "--secret-file",
+        str(secret_file),
+        "--join-timeout",
+        "600",
+        # a host is lost by its tether here; on this shared 2-core machine a starved simulated agent
+        # must not also be judged silent (the default is 5 s)
+        "--liveness-timeout",
+        str(LIVENESS_TIMEOUT_S),
+        "--",
+        sys.executable,
+        "-m",
+        "taiji_harness.control_sim",
+        "--worker",
+    ]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=environ, start_new_session=True,
-                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=environ,
+            start_new_session=True,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         url = next(filter(None, map(store_address, log.read_text(errors="replace").splitlines())), None)
@@ -190,7 +238,7 @@ def stop(proc: subprocess.Popen) -> None:
 def start(procs: list[SimProcess], addresses: list[str], slots: int) -> None:
     """Simulated hosts at ``addresses``, dealt round-robin to the processes (the first to the first)."""
     for i, p in enumerate(procs):
-        p.send({"op": "hosts", "slots": slots, "addresses": addresses[i::len(procs)]})
+        p.send({"op": "hosts", "slots": slots, "addresses": addresses[i :: len(procs)]})
     for p in procs:
         p.answer()
 
@@ -200,8 +248,10 @@ def until(procs: list[SimProcess], size: int, timeout: float, launched: Launched
     answers = ask_all(procs, {"op": "until", "size": size, "timeout": timeout})
     errors = [e for a in answers for e in a.get("errors", [])]
     if errors or any(a["at"] is None for a in answers):
-        raise RuntimeError(f"not every simulated worker reached a config of {size}: {answers}; the launcher "
-                           "said:\n" + launched.said())
+        raise RuntimeError(
+            f"not every simulated worker reached a config of {size}: {answers}; the launcher "
+            "said:\n" + launched.said()
+        )
     return min(a["first"] for a in answers), max(a["at"] for a in answers)
 
 
@@ -232,6 +282,7 @@ def steady(store: str, url: str, procs: list[SimProcess], launcher: int, window:
 
     servers = children(launcher) if store == "etcd" else []
     etcd_pid = next((p for p in servers if "etcd" in Path(f"/proc/{p}/cmdline").read_text()), None)
+
     def sims() -> float:
         return sum(process_cpu(p.proc.pid) for p in procs)
 
@@ -241,12 +292,22 @@ def steady(store: str, url: str, procs: list[SimProcess], launcher: int, window:
     t1, ops1, cpu1, sim1 = time.monotonic(), ops(), process_cpu(launcher), sims()
     etcd1 = process_cpu(etcd_pid) if etcd_pid else 0.0
     span = t1 - t0
-    return {"ops_per_s": (ops1 - ops0) / span, "launcher_cpu": (cpu1 - cpu0) / span,
-            "etcd_cpu": (etcd1 - etcd0) / span if etcd_pid else None, "sim_cpu": (sim1 - sim0) / span}
+    return {
+        "ops_per_s": (ops1 - ops0) / span,
+        "launcher_cpu": (cpu1 - cpu0) / span,
+        "etcd_cpu": (etcd1 - etcd0) / span if etcd_pid else None,
+        "sim_cpu": (sim1 - sim0) / span,
+    }
 
 
-def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts: int = GROW_HOSTS,
-            per_host: int = SLOTS) -> dict:
+def measure(
+    store: str,
+    workers: int,
+    window: float,
+    sim_procs: int,
+    grow_hosts: int = GROW_HOSTS,
+    per_host: int = SLOTS,
+) -> dict:
     """One run (see the module's doc); ``grow_hosts`` hosts join for the grow; ``per_host``
     workers on every host."""
     slots = plan_hosts(workers, per_host)
@@ -255,15 +316,29 @@ def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts:
     secret_file = auth.write_secret_file(base / "secret", secret)
     environ = dict(os.environ, TAIJI_HOME=str(base / "home"))
     job_id = f"scale{os.getpid()}{store}{workers}"
-    launched = launch(store, workers, len(slots), job_id, secret_file, environ, base / "launcher.log",
-                      grow_hosts, per_host)
+    launched = launch(
+        store, workers, len(slots), job_id, secret_file, environ, base / "launcher.log", grow_hosts, per_host
+    )
     print(f"# {store}, {workers} workers: the launcher says {launched.log}", file=sys.stderr, flush=True)
     procs: list[SimProcess] = []
-    figures: dict = {"store": store, "workers": workers, "hosts": len(slots), "grown": per_host * grow_hosts,
-                     "start_s": None, "loss_s": None, "loss_first_s": None, "grow_s": None, "ops_per_s": None,
-                     "launcher_cpu": None, "etcd_cpu": None, "sim_cpu": None}
+    figures: dict = {
+        "store": store,
+        "workers": workers,
+        "hosts": len(slots),
+        "grown": per_host * grow_hosts,
+        "start_s": None,
+        "loss_s": None,
+        "loss_first_s": None,
+        "grow_s": None,
+        "ops_per_s": None,
+        "launcher_cpu": None,
+        "etcd_cpu": None,
+        "sim_cpu": None,
+    }
     try:
-        procs = [SimProcess(launched.url, job_id, secret_file, environ) for _ in range(min(sim_procs, len(slots)))]
+        procs = [
+            SimProcess(launched.url, job_id, secret_file, environ) for _ in range(min(sim_procs, len(slots)))
+        ]
         t0 = time.monotonic()
         start(procs, [host_address(j) for j in range(len(slots))], per_host)
         figures["start_s"] = until(procs, workers, 300, launched)[1] - t0
@@ -295,6 +370,7 @@ def measure(store: str, workers: int, window: float, sim_procs: int, grow_hosts:
 
 # -- the benchmark's rows ------------------------------------------------------------------------
 
+
 def loss_case(store: str, workers: int) -> str:
     return f"host loss → every simulated worker on the new config, {store}, {workers} workers (s)"
 
@@ -310,26 +386,50 @@ def rows(results: list[dict], anchors: dict[int, dict], contract_row) -> list[di
     out = []
     for r in results:
         store, n, anchor = r["store"], r["workers"], anchors.get(r["workers"], {})
-        out += [contract_row(loss_case(store, n), _rounded(r["loss_s"]), _rounded(anchor.get("loss_s")),
-                             higher_is_better=False, hosts=r["hosts"]),
-                contract_row(ops_case(store, n), _rounded(r["ops_per_s"], 0), _rounded(anchor.get("ops_per_s"), 0),
-                             higher_is_better=False, hosts=r["hosts"]),
-                contract_row(f"grow of {r['grown']} workers → every simulated worker on the new config, {store}, "
-                             f"{n} workers (s)", _rounded(r["grow_s"]), None, higher_is_better=False),
-                contract_row(f"launcher CPU at steady state, {store}, {n} workers (cores)",
-                             _rounded(r["launcher_cpu"]), None, higher_is_better=False)]
+        out += [
+            contract_row(
+                loss_case(store, n),
+                _rounded(r["loss_s"]),
+                _rounded(anchor.get("loss_s")),
+                higher_is_better=False,
+                hosts=r["hosts"],
+            ),
+            contract_row(
+                ops_case(store, n),
+                _rounded(r["ops_per_s"], 0),
+                _rounded(anchor.get("ops_per_s"), 0),
+                higher_is_better=False,
+                hosts=r["hosts"],
+            ),
+            contract_row(
+                f"grow of {r['grown']} workers → every simulated worker on the new config, {store}, "
+                f"{n} workers (s)",
+                _rounded(r["grow_s"]),
+                None,
+                higher_is_better=False,
+            ),
+            contract_row(
+                f"launcher CPU at steady state, {store}, {n} workers (cores)",
+                _rounded(r["launcher_cpu"]),
+                None,
+                higher_is_better=False,
+            ),
+        ]
     return out
 
 
 def summary(r: dict) -> str:
     """One run's figures in a line (— where a phase did not end)."""
+
     def f(key: str, fmt: str) -> str:
         return "—" if r.get(key) is None else format(r[key], fmt)
-    return (f"{r['hosts']} simulated hosts: start {f('start_s', '.2f')} s, steady {f('ops_per_s', '.0f')} ops/s, "
-            f"launcher CPU {f('launcher_cpu', '.2f')} cores (etcd {f('etcd_cpu', '.2f')}, simulated hosts "
-            f"{f('sim_cpu', '.2f')}), host loss {f('loss_s', '.3f')} s (the first host {f('loss_first_s', '.3f')} s), "
-            f"grow of {r['grown']} {f('grow_s', '.2f')} s"
-            + (f"; {r['error']}" if r.get("error") else ""))
+
+    return (
+        f"{r['hosts']} simulated hosts: start {f('start_s', '.2f')} s, steady {f('ops_per_s', '.0f')} ops/s, "
+        f"launcher CPU {f('launcher_cpu', '.2f')} cores (etcd {f('etcd_cpu', '.2f')}, simulated hosts "
+        f"{f('sim_cpu', '.2f')}), host loss {f('loss_s', '.3f')} s (the first host {f('loss_first_s', '.3f')} s), "
+        f"grow of {r['grown']} {f('grow_s', '.2f')} s" + (f"; {r['error']}" if r.get("error") else "")
+    )
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:

@@ -22,6 +22,7 @@ drops one as its death would (tether closed without ``bye``, lease left to expir
 ``time.monotonic``, one clock for every process of this machine); ``{"op": "ops"}`` answers the
 store operations counted on TCP stores (etcd's are counted by the server); ``{"op": "quit"}``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -152,12 +153,14 @@ class SimHost(threading.Thread):
         channel = agent_channel.AgentChannel(job, self.address, session, bounds.host_timeout)
         settings = agent_channel.read_settings(job)
         agent_channel.register(job, self.address, self.slots, os.getpid(), session)
-        tether = self.tether = Tether(str(agent_channel.read_controller(job)["tether"]), self.secret, self.address,
-                                      session)
+        tether = self.tether = Tether(
+            str(agent_channel.read_controller(job)["tether"]), self.secret, self.address, session
+        )
         workers = self.workers = Workers(job, settings.heartbeat)
         if job.can_watch:
-            threading.Thread(target=follow_configs, args=(job.another_connection(), workers, self.killed),
-                             daemon=True).start()
+            threading.Thread(
+                target=follow_configs, args=(job.another_connection(), workers, self.killed), daemon=True
+            ).start()
         next_beat = 0.0
         while not self.killed.wait(TICK_S):
             for command in channel.new_commands():
@@ -180,7 +183,6 @@ class SimHost(threading.Thread):
         workers.beats.clear()  # killed: the tether was dropped by ``kill``
 
 
-
 def follow_configs(job: JobStore, workers: Workers, stop: threading.Event) -> None:
     """The configs on etcd, as a real worker's watcher follows them (runtime/membership.py), on a
     connection of its own: each one arrives in the watch's event, verified and held."""
@@ -200,8 +202,12 @@ def _until(hosts: list[SimHost], size: int, timeout: float) -> dict:
         workers = sum(len(w.beats) for w in held)
         if errors or all(w is not None and w.beats and w.size == size for w in live):
             ats = sorted(w.at for w in held)
-            return {"at": max(ats, default=0.0), "first": min(ats, default=0.0), "workers": workers,
-                    "errors": errors}
+            return {
+                "at": max(ats, default=0.0),
+                "first": min(ats, default=0.0),
+                "workers": workers,
+                "errors": errors,
+            }
         if time.monotonic() > deadline:
             return {"at": None, "workers": workers, "sizes": sorted({w.size for w in held}), "errors": errors}
         time.sleep(0.005)
@@ -213,10 +219,14 @@ def worker() -> None:
     job = open_job(url, env.JOB_ID.get(), bytes.fromhex(env.SECRET.get()))
     workers = Workers(job, env.HEARTBEAT.get())
     workers.add(env.WORKER_ID.get())
-    Heartbeat.on_this_host(env.WORKER_ID.get(), env.HEARTBEAT.get())  # the real heartbeat: a file its launcher reads
+    Heartbeat.on_this_host(
+        env.WORKER_ID.get(), env.HEARTBEAT.get()
+    )  # the real heartbeat: a file its launcher reads
     stop = threading.Event()
     if job.can_watch:
-        threading.Thread(target=follow_configs, args=(job.another_connection(), workers, stop), daemon=True).start()
+        threading.Thread(
+            target=follow_configs, args=(job.another_connection(), workers, stop), daemon=True
+        ).start()
     while not stop.wait(TICK_S):
         workers.step(time.monotonic())
 

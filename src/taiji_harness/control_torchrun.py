@@ -12,6 +12,7 @@ keep-alive runs by itself); after the lone node's process is killed, the re-rend
 others, from the moment they all start over (torchrun starts over once its workers' collectives
 fail; that wait is not counted) until each has its new rank.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -69,12 +70,22 @@ class CountedStore(dist.Store):
 
 def handler(host: str, port: int, run_id: str, nodes: int):
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler,
+        RendezvousTimeout,
+    )
+
     store = CountedStore(dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=600)))
     return DynamicRendezvousHandler.from_backend(
-        run_id, store, C10dRendezvousBackend(store, run_id), min_nodes=max(nodes - 1, 1), max_nodes=nodes,
-        timeout=RendezvousTimeout(join=datetime.timedelta(seconds=600),
-                                  last_call=datetime.timedelta(seconds=LAST_CALL_S)))
+        run_id,
+        store,
+        C10dRendezvousBackend(store, run_id),
+        min_nodes=max(nodes - 1, 1),
+        max_nodes=nodes,
+        timeout=RendezvousTimeout(
+            join=datetime.timedelta(seconds=600), last_call=datetime.timedelta(seconds=LAST_CALL_S)
+        ),
+    )
 
 
 def all_rendezvous(handlers: list, timeout: float) -> float | None:
@@ -106,9 +117,21 @@ def measure(workers: int, window: float, per_host: int = 8, timeout: float = 120
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # no store server of rank 0's own
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
     run_id = f"scale{os.getpid()}n{nodes}"
-    lone = subprocess.Popen([sys.executable, "-m", "taiji_harness.control_torchrun", "127.0.0.1", str(server.port),
-                             run_id, str(nodes)], env=dict(os.environ), stdout=subprocess.PIPE, text=True,
-                            preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    lone = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "taiji_harness.control_torchrun",
+            "127.0.0.1",
+            str(server.port),
+            run_id,
+            str(nodes),
+        ],
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+    )
     handlers: list = []
     handlers_done = False
     try:
@@ -139,7 +162,13 @@ def measure(workers: int, window: float, per_host: int = 8, timeout: float = 120
         lone.wait()
         loss_s = all_rendezvous(handlers, timeout)
         handlers_done = loss_s is not None  # else some still wait in the rendezvous: left to the exit
-        return {"workers": workers, "hosts": nodes, "start_s": start_s, "ops_per_s": ops_per_s, "loss_s": loss_s}
+        return {
+            "workers": workers,
+            "hosts": nodes,
+            "start_s": start_s,
+            "ops_per_s": ops_per_s,
+            "loss_s": loss_s,
+        }
     finally:
         for h in handlers if handlers_done else ():
             h.shutdown()  # ends its keep-alive timer

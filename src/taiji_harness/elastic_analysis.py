@@ -8,13 +8,20 @@ batch) and ``done``; with sample logging, ``draw`` and ``commit`` carry the batc
 ``epoch``. A stall is (first commit at the new size - last commit at the old size) - one normal
 step at the new size. Nothing here starts a process or reads a file.
 """
+
 from __future__ import annotations
 
 import re
 
 from taiji_harness.bench import median
 
-BOOT_STAGES = ("worker_import_s", "rendezvous_s", "build_model_optimizer_s", "checkpoint_load_s", "ddp_init_s")
+BOOT_STAGES = (
+    "worker_import_s",
+    "rendezvous_s",
+    "build_model_optimizer_s",
+    "checkpoint_load_s",
+    "ddp_init_s",
+)
 
 
 def select(records: list[dict], event: str, **match) -> list[dict]:
@@ -31,17 +38,19 @@ def step_intervals(commits: list[dict]) -> list[float]:
 def normal_step(after: list[dict], settle: int) -> float:
     """One normal step at a new size: the median interval between its commits, leaving out the
     first commit (which carries the change)."""
-    return median(step_intervals(after[:settle + 1])[1:])
+    return median(step_intervals(after[: settle + 1])[1:])
 
 
 def boot_stages(boots: list[dict]) -> dict[str, float]:
     """Where the restarted workers' start-up went, stage by stage (the slowest worker each)."""
     latest = {key: max(b[key] for b in boots) for key in ("imported", "joined", "built", "loaded", "ready")}
-    return {"worker_import_s": max(b["imported"] - b["exec"] for b in boots),
-            "rendezvous_s": latest["joined"] - latest["imported"],
-            "build_model_optimizer_s": latest["built"] - latest["joined"],
-            "checkpoint_load_s": latest["loaded"] - latest["built"],
-            "ddp_init_s": latest["ready"] - latest["loaded"]}
+    return {
+        "worker_import_s": max(b["imported"] - b["exec"] for b in boots),
+        "rendezvous_s": latest["joined"] - latest["imported"],
+        "build_model_optimizer_s": latest["built"] - latest["joined"],
+        "checkpoint_load_s": latest["loaded"] - latest["built"],
+        "ddp_init_s": latest["ready"] - latest["loaded"],
+    }
 
 
 def taiji_change_figures(records: list[dict], change: dict, settle: int) -> dict:
@@ -61,10 +70,14 @@ def taiji_change_figures(records: list[dict], change: dict, settle: int) -> dict
             continue
         stall = after[0]["time"] - before[-1]["time"] - normal_step(after, settle)
         # where the first step at the new size spent its time, against a normal step there
-        body = [c["time"] - c["began"] for c in after[1:settle + 1]]
-        first_parts.append({"to_loop_s": after[0]["began"] - before[-1]["time"],
-                            "first_step_body_s": after[0]["time"] - after[0]["began"],
-                            "normal_step_body_s": median(body)})
+        body = [c["time"] - c["began"] for c in after[1 : settle + 1]]
+        first_parts.append(
+            {
+                "to_loop_s": after[0]["began"] - before[-1]["time"],
+                "first_step_body_s": after[0]["time"] - after[0]["began"],
+                "normal_step_body_s": median(body),
+            }
+        )
         stalls.append(stall)
         firsts.append(after[0]["time"])
         transitions.append((after[0].get("transitions") or [{}])[-1])
@@ -73,7 +86,7 @@ def taiji_change_figures(records: list[dict], change: dict, settle: int) -> dict
         raise ValueError(f"no worker committed both before and after version {to_version}")
     boots = [b for b in select(records, "boot") if b["worker"] in joiners]
     w0 = [c for c in commits if c["worker"] == "w0"]
-    old = [c for c in w0 if c["version"] < to_version][-(settle + 1):]
+    old = [c for c in w0 if c["version"] < to_version][-(settle + 1) :]
     new = [c for c in w0 if c["version"] == to_version]
     return {
         "to_size": change["to_size"],
@@ -140,7 +153,7 @@ def torchrun_change_figures(records: list[dict], change: dict, settle: int) -> d
         "without_agent_boot_s": request_to_first - agent_boot,
         "resumed_at": boots[0]["resumed_at"],
         "last_committed_before": old[-1]["step"],
-        "step_ms_before": median(step_intervals(old[-(settle + 1):])) * 1e3,
+        "step_ms_before": median(step_intervals(old[-(settle + 1) :])) * 1e3,
         "step_ms_after": normal_step(new, settle) * 1e3,
         "broadcast_s": median(broadcasts[0]["seconds"]) if broadcasts else None,
         "broadcast_bytes": broadcasts[0]["bytes"] if broadcasts else None,
@@ -180,7 +193,9 @@ def kill_figures(records: list[dict], hit: float, survivors: set[str]) -> dict:
         raise ValueError("no survivor committed a step after the kill")
     resumed = after[0]["time"]
     steps = [c["step"] for c in commits]
-    drawn = [d for d in select(records, "draw") if d["worker"] in survivors and hit - 1.0 < d["time"] < resumed]
+    drawn = [
+        d for d in select(records, "draw") if d["worker"] in survivors and hit - 1.0 < d["time"] < resumed
+    ]
     committed = {(c["worker"], c["step"], tuple(c.get("samples", ()))) for c in commits}
     return {
         "resume_s": resumed - hit,
@@ -188,8 +203,9 @@ def kill_figures(records: list[dict], hit: float, survivors: set[str]) -> dict:
         "first_committed_after": after[0]["step"],
         "size_after": after[0]["size"],
         "committed_steps_redone": len(steps) - len(set(steps)),
-        "attempts_discarded": sum(1 for d in drawn if (d["worker"], d["step"], tuple(d.get("samples", ())))
-                                 not in committed),
+        "attempts_discarded": sum(
+            1 for d in drawn if (d["worker"], d["step"], tuple(d.get("samples", ()))) not in committed
+        ),
     }
 
 
@@ -209,10 +225,10 @@ def join_figures(records: list[dict], requested: float, survivors: set[str], siz
         at = [i for i, c in enumerate(mine) if c["time"] > requested and c["size"] == size]
         if not at or at[0] == 0:
             continue
-        new, previous = mine[at[0]:], mine[at[0] - 1]
+        new, previous = mine[at[0] :], mine[at[0] - 1]
         stalls.append(new[0]["time"] - previous["time"] - normal_step(new, settle))
         firsts.append(new[0]["time"])
-        steps_before.append(sum(1 for c in mine[:at[0]] if c["time"] > requested))
+        steps_before.append(sum(1 for c in mine[: at[0]] if c["time"] > requested))
     if not stalls:
         raise ValueError(f"no survivor committed a step at size {size} after the request")
     boots = [b for b in select(records, "boot") if b.get("worker") in joiners]
@@ -282,9 +298,14 @@ def exactly_once_audit(records: list[dict], samples_per_epoch: int, epochs: int)
             seen[commit["epoch"]].update(commit["samples"])
     missing = sum(samples_per_epoch - len(epoch & set(range(samples_per_epoch))) for epoch in seen)
     processes = len({r["worker"] for r in records if "worker" in r})
-    return {"exactly_once": bool(processes) and not (figures["samples_repeated"] or figures["samples_lost"] or missing),
-            "processes": processes, "repeated": figures["samples_repeated"], "lost": figures["samples_lost"],
-            "missing": missing}
+    return {
+        "exactly_once": bool(processes)
+        and not (figures["samples_repeated"] or figures["samples_lost"] or missing),
+        "processes": processes,
+        "repeated": figures["samples_repeated"],
+        "lost": figures["samples_lost"],
+        "missing": missing,
+    }
 
 
 def worker_error(text: str) -> str:
@@ -292,8 +313,11 @@ def worker_error(text: str) -> str:
     was raised, with the exception it was raised while handling (a launcher's own
     ``ChildFailedError`` is left out)."""
     lines = text.splitlines()
-    found = [i for i, ln in enumerate(lines) if re.match(r"(\w+\.)*\w*(Error|Exception)\b", ln)
-             and "ChildFailedError" not in ln]
+    found = [
+        i
+        for i, ln in enumerate(lines)
+        if re.match(r"(\w+\.)*\w*(Error|Exception)\b", ln) and "ChildFailedError" not in ln
+    ]
     if not found:
         return lines[-1].strip()[:300] if lines else "no output"
     last = found[-1]

@@ -1,6 +1,7 @@
 """What the sides of ``benchmarks/elastic.py`` share: the training script's command line (also
 under torchrun), the step logs its processes write (read while a job runs), a launched job, and
 waiting on its logs."""
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,9 @@ class LaunchedJob:
             self.signal_worker(pid, signal.SIGKILL)
 
 
-def wait_for(condition: Callable[[], object], log: StepLog, jobs: list[LaunchedJob], deadline: float, what: str):
+def wait_for(
+    condition: Callable[[], object], log: StepLog, jobs: list[LaunchedJob], deadline: float, what: str
+):
     """Re-read the step logs until ``condition()`` is truthy, and return it; fail if a launcher
     exits or the deadline (``time.monotonic``) passes first."""
     while True:
@@ -78,17 +81,22 @@ def wait_for(condition: Callable[[], object], log: StepLog, jobs: list[LaunchedJ
             return value
         for job in jobs:
             if not job.session.running():
-                raise RuntimeError(f"{job.name} exited with {job.session.returncode} while waiting for {what}; "
-                                   f"its output:\n{job.session.tail()}")
+                raise RuntimeError(
+                    f"{job.name} exited with {job.session.returncode} while waiting for {what}; "
+                    f"its output:\n{job.session.tail()}"
+                )
         if time.monotonic() > deadline:
             last = jobs[-1] if jobs else None
-            raise TimeoutError(f"no {what} in time; output of {last.name if last else '?'}:\n"
-                               f"{last.session.tail() if last else ''}")
+            raise TimeoutError(
+                f"no {what} in time; output of {last.name if last else '?'}:\n"
+                f"{last.session.tail() if last else ''}"
+            )
         time.sleep(POLL_S)
 
 
-def steady_options(parser: argparse.ArgumentParser, quick_steps: int, full_steps: int, timeout: float,
-                   argv=None) -> argparse.Namespace:
+def steady_options(
+    parser: argparse.ArgumentParser, quick_steps: int, full_steps: int, timeout: float, argv=None
+) -> argparse.Namespace:
     """The options of a steady-state comparison of two ``taiji run -np 2`` sides (store_cost,
     metrics_overhead; each adds its own ``--quick``): repetitions, measured steps after a warm-up,
     batch, step delay, timeout."""
@@ -104,28 +112,50 @@ def steady_options(parser: argparse.ArgumentParser, quick_steps: int, full_steps
     return args
 
 
-def steady_commits(args: argparse.Namespace, job: LaunchedJob, log: StepLog,
-                   at: Callable[[str], None] = lambda mark: None) -> list[dict]:
+def steady_commits(
+    args: argparse.Namespace, job: LaunchedJob, log: StepLog, at: Callable[[str], None] = lambda mark: None
+) -> list[dict]:
     """Wait for the job to commit ``warm + steps`` steps and end; rank 0's commits after the
     warm-up. ``at("warm")`` and ``at("end")`` are called as the warm-up and the last step are seen."""
     deadline = time.monotonic() + args.timeout
     for mark, count in (("warm", args.warm), ("end", args.warm + args.steps)):
-        wait_for(lambda: len(log.select("commit", worker="w0")) >= count, log, [job], deadline, f"{count} steps")
+        wait_for(
+            lambda: len(log.select("commit", worker="w0")) >= count, log, [job], deadline, f"{count} steps"
+        )
         at(mark)
     job.session.wait(max(deadline - time.monotonic(), 1.0))
-    return log.select("commit", worker="w0")[args.warm:]
+    return log.select("commit", worker="w0")[args.warm :]
 
 
-def torchrun_cmd(args: argparse.Namespace, out: Path, nproc: int, options: list[str], *train: str) -> list[str]:
+def torchrun_cmd(
+    args: argparse.Namespace, out: Path, nproc: int, options: list[str], *train: str
+) -> list[str]:
     """The training script under torchrun (the torchrun and torchft sides)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--monitor-interval", "0.1", *options, *train_args(args, out, *train)[1:]]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--monitor-interval",
+        "0.1",
+        *options,
+        *train_args(args, out, *train)[1:],
+    ]
 
 
 def train_args(args: argparse.Namespace, out: Path, *extra: str) -> list[str]:
     """The training script's command line (the run's directory is its first argument)."""
-    return [sys.executable, str(TRAIN), str(out), "--batch", str(args.batch), "--step-delay", str(args.step_delay),
-            *extra]
+    return [
+        sys.executable,
+        str(TRAIN),
+        str(out),
+        "--batch",
+        str(args.batch),
+        "--step-delay",
+        str(args.step_delay),
+        *extra,
+    ]
 
 
 def joiner_steps(settle: int, victim_steps: int) -> int:

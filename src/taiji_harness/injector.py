@@ -9,6 +9,7 @@ A small launcher thread stands in for the controller: once every survivor report
 of a version, it publishes the next config without the dead. Every failure path of
 ``Transitions``/``StepEngine`` runs in well under a second this way.
 """
+
 from __future__ import annotations
 
 import threading
@@ -34,13 +35,13 @@ class WorkerDied(BaseException):
 
 @dataclass(frozen=True)
 class Inject:
-    worker: str          # whose call it is
-    version: int         # in which cluster version
-    channel: str         # "grad" (gradient buckets) or "ctrl" (control message, state sync)
-    op: str              # "allreduce", "allgather" or "broadcast"
-    nth: int             # the n-th such call of this worker in this version (1 = first)
-    action: str          # "die", "lose" (PeerLost), "timeout" (CollectiveTimeout), or "lose_after":
-                         # the collective runs (its peers complete it), then raises PeerLost here
+    worker: str  # whose call it is
+    version: int  # in which cluster version
+    channel: str  # "grad" (gradient buckets) or "ctrl" (control message, state sync)
+    op: str  # "allreduce", "allgather" or "broadcast"
+    nth: int  # the n-th such call of this worker in this version (1 = first)
+    action: str  # "die", "lose" (PeerLost), "timeout" (CollectiveTimeout), or "lose_after":
+    # the collective runs (its peers complete it), then raises PeerLost here
 
 
 class Injector:
@@ -71,28 +72,52 @@ class Injector:
                 if fault.action == "die":
                     raise WorkerDied(f"{worker} died in {op} on {channel} (v{self.version})")
                 kind = CollectiveTimeout if fault.action == "timeout" else PeerLost
-                error = kind(f"[rank {self.rank} v={self.version}] {op} on channel '{channel}': injected "
-                             f"{fault.action}", channel=channel, op=op, version=self.version)
+                error = kind(
+                    f"[rank {self.rank} v={self.version}] {op} on channel '{channel}': injected "
+                    f"{fault.action}",
+                    channel=channel,
+                    op=op,
+                    version=self.version,
+                )
                 real = run() if fault.action == "lose_after" else None
 
                 def fail() -> Any:
                     if real is not None:
                         real.wait()  # done for every rank: only this one is told it failed
                     raise error
+
                 handle = Handle(None, fail, self, op, channel)
                 return handle if async_op else handle.wait()
 
             def allreduce(self, tensor, op="sum", *, channel="grad", async_op=False):  # type: ignore[override]
-                return self._fault("allreduce", channel, async_op, lambda: super(InjectingCommunicator, self)
-                                   .allreduce(tensor, op, channel=channel, async_op=True))
+                return self._fault(
+                    "allreduce",
+                    channel,
+                    async_op,
+                    lambda: super(InjectingCommunicator, self).allreduce(
+                        tensor, op, channel=channel, async_op=True
+                    ),
+                )
 
             def allgather(self, tensor, *, channel="ctrl", async_op=False):  # type: ignore[override]
-                return self._fault("allgather", channel, async_op, lambda: super(InjectingCommunicator, self)
-                                   .allgather(tensor, channel=channel, async_op=True))
+                return self._fault(
+                    "allgather",
+                    channel,
+                    async_op,
+                    lambda: super(InjectingCommunicator, self).allgather(
+                        tensor, channel=channel, async_op=True
+                    ),
+                )
 
             def broadcast(self, tensor, src=0, *, channel="ctrl", async_op=False):  # type: ignore[override]
-                return self._fault("broadcast", channel, async_op, lambda: super(InjectingCommunicator, self)
-                                   .broadcast(tensor, src, channel=channel, async_op=True))
+                return self._fault(
+                    "broadcast",
+                    channel,
+                    async_op,
+                    lambda: super(InjectingCommunicator, self).broadcast(
+                        tensor, src, channel=channel, async_op=True
+                    ),
+                )
 
         return InjectingCommunicator
 
@@ -116,8 +141,14 @@ class ThreadCluster:
         self._stop = threading.Event()
 
     def peer(self, worker: str, member: bool = True) -> Peer:
-        return Peer(self.raw, JobStore(self.kv, "threads"), worker, self.config if member else None,
-                    PeerOptions(timeout=self.timeout), make_comm=self.injector.communicator(worker))
+        return Peer(
+            self.raw,
+            JobStore(self.kv, "threads"),
+            worker,
+            self.config if member else None,
+            PeerOptions(timeout=self.timeout),
+            make_comm=self.injector.communicator(worker),
+        )
 
     def start(self, worker: str, fn: Callable[[Peer], Any], member: bool = True) -> None:
         def body() -> None:
@@ -132,6 +163,7 @@ class ThreadCluster:
                 self.errors[worker] = traceback.format_exc()
             finally:
                 peer.close()
+
         thread = threading.Thread(target=body, name=f"rank-{worker}", daemon=True)
         self._threads.append(thread)
         thread.start()
@@ -139,12 +171,15 @@ class ThreadCluster:
     def launcher(self, replace: dict[int, Sequence[str]] | None = None) -> None:
         """Stand in for the controller: when the survivors of version v reported its failure,
         publish v+1 without the workers that died (plus ``replace[v]`` joiners, if given)."""
+
         def body() -> None:
             while not self._stop.is_set():
                 config = self.store.read_config()
                 members = [w for w in config.ids if w not in self.died]
                 reported = self.store.failure_reports(config.version, members)
-                alive = [w for w in members if any(t.name == f"rank-{w}" and t.is_alive() for t in self._threads)]
+                alive = [
+                    w for w in members if any(t.name == f"rank-{w}" and t.is_alive() for t in self._threads)
+                ]
                 if alive and set(alive) <= set(reported):
                     gone = [w for w in config.ids if w not in alive]
                     survivors = tuple(w for w in config.workers if w.id in alive)
@@ -154,6 +189,7 @@ class ThreadCluster:
                         self.died.add(worker)
                     continue
                 self._stop.wait(0.01)
+
         thread = threading.Thread(target=body, name="launcher", daemon=True)
         thread.start()
         self._launcher = thread

@@ -1,5 +1,6 @@
 """A real store made slow: every write takes a fixed delay, as across a slow network (etcd on a loaded
 host), so that a test can tell a rendezvous paid from one built ahead. Shared by tests/unit."""
+
 from __future__ import annotations
 
 import time

@@ -10,6 +10,7 @@ is left in the namespaces (all of it started by this object), deletes them and t
 Used by tests/multihost and benchmarks/multihost.py. Needs root and ``ip``; ``unavailable()``
 says why not when they are missing.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,10 +51,29 @@ def _kill_in(ns: str) -> None:
 def etcd_command(address: str, data_dir: str) -> list[str]:
     """A single-member etcd server for clients at ``address:2379`` (a store that is not the
     launcher's: it outlives the launcher's host). Needs the ``etcd`` binary (etcd-server)."""
-    return ["etcd", "--name", "e", "--data-dir", data_dir, "--listen-client-urls", f"http://{address}:2379",
-            "--advertise-client-urls", f"http://{address}:2379", "--listen-peer-urls", "http://127.0.0.1:2380",
-            "--initial-advertise-peer-urls", "http://127.0.0.1:2380", "--initial-cluster", "e=http://127.0.0.1:2380",
-            "--heartbeat-interval", "10", "--election-timeout", "100", "--log-level", "warn"]
+    return [
+        "etcd",
+        "--name",
+        "e",
+        "--data-dir",
+        data_dir,
+        "--listen-client-urls",
+        f"http://{address}:2379",
+        "--advertise-client-urls",
+        f"http://{address}:2379",
+        "--listen-peer-urls",
+        "http://127.0.0.1:2380",
+        "--initial-advertise-peer-urls",
+        "http://127.0.0.1:2380",
+        "--initial-cluster",
+        "e=http://127.0.0.1:2380",
+        "--heartbeat-interval",
+        "10",
+        "--election-timeout",
+        "100",
+        "--log-level",
+        "warn",
+    ]
 
 
 class EmulatedHosts:
@@ -106,7 +126,9 @@ class EmulatedHosts:
         self.procs.append(proc)
         return proc
 
-    def run(self, i: int, argv: Sequence[str], timeout: float = 60.0, **kwargs) -> subprocess.CompletedProcess:
+    def run(
+        self, i: int, argv: Sequence[str], timeout: float = 60.0, **kwargs
+    ) -> subprocess.CompletedProcess:
         proc = self.popen(i, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -134,8 +156,28 @@ class EmulatedHosts:
 
     def shape(self, i: int, rate: str = "400mbit") -> None:
         """A slower link for host ``i`` (token bucket; netem is not available here)."""
-        subprocess.run(["tc", "-n", self.ns(i), "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate,
-                        "burst", "256kb", "latency", "50ms"], check=True, capture_output=True, timeout=20)
+        subprocess.run(
+            [
+                "tc",
+                "-n",
+                self.ns(i),
+                "qdisc",
+                "add",
+                "dev",
+                "eth0",
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                "256kb",
+                "latency",
+                "50ms",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=20,
+        )
 
     def close(self) -> None:
         """Kill whatever still runs in the hosts, delete them and the route. Idempotent."""

@@ -3,6 +3,7 @@
 object store, started as a child of ours and ended by its pid (never `ray stop`, which ends every
 Ray process on the machine). Used by tests/multihost/test_ray.py and benchmarks/ray_engine.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,16 +74,39 @@ def temp_dir(prefix: str) -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def start_node(hosts, i: int, log_path: Path, temp_dir: str, *, head: int = 0, cpus: float = 1,
-               env: Mapping[str, str] | None = None) -> subprocess.Popen:
+def start_node(
+    hosts,
+    i: int,
+    log_path: Path,
+    temp_dir: str,
+    *,
+    head: int = 0,
+    cpus: float = 1,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen:
     """A Ray node on host ``i`` (the cluster's head when ``i == head``) with ``cpus`` CPUs, its output
     in ``log_path`` and its files under ``temp_dir`` (short, and not /tmp/ray, where `ray.init("auto")`
     elsewhere on the machine would find this cluster)."""
-    role = (["--head", "--port", str(PORT), "--include-dashboard", "false"] if i == head
-            else ["--address", f"{hosts.address(head)}:{PORT}"])
-    argv = [str(RAY), "start", *role, "--node-ip-address", hosts.address(i), "--num-cpus", f"{cpus:g}",
-            "--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--temp-dir", temp_dir,
-            "--block"]
+    role = (
+        ["--head", "--port", str(PORT), "--include-dashboard", "false"]
+        if i == head
+        else ["--address", f"{hosts.address(head)}:{PORT}"]
+    )
+    argv = [
+        str(RAY),
+        "start",
+        *role,
+        "--node-ip-address",
+        hosts.address(i),
+        "--num-cpus",
+        f"{cpus:g}",
+        "--object-store-memory",
+        str(OBJECT_STORE_BYTES),
+        "--disable-usage-stats",
+        "--temp-dir",
+        temp_dir,
+        "--block",
+    ]
     environ = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0", "TORCH_CPP_LOG_LEVEL": "ERROR"}
     with open(log_path, "w") as log:
         return hosts.popen(i, argv, stdout=log, stderr=subprocess.STDOUT, env=environ)
@@ -111,11 +135,15 @@ def wait_raylet(hosts, i: int, node: subprocess.Popen, log_path: Path, timeout: 
         if pid is not None and STARTED in log_path.read_text(errors="replace"):
             return pid
         if time.monotonic() > deadline:
-            raise AssertionError(f"Ray node {i} not started within {timeout:g}s: {log_path.read_text()[-2000:]}")
+            raise AssertionError(
+                f"Ray node {i} not started within {timeout:g}s: {log_path.read_text()[-2000:]}"
+            )
         time.sleep(0.05)
 
 
-def start_and_wait(hosts, i: int, log_path: Path, temp: str, tries: int = 3, **kwargs) -> tuple[subprocess.Popen, int]:
+def start_and_wait(
+    hosts, i: int, log_path: Path, temp: str, tries: int = 3, **kwargs
+) -> tuple[subprocess.Popen, int]:
     """``start_node`` and ``wait_raylet``, again (up to ``tries`` times, each in a directory of its
     own) where `ray start` gives up: on a loaded machine a raylet may take longer to register than
     the 30 s `ray start` waits for it. The node's process and its raylet's pid."""

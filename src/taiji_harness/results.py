@@ -9,6 +9,7 @@ figures in the docs are always those of the latest run; earlier runs stay in git
 tests set it). A result without rows (a benchmark that skipped, saying why) is not recorded: it
 would replace figures with nothing.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -24,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "benchmarks" / "results"
 RESULTS_ENV = "TAIJI_BENCH_RESULTS"
-SOURCES = ("run", "transcribed")   # measured by this code, or copied from a dated written record
+SOURCES = ("run", "transcribed")  # measured by this code, or copied from a dated written record
 
 
 def results_dir() -> Path | None:
@@ -38,9 +39,12 @@ def results_dir() -> Path | None:
 
 def commit() -> str | None:
     """The checkout's short commit, ``+`` if it has uncommitted changes; None outside git."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
     try:
         head = git("rev-parse", "--short", "HEAD")
         dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
@@ -70,8 +74,10 @@ def machine() -> str:
     cuda = sys.modules.get("torch.cuda")
     if cuda is not None and cuda.is_available():
         torch += f", {cuda.device_count()} x {cuda.get_device_name(0)}"
-    return (f"{os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}{torch}")
+    return (
+        f"{os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}{torch}"
+    )
 
 
 def command(argv: list[str]) -> str:
@@ -86,8 +92,13 @@ def selection(argv: list[str]) -> str:
     """The cases a run was limited to (``--cases a,b``: ``a+b``; "" for a run of the default
     cases): a run of some cases is recorded beside, not over, a run of others."""
     for i, arg in enumerate(argv):
-        value = arg.split("=", 1)[1] if arg.startswith("--cases=") else argv[i + 1] if arg == "--cases" and \
-            i + 1 < len(argv) else None
+        value = (
+            arg.split("=", 1)[1]
+            if arg.startswith("--cases=")
+            else argv[i + 1]
+            if arg == "--cases" and i + 1 < len(argv)
+            else None
+        )
         if value is not None:
             return "+".join(sorted(c.strip() for c in value.split(",") if c.strip()))
     return ""
@@ -102,11 +113,16 @@ def record(result: dict, argv: list[str] | None = None) -> Path | None:
     if where is None or not result.get("rows"):
         return None
     argv = sys.argv if argv is None else argv
-    entry = {"benchmark": result["benchmark"], "source": "run",
-             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-             "commit": commit(), "machine": machine(),
-             "load_average": [round(x, 2) for x in os.getloadavg()],
-             "command": command(argv), "result": result}
+    entry = {
+        "benchmark": result["benchmark"],
+        "source": "run",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit(),
+        "machine": machine(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "command": command(argv),
+        "result": result,
+    }
     cases = selection(argv[1:]) or result.get("variant", "")
     if result.get("variant"):
         entry["variant"] = result["variant"]
@@ -125,9 +141,14 @@ def load_all(where: Path = RESULTS_DIR) -> list[dict]:
     entries = []
     for path in sorted(where.glob("*.json")):
         entry = json.loads(path.read_text())
-        missing = [key for key in ("benchmark", "source", "date", "commit", "machine", "command", "result")
-                   if key not in entry]
+        missing = [
+            key
+            for key in ("benchmark", "source", "date", "commit", "machine", "command", "result")
+            if key not in entry
+        ]
         if missing or entry["source"] not in SOURCES or entry["benchmark"] != path.stem.split(".")[0]:
-            raise ValueError(f"{path}: not a benchmark result (missing {missing}, source {entry.get('source')!r})")
+            raise ValueError(
+                f"{path}: not a benchmark result (missing {missing}, source {entry.get('source')!r})"
+            )
         entries.append(entry)
     return entries

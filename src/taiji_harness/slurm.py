@@ -8,6 +8,7 @@ stops them by pid (``EmulatedHosts.close`` then kills whatever the jobs left in 
 removes the configuration, so nothing is left on the machine, also after a failure.
 ``unavailable()`` says why a cluster cannot be made here (no Slurm, no munge, no root).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,20 +28,26 @@ CTLD_PORT, SLURMD_PORT = 6817, 6818  # each host is a network namespace of its o
 
 
 def _which(name: str) -> str | None:
-    return shutil.which(name) or next((f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK)), None)
+    return shutil.which(name) or next(
+        (f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK)), None
+    )
 
 
 def unavailable() -> str | None:
     """Why a Slurm cluster cannot be made here (None: it can)."""
     missing = [name for name in NEEDED if _which(name) is None]
     if missing:
-        return (f"missing: {', '.join(missing)} (`apt-get install slurm-wlm munge`; `make test` installs them "
-                "as root)")
+        return (
+            f"missing: {', '.join(missing)} (`apt-get install slurm-wlm munge`; `make test` installs them "
+            "as root)"
+        )
     return None
 
 
 def _config(name: str, controller: str, hosts: EmulatedHosts, root: Path, munge_socket: Path) -> str:
-    nodes = "\n".join(f"NodeName=n{i} NodeAddr={hosts.address(i)} CPUs=2 State=UNKNOWN" for i in range(hosts.n))
+    nodes = "\n".join(
+        f"NodeName=n{i} NodeAddr={hosts.address(i)} CPUs=2 State=UNKNOWN" for i in range(hosts.n)
+    )
     return f"""ClusterName={name}
 SlurmctldHost={controller}({hosts.address(0)})
 SlurmctldPort={CTLD_PORT}
@@ -97,14 +104,31 @@ class SlurmCluster:
         out = open(self.root / log, "w")
         try:
             if i is None:
-                proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen(
+                    list(argv), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
             else:  # not `ip netns exec`, which mounts a /sys without the cgroup file systems slurmd needs:
                 # only the network namespace, and a mount namespace with the host's /etc/hosts
                 hosts_file = Path("/etc/netns") / self.hosts.ns(i) / "hosts"
                 proc = subprocess.Popen(
-                    ["nsenter", f"--net=/run/netns/{self.hosts.ns(i)}", "unshare", "--mount", "--propagation",
-                     "private", "sh", "-c", f'mount --bind {hosts_file} /etc/hosts && exec "$@"', "sh", *argv],
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+                    [
+                        "nsenter",
+                        f"--net=/run/netns/{self.hosts.ns(i)}",
+                        "unshare",
+                        "--mount",
+                        "--propagation",
+                        "private",
+                        "sh",
+                        "-c",
+                        f'mount --bind {hosts_file} /etc/hosts && exec "$@"',
+                        "sh",
+                        *argv,
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=self.env,
+                )
         finally:
             out.close()
         self.daemons.append(proc)
@@ -118,9 +142,20 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         sock = munge / "munge.sock"
-        self._daemon(None, [_which("munged"), "-F", "-f", f"--socket={sock}", f"--key-file={key}",
-                            f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
-                            f"--seed-file={munge}/munged.seed"], "munged.out")
+        self._daemon(
+            None,
+            [
+                _which("munged"),
+                "-F",
+                "-f",
+                f"--socket={sock}",
+                f"--key-file={key}",
+                f"--pid-file={munge}/munged.pid",
+                f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/munged.seed",
+            ],
+            "munged.out",
+        )
         self._wait(sock.exists, 20, "munged's socket")
         for sub in ["state", *(f"spool/n{i}" for i in range(self.hosts.n))]:
             (root / sub).mkdir(parents=True)
@@ -143,7 +178,9 @@ class SlurmCluster:
         while not predicate():
             dead = [p.args for p in self.daemons if p.poll() is not None]
             if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"the Slurm cluster did not come up ({what}; exited: {dead}):\n{self.logs()}")
+                raise RuntimeError(
+                    f"the Slurm cluster did not come up ({what}; exited: {dead}):\n{self.logs()}"
+                )
             time.sleep(0.1)
 
     def _nodes_idle(self) -> bool:

@@ -9,6 +9,7 @@ and no two timing-sensitive tests ever run together.
 The main stream (the pure tests first) prints as it runs; the waiting stream's output goes to a file named at the start
 and is printed once both end. The exit status is the first failing stream's (pytest's "no tests
 collected", 5, counts as success for a stream when the other ran tests)."""
+
 from __future__ import annotations
 
 import signal
@@ -24,21 +25,23 @@ NO_TESTS = 5
 # browser) and assert no tight timing; tests/conftest.py marks them `waits`. The single tests used
 # at most 0.7 of a core while they ran (CPU seconds of the test and its processes / wall seconds, on
 # the 2-core machine), the others' 1.3-1.8: in the main stream the second core idled meanwhile.
-WAITS = frozenset({
-    "tests/multihost/test_sched_hosts.py",
-    "tests/multihost/test_sched_ray_nodes.py",
-    "tests/multihost/test_ray.py",
-    "tests/multihost/test_slurm.py",
-    "tests/integration/test_sched_daemon_procs.py",
-    "tests/integration/test_sched_suspend_procs.py",
-    "tests/integration/test_metrics_procs.py",
-    "tests/integration/test_docs.py",
-    "tests/integration/test_launcher.py::test_signal_to_launcher_stops_all_workers",
-    "tests/faults/test_elastic.py::test_resize_and_status_from_another_terminal",
-    "tests/faults/test_teardown.py::test_exit_while_an_old_version_is_being_torn_down",
-    "tests/multihost/test_hosts.py::test_a_store_nobody_serves_is_a_clear_error",
-    "tests/multihost/test_hosts.py::test_etcd_head_killed_an_agent_takes_over_and_training_goes_on",
-})
+WAITS = frozenset(
+    {
+        "tests/multihost/test_sched_hosts.py",
+        "tests/multihost/test_sched_ray_nodes.py",
+        "tests/multihost/test_ray.py",
+        "tests/multihost/test_slurm.py",
+        "tests/integration/test_sched_daemon_procs.py",
+        "tests/integration/test_sched_suspend_procs.py",
+        "tests/integration/test_metrics_procs.py",
+        "tests/integration/test_docs.py",
+        "tests/integration/test_launcher.py::test_signal_to_launcher_stops_all_workers",
+        "tests/faults/test_elastic.py::test_resize_and_status_from_another_terminal",
+        "tests/faults/test_teardown.py::test_exit_while_an_old_version_is_being_torn_down",
+        "tests/multihost/test_hosts.py::test_a_store_nobody_serves_is_a_clear_error",
+        "tests/multihost/test_hosts.py::test_etcd_head_killed_an_agent_takes_over_and_training_goes_on",
+    }
+)
 
 
 def waits(nodeid: str) -> bool:
@@ -82,8 +85,9 @@ def main(argv: list[str]) -> int:
     log = work / "waits.log"
     print(f"the tests marked `waits` run beside the others; their output: {log}", flush=True)
     with open(log, "w") as out:
-        side = subprocess.Popen([*pytest, "-m", "waits", "--basetemp", str(work / "tmp")],
-                                stdout=out, stderr=subprocess.STDOUT)
+        side = subprocess.Popen(
+            [*pytest, "-m", "waits", "--basetemp", str(work / "tmp")], stdout=out, stderr=subprocess.STDOUT
+        )
         try:
             main_rc = subprocess.call([*pytest, "-m", "not waits", *main_paths(argv)])
             side_rc = side.wait()

@@ -6,6 +6,7 @@ by the fault tests (`run_elastic`, `check_invariants`); test modules import it a
 ``from taiji_harness.testing import ...``. Test modules never import each other: whatever two of
 them share lives here.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -73,8 +74,9 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def run_threads(n: int, fn: Callable[[Peer], Any], *, timeout: float = 5.0,
-                join_timeout: float = 60.0) -> list[Any]:
+def run_threads(
+    n: int, fn: Callable[[Peer], Any], *, timeout: float = 5.0, join_timeout: float = 60.0
+) -> list[Any]:
     """Run ``fn(peer)`` on ``n`` ranks as threads; return results by rank, re-raise the first error.
 
     Each rank gets its own store client and Peer (collective timeout ``timeout``), so a rank
@@ -92,8 +94,13 @@ def run_threads(n: int, fn: Callable[[Peer], Any], *, timeout: float = 5.0,
     errors: list[tuple[int, BaseException, str]] = []
 
     def body(rank: int) -> None:
-        peer = Peer(connect_store("127.0.0.1", server.port), JobStore(server, "threads"), f"w{rank}",
-                    config, PeerOptions(timeout=timeout))
+        peer = Peer(
+            connect_store("127.0.0.1", server.port),
+            JobStore(server, "threads"),
+            f"w{rank}",
+            config,
+            PeerOptions(timeout=timeout),
+        )
         try:
             results[rank] = fn(peer)
         except BaseException as exc:  # reported to the test below
@@ -115,9 +122,15 @@ def run_threads(n: int, fn: Callable[[Peer], Any], *, timeout: float = 5.0,
     return results
 
 
-def taiji_run(nproc: int, command: Sequence[str], *, timeout: float = 120.0,
-              extra: Sequence[str] = (), env: dict[str, str] | None = None,
-              cwd: Path | None = None) -> subprocess.CompletedProcess:
+def taiji_run(
+    nproc: int,
+    command: Sequence[str],
+    *,
+    timeout: float = 120.0,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``taiji run -np nproc [extra] -- command`` and return its completed process.
 
     The launcher runs in its own session; on timeout (or any error) the whole session is
@@ -125,8 +138,15 @@ def taiji_run(nproc: int, command: Sequence[str], *, timeout: float = 120.0,
     """
     args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(nproc), *extra, "--", *command]
     environ = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=environ, cwd=str(cwd or REPO), start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+        cwd=str(cwd or REPO),
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -169,14 +189,24 @@ def committed_steps(out: Path, worker: str = "w0") -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def run_elastic(tmp_path: Path, nproc: int, *script_args: str, launcher_args: Sequence[str] = (),
-                faults: list[dict] | None = None, batch: int = 16,
-                timeout: float = 200) -> subprocess.CompletedProcess:
+def run_elastic(
+    tmp_path: Path,
+    nproc: int,
+    *script_args: str,
+    launcher_args: Sequence[str] = (),
+    faults: list[dict] | None = None,
+    batch: int = 16,
+    timeout: float = 200,
+) -> subprocess.CompletedProcess:
     """``taiji run -np nproc`` on elastic_train.py writing into ``tmp_path``, with TAIJI_FAULTS."""
     env = {"TAIJI_FAULTS": json.dumps(faults)} if faults else {}
-    return taiji_run(nproc, [sys.executable, ELASTIC_SCRIPT, str(tmp_path), "--batch", str(batch), *script_args],
-                     extra=["--timeout", "3", "--run-dir", str(tmp_path / "run"), *launcher_args], env=env,
-                     timeout=timeout)
+    return taiji_run(
+        nproc,
+        [sys.executable, ELASTIC_SCRIPT, str(tmp_path), "--batch", str(batch), *script_args],
+        extra=["--timeout", "3", "--run-dir", str(tmp_path / "run"), *launcher_args],
+        env=env,
+        timeout=timeout,
+    )
 
 
 def check_invariants(out: Path, batch: int, policy: str = "") -> dict:
@@ -196,26 +226,35 @@ def merge_runs(runs: Sequence[tuple[Path, int, int]], into: Path) -> None:
     in [from, to), the steps that count once the job resumed, merged into ``into`` (with the last
     run's final.pt) for ``check_invariants``."""
     import shutil
+
     into.mkdir()
     for log in sorted({p.name for out, _, _ in runs for p in out.glob("w*.jsonl")}):
-        lines = [ln for out, lo, hi in runs if (out / log).exists() for ln in (out / log).read_text().splitlines()
-                 if lo <= json.loads(ln)["step"] < hi]
+        lines = [
+            ln
+            for out, lo, hi in runs
+            if (out / log).exists()
+            for ln in (out / log).read_text().splitlines()
+            if lo <= json.loads(ln)["step"] < hi
+        ]
         (into / log).write_text("".join(ln + "\n" for ln in lines))
     shutil.copy(runs[-1][0] / "final.pt", into / "final.pt")
 
 
 # -- SyncSGD equivalence with one worker (tests/scripts/train_equiv.py) ------------------------------
 
+
 def train_equiv_reference(steps: int, batch: int, dtype: Any = None) -> tuple:
     """train_equiv.train on one solo worker: (params, momenta, consumed indices per step)."""
     import torch
     from taiji.runtime.peer import Peer
+
     return load_script("train_equiv").train(Peer.solo(), steps, batch, dtype or torch.float64)
 
 
 def assert_close_to_reference(results: Sequence[tuple], ref: tuple, rtol: float, atol: float) -> None:
     """Replicas bitwise identical to each other, and close to the one-worker reference ``ref``."""
     import torch
+
     ref_params, ref_momenta, _ = ref
     first = results[0]
     for params, momenta, _ in results:
@@ -231,11 +270,13 @@ def classification_data(n: int):
     """A small seeded 4-feature, 3-class data set (a TensorDataset)."""
     import torch
     from torch.utils.data import TensorDataset
+
     g = torch.Generator().manual_seed(3)
     return TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g))
 
 
 # -- what a process tree listens on (issue 15: servers bind only the address they are given) --------
+
 
 def _descendants(pid: int) -> list[int]:
     found, todo = [], [pid]
@@ -293,8 +334,9 @@ def _decode_address(hex_address: str) -> str:
     raw = bytes.fromhex(host)
     if len(raw) == 4:
         return f"{'.'.join(str(b) for b in raw[::-1])}:{int(port, 16)}"
-    words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]  # /proc prints each 32-bit word host-endian
+    words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]  # /proc prints each 32-bit word host-endian
     import ipaddress
+
     return f"[{ipaddress.IPv6Address(b''.join(words))}]:{int(port, 16)}"
 
 
@@ -312,6 +354,7 @@ def listening_addresses(pid: int) -> list[str]:
 
 # -- a play-shaped corpus for the Shakespeare loader and example ---------------------------------------
 
+
 def random_play(seed: int, speeches: int) -> str:
     """A play-shaped Markdown file of ``speeches`` speeches (what the elastic example test trains on)."""
     rng = random.Random(seed)
@@ -319,15 +362,19 @@ def random_play(seed: int, speeches: int) -> str:
     lines = [f"# Play {seed}", ""]
     for _ in range(speeches):
         lines += [f"**{rng.choice(['HAMLET', 'OPHELIA', 'LEAR'])}**  "]
-        lines += [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + ",  " for _ in range(2)] + [""]
+        lines += [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + ",  " for _ in range(2)] + [
+            ""
+        ]
     return "\n".join(lines) + "\n"
 
 
 # -- the pure membership controller, event by event (tests/unit/test_controller*.py, test_hosts_control.py)
 
+
 def feed(state, *events, now=0.0):
     """Feed ``events`` to ``taiji.cluster.controller.decide`` at time ``now``: (state, all actions)."""
     from taiji.cluster.controller import decide
+
     actions = []
     for event in events:
         state, more = decide(state, event, now)
@@ -341,6 +388,7 @@ def actions_of(actions, kind):
 
 # -- jobs across emulated hosts (taiji_harness/netns.py; issue 15) --------------------------------------
 
+
 class HostsJob:
     """`taiji run` on emulated host ``home`` (0 by default) and `taiji join` agents on the others,
     each writing its output to a file under ``out``; ``wait_log`` waits for a line of the
@@ -350,8 +398,9 @@ class HostsJob:
 
     def __init__(self, hosts, out: Path, job_id: str = "jmh", store: str = "tcp", home: int = 0):
         self.hosts, self.out, self.job_id, self.store, self.home = hosts, out, job_id, store, home
-        self.env = dict(os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1",
-                        TORCH_CPP_LOG_LEVEL="ERROR")
+        self.env = dict(
+            os.environ, TAIJI_HOME=str(out / "home"), PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR"
+        )
         self.launcher: subprocess.Popen | None = None
         self.agents: dict[int, subprocess.Popen] = {}
 
@@ -368,26 +417,67 @@ class HostsJob:
         """``timeout``: the collective timeout (short by default, so a test that would wait for
         it fails fast; long where a test shows that nothing waits for it)."""
         cli = [sys.executable, "-m", "taiji.launch.cli"]
-        args = [*cli, "run", *launcher_args, "--store", self.store, "--host", self.head, "--port", str(self.PORT),
-                "--job-id", self.job_id,
-                "--timeout", f"{timeout:g}", "--liveness-timeout", "2", "--run-dir", str(self.out / "run"),
-                "--", sys.executable, ELASTIC_SCRIPT, str(self.out), *script_args]
+        args = [
+            *cli,
+            "run",
+            *launcher_args,
+            "--store",
+            self.store,
+            "--host",
+            self.head,
+            "--port",
+            str(self.PORT),
+            "--job-id",
+            self.job_id,
+            "--timeout",
+            f"{timeout:g}",
+            "--liveness-timeout",
+            "2",
+            "--run-dir",
+            str(self.out / "run"),
+            "--",
+            sys.executable,
+            ELASTIC_SCRIPT,
+            str(self.out),
+            *script_args,
+        ]
         with open(self.out / "launcher.log", "w") as log:
-            self.launcher = self.hosts.popen(self.home, args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            self.launcher = self.hosts.popen(
+                self.home, args, stdout=log, stderr=subprocess.STDOUT, env=self.env
+            )
         wait_for(self.secret_file.exists, 60, "the launcher to write the job's secret file")
 
-    def join(self, i: int, slots: int, secret_file: Path | None = None, extra: Sequence[str] = ()) -> subprocess.Popen:
-        where = {"tcp": f"{self.head}:{self.PORT}", "etcd": f"etcd://{self.head}:{self.PORT}"}.get(self.store, self.store)
-        args = [sys.executable, "-m", "taiji.launch.cli", "join", f"{self.job_id}@{where}",
-                "--secret-file", str(secret_file or self.secret_file), "--nproc-per-node", str(slots),
-                "--host", self.hosts.address(i), "--timeout", "5", *extra]
+    def join(
+        self, i: int, slots: int, secret_file: Path | None = None, extra: Sequence[str] = ()
+    ) -> subprocess.Popen:
+        where = {"tcp": f"{self.head}:{self.PORT}", "etcd": f"etcd://{self.head}:{self.PORT}"}.get(
+            self.store, self.store
+        )
+        args = [
+            sys.executable,
+            "-m",
+            "taiji.launch.cli",
+            "join",
+            f"{self.job_id}@{where}",
+            "--secret-file",
+            str(secret_file or self.secret_file),
+            "--nproc-per-node",
+            str(slots),
+            "--host",
+            self.hosts.address(i),
+            "--timeout",
+            "5",
+            *extra,
+        ]
         with open(self.out / f"agent{i}.log", "w") as log:
             self.agents[i] = self.hosts.popen(i, args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         return self.agents[i]
 
     def commits(self) -> list[dict]:
         """Every worker's committed steps (tests/scripts/elastic_train.py's records), by time."""
-        records = [json.loads(line) for path in self.out.glob("w*.jsonl") for line in path.read_text().splitlines()]
+        records = [
+            json.loads(line) for path in self.out.glob("w*.jsonl") for line in path.read_text().splitlines()
+        ]
         return sorted(records, key=lambda r: r["time"])
 
     def resumed_after(self, since: float, size: int) -> float:
@@ -403,9 +493,11 @@ class HostsJob:
     def wait_log(self, text: str, timeout: float = 90, name: str = "launcher") -> None:
         def seen() -> bool:
             if self.launcher is not None and self.launcher.poll() is not None and text not in self.log(name):
-                raise AssertionError(f"the launcher exited ({self.launcher.returncode}) before {text!r}:\n"
-                                     f"{self.log()[-4000:]}")
+                raise AssertionError(
+                    f"the launcher exited ({self.launcher.returncode}) before {text!r}:\n{self.log()[-4000:]}"
+                )
             return text in self.log(name)
+
         wait_for(seen, timeout, f"{text!r} in {name}.log")
 
     def finish(self, timeout: float = 180) -> int:
@@ -413,4 +505,6 @@ class HostsJob:
         try:
             return self.launcher.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"the launcher did not finish within {timeout}s:\n{self.log()[-4000:]}") from None
+            raise AssertionError(
+                f"the launcher did not finish within {timeout}s:\n{self.log()[-4000:]}"
+            ) from None

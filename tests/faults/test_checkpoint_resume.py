@@ -8,6 +8,7 @@ three runs, and the end matches an uninterrupted 1-worker run.
 A worker SIGKILLed while a checkpoint is being written leaves it invisible: the previous one loads.
 Every launcher runs in its own session with a hard timeout; every process is reaped.
 """
+
 import json
 import os
 import random
@@ -17,7 +18,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from taiji_harness.testing import ELASTIC_SCRIPT, REPO, check_invariants, committed_steps, kill_job, merge_runs, wait_for
+from taiji_harness.testing import (
+    ELASTIC_SCRIPT,
+    REPO,
+    check_invariants,
+    committed_steps,
+    kill_job,
+    merge_runs,
+    wait_for,
+)
 
 from taiji.checkpoint.storage import Storage
 
@@ -27,12 +36,42 @@ STEPS, BATCH = 36, 16
 
 def _start(out: Path, ck: Path, nproc: int, *extra: str) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", str(nproc), "--timeout", "3",
-            "--checkpoint-dir", str(ck), "--checkpoint-every", "4", "--run-dir", str(out / "run"), *extra,
-            "--", sys.executable, ELASTIC_SCRIPT, str(out), "--steps", str(STEPS), "--batch", str(BATCH),
-            "--step-delay", "0.03"]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO),
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+    args = [
+        sys.executable,
+        "-m",
+        "taiji.launch.cli",
+        "run",
+        "-np",
+        str(nproc),
+        "--timeout",
+        "3",
+        "--checkpoint-dir",
+        str(ck),
+        "--checkpoint-every",
+        "4",
+        "--run-dir",
+        str(out / "run"),
+        *extra,
+        "--",
+        sys.executable,
+        ELASTIC_SCRIPT,
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--batch",
+        str(BATCH),
+        "--step-delay",
+        "0.03",
+    ]
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(REPO),
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        start_new_session=True,
+    )
 
 
 def _kill_all(launcher: subprocess.Popen) -> None:
@@ -42,7 +81,9 @@ def _kill_all(launcher: subprocess.Popen) -> None:
 
 
 def _records(out: Path) -> dict[int, str]:
-    return {json.loads(ln)["step"]: json.loads(ln)["digest"] for ln in (out / "w0.jsonl").read_text().splitlines()}
+    return {
+        json.loads(ln)["step"]: json.loads(ln)["digest"] for ln in (out / "w0.jsonl").read_text().splitlines()
+    }
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:
@@ -64,8 +105,11 @@ def test_killed_then_preempted_job_resumes_exactly_once_bitwise_and_at_another_s
     ck = tmp_path / "ck"
     a = _start(tmp_path / "a", ck, 2)
     try:
-        wait_for(lambda: committed_steps(tmp_path / "a") >= kill_after or a.poll() is not None, 90,
-                 f"{kill_after} committed steps")
+        wait_for(
+            lambda: committed_steps(tmp_path / "a") >= kill_after or a.poll() is not None,
+            90,
+            f"{kill_after} committed steps",
+        )
     finally:
         _kill_all(a)
     killed_at = Storage(str(ck)).listing().latest
@@ -85,7 +129,9 @@ def test_killed_then_preempted_job_resumes_exactly_once_bitwise_and_at_another_s
     both = sorted(set(redone) & set(first))
     assert both and all(redone[s] == first[s] for s in both), "a redone step differs from its first run"
     stopped_at = Storage(str(ck)).listing().latest
-    assert stopped_at == max(redone) + 1, f"the final checkpoint ({stopped_at}) is not at the stop ({max(redone)})"
+    assert stopped_at == max(redone) + 1, (
+        f"the final checkpoint ({stopped_at}) is not at the stop ({max(redone)})"
+    )
     assert f"resumable from {ck}/step-{stopped_at:08d}" in out and "Traceback" not in out, out[-4000:]
     events = [json.loads(ln) for ln in (tmp_path / "b" / "run" / "events.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "resume" and e["step"] == killed_at for e in events), events
@@ -94,8 +140,14 @@ def test_killed_then_preempted_job_resumes_exactly_once_bitwise_and_at_another_s
     out = _finish(c)
     assert c.returncode == 0, out[-4000:]
     assert min(_records(tmp_path / "c")) == stopped_at, "nothing is redone after a preemption notice"
-    merge_runs([(tmp_path / "a", 0, killed_at), (tmp_path / "b", killed_at, stopped_at),
-            (tmp_path / "c", stopped_at, STEPS)], tmp_path / "merged")
+    merge_runs(
+        [
+            (tmp_path / "a", 0, killed_at),
+            (tmp_path / "b", killed_at, stopped_at),
+            (tmp_path / "c", stopped_at, STEPS),
+        ],
+        tmp_path / "merged",
+    )
     result = check_invariants(tmp_path / "merged", BATCH)  # exactly once; the 1-worker trajectory
     assert result["steps"] == STEPS and result["sizes"] == [2, 3], (kill_after, killed_at, stopped_at, result)
 
@@ -120,19 +172,32 @@ def test_sigkill_during_a_write_leaves_the_previous_checkpoint_the_one_that_load
     """A worker that checkpoints every step is SIGKILLed as soon as a checkpoint directory exists
     that is not complete (a write in flight): that one stays invisible, the previous one loads."""
     root = tmp_path / "ck"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(root)], cwd=str(REPO), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(root)],
+        cwd=str(REPO),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     storage = Storage(str(root))
     try:
-        wait_for(lambda: proc.poll() is not None or (storage.listing().latest is not None
-                                                     and storage.listing().incomplete), 60,
-                 "a complete checkpoint and a later one being written")
+        wait_for(
+            lambda: (
+                proc.poll() is not None
+                or (storage.listing().latest is not None and storage.listing().incomplete)
+            ),
+            60,
+            "a complete checkpoint and a later one being written",
+        )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     listing = storage.listing()
-    assert listing.incomplete and listing.latest is not None and listing.incomplete[-1] > listing.latest, listing
+    assert listing.incomplete and listing.latest is not None and listing.incomplete[-1] > listing.latest, (
+        listing
+    )
     import torch
     from taiji.checkpoint.reader import load_checkpoint
+
     model = torch.nn.Linear(2048, 2048)
     assert load_checkpoint(str(root), model)["step"] == listing.latest

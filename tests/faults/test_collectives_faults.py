@@ -1,6 +1,7 @@
 """Collectives across real processes with a rank killed (-9) or hung (SIGSTOP) mid-job, which
 the others must see as a CommError within the timeout (tests/scripts/collectives_worker.py, started
 as plain subprocesses against a store the test hosts)."""
+
 import json
 import os
 import signal
@@ -27,13 +28,34 @@ def test_killed_or_hung_rank_becomes_comm_error(tmp_path, fault):
     procs = []
     try:
         for r in range(n):
-            environ = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **{
-                env.JOB_ID.name: "faults", env.WORKER_ID.name: f"w{r}",
-                env.STORE_PORT.name: str(server.port), env.TIMEOUT.name: str(timeout)})
-            procs.append(subprocess.Popen([sys.executable, WORKER, "fault", str(tmp_path)], env=environ,
-                                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        wait_for(lambda: all((tmp_path / f"ready{r}").exists() for r in range(n))
-                 or any(p.poll() is not None for p in procs), 60, "workers to connect")
+            environ = dict(
+                os.environ,
+                PYTHONUNBUFFERED="1",
+                OMP_NUM_THREADS="1",
+                **{
+                    env.JOB_ID.name: "faults",
+                    env.WORKER_ID.name: f"w{r}",
+                    env.STORE_PORT.name: str(server.port),
+                    env.TIMEOUT.name: str(timeout),
+                },
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, WORKER, "fault", str(tmp_path)],
+                    env=environ,
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        wait_for(
+            lambda: (
+                all((tmp_path / f"ready{r}").exists() for r in range(n))
+                or any(p.poll() is not None for p in procs)
+            ),
+            60,
+            "workers to connect",
+        )
         assert all(p.poll() is None for p in procs), [p.stdout.read() for p in procs if p.poll() is not None]
         os.kill(procs[victim].pid, getattr(signal, fault))
         server.set("test/go", "1")

@@ -8,6 +8,7 @@ commit, so the audit saw its draw uncommitted while w0 had committed that step, 
 it. The first test puts the kill exactly in that window (fault phase ``commit``); the second
 repeats the benchmark's own kill at a random moment, ``TAIJI_KILL_JOIN_RUNS`` times (default 2).
 """
+
 import os
 import shutil
 import tempfile

@@ -1,5 +1,6 @@
 """Every failure path of the runtime's Transitions/StepEngine, with ranks as threads and
 injected collective failures (see taiji_harness/injector.py): each runs in well under a second."""
+
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ GROWN = 300  # steps of a run that waits for a published change: long enough for
 def train(record: dict, steps: int = STEPS, hold=None, **job_kw):
     """A worker's body: a Job over the tiny data set, recording what each committed step trained.
     ``hold(step_index)`` runs after each commit (to keep members training until the test acts)."""
+
     def body(peer):
         model, opt, data = tiny_job_parts()
         seen = record.setdefault(peer.worker_id, {})
@@ -30,24 +32,45 @@ def train(record: dict, steps: int = STEPS, hold=None, **job_kw):
             seen[step.index] = (step.indices.tolist(), step.span)
             # which cluster committed it, and whether its control rows brought the shares of |ḡ|²
             record.setdefault("paired", {}).setdefault(peer.worker_id, {})[step.index] = (
-                peer.version, job.stats.previous_global_sqnorm is not None)
+                peer.version,
+                job.stats.previous_global_sqnorm is not None,
+            )
             if hold is not None:
                 hold(step.index)
-        job = taiji.Job(model, opt, data, BATCH, max_steps=steps, epochs=100, peer=peer, log_every=0,
-                        recovery_timeout=job_kw.pop("recovery_timeout", 5.0), on_commit=committed, **job_kw)
+
+        job = taiji.Job(
+            model,
+            opt,
+            data,
+            BATCH,
+            max_steps=steps,
+            epochs=100,
+            peer=peer,
+            log_every=0,
+            recovery_timeout=job_kw.pop("recovery_timeout", 5.0),
+            on_commit=committed,
+            **job_kw,
+        )
         for step in job:
             x, y = step.batch
             step.backward(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
-        return {"digest": digest(list(model.parameters()) + [s for st in opt.state.values() for s in st.values()
-                                                            if torch.is_tensor(s)]),
-                "step": job.progress.step, "transitions": job.transitions,
-                "params": [p.detach().clone() for p in model.parameters()]}
+        return {
+            "digest": digest(
+                list(model.parameters())
+                + [s for st in opt.state.values() for s in st.values() if torch.is_tensor(s)]
+            ),
+            "step": job.progress.step,
+            "transitions": job.transitions,
+            "params": [p.detach().clone() for p in model.parameters()],
+        }
+
     return body
 
 
 def solo_params(steps: int) -> list[torch.Tensor]:
     """The uninterrupted one-worker trajectory the survivors must reproduce (same global batches)."""
     from taiji.runtime.peer import Peer
+
     return train({}, steps=steps)(Peer.solo())["params"]
 
 
@@ -71,15 +94,20 @@ def until_version(cluster, version: int, at_step: int):
     """A ``hold`` that keeps a worker at ``at_step`` until the test publishes ``version``. (The
     workers notice a new version within the watcher's poll interval: a run must last longer than
     that after the hold, or it may end before the change lands.)"""
+
     def hold(index: int) -> None:
         if index == at_step:
             cluster.store.wait_for_version(version, 20)
+
     return hold
 
 
-def lose_everywhere(dead: str, others: list[str], version: int, channel: str, op: str, nth: int) -> list[Inject]:
+def lose_everywhere(
+    dead: str, others: list[str], version: int, channel: str, op: str, nth: int
+) -> list[Inject]:
     return [Inject(dead, version, channel, op, nth, "die")] + [
-        Inject(w, version, channel, op, nth, "lose") for w in others]
+        Inject(w, version, channel, op, nth, "lose") for w in others
+    ]
 
 
 def test_peer_lost_mid_allreduce_recovers_and_retries_the_step():
@@ -105,8 +133,11 @@ def test_timeout_in_the_control_message_recovers(sent, monkeypatch):
         monkeypatch.setattr(taiji.SyncSGD, "carry", lambda self, width, row_of: False)
     if sent == "compact":
         monkeypatch.setenv("TAIJI_CONTROL_COMPACT_AT", "2")
-    channel, op = {"carried": ("grad", "allreduce"), "own": ("ctrl", "allgather"),
-                   "compact": ("ctrl", "allreduce")}[sent]
+    channel, op = {
+        "carried": ("grad", "allreduce"),
+        "own": ("ctrl", "allgather"),
+        "compact": ("ctrl", "allreduce"),
+    }[sent]
     injector = Injector([Inject("w1", 1, channel, op, 3, "die"), Inject("w0", 1, channel, op, 3, "timeout")])
     cluster, record = ThreadCluster(2, injector), {}
     for w in ("w0", "w1"):
@@ -119,8 +150,10 @@ def test_timeout_in_the_control_message_recovers(sent, monkeypatch):
 
 def test_failure_during_state_sync_is_a_second_recovery():
     # w3 dies at step 2 (v1); while the survivors sync on v2, w2 dies too: they recover again on v3
-    injector = Injector(lose_everywhere("w3", ["w0", "w1", "w2"], 1, "grad", "allreduce", 3)
-                        + lose_everywhere("w2", ["w0", "w1"], 2, "ctrl", "allgather", 1))
+    injector = Injector(
+        lose_everywhere("w3", ["w0", "w1", "w2"], 1, "grad", "allreduce", 3)
+        + lose_everywhere("w2", ["w0", "w1"], 2, "ctrl", "allgather", 1)
+    )
     cluster, record = ThreadCluster(4, injector), {}
     for w in ("w0", "w1", "w2", "w3"):
         cluster.start(w, train(record))
@@ -128,20 +161,27 @@ def test_failure_during_state_sync_is_a_second_recovery():
     results = cluster.join()
     assert cluster.died == {"w2", "w3"}
     check_invariants(results, record, ["w0", "w1"])
-    assert [t["to_version"] for t in results["w0"]["transitions"]] == [3]  # v2's sync failed: straight on to v3
+    assert [t["to_version"] for t in results["w0"]["transitions"]] == [
+        3
+    ]  # v2's sync failed: straight on to v3
 
 
 def test_second_failure_while_retrying_the_failed_step():
     # w2 dies at step 4 (v1); on v2 the retried step 4 loses w1 as well: w0 finishes alone
-    injector = Injector(lose_everywhere("w2", ["w0", "w1"], 1, "grad", "allreduce", 5)
-                        + lose_everywhere("w1", ["w0"], 2, "grad", "allreduce", 1))
+    injector = Injector(
+        lose_everywhere("w2", ["w0", "w1"], 1, "grad", "allreduce", 5)
+        + lose_everywhere("w1", ["w0"], 2, "grad", "allreduce", 1)
+    )
     cluster, record = ThreadCluster(3, injector), {}
     for w in ("w0", "w1", "w2"):
         cluster.start(w, train(record))
     cluster.launcher()
     results = cluster.join()
     check_invariants(results, record, ["w0"])
-    assert [(t["from_size"], t["to_size"], t["step"]) for t in results["w0"]["transitions"]] == [(3, 2, 4), (2, 1, 4)]
+    assert [(t["from_size"], t["to_size"], t["step"]) for t in results["w0"]["transitions"]] == [
+        (3, 2, 4),
+        (2, 1, 4),
+    ]
 
 
 def test_failure_during_a_grow_transition_recovers_with_the_joiner():
@@ -156,6 +196,7 @@ def test_failure_during_a_grow_transition_recovers_with_the_joiner():
     cluster.kv.wait([cluster.store.key("worker/w2/ready")], __import__("datetime").timedelta(seconds=10))
     cluster.launcher()
     from taiji.cluster import spec
+
     cluster.publish(spec.grow(cluster.config, [spec.WorkerSpec("w2")]))
     results = cluster.join()
     assert cluster.died == {"w1"}
@@ -181,6 +222,7 @@ def test_a_worker_left_out_of_a_shrink_exits_0_at_the_boundary():
         cluster.start(w, train(record, steps=GROWN, hold=until_shrunk))
     cluster.store.wait_for_version(1, 5)
     from taiji.cluster import spec
+
     cluster.publish(spec.shrink(cluster.config, 2))
     results = cluster.join()
     assert results["w2"] == ("exit", 0)
@@ -205,9 +247,20 @@ def test_batchnorm_buffers_stay_identical_and_a_failed_attempt_leaves_them_untou
         _, _, data = tiny_job_parts()
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         hashes, at_step_3 = {}, []
-        job = taiji.Job(model, opt, data, BATCH, max_steps=STEPS, epochs=100, peer=peer, log_every=0,
-                        recovery_timeout=5.0, on_commit=lambda step: hashes.__setitem__(
-                            step.index, tensor_hash(list(model.buffers()) + list(model.parameters()))))
+        job = taiji.Job(
+            model,
+            opt,
+            data,
+            BATCH,
+            max_steps=STEPS,
+            epochs=100,
+            peer=peer,
+            log_every=0,
+            recovery_timeout=5.0,
+            on_commit=lambda step: hashes.__setitem__(
+                step.index, tensor_hash(list(model.buffers()) + list(model.parameters()))
+            ),
+        )
         for step in job:
             if step.index == 3:  # its first attempt fails: the retry must start from the same statistics
                 at_step_3.append(tensor_hash(list(model.buffers())))
@@ -225,7 +278,9 @@ def test_batchnorm_buffers_stay_identical_and_a_failed_attempt_leaves_them_untou
     results = cluster.join()
     (h0, at_step_3, buffers0), (h1, _, _) = results["w0"], results["w1"]
     assert h0 == h1 and len(h0) == STEPS, "replicas' buffers or parameters differ after a committed step"
-    assert len(at_step_3) == 2 and at_step_3[0] == at_step_3[1], "the failed attempt's forward leaked into the retry"
+    assert len(at_step_3) == 2 and at_step_3[0] == at_step_3[1], (
+        "the failed attempt's forward leaked into the retry"
+    )
     assert float(buffers0[0].abs().sum()) > 0, "the running mean never moved: the test measures nothing"
 
 
@@ -234,9 +289,13 @@ def test_a_worker_whose_attempt_failed_adopts_the_step_its_peers_committed(tmp_p
     which writes the run log) is told its attempt failed after the last bucket; w1 and w2 then fail
     in step 6. After the sync w0 holds step 5's commit: it adopts it — on_commit fires for it, its
     run log has the row, its progress counts it — exactly as on its peers."""
-    injector = Injector([Inject("w0", 1, "grad", "allreduce", 6, "lose_after"),
-                         Inject("w1", 1, "grad", "allreduce", 7, "lose"),
-                         Inject("w2", 1, "grad", "allreduce", 7, "lose")])
+    injector = Injector(
+        [
+            Inject("w0", 1, "grad", "allreduce", 6, "lose_after"),
+            Inject("w1", 1, "grad", "allreduce", 7, "lose"),
+            Inject("w2", 1, "grad", "allreduce", 7, "lose"),
+        ]
+    )
     cluster, record = ThreadCluster(3, injector), {}
     for w in ("w0", "w1", "w2"):
         cluster.start(w, train(record, steps=10, run_dir=str(tmp_path)))
@@ -247,7 +306,9 @@ def test_a_worker_whose_attempt_failed_adopts_the_step_its_peers_committed(tmp_p
     assert sorted(record["w0"]) == list(range(10)), "on_commit did not fire for the adopted step"
     check_invariants(results, record, ["w0", "w1", "w2"], steps=10)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if r["step"] in (4, 5, 6)] == [4, 5, 6], "the run log skips the adopted step"
+    assert [r["step"] for r in rows if r["step"] in (4, 5, 6)] == [4, 5, 6], (
+        "the run log skips the adopted step"
+    )
     assert [t["reason"] for t in results["w0"]["transitions"]] == ["failure"]
 
 
@@ -263,6 +324,7 @@ def test_a_version_that_lost_a_member_is_abandoned_at_once_not_at_the_collective
             frozen.set()
             cut.wait(60)
             raise WorkerDied("w2 was cut off")
+
     cluster.start("w0", train(record, steps=12, hold=lambda index: index == 11 and cut.set()))
     cluster.start("w1", train(record, steps=12))
     cluster.start("w2", train(record, steps=12, hold=freeze))

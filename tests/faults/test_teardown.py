@@ -12,6 +12,7 @@ it re-takes the GIL, the forced unwind meets the noexcept pybind11 destructor an
 The children below are real interpreters that exit normally (finalization, atexit), each rank a
 thread with its own store client, as ``taiji_harness.testing.run_threads`` does.
 """
+
 from __future__ import annotations
 
 import os
@@ -123,8 +124,13 @@ CHILD = textwrap.dedent('''
 def run_child(tmp_path, *args: str, timeout: float = 40.0) -> subprocess.CompletedProcess:
     script = tmp_path / "teardown_child.py"
     script.write_text(CHILD)
-    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -163,12 +169,14 @@ def _pair(port: int, version: int, timeout: float):
     import torch.distributed as dist
 
     from taiji.comm.communicator import CommOptions, Communicator
+
     comms = [None, None]
 
     def build(r):
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
         comms[r] = Communicator(store, r, 2, version, CommOptions(timeout=timeout))
         comms[r].connect()
+
     threads = [threading.Thread(target=build, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
@@ -181,9 +189,11 @@ def _pair(port: int, version: int, timeout: float):
 @pytest.fixture
 def store_port():
     import torch.distributed as dist
+
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     yield master.port
     from taiji.comm.communicator import reap_closed_groups
+
     reap_closed_groups()
 
 

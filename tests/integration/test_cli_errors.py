@@ -1,5 +1,6 @@
 """What taiji's commands print when they cannot go on: one line that says what failed and what to
 do — never torch's C++ log lines and stack frames, nor wording meant for workers."""
+
 from __future__ import annotations
 
 import os
@@ -22,9 +23,27 @@ def _closed_port() -> int:
 
 def _join(tmp_path, target: str, secret_file) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}  # as a user's shell has it
-    return subprocess.run([sys.executable, "-m", "taiji.launch.cli", "join", target, "--secret-file", str(secret_file),
-                           "--nproc-per-node", "1", "--host", "127.0.0.1", "--timeout", "1"],
-                          capture_output=True, text=True, timeout=90, env=dict(env, TAIJI_HOME=str(tmp_path)))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "taiji.launch.cli",
+            "join",
+            target,
+            "--secret-file",
+            str(secret_file),
+            "--nproc-per-node",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--timeout",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=dict(env, TAIJI_HOME=str(tmp_path)),
+    )
 
 
 def test_an_unreachable_store_is_one_clear_line(tmp_path):

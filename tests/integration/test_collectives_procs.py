@@ -1,5 +1,6 @@
 """Collectives across real processes launched by `taiji run` (tests/scripts/collectives_worker.py).
 A rank killed or hung mid-job: tests/faults/test_collectives_faults.py."""
+
 import sys
 
 import pytest

@@ -3,6 +3,7 @@ a docstring that does not render fails it); the CLI reference lists every flag o
 parsers and the Benchmarks page every recorded result; and the home page and a guide load in
 headless Chromium (Debian's ``chromium`` and ``chromium-driver``, ``make chromium``) without
 console errors and without fetching anything from another origin."""
+
 from __future__ import annotations
 
 import functools
@@ -22,24 +23,38 @@ from taiji_harness.testing import REPO
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 # headless, as root, with nothing reaching out to the network on its own
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+)
 PAGES = {"index.html": "taiji", "guides/elastic-training.html": "Elastic training"}
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+    )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stderr[-6000:]}"
     return out
 
 
 def test_the_site_builds_strictly_with_generated_references(site):
     from taiji.launch.cli import build_parser
+
     cli = html.unescape((site / "reference" / "cli.html").read_text())
     run = next(a for a in build_parser()._actions if a.dest == "subcommand").choices["run"]
     flags = [flag for action in run._actions for flag in action.option_strings if flag.startswith("--")]
@@ -75,32 +90,40 @@ def server(site):
 def browser(tmp_path):
     missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
     if missing:
-        pytest.skip(f"{' and '.join(missing)} missing: `make chromium` (as root) installs Debian's chromium "
-                    "and chromium-driver")
+        pytest.skip(
+            f"{' and '.join(missing)} missing: `make chromium` (as root) installs Debian's chromium "
+            "and chromium-driver"
+        )
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium missing: pip install -e '.[docs]'")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in (*FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = webdriver.ChromeService(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    service = webdriver.ChromeService(
+        executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log")
+    )
     driver = webdriver.Chrome(options=options, service=service)
     try:
         driver.set_page_load_timeout(60)
         yield driver
     finally:
-        driver.quit()   # ends chromium and chromedriver, and waits for chromedriver
+        driver.quit()  # ends chromium and chromedriver, and waits for chromedriver
 
 
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_a_page_loads_in_chromium_without_console_errors(browser, server, page):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
+
     browser.get(f"{server}/{page}")
-    resources = "return performance.getEntriesByType('resource').filter(e => e.responseEnd > 0).map(e => e.name)"
+    resources = (
+        "return performance.getEntriesByType('resource').filter(e => e.responseEnd > 0).map(e => e.name)"
+    )
     # the search index is fetched after the load event: wait for it, so that a failure there is seen too
     WebDriverWait(browser, 30).until(
-        lambda d: any(name.endswith("search_index.json") for name in d.execute_script(resources)))
+        lambda d: any(name.endswith("search_index.json") for name in d.execute_script(resources))
+    )
     assert browser.find_element(By.CSS_SELECTOR, "article h1").text == PAGES[page]
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert errors == [], errors

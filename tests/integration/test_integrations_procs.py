@@ -11,6 +11,7 @@ and resumed through the framework's resume path (``ckpt_path=``, ``resume_from_c
 steps after the checkpoint are trained again bitwise as they first ran, every sample once. No
 worker is killed at its exit (the launcher's grace after training ends, issue 39).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,9 @@ from taiji_harness.testing import REPO, SCRIPTS, kill_job, load_script, stop_lau
 pytestmark = pytest.mark.slow
 
 BATCH = 16
-EXIT_KILL = "after it stopped its heartbeat at the end of training"  # the launcher's message when it kills one
+EXIT_KILL = (
+    "after it stopped its heartbeat at the end of training"  # the launcher's message when it kills one
+)
 
 
 def committed_at(out: Path, size: int) -> int:
@@ -36,21 +39,59 @@ def committed_at(out: Path, size: int) -> int:
     path = out / "w0.jsonl"
     if not path.exists():
         return 0
-    return sum(1 for line in path.read_text().splitlines() if line.endswith("}") and json.loads(line)["size"] == size)
+    return sum(
+        1 for line in path.read_text().splitlines() if line.endswith("}") and json.loads(line)["size"] == size
+    )
 
 
-def grow_kill_and_audit(out: Path, script: str, *args: str, same_model: bool = True, timeout: float = 300) -> dict:
+def grow_kill_and_audit(
+    out: Path, script: str, *args: str, same_model: bool = True, timeout: float = 300
+) -> dict:
     """`taiji run -np 2 --max-np 3` on ``script``: grown to 3 at start; w1 SIGKILLed once 3 steps
     at 3 workers are committed; a policy changes the global batch every 4 steps (mid-epoch, the
     LR following it); the audit of its logs."""
-    command = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--max-np", "3", "--timeout", "10",
-               "--run-dir", str(out / "run"), "--", sys.executable, str(SCRIPTS / script), str(out),
-               "--batch", str(BATCH), "--steps", "3000", "--peak", "3", "--shuffle", "--grow-at-start", "--policy", "cycle", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "taiji.launch.cli",
+        "run",
+        "-np",
+        "2",
+        "--max-np",
+        "3",
+        "--timeout",
+        "10",
+        "--run-dir",
+        str(out / "run"),
+        "--",
+        sys.executable,
+        str(SCRIPTS / script),
+        str(out),
+        "--batch",
+        str(BATCH),
+        "--steps",
+        "3000",
+        "--peak",
+        "3",
+        "--shuffle",
+        "--grow-at-start",
+        "--policy",
+        "cycle",
+        *args,
+    ]
     log = open(out / "launcher.log", "w")
-    launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+    launcher = subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(REPO),
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        start_new_session=True,
+    )
     try:
-        wait_for(lambda: committed_at(out, 3) >= 3 or launcher.poll() is not None, timeout, "3 steps at 3 workers")
+        wait_for(
+            lambda: committed_at(out, 3) >= 3 or launcher.poll() is not None, timeout, "3 steps at 3 workers"
+        )
         assert launcher.poll() is None, (out / "launcher.log").read_text()[-4000:]
         os.kill(int((out / "w1.pid").read_text()), signal.SIGKILL)
         launcher.wait(timeout=timeout)
@@ -73,30 +114,52 @@ def grow_kill_and_audit(out: Path, script: str, *args: str, same_model: bool = T
 def plain_equals_own(tmp_path: Path, script: str, prefix: str = "") -> None:
     """One worker under plain ``python`` against the framework's own single-process run (the two
     one after the other in one process: one import of the framework)."""
-    subprocess.run([sys.executable, str(SCRIPTS / script), str(tmp_path), "--steps", "20", "--batch", str(BATCH),
-                    "--compare"], check=True, cwd=str(REPO), timeout=240, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / script),
+            str(tmp_path),
+            "--steps",
+            "20",
+            "--batch",
+            str(BATCH),
+            "--compare",
+        ],
+        check=True,
+        cwd=str(REPO),
+        timeout=240,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     ours, theirs = torch.load(tmp_path / f"{prefix}final.pt"), torch.load(tmp_path / f"{prefix}plain.pt")
     assert max(float((a - b).abs().max()) for a, b in zip(ours, theirs)) < 1e-9
 
 
 def test_lightning_grows_survives_a_kill_exactly_once(tmp_path):
-    pytest.importorskip("lightning", reason="the lightning extra is not installed: pip install 'taiji[lightning]'")
+    pytest.importorskip(
+        "lightning", reason="the lightning extra is not installed: pip install 'taiji[lightning]'"
+    )
     grow_kill_and_audit(tmp_path, "lightning_train.py", "--step-delay", "0.02")
 
 
 def test_lightning_one_worker_equals_lightnings_own_loop(tmp_path):
-    pytest.importorskip("lightning", reason="the lightning extra is not installed: pip install 'taiji[lightning]'")
+    pytest.importorskip(
+        "lightning", reason="the lightning extra is not installed: pip install 'taiji[lightning]'"
+    )
     plain_equals_own(tmp_path, "lightning_train.py")
 
 
 def test_hf_trainer_grows_survives_a_kill_exactly_once(tmp_path):
-    pytest.importorskip("transformers", reason="the transformers extra is not installed: pip install 'taiji[transformers]'")
+    pytest.importorskip(
+        "transformers", reason="the transformers extra is not installed: pip install 'taiji[transformers]'"
+    )
     grow_kill_and_audit(tmp_path, "hf_train.py", same_model=False)
 
 
 def test_hf_trainer_one_worker_equals_the_trainers_own_loop(tmp_path):
-    pytest.importorskip("transformers", reason="the transformers extra is not installed: pip install 'taiji[transformers]'")
+    pytest.importorskip(
+        "transformers", reason="the transformers extra is not installed: pip install 'taiji[transformers]'"
+    )
     plain_equals_own(tmp_path, "hf_train.py", prefix="hf_")
     # the gradient norm the Trainer logs is the one its own loop logs (taken before the commit)
     ours, theirs = torch.load(tmp_path / "hf_norms.pt"), torch.load(tmp_path / "hf_plain_norms.pt")
@@ -106,12 +169,37 @@ def test_hf_trainer_one_worker_equals_the_trainers_own_loop(tmp_path):
 def launch(out: Path, script: str, *args: str) -> subprocess.Popen:
     """`taiji run -np 2` on ``script`` (the batch changed every 4 steps by a policy), logging to OUT."""
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--timeout", "10", "--",
-               sys.executable, str(SCRIPTS / script), str(out), "--batch", str(BATCH), "--steps", "16", "--shuffle",
-               "--policy", "cycle", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "taiji.launch.cli",
+        "run",
+        "-np",
+        "2",
+        "--timeout",
+        "10",
+        "--",
+        sys.executable,
+        str(SCRIPTS / script),
+        str(out),
+        "--batch",
+        str(BATCH),
+        "--steps",
+        "16",
+        "--shuffle",
+        "--policy",
+        "cycle",
+        *args,
+    ]
     with open(out / "launcher.log", "w") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(REPO),
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            start_new_session=True,
+        )
 
 
 def rows(out: Path, worker: str = "w0") -> dict[int, dict]:
@@ -146,8 +234,11 @@ def killed_then_resumed(tmp_path: Path, script: str, save: list[str], resume_fro
     again = sorted(set(before) & set(after))
     assert again and again[0] == 8, (sorted(before), sorted(after))
     for step in again:
-        assert (after[step]["epoch"], after[step]["span"], after[step]["digest"]) == \
-            (before[step]["epoch"], before[step]["span"], before[step]["digest"]), f"step {step} trained differently"
+        assert (after[step]["epoch"], after[step]["span"], after[step]["digest"]) == (
+            before[step]["epoch"],
+            before[step]["span"],
+            before[step]["digest"],
+        ), f"step {step} trained differently"
     merged = tmp_path / "merged"
     merged.mkdir()
     for worker in ("w0", "w1"):
@@ -164,15 +255,29 @@ def killed_then_resumed(tmp_path: Path, script: str, save: list[str], resume_fro
 
 
 def test_lightning_resumes_through_ckpt_path_exactly_once(tmp_path):
-    pytest.importorskip("lightning", reason="the lightning extra is not installed: pip install 'taiji[lightning]'")
+    pytest.importorskip(
+        "lightning", reason="the lightning extra is not installed: pip install 'taiji[lightning]'"
+    )
     ckpt = tmp_path / "ckpt"
-    result = killed_then_resumed(tmp_path, "lightning_train.py", ["--checkpoint-every", "4", str(ckpt)],
-                                 ckpt / "step=8.ckpt", "final.pt")
+    result = killed_then_resumed(
+        tmp_path,
+        "lightning_train.py",
+        ["--checkpoint-every", "4", str(ckpt)],
+        ckpt / "step=8.ckpt",
+        "final.pt",
+    )
     # the resumed job ends where an uninterrupted 1-worker Job ends (the policies' batch changes included)
     assert result["trajectory_error"] is not None and result["trajectory_error"] < 1e-9, result
 
 
 def test_hf_trainer_resumes_through_resume_from_checkpoint_exactly_once(tmp_path):
-    pytest.importorskip("transformers", reason="the transformers extra is not installed: pip install 'taiji[transformers]'")
-    killed_then_resumed(tmp_path, "hf_train.py", ["--checkpoint-every", "4"], tmp_path / "a" / "hf" / "checkpoint-8",
-                        "hf_final.pt")
+    pytest.importorskip(
+        "transformers", reason="the transformers extra is not installed: pip install 'taiji[transformers]'"
+    )
+    killed_then_resumed(
+        tmp_path,
+        "hf_train.py",
+        ["--checkpoint-every", "4"],
+        tmp_path / "a" / "hf" / "checkpoint-8",
+        "hf_final.pt",
+    )

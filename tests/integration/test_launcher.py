@@ -9,6 +9,7 @@ kill it without any risk of hitting an unrelated process. Every test that starts
 uses the ``procs`` fixture, whose teardown SIGKILLs and reaps everything it tracked, also when
 the test fails or times out.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,7 @@ WORKER = SCRIPTS / "launcher_worker.py"
 TAIJI_JOB = SCRIPTS / "taiji_job.py"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "taiji"
 
-WAIT = 60.0        # bound on anything that should take a few seconds (the machine may be loaded)
+WAIT = 60.0  # bound on anything that should take a few seconds (the machine may be loaded)
 DEATH_WAIT = 20.0  # bound on a process dying after whatever should kill it
 TEST_TIMEOUT = 180  # pytest-timeout, per test
 
@@ -39,13 +40,14 @@ _SCRUBBED = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 # -- helpers --------------------------------------------------------------------------------
 
+
 def _starttime(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return stat[stat.rindex(")") + 2:].split()[19]
+    return stat[stat.rindex(")") + 2 :].split()[19]
 
 
 class Proc:
@@ -89,21 +91,35 @@ class Proc:
 class Launcher:
     """``taiji run ARGS`` as a subprocess of the test, its stdout and stderr in files."""
 
-    def __init__(self, args: list[str], out_dir: Path, cwd: Path, console_script: bool = False,
-                 extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        out_dir: Path,
+        cwd: Path,
+        console_script: bool = False,
+        extra_env: dict[str, str] | None = None,
+    ):
         if console_script and CONSOLE_SCRIPT.exists():
             self.argv = [str(CONSOLE_SCRIPT), "run", *args]
         else:
             self.argv = [sys.executable, "-m", "taiji.launch.cli", "run", *args]
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(_SCRUBBED_PREFIXES) and k not in _SCRUBBED}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES) and k not in _SCRUBBED
+        }
         env.update(extra_env or {})
         out_dir.mkdir(parents=True, exist_ok=True)
         self.stdout_path, self.stderr_path = out_dir / "launcher.out", out_dir / "launcher.err"
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             # its own session, like a job started from a shell: a Ctrl-C goes to its process group
-            self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                          cwd=cwd, env=env, start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+            )
 
     @property
     def pid(self) -> int:
@@ -118,8 +134,10 @@ class Launcher:
         return self.stderr_path.read_text(errors="replace")
 
     def describe(self) -> str:
-        return (f"launcher {self.argv} (pid {self.pid}, returncode {self.popen.returncode})\n"
-                f"--- stdout ---\n{self.stdout}--- stderr ---\n{self.stderr}")
+        return (
+            f"launcher {self.argv} (pid {self.pid}, returncode {self.popen.returncode})\n"
+            f"--- stdout ---\n{self.stdout}--- stderr ---\n{self.stderr}"
+        )
 
     def wait(self, timeout: float = WAIT) -> int:
         try:
@@ -129,7 +147,7 @@ class Launcher:
 
     def lines_of_rank(self, rank: int) -> list[str]:
         prefix = f"rank {rank} | "
-        return [line[len(prefix):] for line in self.stdout.splitlines() if line.startswith(prefix)]
+        return [line[len(prefix) :] for line in self.stdout.splitlines() if line.startswith(prefix)]
 
 
 class Processes:
@@ -141,8 +159,9 @@ class Processes:
         self.procs: list[Proc] = []
 
     def launch(self, args: list[str], cwd: Path | None = None, **kwargs) -> Launcher:
-        launcher = Launcher(args, self.tmp_path / f"launch{len(self.launchers)}", cwd or self.tmp_path,
-                            **kwargs)
+        launcher = Launcher(
+            args, self.tmp_path / f"launch{len(self.launchers)}", cwd or self.tmp_path, **kwargs
+        )
         self.launchers.append(launcher)
         return launcher
 
@@ -168,9 +187,13 @@ class Processes:
                 return found
             missing = sorted(set(names) - set(found))
             if exited:
-                pytest.fail(f"the launcher exited before {missing} wrote their pid files\n{launcher.describe()}")
+                pytest.fail(
+                    f"the launcher exited before {missing} wrote their pid files\n{launcher.describe()}"
+                )
             if time.monotonic() > deadline:
-                pytest.fail(f"{missing} did not write their pid files within {timeout:.0f}s\n{launcher.describe()}")
+                pytest.fail(
+                    f"{missing} did not write their pid files within {timeout:.0f}s\n{launcher.describe()}"
+                )
             time.sleep(0.02)  # polling for a file, bounded by the deadline above
 
     def cleanup(self) -> None:
@@ -197,7 +220,9 @@ def procs(tmp_path):
         processes.cleanup()
 
 
-def assert_all_dead(launcher: Launcher, procs: dict[str, Proc], why: str, timeout: float = DEATH_WAIT) -> None:
+def assert_all_dead(
+    launcher: Launcher, procs: dict[str, Proc], why: str, timeout: float = DEATH_WAIT
+) -> None:
     deadline = time.monotonic() + timeout
     survivors = [p for p in procs.values() if not p.wait_dead(max(0.0, deadline - time.monotonic()))]
     assert not survivors, f"{why}: {survivors} still alive {timeout:.0f}s later\n{launcher.describe()}"
@@ -206,8 +231,11 @@ def assert_all_dead(launcher: Launcher, procs: dict[str, Proc], why: str, timeou
 def failure_report(launcher: Launcher) -> list[str]:
     """The launcher's lines that report a failed worker (stdout or stderr); not the line
     that echoes the command (test paths may contain "fail")."""
-    return [line for line in (launcher.stdout + launcher.stderr).splitlines()
-            if line.startswith("taiji") and "fail" in line and WORKER.name not in line]
+    return [
+        line
+        for line in (launcher.stdout + launcher.stderr).splitlines()
+        if line.startswith("taiji") and "fail" in line and WORKER.name not in line
+    ]
 
 
 # -- bad input ----------------------------------------------------------------------------
@@ -219,8 +247,14 @@ BAD_INPUT = {
     "missing-np": (["run", "python", "-c", "pass"], ["-np"]),
     "missing-script": (["run", "-np", "1", "python", "no_such_script.py"], ["no_such_script.py"]),
     "missing-bare-script": (["run", "-np", "1", "no_such_script.py"], ["no_such_script.py"]),
-    "program-not-on-path": (["run", "-np", "1", "taiji-no-such-program", "--flag"], ["taiji-no-such-program"]),
-    "program-not-executable": (["run", "-np", "1", "./not_executable.sh"], ["not_executable.sh", "executable"]),
+    "program-not-on-path": (
+        ["run", "-np", "1", "taiji-no-such-program", "--flag"],
+        ["taiji-no-such-program"],
+    ),
+    "program-not-executable": (
+        ["run", "-np", "1", "./not_executable.sh"],
+        ["not_executable.sh", "executable"],
+    ),
     "no-command": (["run", "-np", "2"], ["command"]),
 }
 
@@ -237,9 +271,16 @@ def bad_input_results(tmp_path_factory):
     results: dict[str, tuple[int, str, str]] = {}
     try:
         for case, (args, _) in BAD_INPUT.items():
-            running[case] = subprocess.Popen([sys.executable, "-m", "taiji.launch.cli", *args], cwd=cwd, env=env,
-                                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+            running[case] = subprocess.Popen(
+                [sys.executable, "-m", "taiji.launch.cli", *args],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 2 * WAIT
         for case, popen in running.items():
             out, err = popen.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -271,18 +312,43 @@ def test_bad_input_is_one_clear_line_on_stderr_and_nonzero_exit(bad_input_result
 
 # -- starting workers ---------------------------------------------------------------------
 
+
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_workers_get_env_and_rank_prefixed_output(procs):
     """`taiji run -np 3 script.py` (a bare .py): each worker sees its TAIJI_* and torchrun
     variables, each line of its output reaches the launcher's stdout as "rank R | ...", and
     values inherited from the launcher's own environment (a stale job) are overridden."""
     n = 3
-    stale = {"RANK": "7", "WORLD_SIZE": "9", "LOCAL_RANK": "7", "MASTER_PORT": "1", "MASTER_ADDR": "10.9.9.9",
-             "TAIJI_JOB_ID": "stale", "TAIJI_WORKER_ID": "stale", "TAIJI_STORE_PORT": "1",
-             "TAIJI_LAUNCHER_PID": "1"}
-    launcher = procs.launch(["-np", str(n), "--job-id", "envjob", "--timeout", "17", "--debug-collectives",
-                             WORKER.name, "--print-env", "--lines", "*=3", "--pid-dir", str(procs.pid_dir())],
-                            cwd=SCRIPTS, extra_env=stale)
+    stale = {
+        "RANK": "7",
+        "WORLD_SIZE": "9",
+        "LOCAL_RANK": "7",
+        "MASTER_PORT": "1",
+        "MASTER_ADDR": "10.9.9.9",
+        "TAIJI_JOB_ID": "stale",
+        "TAIJI_WORKER_ID": "stale",
+        "TAIJI_STORE_PORT": "1",
+        "TAIJI_LAUNCHER_PID": "1",
+    }
+    launcher = procs.launch(
+        [
+            "-np",
+            str(n),
+            "--job-id",
+            "envjob",
+            "--timeout",
+            "17",
+            "--debug-collectives",
+            WORKER.name,
+            "--print-env",
+            "--lines",
+            "*=3",
+            "--pid-dir",
+            str(procs.pid_dir()),
+        ],
+        cwd=SCRIPTS,
+        extra_env=stale,
+    )
     assert launcher.wait() == 0, launcher.describe()
     workers = procs.wait_for_pids(launcher, [f"worker-{r}" for r in range(n)])
 
@@ -295,12 +361,20 @@ def test_workers_get_env_and_rank_prefixed_output(procs):
     secrets = set()
     for rank in range(n):
         lines = launcher.lines_of_rank(rank)
-        env = dict(line[len("ENV "):].split("=", 1) for line in lines if line.startswith("ENV "))
+        env = dict(line[len("ENV ") :].split("=", 1) for line in lines if line.startswith("ENV "))
         expected = {
-            "TAIJI_JOB_ID": "envjob", "TAIJI_WORKER_ID": f"w{rank}", "TAIJI_STORE_HOST": "127.0.0.1",
-            "TAIJI_STORE_PORT": port, "TAIJI_LAUNCHER_PID": str(launcher.pid), "TAIJI_DEBUG_COLLECTIVES": "1",
-            "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+            "TAIJI_JOB_ID": "envjob",
+            "TAIJI_WORKER_ID": f"w{rank}",
+            "TAIJI_STORE_HOST": "127.0.0.1",
+            "TAIJI_STORE_PORT": port,
+            "TAIJI_LAUNCHER_PID": str(launcher.pid),
+            "TAIJI_DEBUG_COLLECTIVES": "1",
+            "RANK": str(rank),
+            "WORLD_SIZE": str(n),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(n),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
         }
         actual = {name: env.get(name) for name in expected}
         assert actual == expected, f"rank {rank}\n{launcher.describe()}"
@@ -308,13 +382,15 @@ def test_workers_get_env_and_rank_prefixed_output(procs):
         assert len(env["TAIJI_SECRET"]) >= 16, launcher.describe()
         secrets.add(env["TAIJI_SECRET"])
         # its own output, all of it, under its own rank
-        assert [line for line in lines if " line " in line] == [f"r{rank} line {i:03d}" for i in range(3)], \
+        assert [line for line in lines if " line " in line] == [f"r{rank} line {i:03d}" for i in range(3)], (
             launcher.describe()
+        )
         assert "READY" in lines
     assert len(secrets) == 1, "all workers of a job share its secret"
     for line in out.splitlines():
-        assert line.startswith("taiji: ") or re.match(r"rank \d \| ", line), \
+        assert line.startswith("taiji: ") or re.match(r"rank \d \| ", line), (
             f"a line that is neither the launcher's nor prefixed with a rank: {line!r}\n{launcher.describe()}"
+        )
     assert_all_dead(launcher, workers, "after a successful job")
 
 
@@ -323,8 +399,9 @@ def test_one_worker_job_with_taiji_init_exits_0(procs):
     """The `taiji` console script, `python script.py` (no `--`), one worker calling taiji.init()."""
     launcher = procs.launch(["-np", "1", "python", TAIJI_JOB.name], cwd=SCRIPTS, console_script=True)
     assert launcher.wait() == 0, launcher.describe()
-    assert launcher.lines_of_rank(0) == ["worker w0 rank 0 of 1 (RANK=0): allreduce sum 1 (expected 1)"], \
+    assert launcher.lines_of_rank(0) == ["worker w0 rank 0 of 1 (RANK=0): allreduce sum 1 (expected 1)"], (
         launcher.describe()
+    )
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
@@ -333,11 +410,13 @@ def test_two_worker_taiji_job_with_separator(procs):
     launcher = procs.launch(["-np", "2", "--", "python", str(TAIJI_JOB)])
     assert launcher.wait() == 0, launcher.describe()
     for rank in range(2):
-        assert launcher.lines_of_rank(rank) == \
-            [f"worker w{rank} rank {rank} of 2 (RANK={rank}): allreduce sum 3 (expected 3)"], launcher.describe()
+        assert launcher.lines_of_rank(rank) == [
+            f"worker w{rank} rank {rank} of 2 (RANK={rank}): allreduce sum 3 (expected 3)"
+        ], launcher.describe()
 
 
 # -- a worker fails -------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_first_failure_stops_the_others_and_reports_the_root_cause(procs):
@@ -345,8 +424,25 @@ def test_first_failure_stops_the_others_and_reports_the_root_cause(procs):
     the launcher names rank 1 with its exit code and last lines, stops everything else, the
     grandchild included, and exits 3."""
     pid_dir = procs.pid_dir()
-    launcher = procs.launch(["-np", "3", "--", "python", str(WORKER), "--pid-dir", str(pid_dir), "--barrier",
-                             "--lines", "1=100", "--exit", "1=3", "--grandchild", "2", "--block"])
+    launcher = procs.launch(
+        [
+            "-np",
+            "3",
+            "--",
+            "python",
+            str(WORKER),
+            "--pid-dir",
+            str(pid_dir),
+            "--barrier",
+            "--lines",
+            "1=100",
+            "--exit",
+            "1=3",
+            "--grandchild",
+            "2",
+            "--block",
+        ]
+    )
     running = procs.wait_for_pids(launcher, ["worker-0", "worker-1", "worker-2", "grandchild-2"])
     assert launcher.wait() == 3, launcher.describe()
 
@@ -357,16 +453,30 @@ def test_first_failure_stops_the_others_and_reports_the_root_cause(procs):
     # the last lines of rank 1's output follow the report, in order, ending with its last line
     after = (launcher.stdout + launcher.stderr).split(report[0], 1)[1]
     tail = [int(m.group(1)) for m in re.finditer(r"^\s*r1 line (\d{3})$", after, re.MULTILINE)]
-    assert len(tail) >= 5 and tail == list(range(tail[0], 100)) and tail[0] > 0, \
+    assert len(tail) >= 5 and tail == list(range(tail[0], 100)) and tail[0] > 0, (
         f"expected the last lines of rank 1's output after the report, got lines {tail}\n{launcher.describe()}"
+    )
     assert launcher.lines_of_rank(1)[-1] == "r1 line 099", launcher.describe()
     assert_all_dead(launcher, running, "the launcher should have stopped every worker and its process group")
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_worker_killed_by_signal_exits_128_plus_signal(procs):
-    launcher = procs.launch(["-np", "2", "--", "python", str(WORKER), "--pid-dir", str(procs.pid_dir()),
-                             "--barrier", "--signal", "0=KILL", "--block"])
+    launcher = procs.launch(
+        [
+            "-np",
+            "2",
+            "--",
+            "python",
+            str(WORKER),
+            "--pid-dir",
+            str(procs.pid_dir()),
+            "--barrier",
+            "--signal",
+            "0=KILL",
+            "--block",
+        ]
+    )
     running = procs.wait_for_pids(launcher, ["worker-0", "worker-1"])
     assert launcher.wait() == 128 + signal.SIGKILL, launcher.describe()
     report = failure_report(launcher)
@@ -375,21 +485,42 @@ def test_worker_killed_by_signal_exits_128_plus_signal(procs):
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
-@pytest.mark.parametrize("how, worker_args, returncode", [
-    ("failed", ["--exit", "0=5", "--block"], 5),  # rank 0 exits 5, the launcher stops rank 1
-    ("succeeded", [], 0),                         # both ranks exit 0
-], ids=["failed", "succeeded"])
+@pytest.mark.parametrize(
+    "how, worker_args, returncode",
+    [
+        ("failed", ["--exit", "0=5", "--block"], 5),  # rank 0 exits 5, the launcher stops rank 1
+        ("succeeded", [], 0),  # both ranks exit 0
+    ],
+    ids=["failed", "succeeded"],
+)
 def test_an_exited_workers_grandchild_is_not_orphaned(procs, how, worker_args, returncode):
     """Rank 0 starts a grandchild (a DataLoader worker, say) and exits without stopping it."""
-    launcher = procs.launch(["-np", "2", "--", "python", str(WORKER), "--pid-dir", str(procs.pid_dir()),
-                             "--barrier", "--grandchild", "0", "--grandchild-stdout", "devnull", *worker_args])
+    launcher = procs.launch(
+        [
+            "-np",
+            "2",
+            "--",
+            "python",
+            str(WORKER),
+            "--pid-dir",
+            str(procs.pid_dir()),
+            "--barrier",
+            "--grandchild",
+            "0",
+            "--grandchild-stdout",
+            "devnull",
+            *worker_args,
+        ]
+    )
     running = procs.wait_for_pids(launcher, ["worker-0", "worker-1", "grandchild-0"])
     assert launcher.wait() == returncode, launcher.describe()
-    assert_all_dead(launcher, running, f"no process of a job whose worker {how} may outlive the launcher",
-                    timeout=2.0)
+    assert_all_dead(
+        launcher, running, f"no process of a job whose worker {how} may outlive the launcher", timeout=2.0
+    )
 
 
 # -- the launcher is stopped ----------------------------------------------------------------
+
 
 @pytest.mark.timeout(TEST_TIMEOUT)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -398,23 +529,41 @@ def test_signal_to_launcher_stops_all_workers(procs, signum):
     grandchild of rank 0 too; rank 1 ignores SIGTERM and is SIGKILLed once --grace is over;
     the launcher exits 128 + signal."""
     grace = 1.0
-    launcher = procs.launch(["-np", "2", "--grace", str(grace), "--", "python", str(WORKER),
-                             "--pid-dir", str(procs.pid_dir()), "--grandchild", "0", "--ignore-term", "1",
-                             "--block"])
+    launcher = procs.launch(
+        [
+            "-np",
+            "2",
+            "--grace",
+            str(grace),
+            "--",
+            "python",
+            str(WORKER),
+            "--pid-dir",
+            str(procs.pid_dir()),
+            "--grandchild",
+            "0",
+            "--ignore-term",
+            "1",
+            "--block",
+        ]
+    )
     running = procs.wait_for_pids(launcher, ["worker-0", "worker-1", "grandchild-0"])
     sent = time.monotonic()
     if signum == signal.SIGINT:
         os.killpg(launcher.pid, signum)  # what the terminal does on Ctrl-C
     else:
         os.kill(launcher.pid, signum)
-    assert running["worker-1"].wait_dead(WAIT), f"rank 1 ignores SIGTERM and was never killed\n{launcher.describe()}"
+    assert running["worker-1"].wait_dead(WAIT), (
+        f"rank 1 ignores SIGTERM and was never killed\n{launcher.describe()}"
+    )
     stubborn_died_after = time.monotonic() - sent
     assert launcher.wait() == 128 + signum, launcher.describe()
     assert_all_dead(launcher, running, f"after {signum.name} to the launcher")
     assert signum.name in launcher.stdout + launcher.stderr, "the launcher should say why it stops the job"
     # killed after the grace period: not before, and not after the default 5 s either
-    assert grace <= stubborn_died_after < grace + 3.5, \
+    assert grace <= stubborn_died_after < grace + 3.5, (
         f"rank 1 died {stubborn_died_after:.2f}s after {signum.name}, expected {grace}s later\n{launcher.describe()}"
+    )
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
@@ -422,29 +571,63 @@ def test_workers_die_when_the_launcher_is_sigkilled(procs):
     """Nothing the launcher can catch: rank 0 (plain Python) dies through PR_SET_PDEATHSIG;
     rank 1 clears its parent-death signal and then calls taiji.init(), so only the pidfd
     watchdog of taiji.init() can stop it; the watchdog also takes rank 1's own child down."""
-    launcher = procs.launch(["-np", "2", "--", "python", str(WORKER), "--pid-dir", str(procs.pid_dir()),
-                             "--no-pdeathsig", "1", "--taiji-init", "1", "--grandchild", "1",
-                             "--grandchild-stdout", "devnull", "--block"])
+    launcher = procs.launch(
+        [
+            "-np",
+            "2",
+            "--",
+            "python",
+            str(WORKER),
+            "--pid-dir",
+            str(procs.pid_dir()),
+            "--no-pdeathsig",
+            "1",
+            "--taiji-init",
+            "1",
+            "--grandchild",
+            "1",
+            "--grandchild-stdout",
+            "devnull",
+            "--block",
+        ]
+    )
     # rank 1 writes its pid file only once taiji.init() has returned
     running = procs.wait_for_pids(launcher, ["worker-0", "worker-1", "grandchild-1"])
     launcher.popen.kill()
     assert launcher.wait() == -signal.SIGKILL
-    assert running["worker-0"].wait_dead(DEATH_WAIT), \
+    assert running["worker-0"].wait_dead(DEATH_WAIT), (
         f"rank 0 outlived the SIGKILLed launcher: PR_SET_PDEATHSIG did not fire\n{launcher.describe()}"
-    assert running["worker-1"].wait_dead(DEATH_WAIT), \
+    )
+    assert running["worker-1"].wait_dead(DEATH_WAIT), (
         f"rank 1 outlived the SIGKILLed launcher: taiji.init()'s launcher watchdog did not fire\n{launcher.describe()}"
-    assert running["grandchild-1"].wait_dead(DEATH_WAIT), \
+    )
+    assert running["grandchild-1"].wait_dead(DEATH_WAIT), (
         f"rank 1's child outlived the SIGKILLed launcher\n{launcher.describe()}"
+    )
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_closed_launcher_output_does_not_block_workers():
     """`taiji run ... | head -1`: once the reader is gone, the launcher keeps draining the
     workers' pipes (which would otherwise fill and block them) and the job still ends."""
-    args = [sys.executable, "-m", "taiji.launch.cli", "run", "-np", "2", "--", "python", str(WORKER),
-            "--lines", "0=20000", "--lines", "1=20000"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
-                            start_new_session=True)
+    args = [
+        sys.executable,
+        "-m",
+        "taiji.launch.cli",
+        "run",
+        "-np",
+        "2",
+        "--",
+        "python",
+        str(WORKER),
+        "--lines",
+        "0=20000",
+        "--lines",
+        "1=20000",
+    ]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, start_new_session=True
+    )
     try:
         proc.stdout.readline()
         proc.stdout.close()  # like `head -1` exiting
@@ -455,7 +638,7 @@ def test_closed_launcher_output_does_not_block_workers():
             proc.wait()
 
 
-HOLD_TORCH = '''
+HOLD_TORCH = """
 import importlib.abc, os, sys, time
 class Hold(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -468,7 +651,7 @@ class Hold(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
         return None
 sys.meta_path.insert(0, Hold())
-'''
+"""
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
@@ -480,10 +663,21 @@ def test_the_first_workers_start_before_the_launcher_imports_torch(procs, tmp_pa
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(HOLD_TORCH)
     flag = tmp_path / "started-"
-    launcher = procs.launch(["-np", "2", "--", "python", "-c",
-                             f"import os; open({str(flag)!r} + os.environ['RANK'], 'w').close()"],
-                            extra_env={"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
-                                       "HOLD_FLAG": str(flag), "HOLD_SECONDS": str(WAIT)})
+    launcher = procs.launch(
+        [
+            "-np",
+            "2",
+            "--",
+            "python",
+            "-c",
+            f"import os; open({str(flag)!r} + os.environ['RANK'], 'w').close()",
+        ],
+        extra_env={
+            "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+            "HOLD_FLAG": str(flag),
+            "HOLD_SECONDS": str(WAIT),
+        },
+    )
     assert launcher.wait() == 0, launcher.describe()
     assert "every worker exited 0" in launcher.stdout, launcher.describe()
     assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-0", "started-1"]

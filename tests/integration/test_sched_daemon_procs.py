@@ -2,6 +2,7 @@
 second job's arrival shrinks the first, its end grows the first back, the slots are never
 oversubscribed, and nothing is left running after the daemon stops. Decisions alone:
 tests/unit/test_sched_daemon.py, tests/unit/test_sched_rounds.py, tests/unit/test_sched_live_model.py."""
+
 import json
 import os
 import signal
@@ -18,8 +19,13 @@ SLOTS = 2
 
 def sched(env, state, *args, check=True):
     command, *rest = args
-    proc = subprocess.run([sys.executable, "-m", "taiji.launch.cli", "sched", command, "--state-dir", str(state), *rest],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "taiji.launch.cli", "sched", command, "--state-dir", str(state), *rest],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
@@ -52,15 +58,35 @@ def oversubscribed_instants(jobs):
 
 def start_daemon(tmp_path, env, state):
     log = open(tmp_path / "daemon.log", "a")
-    daemon = subprocess.Popen([sys.executable, "-m", "taiji.launch.cli", "sched", "serve", "--slots", str(SLOTS),
-                               "--policy", "drf", "--round", "0.5", "--state-dir", str(state)],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "taiji.launch.cli",
+            "sched",
+            "serve",
+            "--slots",
+            str(SLOTS),
+            "--policy",
+            "drf",
+            "--round",
+            "0.5",
+            "--state-dir",
+            str(state),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
+
     def started():
         try:
             return json.loads((state / "daemon.json").read_text())["pid"] == daemon.pid
         except (OSError, ValueError, KeyError):
             return daemon.poll() is not None
+
     wait_for(started, 60, "the daemon to start")
     assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()
     return daemon
@@ -95,10 +121,25 @@ TRAIN = [sys.executable, str(SCRIPTS / "elastic_train.py")]
 def one_job_on_both_slots(tmp_path, env, state):
     """Submit an endless job and wait until it runs on both slots; its id."""
     (tmp_path / "out").mkdir()
-    job = sched(env, state, "submit", "--max-np", "2", "--", *TRAIN, str(tmp_path / "out"),
-                "--steps", "100000", "--step-delay", "0.01").stdout.strip()
-    wait_for(lambda: state_of(state, job, "running") and saved_jobs(state)[job]["size"] == 2, 90,
-             "the job on both slots")
+    job = sched(
+        env,
+        state,
+        "submit",
+        "--max-np",
+        "2",
+        "--",
+        *TRAIN,
+        str(tmp_path / "out"),
+        "--steps",
+        "100000",
+        "--step-delay",
+        "0.01",
+    ).stdout.strip()
+    wait_for(
+        lambda: state_of(state, job, "running") and saved_jobs(state)[job]["size"] == 2,
+        90,
+        "the job on both slots",
+    )
     return job
 
 
@@ -110,19 +151,52 @@ def test_a_second_job_shrinks_the_first_and_its_end_grows_it_back(tmp_path):
         train = TRAIN
         (tmp_path / "long").mkdir()
         (tmp_path / "short").mkdir()
-        long_job = sched(env, state, "submit", "--max-np", "2", "--name", "long", "--",
-                         *train, str(tmp_path / "long"), "--steps", "100000", "--step-delay", "0.01").stdout.strip()
-        wait_for(lambda: state_of(state, long_job, "running") and saved_jobs(state)[long_job]["size"] == 2, 90,
-                 "the first job on both slots")
-        short_job = sched(env, state, "submit", "--max-np", "1", "--name", "short", "--",
-                          *train, str(tmp_path / "short"), "--steps", "60", "--step-delay", "0.01").stdout.strip()
+        long_job = sched(
+            env,
+            state,
+            "submit",
+            "--max-np",
+            "2",
+            "--name",
+            "long",
+            "--",
+            *train,
+            str(tmp_path / "long"),
+            "--steps",
+            "100000",
+            "--step-delay",
+            "0.01",
+        ).stdout.strip()
+        wait_for(
+            lambda: state_of(state, long_job, "running") and saved_jobs(state)[long_job]["size"] == 2,
+            90,
+            "the first job on both slots",
+        )
+        short_job = sched(
+            env,
+            state,
+            "submit",
+            "--max-np",
+            "1",
+            "--name",
+            "short",
+            "--",
+            *train,
+            str(tmp_path / "short"),
+            "--steps",
+            "60",
+            "--step-delay",
+            "0.01",
+        ).stdout.strip()
         wait_for(lambda: state_of(state, short_job, "finished"), 120, "the second job to end")
         wait_for(lambda: saved_jobs(state)[long_job]["size"] == 2, 60, "the first job to grow back")
         table = sched(env, state, "status").stdout
         assert "long" in table and "short" in table and "finished" in table, table
         jobs = saved_jobs(state)
         assert [n for _, n in jobs[long_job]["allocations"]] == [2, 1, 2], jobs[long_job]["allocations"]
-        assert [n for _, n in jobs[short_job]["allocations"]][:1] == [1] and jobs[short_job]["state"] == "finished"
+        assert [n for _, n in jobs[short_job]["allocations"]][:1] == [1] and jobs[short_job][
+            "state"
+        ] == "finished"
         assert oversubscribed_instants(jobs) == []
         sched(env, state, "stop")
         assert daemon.wait(60) == 0
@@ -164,7 +238,9 @@ def test_a_job_whose_launcher_is_killed_fails_with_the_reason_and_frees_its_slot
     try:
         job = one_job_on_both_slots(tmp_path, env, state)
         entry = json.loads((tmp_path / "home" / "jobs" / f"sched-{job}.json").read_text())
-        os.killpg(entry["pid"], signal.SIGKILL)   # its launcher and (through their parent-death signal) its workers
+        os.killpg(
+            entry["pid"], signal.SIGKILL
+        )  # its launcher and (through their parent-death signal) its workers
         wait_for(lambda: state_of(state, job, "failed"), 30, "the daemon to notice")
         saved = saved_jobs(state)[job]
         assert "exited with -9" in saved["reason"] and saved["size"] == 0

@@ -1,5 +1,6 @@
 """The emulated hosts every many-host test runs on (network namespaces, taiji_harness/netns.py), and a
 Slurm cluster over three of them (taiji_harness/slurm.py)."""
+
 import os
 
 import pytest

@@ -2,6 +2,7 @@
 off the newest, lose an agent, a link or the head, and refuse a wrong secret — with DESIGN §6's
 invariants audited (contiguous steps, identical replicas, exactly-once data) and no process left
 in any host. Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
+
 from __future__ import annotations
 
 import json
@@ -30,15 +31,36 @@ def _no_process_left(hosts: EmulatedHosts, *indices: int) -> None:
 def test_grow_onto_a_second_host_then_a_third_and_shrink_off_the_newest(hosts3, tmp_path):
     job = HostsJob(hosts3, tmp_path)
     # rank 0 asks for 4 workers at step 5 (only 2 fit the head), then for 3 once 4 train
-    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "5"],
-              ["--batch", "16", "--steps", "100000", "--sizes", "4", "3", "--every", "8", "--step-delay", "0.02"])
+    job.start(
+        ["-np", "2", "--nproc-per-node", "2", "--max-np", "5"],
+        ["--batch", "16", "--steps", "100000", "--sizes", "4", "3", "--every", "8", "--step-delay", "0.02"],
+    )
     job.wait_log("resize requested by test schedule: 2 -> 4")
     job.join(1, 1)
     job.wait_log("3 worker(s)")
-    twin = hosts3.run(1, [sys.executable, "-m", "taiji.launch.cli", "join", f"{job.job_id}@{job.head}:{job.PORT}",
-                          "--secret-file", str(job.secret_file), "--nproc-per-node", "1", "--host",
-                          hosts3.address(1), "--timeout", "5"], timeout=60, env=job.env)
-    assert twin.returncode == 2 and "refused by the job's controller" in twin.stdout, twin.stdout + twin.stderr
+    twin = hosts3.run(
+        1,
+        [
+            sys.executable,
+            "-m",
+            "taiji.launch.cli",
+            "join",
+            f"{job.job_id}@{job.head}:{job.PORT}",
+            "--secret-file",
+            str(job.secret_file),
+            "--nproc-per-node",
+            "1",
+            "--host",
+            hosts3.address(1),
+            "--timeout",
+            "5",
+        ],
+        timeout=60,
+        env=job.env,
+    )
+    assert twin.returncode == 2 and "refused by the job's controller" in twin.stdout, (
+        twin.stdout + twin.stderr
+    )
     job.join(2, 1)  # joins while training; the job grows onto it
     assert job.finish() == 0, job.log()[-4000:]
     for i in (1, 2):
@@ -57,8 +79,10 @@ def test_nnodes_waits_for_its_hosts_starts_across_them_and_refuses_one_more(host
     """`--nnodes 2:2`: the job starts only once a second host joined, with a worker on each; a
     third host is refused (exit 2) and changes nothing."""
     job = HostsJob(hosts3, tmp_path)
-    job.start(["--nnodes", "2:2", "--nproc-per-node", "1"],
-              ["--batch", "16", "--steps", "300", "--step-delay", "0.02"])
+    job.start(
+        ["--nnodes", "2:2", "--nproc-per-node", "1"],
+        ["--batch", "16", "--steps", "300", "--step-delay", "0.02"],
+    )
     job.wait_log("waiting for 1 more host(s) to join")
     assert "cluster v1" not in job.log()
     job.join(1, 1)
@@ -74,18 +98,26 @@ def test_nnodes_waits_for_its_hosts_starts_across_them_and_refuses_one_more(host
 
 
 @pytest.mark.skipif(shutil.which("tc") is None, reason="no tc (iproute2) to shape the links")
-def test_hierarchical_allreduce_across_shaped_hosts_survives_losing_a_non_leader_then_a_leader(hosts3, tmp_path):
+def test_hierarchical_allreduce_across_shaped_hosts_survives_losing_a_non_leader_then_a_leader(
+    hosts3, tmp_path
+):
     """`--topology hierarchical` on 2 hosts x 2 with slower links between hosts: host 1's
     non-leader (w3) is killed mid-allreduce, then its leader (w2): each time the survivors
     rebuild the plan's groups for the new version and retry the step (exactly once, identical
     replicas), down to host 0 alone."""
     job = HostsJob(hosts3, tmp_path)
-    job.env["TAIJI_FAULTS"] = json.dumps([{"action": "kill", "worker": "w3", "step": 15, "phase": "allreduce"},
-                                          {"action": "kill", "worker": "w2", "step": 40, "phase": "allreduce"}])
+    job.env["TAIJI_FAULTS"] = json.dumps(
+        [
+            {"action": "kill", "worker": "w3", "step": 15, "phase": "allreduce"},
+            {"action": "kill", "worker": "w2", "step": 40, "phase": "allreduce"},
+        ]
+    )
     for i in (0, 1):
         hosts3.shape(i)
-    job.start(["--nnodes", "2:2", "--nproc-per-node", "2", "--topology", "hierarchical", "--max-failures", "3"],
-              ["--batch", "16", "--steps", "70", "--step-delay", "0.02"])
+    job.start(
+        ["--nnodes", "2:2", "--nproc-per-node", "2", "--topology", "hierarchical", "--max-failures", "3"],
+        ["--batch", "16", "--steps", "70", "--step-delay", "0.02"],
+    )
     job.join(1, 2)
     assert job.finish() == 0, job.log()[-4000:]
     assert job.agents[1].wait(timeout=30) == 0, job.log("agent1")[-3000:]
@@ -95,13 +127,19 @@ def test_hierarchical_allreduce_across_shaped_hosts_survives_losing_a_non_leader
 
 def _grown_to_four(job: HostsJob, steps: int = 400, timeout: float = 3, *script_args: str) -> None:
     """Host 0 trains with 2 workers; host 1 joins with 2 slots; a step commits at 4."""
-    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
-              ["--batch", "16", "--steps", str(steps), "--step-delay", "0.03", *script_args], timeout=timeout)
+    job.start(
+        ["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
+        ["--batch", "16", "--steps", str(steps), "--step-delay", "0.03", *script_args],
+        timeout=timeout,
+    )
     job.join(1, 2)
     job.wait_log("4 worker(s)")
     # a step committed at 4 workers: the joiners on host 1 train
-    wait_for(lambda: (job.out / "w3.jsonl").exists() and (job.out / "w3.jsonl").stat().st_size > 0, 60,
-             "a step committed by worker w3 (on host 1)")
+    wait_for(
+        lambda: (job.out / "w3.jsonl").exists() and (job.out / "w3.jsonl").stat().st_size > 0,
+        60,
+        "a step committed by worker w3 (on host 1)",
+    )
 
 
 def test_agent_killed_its_workers_leave_in_one_version(hosts3, tmp_path):
@@ -129,14 +167,19 @@ def test_an_agent_killed_at_many_points_of_a_step_every_survivor_commits_the_sam
     worker whose attempt failed while its peers committed (the audit checks each worker's steps) —
     and the survivors go on within a second each time."""
     job = HostsJob(hosts3, tmp_path)
-    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
-              ["--batch", "16", "--steps", "100000", "--step-delay", "0.03", "--stop-at-version", "8"], timeout=30)
+    job.start(
+        ["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
+        ["--batch", "16", "--steps", "100000", "--step-delay", "0.03", "--stop-at-version", "8"],
+        timeout=30,
+    )
     offsets = random.Random(31).sample(range(30), 3)  # ms after a commit at 4 workers
     for cycle, offset in enumerate(offsets):
         job.join(1, 2)
         job.wait_log(f"cluster v{2 * cycle + 2}: 4 worker(s)")
         seen = len(job.commits())
-        wait_for(lambda: any(r["size"] == 4 for r in job.commits()[seen:]), 60, "a step committed at 4 workers")
+        wait_for(
+            lambda: any(r["size"] == 4 for r in job.commits()[seen:]), 60, "a step committed at 4 workers"
+        )
         time.sleep(offset / 1000)  # where in the step the kill lands (not a synchronisation)
         killed = time.time()
         job.agents[1].send_signal(signal.SIGKILL)
@@ -152,13 +195,26 @@ def test_an_agent_killed_at_many_points_of_a_step_every_survivor_commits_the_sam
     _no_process_left(hosts3, 0, 1)
 
 
-@pytest.mark.parametrize("store", ["tcp", pytest.param("etcd", marks=pytest.mark.skipif(
-    shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)"))])
+@pytest.mark.parametrize(
+    "store",
+    [
+        "tcp",
+        pytest.param(
+            "etcd",
+            marks=pytest.mark.skipif(
+                shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)"
+            ),
+        ),
+    ],
+)
 def test_link_down_the_host_is_dropped_and_its_workers_stop(hosts3, tmp_path, store):
     job = HostsJob(hosts3, tmp_path, store=store)
     patience = 12.0  # the agent's --timeout: longer than an etcd call's own retries (10 s)
-    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
-              ["--batch", "16", "--steps", "400", "--step-delay", "0.03"], timeout=30)
+    job.start(
+        ["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
+        ["--batch", "16", "--steps", "400", "--step-delay", "0.03"],
+        timeout=30,
+    )
     job.join(1, 2, extra=["--timeout", f"{patience:g}"])
     job.wait_log("4 worker(s)")
     wait_for(lambda: any(r["size"] == 4 for r in job.commits()), 60, "a step committed at 4 workers")
@@ -195,8 +251,10 @@ def test_head_killed_with_the_tcp_store_every_host_stops(hosts3, tmp_path):
 
 def test_wrong_or_missing_secret_is_refused_and_changes_nothing(hosts3, tmp_path):
     job = HostsJob(hosts3, tmp_path)
-    job.start(["-np", "1", "--nproc-per-node", "1", "--max-np", "3"],
-              ["--batch", "16", "--steps", "150", "--step-delay", "0.02"])
+    job.start(
+        ["-np", "1", "--nproc-per-node", "1", "--max-np", "3"],
+        ["--batch", "16", "--steps", "150", "--step-delay", "0.02"],
+    )
     job.wait_log("cluster v1")
     wrong = tmp_path / "wrong.secret"
     wrong.write_text(os.urandom(32).hex())
@@ -215,7 +273,9 @@ def test_wrong_or_missing_secret_is_refused_and_changes_nothing(hosts3, tmp_path
     _no_process_left(hosts3, 0, 1, 2)
 
 
-@pytest.mark.skipif(shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)")
+@pytest.mark.skipif(
+    shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)"
+)
 def test_etcd_store_grow_across_hosts_then_a_frozen_agent_is_dropped(hosts3, tmp_path):
     """An agent frozen (SIGSTOP) stops beating and renewing its lease: the launcher drops the host's
     workers in one version, when its silence reaches the liveness timeout or etcd deletes its leased
@@ -239,14 +299,20 @@ def test_etcd_store_grow_across_hosts_then_a_frozen_agent_is_dropped(hosts3, tmp
     _no_process_left(hosts3, 0, 1)
 
 
-@pytest.mark.skipif(shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)")
+@pytest.mark.skipif(
+    shutil.which("etcd") is None, reason="no etcd server binary (apt-get install -y etcd-server)"
+)
 def test_etcd_head_killed_an_agent_takes_over_and_training_goes_on(hosts3, tmp_path):
     """The store on a third host (the user's etcd); the launcher's host dies; the agent of host 1
     wins the election, drops host 0's workers in one version, and the job trains to its end."""
     etcd_host = hosts3.address(2)
     data = tmp_path / "etcd-data"
-    etcd = hosts3.popen(2, etcd_command(etcd_host, str(data)), stdout=open(tmp_path / "etcd.log", "w"),
-                        stderr=subprocess.STDOUT)
+    etcd = hosts3.popen(
+        2,
+        etcd_command(etcd_host, str(data)),
+        stdout=open(tmp_path / "etcd.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     job = HostsJob(hosts3, tmp_path, store=f"etcd://{etcd_host}:2379")
     _grown_to_four(job)
     job.launcher.send_signal(signal.SIGKILL)  # the launcher's host dies: its workers die with it
@@ -264,10 +330,28 @@ def test_etcd_head_killed_an_agent_takes_over_and_training_goes_on(hosts3, tmp_p
 
 def test_a_store_nobody_serves_is_a_clear_error(hosts3, tmp_path):
     from taiji.cluster import auth
+
     secret = auth.write_secret_file(tmp_path / "s.secret", auth.new_secret())
-    result = hosts3.run(1, [sys.executable, "-m", "taiji.launch.cli", "join", f"jx@{hosts3.address(0)}:29999",
-                            "--secret-file", str(secret), "--nproc-per-node", "1", "--host", hosts3.address(1),
-                            "--timeout", "3"], timeout=60, env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"))
+    result = hosts3.run(
+        1,
+        [
+            sys.executable,
+            "-m",
+            "taiji.launch.cli",
+            "join",
+            f"jx@{hosts3.address(0)}:29999",
+            "--secret-file",
+            str(secret),
+            "--nproc-per-node",
+            "1",
+            "--host",
+            hosts3.address(1),
+            "--timeout",
+            "3",
+        ],
+        timeout=60,
+        env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"),
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "cannot reach the job store" in result.stderr, result.stderr[-2000:]
     _no_process_left(hosts3, 1)
@@ -275,16 +359,32 @@ def test_a_store_nobody_serves_is_a_clear_error(hosts3, tmp_path):
 
 def test_a_placed_resize_shrinks_the_host_it_names_not_the_newest(hosts3, tmp_path):
     job = HostsJob(hosts3, tmp_path)
-    job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
-              ["--batch", "16", "--steps", "100000", "--stop-at-version", "3", "--step-delay", "0.02"])
-    job.join(1, 2)   # the job grows onto the second host's two slots: v2, 4 workers
+    job.start(
+        ["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
+        ["--batch", "16", "--steps", "100000", "--stop-at-version", "3", "--step-delay", "0.02"],
+    )
+    job.join(1, 2)  # the job grows onto the second host's two slots: v2, 4 workers
     job.wait_log("cluster v2: 4 worker(s)")
     head, second = job.head, hosts3.address(1)
-    resize = subprocess.run([sys.executable, "-m", "taiji.launch.cli", "resize", "--job", job.job_id,
-                             "--placement", f"{head}=1,{second}=2", "3"],
-                            env=job.env, capture_output=True, text=True, timeout=30)
+    resize = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "taiji.launch.cli",
+            "resize",
+            "--job",
+            job.job_id,
+            "--placement",
+            f"{head}=1,{second}=2",
+            "3",
+        ],
+        env=job.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert resize.returncode == 0, resize.stdout + resize.stderr
-    assert job.finish() == 0, job.log()[-4000:]   # the workers stop at v3
+    assert job.finish() == 0, job.log()[-4000:]  # the workers stop at v3
     assert job.agents[1].wait(timeout=30) == 0, job.log("agent1")
     launcher = job.log()
     # without the placement the newest worker (w3, on the second host) would have left

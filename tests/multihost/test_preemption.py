@@ -3,6 +3,7 @@
 host — its workers leave at the next step boundary, no step fails, the agent exits 0 — audited with
 DESIGN §6's invariants.
 Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
+
 from __future__ import annotations
 
 import json
@@ -18,15 +19,28 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def test_sigterm_to_an_agent_is_a_planned_shrink_off_its_host(hosts3, tmp_path):
     job = HostsJob(hosts3, tmp_path)
     try:
-        job.start(["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
-                  ["--batch", "16", "--steps", "100000", "--stop-at-version", "3", "--step-delay", "0.03"])
-        job.join(1, 2, extra=["--grace", "30"])  # the job grows onto the second host's two slots: v2, 4 workers
+        job.start(
+            ["-np", "2", "--nproc-per-node", "2", "--max-np", "4"],
+            ["--batch", "16", "--steps", "100000", "--stop-at-version", "3", "--step-delay", "0.03"],
+        )
+        job.join(
+            1, 2, extra=["--grace", "30"]
+        )  # the job grows onto the second host's two slots: v2, 4 workers
         job.wait_log("cluster v2: 4 worker(s)")
-        wait_for(lambda: (tmp_path / "w3.jsonl").exists() and (tmp_path / "w3.jsonl").stat().st_size > 0, 60,
-                 "a step committed by worker w3 (on host 1)")
-        drained = hosts3.run(1, [sys.executable, "-m", "taiji.launch.cli", "drain", "--job", job.job_id],
-                             timeout=60, env=job.env)
-        assert drained.returncode == 0 and "the agent left after" in drained.stdout, drained.stdout + drained.stderr
+        wait_for(
+            lambda: (tmp_path / "w3.jsonl").exists() and (tmp_path / "w3.jsonl").stat().st_size > 0,
+            60,
+            "a step committed by worker w3 (on host 1)",
+        )
+        drained = hosts3.run(
+            1,
+            [sys.executable, "-m", "taiji.launch.cli", "drain", "--job", job.job_id],
+            timeout=60,
+            env=job.env,
+        )
+        assert drained.returncode == 0 and "the agent left after" in drained.stdout, (
+            drained.stdout + drained.stderr
+        )
         assert job.agents[1].wait(timeout=60) == 0, job.log("agent1")[-3000:]
         assert job.finish() == 0, job.log()[-4000:]  # the workers stop once at v3
     finally:

@@ -4,6 +4,7 @@ mode "check": run every collective and write the results to OUT/rank{r}.json.
 mode "fault": connect, write OUT/ready{r}, wait for the test's `go` key (set after it killed or
 stopped a victim rank), then run one allreduce and record how it failed.
 """
+
 import json
 import sys
 import time

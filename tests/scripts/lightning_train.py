@@ -11,6 +11,7 @@ version, size, rank, digest of parameters and optimizer state after the commit),
 elastic_train.py does, so its ``audit`` checks the run. The worker that ends as rank 0 writes
 OUT/final.pt (parameters); ``--plain`` writes OUT/plain.pt.
 """
+
 import argparse
 import sys
 import time
@@ -18,7 +19,12 @@ from pathlib import Path
 
 import taiji
 
-if __name__ == "__main__" and "--grow-at-start" in sys.argv and taiji.init().version == 1 and taiji.rank() == 0:
+if (
+    __name__ == "__main__"
+    and "--grow-at-start" in sys.argv
+    and taiji.init().version == 1
+    and taiji.rank() == 0
+):
     taiji.resize(3)  # asked before Lightning's import: the joiner boots while the first workers do
 
 import lightning as L  # noqa: E402
@@ -55,21 +61,35 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--resize", nargs="*", default=[])
-    parser.add_argument("--peak", type=int, default=0, help="stop a few steps after growing to PEAK and shrinking")
+    parser.add_argument(
+        "--peak", type=int, default=0, help="stop a few steps after growing to PEAK and shrinking"
+    )
     parser.add_argument("--shuffle", action="store_true")
     parser.add_argument("--policy", default="", choices=["", "cycle"], help="elastic_train.py's policies")
     parser.add_argument("--grow-at-start", action="store_true", help="rank 0 asks for 3 workers at once")
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--plain", action="store_true", help="Lightning's own loop, no taiji")
     parser.add_argument("--compare", action="store_true", help="Lightning's own loop, then TaijiStrategy's")
-    parser.add_argument("--checkpoint-every", nargs=2, default=None, metavar=("K", "DIR"),
-                        help="Lightning's ModelCheckpoint every K steps into DIR (step=K.ckpt, ...)")
+    parser.add_argument(
+        "--checkpoint-every",
+        nargs=2,
+        default=None,
+        metavar=("K", "DIR"),
+        help="Lightning's ModelCheckpoint every K steps into DIR (step=K.ckpt, ...)",
+    )
     parser.add_argument("--resume", default=None, help="trainer.fit(..., ckpt_path=RESUME)")
     args = parser.parse_args()
     torch.manual_seed(0)
     loader = DataLoader(elastic.make_data(), batch_size=args.batch, shuffle=args.shuffle)
-    common = dict(max_steps=args.steps, max_epochs=-1, logger=False, enable_checkpointing=False,
-                  enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    common = dict(
+        max_steps=args.steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     if args.plain or args.compare:
         own = Classifier()
         L.Trainer(accelerator="cpu", devices=1, **common).fit(own, loader)
@@ -79,11 +99,14 @@ def main():
     module = Classifier(args.step_delay)
     from taiji.integrations.lightning import TaijiStrategy
     from taiji.policies import ScheduledResize, parse_resize_schedule
+
     log_file = elastic.open_worker_log(args.out)
 
     def on_commit(step):
         opt = strategy.optimizers[0]
-        elastic.log_commit(log_file, step, [t for p in module.net.parameters() for t in (p, opt.state[p]["momentum_buffer"])])
+        elastic.log_commit(
+            log_file, step, [t for p in module.net.parameters() for t in (p, opt.state[p]["momentum_buffer"])]
+        )
 
     policies = [ScheduledResize(parse_resize_schedule(args.resize))] if args.resize else []
     policies += [elastic.GrowThenShrink(args.peak)] if args.peak else []
@@ -91,10 +114,19 @@ def main():
     strategy = TaijiStrategy(policies=policies, seed=11, on_commit=on_commit)
     if args.checkpoint_every:
         from lightning.pytorch.callbacks import ModelCheckpoint
+
         every, where = args.checkpoint_every
-        common.update(enable_checkpointing=True, callbacks=[ModelCheckpoint(
-            dirpath=where, filename="{step}", every_n_train_steps=int(every), save_top_k=-1)])
-    L.Trainer(accelerator="cpu", devices=1, strategy=strategy, **common).fit(module, loader, ckpt_path=args.resume)
+        common.update(
+            enable_checkpointing=True,
+            callbacks=[
+                ModelCheckpoint(
+                    dirpath=where, filename="{step}", every_n_train_steps=int(every), save_top_k=-1
+                )
+            ],
+        )
+    L.Trainer(accelerator="cpu", devices=1, strategy=strategy, **common).fit(
+        module, loader, ckpt_path=args.resume
+    )
     if taiji.rank() == 0:
         torch.save([p.detach() for p in module.parameters()], args.out / "final.pt")
 

@@ -3,6 +3,7 @@
     python train_equiv.py OUT_DIR STEPS GLOBAL_BATCH DTYPE
 writes OUT_DIR/rank{r}.pt with the final parameters, optimizer state and consumed indices.
 """
+
 import sys
 from pathlib import Path
 
@@ -14,8 +15,13 @@ import taiji
 
 
 def make_model(dtype=torch.float64):
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
-                                torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 3),
+    )
     g = torch.Generator().manual_seed(1234)  # not the global RNG: ranks may be threads
     with torch.no_grad():
         for p in model.parameters():
@@ -42,9 +48,18 @@ def train(peer, steps, batch, dtype=torch.float64, bucket_mb=0.0005, optimizer="
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # a tiny bucket size gives several buckets, exercising ordered launches
-    job = taiji.Job(model, opt, make_data(dtype=dtype), batch_size=batch, max_steps=steps, epochs=100,
-                    strategy=taiji.SyncSGD(bucket_mb=bucket_mb, first_bucket_mb=bucket_mb),
-                    data=taiji.DataOptions(seed=3), monitoring=taiji.MonitorOptions(log_every=0), peer=peer)
+    job = taiji.Job(
+        model,
+        opt,
+        make_data(dtype=dtype),
+        batch_size=batch,
+        max_steps=steps,
+        epochs=100,
+        strategy=taiji.SyncSGD(bucket_mb=bucket_mb, first_bucket_mb=bucket_mb),
+        data=taiji.DataOptions(seed=3),
+        monitoring=taiji.MonitorOptions(log_every=0),
+        peer=peer,
+    )
     consumed = []
     for step in job:
         x, y = step.batch
@@ -52,8 +67,12 @@ def train(peer, steps, batch, dtype=torch.float64, bucket_mb=0.0005, optimizer="
         step.backward(loss)
         consumed.append(step.indices.tolist())
     params = [p.detach().clone() for p in model.parameters()]
-    momenta = [v.clone() for p in model.parameters() for k, v in sorted(opt.state[p].items())
-               if torch.is_tensor(v) and v.dim() > 0]
+    momenta = [
+        v.clone()
+        for p in model.parameters()
+        for k, v in sorted(opt.state[p].items())
+        if torch.is_tensor(v) and v.dim() > 0
+    ]
     return params, momenta, consumed
 
 
@@ -61,5 +80,7 @@ if __name__ == "__main__":
     out, steps, batch, dtype = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     peer = taiji.init()
     params, momenta, consumed = train(peer, steps, batch, getattr(torch, dtype))
-    torch.save({"params": params, "momenta": momenta, "consumed": consumed, "rank": peer.rank},
-               out / f"rank{peer.rank}.pt")
+    torch.save(
+        {"params": params, "momenta": momenta, "consumed": consumed, "rank": peer.rank},
+        out / f"rank{peer.rank}.pt",
+    )

@@ -1,6 +1,7 @@
 """Policies inside the Job (ranks as threads): agreed decisions applied at the same step on every
 worker, the decision check and errors. Policies across resizes and failures with real processes:
 tests/faults/test_adaptation_faults.py."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,15 +37,25 @@ def train(peer, policies, epochs=2, batch=8):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    job = taiji.Job(model, opt, data(), batch, epochs=epochs, peer=peer, log_every=0, seed=1,
-                    policies=policies)
+    job = taiji.Job(
+        model, opt, data(), batch, epochs=epochs, peer=peer, log_every=0, seed=1, policies=policies
+    )
     steps = []
     for step in job:
         x, y = step.batch
         step.backward(F.cross_entropy(model(x), y))
-        steps.append({"index": step.index, "epoch": step.epoch, "span": step.span,
-                      "local": step.indices.tolist(), "lr": opt.param_groups[0]["lr"]})
-    state = [p.detach() for p in model.parameters()] + [opt.state[p]["momentum_buffer"] for p in model.parameters()]
+        steps.append(
+            {
+                "index": step.index,
+                "epoch": step.epoch,
+                "span": step.span,
+                "local": step.indices.tolist(),
+                "lr": opt.param_groups[0]["lr"],
+            }
+        )
+    state = [p.detach() for p in model.parameters()] + [
+        opt.state[p]["momentum_buffer"] for p in model.parameters()
+    ]
     return steps, digest(state), job
 
 
@@ -58,8 +69,9 @@ def test_batch_changes_mid_epoch_apply_at_the_same_step_everywhere_and_keep_exac
     # 97 samples: 3x8, 2x20, 4x5, then 33 is cut to the 13 left; the next epoch starts with 33
     assert sizes[:11] == [8, 8, 8, 20, 20, 5, 5, 5, 5, 13, 33]
     for epoch in (0, 1):
-        consumed = sorted(i for s0, s1 in zip(steps0, steps1) if s0["epoch"] == epoch
-                          for i in s0["local"] + s1["local"])
+        consumed = sorted(
+            i for s0, s1 in zip(steps0, steps1) if s0["epoch"] == epoch for i in s0["local"] + s1["local"]
+        )
         assert consumed == list(range(97)), f"epoch {epoch} is not exactly-once"
     assert steps0[3]["lr"] == pytest.approx(0.1 * 20 / 8) and steps0[9]["lr"] == pytest.approx(0.1 * 33 / 8)
     assert [s["lr"] for s in steps0] == [s["lr"] for s in steps1]
@@ -114,27 +126,43 @@ def test_hooks_run_in_order_with_an_identical_context():
             self._calls = []
 
         def __getattribute__(self, name):
-            if name in ("before_train", "before_epoch", "before_step", "after_step", "after_epoch",
-                        "after_train"):
+            if name in (
+                "before_train",
+                "before_epoch",
+                "before_step",
+                "after_step",
+                "after_epoch",
+                "after_train",
+            ):
                 calls = object.__getattribute__(self, "_calls")
                 return lambda ctx: calls.append((name, ctx.step, ctx.epoch, ctx.size, ctx.batch_size))
             return object.__getattribute__(self, name)
 
     def body(peer):
         recorder = Recorder()
-        train(peer, [recorder], epochs=1, batch=40)   # 97 samples: 3 steps
+        train(peer, [recorder], epochs=1, batch=40)  # 97 samples: 3 steps
         return recorder._calls
 
     calls0, calls1 = run_threads(2, body)
     assert calls0 == calls1
-    assert [c[0] for c in calls0] == ["before_train", "before_epoch", "before_step",
-                                      "after_step", "before_step", "after_step", "before_step",
-                                      "after_step", "after_epoch", "after_train"]
+    assert [c[0] for c in calls0] == [
+        "before_train",
+        "before_epoch",
+        "before_step",
+        "after_step",
+        "before_step",
+        "after_step",
+        "before_step",
+        "after_step",
+        "after_epoch",
+        "after_train",
+    ]
     assert [c[1] for c in calls0][:3] == [0, 0, 0] and calls0[-2][1] == 3
 
 
 def test_the_policies_guide_custom_policy_runs_as_written():
     import re
+
     guide = (REPO / "docs" / "guides" / "policies.md").read_text()
     block = next(b for b in re.findall(r"```python\n(.*?)```", guide, re.S) if "DoubleBatchOnPlateau" in b)
     definition = block.split("\njob = ")[0]
@@ -144,9 +172,17 @@ def test_the_policies_guide_custom_policy_runs_as_written():
     policy = namespace["DoubleBatchOnPlateau"](every=2)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)   # lr 0: the loss plateaus for sure
-    job = taiji.Job(model, opt, data(), 4, epochs=1, peer=taiji.runtime.peer.Peer.solo(), log_every=0,
-                    policies=[policy, namespace["LRScaling"]("sqrt")])
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the loss plateaus for sure
+    job = taiji.Job(
+        model,
+        opt,
+        data(),
+        4,
+        epochs=1,
+        peer=taiji.runtime.peer.Peer.solo(),
+        log_every=0,
+        policies=[policy, namespace["LRScaling"]("sqrt")],
+    )
     batches = []
     for step in job:
         batches.append(step.global_batch_size)

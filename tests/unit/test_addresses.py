@@ -1,4 +1,5 @@
 """Which address workers advertise (issue 15 item 1): --ifname, and GLOO_SOCKET_IFNAME honoured."""
+
 import pytest
 
 from taiji.comm.addresses import gloo_device, interface_address
@@ -23,8 +24,10 @@ def test_gloo_socket_ifname_wins_over_the_advertised_host(monkeypatch):
 
 def test_run_takes_host_or_ifname_not_both(capsys):
     parser = build_parser()
-    assert parse_run(parser.parse_args(["run", "-np", "1", "--ifname", "lo", "python", "-c", "pass"])).host \
+    assert (
+        parse_run(parser.parse_args(["run", "-np", "1", "--ifname", "lo", "python", "-c", "pass"])).host
         == "127.0.0.1"
+    )
     assert parse_run(parser.parse_args(["run", "-np", "1", "python", "-c", "pass"])).host == "127.0.0.1"
     with pytest.raises(SystemExit):
         parser.parse_args(["run", "-np", "1", "--host", "127.0.0.1", "--ifname", "lo", "python"])

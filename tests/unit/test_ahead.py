@@ -3,6 +3,7 @@ with real gloo groups on a real TCPStore (threads as ranks), that a planned shri
 groups form in the background while the current version goes on training; that the lead reports the
 new version only once they are built; that the transition then pays no rendezvous; and that a build
 that failed is raised at the transition at once, not after another timeout."""
+
 from __future__ import annotations
 
 import threading
@@ -46,10 +47,13 @@ def _solo(version: int) -> Communicator:
 
 def test_each_version_is_built_once_and_none_at_or_below_the_one_moved_to():
     made, connections = [], []
-    ahead = Ahead(lambda: connections.append(1) or (torch.distributed.HashStore(), torch.distributed.HashStore()))
+    ahead = Ahead(
+        lambda: connections.append(1) or (torch.distributed.HashStore(), torch.distributed.HashStore())
+    )
 
     def make(version):
         return lambda: made.append(version) or _solo(version)
+
     assert ahead.start(3, make(3)) and not ahead.start(3, make(3)), "built once"
     assert ahead.start(5, make(5))
     assert made == [3, 5] and len(connections) <= 2, "a build's connections serve the next once it ended"
@@ -79,6 +83,7 @@ def _run(bodies: dict[str, object], timeout: float = 90.0) -> dict[str, object]:
             results[name] = body()
         except BaseException as exc:  # reported below
             errors.append(exc)
+
     threads = [threading.Thread(target=run, args=item, daemon=True) for item in bodies.items()]
     for thread in threads:
         thread.start()
@@ -106,8 +111,13 @@ def test_a_planned_change_is_built_while_training_and_reported_only_once_built(c
 
     def member(wid: str):
         def body():
-            peer = Peer(LatentStore(connect_store("127.0.0.1", server.port), delay), JobStore(server, "ahead"), wid,
-                        v1, PeerOptions(timeout=30))
+            peer = Peer(
+                LatentStore(connect_store("127.0.0.1", server.port), delay),
+                JobStore(server, "ahead"),
+                wid,
+                v1,
+                PeerOptions(timeout=30),
+            )
             membership = ElasticMembership(peer)
             try:
                 peer.comm.connect()
@@ -134,18 +144,26 @@ def test_a_planned_change_is_built_while_training_and_reported_only_once_built(c
             finally:
                 membership.close()
                 peer.close()
+
         return body
 
     def joiner():
         _wait(admit.is_set, 60, "the members building v2 ahead")
-        peer = Peer(LatentStore(connect_store("127.0.0.1", server.port), delay), JobStore(server, "ahead"), "w3",
-                    None, PeerOptions(timeout=30), provisional=(3, 4))
+        peer = Peer(
+            LatentStore(connect_store("127.0.0.1", server.port), delay),
+            JobStore(server, "ahead"),
+            "w3",
+            None,
+            PeerOptions(timeout=30),
+            provisional=(3, 4),
+        )
         try:
             assert peer.transition(v2)
             peer.comm.connect()
             return {"total": float(peer.comm.allreduce(torch.ones(1))), "size": peer.comm.size}
         finally:
             peer.close()
+
     bodies = {w.id: member(w.id) for w in W[:3]}
     if change == "grow":
         bodies["w3"] = joiner
@@ -168,7 +186,9 @@ def test_a_build_that_failed_is_raised_at_the_transition_at_once():
     background; the transition to v2 then raises that failure without waiting for another timeout."""
     server = host_store()
     v1, two, _, _ = _versions()
-    peer = Peer(connect_store("127.0.0.1", server.port), JobStore(server, "fail"), "w0", v1, PeerOptions(timeout=1.0))
+    peer = Peer(
+        connect_store("127.0.0.1", server.port), JobStore(server, "fail"), "w0", v1, PeerOptions(timeout=1.0)
+    )
     try:
         assert peer.prepare(two) and not peer.prepared(2)
         _wait(lambda: peer.prepared(2), 30, "the build ahead to give up")

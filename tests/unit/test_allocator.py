@@ -1,5 +1,6 @@
 """runtime/allocator.py: glibc keeps a training step's freed buffers mapped, so the next step does
 not fault the same pages in again; the user's own choice (or TAIJI_MALLOC_TUNING=0) wins."""
+
 from __future__ import annotations
 
 import json
@@ -44,16 +45,28 @@ for step in range(3):
 print(json.dumps({"tuned": tuned, "kept_mib": [k / 2**20 for k in kept]}))
 """
 
-glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc"
-                                or tuple(int(x) for x in platform.libc_ver()[1].split(".")[:2]) < (2, 33),
-                                reason="the thresholds are glibc's (mallinfo2 since 2.33)")
+glibc_only = pytest.mark.skipif(
+    platform.system() != "Linux"
+    or platform.libc_ver()[0] != "glibc"
+    or tuple(int(x) for x in platform.libc_ver()[1].split(".")[:2]) < (2, 33),
+    reason="the thresholds are glibc's (mallinfo2 since 2.33)",
+)
 
 
 def run_steps(mode: str, **env: str) -> dict[str, Any]:
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith("MALLOC_") and k not in ("TAIJI_MALLOC_TUNING", "GLIBC_TUNABLES")}
-    done = subprocess.run([sys.executable, "-c", STEPS, mode], capture_output=True, text=True, timeout=120,
-                          env={**environ, **env}, check=True)
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MALLOC_") and k not in ("TAIJI_MALLOC_TUNING", "GLIBC_TUNABLES")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", STEPS, mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**environ, **env},
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

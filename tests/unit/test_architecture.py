@@ -13,6 +13,7 @@
 
 Every violation is listed as ``file:line`` in the failure message.
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,13 +34,22 @@ TESTS = REPO / "tests"
 
 # Low to high; a module may import its own layer (without cycles) and lower ones only.
 LAYERS: dict[str, int] = {
-    "taiji.errors": 0, "taiji.env": 0, "taiji.log": 0,
-    "taiji.cluster": 1, "taiji.data": 1, "taiji.monitor": 1, "taiji.comm": 1, "taiji.policies": 1,
-    "taiji.metrics": 1, "taiji.sched": 1, "taiji.checkpoint": 1,
+    "taiji.errors": 0,
+    "taiji.env": 0,
+    "taiji.log": 0,
+    "taiji.cluster": 1,
+    "taiji.data": 1,
+    "taiji.monitor": 1,
+    "taiji.comm": 1,
+    "taiji.policies": 1,
+    "taiji.metrics": 1,
+    "taiji.sched": 1,
+    "taiji.checkpoint": 1,
     "taiji.strategies": 2,
     "taiji.runtime": 3,
-    "taiji.launch": 4, "taiji": 4,   # "taiji" is the package root, taiji/__init__.py, only
-    "taiji.integrations": 5,         # frameworks' loops on the user's API (taiji.Job), above the root
+    "taiji.launch": 4,
+    "taiji": 4,  # "taiji" is the package root, taiji/__init__.py, only
+    "taiji.integrations": 5,  # frameworks' loops on the user's API (taiji.Job), above the root
 }
 LAYER1 = sorted(name for name, layer in LAYERS.items() if layer == 1)
 
@@ -50,22 +60,50 @@ LAUNCH_SHARED = {"options", "supervisor", "worker_env", "registry", "control_soc
 LAUNCH_ENTRY = {"cli"}
 LAUNCH_ROOMS: dict[str, set[str]] = {
     "job": {"run", "driver", "checkpoint_cli", "etcd_server", "top"},
-    "hosts": {"agent", "agent_channel", "remote_hosts", "tether", "takeover", "drain", "slurm", "slurm_task",
-              "ray_hosts", "ray_agent", "ray_gang"},
-    "sched": {"sched", "sched.agent", "sched.channel", "sched.cli", "sched.daemon", "sched.hosts", "sched.ray_pool",
-              "sched.ray_jobs", "sched.ray_actor"},
+    "hosts": {
+        "agent",
+        "agent_channel",
+        "remote_hosts",
+        "tether",
+        "takeover",
+        "drain",
+        "slurm",
+        "slurm_task",
+        "ray_hosts",
+        "ray_agent",
+        "ray_gang",
+    },
+    "sched": {
+        "sched",
+        "sched.agent",
+        "sched.channel",
+        "sched.cli",
+        "sched.daemon",
+        "sched.hosts",
+        "sched.ray_pool",
+        "sched.ray_jobs",
+        "sched.ray_actor",
+    },
 }
 LAUNCH_DOORS: dict[str, set[str]] = {
     "job": {"run", "driver", "checkpoint_cli", "top"},  # the takeover builds a Driver
-    "hosts": {"agent", "agent_channel", "remote_hosts", "drain", "slurm_task", "ray_hosts", "ray_agent"},  # the
+    "hosts": {
+        "agent",
+        "agent_channel",
+        "remote_hosts",
+        "drain",
+        "slurm_task",
+        "ray_hosts",
+        "ray_agent",
+    },  # the
     # driver addresses the agents through the first three; `taiji drain` and `srun`'s tasks are commands of this
     # room; `taiji sched serve --ray` places ray_agent's per-node actor and connects through ray_hosts
     "sched": {"sched.cli"},
 }
 
 MAX_LINES = 500
-MAX_LINES_JOB = 350       # runtime/job.py, the composer
-MAX_LINES_RUNTIME = 300   # every other file under runtime/
+MAX_LINES_JOB = 350  # runtime/job.py, the composer
+MAX_LINES_RUNTIME = 300  # every other file under runtime/
 
 # ``X._name`` spellings that are allowed, each with its reason. Keep this tiny: a private member
 # of our own code is never allowed; an entry here is a third-party API with no public spelling.
@@ -74,11 +112,12 @@ ALLOWED_PRIVATE = {
     "opts._timeout": "torch's gloo/NCCL Options expose the collective timeout only under this name",
     "opts._devices": "torch's gloo Options expose the transport devices (bound address) only here",
     "dist.ProcessGroupGloo._Options": "the only gloo Options class ProcessGroupGloo(store, rank, "
-                                      "size, options) accepts (torch 2.x); needed to pass _devices",
+    "size, options) accepts (torch 2.x); needed to pass _devices",
 }
 
 
 # -- reading the source -------------------------------------------------------------------------
+
 
 def source_files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
@@ -110,8 +149,8 @@ def top_package(module: str) -> str:
 
 @dataclass(frozen=True)
 class Import:
-    source: str          # importing module
-    target: str          # imported module (a module or package of src/taiji)
+    source: str  # importing module
+    target: str  # imported module (a module or package of src/taiji)
     path: Path
     line: int
     type_checking: bool  # under ``if TYPE_CHECKING:``
@@ -122,8 +161,9 @@ class Import:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-           (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(path: Path, modules: set[str], src: Path | None = None) -> tuple[list[Import], list[str]]:
@@ -168,9 +208,9 @@ def imports_of(path: Path, modules: set[str], src: Path | None = None) -> tuple[
                 base = node.module or ""
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
-                if alias.name != "*" and submodule in modules:   # from pkg import submodule
+                if alias.name != "*" and submodule in modules:  # from pkg import submodule
                     add(submodule, submodule, node, tc)
-                else:                                             # from module import name
+                else:  # from module import name
                     add(base if base in modules else None, base, node, tc)
         for child in ast.iter_child_nodes(node):
             visit(child, tc)
@@ -187,7 +227,7 @@ def import_graph() -> tuple[list[Import], list[str]]:
     unresolved: list[str] = []
     for path in files:
         found, bad = imports_of(path, modules)
-        edges += dict.fromkeys(found)   # one per statement and target, in order
+        edges += dict.fromkeys(found)  # one per statement and target, in order
         unresolved += bad
     return edges, unresolved
 
@@ -254,17 +294,23 @@ def describe_cycles(graph: dict[str, set[str]], where: dict[tuple[str, str], str
     for component in components(graph):
         lines.append(f"  cycle: {' -> '.join(shortest_cycle(graph, component))}")
         lines.append(f"    component of {len(component)}: {', '.join(component)}; its imports:")
-        lines += [f"      {a} -> {b}  at {where[a, b]}"
-                  for a in component for b in sorted(graph[a]) if b in component]
+        lines += [
+            f"      {a} -> {b}  at {where[a, b]}"
+            for a in component
+            for b in sorted(graph[a])
+            if b in component
+        ]
     return lines
 
 
 def dotted_uses(path: Path, name: str) -> dict[int, list[str]]:
     """``{line: ["name.attr", ...]}`` wherever ``name.`` appears in code, i.e. the regex
     ``\\bname\\.`` outside strings, comments and docstrings (read with tokenize)."""
-    tokens = [t for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
-              if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT,
-                                tokenize.DEDENT)]
+    tokens = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+        if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+    ]
     uses: dict[int, list[str]] = defaultdict(list)
     for t, dot, attr in zip(tokens, tokens[1:], tokens[2:] + [None]):
         if t.type == tokenize.NAME and t.string == name and dot.type == tokenize.OP and dot.string == ".":
@@ -297,11 +343,14 @@ def grouped(problems: list[tuple[str, str]]) -> str:
     for where, message in problems:
         path, _, line = where.partition(":")
         by_file[path].append((int(line.split()[0]), f"    {where}: {message}"))
-    return "\n".join(f"  {path} ({len(lines)})\n" + "\n".join(text for _, text in sorted(lines))
-                     for path, lines in sorted(by_file.items()))
+    return "\n".join(
+        f"  {path} ({len(lines)})\n" + "\n".join(text for _, text in sorted(lines))
+        for path, lines in sorted(by_file.items())
+    )
 
 
 # -- the tests ----------------------------------------------------------------------------------
+
 
 def test_imports_layers_and_sizes():
     edges, unresolved = import_graph()
@@ -334,8 +383,10 @@ def test_imports_layers_and_sizes():
         if a != b and a in LAYER1 and b in LAYER1:
             packages[a].add(b)
             package_edge.setdefault((a, b), edge)
-    package_cycles = describe_cycles(packages, {key: f"{edge.where} ({edge.source} -> {edge.target})"
-                                                for key, edge in package_edge.items()})
+    package_cycles = describe_cycles(
+        packages,
+        {key: f"{edge.where} ({edge.source} -> {edge.target})" for key, edge in package_edge.items()},
+    )
     if package_cycles:
         report.append("import cycles between layer-1 packages:\n" + "\n".join(package_cycles))
 
@@ -349,15 +400,21 @@ def test_imports_layers_and_sizes():
         report.append(f"{len(upward)} upward import(s):\n" + grouped(upward))
 
     # runtime/job.py is the composer: imported by the package root only
-    job_imports = [(e.where, f"{e.source} imports taiji.runtime.job") for e in edges
-                   if e.target == "taiji.runtime.job" and e.source != "taiji"]
+    job_imports = [
+        (e.where, f"{e.source} imports taiji.runtime.job")
+        for e in edges
+        if e.target == "taiji.runtime.job" and e.source != "taiji"
+    ]
     if job_imports:
         report.append("imports of taiji.runtime.job outside taiji/__init__.py:\n" + grouped(job_imports))
 
     # no runtime part reaches into the Job
-    names_job = [(f"{rel(path)}:{line}", ", ".join(uses))
-                 for path in sorted((PACKAGE / "runtime").rglob("*.py")) if path.name != "job.py"
-                 for line, uses in dotted_uses(path, "job").items()]
+    names_job = [
+        (f"{rel(path)}:{line}", ", ".join(uses))
+        for path in sorted((PACKAGE / "runtime").rglob("*.py"))
+        if path.name != "job.py"
+        for line, uses in dotted_uses(path, "job").items()
+    ]
     if names_job:
         report.append("runtime modules other than job.py that name `job.` in code:\n" + grouped(names_job))
 
@@ -383,34 +440,62 @@ def test_imports_layers_and_sizes():
 def launch_room_problems(edges: list[tuple[str, str, str]], modules: set[str]) -> list[tuple[str, str]]:
     """(where, why) for each import between launch/ modules (short names) that breaks the rooms."""
     room_of = {m: room for room, members in LAUNCH_ROOMS.items() for m in members}
-    problems = [(f"launch/{m.replace('.', '/')}.py:1", f"{m} is in no room of LAUNCH_ROOMS (nor shared, nor the entry)")
-                for m in sorted(modules - set(room_of) - LAUNCH_SHARED - LAUNCH_ENTRY - {"__init__"})]
+    problems = [
+        (
+            f"launch/{m.replace('.', '/')}.py:1",
+            f"{m} is in no room of LAUNCH_ROOMS (nor shared, nor the entry)",
+        )
+        for m in sorted(modules - set(room_of) - LAUNCH_SHARED - LAUNCH_ENTRY - {"__init__"})
+    ]
     for where, source, target in edges:
-        if source == target or source in LAUNCH_ENTRY and target not in LAUNCH_ENTRY and \
-                (target in LAUNCH_SHARED or target in LAUNCH_DOORS.get(room_of.get(target, ""), set())):
+        if (
+            source == target
+            or source in LAUNCH_ENTRY
+            and target not in LAUNCH_ENTRY
+            and (target in LAUNCH_SHARED or target in LAUNCH_DOORS.get(room_of.get(target, ""), set()))
+        ):
             continue
         if source in LAUNCH_SHARED:
             if target not in LAUNCH_SHARED:
                 problems.append((where, f"shared part {source} imports {target}"))
-        elif target not in LAUNCH_SHARED and room_of.get(target) != room_of.get(source) \
-                and target not in LAUNCH_DOORS.get(room_of.get(target, ""), set()):
-            problems.append((where, f"{source} ({room_of.get(source)}) imports {target}, which is not a door of "
-                                    f"room {room_of.get(target)}"))
+        elif (
+            target not in LAUNCH_SHARED
+            and room_of.get(target) != room_of.get(source)
+            and target not in LAUNCH_DOORS.get(room_of.get(target, ""), set())
+        ):
+            problems.append(
+                (
+                    where,
+                    f"{source} ({room_of.get(source)}) imports {target}, which is not a door of "
+                    f"room {room_of.get(target)}",
+                )
+            )
     return problems
 
 
 def test_launch_rooms_meet_only_through_their_doors():
     edges, _ = import_graph()
     prefix = "taiji.launch."
-    launch = [(e.where, e.source[len(prefix):], e.target[len(prefix):]) for e in edges
-              if e.source.startswith(prefix) and e.target.startswith(prefix)]
-    modules = {".".join(p.relative_to(PACKAGE / "launch").with_suffix("").parts).removesuffix(".__init__")
-               for p in (PACKAGE / "launch").rglob("*.py")}
+    launch = [
+        (e.where, e.source[len(prefix) :], e.target[len(prefix) :])
+        for e in edges
+        if e.source.startswith(prefix) and e.target.startswith(prefix)
+    ]
+    modules = {
+        ".".join(p.relative_to(PACKAGE / "launch").with_suffix("").parts).removesuffix(".__init__")
+        for p in (PACKAGE / "launch").rglob("*.py")
+    }
     problems = launch_room_problems(launch, modules)
     if problems:
         pytest.fail("launch/'s rooms import each other sideways:\n" + grouped(problems), pytrace=False)
-    made_up = launch_room_problems([("x:1", "sched.daemon", "etcd_server"), ("x:2", "registry", "driver"),
-                                    ("x:3", "takeover", "driver")], modules | {"stray"})
+    made_up = launch_room_problems(
+        [
+            ("x:1", "sched.daemon", "etcd_server"),
+            ("x:2", "registry", "driver"),
+            ("x:3", "takeover", "driver"),
+        ],
+        modules | {"stray"},
+    )
     assert [why.split()[0] for _, why in made_up] == ["stray", "sched.daemon", "shared"]
 
 
@@ -424,8 +509,11 @@ def test_no_reach_into_private_members():
             else:
                 problems.append((f"{rel(path)}:{line}", f"`{spelled}` names a private member of `{owner}`"))
     if problems:
-        pytest.fail(f"{len(problems)} reach(es) into another object's private members (pass the collaborator "
-                    f"in, or make the member public):\n" + grouped(problems), pytrace=False)
+        pytest.fail(
+            f"{len(problems)} reach(es) into another object's private members (pass the collaborator "
+            f"in, or make the member public):\n" + grouped(problems),
+            pytrace=False,
+        )
     stale = sorted(set(ALLOWED_PRIVATE) - used)
     assert not stale, f"allowlist entries no longer used (remove them from ALLOWED_PRIVATE): {stale}"
 
@@ -443,14 +531,19 @@ def test_no_test_module_imports_another():
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 names = [node.module] if node.module else []
-                if node.level:   # from . import test_x
+                if node.level:  # from . import test_x
                     names += [alias.name for alias in node.names]
             else:
                 continue
-            problems += [f"  {rel(path)}:{node.lineno}: imports {name}" for name in names
-                         if name.split(".")[0] in test_modules or name.startswith("test_")]
-    assert not problems, ("test modules import other test modules (move what they share to "
-                          "taiji_harness/testing.py):\n" + "\n".join(problems))
+            problems += [
+                f"  {rel(path)}:{node.lineno}: imports {name}"
+                for name in names
+                if name.split(".")[0] in test_modules or name.startswith("test_")
+            ]
+    assert not problems, (
+        "test modules import other test modules (move what they share to "
+        "taiji_harness/testing.py):\n" + "\n".join(problems)
+    )
     names: dict[str, list[str]] = defaultdict(list)
     for path in TESTS.rglob("test_*.py"):
         names[path.name].append(rel(path))
@@ -480,15 +573,17 @@ def test_the_checks_themselves_on_a_made_up_package(tmp_path):
             "def f(job, other):\n"
             "    job.progress = 1\n"
             "    self._ok = super()._ok = cls._ok = other.__dict__\n"
-            "    return other._bad, self.peer._worse\n"),
+            "    return other._bad, self.peer._worse\n"
+        ),
     }
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     paths = sorted(root.rglob("*.py"))
     modules = {module_of(p, root.parent) for p in paths}
-    edges = {(e.source, e.target, e.type_checking)
-             for p in paths for e in imports_of(p, modules, root.parent)[0]}
+    edges = {
+        (e.source, e.target, e.type_checking) for p in paths for e in imports_of(p, modules, root.parent)[0]
+    }
     assert edges == {
         ("taiji", "taiji.runtime.job", False),
         ("taiji.comm", "taiji.comm.wire", False),
@@ -501,13 +596,20 @@ def test_the_checks_themselves_on_a_made_up_package(tmp_path):
     graph: dict[str, set[str]] = defaultdict(set)
     for source, target, _ in edges:
         graph[source].add(target)
-    assert components(graph) == [["taiji.cluster.spec", "taiji.comm.wire"],
-                                 ["taiji.runtime.job", "taiji.runtime.step"]]
-    assert shortest_cycle(graph, ["taiji.runtime.job", "taiji.runtime.step"]) == \
-        ["taiji.runtime.job", "taiji.runtime.step", "taiji.runtime.job"]
+    assert components(graph) == [
+        ["taiji.cluster.spec", "taiji.comm.wire"],
+        ["taiji.runtime.job", "taiji.runtime.step"],
+    ]
+    assert shortest_cycle(graph, ["taiji.runtime.job", "taiji.runtime.step"]) == [
+        "taiji.runtime.job",
+        "taiji.runtime.step",
+        "taiji.runtime.job",
+    ]
     step = root / "runtime" / "step.py"
     assert dotted_uses(step, "job") == {7: ["job.progress"]}
-    assert [(line, spelled) for line, spelled, _ in private_reaches(ast.parse(step.read_text()))] == \
-        [(9, "other._bad"), (9, "self.peer._worse")]
+    assert [(line, spelled) for line, spelled, _ in private_reaches(ast.parse(step.read_text()))] == [
+        (9, "other._bad"),
+        (9, "self.peer._worse"),
+    ]
     assert layer_of("taiji") == 4 and layer_of("taiji.launch.cli") == 4 and layer_of("taiji.errors") == 0
     assert layer_of("taiji.comm.wire") == 1 and layer_of("taiji.runtimes") is None

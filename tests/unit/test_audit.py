@@ -1,5 +1,6 @@
 """The run-log audit (tests/scripts/elastic_train.py's ``audit``) tells a dropped worker's last,
 raced commit (an orphan) from a divergence of the replicas that go on."""
+
 import json
 
 from taiji_harness.testing import load_script
@@ -10,8 +11,14 @@ def _write(out, worker, records):
 
 
 def _rec(step, version, digest, size):
-    return {"step": step, "version": version, "digest": digest, "epoch": 0, "span": [4 * step, 4 * step + 4],
-            "size": size}
+    return {
+        "step": step,
+        "version": version,
+        "digest": digest,
+        "epoch": 0,
+        "span": [4 * step, 4 * step + 4],
+        "size": size,
+    }
 
 
 def _audit(out):

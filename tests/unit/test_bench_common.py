@@ -1,5 +1,6 @@
 """The benchmarks' harness (taiji_harness/bench.py): processes are always ended and reaped, and
 the repetition and statistics helpers. The processes started here are short shell commands."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.bench import (Session, interleaved, paired_ratio, run_launcher, run_to_end, signal_if_ours,
-                     spread, wait_all)
+from taiji_harness.bench import (
+    Session,
+    interleaved,
+    paired_ratio,
+    run_launcher,
+    run_to_end,
+    signal_if_ours,
+    spread,
+    wait_all,
+)
 
 
 def gone(pid: int) -> bool:
@@ -40,8 +49,8 @@ def test_close_kills_the_whole_session_and_reaps_its_first_process(tmp_path):
     child = int(session.text().split()[0])
     assert session.running() and not gone(child)
     session.close()
-    assert session.returncode is not None                # reaped, not a zombie of ours
-    assert wait_until_gone(child)                        # the grandchild went with its session
+    assert session.returncode is not None  # reaped, not a zombie of ours
+    assert wait_until_gone(child)  # the grandchild went with its session
 
 
 def test_running_does_not_reap_so_close_can_still_signal_the_group(tmp_path):
@@ -50,7 +59,7 @@ def test_running_does_not_reap_so_close_can_still_signal_the_group(tmp_path):
     while session.running() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert session.returncode == 3
-    assert session.popen.returncode is None              # seen exited, not reaped yet
+    assert session.popen.returncode is None  # seen exited, not reaped yet
     session.close()
     assert session.popen.returncode == 3
 
@@ -64,8 +73,12 @@ def test_run_to_end_kills_at_the_timeout_and_keeps_the_output():
 
 
 def test_run_to_end_reports_the_exit_code_and_output(tmp_path):
-    finished = run_to_end([sys.executable, "-c", "print('hello'); raise SystemExit(4)"], timeout=30, name="x",
-                          output=tmp_path / "log")
+    finished = run_to_end(
+        [sys.executable, "-c", "print('hello'); raise SystemExit(4)"],
+        timeout=30,
+        name="x",
+        output=tmp_path / "log",
+    )
     assert (finished.returncode, finished.output.strip()) == (4, "hello")
     assert (tmp_path / "log").read_text().strip() == "hello"
 
@@ -81,7 +94,9 @@ def test_a_temporary_output_file_is_removed_on_close():
 
 def test_run_launcher_raises_with_the_output_on_a_failed_command(tmp_path):
     with pytest.raises(RuntimeError, match="(?s)exited with 3.*boom"):
-        run_launcher([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], tmp_path / "log", 30, name="job")
+        run_launcher(
+            [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], tmp_path / "log", 30, name="job"
+        )
     with pytest.raises(RuntimeError, match="still running"):
         run_launcher(["sleep", "60"], tmp_path / "log", 0.3, name="job")
     assert run_launcher(["true"], tmp_path / "log", 30, name="job").returncode == 0
@@ -117,7 +132,7 @@ def test_signal_if_ours_spares_a_process_without_the_marker(tmp_path):
             assert stranger.wait(timeout=5) == -9
         finally:
             stranger.kill()
-    signal_if_ours(2**22 + 12345, 9, marker="x")        # no such process: nothing happens
+    signal_if_ours(2**22 + 12345, 9, marker="x")  # no such process: nothing happens
 
 
 def test_interleaved_reverses_every_other_repetition():
@@ -127,7 +142,7 @@ def test_interleaved_reverses_every_other_repetition():
 
 
 def test_paired_ratio_is_the_median_of_anchor_over_taiji():
-    assert paired_ratio([1.0, 2.0, 4.0], [2.0, 2.0, 2.0]) == 1.0           # ratios 2, 1, 0.5
+    assert paired_ratio([1.0, 2.0, 4.0], [2.0, 2.0, 2.0]) == 1.0  # ratios 2, 1, 0.5
     assert paired_ratio([1.0, 1.0], [1.1, 1.3]) == pytest.approx(1.2)
     with pytest.raises(ValueError):
         paired_ratio([1.0], [1.0, 2.0])
@@ -137,4 +152,3 @@ def test_paired_ratio_is_the_median_of_anchor_over_taiji():
 
 def test_spread_is_min_and_max():
     assert spread([3.0, 1.23456, 2.0], digits=2) == [1.23, 3.0]
-

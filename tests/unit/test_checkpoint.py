@@ -1,5 +1,6 @@
 """Checkpoints: the pure schedule, layout and pruning; writing and reading parts (local disk and
 an fsspec memory file system); a one-worker Job resumed bitwise; bad checkpoints refused."""
+
 import errno
 import json
 import os
@@ -24,9 +25,14 @@ from taiji.runtime.peer import Peer
 
 # -- pure decisions ------------------------------------------------------------------------
 
+
 def test_interval_parsing():
     assert parse_every("10m") == (600.0, None) and parse_every("90s") == (90.0, None)
-    assert parse_every("2h") == (7200.0, None) and parse_every("500") == (None, 500) and parse_every(7) == (None, 7)
+    assert (
+        parse_every("2h") == (7200.0, None)
+        and parse_every("500") == (None, 500)
+        and parse_every(7) == (None, 7)
+    )
     for bad in ("ten minutes", "1.5", "-3", "5d"):
         with pytest.raises(ConfigError):
             parse_every(bad)
@@ -65,8 +71,16 @@ def test_prune_keeps_the_newest_complete_and_everything_newer():
 
 
 def test_model_differences_name_each_difference():
-    saved = {"w": TensorInfo((2, 3), "float32"), "b": TensorInfo((2,), "float32"), "old": TensorInfo((1,), "float32")}
-    now = {"w": TensorInfo((3, 3), "float32"), "b": TensorInfo((2,), "float64"), "new": TensorInfo((1,), "float32")}
+    saved = {
+        "w": TensorInfo((2, 3), "float32"),
+        "b": TensorInfo((2,), "float32"),
+        "old": TensorInfo((1,), "float32"),
+    }
+    now = {
+        "w": TensorInfo((3, 3), "float32"),
+        "b": TensorInfo((2,), "float64"),
+        "new": TensorInfo((1,), "float32"),
+    }
     diffs = model_differences(saved, now)
     assert any("old is in the checkpoint but not in the model" in d for d in diffs)
     assert any("new is in the model but not in the checkpoint" in d for d in diffs)
@@ -90,18 +104,32 @@ def test_launcher_setting_is_the_default():
 
 # -- parts on storage ----------------------------------------------------------------------
 
+
 def _manifest(step, parts, tensors, owners):
-    return Manifest(layout.FORMAT, "test", step, parts, 0.0, parts,
-                    {k[6:]: TensorInfo(tuple(t.shape), "float32") for k, t in tensors.items() if k.startswith("model.")},
-                    owners, state={"step": step})
+    return Manifest(
+        layout.FORMAT,
+        "test",
+        step,
+        parts,
+        0.0,
+        parts,
+        {k[6:]: TensorInfo(tuple(t.shape), "float32") for k, t in tensors.items() if k.startswith("model.")},
+        owners,
+        state={"step": step},
+    )
 
 
 def _write(storage, step, tensors, writers=2):
     owners = assign({k: t.numel() * 4 for k, t in tensors.items()}, writers)
     for part in range(writers):
         mine = {k: t for k, t in tensors.items() if owners[k] == part}
-        writer_mod.write_part(storage, step, part, writer_mod.stage(mine),
-                              _manifest(step, writers, tensors, owners) if part == 0 else None)
+        writer_mod.write_part(
+            storage,
+            step,
+            part,
+            writer_mod.stage(mine),
+            _manifest(step, writers, tensors, owners) if part == 0 else None,
+        )
     return owners
 
 
@@ -113,8 +141,9 @@ def test_parts_round_trip_and_completeness(tmp_path, root):
     tensors = {"model.w": torch.randn(4, 3), "model.b": torch.randn(3), "state.0": torch.arange(5.0)}
     _write(storage, 7, tensors)
     owners = assign({k: t.numel() * 4 for k, t in tensors.items()}, 2)  # step 9: writer 1 died mid-save
-    writer_mod.write_part(storage, 9, 0, {k: t for k, t in tensors.items() if owners[k] == 0},
-                          _manifest(9, 2, tensors, owners))
+    writer_mod.write_part(
+        storage, 9, 0, {k: t for k, t in tensors.items() if owners[k] == 0}, _manifest(9, 2, tensors, owners)
+    )
     assert storage.listing() == Listing((7,), (9,))
     found = find(url)
     assert found.step == 7 and found.manifest.parts == 2
@@ -132,6 +161,7 @@ def test_a_part_is_checksummed_once_by_its_digest_not_again_by_torch_save(tmp_pa
     written, and the process-wide setting is as it was afterwards; the part still loads."""
     import io
     import zipfile
+
     storage = Storage(str(tmp_path / "ck"))
     tensors = {"model.w": torch.randn(64, 32), "state.0": torch.arange(50.0)}
     torch.serialization.set_crc32_options(True)
@@ -148,14 +178,19 @@ def test_a_part_is_checksummed_once_by_its_digest_not_again_by_torch_save(tmp_pa
     assert all(torch.equal(targets[k], tensors[k]) for k in tensors)
 
 
-def test_a_dcp_that_returns_its_metadata_without_storage_data_still_indexes_every_tensor(tmp_path, monkeypatch):
+def test_a_dcp_that_returns_its_metadata_without_storage_data_still_indexes_every_tensor(
+    tmp_path, monkeypatch
+):
     """torch 2.11's FileSystemWriter records where each tensor went on a copy of the metadata, so
     ``dcp.save`` returns it without ``storage_data``: the part's index is read from what it wrote."""
     import dataclasses
 
     import torch.distributed.checkpoint as dcp
+
     real_save = dcp.save
-    monkeypatch.setattr(dcp, "save", lambda *a, **kw: dataclasses.replace(real_save(*a, **kw), storage_data=None))
+    monkeypatch.setattr(
+        dcp, "save", lambda *a, **kw: dataclasses.replace(real_save(*a, **kw), storage_data=None)
+    )
     storage = Storage(str(tmp_path / "ck"))
     tensors = {"model.w": torch.randn(32, 32), "model.b": torch.randn(32)}
     _write(storage, 2, tensors, writers=1)
@@ -207,6 +242,7 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch, caplo
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(storage, "dcp_writer", full_disk)
     w.save(2, 0, t, _manifest(2, 1, t, {"model.w": 0}))
     assert w.wait() and w.failures == 1
@@ -216,21 +252,36 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch, caplo
 
 # -- a Job ---------------------------------------------------------------------------------
 
-DATA = TensorDataset(torch.randn(48, 4, generator=torch.Generator().manual_seed(0)),
-                     torch.randint(0, 2, (48,), generator=torch.Generator().manual_seed(1)))
+DATA = TensorDataset(
+    torch.randn(48, 4, generator=torch.Generator().manual_seed(0)),
+    torch.randint(0, 2, (48,), generator=torch.Generator().manual_seed(1)),
+)
 
 
 def _model():
     torch.manual_seed(3)  # dropout draws from torch's RNG: a resumed run continues its stream bitwise
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.25), torch.nn.Linear(8, 2))
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.25), torch.nn.Linear(8, 2)
+    )
 
 
 def _train(checkpoint, max_steps, seen=None, run_dir=None):
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.9)
-    job = taiji.Job(model, opt, DATA, 8, peer=Peer.solo(), log_every=0, epochs=3, max_steps=max_steps,
-                    lr_scheduler=sched, checkpoint=checkpoint, run_dir=run_dir)
+    job = taiji.Job(
+        model,
+        opt,
+        DATA,
+        8,
+        peer=Peer.solo(),
+        log_every=0,
+        epochs=3,
+        max_steps=max_steps,
+        lr_scheduler=sched,
+        checkpoint=checkpoint,
+        run_dir=run_dir,
+    )
     for step in job:
         if seen is not None:
             seen.append((step.epoch, tuple(step.indices.tolist())))
@@ -249,7 +300,9 @@ def test_job_resumed_at_a_checkpoint_ends_bitwise_equal(tmp_path):
     assert Storage(root).listing().complete == (8, 10), "final checkpoint at the stop; keep=2 pruned step 4"
     (tmp_path / "ck" / layout.checkpoint_name(10)).rename(tmp_path / "lost")  # as if lost before it completed
     resumed_seen = []
-    model, opt, job = _train(Checkpoint(root, steps=4, resume="auto"), 14, resumed_seen, run_dir=str(tmp_path / "run"))
+    model, opt, job = _train(
+        Checkpoint(root, steps=4, resume="auto"), 14, resumed_seen, run_dir=str(tmp_path / "run")
+    )
     assert resumed_seen[0] == seen[8], "the sample order continues after the checkpoint's step"
     assert seen[:8] + resumed_seen == ref_seen, "exactly once after step 8; steps 9-10 retrained"
     assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters()))
@@ -258,11 +311,15 @@ def test_job_resumed_at_a_checkpoint_ends_bitwise_equal(tmp_path):
     events = [json.loads(line) for line in open(tmp_path / "run" / "events.jsonl")]
     resume = [e for e in events if e.get("event", e.get("kind")) == "resume"]
     assert resume and resume[0]["step"] == 8 and resume[0]["checkpoint"].endswith("step-00000008")
-    assert resume[0]["lost_run_step"] == 10 and resume[0]["steps_redone"] == 2, resume[0]  # the first run's records
+    assert resume[0]["lost_run_step"] == 10 and resume[0]["steps_redone"] == 2, resume[
+        0
+    ]  # the first run's records
 
     plain = _model()
     info = taiji.load_checkpoint(root, plain)
-    assert info["step"] == 14 and all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters()))
+    assert info["step"] == 14 and all(
+        torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters())
+    )
     out = tmp_path / "one.pt"
     export(root, str(out))
     single = torch.load(out, weights_only=True)
@@ -292,6 +349,7 @@ def test_overlapped_staging_holds_the_committed_step_not_the_next_update(tmp_pat
     def gate(self):
         released.set()
         return real_settle(self)
+
     monkeypatch.setattr(writer_mod, "stage", held_stage)
     monkeypatch.setattr(Writer, "settle", gate)
     ref, ref_opt, _ = _train(None, 4)
@@ -299,16 +357,28 @@ def test_overlapped_staging_holds_the_committed_step_not_the_next_update(tmp_pat
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     opt.register_step_post_hook(updated)  # without a gate: staging after the update
-    job = taiji.Job(model, opt, DATA, 8, peer=Peer.solo(), log_every=0, epochs=3, max_steps=6,
-                    lr_scheduler=torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.9),
-                    checkpoint=Checkpoint(root, steps=4), run_dir=str(tmp_path / "run"))
+    job = taiji.Job(
+        model,
+        opt,
+        DATA,
+        8,
+        peer=Peer.solo(),
+        log_every=0,
+        epochs=3,
+        max_steps=6,
+        lr_scheduler=torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.9),
+        checkpoint=Checkpoint(root, steps=4),
+        run_dir=str(tmp_path / "run"),
+    )
     for step in job:
         x, y = step.batch
         step.backward(F.cross_entropy(model(x), y))
     assert Storage(root).listing().complete == (4, 6)
     loaded = _model()
     info = taiji.load_checkpoint(str(tmp_path / "ck" / layout.checkpoint_name(4)), loaded)
-    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), loaded.parameters())), "step 5's update leaked in"
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), loaded.parameters())), (
+        "step 5's update leaked in"
+    )
     saved, expected = info["optimizer"]["state"], ref_opt.state_dict()["state"]
     assert all(torch.equal(saved[i]["exp_avg"], expected[i]["exp_avg"]) for i in expected)
     events = [json.loads(line) for line in open(tmp_path / "run" / "events.jsonl")]
@@ -319,8 +389,12 @@ def test_overlapped_staging_holds_the_committed_step_not_the_next_update(tmp_pat
 def test_resume_into_another_model_names_the_differences(tmp_path):
     root = str(tmp_path / "ck")
     _train(Checkpoint(root), 2)
-    other = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.25), torch.nn.Linear(16, 2))
-    with pytest.raises(CheckpointError, match=r"another model: 0.bias: shape \[8\] in the checkpoint, \[16\]"):
+    other = torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.25), torch.nn.Linear(16, 2)
+    )
+    with pytest.raises(
+        CheckpointError, match=r"another model: 0.bias: shape \[8\] in the checkpoint, \[16\]"
+    ):
         taiji.load_checkpoint(root, other)
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         _train(Checkpoint(str(tmp_path / "empty"), resume=str(tmp_path / "empty")), 2)
@@ -329,6 +403,7 @@ def test_resume_into_another_model_names_the_differences(tmp_path):
 def test_checkpoint_command_and_run_flags(tmp_path, capsys):
     from taiji.launch import checkpoint_cli
     from taiji.launch.cli import build_parser
+
     root = str(tmp_path / "ck")
     _train(Checkpoint(root), 3)
     assert checkpoint_cli.main(["show", root]) == 0
@@ -339,26 +414,34 @@ def test_checkpoint_command_and_run_flags(tmp_path, capsys):
     assert "no complete checkpoint" in capsys.readouterr().err
 
     def flags(*extra):
-        return checkpoint_cli.parse_run_flags(build_parser().parse_args(["run", "-np", "1", *extra, "python", "x.py"]))
+        return checkpoint_cli.parse_run_flags(
+            build_parser().parse_args(["run", "-np", "1", *extra, "python", "x.py"])
+        )
+
     parsed = flags("--checkpoint-dir", root, "--checkpoint-every", "5m", "--resume", "auto")
     assert parsed.directory == root and parsed.every == "5m" and parsed.resume == "auto"
     assert flags("--resume", root).resume == root
-    for bad, says in [(("--resume", "auto"), "needs --checkpoint-dir"), (("--checkpoint-every", "5m"), "needs"),
-                      (("--checkpoint-dir", root, "--checkpoint-every", "soon"), "cannot read"),
-                      (("--resume", str(tmp_path / "none")), "no complete checkpoint"),
-                      (("--checkpoint-dir", str(tmp_path / "m.pt" / "x")), "cannot write checkpoints")]:
+    for bad, says in [
+        (("--resume", "auto"), "needs --checkpoint-dir"),
+        (("--checkpoint-every", "5m"), "needs"),
+        (("--checkpoint-dir", root, "--checkpoint-every", "soon"), "cannot read"),
+        (("--resume", str(tmp_path / "none")), "no complete checkpoint"),
+        (("--checkpoint-dir", str(tmp_path / "m.pt" / "x")), "cannot write checkpoints"),
+    ]:
         with pytest.raises(ConfigError, match=says):
             flags(*bad)
 
 
 def test_sigterm_to_a_plain_process_stops_after_the_step_with_a_final_checkpoint(tmp_path):
     import signal
+
     root = str(tmp_path / "ck")
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = signal.getsignal(signal.SIGTERM)
-    job = taiji.Job(model, opt, DATA, 8, peer=Peer.solo(), log_every=0, epochs=50,
-                    checkpoint=Checkpoint(root, steps=100))
+    job = taiji.Job(
+        model, opt, DATA, 8, peer=Peer.solo(), log_every=0, epochs=50, checkpoint=Checkpoint(root, steps=100)
+    )
     for step in job:
         x, y = step.batch
         step.backward(F.cross_entropy(model(x), y))
@@ -370,23 +453,27 @@ def test_sigterm_to_a_plain_process_stops_after_the_step_with_a_final_checkpoint
 
 def test_taiji_optimizer_checkpoints_on_schedule_and_resumes(tmp_path):
     root = str(tmp_path / "ck")
-    batches = [(DATA.tensors[0][i:i + 8], DATA.tensors[1][i:i + 8]) for i in range(0, 48, 8)]
+    batches = [(DATA.tensors[0][i : i + 8], DATA.tensors[1][i : i + 8]) for i in range(0, 48, 8)]
 
     def run(checkpoint, upto):
         model = _model()
-        opt = taiji.Optimizer(torch.optim.Adam(model.parameters(), lr=0.01), model, peer=Peer.solo(),
-                              checkpoint=checkpoint)
-        for x, y in batches[opt.steps:upto]:  # the loop's data position follows opt.steps
+        opt = taiji.Optimizer(
+            torch.optim.Adam(model.parameters(), lr=0.01), model, peer=Peer.solo(), checkpoint=checkpoint
+        )
+        for x, y in batches[opt.steps : upto]:  # the loop's data position follows opt.steps
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             assert opt.step()
         opt.close()
         return model, opt
+
     reference, _ = run(None, 6)
     _, first = run(Checkpoint(root, steps=2), 5)
     assert Storage(root).listing().complete == (2, 4)
     model, opt = run(Checkpoint(root, steps=2, resume="auto"), 6)
-    assert opt.steps == 6 and all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
+    assert opt.steps == 6 and all(
+        torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters())
+    )
     with pytest.raises(ConfigError, match="needs a checkpoint path"):
         run(None, 0)[1].save()
 
@@ -397,7 +484,9 @@ def test_job_checkpoints_to_an_fsspec_url_and_resumes_from_it():
     _train(Checkpoint(root, steps=3), 6)
     assert Storage(root).listing().complete == (3, 6)
     model, _, job = _train(Checkpoint(root, resume="auto"), 8)
-    assert job.progress.step == 8 and all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters()))
+    assert job.progress.step == 8 and all(
+        torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters())
+    )
     Storage(root).remove("")
 
 
@@ -420,6 +509,7 @@ class FakeSupervisor:
 def test_launcher_signal_path_with_and_without_a_checkpoint_dir(tmp_path):
     import signal
     from taiji.launch.checkpoint_cli import EXIT_RESUMABLE, NOTICE_SIGNAL, stop_workers
+
     said, sup = [], FakeSupervisor()
     assert stop_workers(signal.SIGTERM, sup, "", 5.0, 60.0, said.append) == 128 + signal.SIGTERM
     assert sup.calls == [("stop_all", 5.0)] and "nothing was saved" in said[0]
@@ -441,15 +531,18 @@ def test_a_worker_imports_dcp_only_when_it_saves(tmp_path):
     checkpoint) is read through DCP."""
     import subprocess
     import sys
+
     tensors = {"model.w": torch.randn(64, 64), "model.b": torch.randn(64), "state.0": torch.arange(3)}
     _write(Storage(str(tmp_path / "ck")), 5, tensors)
     torch.save(tensors, tmp_path / "expected.pt")
-    code = ("import sys, torch, taiji, taiji.runtime.job, taiji.checkpoint.reader as r, taiji.checkpoint.writer; "
-            f"expected = torch.load({str(tmp_path / 'expected.pt')!r}); "
-            "targets = {k: torch.zeros_like(t) for k, t in expected.items()}; "
-            f"r.load_tensors(r.find({str(tmp_path / 'ck')!r}), targets); "
-            "assert all(torch.equal(targets[k], expected[k]) for k in expected), 'loaded wrong'; "
-            "assert 'torch.distributed.checkpoint' not in sys.modules, 'imported at boot or to load'")
+    code = (
+        "import sys, torch, taiji, taiji.runtime.job, taiji.checkpoint.reader as r, taiji.checkpoint.writer; "
+        f"expected = torch.load({str(tmp_path / 'expected.pt')!r}); "
+        "targets = {k: torch.zeros_like(t) for k, t in expected.items()}; "
+        f"r.load_tensors(r.find({str(tmp_path / 'ck')!r}), targets); "
+        "assert all(torch.equal(targets[k], expected[k]) for k in expected), 'loaded wrong'; "
+        "assert 'torch.distributed.checkpoint' not in sys.modules, 'imported at boot or to load'"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     for index in (tmp_path / "ck").glob(f"*/*/{layout.INDEX}"):
@@ -464,11 +557,14 @@ def test_the_launcher_checks_its_checkpoint_flags_without_importing_torch(tmp_pa
     must not make the launcher import torch first (seconds before the workers even start)."""
     import subprocess
     import sys
+
     _write(Storage(str(tmp_path / "ck")), 5, {"model.w": torch.randn(4)})
-    code = ("import sys, argparse; from taiji.launch import checkpoint_cli as c; "
-            f"ns = argparse.Namespace(checkpoint_dir={str(tmp_path / 'new')!r}, checkpoint_every='10', "
-            f"resume={str(tmp_path / 'ck')!r}, checkpoint_grace=60.0); "
-            f"assert c.parse_run_flags(ns).resume == {str(tmp_path / 'ck')!r}; "
-            "assert 'torch' not in sys.modules, 'the launcher imported torch'")
+    code = (
+        "import sys, argparse; from taiji.launch import checkpoint_cli as c; "
+        f"ns = argparse.Namespace(checkpoint_dir={str(tmp_path / 'new')!r}, checkpoint_every='10', "
+        f"resume={str(tmp_path / 'ck')!r}, checkpoint_grace=60.0); "
+        f"assert c.parse_run_flags(ns).resume == {str(tmp_path / 'ck')!r}; "
+        "assert 'torch' not in sys.modules, 'the launcher imported torch'"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,6 +1,7 @@
 """`taiji --help` lists every command `taiji` runs (the parser is walked, so a command added
 without a listing fails here), each command's `--help` works, and a command refused for its
 shape names a form that is accepted."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,9 @@ def test_help_lists_every_command_including_those_with_parsers_of_their_own(caps
     assert set(cli.OWN_PARSERS) <= set(commands), "a command main() runs is missing from the parser"
     for name in commands:
         assert re.search(rf"^\s+{name}\b", listing, re.M), f"`taiji --help` does not list {name}:\n{listing}"
-    assert {"run", "join", "resize", "status", "ls", "top", "drain", "plot", "checkpoint", "sched"} <= set(commands)
+    assert {"run", "join", "resize", "status", "ls", "top", "drain", "plot", "checkpoint", "sched"} <= set(
+        commands
+    )
 
 
 @pytest.mark.parametrize("name", sorted(_commands(cli.build_parser())))
@@ -48,11 +51,14 @@ def _suggested(message: str) -> list[list[str]]:
     return [text.split() for text in re.findall(r"`((?:taiji run )?-[^`]*)`", message)]
 
 
-@pytest.mark.parametrize("argv", [
-    [],                                                   # no size at all
-    ["-np", "2", "--nproc-per-node", "1", "--max-np", "3"],  # more than this host's slots
-    ["-np", "5", "--nnodes", "2:3", "--nproc-per-node", "2"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],  # no size at all
+        ["-np", "2", "--nproc-per-node", "1", "--max-np", "3"],  # more than this host's slots
+        ["-np", "5", "--nnodes", "2:3", "--nproc-per-node", "2"],
+    ],
+)
 def test_a_refused_shape_names_forms_that_are_accepted(argv):
     with pytest.raises(ConfigError) as refused:
         _parse(*argv)

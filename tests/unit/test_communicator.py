@@ -1,5 +1,6 @@
 """Collectives on 1-4 ranks (threads against a real TCPStore), async handles, timeouts,
 peer loss, the debug-mode shape check and consensus."""
+
 import math
 import threading
 import time
@@ -7,8 +8,7 @@ import time
 import pytest
 import torch
 
-from taiji.errors import (CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError,
-                          PeerLost)
+from taiji.errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError, PeerLost
 from taiji.comm.communicator import CommOptions, Communicator
 from taiji_harness.latent_store import LatentStore
 from taiji_harness.testing import run_threads
@@ -57,6 +57,7 @@ def test_allreduce_floating_dtypes(dtype):
         t = torch.full((5,), peer.rank + 1.0, dtype=dtype)
         peer.comm.allreduce(t, "avg")
         return t
+
     for t in run_threads(2, body):
         assert t.dtype == dtype and torch.equal(t, torch.full((5,), 1.5, dtype=dtype))
 
@@ -67,8 +68,13 @@ def test_async_handles_on_independent_channels():
         handles = [c.allreduce(torch.full((1000,), float(i)), "sum", async_op=True) for i in range(5)]
         ctrl = c.allreduce(torch.tensor([1.0]), "sum", channel="ctrl", async_op=True)
         gathered = c.allgather(torch.tensor([peer.rank]), async_op=True)
-        return ([h.wait()[0].item() for h in handles], ctrl.wait().item(),
-                [g.item() for g in gathered.wait()], all(h.is_completed() for h in handles))
+        return (
+            [h.wait()[0].item() for h in handles],
+            ctrl.wait().item(),
+            [g.item() for g in gathered.wait()],
+            all(h.is_completed() for h in handles),
+        )
+
     for sums, ctrl, gathered, completed in run_threads(3, body):
         assert sums == [0.0, 3.0, 6.0, 9.0, 12.0] and ctrl == 3.0 and gathered == [0, 1, 2] and completed
 
@@ -130,6 +136,7 @@ def test_an_abandoned_version_ends_waits_at_once_and_its_collectives_go_to_the_r
                 comms[1].abandon("cluster v2 dropped lost worker(s) w2")
             waiting.abort()
             release.set()
+
     results = run_threads(3, body, timeout=30)
     elapsed, message, both = results[0]
     assert elapsed < 2.0 and both < 5.0, results  # not the 30 s timeout
@@ -149,6 +156,7 @@ def test_rank_that_never_connects_times_out_naming_the_op():
         finally:
             release.set()
         return str(info.value)
+
     message = run_threads(2, body, timeout=1)[0]
     assert "broadcast (connecting the group)" in message and "timed out after 1s" in message
 
@@ -163,6 +171,7 @@ def test_peer_that_leaves_mid_job_surfaces_as_comm_error():
             for _ in range(3):
                 peer.comm.allreduce(torch.ones(2), "sum")
         return type(info.value).__name__
+
     results = run_threads(2, body, timeout=3)
     assert results[0] in ("PeerLost", "CollectiveTimeout")
 
@@ -174,6 +183,7 @@ def test_debug_mode_names_mismatching_ranks():
         with pytest.raises(MismatchError) as info:
             peer.comm.allreduce(torch.ones(shape), "sum")
         return str(info.value)
+
     for message in run_threads(3, body):
         assert "rank 1" in message and "(4,)" in message and "(3,)" in message
         assert "rank 2" not in message.split("but", 1)[1]
@@ -187,6 +197,7 @@ def test_consensus_names_the_ranks_that_differ():
         with pytest.raises(ConsensusError) as info:
             peer.comm.consensus(torch.tensor([value]), "lr")
         return str(info.value)
+
     for message in run_threads(4, body):
         assert "ranks [2, 3]" in message and "lr" in message
 
@@ -203,11 +214,13 @@ def test_closed_communicator_and_bad_arguments():
         peer.comm.close()
         with pytest.raises(CommError, match="closed"):
             peer.comm.allreduce(torch.ones(1), "sum")
+
     run_threads(2, body)
 
 
 def test_size_one_needs_no_network():
     import torch.distributed as dist
+
     c = Communicator(dist.HashStore(), 0, 1, 1)
     t = torch.tensor([3.0])
     assert c.allreduce(t, "avg").item() == 3.0
@@ -222,10 +235,13 @@ def test_an_nccl_misuse_is_a_config_error_that_says_what_to_do():
     message naming the remedy instead of rebuilding its groups again and again. (The text is what
     NCCL 2.28 raised for two ranks on one H100.)"""
     from taiji.comm.failures import collective_error
-    exc = RuntimeError("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage (run "
-                       "with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\nncclInvalidUsage: This usually "
-                       "reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and "
-                       "rank 0 both on CUDA device 60")
+
+    exc = RuntimeError(
+        "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage (run "
+        "with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\nncclInvalidUsage: This usually "
+        "reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and "
+        "rank 0 both on CUDA device 60"
+    )
     where = dict(op="broadcast", channel="ctrl", rank=1, size=2, timeout=60.0, version=3)
     err = collective_error(exc, **where)
     assert isinstance(err, ConfigError) and not isinstance(err, CommError)
@@ -240,6 +256,7 @@ def test_the_cuda_backend_is_nccl_or_gloo_from_the_launcher(monkeypatch):
     groups themselves: tests/gpu.)"""
     import torch.distributed as dist
     from taiji.launch.cli import build_parser
+
     assert CommOptions().cuda_backend == "nccl"
     monkeypatch.setenv("TAIJI_CUDA_BACKEND", "gloo")
     assert CommOptions().cuda_backend == "gloo"
@@ -254,8 +271,10 @@ def test_the_cuda_backend_is_nccl_or_gloo_from_the_launcher(monkeypatch):
 
 def test_float32_pieces_hold_every_bit_of_a_float64():
     from taiji.comm.transfer import float32_pieces, float64_from_pieces
+
     values = [1795538915.2211607, float(2**52 - 1), -2.5e7 / 7, 0.1, 0.0, float("inf"), -float("inf")]
     import numpy as np
+
     pieces = float32_pieces(values + [float("nan")])
     assert pieces.dtype == np.float32 and pieces.shape == (3, len(values) + 1)
     back = float64_from_pieces(pieces).tolist()
@@ -274,9 +293,21 @@ def test_float32_pieces_are_a_float64_to_float32_cast_at_the_edges_and_never_rai
     cast rounds (as torch's ``.float()``), whatever numpy's error settings are."""
     import numpy as np
     from taiji.comm.transfer import float32_pieces, float64_from_pieces
+
     f32 = torch.finfo(torch.float32)
-    edges = [1e300, -1e300, float(f32.max) * (1 + 2**-25), float(f32.max), 1e-40, -1e-46, 1.0000001e-39,
-             float(f32.tiny), 5e-324, -0.0, 2.0**70]
+    edges = [
+        1e300,
+        -1e300,
+        float(f32.max) * (1 + 2**-25),
+        float(f32.max),
+        1e-40,
+        -1e-46,
+        1.0000001e-39,
+        float(f32.tiny),
+        5e-324,
+        -0.0,
+        2.0**70,
+    ]
     with np.errstate(all="raise"):
         pieces = float32_pieces(edges)
     back = float64_from_pieces(pieces)
@@ -296,7 +327,9 @@ def test_connect_builds_a_versions_groups_side_by_side_so_it_pays_one_rendezvous
         store = LatentStore(inner, delay)
         side = store.clone()
         kept.extend([store, side])  # a store written in Python must outlive the C++ stores wrapping it
-        comm = Communicator(store, rank, 2, 1, CommOptions(timeout=30), side_store=side if side_by_side else None)
+        comm = Communicator(
+            store, rank, 2, 1, CommOptions(timeout=30), side_store=side if side_by_side else None
+        )
         started = time.perf_counter()
         comm.connect()
         took[rank] = time.perf_counter() - started

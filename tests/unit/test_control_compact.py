@@ -1,6 +1,7 @@
 """The compact control message (taiji.monitor.compact): the sums and per-worker slots give the
 statistics of the allgathered rows, and a Job above the threshold (ranks as threads, real gloo
 groups) trains with identical replicas and takes the same decisions as below it."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,14 @@ import torch
 
 import taiji
 from taiji.comm.transfer import digest
-from taiji.monitor.compact import (PER_WORKER, SUMS, agree_compact, compact_above, compact_message,
-                                   compact_width)
+from taiji.monitor.compact import (
+    PER_WORKER,
+    SUMS,
+    agree_compact,
+    compact_above,
+    compact_message,
+    compact_width,
+)
 from taiji.monitor.stats import ControlRow, StepStats
 from taiji.policies import Policy, SetBatchSize
 from taiji_harness.injector import Injector, ThreadCluster, tiny_job_parts
@@ -26,14 +33,23 @@ def rows(n: int, seed: int, *, unmeasured=(), new=(), stop=()) -> list[ControlRo
     rng = random.Random(seed)
     out = []
     for r in range(n):
-        out.append(ControlRow(
-            version_seen=7.0 if r == 0 else 6.0, stop=float(r in stop),
-            local_sqnorm=math.nan if r in unmeasured else rng.uniform(0.1, 10), sqnorm_batch=rng.choice([8.0, 4.0]),
-            local_batch=float(rng.randint(1, 9)), loss_sum=rng.uniform(0, 40), compute_seconds=rng.uniform(0.01, 0.1),
-            clock=1.7e9 + rng.random() if r == 0 else 0.0, decisions=float(rng.getrandbits(52)),
-            wall_seconds=rng.uniform(0.02, 0.2), previous_global_sqnorm=math.nan if r in new else rng.random(),
-            previous_allreduce_wait=math.nan if r in new else rng.uniform(0, 0.01),
-            previous_monitor_seconds=math.nan if r in new else rng.uniform(0, 0.003)))
+        out.append(
+            ControlRow(
+                version_seen=7.0 if r == 0 else 6.0,
+                stop=float(r in stop),
+                local_sqnorm=math.nan if r in unmeasured else rng.uniform(0.1, 10),
+                sqnorm_batch=rng.choice([8.0, 4.0]),
+                local_batch=float(rng.randint(1, 9)),
+                loss_sum=rng.uniform(0, 40),
+                compute_seconds=rng.uniform(0.01, 0.1),
+                clock=1.7e9 + rng.random() if r == 0 else 0.0,
+                decisions=float(rng.getrandbits(52)),
+                wall_seconds=rng.uniform(0.02, 0.2),
+                previous_global_sqnorm=math.nan if r in new else rng.random(),
+                previous_allreduce_wait=math.nan if r in new else rng.uniform(0, 0.01),
+                previous_monitor_seconds=math.nan if r in new else rng.uniform(0, 0.003),
+            )
+        )
     return out
 
 
@@ -45,8 +61,9 @@ def summed(messages: list[list[float]]) -> list[float]:
     return total
 
 
-@pytest.mark.parametrize("case", [{}, {"unmeasured": {1, 3}}, {"new": {2}}, {"stop": {4}},
-                                  {"unmeasured": set(range(5))}])
+@pytest.mark.parametrize(
+    "case", [{}, {"unmeasured": {1, 3}}, {"new": {2}}, {"stop": {4}}, {"unmeasured": set(range(5))}]
+)
 def test_the_compact_message_gives_the_allgathered_rows_statistics(case):
     n = 5
     mine = rows(n, 3, **case)
@@ -62,13 +79,25 @@ def test_another_order_of_addition_moves_only_the_last_bits_of_the_sums():
     messages = [compact_message(row, rank, n) for rank, row in enumerate(mine)]
     forward, backward = agree_compact(summed(messages), n), agree_compact(summed(messages[::-1]), n)
     # one non-zero addend per slot: the per-worker numbers and rank 0's are exact in any order
-    for field in ("compute_seconds", "wall_seconds", "decisions", "clock", "version_seen", "stop",
-                  "previous_monitor_seconds", "previous_global_sqnorm", "straggler", "global_batch"):
+    for field in (
+        "compute_seconds",
+        "wall_seconds",
+        "decisions",
+        "clock",
+        "version_seen",
+        "stop",
+        "previous_monitor_seconds",
+        "previous_global_sqnorm",
+        "straggler",
+        "global_batch",
+    ):
         assert getattr(forward, field) == getattr(backward, field), field
     assert forward.decisions == tuple(r.decisions for r in mine)  # 52-bit fingerprints survive exactly
     for field in ("loss", "small_sqnorm", "small_batch"):
         assert getattr(forward, field) == pytest.approx(getattr(backward, field), rel=1e-14), field
-    assert forward.previous_global_sqnorm is forward.previous_allreduce_wait is None  # a worker that just joined has none: the step has none
+    assert (
+        forward.previous_global_sqnorm is forward.previous_allreduce_wait is None
+    )  # a worker that just joined has none: the step has none
 
 
 def test_the_threshold():
@@ -98,15 +127,29 @@ def run(n: int, compact_at: int, monkeypatch) -> tuple[dict, Injector]:
     def body(peer):
         model, opt, data = tiny_job_parts(n=60)
         policy = ByLoss()
-        job = taiji.Job(model, opt, data, 6, max_steps=12, epochs=100, peer=peer, log_every=0, policies=[policy],
-                        monitor_every=1)
+        job = taiji.Job(
+            model,
+            opt,
+            data,
+            6,
+            max_steps=12,
+            epochs=100,
+            peer=peer,
+            log_every=0,
+            policies=[policy],
+            monitor_every=1,
+        )
         spans = []
         for step in job:
             x, y = step.batch
             step.backward(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
             spans.append(step.span)
-        return {"digest": digest(list(model.parameters())), "spans": spans, "seen": policy.seen,
-                "gns": job.stats.small_sqnorm}
+        return {
+            "digest": digest(list(model.parameters())),
+            "spans": spans,
+            "seen": policy.seen,
+            "gns": job.stats.small_sqnorm,
+        }
 
     for w in range(n):
         cluster.start(f"w{w}", body)
@@ -132,5 +175,8 @@ def test_a_job_above_the_threshold_trains_as_below_it(monkeypatch):
 
 
 def ctrl_allreduces(injector: Injector) -> int:
-    return sum(n for (worker, _, channel, op), n in injector.calls.items()
-               if (worker, channel, op) == ("w0", "ctrl", "allreduce"))
+    return sum(
+        n
+        for (worker, _, channel, op), n in injector.calls.items()
+        if (worker, channel, op) == ("w0", "ctrl", "allreduce")
+    )

@@ -1,5 +1,6 @@
 """The --live harness of benchmarks/control_scale.py: its pure parts, and one small real run
 (the real launcher, simulated hosts, a real store) that must finish in well under a minute."""
+
 import os
 import shutil
 import time
@@ -24,19 +25,21 @@ def test_host_addresses_are_distinct():
 
 
 def test_etcd_ops_counts_unary_calls_and_stream_messages_only():
-    text = "\n".join([
-        "# HELP grpc_server_handled_total Total number of RPCs completed on the server",
-        'grpc_server_handled_total{grpc_code="OK",grpc_method="Range",grpc_service="etcdserverpb.KV",'
-        'grpc_type="unary"} 120',
-        'grpc_server_handled_total{grpc_code="OK",grpc_method="Txn",grpc_service="etcdserverpb.KV",'
-        'grpc_type="unary"} 3.5e+01',
-        'grpc_server_handled_total{grpc_code="OK",grpc_method="Watch",grpc_service="etcdserverpb.Watch",'
-        'grpc_type="bidi_stream"} 9',
-        'grpc_server_msg_sent_total{grpc_method="Watch",grpc_service="etcdserverpb.Watch",'
-        'grpc_type="bidi_stream"} 40',
-        'grpc_server_msg_sent_total{grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"} 120',
-        'grpc_server_started_total{grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"} 121',
-    ])
+    text = "\n".join(
+        [
+            "# HELP grpc_server_handled_total Total number of RPCs completed on the server",
+            'grpc_server_handled_total{grpc_code="OK",grpc_method="Range",grpc_service="etcdserverpb.KV",'
+            'grpc_type="unary"} 120',
+            'grpc_server_handled_total{grpc_code="OK",grpc_method="Txn",grpc_service="etcdserverpb.KV",'
+            'grpc_type="unary"} 3.5e+01',
+            'grpc_server_handled_total{grpc_code="OK",grpc_method="Watch",grpc_service="etcdserverpb.Watch",'
+            'grpc_type="bidi_stream"} 9',
+            'grpc_server_msg_sent_total{grpc_method="Watch",grpc_service="etcdserverpb.Watch",'
+            'grpc_type="bidi_stream"} 40',
+            'grpc_server_msg_sent_total{grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"} 120',
+            'grpc_server_started_total{grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"} 121',
+        ]
+    )
     assert live.etcd_ops(text) == 120 + 35 + 40
 
 
@@ -53,13 +56,41 @@ def test_store_address_from_the_launchers_first_line():
 
 
 def test_rows_are_named_as_the_issue_asks_and_growth_is_per_store():
-    results = [{"store": "tcp", "workers": 64, "hosts": 7, "loss_s": 0.2, "ops_per_s": 1000.0, "grow_s": 3.0,
-                "launcher_cpu": 0.1, "grown": 128},
-               {"store": "tcp", "workers": 256, "hosts": 31, "loss_s": 0.5, "ops_per_s": 4000.0, "grow_s": 5.0,
-                "launcher_cpu": 0.3, "grown": 128},
-               {"store": "etcd", "workers": 64, "hosts": 7, "loss_s": 2.0, "ops_per_s": 150.0, "grow_s": None,
-                "launcher_cpu": 0.1, "grown": 128, "error": "not every simulated worker reached a config of 184"}]
+    results = [
+        {
+            "store": "tcp",
+            "workers": 64,
+            "hosts": 7,
+            "loss_s": 0.2,
+            "ops_per_s": 1000.0,
+            "grow_s": 3.0,
+            "launcher_cpu": 0.1,
+            "grown": 128,
+        },
+        {
+            "store": "tcp",
+            "workers": 256,
+            "hosts": 31,
+            "loss_s": 0.5,
+            "ops_per_s": 4000.0,
+            "grow_s": 5.0,
+            "launcher_cpu": 0.3,
+            "grown": 128,
+        },
+        {
+            "store": "etcd",
+            "workers": 64,
+            "hosts": 7,
+            "loss_s": 2.0,
+            "ops_per_s": 150.0,
+            "grow_s": None,
+            "launcher_cpu": 0.1,
+            "grown": 128,
+            "error": "not every simulated worker reached a config of 184",
+        },
+    ]
     from taiji_harness.bench import contract_row
+
     rows = live.rows(results, {64: {"loss_s": 3.0, "ops_per_s": 10.0}}, contract_row)
     cases = [r["case"] for r in rows]
     assert "host loss → every simulated worker on the new config, tcp, 64 workers (s)" in cases

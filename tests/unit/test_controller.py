@@ -1,11 +1,26 @@
 """The membership state machine, event by event, without processes."""
+
 import pytest
 
 from taiji_harness.testing import actions_of, feed
 
-from taiji.cluster.controller import (Beat, Bounds, FailureReported, FatalReported, Finish, JobDone, Kill, Log, Proposal,
-                                      Publish, Spawn, Tick, WorkerExited, WorkerReady,
-                                      initial_state)
+from taiji.cluster.controller import (
+    Beat,
+    Bounds,
+    FailureReported,
+    FatalReported,
+    Finish,
+    JobDone,
+    Kill,
+    Log,
+    Proposal,
+    Publish,
+    Spawn,
+    Tick,
+    WorkerExited,
+    WorkerReady,
+    initial_state,
+)
 
 
 run, of = feed, actions_of
@@ -35,7 +50,9 @@ def test_shrink_publishes_at_once_dropping_the_newest():
 def test_bounds_clamp_above_and_refuse_below():
     s = initial_state(2, Bounds(min_np=2, max_np=3))
     s, acts = run(s, Proposal(10))
-    assert any("clamped" in a.message for a in of(acts, Log)) and [s.ids for s in of(acts, Spawn)] == [("w2",)]
+    assert any("clamped" in a.message for a in of(acts, Log)) and [s.ids for s in of(acts, Spawn)] == [
+        ("w2",)
+    ]
     s2, acts = run(s, Proposal(1))
     assert any("refused" in a.message for a in of(acts, Log)) and s2.desired == 3
 
@@ -194,8 +211,12 @@ def test_invalid_bounds():
 
 def test_a_fatal_report_stops_every_worker_with_its_message_even_before_it_exits():
     s = initial_state(3, Bounds(replace=True))
-    s, acts = run(s, FatalReported("w1", "policy Broken.after_step raised at step 7"),
-                  FailureReported("w0", 1), WorkerExited("w1", 1, False))
+    s, acts = run(
+        s,
+        FatalReported("w1", "policy Broken.after_step raised at step 7"),
+        FailureReported("w0", 1),
+        WorkerExited("w1", 1, False),
+    )
     [fin] = of(acts, Finish)
     assert fin.code == 1 and fin.failed_worker == "w1" and "Broken.after_step raised at step 7" in fin.reason
     assert {k.id for k in of(acts, Kill)} == {"w0", "w1", "w2"} and not of(acts, Spawn)
@@ -207,8 +228,9 @@ def test_a_member_admitted_as_the_job_finishes_is_stopped_not_rebuilt_forever():
     the same members every 2 s for ever (a livelock). A finished job has nothing to rebuild."""
     s = initial_state(3, Bounds(max_np=4, replace=True))
     s, _ = run(s, Proposal(4), WorkerReady("w3"))
-    s, acts = run(s, JobDone(), WorkerExited("w0", 0, True), WorkerExited("w1", 0, True),
-                  WorkerExited("w2", 0, True))
+    s, acts = run(
+        s, JobDone(), WorkerExited("w0", 0, True), WorkerExited("w1", 0, True), WorkerExited("w2", 0, True)
+    )
     assert not of(acts, Finish)
     s, acts = run(s, FailureReported("w3", 2))
     assert not of(acts, Publish), "a finished job must not rebuild its groups"
@@ -218,8 +240,8 @@ def test_a_member_admitted_as_the_job_finishes_is_stopped_not_rebuilt_forever():
     assert s.failures == 0, "stopping a worker that came too late is not a failure"
 
 
-
 # -- liveness: heartbeats tell a stuck worker from a busy one ------------------------------------
+
 
 def beating(s, *ids, at):
     return run(s, *[Beat(i, at) for i in ids], now=at)[0]
@@ -251,6 +273,7 @@ def test_a_booting_joiner_gets_longer_than_a_member_before_it_is_taken_for_froze
     """A joiner's imports can starve its heartbeat thread for seconds on a loaded host; it holds
     nobody up until it is ready, so it is judged on BOOTING_SLACK x --liveness-timeout."""
     from taiji.cluster.controller import BOOTING_SLACK
+
     s = beating(initial_state(1, Bounds(liveness_timeout=2.0, max_np=4)), "w0", at=0.0)
     s, acts = run(s, Proposal(3), now=0.0)
     assert [sp.ids for sp in of(acts, Spawn)] == [("w1", "w2")]

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from taiji import env
-from taiji.data.datasets import (DatasetMissing, SyntheticImages, load_idx_classification, read_idx,
-                                 write_idx)
+from taiji.data.datasets import DatasetMissing, SyntheticImages, load_idx_classification, read_idx, write_idx
 from taiji.errors import ConfigError
 
 

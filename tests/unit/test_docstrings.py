@@ -1,6 +1,7 @@
 """Every public name of the documented API has a docstring: the names the API reference is
 generated from (the top level, ``taiji.policies``, ``taiji.strategies``, ``taiji.data``,
 ``taiji.errors``) and the public methods and properties of their classes."""
+
 from __future__ import annotations
 
 import importlib
@@ -15,8 +16,13 @@ def public_names(module) -> list[str]:
     """``__all__``, or else the classes and functions the module defines without a leading ``_``."""
     if hasattr(module, "__all__"):
         return list(module.__all__)
-    return [name for name, value in vars(module).items() if not name.startswith("_")
-            and (inspect.isclass(value) or inspect.isfunction(value)) and value.__module__ == module.__name__]
+    return [
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and value.__module__ == module.__name__
+    ]
 
 
 def own_doc(obj) -> str | None:
@@ -51,12 +57,15 @@ def undocumented(module_name: str) -> list[str]:
     for name in public_names(module):
         obj = getattr(module, name)
         if not (inspect.isclass(obj) or inspect.isroutine(obj)):
-            continue   # modules, type aliases (Decision) and constants hold no docstring of their own
+            continue  # modules, type aliases (Decision) and constants hold no docstring of their own
         if not own_doc(obj):
             missing.append(f"{module_name}.{name}")
         if inspect.isclass(obj) and obj.__module__.startswith("taiji"):
-            missing += [f"{module_name}.{name}.{member}" for member, value in members(obj)
-                        if not inspect.getdoc(value)]
+            missing += [
+                f"{module_name}.{name}.{member}"
+                for member, value in members(obj)
+                if not inspect.getdoc(value)
+            ]
     return missing
 
 
@@ -68,6 +77,7 @@ def test_every_public_name_has_a_docstring(module_name):
 def test_the_check_sees_a_missing_docstring():
     class Documented:
         """A class."""
+
         def method(self):
             """A method."""
 

@@ -1,4 +1,5 @@
 """`taiji drain` finds the one `taiji join` agent on this host in the registry, or says what to do."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,15 @@ def home(tmp_path, monkeypatch):
 
 
 def _agent(job: str, host: str, pid: int | None = None) -> registry.JobEntry:
-    entry = registry.JobEntry(job, host, 0, pid or os.getpid(), ("taiji", "join"), 1.0,
-                              registry.process_start_time(pid or os.getpid()))
+    entry = registry.JobEntry(
+        job,
+        host,
+        0,
+        pid or os.getpid(),
+        ("taiji", "join"),
+        1.0,
+        registry.process_start_time(pid or os.getpid()),
+    )
     registry.register_agent(entry)
     return entry
 
@@ -51,13 +59,21 @@ def test_several_agents_need_a_job_and_the_launchers_host_is_pointed_to_sigterm(
 
 
 def test_drain_signals_the_agent_and_waits_for_it_to_exit(home):
-    agent = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
-                              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nprint('up', flush=True)\n"
-                              "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nprint('up', flush=True)\n"
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert agent.stdout.readline().strip() == "up"
         _agent("j1", "10.0.0.2", pid=agent.pid)
-        waiter = threading.Thread(target=agent.wait)   # reap it so its pid goes
+        waiter = threading.Thread(target=agent.wait)  # reap it so its pid goes
         waiter.start()
         assert drain.main(argparse.Namespace(job="j1", wait=30.0)) == 0
         waiter.join(10)

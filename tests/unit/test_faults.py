@@ -1,4 +1,5 @@
 """The declarative fault plan (runtime/faults.py): parsing, matching and what it refuses."""
+
 import json
 
 import pytest
@@ -28,11 +29,12 @@ def test_a_fault_fires_once_per_job_unless_it_repeats():
         first = i not in claimed
         claimed.add(i)
         return first
+
     plan = FaultPlan((Fault("raise", "allreduce", step=2),), claim)
-    plan.fire("allreduce", 0, 1, "w0")                      # another step: nothing
+    plan.fire("allreduce", 0, 1, "w0")  # another step: nothing
     with pytest.raises(CommError, match="injected collective failure at step 2"):
         plan.fire("allreduce", 0, 2, "w0")
-    plan.fire("allreduce", 1, 2, "w1")                      # claimed already: the retry runs clean
+    plan.fire("allreduce", 1, 2, "w1")  # claimed already: the retry runs clean
     repeat = FaultPlan((Fault("raise", "allreduce", repeat=True),), lambda i: False)
     for rank in (0, 1):
         with pytest.raises(CommError):

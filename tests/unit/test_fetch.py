@@ -1,4 +1,5 @@
 """BatchFetcher: batches from a data set, and a batch loaded ahead that is used only for its key."""
+
 import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
@@ -58,6 +59,7 @@ def test_tensor_data_sets_are_indexed_per_tensor():
 
 def test_a_batch_loaded_ahead_stays_on_the_host_until_asked_for(monkeypatch):
     import taiji.data.fetch as fetch_module
+
     moved = []
     monkeypatch.setattr(fetch_module, "to_device", lambda batch, device: moved.append(device) or batch)
     fetch = BatchFetcher(TensorDataset(torch.arange(4.0)), device="meta")

@@ -1,5 +1,6 @@
 """Gradient noise scale: the pure estimator, the agreed statistics, and validation against
 exact per-sample gradients (torch.func) for 1, 2 and 4 workers."""
+
 import math
 
 import pytest
@@ -37,11 +38,21 @@ def test_estimator_bias_correction_skips_and_state():
 
 
 def test_step_stats_reduce_is_a_pure_function_of_the_rows():
-    rows = [ControlRow(version_seen=3, local_sqnorm=5.0, sqnorm_batch=4, local_batch=4, loss_sum=8.0,
-                         compute_seconds=1.0),
-            ControlRow(version_seen=0, stop=1, local_sqnorm=7.0, sqnorm_batch=4, local_batch=4, loss_sum=4.0,
-                         compute_seconds=3.0),
-            ControlRow(local_batch=0, compute_seconds=1.0)]  # an empty share measures nothing
+    rows = [
+        ControlRow(
+            version_seen=3, local_sqnorm=5.0, sqnorm_batch=4, local_batch=4, loss_sum=8.0, compute_seconds=1.0
+        ),
+        ControlRow(
+            version_seen=0,
+            stop=1,
+            local_sqnorm=7.0,
+            sqnorm_batch=4,
+            local_batch=4,
+            loss_sum=4.0,
+            compute_seconds=3.0,
+        ),
+        ControlRow(local_batch=0, compute_seconds=1.0),
+    ]  # an empty share measures nothing
     stats = StepStats.reduce([ControlRow.from_row(r.to_row()) for r in rows], big_sqnorm=2.0)
     assert stats.version_seen == 3 and stats.stop and stats.loss == pytest.approx(1.5)
     assert stats.small_sqnorm == 6.0 and stats.small_batch == 4 and stats.global_batch == 8
@@ -58,6 +69,7 @@ def test_step_stats_reduce_is_a_pure_function_of_the_rows():
 
 def test_a_strategy_overriding_the_renamed_global_norm_is_told_at_once():
     with pytest.raises(TypeError, match="global_sqnorm_share"):
+
         class Old(taiji.SyncSGD):  # noqa: F841 - defining it is the test
             def global_sqnorm(self):
                 return 1.0
@@ -65,16 +77,17 @@ def test_a_strategy_overriding_the_renamed_global_norm_is_told_at_once():
 
 def test_a_share_of_the_averaged_norm_is_sent_only_to_the_cluster_it_was_measured_in():
     from taiji.monitor.monitors import Monitors
+
     monitors = Monitors()
     stats = StepStats.reduce([ControlRow(local_batch=4, local_sqnorm=5.0, sqnorm_batch=4)] * 2, None)
     monitors.update(stats, 1.25, version=3)
     assert monitors.own_share(3) == 1.25
-    assert math.isnan(monitors.own_share(4))   # another cluster split |ḡ|² otherwise: no pair
+    assert math.isnan(monitors.own_share(4))  # another cluster split |ḡ|² otherwise: no pair
     other = Monitors()
-    other.load_state_dict(monitors.state_dict())   # a share is this worker's: a synced peer has none
+    other.load_state_dict(monitors.state_dict())  # a share is this worker's: a synced peer has none
     assert math.isnan(other.own_share(3))
     monitors.update(StepStats.reduce([ControlRow(local_batch=4)] * 2, None), None, version=3)
-    assert math.isnan(monitors.own_share(3))   # an unmeasured step sends none
+    assert math.isnan(monitors.own_share(3))  # an unmeasured step sends none
 
 
 # -- validation against exact per-sample gradients --------------------------------------
@@ -106,6 +119,7 @@ def exact_noise(model, data):
     def sample_loss(p, xi, yi):
         out = functional_call(model, p, (xi.unsqueeze(0),))
         return ((out - yi.unsqueeze(0)) ** 2).mean()
+
     per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)
     flat = torch.cat([g.reshape(N, -1) for g in per_sample.values()], dim=1)
     mean = flat.mean(0)
@@ -117,8 +131,17 @@ def measure(peer, steps=192):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # parameters stay put: the truth is constant
     raw = []
-    job = taiji.Job(model, opt, data, BATCH, max_steps=steps, epochs=100, peer=peer, log_every=0,
-                    on_commit=lambda step: raw.append(job.last_raw_estimates))
+    job = taiji.Job(
+        model,
+        opt,
+        data,
+        BATCH,
+        max_steps=steps,
+        epochs=100,
+        peer=peer,
+        log_every=0,
+        on_commit=lambda step: raw.append(job.last_raw_estimates),
+    )
     for step in job:
         x, y = step.batch
         step.backward(((model(x) - y) ** 2).mean(1))  # per-sample losses
@@ -144,12 +167,15 @@ def test_estimates_match_exact_per_sample_gradients_within_10_percent(n):
 
 def test_sampled_squared_norm_of_large_buckets_is_close_and_small_ones_exact():
     from taiji.monitor.norms import SAMPLE_ABOVE, sqnorm
+
     g = torch.Generator().manual_seed(1)
     small = torch.randn(1000, generator=g)
     assert float(sqnorm(small)) == pytest.approx(float(small.double().square().sum()), rel=1e-6)
     # layers of very different scales laid out one after another, as in a real bucket
-    parts = [torch.randn(n, generator=g) * scale for n, scale in
-             [(2_400_000, 0.01), (1_000_000, 1.0), (300_000, 5.0), (777_777, 0.2)]]
+    parts = [
+        torch.randn(n, generator=g) * scale
+        for n, scale in [(2_400_000, 0.01), (1_000_000, 1.0), (300_000, 5.0), (777_777, 0.2)]
+    ]
     big = torch.cat(parts)
     assert big.numel() > SAMPLE_ABOVE
     exact = float(big.double().square().sum())
@@ -160,7 +186,15 @@ def test_sampled_squared_norm_of_large_buckets_is_close_and_small_ones_exact():
 def test_a_bucket_norm_is_made_once_and_measures_the_buffer_as_it_is_now():
     """The strategy keeps one BucketNorm per buffer: its scratch and views must follow what the
     buffer holds at each measurement (the gradients change every step), sampled or exact."""
-    from taiji.monitor.norms import SAMPLE_ABOVE, SAMPLE_CHUNK, SAMPLE_PERIOD, BucketNorm, sqnorm, sum_of_parts
+    from taiji.monitor.norms import (
+        SAMPLE_ABOVE,
+        SAMPLE_CHUNK,
+        SAMPLE_PERIOD,
+        BucketNorm,
+        sqnorm,
+        sum_of_parts,
+    )
+
     g = torch.Generator().manual_seed(2)
     for n in (1000, SAMPLE_ABOVE + 12_345):
         flat = torch.randn(n, generator=g)
@@ -174,8 +208,9 @@ def test_a_bucket_norm_is_made_once_and_measures_the_buffer_as_it_is_now():
             else:  # the chunks, scaled up, and the tail exactly
                 rows = n // SAMPLE_PERIOD
                 chunks = flat[: rows * SAMPLE_PERIOD].view(rows, SAMPLE_PERIOD)[:, :SAMPLE_CHUNK].double()
-                expected = float(chunks.square().sum()) * SAMPLE_PERIOD / SAMPLE_CHUNK + \
-                    float(flat[rows * SAMPLE_PERIOD:].double().square().sum())
+                expected = float(chunks.square().sum()) * SAMPLE_PERIOD / SAMPLE_CHUNK + float(
+                    flat[rows * SAMPLE_PERIOD :].double().square().sum()
+                )
                 assert measured == pytest.approx(expected, rel=1e-5)
     assert sum_of_parts(BucketNorm(torch.zeros(0)).parts()) == 0.0
 
@@ -184,6 +219,7 @@ def test_a_sampled_norm_sees_every_column_of_a_weight_matrix():
     """A large bucket's norm is sampled in chunks; the chunks must not all fall on the same input
     features of a power-of-two-wide weight (here those features carry no gradient at all)."""
     from taiji.monitor.norms import sqnorm
+
     weight = torch.zeros(2048, 2048)
     weight[:, 256:] = torch.randn(2048, 2048 - 256, generator=torch.Generator().manual_seed(4))
     exact = float(weight.double().square().sum())
@@ -194,25 +230,34 @@ def test_a_sampled_norm_reads_every_chunk_alike_over_the_measured_steps():
     """The chunks move on each step: over many measured steps the sampled measurements average to
     the exact norm (a fixed subset would settle on its own share), whatever the measuring interval
     and the workers' shares, and every worker reads the same chunks at a step."""
-    from taiji.monitor.norms import SAMPLE_ABOVE, SAMPLE_CHUNK, SAMPLE_PERIOD, BucketNorm, chunk_index, sum_of_parts
+    from taiji.monitor.norms import (
+        SAMPLE_ABOVE,
+        SAMPLE_CHUNK,
+        SAMPLE_PERIOD,
+        BucketNorm,
+        chunk_index,
+        sum_of_parts,
+    )
+
     flat = torch.randn(SAMPLE_ABOVE + 54_321, generator=torch.Generator().manual_seed(5)).double()
     flat[: flat.numel() // SAMPLE_PERIOD * SAMPLE_PERIOD].view(-1, SAMPLE_PERIOD)[:, :SAMPLE_CHUNK] *= 3
-    exact = float(flat.square().sum())   # (the first chunk of every period holds a third of it)
+    exact = float(flat.square().sum())  # (the first chunk of every period holds a third of it)
     chunks = SAMPLE_PERIOD // SAMPLE_CHUNK
-    for every in (1, 2, 16, chunks, 2 * chunks):   # monitor_every: "auto" picks 1..16
+    for every in (1, 2, 16, chunks, 2 * chunks):  # monitor_every: "auto" picks 1..16
         steps = [every * m for m in range(20 * chunks)]
         counts = [sum(chunk_index(s, chunks) == c for s in steps) for c in range(chunks)]
-        assert min(counts) >= 14 and max(counts) <= 26, (every, counts)   # 20 each, give or take
+        assert min(counts) >= 14 and max(counts) <= 26, (every, counts)  # 20 each, give or take
     for size in (1, 3):
         norms = [BucketNorm(flat, rank, size) for rank in range(size)]
         measured = [sum(sum_of_parts(norm.parts(step)) for norm in norms) for step in range(20 * chunks)]
         assert sum(measured) / len(measured) == pytest.approx(exact, rel=0.02), size
-        assert sum_of_parts(norms[0].parts(0)) != sum_of_parts(norms[0].parts(1))   # they do move
+        assert sum_of_parts(norms[0].parts(0)) != sum_of_parts(norms[0].parts(1))  # they do move
 
 
 def test_the_workers_shares_of_a_bucket_norm_sum_to_the_whole():
     """After the allreduce each worker measures only its share of the (identical) averaged bucket."""
     from taiji.monitor.norms import SAMPLE_ABOVE, BucketNorm, sum_of_parts
+
     g = torch.Generator().manual_seed(3)
     for n in (5, 1000, SAMPLE_ABOVE + 12_345):
         flat = torch.randn(n, generator=g)
@@ -220,9 +265,9 @@ def test_the_workers_shares_of_a_bucket_norm_sum_to_the_whole():
         for size in (1, 2, 3, 8):
             shares = [sum_of_parts(BucketNorm(flat, rank, size).parts(step=7)) for rank in range(size)]
             assert sum(shares) == pytest.approx(whole, rel=1e-5), (n, size)
-            if n > 8:   # nobody measures it all, nobody measures nothing
+            if n > 8:  # nobody measures it all, nobody measures nothing
                 assert all(0 < share < whole for share in shares) or size == 1
-    assert BucketNorm(torch.ones(5), 0, 8).parts() == []   # 5 coordinates among 8: an empty share
+    assert BucketNorm(torch.ones(5), 0, 8).parts() == []  # 5 coordinates among 8: an empty share
     with pytest.raises(ValueError, match="multiple"):
         BucketNorm(torch.ones(5), period=1000)
 
@@ -249,8 +294,18 @@ def test_decisions_from_the_noise_scale_agree_even_if_workers_compute_norms_diff
         model = make_model()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         strategy = _OtherHardware() if peer.rank == 1 else taiji.SyncSGD()
-        job = taiji.Job(model, opt, regression_problem(), 8, max_steps=24, epochs=100, peer=peer, log_every=0,
-                        strategy=strategy, policies=[_SensitiveBatch()])
+        job = taiji.Job(
+            model,
+            opt,
+            regression_problem(),
+            8,
+            max_steps=24,
+            epochs=100,
+            peer=peer,
+            log_every=0,
+            strategy=strategy,
+            policies=[_SensitiveBatch()],
+        )
         for step in job:
             x, y = step.batch
             step.backward(((model(x) - y) ** 2).mean())
@@ -262,8 +317,9 @@ def test_decisions_from_the_noise_scale_agree_even_if_workers_compute_norms_diff
 
 def test_auto_interval_keeps_the_norms_within_their_budget():
     from taiji.monitor.monitors import AUTO_MAX_EVERY, auto_interval
-    assert auto_interval(0.0004, 0.1, 1) == 1          # 0.4% of a step: every step
-    assert auto_interval(0.004, 0.1, 1) == 4           # 4%: every 4th step keeps it at 1%
+
+    assert auto_interval(0.0004, 0.1, 1) == 1  # 0.4% of a step: every step
+    assert auto_interval(0.004, 0.1, 1) == 4  # 4%: every 4th step keeps it at 1%
     assert auto_interval(1.0, 0.1, 1) == AUTO_MAX_EVERY  # never rarer than the cap
     assert auto_interval(None, 0.1, 3) == 3 and auto_interval(0.004, None, 3) == 3  # no figure: unchanged
 
@@ -271,14 +327,26 @@ def test_auto_interval_keeps_the_norms_within_their_budget():
 @pytest.mark.timeout(120)
 def test_auto_monitoring_spaces_the_measured_steps_alike_on_every_worker(monkeypatch):
     from taiji.monitor import monitors
-    monkeypatch.setattr(monitors, "AUTO_BUDGET", 1e-12)  # any norm is too costly: the interval goes to its cap
+
+    monkeypatch.setattr(
+        monitors, "AUTO_BUDGET", 1e-12
+    )  # any norm is too costly: the interval goes to its cap
 
     def body(peer):
         model, data = make_model(), regression_problem()
         seen = []
-        job = taiji.Job(model, torch.optim.SGD(model.parameters(), lr=0.01), data, BATCH, max_steps=50, epochs=100,
-                        peer=peer, log_every=0, monitor_every="auto",
-                        on_commit=lambda s: seen.append((s.index, job.monitors.every, job.stats.small_sqnorm)))
+        job = taiji.Job(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            data,
+            BATCH,
+            max_steps=50,
+            epochs=100,
+            peer=peer,
+            log_every=0,
+            monitor_every="auto",
+            on_commit=lambda s: seen.append((s.index, job.monitors.every, job.stats.small_sqnorm)),
+        )
         for step in job:
             x, y = step.batch
             step.backward(((model(x) - y) ** 2).mean())
@@ -291,5 +359,10 @@ def test_auto_monitoring_spaces_the_measured_steps_alike_on_every_worker(monkeyp
     assert measured == [0, 1, 16, 32, 48], measured
     assert results[0][-1][1] == monitors.AUTO_MAX_EVERY
     with pytest.raises(ConfigError, match="monitor_every"):
-        taiji.Job(make_model(), torch.optim.SGD(make_model().parameters(), lr=0.1), regression_problem(), BATCH,
-                  monitor_every="sometimes")
+        taiji.Job(
+            make_model(),
+            torch.optim.SGD(make_model().parameters(), lr=0.1),
+            regression_problem(),
+            BATCH,
+            monitor_every="sometimes",
+        )

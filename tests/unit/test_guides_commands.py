@@ -4,6 +4,7 @@ starts anything, as a user would type it: the docs cannot drift from the CLI aga
 (`<job-id>`, `PORT`, `$PWD`) are filled in; the script and the secret file the commands name are
 made in a scratch directory. What needs a running cluster runs in tests/multihost: test_ray.py
 runs ray.md's first command on Ray nodes, test_slurm.py slurm.md's sbatch script under Slurm."""
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,13 @@ from taiji.launch import checkpoint_cli, cli, ray_hosts
 from taiji.launch.sched import cli as sched_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-GUIDES = ("README.md", "docs/guides/ray.md", "docs/guides/slurm.md", "docs/guides/checkpoints.md",
-          "docs/guides/many-hosts.md")
+GUIDES = (
+    "README.md",
+    "docs/guides/ray.md",
+    "docs/guides/slurm.md",
+    "docs/guides/checkpoints.md",
+    "docs/guides/many-hosts.md",
+)
 BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 FILLED = {"<job-id>": "j3f9c01ab", "10.0.0.1:PORT": "10.0.0.1:29500"}
 
@@ -40,7 +46,7 @@ def taiji_commands(line: str) -> list[list[str]]:
     found: list[list[str]] = []
     for i, word in enumerate(words):
         if word == "taiji":
-            found.append(words[i + 1:])
+            found.append(words[i + 1 :])
             break
         if " " in word and "taiji " in word:
             found += taiji_commands(word)
@@ -84,7 +90,9 @@ def _check(argv: list[str], cwd: Path) -> None:
         parser.parse_args(argv[1:])
         return
     args = cli.build_parser().parse_args(argv)
-    if args.subcommand == "run" and not args.slurm:  # --slurm's defaults come from the allocation: test_slurm.py
+    if (
+        args.subcommand == "run" and not args.slurm
+    ):  # --slurm's defaults come from the allocation: test_slurm.py
         ray_hosts.fill_defaults(args)
         cli.parse_run(args)
     elif args.subcommand == "join" and args.slurm is None:

@@ -1,5 +1,6 @@
 """Many hosts without processes: placement and host events in the pure controller, the secret
 and signed records, the agents' store protocol, and `taiji join`'s argument checks (issue 15)."""
+
 import argparse
 import json
 from dataclasses import replace
@@ -9,8 +10,21 @@ import pytest
 from taiji_harness.testing import actions_of, feed
 
 from taiji.cluster import auth
-from taiji.cluster.controller import (Beat, Bounds, FailureReported, HostBeat, HostJoined, HostLost, Proposal, Publish,
-                                      Spawn, Tick, WorkerExited, WorkerReady, initial_state)
+from taiji.cluster.controller import (
+    Beat,
+    Bounds,
+    FailureReported,
+    HostBeat,
+    HostJoined,
+    HostLost,
+    Proposal,
+    Publish,
+    Spawn,
+    Tick,
+    WorkerExited,
+    WorkerReady,
+    initial_state,
+)
 from taiji.cluster.spec import ClusterConfig, WorkerSpec
 from taiji.cluster.fake_store import FakeStore
 from taiji.cluster.store import JobStore
@@ -116,12 +130,15 @@ def test_members_killed_as_hung_on_a_lost_host_leave_without_waiting_for_their_e
     s, _ = run(s, HostBeat(H2, 0.0))
     for w in ("w0", "w1", "w2", "w3"):
         s, _ = run(s, Beat(w, 0.0))
-    s, acts = run(s, FailureReported("w0", s.config.version), FailureReported("w1", s.config.version), now=0.5)
+    s, acts = run(
+        s, FailureReported("w0", s.config.version), FailureReported("w1", s.config.version), now=0.5
+    )
     s, acts = run(s, Tick(), now=1.5)  # the agent is silent too: the host is lost, no exit awaited
     assert of(acts, Publish)[0].config.ids == ("w0", "w1") and not s.killed
 
 
 # -- the secret and signed records --------------------------------------------------------------
+
 
 def test_sealed_records_open_only_with_the_same_secret_and_under_the_same_key():
     secret = auth.new_secret()
@@ -159,6 +176,7 @@ def test_secret_file_is_private_and_checked_on_read(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         auth.read_secret_file(str(tmp_path / "missing"))
     import io
+
     assert auth.read_secret_file("-", stdin=io.StringIO(secret.hex() + "\n")) == secret
 
 
@@ -185,12 +203,17 @@ def test_agent_channel_streams_commands_events_and_beats():
     hosts.publish_settings(job, settings)
     assert hosts.read_settings(job) == settings
     assert hosts.register(job, H2, 2, 123, "s1") == 1
-    assert hosts.registrations_after(job, 0) == (1, [{"address": H2, "slots": 2, "pid": 123, "session": "s1"}])
+    assert hosts.registrations_after(job, 0) == (
+        1,
+        [{"address": H2, "slots": 2, "pid": 123, "session": "s1"}],
+    )
     head.send({"op": "spawn", "id": "w2", "rank": 2, "size": 3})
     assert agent.new_commands() == [{"op": "spawn", "id": "w2", "rank": 2, "size": 3}]
     assert agent.new_commands() == []
     bell = job.doorbell()
-    head.send({"op": "spawn", "id": "w3", "rank": 3, "size": 5}, {"op": "spawn", "id": "w4", "rank": 4, "size": 5})
+    head.send(
+        {"op": "spawn", "id": "w3", "rank": 3, "size": 5}, {"op": "spawn", "id": "w4", "rank": 4, "size": 5}
+    )
     assert [c["id"] for c in agent.new_commands()] == ["w3", "w4"]  # a host's orders in one record, in order
     assert job.doorbell() == bell  # orders are the agent's to read: the launcher's doorbell stays quiet
     agent.report({"op": "exit", "id": "w2", "code": 0, "tail": []})
@@ -205,13 +228,21 @@ def test_agent_channel_streams_commands_events_and_beats():
 
 def test_worker_env_carries_identity_local_rank_and_the_secret(monkeypatch):
     import sys
+
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    settings = WorkerSettings("j", HEAD, 29400, ("/head/python", "train.py"), interpreter="/head/python",
-                              cuda_backend="gloo")
+    settings = WorkerSettings(
+        "j", HEAD, 29400, ("/head/python", "train.py"), interpreter="/head/python", cuda_backend="gloo"
+    )
     secret = auth.new_secret()
     environ = worker_env(settings, secret, "w3", 3, 4, host=H2, local_rank=1, local_size=2, host_rank=1)
-    assert (environ["TAIJI_WORKER_ID"], environ["RANK"], environ["LOCAL_RANK"], environ["LOCAL_WORLD_SIZE"],
-            environ["GROUP_RANK"], environ["TAIJI_STORE_HOST"]) == ("w3", "3", "1", "2", "1", HEAD)
+    assert (
+        environ["TAIJI_WORKER_ID"],
+        environ["RANK"],
+        environ["LOCAL_RANK"],
+        environ["LOCAL_WORLD_SIZE"],
+        environ["GROUP_RANK"],
+        environ["TAIJI_STORE_HOST"],
+    ) == ("w3", "3", "1", "2", "1", HEAD)
     assert environ["TAIJI_CUDA_BACKEND"] == "gloo"  # `taiji run --cuda-backend`, on every host
     assert bytes.fromhex(environ["TAIJI_SECRET"]) == secret
     assert settings.command_here() == (sys.executable, "train.py")
@@ -224,29 +255,38 @@ def _join_args(*argv):
 
 def test_join_arguments_are_checked(tmp_path):
     path = auth.write_secret_file(tmp_path / "s", auth.new_secret())
-    cfg = parse_join(_join_args("j1@10.0.0.1:29400", "--secret-file", str(path), "--nproc-per-node", "2",
-                                "--host", H2))
+    cfg = parse_join(
+        _join_args("j1@10.0.0.1:29400", "--secret-file", str(path), "--nproc-per-node", "2", "--host", H2)
+    )
     assert (cfg.job_id, cfg.store_url, cfg.slots, cfg.host) == ("j1", f"tcp://{HEAD}:29400", 2, H2)
     with pytest.raises(ConfigError, match="JOB@HOST:PORT"):
-        parse_join(_join_args("10.0.0.1:29400", "--secret-file", str(path), "--nproc-per-node", "2", "--host", H2))
+        parse_join(
+            _join_args("10.0.0.1:29400", "--secret-file", str(path), "--nproc-per-node", "2", "--host", H2)
+        )
     with pytest.raises(ConfigError, match="at least 1"):
         parse_join(_join_args("j@h:1", "--secret-file", str(path), "--nproc-per-node", "0", "--host", H2))
-    with pytest.raises(ConfigError, match="needs --secret-file"):  # (or --slurm JOB: tests/unit/test_slurm_allocation.py)
+    with pytest.raises(
+        ConfigError, match="needs --secret-file"
+    ):  # (or --slurm JOB: tests/unit/test_slurm_allocation.py)
         parse_join(_join_args("j@h:1", "--nproc-per-node", "1", "--host", H2))
-    assert isinstance(_join_args("j@h:1", "--secret-file", "-", "--nproc-per-node", "1", "--host", H2),
-                      argparse.Namespace)
+    assert isinstance(
+        _join_args("j@h:1", "--secret-file", "-", "--nproc-per-node", "1", "--host", H2), argparse.Namespace
+    )
 
 
 # -- taking over a running job's controller (etcd mode) -----------------------------------------
 
+
 def test_exactly_one_agent_wins_the_election_and_terms_increase():
     import threading
+
     job = JobStore(FakeStore(), "j", auth.Signer(auth.new_secret()))
     wins, barrier = [], threading.Barrier(6)
 
     def contend(i):
         barrier.wait()
         wins.append(hosts.elect(job, f"10.0.0.{i}", b""))
+
     threads = [threading.Thread(target=contend, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
@@ -261,8 +301,10 @@ def test_exactly_one_agent_wins_the_election_and_terms_increase():
 
 def test_adopted_state_drops_the_dead_controllers_host_in_one_version():
     from taiji.cluster.controller import Host, adopted_state
-    config = ClusterConfig(2, (WorkerSpec("w0", HEAD), WorkerSpec("w1", HEAD), WorkerSpec("w2", H2),
-                               WorkerSpec("w3", H2)))
+
+    config = ClusterConfig(
+        2, (WorkerSpec("w0", HEAD), WorkerSpec("w1", HEAD), WorkerSpec("w2", H2), WorkerSpec("w3", H2))
+    )
     s = adopted_state(config, Bounds(max_np=4), (Host(H2, 2), Host(HEAD, 2)), 1003, now=10.0)
     assert s.desired == 4 and set(s.beats) == {"w0", "w1", "w2", "w3"} and set(s.host_beats) == {HEAD}
     s, acts = run(s, HostLost(HEAD, "controller gone"), now=10.1)
@@ -280,8 +322,13 @@ def test_bounds_and_controller_records_round_trip():
     hosts.publish_bounds(job, bounds)
     assert hosts.read_bounds(job) == bounds
     hosts.publish_controller(job, HEAD, 42, 2, survivable=True, tether=f"{HEAD}:4000")
-    assert hosts.read_controller(job) == {"host": HEAD, "pid": 42, "slots": 2, "survivable": True,
-                                          "tether": f"{HEAD}:4000"}
+    assert hosts.read_controller(job) == {
+        "host": HEAD,
+        "pid": 42,
+        "slots": 2,
+        "survivable": True,
+        "tether": f"{HEAD}:4000",
+    }
     hosts.beat_controller(job, 5)
     assert hosts.controller_beat(job) == 5
 
@@ -301,18 +348,22 @@ def test_below_min_np_with_no_free_slot_the_job_stops_after_the_join_timeout():
 
 def test_nnodes_places_the_first_workers_across_the_hosts_that_joined_and_refuses_beyond_max():
     from taiji.cluster.controller import Host, RefuseHost
+
     bounds = Bounds(max_np=6, max_hosts=2, host_timeout=5.0)
     s = initial_state(4, bounds, HEAD, 2, others=(Host(H2, 2),), now=100.0)
     assert [(w.id, w.host) for w in s.config.workers] == [("w0", HEAD), ("w1", HEAD), ("w2", H2), ("w3", H2)]
     assert s.host_beats == {H2: 100.0} and s.next_index == 4
     s2, acts = run(s, HostJoined(H3, 2))
-    assert s2 == s and of(acts, RefuseHost) == [RefuseHost(H3, acts[0].reason)] and "--nnodes" in acts[0].reason
+    assert (
+        s2 == s and of(acts, RefuseHost) == [RefuseHost(H3, acts[0].reason)] and "--nnodes" in acts[0].reason
+    )
     with pytest.raises(ValueError, match="do not fit the 4 slots of 2 host"):
         initial_state(5, bounds, HEAD, 2, others=(Host(H2, 2),))
 
 
 def _run_args(*argv):
     from taiji.launch.cli import parse_run
+
     return parse_run(build_parser().parse_args(["run", *argv, "python", "-c", "pass"]))
 
 
@@ -322,28 +373,36 @@ def test_nnodes_sets_the_start_size_the_hosts_and_max_np():
     cfg = _run_args("--nnodes", "2", "--nproc-per-node", "2", "-np", "3", "--max-np", "3")
     assert (cfg.nproc, cfg.max_np, cfg.min_hosts, cfg.max_hosts) == (3, 3, 2, 2)
     assert _run_args("-np", "2").max_hosts == 0  # no --nnodes: no host limit
-    for argv, message in ((["--nnodes", "2:3"], "needs --nproc-per-node"),
-                          (["--nnodes", "3:2", "--nproc-per-node", "2"], "MIN <= MAX"),
-                          (["--nnodes", "a:b", "--nproc-per-node", "2"], "MIN:MAX"),
-                          (["--nnodes", "1:2", "--nproc-per-node", "2", "-np", "3"], "must fit"),
-                          ([], "how many workers")):
+    for argv, message in (
+        (["--nnodes", "2:3"], "needs --nproc-per-node"),
+        (["--nnodes", "3:2", "--nproc-per-node", "2"], "MIN <= MAX"),
+        (["--nnodes", "a:b", "--nproc-per-node", "2"], "MIN:MAX"),
+        (["--nnodes", "1:2", "--nproc-per-node", "2", "-np", "3"], "must fit"),
+        ([], "how many workers"),
+    ):
         with pytest.raises(ConfigError, match=message):
             _run_args(*argv)
 
 
 # -- tethers: each end sees the other's process die as its connection closing ----------------
 
+
 def test_tether_hello_is_checked_and_a_dead_agent_or_controller_is_seen_at_once():
     import subprocess
     import sys
     from taiji_harness.testing import wait_for
     from taiji.launch.tether import Tether, TetherServer, answers
+
     secret = auth.new_secret()
     server = TetherServer("127.0.0.1", secret)
-    script = ("import sys; from taiji.launch.tether import Tether; "
-              f"t = Tether({server.address!r}, bytes.fromhex({secret.hex()!r}), {H2!r}, 's1'); "
-              "print('tethered', flush=True); sys.stdin.read()")
-    agent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    script = (
+        "import sys; from taiji.launch.tether import Tether; "
+        f"t = Tether({server.address!r}, bytes.fromhex({secret.hex()!r}), {H2!r}, 's1'); "
+        "print('tethered', flush=True); sys.stdin.read()"
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert agent.stdout.readline().strip() == "tethered"
         with pytest.raises(AuthError, match="refused this agent's tether"):
@@ -372,6 +431,7 @@ def test_tether_hello_is_checked_and_a_dead_agent_or_controller_is_seen_at_once(
 def test_a_dropped_tether_reads_as_the_agents_death_and_a_closed_one_does_not():
     from taiji_harness.testing import wait_for
     from taiji.launch.tether import Tether, TetherServer
+
     secret = auth.new_secret()
     server = TetherServer("127.0.0.1", secret)
     try:
@@ -388,26 +448,32 @@ def test_a_dropped_tether_reads_as_the_agents_death_and_a_closed_one_does_not():
 
 def test_a_placed_proposal_chooses_which_hosts_shrink_and_where_joiners_go():
     from taiji.cluster.controller import Log
-    s = grown((2, 2, 2), max_np=6)   # w0 w1 on the head, w2 w3 on H2, w4 w5 on H3
+
+    s = grown((2, 2, 2), max_np=6)  # w0 w1 on the head, w2 w3 on H2, w4 w5 on H3
     assert [w.host for w in s.config.workers] == [HEAD, HEAD, H2, H2, H3, H3]
     s, acts = run(s, Proposal(3, "sched", ((HEAD, 1), (H3, 2))))
     config = of(acts, Publish)[0].config
-    assert [(w.id, w.host) for w in config.workers] == [("w0", HEAD), ("w4", H3), ("w5", H3)], \
+    assert [(w.id, w.host) for w in config.workers] == [("w0", HEAD), ("w4", H3), ("w5", H3)], (
         "the hosts holding more than wanted lose their newest members (not the newest overall)"
+    )
     s, acts = run(s, Proposal(5, "sched", ((HEAD, 1), (H2, 2), (H3, 2))))
     assert [w.host for spawn in of(acts, Spawn) for w in spawn.workers] == [H2, H2]
     booting = s
-    for refused, why in [(Proposal(4, "sched", ((HEAD, 1), (H3, 2))), "add up to 3, not 4"),
-                         (Proposal(3, "sched", (("10.9.9.9", 1), (H3, 2))), "not one of this job's hosts"),
-                         (Proposal(4, "sched", ((HEAD, 2), (H3, 2))), "still joining")]:
+    for refused, why in [
+        (Proposal(4, "sched", ((HEAD, 1), (H3, 2))), "add up to 3, not 4"),
+        (Proposal(3, "sched", (("10.9.9.9", 1), (H3, 2))), "not one of this job's hosts"),
+        (Proposal(4, "sched", ((HEAD, 2), (H3, 2))), "still joining"),
+    ]:
         after, acts = run(booting, refused)
         assert after == booting and not of(acts, Spawn) and not of(acts, Publish)
         assert "refused" in of(acts, Log)[0].message and why in of(acts, Log)[0].message
     s, _ = run(s, *[WorkerReady(j.id) for j in s.joiners])
     assert [w.host for w in s.config.workers] == [HEAD, H3, H3, H2, H2]
-    for refused, why in [(Proposal(5, "sched", ((HEAD, 2), (H2, 1), (H3, 2))), "moves workers between hosts"),
-                         (Proposal(4, "sched", ((HEAD, 3), (H3, 1))), "has 2 slot(s), not 3"),
-                         (Proposal(2, "sched", ((HEAD, 1), (HEAD, 1))), "names a host twice")]:
+    for refused, why in [
+        (Proposal(5, "sched", ((HEAD, 2), (H2, 1), (H3, 2))), "moves workers between hosts"),
+        (Proposal(4, "sched", ((HEAD, 3), (H3, 1))), "has 2 slot(s), not 3"),
+        (Proposal(2, "sched", ((HEAD, 1), (HEAD, 1))), "names a host twice"),
+    ]:
         after, acts = run(s, refused)
         assert after == s and why in of(acts, Log)[0].message, of(acts, Log)
 
@@ -416,11 +482,12 @@ def test_a_placement_ends_when_membership_changes_on_its_own():
     s = grown((2, 2, 2), max_np=8)
     s, acts = run(s, Proposal(3, "sched", ((HEAD, 1), (H3, 2))))
     assert s.placement
-    s, acts = run(s, HostJoined("10.0.0.9", 2))   # a new host: the job grows onto it as without a placement
+    s, acts = run(s, HostJoined("10.0.0.9", 2))  # a new host: the job grows onto it as without a placement
     assert not s.placement and [w.host for spawn in of(acts, Spawn) for w in spawn.workers]
     s = grown((2, 2), max_np=4)
     s = replace(s, bounds=replace(s.bounds, replace=True))
     s, _ = run(s, Proposal(3, "sched", ((HEAD, 2), (H2, 1))))
     s, acts = run(s, HostJoined(H3, 2), HostLost(H2, "gone"))
-    assert not s.placement and H3 in [w.host for spawn in of(acts, Spawn) for w in spawn.workers], \
+    assert not s.placement and H3 in [w.host for spawn in of(acts, Spawn) for w in spawn.workers], (
         "the lost host's share is refilled where slots are free"
+    )

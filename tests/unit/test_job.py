@@ -1,4 +1,5 @@
 """The Job loop on one worker (no launcher) and its edge cases."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -51,7 +52,7 @@ def test_user_may_call_loss_backward_directly_and_scheduler_steps_after_optimize
         x, y = step.batch
         F.cross_entropy(model(x), y).backward()
     assert not torch.equal(before, model.weight)
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 4)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**4)
 
 
 def test_breaking_out_does_not_commit_the_unfinished_step():
@@ -119,6 +120,7 @@ def test_pause_keeps_rank_local_work_out_of_the_step_clock():
         if step.index == 1:
             with job.pause():
                 import time
+
                 time.sleep(0.3)  # stands in for an evaluation
         walls.append(job.stats.wall_seconds[0] if job.stats else None)
     # the step after the pause reports no wall time (a fresh clock), not the 0.3 s pause
@@ -146,7 +148,9 @@ def test_each_sample_is_loaded_once_the_batch_loaded_ahead_is_the_one_trained():
         assert torch.equal(x[:, 0].long(), step.indices)
         trained += len(step.indices)
         step.backward(F.cross_entropy(model(x), y))
-    assert trained == 22 and data.loads == trained, "a sample loaded twice: the batch loaded ahead was not used"
+    assert trained == 22 and data.loads == trained, (
+        "a sample loaded twice: the batch loaded ahead was not used"
+    )
 
 
 def test_nothing_is_loaded_ahead_across_an_epochs_end():
@@ -159,7 +163,9 @@ def test_nothing_is_loaded_ahead_across_an_epochs_end():
         x, y = step.batch
         step.backward(F.cross_entropy(model(x), y))
         loaded_by_backward.append(data.loads)
-    assert loaded_by_backward == [8, 8, 16, 16], "each epoch's second batch ahead, never the next epoch's first"
+    assert loaded_by_backward == [8, 8, 16, 16], (
+        "each epoch's second batch ahead, never the next epoch's first"
+    )
 
 
 def test_no_batch_is_loaded_ahead_for_the_step_after_max_steps():
@@ -210,9 +216,12 @@ def test_options_in_groups_and_old_keywords_warn_naming_their_new_place():
         model = torch.nn.Linear(2, 2)
         job = taiji.Job(model, torch.optim.SGD(model.parameters(), lr=0.1), data, 4, peer=Peer.solo(), **kw)
         return [step.indices.tolist() for step in job]
+
     grouped = order(data=taiji.DataOptions(shuffle=False), monitoring=taiji.MonitorOptions(log_every=0))
     assert grouped == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    with pytest.warns(DeprecationWarning, match=r"Job\(shuffle=\.\.\.\).*data=taiji\.DataOptions\(shuffle=\.\.\.\)"):
+    with pytest.warns(
+        DeprecationWarning, match=r"Job\(shuffle=\.\.\.\).*data=taiji\.DataOptions\(shuffle=\.\.\.\)"
+    ):
         assert order(shuffle=False, monitoring=taiji.MonitorOptions(log_every=0)) == grouped
     with pytest.raises(TypeError, match="unexpected keyword argument"):
         order(shufle=False)

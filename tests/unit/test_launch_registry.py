@@ -1,4 +1,5 @@
 """The job registry and the launcher's control socket: what `taiji status/resize/ls` stand on."""
+
 import os
 import subprocess
 import sys
@@ -50,8 +51,10 @@ def test_unknown_job_names_the_running_ones_not_the_dead_ones():
 def test_ls_lists_running_jobs_with_their_cluster_and_prunes_dead_ones(capsys):
     registry.register(registry.JobEntry("jdead", "h", 1, dead_pid(), ("x",), 1.0))
     registry.register(registry.JobEntry.of_this_process("jlive", "h", 1, ("python", "train.py"), time.time()))
-    server = ControlServer(registry.control_socket("jlive"),
-                           lambda: {"workers": ["w0", "w1"], "version": 3, "progress": {"step": 42}})
+    server = ControlServer(
+        registry.control_socket("jlive"),
+        lambda: {"workers": ["w0", "w1"], "version": 3, "progress": {"step": 42}},
+    )
     try:
         assert taiji_main(["ls"]) == 0
     finally:
@@ -69,10 +72,14 @@ def test_control_socket_answers_status_and_queues_resizes(home):
         assert oct(os.stat(registry.control_socket("j1")).st_mode & 0o777) == "0o600", "owner only"
         assert request(registry.control_socket("j1"), {"op": "status"})["workers"] == ["w0"]
         request(registry.control_socket("j1"), {"op": "resize", "size": 3})
-        request(registry.control_socket("j1"), {"op": "resize", "size": 3, "source": "taiji sched",
-                                                "placement": {"10.0.0.1": 1, "10.0.0.2": 2}})
-        assert server.take_proposals() == [(3, "taiji resize", ()),
-                                           (3, "taiji sched", (("10.0.0.1", 1), ("10.0.0.2", 2)))]
+        request(
+            registry.control_socket("j1"),
+            {"op": "resize", "size": 3, "source": "taiji sched", "placement": {"10.0.0.1": 1, "10.0.0.2": 2}},
+        )
+        assert server.take_proposals() == [
+            (3, "taiji resize", ()),
+            (3, "taiji sched", (("10.0.0.1", 1), ("10.0.0.2", 2))),
+        ]
         assert server.take_proposals() == []
         with pytest.raises(StoreError, match="unknown request"):
             request(registry.control_socket("j1"), {"op": "drop tables"})
@@ -84,8 +91,10 @@ def test_control_socket_answers_status_and_queues_resizes(home):
 
 
 def test_the_store_commands_do_not_import_torch():
-    code = ("import sys; from taiji.launch.cli import main; main(['ls']); "
-            "assert 'torch' not in sys.modules, 'taiji ls imported torch'")
+    code = (
+        "import sys; from taiji.launch.cli import main; main(['ls']); "
+        "assert 'torch' not in sys.modules, 'taiji ls imported torch'"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
@@ -93,6 +102,7 @@ def test_the_store_commands_do_not_import_torch():
 def test_resize_placement_is_parsed_and_checked_before_asking():
     from taiji.errors import ConfigError
     from taiji.launch.cli import parse_placement, resize_job
+
     assert parse_placement("10.0.0.1=2, 10.0.0.2=1") == {"10.0.0.1": 2, "10.0.0.2": 1}
     assert parse_placement(None) == {} and parse_placement("fe80::1=1") == {"fe80::1": 1}
     for bad in ("10.0.0.1", "=2", "10.0.0.1=two"):
@@ -105,11 +115,16 @@ def test_resize_placement_is_parsed_and_checked_before_asking():
 def test_a_malformed_placement_is_answered_not_fatal_to_the_control_thread(home):
     server = ControlServer(registry.control_socket("j2"), lambda: {"version": 1, "workers": ["w0"]})
     try:
-        for bad in ({"op": "resize", "size": 2, "placement": 7}, {"op": "resize", "size": 2, "placement": {"a": "x"}},
-                    {"op": "resize"}):
+        for bad in (
+            {"op": "resize", "size": 2, "placement": 7},
+            {"op": "resize", "size": 2, "placement": {"a": "x"}},
+            {"op": "resize"},
+        ):
             with pytest.raises(StoreError):
                 request(registry.control_socket("j2"), bad)
-        assert request(registry.control_socket("j2"), {"op": "status"})["workers"] == ["w0"], "still answering"
+        assert request(registry.control_socket("j2"), {"op": "status"})["workers"] == ["w0"], (
+            "still answering"
+        )
         assert server.take_proposals() == []
     finally:
         server.close()
@@ -118,12 +133,24 @@ def test_a_malformed_placement_is_answered_not_fatal_to_the_control_thread(home)
 def test_resize_placement_is_checked_against_the_jobs_hosts_before_it_is_sent(home, capsys):
     from taiji.errors import ConfigError
     from taiji.launch.cli import job_status, resize_job
+
     registry.register(registry.JobEntry.of_this_process("j3", "h", 1, ("python", "t.py"), 2.0))
-    snapshot = {"version": 2, "workers": ["w0", "w1"], "joiners": [], "desired": 2, "min_np": 1, "max_np": 4,
-                "failures": 0, "progress": None, "hosts": [["10.0.0.1", 2, 1], ["10.0.0.2", 2, 1]]}
+    snapshot = {
+        "version": 2,
+        "workers": ["w0", "w1"],
+        "joiners": [],
+        "desired": 2,
+        "min_np": 1,
+        "max_np": 4,
+        "failures": 0,
+        "progress": None,
+        "hosts": [["10.0.0.1", 2, 1], ["10.0.0.2", 2, 1]],
+    }
     server = ControlServer(registry.control_socket("j3"), lambda: snapshot)
     try:
-        with pytest.raises(ConfigError, match="names 10.0.0.9, not one of job j3's hosts: 10.0.0.1, 10.0.0.2"):
+        with pytest.raises(
+            ConfigError, match="names 10.0.0.9, not one of job j3's hosts: 10.0.0.1, 10.0.0.2"
+        ):
             resize_job("j3", 2, "10.0.0.1=1,10.0.0.9=1")
         with pytest.raises(ConfigError, match="puts 3 workers on 10.0.0.2, which has 2 slot"):
             resize_job("j3", 3, "10.0.0.2=3")

@@ -1,6 +1,7 @@
 """LocalSGD's arithmetic (steps-weighted average, DiLoCo-style outer step) and its decoupled
 phases in a Job (ranks as threads). Real processes: tests/integration/test_strategies_procs.py,
 tests/faults/test_strategies_faults.py."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -86,7 +87,7 @@ def test_a_sync_point_retried_after_a_failure_averages_once():
         strategy = LocalSGD(every=4).attach(model, peer.comm)
         local_steps(model, strategy, peer.rank, 2)
         before = [p.detach().clone() for p in model.parameters()]
-        strategy.sync_point()          # its agreement failed: the Job recovers and takes it again
+        strategy.sync_point()  # its agreement failed: the Job recovers and takes it again
         strategy.sync_point()
         strategy.commit_sync_point()
         return before, [p.detach().clone() for p in model.parameters()]
@@ -112,11 +113,12 @@ def test_job_under_local_sgd_meets_every_h_global_batches_exactly_once_and_ends_
         model = torch.nn.Linear(4, 3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         strategy = LocalSGD(every=every)
-        job = taiji.Job(model, opt, classification_data(n), batch, epochs=1, peer=peer, log_every=0,
-                        strategy=strategy)
+        job = taiji.Job(
+            model, opt, classification_data(n), batch, epochs=1, peer=peer, log_every=0, strategy=strategy
+        )
         segments, at_sync_points = [], {}
         for step in job:
-            if strategy.local_steps == 0:   # the first step after a sync point: the replicas are one
+            if strategy.local_steps == 0:  # the first step after a sync point: the replicas are one
                 at_sync_points[strategy.averaged] = digest(list(model.parameters()))
             x, y = step.batch
             step.backward(F.cross_entropy(model(x), y))

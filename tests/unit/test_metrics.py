@@ -1,4 +1,5 @@
 """RunLog (JSONL metrics/events) and plot_run (timeline PNG)."""
+
 from __future__ import annotations
 
 import json
@@ -40,14 +41,21 @@ def write_synthetic_run(run_dir: Path, steps: int = 200, seed: int = 0) -> None:
             speed = size * 420.0 * (0.9 if size == 3 else 1.0) * (1 + 0.08 * rng.gauss(0, 1))
             t += batch / speed
             gns = 50.0 * 16 ** (step / steps) * math.exp(0.15 * rng.gauss(0, 1))
-            runlog.log_metrics({
-                "time": t, "step": step, "epoch": step // 100, "version": 1 + (step >= 70)
-                + (step >= 120), "size": size, "batch_size": batch,
-                "loss": 2.3 * math.exp(-step / 80) + 0.25 + 0.05 * rng.gauss(0, 1),
-                "samples_per_s": speed,
-                "gns": None if step < 5 or rng.random() < 0.05 else gns,
-                "lr": 0.1 * batch / 128, "straggler": None,
-            })
+            runlog.log_metrics(
+                {
+                    "time": t,
+                    "step": step,
+                    "epoch": step // 100,
+                    "version": 1 + (step >= 70) + (step >= 120),
+                    "size": size,
+                    "batch_size": batch,
+                    "loss": 2.3 * math.exp(-step / 80) + 0.25 + 0.05 * rng.gauss(0, 1),
+                    "samples_per_s": speed,
+                    "gns": None if step < 5 or rng.random() < 0.05 else gns,
+                    "lr": 0.1 * batch / 128,
+                    "straggler": None,
+                }
+            )
         runlog.log_event("end", steps, time=t + 0.5)
 
 
@@ -70,9 +78,16 @@ def test_metrics_and_events_are_written_one_json_line_each(tmp_path):
 
 def test_nan_and_inf_become_null_and_tensors_plain(tmp_path):
     with RunLog(tmp_path) as runlog:
-        runlog.log_metrics({"step": torch.tensor(3), "loss": float("nan"), "gns": float("inf"),
-                            "trace_sigma": -math.inf, "grad_sqnorm": torch.tensor(0.5),
-                            "nested": [1.0, float("nan")]})
+        runlog.log_metrics(
+            {
+                "step": torch.tensor(3),
+                "loss": float("nan"),
+                "gns": float("inf"),
+                "trace_sigma": -math.inf,
+                "grad_sqnorm": torch.tensor(0.5),
+                "nested": [1.0, float("nan")],
+            }
+        )
         runlog.log_event("policy", 3, gain=float("nan"))
     text = (tmp_path / "metrics.jsonl").read_text()
     assert "NaN" not in text and "Infinity" not in text
@@ -152,8 +167,9 @@ def test_plot_run_writes_a_timeline_png(tmp_path):
 def test_plot_run_without_events_or_some_series(tmp_path):
     with RunLog(tmp_path) as runlog:
         for step in range(50):
-            runlog.log_metrics({"time": 100.0 + step, "step": step, "size": 1,
-                                "loss": 1.0 / (step + 1), "gns": None})
+            runlog.log_metrics(
+                {"time": 100.0 + step, "step": step, "size": 1, "loss": 1.0 / (step + 1), "gns": None}
+            )
     (tmp_path / "events.jsonl").unlink()
     _assert_png(plot_run(tmp_path))
 
@@ -180,17 +196,27 @@ def test_plot_run_with_a_single_record_or_only_events(tmp_path):
 
 def test_event_labels_show_the_decided_value():
     from taiji.metrics.plot import _event_label
-    assert _event_label({"kind": "policy", "decision": "SetBatchSize(batch_size=632)", "step": 100}) \
+
+    assert (
+        _event_label({"kind": "policy", "decision": "SetBatchSize(batch_size=632)", "step": 100})
         == "policy: SetBatchSize(632) @100"
-    assert _event_label({"kind": "strategy", "strategy": "pair_averaging", "step": 7}) == "strategy→pair_averaging @7"
+    )
+    assert (
+        _event_label({"kind": "strategy", "strategy": "pair_averaging", "step": 7})
+        == "strategy→pair_averaging @7"
+    )
 
 
 def test_last_recorded_step_reads_the_tails_skipping_torn_and_cut_lines(tmp_path):
     from taiji.metrics.runlog import last_recorded_step
+
     assert last_recorded_step(tmp_path) is None  # no files
-    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"time": 1, "step": {i}}}\n' for i in range(2000))
-                                            + '{"time": 1, "st')  # torn by a crash
-    (tmp_path / "events.jsonl").write_text('{"kind": "start", "step": 0}\n[1]\n{"kind": "end", "step": 1500}\n')
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(f'{{"time": 1, "step": {i}}}\n' for i in range(2000)) + '{"time": 1, "st'
+    )  # torn by a crash
+    (tmp_path / "events.jsonl").write_text(
+        '{"kind": "start", "step": 0}\n[1]\n{"kind": "end", "step": 1500}\n'
+    )
     assert last_recorded_step(tmp_path) == 1999
     assert last_recorded_step(tmp_path, tail_bytes=60) == 1999  # only the end is read; a cut line skipped
     (tmp_path / "metrics.jsonl").unlink()

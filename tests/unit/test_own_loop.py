@@ -1,5 +1,6 @@
 """taiji.Optimizer runs the Job's step: a model with running statistics (BatchNorm) keeps identical
 buffers on every worker after every step, as under taiji.Job."""
+
 import pytest
 import torch
 import torch.nn as nn
@@ -16,7 +17,7 @@ def _train_with_batchnorm(peer, steps=4):
     buffers = []
     while opt.steps < steps:
         opt.zero_grad()
-        x = data[opt.steps][peer.rank::peer.size] * (1 + peer.rank)  # each worker's share differs
+        x = data[opt.steps][peer.rank :: peer.size] * (1 + peer.rank)  # each worker's share differs
         model(x).pow(2).mean().backward()
         assert opt.step()
         buffers.append([b.clone() for b in model.buffers()])

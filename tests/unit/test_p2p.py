@@ -1,4 +1,5 @@
 """Peer-to-peer model store: round trips, atomic snapshots, authentication, failure modes."""
+
 from __future__ import annotations
 
 import contextlib
@@ -83,16 +84,16 @@ def test_round_trip_dtypes_and_shapes(store):
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     tensors = [
         base,
-        torch.tensor(3.25, dtype=torch.float64),                   # 0-d
+        torch.tensor(3.25, dtype=torch.float64),  # 0-d
         torch.arange(-5, 5, dtype=torch.int64),
-        torch.randn(2, 3).to(torch.bfloat16),                      # no numpy dtype
+        torch.randn(2, 3).to(torch.bfloat16),  # no numpy dtype
         torch.randn(4).half(),
         torch.tensor([True, False, True]),
         torch.arange(6, dtype=torch.uint8).reshape(2, 3),
         torch.tensor([-3, 7], dtype=torch.int8),
-        torch.empty(0, 5, dtype=torch.int32),                      # empty
+        torch.empty(0, 5, dtype=torch.int32),  # empty
         torch.randn(3, dtype=torch.complex64),
-        base.t(),                                                  # non-contiguous
+        base.t(),  # non-contiguous
         torch.randn(3, requires_grad=True),
     ]
     store.publish(7, tensors)
@@ -124,7 +125,7 @@ def test_publish_reuses_the_buffers_of_a_snapshot_nobody_is_reading(store):
     second = store._current.tensors[0].data_ptr()
     store.publish(3, [t + 2])
     assert store._current.tensors[0].data_ptr() == first != second, "the retired buffer is reused"
-    store.publish(4, [torch.zeros(3)])   # another layout: fresh buffers, still correct
+    store.publish(4, [torch.zeros(3)])  # another layout: fresh buffers, still correct
     assert torch.equal(fetch(store.address, SECRET, timeout=5).tensors[0], torch.zeros(3))
 
 
@@ -166,8 +167,7 @@ def test_concurrent_fetches_never_see_mixed_snapshot(store):
                     errors.append(f"mixed snapshot at version {snap.version}")
         counts.append(n)
 
-    threads = [threading.Thread(target=publisher)] + [threading.Thread(target=fetcher)
-                                                        for _ in range(8)]
+    threads = [threading.Thread(target=publisher)] + [threading.Thread(target=fetcher) for _ in range(8)]
     for th in threads:
         th.start()
     time.sleep(1.0)
@@ -244,20 +244,23 @@ def test_silent_server_times_out(stall_after):
         assert time.monotonic() - t0 < 1.5
 
 
-@pytest.mark.parametrize("header, match", [
-    (b"not json", "malformed header"),
-    (b"[1, 2]", "malformed header"),
-    ({"version": True, "tensors": []}, "bad version"),
-    ({"version": -2, "tensors": []}, "bad version"),
-    ({"version": 1, "tensors": {}}, "not a list"),
-    ({"version": 1, "tensors": [{"dtype": "object", "shape": [1]}]}, "dtype 'object'"),
-    ({"version": 1, "tensors": [{"dtype": "float32", "shape": [-1]}]}, "bad shape"),
-    ({"version": 1, "tensors": [{"dtype": "float32", "shape": [1.5]}]}, "bad shape"),
-    ({"version": 1, "tensors": [{"dtype": "float32", "shape": [0, 2**70]}]}, "bad shape"),
-    ({"version": 1, "tensors": [{"dtype": "float32"}]}, "malformed header"),
-    ({"version": 1, "tensors": [{"dtype": "float64", "shape": [1 << 20, 1 << 20]}]}, "limit"),
-    ({"version": None, "tensors": [{"dtype": "float32", "shape": [1]}]}, "without a version"),
-])
+@pytest.mark.parametrize(
+    "header, match",
+    [
+        (b"not json", "malformed header"),
+        (b"[1, 2]", "malformed header"),
+        ({"version": True, "tensors": []}, "bad version"),
+        ({"version": -2, "tensors": []}, "bad version"),
+        ({"version": 1, "tensors": {}}, "not a list"),
+        ({"version": 1, "tensors": [{"dtype": "object", "shape": [1]}]}, "dtype 'object'"),
+        ({"version": 1, "tensors": [{"dtype": "float32", "shape": [-1]}]}, "bad shape"),
+        ({"version": 1, "tensors": [{"dtype": "float32", "shape": [1.5]}]}, "bad shape"),
+        ({"version": 1, "tensors": [{"dtype": "float32", "shape": [0, 2**70]}]}, "bad shape"),
+        ({"version": 1, "tensors": [{"dtype": "float32"}]}, "malformed header"),
+        ({"version": 1, "tensors": [{"dtype": "float64", "shape": [1 << 20, 1 << 20]}]}, "limit"),
+        ({"version": None, "tensors": [{"dtype": "float32", "shape": [1]}]}, "without a version"),
+    ],
+)
 def test_malformed_header(header, match):
     with fake_server(lambda conn: (handshake(conn), send_header(conn, header))) as addr:
         with pytest.raises(PeerLost, match=match):
@@ -377,6 +380,7 @@ def _polled(bg: BackgroundFetcher, address):
 def test_one_connection_per_peer_serves_every_fetch_and_an_idle_one_is_reopened():
     from taiji_harness.testing import wait_for
     from taiji.comm.p2p import PeerConnection
+
     with ModelStore(SECRET, idle_timeout=0.3) as store:
         connection = PeerConnection(store.address, SECRET, timeout=5)
         for version in (1, 2, 3):  # each fetch sees the latest publish, on the same connection
@@ -450,9 +454,11 @@ def test_fetch_25mb_is_fast(store, capsys):
     assert all(torch.equal(a, b) for a, b in zip(snap.tensors, tensors))
     best = min(times)
     with capsys.disabled():
-        print(f"\np2p: publish {nbytes / 1e6:.1f} MB in {min(pubs) * 1e3:.1f} ms (best of 3); "
-              f"fetch best {best * 1e3:.1f} ms, median {sorted(times)[2] * 1e3:.1f} ms "
-              f"({nbytes / best / 1e9:.2f} GB/s)")
+        print(
+            f"\np2p: publish {nbytes / 1e6:.1f} MB in {min(pubs) * 1e3:.1f} ms (best of 3); "
+            f"fetch best {best * 1e3:.1f} ms, median {sorted(times)[2] * 1e3:.1f} ms "
+            f"({nbytes / best / 1e9:.2f} GB/s)"
+        )
     assert best < 2.0
 
 

@@ -1,4 +1,5 @@
 """Phases: the seconds between a change's named marks (runtime/phases.py)."""
+
 import time
 
 import pytest

@@ -1,5 +1,6 @@
 """Pauses and short last batches: what the Reporter logs for them and how ``taiji plot`` draws
 them (a pause is a shaded span, not a throughput collapse; a short batch is not a resize)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,12 +39,32 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     return fake
 
 
-def committed(index: int, samples: int, decided: int, epoch: int = 0, epoch_after: int = 0,
-              allreduce_wait: float | None = None, topology: str = "") -> StepCommitted:
+def committed(
+    index: int,
+    samples: int,
+    decided: int,
+    epoch: int = 0,
+    epoch_after: int = 0,
+    allreduce_wait: float | None = None,
+    topology: str = "",
+) -> StepCommitted:
     where = Snapshot(step=index + 1, epoch=epoch_after, batch_size=decided, version=1, size=1)
-    return StepCommitted(index, epoch, where, samples, monitored=True, loss=1.0, grad_variance=None,
-                         straggler=0.0, gns=None, grad_sqnorm=None, trace_sigma=None, lr=0.1,
-                         allreduce_wait=allreduce_wait, topology=topology)
+    return StepCommitted(
+        index,
+        epoch,
+        where,
+        samples,
+        monitored=True,
+        loss=1.0,
+        grad_variance=None,
+        straggler=0.0,
+        gns=None,
+        grad_sqnorm=None,
+        trace_sigma=None,
+        lr=0.1,
+        allreduce_wait=allreduce_wait,
+        topology=topology,
+    )
 
 
 def reporter(run_dir: Path, log_every: int = 0) -> Reporter:
@@ -56,7 +77,7 @@ def test_a_pause_is_logged_with_its_start_and_length_and_left_out_of_both_rates(
     for index in range(2):
         clock.advance(1.0)
         report.on(committed(index, 8, 8))
-    clock.advance(5.0)             # an evaluation inside `with job.pause():`
+    clock.advance(5.0)  # an evaluation inside `with job.pause():`
     report.on(Paused())
     clock.advance(1.0)
     report.on(committed(2, 8, 8))  # step 3 is a log_every boundary: the periodic rate
@@ -67,8 +88,9 @@ def test_a_pause_is_logged_with_its_start_and_length_and_left_out_of_both_rates(
     # 24 samples in 8 s, of which 5 s paused: the periodic rate (log line, status) is 8/s, not 3/s
     assert report.samples_per_second == pytest.approx(8.0)
     pause = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "pause"]
-    assert pause == [{"time": pytest.approx(WALL0 + 102.0), "kind": "pause", "step": 2,
-                      "seconds": pytest.approx(5.0)}]
+    assert pause == [
+        {"time": pytest.approx(WALL0 + 102.0), "kind": "pause", "step": 2, "seconds": pytest.approx(5.0)}
+    ]
 
 
 def test_a_transitions_pause_is_not_logged_again(tmp_path, clock):
@@ -102,8 +124,15 @@ def test_a_step_row_logs_the_decided_batch_size_and_the_samples_it_trained_on(tm
 
 
 def metric(t: float, step: int, samples: int, decided: int, rate: float) -> dict:
-    return {"time": t, "step": step, "size": 1, "batch_size": decided, "samples": samples,
-            "samples_per_s": rate, "loss": 1.0}
+    return {
+        "time": t,
+        "step": step,
+        "size": 1,
+        "batch_size": decided,
+        "samples": samples,
+        "samples_per_s": rate,
+        "loss": 1.0,
+    }
 
 
 def test_timeline_shades_recorded_pauses_and_keeps_the_rate_after_them():
@@ -113,8 +142,10 @@ def test_timeline_shades_recorded_pauses_and_keeps_the_rate_after_them():
     data = timeline(metrics, events, 0.0)
     assert data.pauses == [(4.0, 9.0)]
     assert (4.0, 9.0) in data.breaks
-    assert data.series["samples_per_s"] == ([0.0, 1.0, 2.0, 3.0, 4.0, 10.0, 11.0, 12.0, 13.0, 14.0],
-                                            [8.0] * 10)
+    assert data.series["samples_per_s"] == (
+        [0.0, 1.0, 2.0, 3.0, 4.0, 10.0, 11.0, 12.0, 13.0, 14.0],
+        [8.0] * 10,
+    )
 
 
 def test_timeline_drops_a_rate_timed_across_an_unrecorded_gap():
@@ -141,8 +172,15 @@ def test_plot_run_draws_pauses_and_short_batches_from_a_reporters_run_dir(tmp_pa
     report.on(Event("start", 0))
     for index in range(30):
         clock.advance(0.5)
-        report.on(committed(index, 3 if index % 10 == 9 else 4, 4, allreduce_wait=0.002 if index < 20 else None,
-                            topology="tree"))
+        report.on(
+            committed(
+                index,
+                3 if index % 10 == 9 else 4,
+                4,
+                allreduce_wait=0.002 if index < 20 else None,
+                topology="tree",
+            )
+        )
         if index == 14:
             clock.advance(6.0)
             report.on(Paused())

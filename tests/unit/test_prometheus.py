@@ -1,6 +1,7 @@
 """Metrics: the pure mapping from a launcher's snapshot and its controller's actions to Prometheus
 families (metrics/prometheus.py), the status record rank 0 writes for it, the HTTP exporter
 (launch/metrics_http.py, with prometheus_client) and `taiji top`'s rendering (launch/top.py)."""
+
 from __future__ import annotations
 
 import urllib.request
@@ -9,20 +10,54 @@ import pytest
 
 from taiji_harness.testing import actions_of, feed
 from taiji.cluster import spec
-from taiji.cluster.controller import (Beat, Bounds, FailureReported, Kill, Proposal, Publish, Tick, WorkerExited,
-                                      WorkerReady, initial_state)
+from taiji.cluster.controller import (
+    Beat,
+    Bounds,
+    FailureReported,
+    Kill,
+    Proposal,
+    Publish,
+    Tick,
+    WorkerExited,
+    WorkerReady,
+    initial_state,
+)
 from taiji.errors import LaunchError
 from taiji.launch import top
 from taiji.metrics.prometheus import Family, Tally, change_kind, job_families, kill_kind, sched_families
 from taiji.runtime import reporting
 from taiji.runtime.reporting import Event, Reporter, Snapshot, StepCommitted
 
-SNAPSHOT = {"job": "j1", "pid": 1, "version": 3, "workers": ["w0", "w1"], "joiners": ["w2"], "desired": 3,
-            "min_np": 1, "max_np": 4, "failures": 1, "busy": ["w1"],
-            "hosts": [["127.0.0.1", 4, 3]],
-            "progress": {"step": 120, "epoch": 1, "batch_size": 64, "version": 3, "size": 2, "position": 7680,
-                         "end": 0, "samples_per_s": 950.5, "time": 1.7e9, "step_s": 0.067,
-                         "allreduce_wait_s": 0.004, "lr": 0.1, "loss": 0.52, "straggler": 1.1, "gns": None}}
+SNAPSHOT = {
+    "job": "j1",
+    "pid": 1,
+    "version": 3,
+    "workers": ["w0", "w1"],
+    "joiners": ["w2"],
+    "desired": 3,
+    "min_np": 1,
+    "max_np": 4,
+    "failures": 1,
+    "busy": ["w1"],
+    "hosts": [["127.0.0.1", 4, 3]],
+    "progress": {
+        "step": 120,
+        "epoch": 1,
+        "batch_size": 64,
+        "version": 3,
+        "size": 2,
+        "position": 7680,
+        "end": 0,
+        "samples_per_s": 950.5,
+        "time": 1.7e9,
+        "step_s": 0.067,
+        "allreduce_wait_s": 0.004,
+        "lr": 0.1,
+        "loss": 0.52,
+        "straggler": 1.1,
+        "gns": None,
+    },
+}
 
 
 def values(families: list[Family]) -> dict[tuple, float]:
@@ -74,10 +109,11 @@ def test_the_real_controllers_publish_reasons_are_classified():
     state, acts = feed(state, WorkerExited("w1", 1, training=True))
     assert _reasons(acts) == [("recovery", "failure")]
     state, acts = feed(state, Proposal(2), WorkerReady("w3"))
-    state, acts = feed(state, FailureReported("w0", state.config.version),
-                       FailureReported("w3", state.config.version))
+    state, acts = feed(
+        state, FailureReported("w0", state.config.version), FailureReported("w3", state.config.version)
+    )
     assert _reasons(acts) == [("recovery", "rebuild")]
-    state, acts = feed(state, WorkerExited("w3", 0, training=True))   # the one stopped as a suspected hang
+    state, acts = feed(state, WorkerExited("w3", 0, training=True))  # the one stopped as a suspected hang
     assert _reasons(acts) == [("recovery", "failure")]
     _, acts = feed(initial_state(2, Bounds(min_np=1, max_np=4)), WorkerExited("w1", 0, training=True))
     assert _reasons(acts) == [("resize", "leave")]
@@ -86,7 +122,7 @@ def test_the_real_controllers_publish_reasons_are_classified():
 
 def test_hung_workers_are_counted_by_reason_until_they_leave_the_config():
     state = initial_state(3, Bounds(min_np=1, max_np=4, stale_after=1.0))
-    state, _ = feed(state, Beat("w0", 4.5), Beat("w1", 4.5), Beat("w2", 0.0), now=4.5)   # w2's beat is stale
+    state, _ = feed(state, Beat("w0", 4.5), Beat("w1", 4.5), Beat("w2", 0.0), now=4.5)  # w2's beat is stale
     state, acts = feed(state, FailureReported("w0", 1), FailureReported("w1", 1), now=5.0)
     kills = actions_of(acts, Kill)
     assert [k.id for k in kills] == ["w2"] and kill_kind(kills[0].reason) == "hang"
@@ -113,19 +149,35 @@ def test_the_tally_counts_published_changes_by_reason():
 
 
 def test_scheduler_families():
-    reply = {"slots": 4, "host_names": ["h1", "h2"], "up": [True, False], "asked": {"s1": [[3, 0], [3, 0], False]},
-             "jobs": [{"id": "s1", "state": "running", "size": 2, "placement": [2, 0], "home": 0, "name": "a",
-                       "end": 1000, "position": 600, "samples_per_s": 10.0},
-                      {"id": "s4", "state": "running", "size": 1, "placement": [], "home": 1, "name": "d"},
-                      {"id": "s2", "state": "queued", "size": 0, "placement": [], "name": "b"},
-                      {"id": "s3", "state": "finished", "size": 0, "placement": [1, 0], "name": "c"}]}
+    reply = {
+        "slots": 4,
+        "host_names": ["h1", "h2"],
+        "up": [True, False],
+        "asked": {"s1": [[3, 0], [3, 0], False]},
+        "jobs": [
+            {
+                "id": "s1",
+                "state": "running",
+                "size": 2,
+                "placement": [2, 0],
+                "home": 0,
+                "name": "a",
+                "end": 1000,
+                "position": 600,
+                "samples_per_s": 10.0,
+            },
+            {"id": "s4", "state": "running", "size": 1, "placement": [], "home": 1, "name": "d"},
+            {"id": "s2", "state": "queued", "size": 0, "placement": [], "name": "b"},
+            {"id": "s3", "state": "finished", "size": 0, "placement": [1, 0], "name": "c"},
+        ],
+    }
     got = values(sched_families(reply, 7, 0.25, {"grow": 2, "start": 1}))
     assert got[("taiji_sched_jobs", (("state", "running"),))] == 2
     assert got[("taiji_sched_jobs", (("state", "queued"),))] == 1
     assert got[("taiji_sched_host_slots_used", (("host", "h1"),))] == 2
-    assert got[("taiji_sched_host_slots_used", (("host", "h2"),))] == 1   # s4 on its home host
+    assert got[("taiji_sched_host_slots_used", (("host", "h2"),))] == 1  # s4 on its home host
     assert got[("taiji_sched_host_slots_free", (("host", "h1"),))] == 2
-    assert got[("taiji_sched_host_slots_free", (("host", "h2"),))] == 0   # down
+    assert got[("taiji_sched_host_slots_free", (("host", "h2"),))] == 0  # down
     assert got[("taiji_sched_decisions_total", (("kind", "grow"),))] == 2
     assert got[("taiji_sched_decisions_total", (("kind", "shrink"),))] == 0
     assert got[("taiji_sched_job_target_workers", (("job_id", "s1"), ("name", "a")))] == 3
@@ -137,6 +189,7 @@ def test_scheduler_families():
 
 
 # -- the status record rank 0 writes -------------------------------------------------------
+
 
 class Clock:
     def __init__(self) -> None:
@@ -158,25 +211,53 @@ def test_rank0s_status_carries_the_last_steps_figures_at_least_once_a_second(mon
     for index in range(6):
         clock.now += 0.25
         where = Snapshot(step=index + 1, epoch=0, batch_size=16, version=1, size=2)
-        report.on(StepCommitted(index, 0, where, 16, monitored=True, loss=0.5, grad_variance=None, straggler=1.2,
-                                gns=300.0 if index == 0 else None, grad_sqnorm=None, trace_sigma=None, lr=0.05,
-                                allreduce_wait=0.002))
+        report.on(
+            StepCommitted(
+                index,
+                0,
+                where,
+                16,
+                monitored=True,
+                loss=0.5,
+                grad_variance=None,
+                straggler=1.2,
+                gns=300.0 if index == 0 else None,
+                grad_sqnorm=None,
+                trace_sigma=None,
+                lr=0.05,
+                allreduce_wait=0.002,
+            )
+        )
     # steps of 0.25 s and log_every 50: a status after the 4th step (1 s) only, not after every step
     assert [s["step"] for s in written] == [4]
     status = written[0]
     assert status["samples_per_s"] == pytest.approx(64.0)
     assert status["step_s"] == pytest.approx(0.25) and status["allreduce_wait_s"] == 0.002
     assert status["lr"] == 0.05 and status["straggler"] == 1.2 and status["loss"] == 0.5
-    assert status["gns"] == 300.0   # the last estimate, kept through steps that did not measure
-    assert "checkpoint_step" not in status   # no checkpoint taken yet
+    assert status["gns"] == 300.0  # the last estimate, kept through steps that did not measure
+    assert "checkpoint_step" not in status  # no checkpoint taken yet
     # a checkpoint: its step, stall and time ride on every later status record
     taken_at = clock.time()
     report.on(Event("checkpoint", 6, {"stall_s": 0.012, "staged_bytes": 4096, "parts": 2}))
     for index in range(6, 10):
         clock.now += 0.25
-        report.on(StepCommitted(index, 0, Snapshot(step=index + 1, epoch=0, batch_size=16, version=1, size=2), 16,
-                                monitored=True, loss=0.5, grad_variance=None, straggler=1.2, gns=None,
-                                grad_sqnorm=None, trace_sigma=None, lr=0.05, allreduce_wait=0.002))
+        report.on(
+            StepCommitted(
+                index,
+                0,
+                Snapshot(step=index + 1, epoch=0, batch_size=16, version=1, size=2),
+                16,
+                monitored=True,
+                loss=0.5,
+                grad_variance=None,
+                straggler=1.2,
+                gns=None,
+                grad_sqnorm=None,
+                trace_sigma=None,
+                lr=0.05,
+                allreduce_wait=0.002,
+            )
+        )
     status = written[-1]
     assert len(written) == 2 and status["step"] > 6
     assert status["checkpoint_step"] == 6 and status["checkpoint_stall_s"] == 0.012
@@ -189,12 +270,21 @@ def test_rank0s_status_carries_the_last_steps_figures_at_least_once_a_second(mon
 
 # -- the HTTP exporter (prometheus_client) ---------------------------------------------------
 
+
 def test_the_exporter_serves_the_families_and_refuses_a_port_in_use():
-    pytest.importorskip("prometheus_client", reason="the metrics extra (pip install 'taiji[metrics]') is missing")
+    pytest.importorskip(
+        "prometheus_client", reason="the metrics extra (pip install 'taiji[metrics]') is missing"
+    )
     from taiji.launch.metrics_http import JobExporter, MetricsConfig, MetricsServer
+
     exporter = JobExporter(lambda: SNAPSHOT)
-    exporter.on_actions([Publish(spec.ClusterConfig(4, ()), "shrink 3 -> 2"),
-                         Kill("w9", "no heartbeat for 6.0s (more than --liveness-timeout 5s): ..."), Tick()])
+    exporter.on_actions(
+        [
+            Publish(spec.ClusterConfig(4, ()), "shrink 3 -> 2"),
+            Kill("w9", "no heartbeat for 6.0s (more than --liveness-timeout 5s): ..."),
+            Tick(),
+        ]
+    )
     server = MetricsServer(MetricsConfig(0), exporter.families)
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5).read().decode()
@@ -209,6 +299,7 @@ def test_the_exporter_serves_the_families_and_refuses_a_port_in_use():
 
 
 # -- `taiji top` ------------------------------------------------------------------------------
+
 
 def test_top_renders_one_row_per_job_with_the_figures():
     text = top.render([SNAPSHOT], {"j9": "the launcher did not answer"}, now=1.7e9 + 2)
@@ -225,7 +316,10 @@ def test_the_grafana_dashboard_names_only_metrics_that_exist():
     import json
     import re
     from pathlib import Path
-    dashboard = json.loads((Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "taiji.json").read_text())
+
+    dashboard = json.loads(
+        (Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "taiji.json").read_text()
+    )
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     used = {name for e in exprs for name in re.findall(r"\btaiji_[a-z_]+", e)}
     reply = {"jobs": [], "slots": 1}
@@ -239,7 +333,8 @@ def test_a_metrics_port_without_the_extra_says_which_extra_to_install(monkeypatc
     import sys
     from taiji.errors import ConfigError
     from taiji.launch import metrics_http
-    monkeypatch.setitem(sys.modules, "prometheus_client", None)   # as if not installed
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
     args = argparse.Namespace(metrics_port=9400, metrics_host="127.0.0.1")
     with pytest.raises(ConfigError, match=r"pip install 'taiji\[metrics\]'"):
         metrics_http.config_of(args)

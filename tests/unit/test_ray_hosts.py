@@ -1,4 +1,5 @@
 """`taiji run --ray`'s decisions and refusals (launch/ray_hosts.py), without a Ray cluster."""
+
 from __future__ import annotations
 
 import socket
@@ -27,7 +28,7 @@ def test_ray_missing_is_refused_naming_the_extra(monkeypatch):
 
 
 def test_an_unreachable_address_is_refused_at_once():
-    with socket.socket() as probe:   # a port nobody listens on
+    with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(ConfigError, match="cannot reach the Ray cluster at 127.0.0.1"):
@@ -37,8 +38,10 @@ def test_an_unreachable_address_is_refused_at_once():
 
 
 def test_a_resource_no_node_has_is_named_with_what_the_nodes_have():
-    nodes = [{"Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 4.0}},
-             {"Alive": False, "NodeManagerAddress": "10.0.0.9", "Resources": {"CPU": 8.0, "GPU": 8.0}}]
+    nodes = [
+        {"Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 4.0}},
+        {"Alive": False, "NodeManagerAddress": "10.0.0.9", "Resources": {"CPU": 8.0, "GPU": 8.0}},
+    ]
     assert ray_hosts.unfit_reason(nodes, {"CPU": 4.0}) is None
     reason = ray_hosts.unfit_reason(nodes, {"CPU": 2.0, "GPU": 2.0})
     assert reason is not None and "GPU=2" in reason and "10.0.0.1: CPU=4, GPU=0" in reason
@@ -50,16 +53,21 @@ def test_demand_and_hosts_wanted():
     assert ray_hosts.node_demand(cfg, 3) == {"CPU": 6, "GPU": 3}
     assert ray_hosts.node_demand(ray_hosts.RayConfig("auto"), 2) == {"CPU": 2}
     run = RunConfig(nproc=2, command=("python",), nproc_per_node=2, max_np=7)
-    assert ray_hosts.hosts_wanted(run) == 3          # 8 slots hold 7 workers: this host and 3 others
-    assert ray_hosts.hosts_wanted(RunConfig(nproc=2, command=("python",), nproc_per_node=1, max_np=4,
-                                            min_hosts=2, max_hosts=3)) == 2
+    assert ray_hosts.hosts_wanted(run) == 3  # 8 slots hold 7 workers: this host and 3 others
+    assert (
+        ray_hosts.hosts_wanted(
+            RunConfig(nproc=2, command=("python",), nproc_per_node=1, max_np=4, min_hosts=2, max_hosts=3)
+        )
+        == 2
+    )
 
 
 def test_ray_flags_parse_and_ray_needs_nproc_per_node(capsys):
     args = build_parser().parse_args(["run", "-np", "1", "--ray", "--", "python", "-c", "pass"])
     assert ray_hosts.config_of(args) == ray_hosts.RayConfig("auto")
-    args = build_parser().parse_args(["run", "-np", "1", "--ray", "10.0.0.1:6379", "--ray-gpus-per-worker", "1",
-                                      "python", "-c", "pass"])
+    args = build_parser().parse_args(
+        ["run", "-np", "1", "--ray", "10.0.0.1:6379", "--ray-gpus-per-worker", "1", "python", "-c", "pass"]
+    )
     assert ray_hosts.config_of(args) == ray_hosts.RayConfig("10.0.0.1:6379", 1.0, 1.0)
     assert ray_hosts.config_of(build_parser().parse_args(["run", "-np", "1", "python"])) is None
     assert main(["run", "-np", "1", "--ray", "127.0.0.1:1", "--", "python", "-c", "pass"]) == 2
@@ -68,5 +76,6 @@ def test_ray_flags_parse_and_ray_needs_nproc_per_node(capsys):
 
 def test_the_first_gang_is_one_bundle_per_other_host_and_a_marker_pinning_the_launchers_node():
     from taiji.launch.ray_gang import PIN, gang_bundles
+
     assert gang_bundles("10.0.0.1", {"CPU": 2.0}, 2) == [{"node:10.0.0.1": PIN}, {"CPU": 2.0}, {"CPU": 2.0}]
     assert gang_bundles(None, {"CPU": 1.0, "GPU": 1.0}, 1) == [{"CPU": 1.0, "GPU": 1.0}]

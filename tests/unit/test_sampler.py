@@ -1,10 +1,10 @@
 """ElasticSampler: pure index arithmetic, exactly-once under any resize/batch schedule."""
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taiji.data.sampler import (ElasticSampler, SamplerState, advance, epoch_permutation,
-                                global_span, shard)
+from taiji.data.sampler import ElasticSampler, SamplerState, advance, epoch_permutation, global_span, shard
 
 
 @given(lo=st.integers(0, 1000), length=st.integers(0, 500), size=st.integers(1, 17))
@@ -28,9 +28,12 @@ def test_permutation_depends_only_on_seed_and_epoch():
 
 
 @settings(max_examples=200, deadline=None)
-@given(num_samples=st.integers(1, 300), seed=st.integers(0, 2**31),
-       schedule=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 64)), min_size=1, max_size=60),
-       retries=st.lists(st.booleans(), max_size=60))
+@given(
+    num_samples=st.integers(1, 300),
+    seed=st.integers(0, 2**31),
+    schedule=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 64)), min_size=1, max_size=60),
+    retries=st.lists(st.booleans(), max_size=60),
+)
 def test_every_sample_exactly_once_per_epoch_under_any_schedule(num_samples, seed, schedule, retries):
     """Cluster size and global batch change at arbitrary steps; some steps are retried on a
     different cluster size (a failure mid-step): each epoch still sees each index once."""
@@ -78,6 +81,7 @@ def test_empty_local_share_when_batch_smaller_than_cluster():
 @given(num=st.integers(1, 50), cuts=st.lists(st.integers(0, 400), max_size=20))
 def test_position_segments_cover_each_position_once_and_stay_in_one_epoch(num, cuts):
     from taiji.data.sampler import position_segments
+
     bounds = sorted(set([0, 400] + cuts))
     covered = []
     for lo, hi in zip(bounds, bounds[1:]):

@@ -3,6 +3,7 @@ one host and grows onto others; a host that is down leaves the pool), the daemon
 agents (orders out, reports in, joins before placed resizes, lost hosts), the hosts file, the
 per-host audit, and the controller rule the agents rely on (a joining host's slots are not grown
 onto when ``grow_on_join`` is off). Processes: tests/multihost/test_sched_hosts.py."""
+
 import signal
 from pathlib import Path
 
@@ -23,6 +24,7 @@ A, B, C = "10.0.0.1", "10.0.0.2", "10.0.0.3"
 
 class Placing:
     """A policy that places each job as it is told (placements on the hosts it is shown)."""
+
     name = "placing"
 
     def __init__(self):
@@ -30,13 +32,28 @@ class Placing:
 
     def allocate(self, now, cluster, jobs):
         self.hosts_seen.append(cluster.num_hosts)
-        return {job.name: Allocation(tuple(self.plan[job.name][:cluster.num_hosts]), job.spec.batch_size)
-                for job in jobs if job.name in self.plan}
+        return {
+            job.name: Allocation(tuple(self.plan[job.name][: cluster.num_hosts]), job.spec.batch_size)
+            for job in jobs
+            if job.name in self.plan
+        }
 
 
 def observe(sched, now, job_id, placement, version):
-    sched.observe(now, job_id, Observed(size=sum(placement), version=version, step=int(now * 10), batch_size=64,
-                                        position=640, end=64000, samples_per_s=500.0, placement=tuple(placement)))
+    sched.observe(
+        now,
+        job_id,
+        Observed(
+            size=sum(placement),
+            version=version,
+            step=int(now * 10),
+            batch_size=64,
+            position=640,
+            end=64000,
+            samples_per_s=500.0,
+            placement=tuple(placement),
+        ),
+    )
 
 
 def test_a_job_starts_on_one_host_then_grows_onto_others_and_a_newcomer_gets_a_freed_host():
@@ -68,7 +85,7 @@ def test_a_host_that_is_down_is_hidden_from_the_policy_and_gets_no_worker():
     sched = Scheduler(slots=1, policy=policy, hosts=3)
     sched.host_state(1, False)
     a = sched.submit(0.0, ["a"], max_np=3)
-    policy.plan = {a.id: (1, 1)}   # the policy sees two hosts: 0 and 2
+    policy.plan = {a.id: (1, 1)}  # the policy sees two hosts: 0 and 2
     [start] = sched.round(0.0)
     assert policy.hosts_seen == [2] and start.after in ((1, 0, 0), (0, 0, 1))
     sched.launched(0.0, a.id, home=start.after.index(1))
@@ -80,7 +97,9 @@ def test_a_host_that_is_down_is_hidden_from_the_policy_and_gets_no_worker():
 
 
 def test_clamping_keeps_a_running_job_within_its_bounds_where_it_runs():
-    assert clamp([0, 0, 0], 2, 4, (0, 1, 1), home=1, slots=(1, 1, 1)) == (0, 1, 1), "each host up to its slots"
+    assert clamp([0, 0, 0], 2, 4, (0, 1, 1), home=1, slots=(1, 1, 1)) == (0, 1, 1), (
+        "each host up to its slots"
+    )
     assert clamp([0, 0, 0], 2, 4, (0, 1, 1), home=1, slots=(2, 2, 2)) == (0, 2, 0), "its home first"
     assert clamp([3, 3, 0], 1, 4, (0, 0, 0), home=0, slots=(4, 4, 4)) == (2, 2, 0)
     assert start_on_one_host([1, 3, 2], max_np=8, slots_per_host=2) == (0, 2, 0)
@@ -90,16 +109,28 @@ def test_the_hosts_file_lists_identical_hosts(tmp_path):
     path = tmp_path / "hosts"
     path.write_text(f"# the cluster\n{A} 4\n\n{B} 4  # second\n")
     assert read_hosts_file(str(path)) == [(A, 4), (B, 4)]
-    for text, why in ((f"{A} 4\n{B} 2\n", "same count"), (f"{A} 4\n{A} 4\n", "twice"), (f"{A}\n", "ADDRESS SLOTS"),
-                      ("# nothing\n", "no host")):
+    for text, why in (
+        (f"{A} 4\n{B} 2\n", "same count"),
+        (f"{A} 4\n{A} 4\n", "twice"),
+        (f"{A}\n", "ADDRESS SLOTS"),
+        ("# nothing\n", "no host"),
+    ):
         path.write_text(text)
         with pytest.raises(ConfigError, match=why):
             read_hosts_file(str(path))
 
 
 def poll(hosts, now, address, slots=1, processes=None, launchers=None, boot="b1"):
-    return hosts.on_poll(now, {"host": address, "slots": slots, "boot": boot, "processes": processes or {},
-                               "launchers": launchers or {}})
+    return hosts.on_poll(
+        now,
+        {
+            "host": address,
+            "slots": slots,
+            "boot": boot,
+            "processes": processes or {},
+            "launchers": launchers or {},
+        },
+    )
 
 
 def test_agents_get_launch_join_and_resize_orders_joins_before_the_placed_resize():
@@ -126,10 +157,14 @@ def test_agents_get_launch_join_and_resize_orders_joins_before_the_placed_resize
     joined = {**status, "hosts": [[A, 1, 1], [B, 1, 0], [C, 1, 0]]}
     poll(hosts, 2.0, A, processes=running, launchers={"s1": {"status": joined, "store": f"{A}:999"}})
     hosts.poll_hosts(2.1)
-    [resize] = poll(hosts, 2.2, A, processes=running, launchers={"s1": {"status": joined, "store": f"{A}:999"}})["orders"]
+    [resize] = poll(
+        hosts, 2.2, A, processes=running, launchers={"s1": {"status": joined, "store": f"{A}:999"}}
+    )["orders"]
     assert resize["op"] == "control" and resize["request"]["placement"] == {A: 1, B: 1, C: 1}
     hosts.signal("s1", signal.SIGTERM)
-    assert poll(hosts, 2.3, A, processes=running)["orders"] == [{"op": "signal", "job": "s1", "sig": signal.SIGTERM}]
+    assert poll(hosts, 2.3, A, processes=running)["orders"] == [
+        {"op": "signal", "job": "s1", "sig": signal.SIGTERM}
+    ]
     poll(hosts, 2.4, A, processes={"s1/launcher": 0})
     assert hosts.outcome("s1") == 0
     hosts.forget("s1")
@@ -141,12 +176,15 @@ def test_what_runs_for_no_job_of_the_daemon_is_stopped_and_a_stray_launcher_keep
     hosts = AgentHosts([(A, 1), (B, 1)], host_timeout=3.0)
     hosts.launch("s1", 1, ["-np", "1"], "", Path("/w/l.log"))
     hosts.signal("s1", signal.SIGTERM)
-    hosts.forget("s1")   # it failed (say, while B was cut off): what was still queued for it is dropped
+    hosts.forget("s1")  # it failed (say, while B was cut off): what was still queued for it is dropped
     assert [o["op"] for o in hosts.agents[B].orders] == ["signal", "forget"]
     stray = {"s1/launcher": None, "s9/join": None}
     orders = poll(hosts, 1.0, B, processes=stray)["orders"]
     assert sorted((o["job"], o["sig"]) for o in orders if o["op"] == "signal") == [
-        ("s1", signal.SIGTERM), ("s1", signal.SIGTERM), ("s9", signal.SIGTERM)]
+        ("s1", signal.SIGTERM),
+        ("s1", signal.SIGTERM),
+        ("s9", signal.SIGTERM),
+    ]
     poll(hosts, 1.0, A)
     assert (1, True) not in hosts.poll_hosts(1.5), "a host holding a stray launcher stays down"
     assert poll(hosts, 2.0, B, processes=stray)["orders"] == [], "told once"
@@ -173,10 +211,15 @@ def test_job_secrets_are_derived_per_job():
 
 def test_the_per_host_audit_from_the_jobs_event_logs():
     addresses = [A, B]
-    first = placement_timeline([{"kind": "start", "time": 0.0, "size": 1, "hosts": {A: 1}},
-                                {"kind": "resize", "time": 5.0, "size": 2, "hosts": {A: 1, B: 1}},
-                                {"kind": "resize", "time": 9.0, "size": 1, "hosts": {A: 1}},
-                                {"kind": "end", "time": 20.0}], addresses)
+    first = placement_timeline(
+        [
+            {"kind": "start", "time": 0.0, "size": 1, "hosts": {A: 1}},
+            {"kind": "resize", "time": 5.0, "size": 2, "hosts": {A: 1, B: 1}},
+            {"kind": "resize", "time": 9.0, "size": 1, "hosts": {A: 1}},
+            {"kind": "end", "time": 20.0},
+        ],
+        addresses,
+    )
     assert first == [(0.0, (1, 0)), (5.0, (1, 1)), (9.0, (1, 0)), (20.0, (0, 0))]
     fits = placement_timeline([{"kind": "start", "time": 10.0, "size": 1, "hosts": {B: 1}}], addresses)
     early = placement_timeline([{"kind": "start", "time": 8.0, "size": 1, "hosts": {B: 1}}], addresses)

@@ -1,5 +1,6 @@
 """`taiji sched simulate` end to end on a tiny synthetic workload and cluster: exit code, the summary
 table, the JSON(L) files and PNGs; and bad input ending in one line on stderr with exit code 2."""
+
 from __future__ import annotations
 
 import json
@@ -32,14 +33,14 @@ def test_two_baselines_end_to_end(tmp_path, capsys):
         assert column in header
     assert any(line.split()[:1] == ["fifo"] for line in lines)
     assert any(line.split()[:1] == ["tiresias"] for line in lines)
-    assert "job" in captured.err                     # the progress bars go to stderr
+    assert "job" in captured.err  # the progress bars go to stderr
     for policy in ("fifo", "tiresias"):
         jobs = [json.loads(line) for line in (out / f"{policy}.jobs.jsonl").read_text().splitlines()]
         assert len(jobs) == 8 and {job["status"] for job in jobs} <= {"done", "rejected", "unfinished"}
         detail = json.loads((out / f"{policy}.summary.json").read_text())
         assert detail["summary"]["policy"] == policy and detail["summary"]["jobs"] == 8
         assert detail["summary"]["decision"]["rounds"] > 0
-        for job in jobs:   # a completed job's allocation drops to 0 exactly at its completion
+        for job in jobs:  # a completed job's allocation drops to 0 exactly at its completion
             if job["status"] == "done":
                 assert detail["allocations"][job["name"]][-1] == [job["end_time"], 0]
     overall = json.loads((out / "summary.json").read_text())
@@ -51,26 +52,72 @@ def test_two_baselines_end_to_end(tmp_path, capsys):
 
 def test_same_seed_same_files(tmp_path):
     for run in ("a", "b"):
-        assert simulate(*TINY, "--policy", "srtf", "--cost", "taiji", "--quiet", "--no-plots",
-                        "--out", str(tmp_path / run)) == 0
-    assert (tmp_path / "a" / "srtf.jobs.jsonl").read_text() == (tmp_path / "b" / "srtf.jobs.jsonl").read_text()
+        assert (
+            simulate(
+                *TINY,
+                "--policy",
+                "srtf",
+                "--cost",
+                "taiji",
+                "--quiet",
+                "--no-plots",
+                "--out",
+                str(tmp_path / run),
+            )
+            == 0
+        )
+    assert (tmp_path / "a" / "srtf.jobs.jsonl").read_text() == (
+        tmp_path / "b" / "srtf.jobs.jsonl"
+    ).read_text()
     assert not list((tmp_path / "a").glob("*.png"))
 
 
 def test_fidelity_mode_reaches_the_policies_and_the_settings(tmp_path):
     out = tmp_path / "out"
-    assert simulate(*TINY, "--policy", "tiresias,optimus", "--fidelity", "pollux", "--quiet", "--no-plots",
-                    "--out", str(out)) == 0
+    assert (
+        simulate(
+            *TINY,
+            "--policy",
+            "tiresias,optimus",
+            "--fidelity",
+            "pollux",
+            "--quiet",
+            "--no-plots",
+            "--out",
+            str(out),
+        )
+        == 0
+    )
     assert json.loads((out / "summary.json").read_text())["settings"]["fidelity"] == "pollux"
-    assert configured_policy("optimus", seed=0, resize=SYSTEMS["restart"], fidelity="pollux").fidelity == "pollux"
+    assert (
+        configured_policy("optimus", seed=0, resize=SYSTEMS["restart"], fidelity="pollux").fidelity
+        == "pollux"
+    )
     assert configured_policy("tiresias", seed=0, resize=SYSTEMS["restart"]).fidelity == "taiji"
 
 
 def test_python_dash_m_entry_point(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    done = subprocess.run([sys.executable, "-m", "taiji.launch.cli", "sched", "simulate", *TINY,
-                           "--policy", "fifo", "--quiet", "--no-plots", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "taiji.launch.cli",
+            "sched",
+            "simulate",
+            *TINY,
+            "--policy",
+            "fifo",
+            "--quiet",
+            "--no-plots",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert "avg JCT s" in done.stdout and (tmp_path / "fifo.jobs.jsonl").exists()
 
@@ -80,18 +127,21 @@ def write(path: Path, text: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("case, message", [
-    ("unknown-policy", "unknown policy 'nope'"),
-    ("bad-cluster", "cluster '4by4'"),
-    ("empty-cluster", "a cluster needs >= 1 host"),
-    ("missing-file", "cannot read"),
-    ("malformed-row", ":3: 4 fields, expected 5"),
-    ("unknown-application", "unknown application 'gpt9'"),
-    ("bad-pollux-index", "pollux:1..pollux:8"),
-    ("bad-cost", "--cost 'fast'"),
-    ("plot-policy-not-run", "--plot-policy 'srtf'"),
-    ("no-workload", "required: --workload"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("unknown-policy", "unknown policy 'nope'"),
+        ("bad-cluster", "cluster '4by4'"),
+        ("empty-cluster", "a cluster needs >= 1 host"),
+        ("missing-file", "cannot read"),
+        ("malformed-row", ":3: 4 fields, expected 5"),
+        ("unknown-application", "unknown application 'gpt9'"),
+        ("bad-pollux-index", "pollux:1..pollux:8"),
+        ("bad-cost", "--cost 'fast'"),
+        ("plot-policy-not-run", "--plot-policy 'srtf'"),
+        ("no-workload", "required: --workload"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
     header = "name,time,application,num_replicas,batch_size\n"
     workload = {
@@ -101,16 +151,24 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
         "bad-pollux-index": "pollux:9",
     }.get(case, "synthetic")
     policy = "fifo,nope" if case == "unknown-policy" else "fifo"
-    args = ["--policy", policy, "--out", str(tmp_path / "out"), "--quiet",
-            "--cluster", {"bad-cluster": "4by4", "empty-cluster": "0x4"}.get(case, "2x4"),
-            "--cost", "fast" if case == "bad-cost" else "restart"]
+    args = [
+        "--policy",
+        policy,
+        "--out",
+        str(tmp_path / "out"),
+        "--quiet",
+        "--cluster",
+        {"bad-cluster": "4by4", "empty-cluster": "0x4"}.get(case, "2x4"),
+        "--cost",
+        "fast" if case == "bad-cost" else "restart",
+    ]
     if case != "no-workload":
         args += ["--workload", workload]
     if case == "plot-policy-not-run":
         args += ["--plot-policy", "srtf"]
     try:
         code = simulate(*args)
-    except SystemExit as exited:   # argparse's own errors (a missing option) exit instead of returning
+    except SystemExit as exited:  # argparse's own errors (a missing option) exit instead of returning
         code = exited.code
     err = capsys.readouterr().err
     assert code == 2
@@ -133,7 +191,7 @@ def test_taiji_help_lists_sched(capsys):
 
 
 def test_missing_scheduler_dependency_is_one_line(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "taiji.sched.cli", None)   # what a missing SciPy looks like to the import
+    monkeypatch.setitem(sys.modules, "taiji.sched.cli", None)  # what a missing SciPy looks like to the import
     assert simulate(*TINY, "--policy", "fifo") == 2
     err = capsys.readouterr().err
     assert err.startswith("taiji sched: error:") and "taiji[sched]" in err and len(err.splitlines()) == 1

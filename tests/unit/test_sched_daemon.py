@@ -1,5 +1,6 @@
 """The live scheduler's decisions against scripted job statuses (taiji/sched/daemon.py; pure, no
 processes): shrink before grow, a shrink that never lands, clamping, measurements, restart."""
+
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from taiji.sched.sim import SYSTEMS
 
 class Scripted:
     """A policy that gives each job the workers it is told to."""
+
     name = "scripted"
 
     def __init__(self):
@@ -22,14 +24,22 @@ class Scripted:
 
     def allocate(self, now, cluster, jobs):
         self.seen.append([job.name for job in jobs])
-        return {job.name: Allocation((self.plan[job.name],), job.spec.batch_size)
-                for job in jobs if self.plan.get(job.name)}
+        return {
+            job.name: Allocation((self.plan[job.name],), job.spec.batch_size)
+            for job in jobs
+            if self.plan.get(job.name)
+        }
 
 
 def running(sched, now, job_id, size, version, sps=1000.0, step=None):
     step = int(now * 10) if step is None else step
-    sched.observe(now, job_id, Observed(size=size, version=version, step=step, batch_size=128, position=1280,
-                                        end=60000, samples_per_s=sps))
+    sched.observe(
+        now,
+        job_id,
+        Observed(
+            size=size, version=version, step=step, batch_size=128, position=1280, end=60000, samples_per_s=sps
+        ),
+    )
 
 
 def test_a_second_job_shrinks_the_first_before_it_starts_and_its_end_grows_the_first_back():
@@ -81,7 +91,7 @@ def test_targets_are_clamped_to_each_jobs_bounds_and_queued_jobs_below_their_min
     policy.plan = {a.id: 6, b.id: 2}
     assert sched.round(0.0) == [Change(a.id, (0,), (3,))], "a capped at 3; b given 2 < its minimum 4 waits"
     running(sched, 1.0, a.id, 3, 1)
-    policy.plan = {b.id: 5}   # the policy forgets a: a running job keeps its minimum
+    policy.plan = {b.id: 5}  # the policy forgets a: a running job keeps its minimum
     assert sched.round(2.0) == [Change(a.id, (3,), (2,))]
     running(sched, 3.0, a.id, 2, 2)
     assert sched.tick(3.0) == [Change(b.id, (0,), (5,))]
@@ -90,12 +100,12 @@ def test_targets_are_clamped_to_each_jobs_bounds_and_queued_jobs_below_their_min
 def test_step_times_are_measured_only_while_a_job_holds_still():
     sched = Scheduler(slots=4, policy=Scripted())
     a = sched.submit(0.0, ["a"])
-    running(sched, 1.0, a.id, 2, 1, sps=1000.0)     # the first read: the size just changed
+    running(sched, 1.0, a.id, 2, 1, sps=1000.0)  # the first read: the size just changed
     running(sched, 2.0, a.id, 2, 1, sps=1280.0)
-    running(sched, 3.0, a.id, 4, 2, sps=2000.0)     # resized: not steady
+    running(sched, 3.0, a.id, 4, 2, sps=2000.0)  # resized: not steady
     running(sched, 4.0, a.id, 4, 2, sps=2560.0)
-    running(sched, 4.5, a.id, 4, 2, sps=2560.0, step=40)   # the same status read again: not a new measurement
-    assert sched.jobs[a.id].measured == {"2@128": [0.1], "4@128": [0.05]}   # workers@batch
+    running(sched, 4.5, a.id, 4, 2, sps=2560.0, step=40)  # the same status read again: not a new measurement
+    assert sched.jobs[a.id].measured == {"2@128": [0.1], "4@128": [0.05]}  # workers@batch
 
 
 def test_submissions_that_can_never_run_are_refused_with_the_reason():
@@ -144,9 +154,9 @@ def test_a_work_hint_stands_in_for_a_queued_jobs_length_until_it_reports_its_own
     short = sched.submit(0.0, ["a"], work=1000)
     unknown = sched.submit(0.0, ["b"])
     views = {view.name: view for view in (sched.view_of(job) for job in sched.jobs.values())}
-    assert views[short.id].app.target_progress == 8.0          # ceil(1000 / 128) steps
-    assert views[unknown.id].app.target_progress == 8.0        # a typical job: the one with a hint
-    running(sched, 1.0, short.id, 2, 1)                         # reports end = 60000
+    assert views[short.id].app.target_progress == 8.0  # ceil(1000 / 128) steps
+    assert views[unknown.id].app.target_progress == 8.0  # a typical job: the one with a hint
+    running(sched, 1.0, short.id, 2, 1)  # reports end = 60000
     assert sched.view_of(sched.jobs[short.id]).app.target_progress == 469.0
     with pytest.raises(ConfigError):
         sched.submit(0.0, ["c"], work=-1)
@@ -162,8 +172,10 @@ def test_attained_service_counts_the_allocation_held_now():
 def test_pcrr_serves_the_heavier_of_two_equal_jobs_first():
     for heavy in (0, 1):
         sched = Scheduler(slots=2, policy=make_policy("pcrr", SYSTEMS["taiji"]))
-        jobs = [sched.submit(0.0, [f"job{i}"], min_np=2, max_np=2, work=60000, weight=10.0 if i == heavy else 1.0)
-                for i in range(2)]
+        jobs = [
+            sched.submit(0.0, [f"job{i}"], min_np=2, max_np=2, work=60000, weight=10.0 if i == heavy else 1.0)
+            for i in range(2)
+        ]
         assert sched.view_of(jobs[heavy]).weight == 10.0
         assert sched.round(1.0) == [Change(jobs[heavy].id, (0,), (2,))], heavy
 
@@ -172,11 +184,12 @@ def test_las_threshold_takes_worker_seconds_or_auto():
     import argparse
 
     from taiji.launch.sched.cli import build_parser, las_threshold
+
     assert las_threshold("auto") == "auto" and las_threshold("60") == 60.0
     for bad in ("0", "-1", "soon"):
         with pytest.raises(argparse.ArgumentTypeError):
             las_threshold(bad)
-    assert build_parser().parse_args(["serve"]).las_threshold is None   # main: tiresias then takes "auto"
+    assert build_parser().parse_args(["serve"]).las_threshold is None  # main: tiresias then takes "auto"
 
 
 def test_a_shrink_asked_while_a_job_boots_frees_its_slot_only_after_its_first_step():
@@ -189,11 +202,11 @@ def test_a_shrink_asked_while_a_job_boots_frees_its_slot_only_after_its_first_st
     policy.plan = {a.id: 2}
     assert sched.round(0.0) == [Change(a.id, (0,), (2,))]
     sched.launched(0.5, a.id)
-    running(sched, 1.0, a.id, 2, 1, sps=0.0, step=0)       # its store: 2 workers, no step yet
+    running(sched, 1.0, a.id, 2, 1, sps=0.0, step=0)  # its store: 2 workers, no step yet
     b = sched.submit(2.0, ["b"], min_np=1, max_np=1)
     policy.plan = {a.id: 1, b.id: 1}
     assert sched.round(2.0) == [Change(a.id, (2,), (1,))]
-    running(sched, 2.5, a.id, 1, 2, sps=0.0, step=0)       # the shrink is in its cluster; nobody stepped
+    running(sched, 2.5, a.id, 1, 2, sps=0.0, step=0)  # the shrink is in its cluster; nobody stepped
     assert sched.tick(3.0) == [] and sched.holds()[a.id] == (2,)
-    running(sched, 4.0, a.id, 1, 2, step=1)                 # its first step: the worker taken out left
+    running(sched, 4.0, a.id, 1, 2, step=1)  # its first step: the worker taken out left
     assert sched.tick(4.0) == [Change(b.id, (0,), (1,))]

@@ -1,5 +1,6 @@
 """Live jobs for the simulator's policies: a step-time model fitted to a job's measurements and
 the Application built from it (taiji/sched/live.py; pure)."""
+
 import math
 
 import pytest
@@ -11,8 +12,9 @@ from taiji.sched.model import progress_rate, step_time, time_to_finish
 from taiji.sched.policies import make_policy
 from taiji.sched.sim import SYSTEMS
 
-TRUTH = StepModel(compute_fixed=0.004, compute_per_sample=0.0005, sync_fixed=0.010, sync_per_worker=0.003,
-                  cross_host=0.020)
+TRUTH = StepModel(
+    compute_fixed=0.004, compute_per_sample=0.0005, sync_fixed=0.010, sync_per_worker=0.003, cross_host=0.020
+)
 BATCH = 128
 
 
@@ -35,7 +37,9 @@ def test_one_measured_size_predicts_linear_scaling_until_more_are_seen():
     refit = fit_step_model(BATCH, measure(TRUTH, [(1, 1), (2, 1)]))
     assert refit.step_time(1, 2, BATCH / 2) == pytest.approx(at_2, rel=1e-3)
     truth_4 = TRUTH.step_time(1, 4, BATCH / 4)
-    assert abs(refit.step_time(1, 4, BATCH / 4) - truth_4) < 0.5 * abs(fitted.step_time(1, 4, BATCH / 4) - truth_4)
+    assert abs(refit.step_time(1, 4, BATCH / 4) - truth_4) < 0.5 * abs(
+        fitted.step_time(1, 4, BATCH / 4) - truth_4
+    )
 
 
 def test_each_size_counts_once_however_long_it_ran():
@@ -45,13 +49,15 @@ def test_each_size_counts_once_however_long_it_ran():
 
 
 def test_the_application_answers_like_its_model():
-    app = live_application("job-a", TRUTH, BATCH, samples_per_epoch=1000, epochs=3, max_replicas=8, max_hosts=2)
-    assert app.epoch_progress == (8.0, 16.0, 24.0)   # ceil(1000 / 128) steps an epoch
+    app = live_application(
+        "job-a", TRUTH, BATCH, samples_per_epoch=1000, epochs=3, max_replicas=8, max_hosts=2
+    )
+    assert app.epoch_progress == (8.0, 16.0, 24.0)  # ceil(1000 / 128) steps an epoch
     for placement in [(1,), (2,), (4,), (2, 2), (3, 3)]:
         n, hosts = sum(placement), len(placement)
         expected = TRUTH.step_time(hosts, n, BATCH / n)
         assert step_time(app, placement, BATCH / n)[0] == pytest.approx(expected)
-        per_step = TRUTH.step_time(hosts, n, math.ceil(BATCH / n))   # the simulator splits in whole samples
+        per_step = TRUTH.step_time(hosts, n, math.ceil(BATCH / n))  # the simulator splits in whole samples
         assert progress_rate(app, placement, BATCH, 0) == pytest.approx(1 / per_step)
         assert time_to_finish(app, 4.0, placement, BATCH) == pytest.approx(20 * per_step)
 
@@ -80,10 +86,15 @@ def test_bad_inputs_are_refused():
 def test_the_simulator_replays_live_jobs_with_their_fitted_applications():
     from taiji.sched.sim import SimConfig, simulate
     from taiji.sched.workload import LIVE, JobSpec
-    apps = {name: live_application(name, TRUTH, BATCH, samples_per_epoch=BATCH * steps, epochs=1, max_replicas=2)
-            for name, steps in (("a", 100), ("b", 50))}
+
+    apps = {
+        name: live_application(name, TRUTH, BATCH, samples_per_epoch=BATCH * steps, epochs=1, max_replicas=2)
+        for name, steps in (("a", 100), ("b", 50))
+    }
     specs = [JobSpec("a", 0.0, LIVE, 2, BATCH), JobSpec("b", 0.0, LIVE, 2, BATCH)]
-    config = SimConfig(cluster=Cluster(1, 2, 2), interval_s=1.0, resize=SYSTEMS["taiji"], live=tuple(apps.items()))
+    config = SimConfig(
+        cluster=Cluster(1, 2, 2), interval_s=1.0, resize=SYSTEMS["taiji"], live=tuple(apps.items())
+    )
     result = simulate(specs, make_policy("fifo"), config)
     jct = {r.name: r.jct for r in result.records}
     at_2 = TRUTH.step_time(1, 2, BATCH / 2)
@@ -91,7 +102,9 @@ def test_the_simulator_replays_live_jobs_with_their_fitted_applications():
     assert jct["a"] == pytest.approx(100 * at_2, rel=0.01)
     assert jct["b"] == pytest.approx(math.ceil(100 * at_2) + 50 * at_2, rel=0.05)
     with pytest.raises(ConfigError, match="no Application"):
-        simulate([JobSpec("c", 0.0, LIVE, 1, BATCH)], make_policy("fifo"), SimConfig(cluster=Cluster(1, 2, 2)))
+        simulate(
+            [JobSpec("c", 0.0, LIVE, 1, BATCH)], make_policy("fifo"), SimConfig(cluster=Cluster(1, 2, 2))
+        )
 
 
 def test_a_jobs_mean_step_time_per_size_comes_from_its_whole_run_log():
@@ -99,8 +112,11 @@ def test_a_jobs_mean_step_time_per_size_comes_from_its_whole_run_log():
 
     def row(size, step_s, batch=BATCH):
         return {"size": size, "batch_size": batch, "samples_per_s": batch / step_s}
-    rows = [row(1, 0.5)] * 4 + [row(2, 0.2)] * 10 + [row(2, 0.4)] * 10   # beside another job, then alone...
+
+    rows = [row(1, 0.5)] * 4 + [row(2, 0.2)] * 10 + [row(2, 0.4)] * 10  # beside another job, then alone...
     rows += [row(2, 1.0, batch=2 * BATCH), {"size": 2, "batch_size": BATCH, "samples_per_s": None}]
     got = {m.replicas: m.step_seconds for m in logged_step_times(rows, BATCH)}
-    assert got == {1: pytest.approx(0.5), 2: pytest.approx(0.3)}, "the mean over both stretches at 2, not the last"
+    assert got == {1: pytest.approx(0.5), 2: pytest.approx(0.3)}, (
+        "the mean over both stretches at 2, not the last"
+    )
     assert logged_step_times([], BATCH) == []

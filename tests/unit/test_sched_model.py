@@ -1,5 +1,6 @@
 """taiji.sched.model against rows read by hand from the shipped Pollux traces, and the analytic
 forms (goodput, Pollux throughput model, allreduce and parameter-server models) on hand values."""
+
 from __future__ import annotations
 
 import math
@@ -10,9 +11,19 @@ from taiji.errors import ConfigError
 from taiji.monitor.gns import goodput
 from taiji.monitor.gns import statistical_efficiency as efficiency
 from taiji.sched import model
-from taiji.sched.model import (AllreduceModel, ThroughputParams, advance, canonical_placement, grad_stats,
-                               load_application, pollux_step_time, progress_rate, step_time, time_to_finish,
-                               trace_efficiency)
+from taiji.sched.model import (
+    AllreduceModel,
+    ThroughputParams,
+    advance,
+    canonical_placement,
+    grad_stats,
+    load_application,
+    pollux_step_time,
+    progress_rate,
+    step_time,
+    time_to_finish,
+    trace_efficiency,
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +33,23 @@ def cifar10():
 
 def test_every_application_loads_with_the_documented_settings():
     expected = {  # traces README, "Per-application simulator settings"
-        "bert": (2, 12, 384, 4, 12), "cifar10": (100, 128, 4096, 32, 1024),
-        "deepspeech2": (80, 20, 640, 10, 80), "imagenet": (90, 200, 12800, 20, 200),
-        "ncf": (10, 256, 32768, 32, 32768), "yolov3": (50, 8, 512, 4, 8)}
+        "bert": (2, 12, 384, 4, 12),
+        "cifar10": (100, 128, 4096, 32, 1024),
+        "deepspeech2": (80, 20, 640, 10, 80),
+        "imagenet": (90, 200, 12800, 20, 200),
+        "ncf": (10, 256, 32768, 32, 32768),
+        "yolov3": (50, 8, 512, 4, 8),
+    }
     for name, settings in expected.items():
         app = load_application(name)
-        assert (app.max_epochs, app.init_batch_size, app.max_batch_size,
-                app.min_local_bsz, app.max_local_bsz) == settings
-        assert len(app.placements) == 108   # 4 + 10 + 24 + 70 necklaces
+        assert (
+            app.max_epochs,
+            app.init_batch_size,
+            app.max_batch_size,
+            app.min_local_bsz,
+            app.max_local_bsz,
+        ) == settings
+        assert len(app.placements) == 108  # 4 + 10 + 24 + 70 necklaces
         assert len(app.epoch_progress) == app.max_epochs
     assert load_application("ncf").max_replicas == 1
 
@@ -62,13 +82,14 @@ def test_unmeasured_spreads_interpolate_between_measured_node_counts(cifar10):
     assert step_time(cifar10, (4,) * 5, 256) == step_time(cifar10, (4, 4, 4, 4, 2, 2), 256)
     # 20 nodes are read as 16 (the widest measured)
     assert step_time(cifar10, (1,) * 20 + (0,), 256) == pytest.approx(
-        model.spread_step_time(cifar10, 16, 20, 256))
+        model.spread_step_time(cifar10, 16, 20, 256)
+    )
 
 
 def test_canonical_placement_rotates_and_drops_empty_hosts():
     assert canonical_placement((0, 2, 1, 0, 1)) == (1, 1, 2)
     assert canonical_placement((3, 4, 3, 4)) == (3, 4, 3, 4)
-    assert canonical_placement((3, 3, 4, 4)) == (3, 3, 4, 4)   # cyclic, not sorted
+    assert canonical_placement((3, 3, 4, 4)) == (3, 3, 4, 4)  # cyclic, not sorted
     with pytest.raises(ConfigError):
         canonical_placement((0, 0))
 
@@ -96,7 +117,7 @@ def test_goodput_formula():
 
 def test_progress_rate_counts_accumulation_and_batch_gain():
     yolo = load_application("yolov3")
-    config = yolo.batch_config(4, 64)   # 16 per GPU > 8: one accumulation step of 8
+    config = yolo.batch_config(4, 64)  # 16 per GPU > 8: one accumulation step of 8
     assert (config.atomic_bsz, config.accum_steps, config.total) == (8, 1, 64)
     step, sync = step_time(yolo, (4,), 8)
     gain = (64 / 8) * trace_efficiency(yolo, 64, 0)
@@ -111,8 +132,8 @@ def test_one_gpu_accumulates_above_the_initial_batch():
     step, sync = step_time(ncf, (1,), 16384)
     gain = (32768 / 256) * trace_efficiency(ncf, 32768, 0)
     assert progress_rate(ncf, (1,), 32768, 0) == pytest.approx(gain / (step + (step - sync)))
-    assert ncf.batch_config(1, ncf.init_batch_size).accum_steps == 0   # the initial batch: no accumulation
-    assert ncf.batch_config(2, 32768).accum_steps == 0                 # the rule is for one GPU only
+    assert ncf.batch_config(1, ncf.init_batch_size).accum_steps == 0  # the initial batch: no accumulation
+    assert ncf.batch_config(2, 32768).accum_steps == 0  # the rule is for one GPU only
 
 
 def test_per_gpu_batch_is_capped_by_the_largest_batch():
@@ -121,7 +142,7 @@ def test_per_gpu_batch_is_capped_by_the_largest_batch():
     bert = load_application("bert")
     config = bert.batch_config(6, 384)
     assert (config.atomic_bsz, config.accum_steps, config.total) == (10, 5, 360)
-    assert bert.batch_config(8, 384).total == 384   # 48 per GPU = 4 × 12: no cap needed
+    assert bert.batch_config(8, 384).total == 384  # 48 per GPU = 4 × 12: no cap needed
 
 
 def test_advance_and_time_to_finish_agree(cifar10):
@@ -131,15 +152,17 @@ def test_advance_and_time_to_finish_agree(cifar10):
     assert advance(cifar10, 0.0, 10 * total, placement, batch) == cifar10.target_progress
     half = advance(cifar10, 0.0, total / 2, placement, batch)
     assert advance(cifar10, half, total / 4, placement, batch) == pytest.approx(
-        advance(cifar10, 0.0, 3 * total / 4, placement, batch))
+        advance(cifar10, 0.0, 3 * total / 4, placement, batch)
+    )
     assert time_to_finish(cifar10, half, placement, batch) == pytest.approx(total / 2)
     assert time_to_finish(cifar10, cifar10.target_progress, placement, batch) == 0.0
 
 
 def test_pollux_throughput_model_by_hand():
-    params = ThroughputParams(alpha_c=0.1, beta_c=0.01, alpha_n=0.2, beta_n=0.05,
-                              alpha_r=0.05, beta_r=0.01, gamma=1.0)
-    assert pollux_step_time(params, 1, 1, 10) == pytest.approx(0.2)            # compute only
+    params = ThroughputParams(
+        alpha_c=0.1, beta_c=0.01, alpha_n=0.2, beta_n=0.05, alpha_r=0.05, beta_r=0.01, gamma=1.0
+    )
+    assert pollux_step_time(params, 1, 1, 10) == pytest.approx(0.2)  # compute only
     assert pollux_step_time(params, 1, 4, 10) == pytest.approx(0.2 + 0.05 + 0.02)
     assert pollux_step_time(params, 2, 4, 10) == pytest.approx(0.2 + 0.2 + 0.1)
     assert pollux_step_time(params, 2, 4, 10, accum_steps=2) == pytest.approx(0.4 + 0.5)

@@ -1,5 +1,6 @@
 """Parameter-server jobs in the scheduler simulator: speed model with locality, mixed workloads,
 server CPU capacity, and the estimation-error option (issue 11)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,17 @@ from taiji.sched.policies import make_policy
 from taiji.sched.sim import SimConfig, simulate
 from taiji.sched.workload import JobSpec, mixed_workload
 
-TOY = ps.PsModelSpec("toy", batch_time_s=0.5, size_mb=100.0, batches_per_epoch=10, inter_mb_s=1.0,
-                     intra_mb_s=1.0, worker_cpus=1, worker_gpus=1, server_cpus=2)
+TOY = ps.PsModelSpec(
+    "toy",
+    batch_time_s=0.5,
+    size_mb=100.0,
+    batches_per_epoch=10,
+    inter_mb_s=1.0,
+    intra_mb_s=1.0,
+    worker_cpus=1,
+    worker_gpus=1,
+    server_cpus=2,
+)
 
 
 def test_paper_model_by_hand_internal_beats_external_and_ties_at_ratio_one():
@@ -29,7 +39,9 @@ def test_paper_model_by_hand_internal_beats_external_and_ties_at_ratio_one():
     assert ps.paper_rate(TOY, settings, (2, 0), (0, 1)) == pytest.approx(external)
     assert internal > external
     equal = settings.with_ratio(1.0)
-    assert ps.paper_rate(TOY, equal, (2, 0), (1, 0)) == pytest.approx(ps.paper_rate(TOY, equal, (1, 1), (1, 0)))
+    assert ps.paper_rate(TOY, equal, (2, 0), (1, 0)) == pytest.approx(
+        ps.paper_rate(TOY, equal, (1, 1), (1, 0))
+    )
 
 
 def test_dl2_model_by_hand():
@@ -66,7 +78,7 @@ def test_mixed_workload_is_seeded_and_has_both_kinds():
 
 def test_place_servers_prefers_the_workers_host_and_respects_cpus():
     assert place_servers([4, 4], (2, 0), 1, 3) == (1, 0)
-    assert place_servers([2, 4], (2, 0), 1, 3) == (0, 1)      # no room beside the workers: external
+    assert place_servers([2, 4], (2, 0), 1, 3) == (0, 1)  # no room beside the workers: external
     assert place_servers([6, 6, 6], (2, 2, 0), 2, 3) == (1, 1, 0)
     assert place_servers([2, 2], (2, 0), 1, 3) is None
 
@@ -109,8 +121,10 @@ def test_estimation_error_changes_decisions_not_true_progress():
     specs = mixed_workload(3, num_jobs=12, duration_s=600.0, ps_fraction=1.0)
     cluster = Cluster(2, 4)
     exact = simulate(specs, make_policy("optimus"), SimConfig(cluster=cluster))
-    noisy = simulate(specs, make_policy("optimus"), SimConfig(cluster=cluster, estimation_error=0.3, error_seed=1))
-    assert [r.jct for r in exact.records] != [r.jct for r in noisy.records]   # decisions differ
+    noisy = simulate(
+        specs, make_policy("optimus"), SimConfig(cluster=cluster, estimation_error=0.3, error_seed=1)
+    )
+    assert [r.jct for r in exact.records] != [r.jct for r in noisy.records]  # decisions differ
 
     # one job alone at its requested size (FIFO ignores speeds): it finishes when the true speed says
     job = JobSpec("solo", 0.0, "vgg-16", 4, 32, epochs=2)
@@ -139,9 +153,30 @@ def test_policies_see_the_perturbed_model():
 
 def test_cli_runs_a_mixed_workload_with_estimation_error(tmp_path, capsys):
     from taiji.sched.cli import main
-    code = main(["simulate", "--workload", "synthetic", "--jobs", "8", "--duration-h", "0.2", "--ps-fraction", "0.5",
-                 "--cluster", "4x4", "--policy", "optimus,tiresias", "--estimation-error", "0.1", "--quiet",
-                 "--no-plots", "--out", str(tmp_path)])
+
+    code = main(
+        [
+            "simulate",
+            "--workload",
+            "synthetic",
+            "--jobs",
+            "8",
+            "--duration-h",
+            "0.2",
+            "--ps-fraction",
+            "0.5",
+            "--cluster",
+            "4x4",
+            "--policy",
+            "optimus,tiresias",
+            "--estimation-error",
+            "0.1",
+            "--quiet",
+            "--no-plots",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     summary = (tmp_path / "summary.json").read_text()
     assert '"estimation_error": 0.1' in summary and '"ps_fraction": 0.5' in summary

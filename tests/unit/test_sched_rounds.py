@@ -1,5 +1,6 @@
 """Applying a scheduling round to live jobs: shrinks first, grows only into slots that are free
 (taiji/sched/rounds.py; pure, no processes). Every scenario audits every instant."""
+
 import random
 
 import pytest
@@ -66,7 +67,7 @@ def test_two_jobs_swap_full_hosts_in_two_rounds_without_oversubscribing():
     assert moves == [Change("a", (1, 0), (0, 1)), Change("b", (0, 1), (1, 0))]
     assert {c.kind for c in moves} == {"move"} and rounds.deferred == ["a", "b"]
     audit(rounds, holds)
-    holds = {"a": (1, 1), "b": (1, 1)}   # the joiners arrived before the leavers left
+    holds = {"a": (1, 1), "b": (1, 1)}  # the joiners arrived before the leavers left
     audit(rounds, holds)
     holds = {"a": (0, 1), "b": (1, 0)}
     assert rounds.start(2.0, holds, targets) == [Change("a", (0, 1), (0, 2)), Change("b", (1, 0), (2, 0))]
@@ -79,7 +80,7 @@ def test_a_grow_is_clipped_to_the_free_slots_and_asks_for_the_rest_next_round():
     rounds = Rounds(slots=(4,))
     holds = {"a": (3,), "b": (0,)}
     assert rounds.start(0.0, holds, {"b": (3,)}) == [Change("b", (0,), (1,))] and rounds.deferred == ["b"]
-    holds = {"b": (1,)}   # a ended
+    holds = {"b": (1,)}  # a ended
     assert rounds.start(1.0, holds, {"b": (3,)}) == [Change("b", (1,), (3,))] and rounds.deferred == []
 
 
@@ -109,12 +110,12 @@ def test_random_rounds_against_slow_jobs_never_oversubscribe_a_host():
         now = 0.0
         for step in range(40):
             now += 1.0
-            if step % 6 == 0:   # a new round: random targets that each fit the cluster on their own
+            if step % 6 == 0:  # a new round: random targets that each fit the cluster on their own
                 targets = {job: tuple(rng.randint(0, cap) for cap in slots) for job in holds}
                 rounds.start(now, holds, targets)
             else:
                 rounds.tick(now, holds)
-            for job, ask in rounds.asked.items():   # each job moves one worker towards its ask
+            for job, ask in rounds.asked.items():  # each job moves one worker towards its ask
                 if job in stuck and ask.shrink:
                     continue
                 current = list(holds[job])
@@ -125,7 +126,7 @@ def test_random_rounds_against_slow_jobs_never_oversubscribe_a_host():
                 holds[job] = tuple(current)
             audit(rounds, holds)
             if step == 20 and trial % 3 == 0:
-                holds.pop(rng.choice(sorted(holds)), None)   # a job ends
+                holds.pop(rng.choice(sorted(holds)), None)  # a job ends
 
 
 def test_a_start_clipped_below_the_jobs_minimum_waits():
@@ -143,7 +144,7 @@ def test_an_earlier_grows_slots_stay_reserved_until_the_job_moved_past_the_new_a
     # waits, since a's launcher may still bring up the workers it was asked for first
     assert rounds.start(1.0, holds, {"a": (2,), "b": (2,)}, versions=versions) == [Change("a", (1,), (2,))]
     assert rounds.tick(1.5, holds, versions) == [] and held(holds, rounds.asked, 1) == (4,)
-    holds, versions = {"a": (2,), "b": (0,)}, {"a": 2, "b": 0}   # a published its new version
+    holds, versions = {"a": (2,), "b": (0,)}, {"a": 2, "b": 0}  # a published its new version
     assert rounds.start(2.0, holds, {"a": (2,), "b": (2,)}, versions=versions) == [Change("b", (0,), (2,))]
     audit(rounds, holds)
 
@@ -153,5 +154,5 @@ def test_a_withdrawn_ask_is_asked_again_next_round():
     holds = {"a": (2,)}
     assert rounds.start(0.0, holds, {"a": (4,)}) == [Change("a", (2,), (4,))]
     assert rounds.start(1.0, holds, {"a": (4,)}) == [], "asked already"
-    rounds.withdraw("a")   # the request never reached a's launcher
+    rounds.withdraw("a")  # the request never reached a's launcher
     assert rounds.start(2.0, holds, {"a": (4,)}) == [Change("a", (2,), (4,))]

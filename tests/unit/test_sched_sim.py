@@ -1,5 +1,6 @@
 """taiji.sched.sim: exact completion times, capacity never exceeded (property test), determinism,
 rejection of jobs larger than the cluster, and the ways a run can stop without crashing."""
+
 from __future__ import annotations
 
 import json
@@ -59,10 +60,22 @@ def small_runs(draw):
     jobs = []
     for index in range(draw(st.integers(1, 6))):
         app = draw(st.sampled_from(sorted(APPS)))
-        jobs.append(JobSpec(f"{app}-{index}", float(draw(st.integers(0, 900))), app,
-                            draw(st.integers(1, 8)), draw(st.sampled_from(APPS[app]))))
-    return (cluster, jobs, draw(st.sampled_from(sorted(POLICIES))), draw(st.sampled_from(sorted(SYSTEMS))),
-            draw(st.sampled_from((0.0, 0.25))))
+        jobs.append(
+            JobSpec(
+                f"{app}-{index}",
+                float(draw(st.integers(0, 900))),
+                app,
+                draw(st.integers(1, 8)),
+                draw(st.sampled_from(APPS[app])),
+            )
+        )
+    return (
+        cluster,
+        jobs,
+        draw(st.sampled_from(sorted(POLICIES))),
+        draw(st.sampled_from(sorted(SYSTEMS))),
+        draw(st.sampled_from((0.0, 0.25))),
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -78,14 +91,17 @@ def test_capacity_is_never_exceeded_and_every_job_ends(run):
             continue
         assert record.status == "done"
         assert spec.submit_time <= record.start_time < record.end_time
-    if policy == "fifo" and not interference:   # never resized: ends at start + restart + work
+    if policy == "fifo" and not interference:  # never resized: ends at start + restart + work
         for record in result.records:
             if record.status != "done":
                 continue
             first = next(answer[record.name] for _, answer in recorder.rounds if record.name in answer)
             app = load_application(record.application)
-            expected = (record.start_time + SYSTEMS[system].start
-                        + time_to_finish(app, 0.0, first.placement, first.batch_size))
+            expected = (
+                record.start_time
+                + SYSTEMS[system].start
+                + time_to_finish(app, 0.0, first.placement, first.batch_size)
+            )
             assert record.end_time == pytest.approx(expected, rel=1e-9)
 
 
@@ -120,19 +136,27 @@ class Greedy:
     name: str = "greedy"
 
     def allocate(self, now, cluster, jobs):
-        return {job.name: Allocation((cluster.gpus_per_host,) * cluster.num_hosts, job.spec.batch_size)
-                for job in jobs}
+        return {
+            job.name: Allocation((cluster.gpus_per_host,) * cluster.num_hosts, job.spec.batch_size)
+            for job in jobs
+        }
 
 
 def test_runs_that_cannot_progress_stop_and_report():
     jobs = [JobSpec("bert-0", 0.0, "bert", 1, 384)]
     result = simulate(jobs, Idle(), SimConfig(Cluster(1, 4)))
     assert result.records[0].status == "unfinished"
-    short = simulate([JobSpec("cifar10-0", 0.0, "cifar10", 1, 2048)], make_policy("fifo"),
-                     SimConfig(Cluster(1, 1), max_time_s=600.0))
+    short = simulate(
+        [JobSpec("cifar10-0", 0.0, "cifar10", 1, 2048)],
+        make_policy("fifo"),
+        SimConfig(Cluster(1, 1), max_time_s=600.0),
+    )
     assert short.records[0].status == "unfinished" and short.summary()["unfinished"] == ["cifar10-0"]
-    late = simulate([JobSpec("bert-0", 0.0, "bert", 1, 384), JobSpec("bert-1", 5000.0, "bert", 1, 384)],
-                    make_policy("fifo"), SimConfig(Cluster(1, 1), max_time_s=1000.0))
+    late = simulate(
+        [JobSpec("bert-0", 0.0, "bert", 1, 384), JobSpec("bert-1", 5000.0, "bert", 1, 384)],
+        make_policy("fifo"),
+        SimConfig(Cluster(1, 1), max_time_s=1000.0),
+    )
     assert [r.status for r in late.records] == ["unfinished", "unfinished"]
     assert late.records[1].reason == "submitted after the time limit"
 
@@ -150,8 +174,8 @@ def test_resize_cost_by_kind_of_change():
     assert resize_cost(cost, one, two) == cost.grow
     assert resize_cost(cost, two, one) == cost.shrink
     assert resize_cost(cost, one, moved) == cost.move
-    assert resize_cost(cost, one, Allocation((1, 0), 16)) is None   # batch only
-    assert resize_cost(cost, one, None) is None                     # preemption
+    assert resize_cost(cost, one, Allocation((1, 0), 16)) is None  # batch only
+    assert resize_cost(cost, one, None) is None  # preemption
 
 
 def test_summary_and_jsonl(tmp_path):
@@ -162,7 +186,9 @@ def test_summary_and_jsonl(tmp_path):
     assert summary["completed"] == 12
     assert summary["avg_jct_s"] == pytest.approx(sum(jcts) / 12)
     assert jcts[-2] <= summary["p99_jct_s"] <= jcts[-1]
-    assert summary["makespan_s"] == pytest.approx(max(r.end_time for r in result.records) - jobs[0].submit_time)
+    assert summary["makespan_s"] == pytest.approx(
+        max(r.end_time for r in result.records) - jobs[0].submit_time
+    )
     path = tmp_path / "jobs.jsonl"
     result.write_jsonl(path)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -181,14 +207,14 @@ class SpreadEveryone:
 
 
 def test_interference_slows_shared_distributed_jobs_exactly():
-    cifar10, bert = load_application("cifar10"), load_application("bert")   # cifar10 is shorter
+    cifar10, bert = load_application("cifar10"), load_application("bert")  # cifar10 is shorter
     jobs = [JobSpec("cifar10-0", 0.0, "cifar10", 4, 2048), JobSpec("bert-1", 0.0, "bert", 4, 384)]
     config = SimConfig(Cluster(2, 4), interference=0.5)
     short, long = simulate(jobs, SpreadEveryone(), config).records
     slow_until = 30.0 + time_to_finish(cifar10, 0.0, (2, 2), 2048) / 0.5
     assert short.end_time == pytest.approx(slow_until, rel=1e-9)
     progress = advance(bert, 0.0, (slow_until - 30.0) * 0.5, (2, 2), 384)
-    alone = time_to_finish(bert, progress, (2, 2), 384)   # full speed once cifar10 is gone
+    alone = time_to_finish(bert, progress, (2, 2), 384)  # full speed once cifar10 is gone
     assert long.end_time == pytest.approx(slow_until + alone, rel=1e-9)
     baseline = simulate(jobs, SpreadEveryone(), SimConfig(Cluster(2, 4))).records
     assert baseline[0].end_time < short.end_time

@@ -1,5 +1,6 @@
 """taiji.sched.workload: the shipped Pollux workloads, reader errors that name file and line, and
 the seeded synthetic generator."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,8 +9,15 @@ from pathlib import Path
 import pytest
 
 from taiji.errors import ConfigError
-from taiji.sched.workload import (PHILLY_MIX, JobSpec, load_workload, pollux_workload, read_workload,
-                                  synthetic_workload, workload_at_load)
+from taiji.sched.workload import (
+    PHILLY_MIX,
+    JobSpec,
+    load_workload,
+    pollux_workload,
+    read_workload,
+    synthetic_workload,
+    workload_at_load,
+)
 
 HEADER = "name,time,application,num_replicas,batch_size\n"
 
@@ -38,20 +46,23 @@ def test_plain_and_gzip_files_read_the_same(tmp_path):
     packed = tmp_path / "w.csv.gz"
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     assert read_workload(plain) == read_workload(packed)
-    assert [job.name for job in read_workload(plain)] == ["b-1", "a-0"]   # sorted by time
+    assert [job.name for job in read_workload(plain)] == ["b-1", "a-0"]  # sorted by time
 
 
-@pytest.mark.parametrize("body, line, words", [
-    ("a,1,cifar10,6,2048\nb,2,gpt5,1,8\n", 3, "unknown application 'gpt5'"),
-    ("a,1,cifar10,six,2048\n", 2, "'num_replicas' is 'six'"),
-    ("a,soon,cifar10,6,2048\n", 2, "'time' is 'soon'"),
-    ("a,1,cifar10,6\n", 2, "4 fields, expected 5"),
-    ("a,1,cifar10,6,2048\na,2,cifar10,6,2048\n", 3, "repeats line 2"),
-    ("a,-1,cifar10,6,2048\n", 2, "time >= 0"),
-    ("a,1,cifar10,0,2048\n", 2, "num_replicas >= 1"),
-    ("a,1,cifar10,6,nan\n", 2, "'batch_size' is 'nan'"),
-    ("x,0,ncf,1,32768\na,nan,cifar10,6,2048\n", 3, "'time' is NaN"),
-])
+@pytest.mark.parametrize(
+    "body, line, words",
+    [
+        ("a,1,cifar10,6,2048\nb,2,gpt5,1,8\n", 3, "unknown application 'gpt5'"),
+        ("a,1,cifar10,six,2048\n", 2, "'num_replicas' is 'six'"),
+        ("a,soon,cifar10,6,2048\n", 2, "'time' is 'soon'"),
+        ("a,1,cifar10,6\n", 2, "4 fields, expected 5"),
+        ("a,1,cifar10,6,2048\na,2,cifar10,6,2048\n", 3, "repeats line 2"),
+        ("a,-1,cifar10,6,2048\n", 2, "time >= 0"),
+        ("a,1,cifar10,0,2048\n", 2, "num_replicas >= 1"),
+        ("a,1,cifar10,6,nan\n", 2, "'batch_size' is 'nan'"),
+        ("x,0,ncf,1,32768\na,nan,cifar10,6,2048\n", 3, "'time' is NaN"),
+    ],
+)
 def test_malformed_rows_name_the_file_and_line(tmp_path, body, line, words):
     path = write(tmp_path, body)
     with pytest.raises(ConfigError) as error:
@@ -89,7 +100,7 @@ def test_synthetic_workloads_are_seeded_and_philly_shaped():
     assert all((job.application, job.num_replicas, job.batch_size) in configs for job in first)
     assert len({job.name for job in first}) == 160
     share_small = sum(job.application in ("ncf", "cifar10") for job in synthetic_workload(1, 2000)) / 2000
-    assert 0.7 < share_small < 0.85   # 998 of the 1280 Pollux jobs are ncf or cifar10
+    assert 0.7 < share_small < 0.85  # 998 of the 1280 Pollux jobs are ncf or cifar10
     with pytest.raises(ConfigError):
         synthetic_workload(1, num_jobs=0)
 

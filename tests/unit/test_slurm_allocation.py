@@ -2,6 +2,7 @@
 names resolved (a fake resolver), the handover between the tasks in a shared directory, and the
 errors a user meets (outside an allocation, a node list that does not resolve, mismatched job
 ids). The processes themselves: tests/multihost/test_slurm.py, against a real Slurm."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,24 +20,45 @@ from taiji.errors import ConfigError, LaunchError
 from taiji.launch import cli, slurm, slurm_task
 from taiji.launch.supervisor import Supervisor
 
-STEP = {"SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NODEID": "1",
-        "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_STEP_NUM_TASKS": "2",
-        "SLURMD_NODENAME": "gpu08", "SLURM_SUBMIT_DIR": "/shared/me", "SLURM_GPUS_ON_NODE": "4"}
+STEP = {
+    "SLURM_JOB_ID": "812",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_NODELIST": "gpu[07-08]",
+    "SLURM_JOB_NODELIST": "gpu[07-09]",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURMD_NODENAME": "gpu08",
+    "SLURM_SUBMIT_DIR": "/shared/me",
+    "SLURM_GPUS_ON_NODE": "4",
+}
 
 
-@pytest.mark.parametrize("text, names", [
-    ("n1", ("n1",)),
-    ("n[1-3,7]", ("n1", "n2", "n3", "n7")),
-    ("gpu[08-10],cpu1", ("gpu08", "gpu09", "gpu10", "cpu1")),
-    ("rack[1-2]-n[1-2]", ("rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2")),
-    ("a,b[9-10]x", ("a", "b9x", "b10x")),
-])
+@pytest.mark.parametrize(
+    "text, names",
+    [
+        ("n1", ("n1",)),
+        ("n[1-3,7]", ("n1", "n2", "n3", "n7")),
+        ("gpu[08-10],cpu1", ("gpu08", "gpu09", "gpu10", "cpu1")),
+        ("rack[1-2]-n[1-2]", ("rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2")),
+        ("a,b[9-10]x", ("a", "b9x", "b10x")),
+    ],
+)
 def test_host_lists_expand_as_scontrol_prints_them(text, names):
     assert slurm.expand_hostlist(text) == names
 
 
-@pytest.mark.parametrize("text, why", [("", "empty"), ("n[1-3", "without ']'"), ("n1-3]", "without '['"),
-                                       ("n[3-1]", "goes down"), ("n[a]", "not N or N-M"), ("n1,,n2", "empty name")])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("", "empty"),
+        ("n[1-3", "without ']'"),
+        ("n1-3]", "without '['"),
+        ("n[3-1]", "goes down"),
+        ("n[a]", "not N or N-M"),
+        ("n1,,n2", "empty name"),
+    ],
+)
 def test_a_bad_host_list_is_refused_saying_why(text, why):
     with pytest.raises(ConfigError, match=re.escape(why)):
         slurm.expand_hostlist(text)
@@ -69,6 +91,7 @@ def test_node_names_resolve_to_an_address_other_nodes_reach():
         if name not in table:
             raise OSError("Name or service not known")
         return table[name]
+
     assert slurm.ipv4_of("n1", resolve) == "10.0.0.1"
     with pytest.raises(ConfigError, match="loopback.*--ifname"):
         slurm.ipv4_of("n2", resolve)
@@ -99,8 +122,17 @@ def test_the_handover_is_owner_only_and_only_its_own_steps_tasks_take_it(tmp_pat
 
 
 def _join_args(job: str, **extra) -> argparse.Namespace:
-    return argparse.Namespace(target=None, slurm=job, secret_file=None, nproc_per_node=None, host=None,
-                              ifname=None, timeout=30.0, grace=5.0, **extra)
+    return argparse.Namespace(
+        target=None,
+        slurm=job,
+        secret_file=None,
+        nproc_per_node=None,
+        host=None,
+        ifname=None,
+        timeout=30.0,
+        grace=5.0,
+        **extra,
+    )
 
 
 def test_join_slurm_refuses_a_job_without_a_launcher_and_a_mismatched_record(tmp_path, monkeypatch):

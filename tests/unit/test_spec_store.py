@@ -1,4 +1,5 @@
 """Cluster membership transitions and the versioned store (pure / in-process)."""
+
 import os
 import shutil
 import uuid
@@ -31,11 +32,17 @@ def test_shrink_drops_newest_and_remove_keeps_order():
     assert spec.remove(c, ["a", "c"]).ids == ("b", "d")
 
 
-@pytest.mark.parametrize("bad", [
-    lambda c: spec.shrink(c, 0), lambda c: spec.shrink(c, 3), lambda c: spec.remove(c, ["zz"]),
-    lambda c: spec.remove(c, ["a", "b", "c"]), lambda c: spec.grow(c, []),
-    lambda c: spec.grow(c, workers("a")),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda c: spec.shrink(c, 0),
+        lambda c: spec.shrink(c, 3),
+        lambda c: spec.remove(c, ["zz"]),
+        lambda c: spec.remove(c, ["a", "b", "c"]),
+        lambda c: spec.grow(c, []),
+        lambda c: spec.grow(c, workers("a")),
+    ],
+)
 def test_invalid_transitions_raise(bad):
     with pytest.raises(ConfigError):
         bad(spec.initial(workers("a", "b", "c")))
@@ -62,6 +69,7 @@ def _etcd_on_loopback():
         pytest.skip("no etcd server binary (apt-get install -y etcd-server)")
     pytest.importorskip("etcd3gw")
     from taiji.launch.etcd_server import EtcdServer
+
     server = EtcdServer("127.0.0.1").start()
     try:
         yield server
@@ -88,6 +96,7 @@ def kv(request):
     if request.param == "tcp":
         return host_store()
     from taiji.cluster.store import open_store
+
     server = request.getfixturevalue("etcd_server")
     store = open_store(server.url, timeout=5)
     store.kv.set(f"taiji/{request.node.name}/x", "1")  # each test uses its own job prefix anyway
@@ -97,6 +106,7 @@ def kv(request):
 def test_key_value_semantics_match_tcpstore(kv):
     """compare_set, add and timed-out waits behave alike on every backend."""
     import datetime
+
     p = f"sem{uuid.uuid4().hex[:6]}/"
     assert kv.compare_set(p + "k", "", "a") == b"a"
     assert kv.compare_set(p + "k", "", "b") == b"a"
@@ -119,6 +129,7 @@ def _allreduce_in_groups(stores, prefix: str) -> list:
     import torch.distributed as dist
 
     from taiji.comm.addresses import gloo_device
+
     results = [None] * len(stores)
 
     def rank(r):
@@ -130,6 +141,7 @@ def _allreduce_in_groups(stores, prefix: str) -> list:
         t = torch.full((4,), float(r + 1))
         group.allreduce([t]).wait()
         results[r] = t
+
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(stores))]
     for t in threads:
         t.start()
@@ -143,6 +155,7 @@ def test_etcd_store_serves_gloo_rendezvous(etcd_server):
     import torch
 
     from taiji.cluster.store import open_store
+
     results = _allreduce_in_groups([lambda: open_store(etcd_server.url, timeout=10)] * 2, f"pg{os.getpid()}")
     assert all(r is not None and torch.equal(r, torch.full((4,), 3.0)) for r in results)
 
@@ -158,6 +171,7 @@ def test_etcd_rendezvous_store_reads_a_group_at_once_and_waits_by_watch(etcd_ser
 
     from taiji.cluster.etcd import EtcdKV
     from taiji.cluster.rendezvous import EtcdRendezvousStore, RendezvousAbandoned
+
     calls: collections.Counter = collections.Counter()
 
     class Counted(EtcdKV):
@@ -174,15 +188,18 @@ def test_etcd_rendezvous_store_reads_a_group_at_once_and_waits_by_watch(etcd_ser
             return super().wait(keys, timeout)
 
     prefix = f"taiji/r{uuid.uuid4().hex[:6]}/pg/v1/grad"
-    results = _allreduce_in_groups([lambda: EtcdRendezvousStore(Counted(etcd_server.url, 10), timeout=20)] * 3,
-                                   prefix)
+    results = _allreduce_in_groups(
+        [lambda: EtcdRendezvousStore(Counted(etcd_server.url, 10), timeout=20)] * 3, prefix
+    )
     assert all(r is not None and torch.equal(r, torch.full((4,), 6.0)) for r in results)
     assert calls["poll"] == 0 and calls["read_prefix"] <= 3 + calls["watch"], calls
     lone = EtcdRendezvousStore(EtcdKV(etcd_server.url, 10))
     with pytest.raises(StoreError, match="wait timeout"):
         lone.wait([f"{prefix}/never/0"], datetime.timedelta(seconds=0.3))
     # the version the wait is for was abandoned (a rank it waits for is lost): it ends at once
-    doomed = EtcdRendezvousStore(EtcdKV(etcd_server.url, 10), give_up=lambda: "cluster v2 dropped lost worker(s) w0")
+    doomed = EtcdRendezvousStore(
+        EtcdKV(etcd_server.url, 10), give_up=lambda: "cluster v2 dropped lost worker(s) w0"
+    )
     began = time.monotonic()
     with pytest.raises(RendezvousAbandoned, match="dropped lost worker"):
         doomed.wait([f"{prefix}/never/0"], datetime.timedelta(seconds=30))
@@ -198,6 +215,7 @@ def test_etcd_rendezvous_wait_hears_a_key_written_after_its_read_at_once(etcd_se
 
     from taiji.cluster.etcd import EtcdKV
     from taiji.cluster.rendezvous import EtcdRendezvousStore
+
     read, calls = threading.Event(), collections.Counter()
 
     class Told(EtcdKV):  # the real client, telling when the wait has read its group
@@ -236,6 +254,7 @@ def test_etcd_watch_streams_every_new_config_in_its_events_and_stops_when_told(e
     from taiji.cluster import etcd
     from taiji.cluster.etcd import EtcdKV
     from taiji.cluster.etcd_store import EtcdC10dStore
+
     WATCH_REOPEN_S = 0.5
     monkeypatch.setattr(etcd, "WATCH_REOPEN_S", WATCH_REOPEN_S)  # reopened often here: seen to lose nothing
     calls: collections.Counter = collections.Counter()
@@ -257,7 +276,9 @@ def test_etcd_watch_streams_every_new_config_in_its_events_and_stops_when_told(e
 
     def follow() -> None:
         try:
-            for c in JobStore(EtcdC10dStore(Counted(etcd_server.url, 5)), job_id, signer).follow_configs(stop):
+            for c in JobStore(EtcdC10dStore(Counted(etcd_server.url, 5)), job_id, signer).follow_configs(
+                stop
+            ):
                 seen.put(c)
         except BaseException as exc:  # noqa: BLE001 - the test's thread says what ended it
             seen.put(exc)
@@ -272,7 +293,9 @@ def test_etcd_watch_streams_every_new_config_in_its_events_and_stops_when_told(e
             assert job.publish(config)
             published.append(config)
         assert [seen.get(timeout=5) for _ in range(3)] == published
-        assert calls["/kv/range"] == 2, calls  # when the watch began: `latest` and its config; none per change
+        assert calls["/kv/range"] == 2, (
+            calls
+        )  # when the watch began: `latest` and its config; none per change
         done = threading.Event()  # published while the stream sits idle past a reopen
         done.wait(WATCH_REOPEN_S * 1.5)
         late = spec.grow(config, workers("late"))
@@ -294,6 +317,7 @@ def test_etcd_registrations_race_for_nothing_and_are_read_once_in_order(etcd_ser
     from taiji.cluster.etcd import EtcdKV
     from taiji.cluster.etcd_store import EtcdC10dStore
     from taiji.launch import agent_channel
+
     calls: collections.Counter = collections.Counter()
 
     class Counted(EtcdKV):
@@ -332,6 +356,7 @@ def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
     import time
     from taiji.cluster.store import open_store
     from taiji.launch import agent_channel as hosts
+
     job = JobStore(open_store(etcd_server.url, timeout=5), f"l{uuid.uuid4().hex[:6]}")
     assert job.has_leases and not JobStore(FakeStore(), "j").has_leases
     agent = hosts.AgentChannel(job, "10.0.0.2", "s1", lease_ttl=2)
@@ -360,6 +385,7 @@ def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
 
 def test_etcd_server_listens_only_where_it_is_told_and_stops_clean(etcd_server):
     from taiji_harness.testing import listening_addresses
+
     pid = etcd_server.process.pid
     mine = [a for a in listening_addresses(pid) if a.endswith(f":{etcd_server.port}")]
     assert mine == [f"127.0.0.1:{etcd_server.port}"], mine
@@ -390,6 +416,7 @@ def test_concurrent_publishers_agree_on_one_winner(kv):
         barrier.wait()
         config = spec.ClusterConfig(2, tuple(workers("a", f"j{i}")))
         wins.append((i, job.publish(config)))
+
     threads = [threading.Thread(target=contender, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
@@ -424,6 +451,7 @@ def test_the_job_store_listens_only_on_the_address_it_is_given():
     """TCPStore alone binds every interface even for 127.0.0.1; the job store has no
     authentication, so it must not be reachable from the network."""
     from taiji_harness.testing import listening_addresses
+
     store = host_store("127.0.0.1", 0, timeout=5)
     mine = [a for a in listening_addresses(os.getpid()) if a.endswith(f":{store.port}")]
     assert mine == [f"127.0.0.1:{store.port}"], mine
@@ -434,6 +462,7 @@ def test_the_job_store_listens_only_on_the_address_it_is_given():
 
 def test_a_launcher_started_etcd_admits_only_the_jobs_user_on_its_own_keys(own_etcd_server):
     from taiji.cluster.etcd import EtcdKV, job_credentials
+
     server = own_etcd_server
     secret = auth.new_secret()
     user, password = job_credentials("j", secret)
@@ -459,6 +488,7 @@ def test_a_processes_etcd_connections_share_one_login_and_renew_it_once(own_etcd
     connection to notice renews it for all, and a watch stream follows."""
     import requests
     from taiji.cluster.etcd import EtcdKV, job_credentials
+
     server = own_etcd_server
     secret = auth.new_secret()
     root_password = auth.derive(secret, "etcd-root").hex()
@@ -473,9 +503,12 @@ def test_a_processes_etcd_connections_share_one_login_and_renew_it_once(own_etcd
     assert first.authentications == 1, "another() authenticated again"
     # the server forgets every token (auth off and on again, as root)
     base = f"http://127.0.0.1:{server.port}/v3"
-    token = requests.post(f"{base}/auth/authenticate", json={"name": "root", "password": root_password},
-                          timeout=5).json()["token"]
-    requests.post(f"{base}/auth/disable", json={}, headers={"Authorization": token}, timeout=5).raise_for_status()
+    token = requests.post(
+        f"{base}/auth/authenticate", json={"name": "root", "password": root_password}, timeout=5
+    ).json()["token"]
+    requests.post(
+        f"{base}/auth/disable", json={}, headers={"Authorization": token}, timeout=5
+    ).raise_for_status()
     requests.post(f"{base}/auth/enable", json={}, timeout=5).raise_for_status()
     for i, kv in enumerate(others):
         assert kv.get(f"taiji/j/k{i}") == str(i).encode()
@@ -486,26 +519,46 @@ def test_a_processes_etcd_connections_share_one_login_and_renew_it_once(own_etcd
 
 
 def test_a_config_lists_each_host_once_and_its_workers_as_runs_of_ids():
-    placed = spec.ClusterConfig(4, tuple(spec.WorkerSpec(f"w{i}", f"10.0.{i // 8}.1") for i in range(1024)), lost=("w2000",))
+    placed = spec.ClusterConfig(
+        4, tuple(spec.WorkerSpec(f"w{i}", f"10.0.{i // 8}.1") for i in range(1024)), lost=("w2000",)
+    )
     data = placed.to_dict()
     assert len(data["hosts"]) == 128 and data["runs"][:2] == [[0, "w0", 8], [1, "w8", 8]]
     assert spec.ClusterConfig.from_json(placed.to_json()) == placed
     assert len(placed.to_json()) < 4000, "1,024 workers on 128 hosts in a few KB"
     # ids that do not count up, leading zeros, other stems, hosts revisited: each its own run, order kept
-    odd = spec.ClusterConfig(1, tuple(spec.WorkerSpec(i, h) for i, h in [
-        ("w1", "a"), ("w2", "b"), ("x", "a"), ("w007", "a"), ("w008", "a"), ("w9", "a"), ("w10", "a"), ("v11", "a"),
-        ("w12", "b"), ("w13", "a")]))
+    odd = spec.ClusterConfig(
+        1,
+        tuple(
+            spec.WorkerSpec(i, h)
+            for i, h in [
+                ("w1", "a"),
+                ("w2", "b"),
+                ("x", "a"),
+                ("w007", "a"),
+                ("w008", "a"),
+                ("w9", "a"),
+                ("w10", "a"),
+                ("v11", "a"),
+                ("w12", "b"),
+                ("w13", "a"),
+            ]
+        ),
+    )
     assert spec.ClusterConfig.from_json(odd.to_json()) == odd
     assert [r[2] for r in odd.to_dict()["runs"]] == [1, 1, 1, 1, 1, 2, 1, 1, 1]
     # a config written one entry per worker still reads
-    assert spec.ClusterConfig.from_dict({"version": 2, "workers": [{"id": "w0", "host": "h"}, {"id": "w1"}]}) == \
-        spec.ClusterConfig(2, (spec.WorkerSpec("w0", "h"), spec.WorkerSpec("w1")))
+    assert spec.ClusterConfig.from_dict(
+        {"version": 2, "workers": [{"id": "w0", "host": "h"}, {"id": "w1"}]}
+    ) == spec.ClusterConfig(2, (spec.WorkerSpec("w0", "h"), spec.WorkerSpec("w1")))
     # the next version, a host lost: read anew, equal to what was written; the runs it shares with the
     # last one are made once (a reader of 1,024 workers makes the runs that changed, not every worker)
     fewer = spec.ClusterConfig(placed.version + 1, tuple(w for w in placed.workers if w.host != "10.0.5.1"))
     read_before = spec.ClusterConfig.from_json(placed.to_json())
     read_now = spec.ClusterConfig.from_json(fewer.to_json())
-    assert read_now == fewer and read_now.size == 1016 and "10.0.5.1" not in {w.host for w in read_now.workers}
+    assert (
+        read_now == fewer and read_now.size == 1016 and "10.0.5.1" not in {w.host for w in read_now.workers}
+    )
     assert read_now.workers[0] is read_before.workers[0] and read_now.workers[-1] is read_before.workers[-1]
     # the same ids on another host are other workers
     moved = spec.ClusterConfig(9, tuple(spec.WorkerSpec(f"w{i}", "elsewhere") for i in range(8)))
@@ -526,7 +579,9 @@ def test_an_agent_on_etcd_reads_its_orders_only_once_their_watched_count_moves(e
             return super().records_after(stream, seen)
 
     job_id, signer = f"orders{uuid.uuid4().hex[:6]}", Signer(new_secret())
-    launcher = AgentChannel(JobStore(open_store(etcd_server.url, timeout=10), job_id, signer), "10.0.0.2", "s1")
+    launcher = AgentChannel(
+        JobStore(open_store(etcd_server.url, timeout=10), job_id, signer), "10.0.0.2", "s1"
+    )
     agent = AgentChannel(Counted(open_store(etcd_server.url, timeout=10), job_id, signer), "10.0.0.2", "s1")
     try:
         for _ in range(20):
@@ -535,7 +590,9 @@ def test_an_agent_on_etcd_reads_its_orders_only_once_their_watched_count_moves(e
         launcher.send({"op": "spawn", "id": "w1"})
         launcher.send({"op": "kill", "id": "w1"})
         got: list = []
-        wait_for(lambda: got.extend(agent.new_commands()) or len(got) == 2, 10, "both orders to reach the agent")
+        wait_for(
+            lambda: got.extend(agent.new_commands()) or len(got) == 2, 10, "both orders to reach the agent"
+        )
         assert [c["op"] for c in got] == ["spawn", "kill"]
         reads = Counted.reads
         for _ in range(20):
@@ -552,6 +609,7 @@ def test_the_launcher_follows_every_agents_liveness_with_one_watch(etcd_server):
     from taiji.cluster.store import open_store
     from taiji.launch import agent_channel as hosts
     from taiji_harness.testing import wait_for
+
     job = JobStore(open_store(etcd_server.url, timeout=5), f"w{uuid.uuid4().hex[:6]}")
     woken = threading.Event()
     watched = PrefixFollower(job.another_connection(), hosts.FROM_AGENTS, lambda key: woken.set())
@@ -563,13 +621,22 @@ def test_the_launcher_follows_every_agents_liveness_with_one_watch(etcd_server):
         for n, agent in enumerate(agents):
             agent.beat({f"w{n}": 5})
         beaten: set[int] = set()  # a head says "beat" once per move of its agent's number
-        wait_for(lambda: beaten.update(i for i, h in enumerate(heads) if h.liveness() == "beat") or len(beaten) == 2,
-                 10, "both agents' keys through the watch")
+        wait_for(
+            lambda: (
+                beaten.update(i for i, h in enumerate(heads) if h.liveness() == "beat") or len(beaten) == 2
+            ),
+            10,
+            "both agents' keys through the watch",
+        )
         assert [h.worker_beats for h in heads] == [{"w0": 5}, {"w1": 5}] and not reads
         agents[0].beat({"w0": 6})
-        wait_for(lambda: heads[0].liveness() == "beat" and heads[0].worker_beats == {"w0": 6}, 10, "the new count")
+        wait_for(
+            lambda: heads[0].liveness() == "beat" and heads[0].worker_beats == {"w0": 6}, 10, "the new count"
+        )
         assert not reads
-        assert woken.wait(10.0), "a lease ran out (nobody renews them): its key's deletion wakes the controller"
+        assert woken.wait(10.0), (
+            "a lease ran out (nobody renews them): its key's deletion wakes the controller"
+        )
         wait_for(lambda: [h.liveness() for h in heads] == ["expired"] * 2, 10, "both leases to run out")
         # a silent agent's summary may have been read from the store itself (CONFIRM_AFTER_S), nothing else
         assert set(reads) <= {f"from-agent/10.0.0.{i}/s/summary" for i in (2, 3)}, reads
@@ -577,15 +644,20 @@ def test_the_launcher_follows_every_agents_liveness_with_one_watch(etcd_server):
         watched.close()
 
 
-def test_a_watch_that_shows_no_beat_is_checked_against_the_store_before_an_agent_counts_as_silent(etcd_server):
+def test_a_watch_that_shows_no_beat_is_checked_against_the_store_before_an_agent_counts_as_silent(
+    etcd_server,
+):
     """The launcher's watch may run behind (a loaded host): an agent whose summary it has not shown
     move for CONFIRM_AFTER_S is read from the store itself, and beats if its number moved there."""
     from taiji.cluster.follow import PrefixFollower
     from taiji.cluster.store import open_store
     from taiji.launch import agent_channel as hosts
     from taiji_harness.testing import wait_for
+
     job = JobStore(open_store(etcd_server.url, timeout=5), f"b{uuid.uuid4().hex[:6]}")
-    behind = PrefixFollower(job.another_connection(), "nothing-written-here/")  # shows none of the agent's keys
+    behind = PrefixFollower(
+        job.another_connection(), "nothing-written-here/"
+    )  # shows none of the agent's keys
     agent = hosts.AgentChannel(job, "10.0.0.2", "s", lease_ttl=2)
     head = hosts.AgentChannel(job, "10.0.0.2", "s", lease_ttl=2, watched=behind)
     reads = []
@@ -609,16 +681,21 @@ def test_a_watch_that_shows_no_beat_is_checked_against_the_store_before_an_agent
 def _etcd_calls(server, method: str) -> int:
     """How many ``method`` calls (Range, Txn, Put...) the etcd server has answered, from its metrics."""
     import urllib.request
+
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as answer:
         lines = answer.read().decode().splitlines()
-    return sum(int(float(line.rsplit(" ", 1)[1])) for line in lines
-               if line.startswith("grpc_server_handled_total{") and f'grpc_method="{method}"' in line)
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in lines
+        if line.startswith("grpc_server_handled_total{") and f'grpc_method="{method}"' in line
+    )
 
 
 def test_racing_adds_count_every_one_and_a_lost_race_costs_one_round_trip(kv, request):
     """Many writers adding to one counter at once (agents registering together) each get a number of
     their own; on etcd a writer that lost a race retries in one transaction, without reading again."""
     from taiji.cluster.kv import SupportsConnections
+
     key, got, lock = f"race{uuid.uuid4().hex[:6]}/n", [], threading.Lock()
 
     def adder(mine):
@@ -626,6 +703,7 @@ def test_racing_adds_count_every_one_and_a_lost_race_costs_one_round_trip(kv, re
             n = mine.add(key, 1)
             with lock:
                 got.append(n)
+
     etcd = request.getfixturevalue("etcd_server") if isinstance(kv, SupportsConnections) else None
     reads = _etcd_calls(etcd, "Range") if etcd else 0
     threads = [threading.Thread(target=adder, args=(kv.another() if etcd else kv,)) for _ in range(8)]
@@ -643,6 +721,7 @@ def test_a_watched_doorbell_rings_by_one_write_and_each_ring_moves_it(etcd_serve
     ringer racing it would retry), and the follower sees each ring as a new value."""
     from taiji.cluster.store import open_store
     from taiji_harness.testing import wait_for
+
     job = JobStore(open_store(etcd_server.url, timeout=5), f"bell{uuid.uuid4().hex[:6]}")
     bell = job.follow_doorbell()
     try:

@@ -74,9 +74,17 @@ def test_switching_strategies_mid_epoch_keeps_exactly_once_and_resyncs_into_sync
         torch.manual_seed(peer.rank)
         model = torch.nn.Linear(4, 3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        job = taiji.Job(model, opt, data(), 8, epochs=1, peer=peer, log_every=0,
-                        strategies={"model_averaging": ModelAveraging(alpha=0.5, every=3)},
-                        policies=[SwitchAt({4: "model_averaging", 9: "sync_sgd", 11: "no_such_thing"})])
+        job = taiji.Job(
+            model,
+            opt,
+            data(),
+            8,
+            epochs=1,
+            peer=peer,
+            log_every=0,
+            strategies={"model_averaging": ModelAveraging(alpha=0.5, every=3)},
+            policies=[SwitchAt({4: "model_averaging", 9: "sync_sgd", 11: "no_such_thing"})],
+        )
         record = []
         for step in job:
             x, y = step.batch
@@ -116,15 +124,30 @@ def test_switching_into_and_out_of_a_decoupled_strategy_keeps_exactly_once(decou
         torch.manual_seed(peer.rank)
         model = torch.nn.Linear(4, 3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        job = taiji.Job(model, opt, data(), 8, epochs=2, peer=peer, log_every=0, sync_every=32,
-                        policies=[SwitchOnceAt({3: decoupled, 12: "sync_sgd"})])
+        job = taiji.Job(
+            model,
+            opt,
+            data(),
+            8,
+            epochs=2,
+            peer=peer,
+            log_every=0,
+            sync_every=32,
+            policies=[SwitchOnceAt({3: decoupled, 12: "sync_sgd"})],
+        )
         record = []
         for step in job:
             x, y = step.batch
             step.backward(F.cross_entropy(model(x), y))
             lockstep = job.strategy.lockstep
-            record.append((job.strategy_name, step.segments if not lockstep else None,
-                           (step.epoch, *step.span) if lockstep else None, digest(list(model.parameters()))))
+            record.append(
+                (
+                    job.strategy_name,
+                    step.segments if not lockstep else None,
+                    (step.epoch, *step.span) if lockstep else None,
+                    digest(list(model.parameters())),
+                )
+            )
         return record, job.progress
 
     (r0, p0), (r1, p1) = run_threads(2, body)
@@ -132,7 +155,7 @@ def test_switching_into_and_out_of_a_decoupled_strategy_keeps_exactly_once(decou
     names = [name for name, *_ in r0]
     assert names[:3] == ["sync_sgd"] * 3 and decoupled in names and names[-1] == "sync_sgd"
     counts = {}
-    lockstep_steps = [rec[2] for rec in r0 if rec[2] is not None]   # the same on both ranks
+    lockstep_steps = [rec[2] for rec in r0 if rec[2] is not None]  # the same on both ranks
     for epoch, lo, hi in lockstep_steps + [seg for rec in r0 + r1 if rec[1] for seg in rec[1]]:
         for i in range(lo, hi):
             counts[epoch * 120 + i] = counts.get(epoch * 120 + i, 0) + 1
@@ -148,14 +171,23 @@ def test_interference_switch_moves_a_slowed_sync_sgd_job_to_pair_averaging():
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 3)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        job = taiji.Job(model, opt, data(), 8, epochs=12, peer=peer, log_every=0, sync_every=48,
-                        policies=[InterferenceSwitch("pair_averaging", fraction=0.2, window=8, settle=2)])
+        job = taiji.Job(
+            model,
+            opt,
+            data(),
+            8,
+            epochs=12,
+            peer=peer,
+            log_every=0,
+            sync_every=48,
+            policies=[InterferenceSwitch("pair_averaging", fraction=0.2, window=8, settle=2)],
+        )
         switched_at = None
         for step in job:
             if job.strategy_name == "pair_averaging" and switched_at is None:
                 switched_at = step.index
             if peer.rank == 1 and step.index >= 30 and job.strategy.lockstep:
-                time.sleep(0.05)   # interference on one worker: under SyncSGD everyone waits
+                time.sleep(0.05)  # interference on one worker: under SyncSGD everyone waits
             x, y = step.batch
             step.backward(F.cross_entropy(model(x), y))
         return switched_at
@@ -165,8 +197,19 @@ def test_interference_switch_moves_a_slowed_sync_sgd_job_to_pair_averaging():
 
 
 def ctx(**kw):
-    base = dict(step=10, epoch=0, cursor=0, num_samples=1000, size=2, version=1, batch_size=64, lr=0.1,
-                strategy="sync_sgd", time=0.0, strategies=("model_averaging", "pair_averaging", "sync_sgd"))
+    base = dict(
+        step=10,
+        epoch=0,
+        cursor=0,
+        num_samples=1000,
+        size=2,
+        version=1,
+        batch_size=64,
+        lr=0.1,
+        strategy="sync_sgd",
+        time=0.0,
+        strategies=("model_averaging", "pair_averaging", "sync_sgd"),
+    )
     base.update(kw)
     return Context(**base)
 
@@ -198,6 +241,7 @@ def test_interference_switch_needs_a_majority_of_slowed_workers():
 
 def test_pair_averaging_gives_a_peer_model_that_lags_more_than_one_global_batch_less_weight():
     from taiji.strategies.pair_averaging import PairAveraging
+
     aged = PairAveraging(age_scale=1.0)
     aged.claimed(1000, 100)
     aged.claimed(900, 100)  # an adopted run from further back does not turn the clock back

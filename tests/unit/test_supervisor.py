@@ -1,6 +1,7 @@
 """The launcher's worker supervisor: two threads waiting on the same workers (an agent's main loop
 and a stop from its tether) reap each worker once, report each exit once, and close each pidfd
 once (closing one twice raised EBADF, or closed an unrelated descriptor that reused the number)."""
+
 import io
 import os
 import signal
@@ -31,6 +32,7 @@ def test_two_threads_waiting_reap_each_worker_once():
                         reported.extend(w.worker_id for w in exited)
                 except BaseException as exc:  # noqa: BLE001 - the test reports it
                     errors.append(exc)
+
             threads = [threading.Thread(target=waiter) for _ in range(2)]
             for t in threads:
                 t.start()
@@ -77,12 +79,15 @@ def test_a_workers_heartbeat_reaches_its_supervisor_through_a_file_on_its_host()
     gave it (TAIJI_BEAT_DIR), not to the job store; the supervisor reads the counts of its running
     workers, and removes the directory when it closes."""
     sup = Supervisor(output=io.StringIO())
-    beat = ("import os, time\nfrom taiji.runtime.liveness import Heartbeat\n"
-            "h = Heartbeat.on_this_host('w0', 0.02)\nassert h is not None\ntime.sleep(60)\n")
+    beat = (
+        "import os, time\nfrom taiji.runtime.liveness import Heartbeat\n"
+        "h = Heartbeat.on_this_host('w0', 0.02)\nassert h is not None\ntime.sleep(60)\n"
+    )
     try:
         sup.spawn("w0", 0, [sys.executable, "-c", beat], dict(os.environ))
         sup.spawn("w1", 1, [sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
         from taiji_harness.testing import wait_for
+
         wait_for(lambda: sup.beat_counts()["w0"] > 2, 60, "worker w0's heartbeat file to count")
         assert sup.beat_counts()["w1"] == 0  # no heartbeat: counted as none
         first = sup.beat_counts()["w0"]
@@ -98,6 +103,7 @@ def test_a_workers_heartbeat_reaches_its_supervisor_through_a_file_on_its_host()
 
 def test_heartbeat_summaries_read_back_and_bad_ones_read_as_none():
     from taiji.cluster import beats
+
     assert beats.read_summary(beats.summary(7, {"w1": 3, "w2": 0}).encode()) == (7, {"w1": 3, "w2": 0})
     assert beats.read_summary(None) == (0, {})
     assert beats.read_summary(b"not json") == (0, {})
@@ -106,6 +112,7 @@ def test_heartbeat_summaries_read_back_and_bad_ones_read_as_none():
 
 def test_a_heartbeat_directory_left_by_a_killed_process_is_removed_by_the_next_one(tmp_path):
     from taiji.cluster.beats import LocalBeats
+
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     left = tmp_path / f"taiji-beats-{dead.pid}-abc"

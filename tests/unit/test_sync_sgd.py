@@ -1,5 +1,6 @@
 """SyncSGD: bucketing, exact averaging with unequal slices, and equivalence with 1 worker (ranks as
 threads). The same equivalence across launched processes: tests/integration/test_sync_sgd_procs.py."""
+
 import pytest
 import torch
 
@@ -69,6 +70,7 @@ def test_unused_parameter_on_some_ranks_is_averaged_not_hung():
         out.sum().backward()
         sync.synchronize()
         return [p.grad.clone() for p in model.parameters()]
+
     g0, g1 = run_threads(2, body)
     for x, y in zip(g0, g1):
         assert torch.equal(x, y)
@@ -86,6 +88,7 @@ def test_piecewise_use_with_no_sync_accumulation():
         model(x).sum().backward()  # a plain backward starts an equal-share step
         sync.synchronize()
         return model.weight.grad.clone()
+
     g0, g1 = run_threads(2, body)
     assert torch.equal(g0, g1)
     # mean over ranks of 2 micro-batches x 2 rows x value (1 or 2) = 2*2*1.5
@@ -120,8 +123,14 @@ def test_the_last_bucket_carries_every_workers_control_row_exactly():
     clock = 1795538915.2211607
 
     def row_of(rank, width):  # a clock, a 52-bit fingerprint, nan, inf and fractions
-        values = [clock + rank / 3, float(2**52 - 1 - rank), float("nan") if rank else 1e-20, -2.5e7 / 7,
-                  float("inf"), 0.1]
+        values = [
+            clock + rank / 3,
+            float(2**52 - 1 - rank),
+            float("nan") if rank else 1e-20,
+            -2.5e7 / 7,
+            float("inf"),
+            0.1,
+        ]
         return (values * 2)[:width]
 
     def body(peer):
@@ -133,12 +142,12 @@ def test_the_last_bucket_carries_every_workers_control_row_exactly():
         reference = taiji.SyncSGD(bucket_mb=1e-4, first_bucket_mb=1e-4).attach(plain, peer.comm)
         x = torch.randn(3, 8, generator=torch.Generator().manual_seed(peer.rank))
         out, shares = [], []
-        for width in (6, 11, 6):   # a different width re-sizes the carrying tail, keeping the grads
+        for width in (6, 11, 6):  # a different width re-sizes the carrying tail, keeping the grads
             for strategy, net in ((sync, model), (reference, plain)):
                 net.zero_grad(set_to_none=True)
                 strategy.begin_step(0.5, measure_norms=True)
                 carrying = strategy is sync and strategy.carry(width, lambda: row_of(peer.rank, width))
-                net(x * width).square().sum().backward()   # other gradients each time
+                net(x * width).square().sum().backward()  # other gradients each time
                 strategy.synchronize()
                 if strategy is sync:
                     assert carrying and sync.num_buckets > 1
@@ -157,7 +166,7 @@ def test_the_last_bucket_carries_every_workers_control_row_exactly():
     for rows_by_step, _ in results:
         for rows, width in zip(rows_by_step, (6, 11, 6)):
             expected = [row_of(rank, width) for rank in range(2)]
-            for got, want in zip(rows, expected):   # every bit, through three float32 pieces
+            for got, want in zip(rows, expected):  # every bit, through three float32 pieces
                 assert [x for x in got if x == x] == [x for x in want if x == x]
                 assert [i for i, x in enumerate(got) if x != x] == [i for i, x in enumerate(want) if x != x]
 
@@ -168,9 +177,10 @@ def test_no_carry_where_the_bucket_cannot_hold_a_row_exactly():
         sync = taiji.SyncSGD().attach(model, peer.comm)
         sync.begin_step(0.5)
         return sync.carry(13, lambda: [0.0] * 13)
+
     assert run_threads(2, body) == [False, False]
     solo = taiji.SyncSGD().attach(torch.nn.Linear(4, 2), Peer.solo().comm)
     solo.begin_step(1.0)
-    assert solo.carry(13, lambda: [0.0] * 13) is False   # one worker: nothing to gather
+    assert solo.carry(13, lambda: [0.0] * 13) is False  # one worker: nothing to gather
     with pytest.raises(TaijiError, match="carried"):
         solo.carried()

@@ -2,6 +2,7 @@
 against a real TCPStore with ranks on two loopback "hosts" (127.0.0.1 and 127.0.0.2): the same
 sum as a reference, the same bytes on every rank, async handles, a switch between plans, and a
 lost peer surfacing as a CommError."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,13 @@ def _on_ranks(hosts: list[str], topology: str, body, timeout: float = 10.0) -> l
     errors: list[BaseException] = []
 
     def run(rank: int) -> None:
-        comm = Communicator(connect_store("127.0.0.1", server.port), rank, len(hosts), 1,
-                            CommOptions(timeout=timeout, host=hosts[rank], hosts=tuple(hosts), topology=topology))
+        comm = Communicator(
+            connect_store("127.0.0.1", server.port),
+            rank,
+            len(hosts),
+            1,
+            CommOptions(timeout=timeout, host=hosts[rank], hosts=tuple(hosts), topology=topology),
+        )
         try:
             results[rank] = body(comm)
         except BaseException as exc:  # reported below
@@ -68,12 +74,17 @@ def _inputs(rank: int, numel: int = 1000) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
-@pytest.mark.parametrize("hosts", [[A, A, B, B], [A, B, A, B, C], [A, A, A]], ids=["2x2", "interleaved", "one-host"])
+@pytest.mark.parametrize(
+    "hosts", [[A, A, B, B], [A, B, A, B, C], [A, A, A]], ids=["2x2", "interleaved", "one-host"]
+)
 def test_every_plan_sums_exactly_and_every_rank_ends_with_the_same_bytes(topology, hosts, monkeypatch):
     from taiji.comm import topology as plans
+
     calls: list[int] = []
     plan = plans.PLANS[topology]
-    monkeypatch.setitem(plans.PLANS, topology, lambda tensor, groups: (calls.append(groups.rank), plan(tensor, groups)))
+    monkeypatch.setitem(
+        plans.PLANS, topology, lambda tensor, groups: (calls.append(groups.rank), plan(tensor, groups))
+    )
     monkeypatch.setattr(plans, "CHUNK_ELEMENTS", 96)  # star and tree: 11 pieces, the last one short
     reference = torch.stack([_inputs(r).double() for r in range(len(hosts))]).sum(0)
 
@@ -85,7 +96,9 @@ def test_every_plan_sums_exactly_and_every_rank_ends_with_the_same_bytes(topolog
 
     results = _on_ranks(hosts, topology, body)
     for rank_results in results:
-        for got, expected in zip(rank_results, (reference, reference / len(hosts), 2 * reference / len(hosts))):
+        for got, expected in zip(
+            rank_results, (reference, reference / len(hosts), 2 * reference / len(hosts))
+        ):
             assert torch.allclose(got.double(), expected, atol=1e-5), topology
     for i in range(3):  # bitwise identical replicas
         assert all(torch.equal(r[i], results[0][i]) for r in results), f"{topology}: ranks differ"
@@ -128,7 +141,9 @@ def test_hierarchical_needs_every_ranks_host():
         return True
 
     server = host_store()
-    comm = Communicator(connect_store("127.0.0.1", server.port), 0, 2, 1, CommOptions(topology="hierarchical"))
+    comm = Communicator(
+        connect_store("127.0.0.1", server.port), 0, 2, 1, CommOptions(topology="hierarchical")
+    )
     assert body(comm)
     comm.close()
 
@@ -138,8 +153,20 @@ def test_a_job_trains_and_grows_under_a_chosen_topology_with_identical_replicas(
     """`taiji run --topology`: every worker, the joiner too, allreduces gradients with the plan;
     exactly-once data and bitwise-identical replicas hold through a grow (DESIGN §6)."""
     from taiji_harness.testing import check_invariants, run_elastic
-    done = run_elastic(tmp_path, 2, "--steps", "120", "--sizes", "3", "--every", "10", "--step-delay", "0.1",
-                       launcher_args=["--topology", topology, "--max-np", "3"])
+
+    done = run_elastic(
+        tmp_path,
+        2,
+        "--steps",
+        "120",
+        "--sizes",
+        "3",
+        "--every",
+        "10",
+        "--step-delay",
+        "0.1",
+        launcher_args=["--topology", topology, "--max-np", "3"],
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert check_invariants(tmp_path, 16)["sizes"] == [2, 3]
 
@@ -147,19 +174,28 @@ def test_a_job_trains_and_grows_under_a_chosen_topology_with_identical_replicas(
 def test_the_launchers_topology_reaches_every_worker(monkeypatch):
     from taiji.launch.worker_env import WorkerSettings, worker_env
     from taiji.runtime.peer import PeerOptions
+
     settings = WorkerSettings("j", "127.0.0.1", 1, ("python",), topology="star")
     environ = worker_env(settings, b"s" * 32, "w0", 0, 1, host="127.0.0.1", local_rank=0, local_size=1)
     assert environ["TAIJI_TOPOLOGY"] == "star"
     monkeypatch.setenv("TAIJI_TOPOLOGY", "star")
     assert PeerOptions.from_env().topology == "star"
     from taiji.launch.cli import build_parser, parse_run
+
     with pytest.raises(ConfigError, match="unknown topology 'mesh'"):
-        parse_run(build_parser().parse_args(["run", "-np", "1", "--topology", "mesh", "python", "-c", "pass"]))
+        parse_run(
+            build_parser().parse_args(["run", "-np", "1", "--topology", "mesh", "python", "-c", "pass"])
+        )
 
 
 def test_which_plans_are_gloos_ring_as_they_stand():
     from taiji.comm.topology import runs_as_ring
-    assert runs_as_ring("ring", [A, B]) and runs_as_ring("hierarchical", [A, A, A]) and runs_as_ring("hierarchical", [A, B])
+
+    assert (
+        runs_as_ring("ring", [A, B])
+        and runs_as_ring("hierarchical", [A, A, A])
+        and runs_as_ring("hierarchical", [A, B])
+    )
     assert not runs_as_ring("hierarchical", [A, A, B]) and not runs_as_ring("tree", [A, A])
 
 
@@ -168,8 +204,22 @@ def test_set_topology_switches_every_worker_at_a_step_boundary_and_a_joiner_adop
     (the joiner syncs the plan in use): exactly-once data, bitwise-identical replicas, and the
     trajectory of a 1-worker run with the same policy (DESIGN §6)."""
     from taiji_harness.testing import check_invariants, run_elastic
-    done = run_elastic(tmp_path, 2, "--steps", "120", "--sizes", "3", "--every", "12", "--step-delay", "0.1",
-                       "--policy", "topology", launcher_args=["--max-np", "3"])
+
+    done = run_elastic(
+        tmp_path,
+        2,
+        "--steps",
+        "120",
+        "--sizes",
+        "3",
+        "--every",
+        "12",
+        "--step-delay",
+        "0.1",
+        "--policy",
+        "topology",
+        launcher_args=["--max-np", "3"],
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert check_invariants(tmp_path, 16, "topology")["sizes"] == [2, 3]
     events = (tmp_path / "run" / "events.jsonl").read_text()
@@ -183,8 +233,20 @@ def test_set_topology_switches_every_worker_at_a_step_boundary_and_a_joiner_adop
 def test_set_topology_is_validated_like_every_decision():
     from taiji.policies import Context, SetTopology
     from taiji.policies.runner import validate
-    ctx = Context(step=0, epoch=0, cursor=0, num_samples=10, size=2, version=1, batch_size=4, lr=0.1,
-                  strategy="sync_sgd", time=0.0, topology="ring")
+
+    ctx = Context(
+        step=0,
+        epoch=0,
+        cursor=0,
+        num_samples=10,
+        size=2,
+        version=1,
+        batch_size=4,
+        lr=0.1,
+        strategy="sync_sgd",
+        time=0.0,
+        topology="ring",
+    )
     assert validate(ctx, SetTopology("tree")) == (SetTopology("tree"), None)
     assert validate(ctx, SetTopology("ring")) == (None, None)  # already so: nothing to do
     decision, note = validate(ctx, SetTopology("mesh"))
@@ -194,15 +256,30 @@ def test_set_topology_is_validated_like_every_decision():
 def test_adaptive_topology_tries_each_plan_keeps_the_fastest_and_retries_when_the_cluster_changes():
     from taiji.policies import AdaptiveTopology, Context, Metrics
     from taiji.policies.runner import run_hooks
+
     cost = {"ring": 0.30, "hierarchical": 0.20, "tree": 0.80}
     policy = AdaptiveTopology(("ring", "hierarchical", "tree"), trial_steps=3, settle=1)
     topology, size, chosen = "ring", 4, []
     for step in range(60):
         if step == 30:
-            size, cost = 6, {"ring": 0.25, "hierarchical": 0.40, "tree": 0.90}  # a host joined: now the ring wins
-        ctx = Context(step=step, epoch=0, cursor=0, num_samples=1000, size=size, version=1, batch_size=8, lr=0.1,
-                      strategy="sync_sgd", time=0.0, topology=topology,
-                      metrics=Metrics(step_seconds=cost[topology]))
+            size, cost = (
+                6,
+                {"ring": 0.25, "hierarchical": 0.40, "tree": 0.90},
+            )  # a host joined: now the ring wins
+        ctx = Context(
+            step=step,
+            epoch=0,
+            cursor=0,
+            num_samples=1000,
+            size=size,
+            version=1,
+            batch_size=8,
+            lr=0.1,
+            strategy="sync_sgd",
+            time=0.0,
+            topology=topology,
+            metrics=Metrics(step_seconds=cost[topology]),
+        )
         _, plan = run_hooks([policy], ["after_step"], ctx)
         if plan.topology is not None:
             topology = plan.topology
@@ -219,15 +296,29 @@ def test_adaptive_topology_compares_the_allreduce_waits_when_the_workers_report_
     back is what a figure measures. Step times that say otherwise (compute noise) are ignored."""
     from taiji.policies import AdaptiveTopology, Context, Metrics
     from taiji.policies.runner import run_hooks
+
     wait = {"ring": 0.10, "hierarchical": 0.05, "tree": 0.30}
     policy = AdaptiveTopology(("ring", "hierarchical", "tree"), trial_steps=3, settle=1)
     history, chosen = ["ring"], []
     for step in range(20):
         previous = history[-2] if len(history) > 1 else history[-1]  # the plan of the step reported late
-        ctx = Context(step=step, epoch=0, cursor=0, num_samples=1000, size=4, version=1, batch_size=8, lr=0.1,
-                      strategy="sync_sgd", time=0.0, topology=history[-1],
-                      metrics=Metrics(step_seconds=1.0 if history[-1] == "hierarchical" else 0.5,
-                                      allreduce_seconds=None if step == 0 else wait[previous]))
+        ctx = Context(
+            step=step,
+            epoch=0,
+            cursor=0,
+            num_samples=1000,
+            size=4,
+            version=1,
+            batch_size=8,
+            lr=0.1,
+            strategy="sync_sgd",
+            time=0.0,
+            topology=history[-1],
+            metrics=Metrics(
+                step_seconds=1.0 if history[-1] == "hierarchical" else 0.5,
+                allreduce_seconds=None if step == 0 else wait[previous],
+            ),
+        )
         _, plan = run_hooks([policy], ["after_step"], ctx)
         history.append(plan.topology or history[-1])
         if plan.topology is not None:
@@ -256,8 +347,13 @@ def test_job_topology_argument_reaches_every_workers_communicator():
     (t0, p0), (t1, p1) = run_threads(2, body)
     assert t0 == t1 == "tree" and all(torch.equal(a, b) for a, b in zip(p0, p1))
     with pytest.raises(ConfigError, match="unknown topology"):
-        taiji.Job(torch.nn.Linear(1, 1), torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1),
-                  torch.utils.data.TensorDataset(torch.randn(4, 1)), 2, topology="mesh")
+        taiji.Job(
+            torch.nn.Linear(1, 1),
+            torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1),
+            torch.utils.data.TensorDataset(torch.randn(4, 1)),
+            2,
+            topology="mesh",
+        )
 
 
 def test_adaptive_topology_starts_its_trials_over_when_the_allreduce_waits_arrive_late():
@@ -265,15 +361,30 @@ def test_adaptive_topology_starts_its_trials_over_when_the_allreduce_waits_arriv
     figure that never comes: the first wait restarts them on waits."""
     from taiji.policies import AdaptiveTopology, Context, Metrics
     from taiji.policies.runner import run_hooks
+
     policy = AdaptiveTopology(("ring", "tree"), trial_steps=2, settle=0)
     topology, decisions = "ring", []
     for step in range(30):
         wait = None if step < 3 else {"ring": 0.2, "tree": 0.1}[topology]
-        ctx = Context(step=step, epoch=0, cursor=0, num_samples=1000, size=2, version=1, batch_size=8, lr=0.1,
-                      strategy="sync_sgd", time=0.0, topology=topology,
-                      metrics=Metrics(step_seconds=0.5, allreduce_seconds=wait))
+        ctx = Context(
+            step=step,
+            epoch=0,
+            cursor=0,
+            num_samples=1000,
+            size=2,
+            version=1,
+            batch_size=8,
+            lr=0.1,
+            strategy="sync_sgd",
+            time=0.0,
+            topology=topology,
+            metrics=Metrics(step_seconds=0.5, allreduce_seconds=wait),
+        )
         _, plan = run_hooks([policy], ["after_step"], ctx)
         if plan.topology is not None:
             topology = plan.topology
             decisions.append((step, topology))
-    assert policy.measure == "allreduce" and policy.chosen == "tree" and topology == "tree", (policy.medians, decisions)
+    assert policy.measure == "allreduce" and policy.chosen == "tree" and topology == "tree", (
+        policy.medians,
+        decisions,
+    )

@@ -4,6 +4,7 @@ The rule reads only values every worker agrees on (the committed step and rank 0
 carried by the step's control message), so every worker reaches the same answer at the same
 step boundary without a message of its own.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,10 @@ def parse_every(text: str | int | float) -> tuple[float | None, int | None]:
         return text, None
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
     if match is None:
-        raise ConfigError(f"cannot read the checkpoint interval {text!r}: give a duration (90s, 10m, 2h) "
-                          "or a number of steps (500)")
+        raise ConfigError(
+            f"cannot read the checkpoint interval {text!r}: give a duration (90s, 10m, 2h) "
+            "or a number of steps (500)"
+        )
     value, unit = match.groups()
     if not unit:
         if "." in value:
@@ -48,6 +51,7 @@ class Checkpoint:
     False stages everything at the step boundary: for code that changes parameters or optimizer
     state in place other than through the optimizer (or a taiji sync) between steps.
     """
+
     path: str = ""
     every: str | int | float | None = None
     steps: int | None = None
@@ -67,7 +71,9 @@ class Checkpoint:
         if (seconds is not None and seconds <= 0) or (steps is not None and steps < 1):
             raise ConfigError(f"the checkpoint interval must be positive, got {self.every!r}")
         if not self.path and self.resume in (None, "auto"):
-            raise ConfigError("Checkpoint needs a path (a directory or an fsspec URL such as s3://bucket/run)")
+            raise ConfigError(
+                "Checkpoint needs a path (a directory or an fsspec URL such as s3://bucket/run)"
+            )
 
     @property
     def interval(self) -> tuple[float | None, int | None]:
@@ -90,7 +96,9 @@ class Checkpoint:
         return Checkpoint(path, every=every or None, resume=resume or None)
 
 
-def due(step: int, clock: float, last_step: int, last_clock: float, interval: tuple[float | None, int | None]) -> bool:
+def due(
+    step: int, clock: float, last_step: int, last_clock: float, interval: tuple[float | None, int | None]
+) -> bool:
     """Is a checkpoint due after committed ``step``, at agreed ``clock``, the last one having been
     taken at ``last_step``/``last_clock``? Pure: every worker evaluates it on agreed values."""
     seconds, steps = interval

@@ -14,6 +14,7 @@ worker (``assign``): each writes about 1/n of the state. A part's ``index.json``
 take each tensor from DCP's data files without importing DCP (seconds of a booting worker's CPU);
 a part without one (written before it, or by a writer that died between the two) is read by DCP.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,17 +23,18 @@ from typing import Iterable, Mapping, Sequence, TypeVar
 
 from ..errors import ConfigError
 
-FORMAT = 1                      # the manifest's format version; a newer one is refused
+FORMAT = 1  # the manifest's format version; a newer one is refused
 MANIFEST = "manifest.json"
-PART_DONE = ".metadata"         # DCP's metadata file, written last
+PART_DONE = ".metadata"  # DCP's metadata file, written last
 DIGEST = "digest.json"
-INDEX = "index.json"            # key -> [DCP data file, offset, length]
+INDEX = "index.json"  # key -> [DCP data file, offset, length]
 _NAME = re.compile(r"step-(\d{8,})")
 T = TypeVar("T")
 
 
 def taiji_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("taiji")
     except PackageNotFoundError:
@@ -62,15 +64,16 @@ class TensorInfo:
 @dataclass(frozen=True)
 class Manifest:
     """What a checkpoint holds, readable without torch."""
+
     format: int
     taiji_version: str
     step: int
-    size: int                                  # workers when it was written
-    time: float                                # rank 0's clock
-    parts: int                                 # writers (part-0 .. part-{parts-1})
-    model: dict[str, TensorInfo]               # the model's state_dict: name -> shape, dtype
-    owners: dict[str, int]                     # every tensor key -> the part holding it
-    state: object = None                       # the TrainState's image (JSON, tensor placeholders)
+    size: int  # workers when it was written
+    time: float  # rank 0's clock
+    parts: int  # writers (part-0 .. part-{parts-1})
+    model: dict[str, TensorInfo]  # the model's state_dict: name -> shape, dtype
+    owners: dict[str, int]  # every tensor key -> the part holding it
+    state: object = None  # the TrainState's image (JSON, tensor placeholders)
     strategy: str = ""
     extra: dict = field(default_factory=dict)  # the job's bounds and anything informative
 
@@ -83,15 +86,26 @@ class Manifest:
     def from_json(data: Mapping) -> "Manifest":
         fmt = int(data.get("format", -1))
         if fmt > FORMAT:
-            raise ConfigError(f"this checkpoint has format {fmt}, newer than this taiji reads ({FORMAT}); "
-                              f"upgrade taiji (it was written by taiji {data.get('taiji_version', '?')})")
+            raise ConfigError(
+                f"this checkpoint has format {fmt}, newer than this taiji reads ({FORMAT}); "
+                f"upgrade taiji (it was written by taiji {data.get('taiji_version', '?')})"
+            )
         if fmt < 1:
             raise ConfigError("this is not a taiji checkpoint manifest (no format version)")
         model = {k: TensorInfo(tuple(v["shape"]), v["dtype"]) for k, v in data["model"].items()}
-        return Manifest(format=fmt, taiji_version=str(data["taiji_version"]), step=int(data["step"]),
-                        size=int(data["size"]), time=float(data["time"]), parts=int(data["parts"]), model=model,
-                        owners={k: int(v) for k, v in data["owners"].items()}, state=data.get("state"),
-                        strategy=str(data.get("strategy", "")), extra=dict(data.get("extra", {})))
+        return Manifest(
+            format=fmt,
+            taiji_version=str(data["taiji_version"]),
+            step=int(data["step"]),
+            size=int(data["size"]),
+            time=float(data["time"]),
+            parts=int(data["parts"]),
+            model=model,
+            owners={k: int(v) for k, v in data["owners"].items()},
+            state=data.get("state"),
+            strategy=str(data.get("strategy", "")),
+            extra=dict(data.get("extra", {})),
+        )
 
 
 def tensor_keys(model: Mapping[str, T], state: Sequence[T]) -> dict[str, T]:
@@ -137,6 +151,7 @@ def model_differences(saved: Mapping[str, TensorInfo], current: Mapping[str, Ten
 @dataclass(frozen=True)
 class Listing:
     """What a checkpoint root holds: each checkpoint's step and whether it is complete."""
+
     complete: tuple[int, ...]
     incomplete: tuple[int, ...]
 

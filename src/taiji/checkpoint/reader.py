@@ -2,6 +2,7 @@
 model (``load_checkpoint``), or into one ``torch.save`` file (``export``).
 
 Every refusal says which checkpoint, what is wrong and what to do; nothing is written."""
+
 from __future__ import annotations
 
 import io
@@ -12,8 +13,17 @@ import torch
 
 from ..comm.transfer import decode, tensor_specs
 from ..errors import CheckpointError
-from .layout import (DIGEST, INDEX, RNG_PREFIX, Manifest, TensorInfo, checkpoint_name, model_differences, part_name,
-                     tensor_keys)
+from .layout import (
+    DIGEST,
+    INDEX,
+    RNG_PREFIX,
+    Manifest,
+    TensorInfo,
+    checkpoint_name,
+    model_differences,
+    part_name,
+    tensor_keys,
+)
 from .locate import Found, find
 from .storage import Storage
 from .writer import part_digest
@@ -22,16 +32,22 @@ log = logging.getLogger(__name__)
 
 
 def model_info(model: torch.nn.Module) -> dict[str, TensorInfo]:
-    return {k: TensorInfo(tuple(v.shape), str(v.dtype).removeprefix("torch."))
-            for k, v in model.state_dict().items()}
+    return {
+        k: TensorInfo(tuple(v.shape), str(v.dtype).removeprefix("torch."))
+        for k, v in model.state_dict().items()
+    }
 
 
 def check_model(found: Found, model: torch.nn.Module) -> None:
     diffs = model_differences(found.manifest.model, model_info(model))
     if diffs:
         more = f" (and {len(diffs) - 10} more)" if len(diffs) > 10 else ""
-        raise CheckpointError(f"{found.url} holds another model: " + "; ".join(diffs[:10]) + more +
-                              "; load it into the model it was written from")
+        raise CheckpointError(
+            f"{found.url} holds another model: "
+            + "; ".join(diffs[:10])
+            + more
+            + "; load it into the model it was written from"
+        )
 
 
 def _load_part(found: Found, part: int, targets: dict[str, torch.Tensor]) -> None:
@@ -46,11 +62,15 @@ def _load_part(found: Found, part: int, targets: dict[str, torch.Tensor]) -> Non
             else:
                 _read_dcp(found.storage, rel, targets)
     except Exception as exc:  # noqa: BLE001 - many kinds for a damaged file
-        raise CheckpointError(f"{where} cannot be read ({type(exc).__name__}: {_first_line(exc)}): the "
-                              "checkpoint is damaged; resume from an earlier one (a step-NNNNNNNN beside it)") from None
+        raise CheckpointError(
+            f"{where} cannot be read ({type(exc).__name__}: {_first_line(exc)}): the "
+            "checkpoint is damaged; resume from an earlier one (a step-NNNNNNNN beside it)"
+        ) from None
     if part_digest(targets) != expected:
-        raise CheckpointError(f"{where} is damaged (its tensors do not match the digest written with them); "
-                              "resume from an earlier checkpoint (a step-NNNNNNNN beside it)")
+        raise CheckpointError(
+            f"{where} is damaged (its tensors do not match the digest written with them); "
+            "resume from an earlier checkpoint (a step-NNNNNNNN beside it)"
+        )
 
 
 def _index(storage: Storage, rel: str) -> dict[str, list] | None:
@@ -60,7 +80,9 @@ def _index(storage: Storage, rel: str) -> dict[str, list] | None:
         return None  # written before indexes, or its writer died after DCP's metadata
 
 
-def _read_indexed(storage: Storage, rel: str, index: dict[str, list], targets: dict[str, torch.Tensor]) -> None:
+def _read_indexed(
+    storage: Storage, rel: str, index: dict[str, list], targets: dict[str, torch.Tensor]
+) -> None:
     """Each tensor's ``torch.save`` record straight from DCP's data files (what DCP's reader
     does, without importing DCP)."""
     by_file: dict[str, list[str]] = {}
@@ -71,14 +93,21 @@ def _read_indexed(storage: Storage, rel: str, index: dict[str, list], targets: d
         for key, record in zip(keys, records):
             tensor = torch.load(io.BytesIO(record), map_location="cpu", weights_only=True)
             target = targets[key]
-            if not isinstance(tensor, torch.Tensor) or tensor.shape != target.shape or tensor.dtype != target.dtype:
-                raise ValueError(f"{key} in {file} is not a {target.dtype} tensor of shape {list(target.shape)}")
+            if (
+                not isinstance(tensor, torch.Tensor)
+                or tensor.shape != target.shape
+                or tensor.dtype != target.dtype
+            ):
+                raise ValueError(
+                    f"{key} in {file} is not a {target.dtype} tensor of shape {list(target.shape)}"
+                )
             target.copy_(tensor)
 
 
 def _read_dcp(storage: Storage, rel: str, targets: dict[str, torch.Tensor]) -> None:
     import torch.distributed.checkpoint as dcp  # imported when used: it costs a worker ~1 s to boot
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
     try:
         dcp.load(targets, storage_reader=storage.dcp_reader(rel), no_dist=True)
     except CheckpointException as exc:
@@ -131,8 +160,12 @@ def load_checkpoint(path: str, model: torch.nn.Module) -> dict[str, Any]:
     found = find(path)
     assert found is not None
     state = load_into(found, model)
-    return {"step": found.step, "optimizer": state.get("optimizer"), "state": state,
-            "manifest": found.manifest}
+    return {
+        "step": found.step,
+        "optimizer": state.get("optimizer"),
+        "state": state,
+        "manifest": found.manifest,
+    }
 
 
 def export(path: str, out: str) -> Found:
@@ -141,13 +174,22 @@ def export(path: str, out: str) -> Found:
     found = find(path)
     assert found is not None
     manifest = found.manifest
-    model = {k: torch.empty(info.shape, dtype=getattr(torch, info.dtype)) for k, info in manifest.model.items()}
+    model = {
+        k: torch.empty(info.shape, dtype=getattr(torch, info.dtype)) for k, info in manifest.model.items()
+    }
     state = _state_targets(manifest)
     load_tensors(found, {**tensor_keys(model, state), **_rng_targets(manifest)})
     train_state = decode(manifest.state, state)
     info = manifest.to_json()
     info.pop("state", None)
     info.pop("owners", None)
-    torch.save({"model": model, "optimizer": train_state.pop("optimizer", None), "train_state": train_state,
-                "manifest": info}, out)
+    torch.save(
+        {
+            "model": model,
+            "optimizer": train_state.pop("optimizer", None),
+            "train_state": train_state,
+            "manifest": info,
+        },
+        out,
+    )
     return found

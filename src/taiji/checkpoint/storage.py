@@ -1,6 +1,7 @@
 """A checkpoint root's file operations, through fsspec (local paths and URLs alike), and the DCP
 storage writers and readers for its parts (DCP's own file-system writer for local paths, its
 fsspec writer for URLs)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,9 @@ from .layout import MANIFEST, PART_DONE, Listing, checkpoint_name, part_name, st
 
 log = logging.getLogger(__name__)
 # each part is a one-process DCP checkpoint by design (the workers never use DCP's collectives)
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
-                        category=UserWarning)
+warnings.filterwarnings(
+    "ignore", message="torch.distributed is disabled, unavailable or uninitialized", category=UserWarning
+)
 
 
 def is_url(path: str) -> bool:
@@ -28,6 +30,7 @@ class Storage:
 
     def __init__(self, root: str):
         import fsspec  # a dependency of torch
+
         if not root:
             raise ConfigError("a checkpoint root needs a path")
         self.url = root.rstrip("/") or root
@@ -50,8 +53,10 @@ class Storage:
             self.fs.pipe_file(probe, b"ok")
             self.fs.rm_file(probe)
         except (OSError, PermissionError, ValueError) as exc:
-            raise ConfigError(f"cannot write checkpoints to {self.url}: {exc}; give a writable directory "
-                              "(or URL) to taiji.Checkpoint / --checkpoint-dir") from None
+            raise ConfigError(
+                f"cannot write checkpoints to {self.url}: {exc}; give a writable directory "
+                "(or URL) to taiji.Checkpoint / --checkpoint-dir"
+            ) from None
 
     def write_json(self, rel: str, data: Any) -> None:
         """Write ``rel`` atomically: a temporary file, flushed (fsync'd on local disk), renamed."""
@@ -81,7 +86,9 @@ class Storage:
                 f.seek(offset)
                 data = f.read(length)
                 if len(data) != length:
-                    raise ValueError(f"{rel} ends at byte {offset + len(data)}, before {offset + length}: truncated")
+                    raise ValueError(
+                        f"{rel} ends at byte {offset + len(data)}, before {offset + length}: truncated"
+                    )
                 out.append(data)
         return out
 
@@ -119,14 +126,18 @@ class Storage:
 
     def dcp_writer(self, rel: str):  # noqa: ANN201 - a DCP StorageWriter
         from torch.distributed.checkpoint import FileSystemWriter
+
         if self.remote:
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # DCP's fsspec writer
+
             return FsspecWriter(self.url_of(rel), sync_files=False)
         return FileSystemWriter(self.path(rel), sync_files=True)
 
     def dcp_reader(self, rel: str):  # noqa: ANN201 - a DCP StorageReader
         from torch.distributed.checkpoint import FileSystemReader
+
         if self.remote:
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
             return FsspecReader(self.url_of(rel))
         return FileSystemReader(self.path(rel))

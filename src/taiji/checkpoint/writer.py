@@ -6,6 +6,7 @@ Staging is the step loop's only stall, and most of it can leave the loop too: te
 unchanged until a known point (parameters and optimizer state change only at the next optimizer
 update) are handed over as ``later`` and staged by the writer thread while the next step's forward
 and backward run; ``settle()`` (called before that update) waits for them."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,15 +28,17 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SaveRecord:
     """What one save cost this worker."""
+
     step: int
-    stall_seconds: float       # blocking in the step loop: staging, waiting for the previous write, and
+    stall_seconds: float  # blocking in the step loop: staging, waiting for the previous write, and
     #                            waiting for overlapped staging before the next update (``settle``)
-    staged_bytes: int          # host memory the staging copy holds until written
+    staged_bytes: int  # host memory the staging copy holds until written
     overlapped_bytes: int = 0  # of which staged by the writer thread, overlapping the next step
 
 
-def stage(tensors: Mapping[str, torch.Tensor],
-          buffers: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def stage(
+    tensors: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """A host-memory copy of ``tensors`` that training may overwrite freely afterwards, into
     ``buffers`` (the previous save's copy, written already) where shapes and dtypes match: memory
     touched before costs no page faults."""
@@ -59,13 +62,16 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", copy=True)
 
 
-def until_update(tensors: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer
-                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def until_update(
+    tensors: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Split ``tensors`` into (the rest, those only ``optimizer``'s update changes: the parameters
     it updates and its state). The second may be staged as ``later``, before that update; buffers
     are in the first (a forward changes them)."""
     changing = [p for group in optimizer.param_groups for p in group["params"]]
-    changing += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    changing += [
+        v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+    ]
     addresses = {t.data_ptr() for t in changing if t.numel() > 0}
     later = {k: t for k, t in tensors.items() if t.numel() > 0 and t.data_ptr() in addresses}
     return {k: t for k, t in tensors.items() if k not in later}, later
@@ -82,10 +88,12 @@ def part_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     return f"crc32:{crc:08x}"
 
 
-def write_part(storage: Storage, step: int, part: int, staged: Mapping[str, torch.Tensor],
-               manifest: Manifest | None) -> None:
+def write_part(
+    storage: Storage, step: int, part: int, staged: Mapping[str, torch.Tensor], manifest: Manifest | None
+) -> None:
     """Write one part (and the manifest, for the part that carries it); DCP's metadata last."""
     import torch.distributed.checkpoint as dcp
+
     name = checkpoint_name(step)
     if manifest is not None:
         storage.write_json(f"{name}/{MANIFEST}", manifest.to_json())
@@ -119,9 +127,11 @@ def index_of(metadata) -> dict[str, list]:  # noqa: ANN001 - DCP's Metadata
     seen: dict[str, int] = {}
     for index in metadata.storage_data:
         seen[index.fqn] = seen.get(index.fqn, 0) + 1
-    return {index.fqn: [info.relative_path, info.offset, info.length]
-            for index, info in metadata.storage_data.items()
-            if seen[index.fqn] == 1 and not info.transform_descriptors}
+    return {
+        index.fqn: [info.relative_path, info.offset, info.length]
+        for index, info in metadata.storage_data.items()
+        if seen[index.fqn] == 1 and not info.transform_descriptors
+    }
 
 
 @dataclass(frozen=True)
@@ -129,8 +139,8 @@ class _Job:
     step: int
     part: int
     staged: dict[str, torch.Tensor]
-    later: dict[str, torch.Tensor]             # staged by the writer thread before it writes
-    buffers: dict[str, torch.Tensor]           # the previous save's copy, reused
+    later: dict[str, torch.Tensor]  # staged by the writer thread before it writes
+    buffers: dict[str, torch.Tensor]  # the previous save's copy, reused
     manifest: Manifest | None
 
 
@@ -157,15 +167,24 @@ class Writer:
     def busy(self) -> bool:
         return self._pending is not None
 
-    def save(self, step: int, part: int, tensors: Mapping[str, torch.Tensor], manifest: Manifest | None,
-             later: Mapping[str, torch.Tensor] | None = None) -> SaveRecord:
+    def save(
+        self,
+        step: int,
+        part: int,
+        tensors: Mapping[str, torch.Tensor],
+        manifest: Manifest | None,
+        later: Mapping[str, torch.Tensor] | None = None,
+    ) -> SaveRecord:
         """Stage ``tensors`` and write them in the background; returns once staged. ``later``:
         tensors the caller leaves unchanged until ``settle()`` returns (staged by the writer
         thread first). The record's stall excludes ``settle``'s wait: the caller adds it."""
         start = time.perf_counter()
         if self.busy:
-            log.warning("the checkpoint before step %d is still being written: waiting for it (checkpoint "
-                        "less often to avoid this stall)", step)
+            log.warning(
+                "the checkpoint before step %d is still being written: waiting for it (checkpoint "
+                "less often to avoid this stall)",
+                step,
+            )
         self.wait()
         buffers, self._buffers = self._buffers, {}
         staged = stage(tensors, buffers)
@@ -222,10 +241,15 @@ class Writer:
             write_part(self.storage, step, part, staged, job.manifest)
         except Exception as exc:  # noqa: BLE001 - a failed write must never stop training
             self.failures += 1
-            log.warning("checkpoint at step %d could not be written to %s (%s: %s); training goes on and "
-                        "the previous complete checkpoint stays the one to resume from", step,
-                        self.storage.url, type(exc).__name__, exc,
-                        exc_info=not isinstance(exc, OSError))  # not the storage's: where it came from
+            log.warning(
+                "checkpoint at step %d could not be written to %s (%s: %s); training goes on and "
+                "the previous complete checkpoint stays the one to resume from",
+                step,
+                self.storage.url,
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, OSError),
+            )  # not the storage's: where it came from
             self.storage.remove(f"{checkpoint_name(step)}/{part_name(part)}")  # free what it took
             return
         self.last_written = step

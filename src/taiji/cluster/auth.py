@@ -10,6 +10,7 @@ A sealed record is JSON ``{"record": {...}, "mac": hex}`` with the MAC over the 
 canonical JSON and the store key it is written under, so a record cannot be replayed under
 another key (a registration moved to another host's slot, a command to another agent).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,11 +51,15 @@ def parse_secret(text: str, source: str) -> bytes:
     try:
         secret = bytes.fromhex(raw)
     except ValueError:
-        raise ConfigError(f"{source} does not hold a taiji job secret (expected {2 * SECRET_BYTES} hex "
-                          "digits, as `taiji run` writes)") from None
+        raise ConfigError(
+            f"{source} does not hold a taiji job secret (expected {2 * SECRET_BYTES} hex "
+            "digits, as `taiji run` writes)"
+        ) from None
     if len(secret) != SECRET_BYTES:
-        raise ConfigError(f"{source} holds {len(secret)} bytes; a taiji job secret has {SECRET_BYTES} "
-                          "(copy the file `taiji run` printed, unchanged)")
+        raise ConfigError(
+            f"{source} holds {len(secret)} bytes; a taiji job secret has {SECRET_BYTES} "
+            "(copy the file `taiji run` printed, unchanged)"
+        )
     return secret
 
 
@@ -63,6 +68,7 @@ def read_secret_file(path: str, stdin=None) -> bytes:
     read is refused: the secret is the job's only credential."""
     if path == "-":
         import sys
+
         return parse_secret((stdin or sys.stdin).readline(), "standard input")
     file = Path(path)
     try:
@@ -71,17 +77,22 @@ def read_secret_file(path: str, stdin=None) -> bytes:
     except OSError as exc:
         raise ConfigError(f"cannot read the secret file {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"the secret file {path} is not a taiji job secret (it is not text); copy the "
-                          "file `taiji run` printed, unchanged") from None
+        raise ConfigError(
+            f"the secret file {path} is not a taiji job secret (it is not text); copy the "
+            "file `taiji run` printed, unchanged"
+        ) from None
     if mode & 0o077:
-        raise ConfigError(f"the secret file {path} is readable by other users (mode {mode & 0o777:o}); "
-                          f"run `chmod 600 {path}`")
+        raise ConfigError(
+            f"the secret file {path} is readable by other users (mode {mode & 0o777:o}); "
+            f"run `chmod 600 {path}`"
+        )
     return parse_secret(text, f"the secret file {path}")
 
 
 def secret_from_env() -> bytes | None:
     """The job secret the launcher or agent put in this worker's environment (None: not launched)."""
     from .. import env
+
     raw = env.SECRET.get()
     return parse_secret(raw, f"environment variable {env.SECRET.name}") if raw else None
 
@@ -107,8 +118,9 @@ class Signer:
 
     def seal(self, key: str, record: dict) -> bytes:
         body = _canonical(record)
-        return json.dumps({"record": record, "mac": self._mac(key, body)},
-                          sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps(
+            {"record": record, "mac": self._mac(key, body)}, sort_keys=True, separators=(",", ":")
+        ).encode()
 
     def open(self, key: str, raw: bytes | str) -> dict:
         """The record sealed under ``key``; AuthError if it was not sealed with this job's secret."""
@@ -117,8 +129,11 @@ class Signer:
             record, mac = sealed["record"], sealed["mac"]
         except (ValueError, KeyError, TypeError):
             raise AuthError(f"record {key} is not a signed taiji record") from None
-        if not isinstance(record, dict) or not isinstance(mac, str) or \
-                not hmac.compare_digest(mac, self._mac(key, _canonical(record))):
+        if (
+            not isinstance(record, dict)
+            or not isinstance(mac, str)
+            or not hmac.compare_digest(mac, self._mac(key, _canonical(record)))
+        ):
             raise AuthError(f"record {key} has a bad signature: it was not written with this job's secret")
         return record
 

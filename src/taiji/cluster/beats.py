@@ -2,6 +2,7 @@
 the directory its launcher or agent gave it (``TAIJI_BEAT_DIR``); that process reads the files
 (no store round trip per worker) and tells the controller about all of them at once, one record
 per host (launch/agent_channel.py). The job store's load then grows with hosts, not workers."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """What the launcher's driver feeds the membership controller (events) and what it carries out
 (actions): plain frozen data, shared by the controller and the driver (cluster/controller.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,11 +11,12 @@ from . import spec
 
 # -- events -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Proposal:
     size: int
     source: str = "user"
-    placement: tuple[tuple[str, int], ...] = ()   # (host address, workers) wanted there; () = any hosts
+    placement: tuple[tuple[str, int], ...] = ()  # (host address, workers) wanted there; () = any hosts
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class WorkerExited:
 @dataclass(frozen=True)
 class FailureReported:
     """A worker's collective failed in ``version`` as it tried step ``step``; it waits for a newer config."""
+
     id: str
     version: int
     step: int = -1
@@ -41,6 +44,7 @@ class FailureReported:
 class FatalReported:
     """A worker hit an error no peer can recover from (a policy raised, workers disagree on
     decisions): the whole job stops, with that worker's message as the root cause."""
+
     id: str
     message: str
 
@@ -53,6 +57,7 @@ class JobDone:
 @dataclass(frozen=True)
 class Beat:
     """The driver saw worker ``id``'s heartbeat counter move at time ``at``."""
+
     id: str
     at: float
 
@@ -60,6 +65,7 @@ class Beat:
 @dataclass(frozen=True)
 class HostJoined:
     """An agent on ``address`` offers ``slots`` worker slots (a verified registration)."""
+
     address: str
     slots: int
 
@@ -67,6 +73,7 @@ class HostJoined:
 @dataclass(frozen=True)
 class HostBeat:
     """The driver saw the agent of host ``address`` beat at time ``at``."""
+
     address: str
     at: float
 
@@ -74,6 +81,7 @@ class HostBeat:
 @dataclass(frozen=True)
 class HostLost:
     """The agent of host ``address`` left (or was declared gone): its workers are gone with it."""
+
     address: str
     reason: str
 
@@ -83,11 +91,23 @@ class Tick:
     pass
 
 
-Event = Union[Proposal, WorkerReady, WorkerExited, FailureReported, FatalReported, JobDone, Beat,
-              HostJoined, HostBeat, HostLost, Tick]
+Event = Union[
+    Proposal,
+    WorkerReady,
+    WorkerExited,
+    FailureReported,
+    FatalReported,
+    JobDone,
+    Beat,
+    HostJoined,
+    HostBeat,
+    HostLost,
+    Tick,
+]
 
 
 # -- actions ----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Spawn:
@@ -119,6 +139,7 @@ class Log:
 @dataclass(frozen=True)
 class RefuseHost:
     """Turn away the agent of host ``address`` (the job has as many hosts as it takes)."""
+
     address: str
     reason: str
 

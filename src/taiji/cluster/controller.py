@@ -39,20 +39,42 @@ Rules (DESIGN §3):
   — is lost (``HostLost`` does the same at once): all its members leave in one version, which
   counts as one failure.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
 
 from . import spec
 from .control_events import (  # noqa: F401 (re-exported: the controller's vocabulary)
-    Proposal, WorkerReady, WorkerExited, FailureReported, FatalReported, JobDone,
-    Beat, HostJoined, HostBeat, HostLost, Tick, Spawn,
-    Kill, Publish, Log, RefuseHost, Finish, Event, Action,
+    Proposal,
+    WorkerReady,
+    WorkerExited,
+    FailureReported,
+    FatalReported,
+    JobDone,
+    Beat,
+    HostJoined,
+    HostBeat,
+    HostLost,
+    Tick,
+    Spawn,
+    Kill,
+    Publish,
+    Log,
+    RefuseHost,
+    Finish,
+    Event,
+    Action,
 )
 
 
 from .control_state import (  # noqa: F401 (re-exported)
-    Bounds, Joiner, Host, ControllerState, initial_state, adopted_state,
+    Bounds,
+    Joiner,
+    Host,
+    ControllerState,
+    initial_state,
+    adopted_state,
 )
 
 
@@ -77,8 +99,9 @@ def decide(state: ControllerState, event: Event, now: float) -> Reaction:
         return _on_report(state, event, now)
     if isinstance(event, FatalReported):
         state = replace(state, first_failure=state.first_failure or (event.id, 1))
-        return _finish(state, [], f"worker {event.id} reported an error no worker can recover from: "
-                                  f"{event.message}")
+        return _finish(
+            state, [], f"worker {event.id} reported an error no worker can recover from: {event.message}"
+        )
     if isinstance(event, JobDone):
         state = replace(state, done=True)
         kills = [Kill(j.id, "the job is done") for j in state.joiners]
@@ -101,6 +124,7 @@ def decide(state: ControllerState, event: Event, now: float) -> Reaction:
 
 # -- handlers ---------------------------------------------------------------------------
 
+
 def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Reaction:
     b = state.bounds
     if state.done:
@@ -112,12 +136,16 @@ def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Reactio
     if event.placement:
         refused = _check_placement(state, event)
         if refused:
-            return state, [Log("error", f"resize to {event.size} placed {dict(event.placement)} refused: {refused}")]
+            return state, [
+                Log("error", f"resize to {event.size} placed {dict(event.placement)} refused: {refused}")
+            ]
     elif size > b.max_np:
         actions.append(Log("warning", f"resize to {size} clamped to --max-np {b.max_np}"))
         size = b.max_np
     where = f" placed {dict(event.placement)}" if event.placement else ""
-    actions.append(Log("info", f"resize requested by {event.source}: {state.config.size} -> {size} workers{where}"))
+    actions.append(
+        Log("info", f"resize requested by {event.source}: {state.config.size} -> {size} workers{where}")
+    )
     return _reconcile(replace(state, desired=size, placement=event.placement), now, actions)
 
 
@@ -141,8 +169,10 @@ def _check_placement(state: ControllerState, event: Proposal) -> str:
     more = [h for h in slots if wanted.get(h, 0) > state.used_slots(h)]
     fewer = [h for h in slots if wanted.get(h, 0) < state.used_slots(h)]
     if more and fewer:
-        return (f"it moves workers between hosts (more on {', '.join(more)}, fewer on {', '.join(fewer)}); "
-                f"ask for the shrink first, then the grow")
+        return (
+            f"it moves workers between hosts (more on {', '.join(more)}, fewer on {', '.join(fewer)}); "
+            f"ask for the shrink first, then the grow"
+        )
     return ""
 
 
@@ -166,7 +196,9 @@ def _leavers(state: ControllerState, count: int) -> list[str]:
     members = [w for w in state.config.workers if w.id in alive]
     leaving: list[str] = []
     if state.placement:
-        surplus = {h.address: state.used_slots(h.address) - (state.wanted_on(h.address) or 0) for h in state.hosts}
+        surplus = {
+            h.address: state.used_slots(h.address) - (state.wanted_on(h.address) or 0) for h in state.hosts
+        }
         for worker in reversed(members):
             if len(leaving) < count and surplus.get(worker.host, 0) > 0:
                 leaving.append(worker.id)
@@ -187,8 +219,9 @@ def _spawn(state: ControllerState, count: int, now: float) -> Reaction:
 
 
 def _publish(state: ControllerState, config: spec.ClusterConfig, reason: str) -> ControllerState:
-    return replace(state, config=config, reports=frozenset(), report_started=None, noted_busy=frozenset(),
-                   failed_step=-1)
+    return replace(
+        state, config=config, reports=frozenset(), report_started=None, noted_busy=frozenset(), failed_step=-1
+    )
 
 
 def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Reaction:
@@ -199,8 +232,11 @@ def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Rea
     if state.desired < alive and not state.removed_pending:
         kills = [Kill(j.id, "no longer needed") for j in state.joiners]
         state = replace(state, joiners=(), killed=state.killed | {j.id for j in state.joiners})
-        config = (spec.remove(state.config, _leavers(state, alive - state.desired)) if state.placement
-                  else spec.shrink(state.config, state.desired))
+        config = (
+            spec.remove(state.config, _leavers(state, alive - state.desired))
+            if state.placement
+            else spec.shrink(state.config, state.desired)
+        )
         reason = f"shrink {alive} -> {state.desired}"
         return _publish(state, config, reason), actions + kills + [Publish(config, reason)]
     wanted_joiners = state.desired - alive
@@ -208,9 +244,12 @@ def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Rea
         state, spawn = _spawn(state, wanted_joiners - len(state.joiners), now)
         actions = actions + spawn
     elif wanted_joiners < len(state.joiners):
-        extra = state.joiners[max(wanted_joiners, 0):]
-        state = replace(state, joiners=state.joiners[:max(wanted_joiners, 0)],
-                        killed=state.killed | {j.id for j in extra})
+        extra = state.joiners[max(wanted_joiners, 0) :]
+        state = replace(
+            state,
+            joiners=state.joiners[: max(wanted_joiners, 0)],
+            killed=state.killed | {j.id for j in extra},
+        )
         actions = actions + [Kill(j.id, "no longer needed") for j in extra]
     if state.joiners and all(j.ready for j in state.joiners):
         return _admit(state, state.joiners, actions)
@@ -220,15 +259,22 @@ def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Rea
 def _admit(state: ControllerState, ready: tuple[Joiner, ...], actions: list[Action]) -> Reaction:
     """Publish one config: failed members removed, ``ready`` joiners appended."""
     survivors = tuple(w for w in state.config.workers if w.id not in state.removed_pending)
-    config = spec.ClusterConfig(state.config.version + 1,
-                                survivors + tuple(spec.WorkerSpec(j.id, j.host) for j in ready),
-                                lost=tuple(sorted(state.removed_pending)))
+    config = spec.ClusterConfig(
+        state.config.version + 1,
+        survivors + tuple(spec.WorkerSpec(j.id, j.host) for j in ready),
+        lost=tuple(sorted(state.removed_pending)),
+    )
     admitted = {j.id for j in ready}
     reason = f"grow to {config.size}: admit {sorted(admitted)}"
     if state.removed_pending:
         reason += f", drop failed {list(state.removed_pending)}"
-    state = replace(state, joiners=tuple(j for j in state.joiners if j.id not in admitted),
-                    removed_pending=(), exited=state.exited - set(state.removed_pending), short_since=None)
+    state = replace(
+        state,
+        joiners=tuple(j for j in state.joiners if j.id not in admitted),
+        removed_pending=(),
+        exited=state.exited - set(state.removed_pending),
+        short_since=None,
+    )
     return _publish(state, config, reason), actions + [Publish(config, reason)]
 
 
@@ -259,22 +305,31 @@ def _on_exit(state: ControllerState, event: WorkerExited, now: float) -> Reactio
         state = replace(state, first_failure=state.first_failure or (wid, code))
         return _finish(state, [], f"worker {wid} exited outside a training loop, so its peers cannot recover")
     reason = "was stopped as a suspected hang" if wid in state.killed else "failed"
-    return _count_failure(replace(state, killed=state.killed - {wid}), (wid,), code, now, f"worker {wid} {reason}")
+    return _count_failure(
+        replace(state, killed=state.killed - {wid}), (wid,), code, now, f"worker {wid} {reason}"
+    )
 
 
 def _others_running(state: ControllerState, wid: str) -> bool:
     return any(i not in state.exited for i in state.config.ids if i != wid)
 
 
-def _count_failure(state: ControllerState, wids: tuple[str, ...], code: int, now: float, what: str) -> Reaction:
+def _count_failure(
+    state: ControllerState, wids: tuple[str, ...], code: int, now: float, what: str
+) -> Reaction:
     """One failure that took ``wids`` (one worker, or a host's): they leave in one version."""
     first = state.first_failure or (wids[0], code)
     state = replace(state, failures=state.failures + 1, first_failure=first)
-    actions: list[Action] = [Log("warning", f"{what} (exit {code}); failure {state.failures} of "
-                                            f"at most {state.bounds.max_failures}")]
+    actions: list[Action] = [
+        Log(
+            "warning",
+            f"{what} (exit {code}); failure {state.failures} of at most {state.bounds.max_failures}",
+        )
+    ]
     if state.failures > state.bounds.max_failures:
-        return _finish(state, actions, f"{state.failures} failures exceed --max-failures "
-                                       f"{state.bounds.max_failures}")
+        return _finish(
+            state, actions, f"{state.failures} failures exceed --max-failures {state.bounds.max_failures}"
+        )
     members = tuple(w for w in wids if w in state.config.ids and w not in state.removed_pending)
     if not members:
         return _reconcile(state, now, actions)
@@ -292,14 +347,24 @@ def _count_failure(state: ControllerState, wids: tuple[str, ...], code: int, now
             state = _publish(replace(state, exited=state.exited - gone), config, reason)
             actions.append(Publish(config, reason))
         else:
-            state = replace(state, removed_pending=state.removed_pending + members, exited=state.exited - gone,
-                            short_since=state.short_since if state.short_since is not None else now)
-            actions.append(Log("warning", f"{len(survivors)} worker(s) left, below --min-np "
-                                          f"{state.bounds.min_np}: waiting for replacements"))
+            state = replace(
+                state,
+                removed_pending=state.removed_pending + members,
+                exited=state.exited - gone,
+                short_since=state.short_since if state.short_since is not None else now,
+            )
+            actions.append(
+                Log(
+                    "warning",
+                    f"{len(survivors)} worker(s) left, below --min-np "
+                    f"{state.bounds.min_np}: waiting for replacements",
+                )
+            )
         return _reconcile(state, now, actions)
     config = spec.remove(state.config, members, lost=True)
-    state = _publish(replace(state, exited=state.exited - gone, desired=min(state.desired, config.size)),
-                     config, reason)
+    state = _publish(
+        replace(state, exited=state.exited - gone, desired=min(state.desired, config.size)), config, reason
+    )
     return _reconcile(state, now, actions + [Publish(config, reason)])
 
 
@@ -310,23 +375,45 @@ def _on_host_joined(state: ControllerState, event: HostJoined, now: float) -> Re
         return state, [Log("error", f"host {event.address} offered {event.slots} slots: ignored")]
     known = any(h.address == event.address for h in state.hosts)
     if known:
-        return state, [Log("warning", f"host {event.address} registered again while it is in the job: ignored "
-                                      "(stop its old agent first)")]
+        return state, [
+            Log(
+                "warning",
+                f"host {event.address} registered again while it is in the job: ignored "
+                "(stop its old agent first)",
+            )
+        ]
     if len(state.hosts) >= state.bounds.max_hosts:
-        return state, [RefuseHost(event.address, f"the job has its {state.bounds.max_hosts} host(s) already "
-                                                 "(the MAX of --nnodes MIN:MAX)")]
-    state = replace(state, hosts=state.hosts + (Host(event.address, event.slots),),
-                    host_beats={**state.host_beats, event.address: now})
+        return state, [
+            RefuseHost(
+                event.address,
+                f"the job has its {state.bounds.max_hosts} host(s) already (the MAX of --nnodes MIN:MAX)",
+            )
+        ]
+    state = replace(
+        state,
+        hosts=state.hosts + (Host(event.address, event.slots),),
+        host_beats={**state.host_beats, event.address: now},
+    )
     # a size asked for and not reached yet (no free slot) is what the new slots serve; otherwise
     # the job grows onto them
     unmet = state.desired > len(state.alive_members) + len(state.joiners)
     desired = state.desired if unmet else min(state.bounds.max_np, state.desired + event.slots)
-    if not state.bounds.grow_on_join:   # a scheduler places workers there with a resize: nothing moves now
-        return state, [Log("info", f"host {event.address} joined with {event.slots} slot(s); {len(state.hosts)} "
-                                   f"host(s), {state.capacity} slots, used where a resize places workers")]
-    actions: list[Action] = [Log("info", f"host {event.address} joined with {event.slots} slot(s); "
-                                         f"{len(state.hosts)} host(s), {state.capacity} slots: the job "
-                                         f"wants {desired} workers")]
+    if not state.bounds.grow_on_join:  # a scheduler places workers there with a resize: nothing moves now
+        return state, [
+            Log(
+                "info",
+                f"host {event.address} joined with {event.slots} slot(s); {len(state.hosts)} "
+                f"host(s), {state.capacity} slots, used where a resize places workers",
+            )
+        ]
+    actions: list[Action] = [
+        Log(
+            "info",
+            f"host {event.address} joined with {event.slots} slot(s); "
+            f"{len(state.hosts)} host(s), {state.capacity} slots: the job "
+            f"wants {desired} workers",
+        )
+    ]
     return _reconcile(replace(state, desired=desired), now, actions)
 
 
@@ -337,14 +424,21 @@ def _lose_host(state: ControllerState, address: str, reason: str, now: float) ->
         return state, []
     lost_joiners = {j.id for j in state.joiners if j.host == address}
     members = tuple(w.id for w in state.config.workers if w.host == address)
-    state = replace(state, hosts=tuple(h for h in state.hosts if h.address != address),
-                    host_beats={k: v for k, v in state.host_beats.items() if k != address},
-                    joiners=tuple(j for j in state.joiners if j.id not in lost_joiners),
-                    killed=state.killed - lost_joiners - set(members),
-                    exited=state.exited - set(members),
-                    beats={k: v for k, v in state.beats.items() if k not in set(members) | lost_joiners})
-    actions: list[Action] = [Log("warning", f"host {address} is lost ({reason}): "
-                                            f"{len(members)} worker(s) {list(members)} leave with it")]
+    state = replace(
+        state,
+        hosts=tuple(h for h in state.hosts if h.address != address),
+        host_beats={k: v for k, v in state.host_beats.items() if k != address},
+        joiners=tuple(j for j in state.joiners if j.id not in lost_joiners),
+        killed=state.killed - lost_joiners - set(members),
+        exited=state.exited - set(members),
+        beats={k: v for k, v in state.beats.items() if k not in set(members) | lost_joiners},
+    )
+    actions: list[Action] = [
+        Log(
+            "warning",
+            f"host {address} is lost ({reason}): {len(members)} worker(s) {list(members)} leave with it",
+        )
+    ]
     if state.done:
         state = replace(state, exited=state.exited | set(members))
         return _maybe_finish(state, actions)
@@ -357,8 +451,12 @@ def _lose_host(state: ControllerState, address: str, reason: str, now: float) ->
 def _on_report(state: ControllerState, event: FailureReported, now: float) -> Reaction:
     if event.version != state.config.version or event.id not in state.config.ids:
         return state, []  # stale: a newer config is already out
-    state = replace(state, reports=state.reports | {event.id}, failed_step=max(state.failed_step, event.step),
-                    report_started=state.report_started if state.report_started is not None else now)
+    state = replace(
+        state,
+        reports=state.reports | {event.id},
+        failed_step=max(state.failed_step, event.step),
+        report_started=state.report_started if state.report_started is not None else now,
+    )
     return _judge_suspects(state, now, final=False)
 
 
@@ -381,30 +479,54 @@ def _judge_suspects(state: ControllerState, now: float, final: bool) -> Reaction
         step, times = state.rebuilds
         rebuilds = (state.failed_step, times + 1 if state.failed_step == step else 1)
         if rebuilds[1] > state.bounds.max_rebuilds:
-            return _finish(state, [], f"every worker failed at step {step} in {rebuilds[1]} cluster versions in a "
-                                      "row: rebuilding the groups does not help (the workers' errors say what "
-                                      "failed; collectives timing out on a loaded machine need a larger --timeout)")
+            return _finish(
+                state,
+                [],
+                f"every worker failed at step {step} in {rebuilds[1]} cluster versions in a "
+                "row: rebuilding the groups does not help (the workers' errors say what "
+                "failed; collectives timing out on a loaded machine need a larger --timeout)",
+            )
         config = spec.ClusterConfig(state.config.version + 1, state.config.workers)
         reason = "every worker reported a failure: rebuild the groups"
         return _publish(replace(state, rebuilds=rebuilds), config, reason), [Publish(config, reason)]
     unknown = [i for i in silent if i not in state.beats]
     stuck = [i for i in silent if i in state.beats and now - state.beats[i] > state.bounds.stale_after]
     busy = [i for i in silent if i not in unknown and i not in stuck]
-    kills = [Kill(i, f"suspected hang: its peers' collectives failed and its heartbeat stopped "
-                     f"{now - state.beats[i]:.1f}s ago") for i in stuck]
+    kills = [
+        Kill(
+            i,
+            f"suspected hang: its peers' collectives failed and its heartbeat stopped "
+            f"{now - state.beats[i]:.1f}s ago",
+        )
+        for i in stuck
+    ]
     if unknown and (len(unknown) == 1 or final):
-        kills += [Kill(i, "suspected hang: its peers' collectives failed and it did not report")
-                  for i in unknown]
+        kills += [
+            Kill(i, "suspected hang: its peers' collectives failed and it did not report") for i in unknown
+        ]
     waited = now - state.report_started
     if waited > state.bounds.busy_timeout:
-        kills += [Kill(i, f"busy outside training for {waited:.0f}s while its peers wait "
-                          f"(more than --busy-timeout {state.bounds.busy_timeout:g}s)") for i in busy]
+        kills += [
+            Kill(
+                i,
+                f"busy outside training for {waited:.0f}s while its peers wait "
+                f"(more than --busy-timeout {state.bounds.busy_timeout:g}s)",
+            )
+            for i in busy
+        ]
         busy = []
-    actions: list[Action] = [Log("info", f"worker {i} is busy outside a collective (its heartbeat is fresh): "
-                                         "its peers wait for it to come back") for i in busy
-                             if i not in state.noted_busy]
-    state = replace(state, killed=state.killed | {k.id for k in kills},
-                    noted_busy=state.noted_busy | set(busy))
+    actions: list[Action] = [
+        Log(
+            "info",
+            f"worker {i} is busy outside a collective (its heartbeat is fresh): "
+            "its peers wait for it to come back",
+        )
+        for i in busy
+        if i not in state.noted_busy
+    ]
+    state = replace(
+        state, killed=state.killed | {k.id for k in kills}, noted_busy=state.noted_busy | set(busy)
+    )
     return state, actions + kills
 
 
@@ -417,36 +539,71 @@ def _frozen(state: ControllerState, now: float) -> Reaction:
     booting = {j.id for j in state.joiners if not j.ready}
     # once training has ended a heartbeat stops as its process exits (taiji's exit handler; then the
     # interpreter's teardown, seconds with a framework loaded on a busy host): slow to exit, not frozen
-    limit = max(state.bounds.liveness_timeout, state.bounds.exit_timeout) if state.done \
+    limit = (
+        max(state.bounds.liveness_timeout, state.bounds.exit_timeout)
+        if state.done
         else state.bounds.liveness_timeout
-    frozen = sorted(i for i, at in state.beats.items() if i in running and i not in state.killed and
-                    now - at > limit * (BOOTING_SLACK if i in booting else 1))
+    )
+    frozen = sorted(
+        i
+        for i, at in state.beats.items()
+        if i in running
+        and i not in state.killed
+        and now - at > limit * (BOOTING_SLACK if i in booting else 1)
+    )
     if state.done:
-        kills = [Kill(i, f"still running {now - state.beats[i]:.1f}s after it stopped its heartbeat at the "
-                         "end of training") for i in frozen]
+        kills = [
+            Kill(
+                i,
+                f"still running {now - state.beats[i]:.1f}s after it stopped its heartbeat at the "
+                "end of training",
+            )
+            for i in frozen
+        ]
     else:
-        kills = [Kill(i, f"no heartbeat for {now - state.beats[i]:.1f}s (more than --liveness-timeout "
-                         f"{state.bounds.liveness_timeout:g}s): its process is stopped or frozen") for i in frozen]
+        kills = [
+            Kill(
+                i,
+                f"no heartbeat for {now - state.beats[i]:.1f}s (more than --liveness-timeout "
+                f"{state.bounds.liveness_timeout:g}s): its process is stopped or frozen",
+            )
+            for i in frozen
+        ]
     return replace(state, killed=state.killed | set(frozen)), kills
 
 
 def _on_tick(state: ControllerState, now: float) -> Reaction:
     actions: list[Action] = []
-    if state.removed_pending and not state.joiners and state.short_since is not None and \
-            now - state.short_since > state.bounds.join_timeout:  # no slot for a replacement anywhere
-        return _finish(state, actions, f"below --min-np {state.bounds.min_np}: no free slot for a replacement "
-                                       f"within {state.bounds.join_timeout:g}s")
+    if (
+        state.removed_pending
+        and not state.joiners
+        and state.short_since is not None
+        and now - state.short_since > state.bounds.join_timeout
+    ):  # no slot for a replacement anywhere
+        return _finish(
+            state,
+            actions,
+            f"below --min-np {state.bounds.min_np}: no free slot for a replacement "
+            f"within {state.bounds.join_timeout:g}s",
+        )
     late = [j for j in state.joiners if not j.ready and now - j.spawned_at > state.bounds.join_timeout]
     if late:
         ready = tuple(j for j in state.joiners if j.ready)
         late_ids = {j.id for j in late}
-        state = replace(state, joiners=tuple(j for j in state.joiners if j.id not in late_ids),
-                        killed=state.killed | late_ids)
+        state = replace(
+            state,
+            joiners=tuple(j for j in state.joiners if j.id not in late_ids),
+            killed=state.killed | late_ids,
+        )
         actions += [Kill(j.id, f"not ready after {state.bounds.join_timeout:g}s") for j in late]
         survivors = len(state.alive_members)
         if survivors + len(ready) < state.bounds.min_np:
-            return _finish(state, actions, f"below --min-np {state.bounds.min_np}: no joiner became "
-                                           f"ready within {state.bounds.join_timeout:g}s")
+            return _finish(
+                state,
+                actions,
+                f"below --min-np {state.bounds.min_np}: no joiner became "
+                f"ready within {state.bounds.join_timeout:g}s",
+            )
         state = replace(state, desired=survivors + len(ready))
         if ready or state.removed_pending:
             return _admit(state, ready, actions)
@@ -454,8 +611,11 @@ def _on_tick(state: ControllerState, now: float) -> Reaction:
         silent = now - at
         if silent > state.bounds.host_timeout:
             why = f"its agent has not been heard from for {silent:.1f}s"
-        elif state.report_started is not None and silent > state.bounds.stale_after and any(
-                w.host == address and w.id not in state.reports for w in state.config.workers):
+        elif (
+            state.report_started is not None
+            and silent > state.bounds.stale_after
+            and any(w.host == address and w.id not in state.reports for w in state.config.workers)
+        ):
             why = f"its workers' peers failed and its agent is silent for {silent:.1f}s"
         else:
             continue
@@ -485,6 +645,8 @@ def _finish(state: ControllerState, actions: list[Action], reason: str) -> React
     code = 1
     if failed is not None:
         code = failed[1] if failed[1] > 0 else 128 - failed[1]
-    kills = [Kill(i, "the job is stopping") for i in list(state.alive_members) + [j.id for j in state.joiners]]
+    kills = [
+        Kill(i, "the job is stopping") for i in list(state.alive_members) + [j.id for j in state.joiners]
+    ]
     state = replace(state, finished=True)
     return state, actions + kills + [Finish(code, reason, failed[0] if failed else None)]

@@ -7,6 +7,7 @@ its absence), atomic ``add`` (a transaction on the key's modification revision, 
 watches besides. ``EtcdC10dStore`` (cluster/etcd_store.py) wraps it as a ``torch.distributed.Store`` so gloo's
 rendezvous runs on the same etcd. Waits poll with a short backoff: a worker's config watcher and a group's rendezvous wait seldom and briefly.
 """
+
 from __future__ import annotations
 
 import base64
@@ -25,7 +26,9 @@ from .auth import derive
 POLL_START_S = 0.005
 POLL_MAX_S = 0.05
 RETRY_S = 10.0  # how long a request is retried through an election or an unreachable member
-WATCH_REOPEN_S = 5.0  # an idle watch is reopened (from where it was) this often, how soon a stop is seen: not often
+WATCH_REOPEN_S = (
+    5.0  # an idle watch is reopened (from where it was) this often, how soon a stop is seen: not often
+)
 MIN_LEASE_S = 2  # etcd rounds shorter leases up to about this (1.5 election timeouts)
 TRANSIENT = ("leader changed", "request timed out", "no leader", "too many requests", "not capable")
 
@@ -95,8 +98,13 @@ class EtcdKV:
     again when its token expires; a cluster without auth is used as it is. Connections made by
     ``another()`` share the first one's token (``_Login``) rather than authenticating each."""
 
-    def __init__(self, url: str, timeout: float = 60.0, credentials: tuple[str, str] | None = None,
-                 login: "_Login | None" = None):
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 60.0,
+        credentials: tuple[str, str] | None = None,
+        login: "_Login | None" = None,
+    ):
         try:
             from etcd3gw.client import Etcd3Client
             from etcd3gw import exceptions
@@ -106,16 +114,29 @@ class EtcdKV:
         self._timeout = timeout
         self._errors = (exceptions.Etcd3Exception,)
         tls = url.startswith("etcds://")
-        files = {"ca_cert": env.ETCD_CA.get() or None, "cert_cert": env.ETCD_CERT.get() or None,
-                 "cert_key": env.ETCD_KEY.get() or None}
+        files = {
+            "ca_cert": env.ETCD_CA.get() or None,
+            "cert_cert": env.ETCD_CERT.get() or None,
+            "cert_key": env.ETCD_KEY.get() or None,
+        }
         for name, path in files.items():
             if tls and path is not None and not os.path.isfile(path):
                 raise ConfigError(f"the etcd TLS file {path!r} ({name}, from the environment) does not exist")
         if tls and (files["cert_cert"] is None) != (files["cert_key"] is None):
-            raise ConfigError(f"a client certificate needs its key: set both {env.ETCD_CERT.name} and "
-                              f"{env.ETCD_KEY.name} (--etcd-cert and --etcd-key)")
-        self._clients = [Etcd3Client(host=h, port=p, timeout=min(timeout, 10.0), protocol="https" if tls else "http",
-                                     **(files if tls else {})) for h, p in parse_url(url)]
+            raise ConfigError(
+                f"a client certificate needs its key: set both {env.ETCD_CERT.name} and "
+                f"{env.ETCD_KEY.name} (--etcd-cert and --etcd-key)"
+            )
+        self._clients = [
+            Etcd3Client(
+                host=h,
+                port=p,
+                timeout=min(timeout, 10.0),
+                protocol="https" if tls else "http",
+                **(files if tls else {}),
+            )
+            for h, p in parse_url(url)
+        ]
         if tls and files["ca_cert"] is not None:
             for client in self._clients:
                 # requests lets REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE override a session's CA: ours must win
@@ -135,13 +156,17 @@ class EtcdKV:
             if self._login.token != stale:
                 return
             try:
-                token = self._post("/auth/authenticate", {"name": user, "password": password}, as_user=False)["token"]
+                token = self._post("/auth/authenticate", {"name": user, "password": password}, as_user=False)[
+                    "token"
+                ]
             except StoreError as exc:
                 if "authentication is not enabled" in str(exc):
                     return  # an open cluster: nothing to present
                 if "authentication failed" in str(exc):
-                    raise AuthError(f"etcd at {self.url} refused user {user}: the password derived from the job "
-                                    "secret does not match (a wrong secret file?)") from None
+                    raise AuthError(
+                        f"etcd at {self.url} refused user {user}: the password derived from the job "
+                        "secret does not match (a wrong secret file?)"
+                    ) from None
                 raise
             self._login.token = token
             self._login.count += 1
@@ -169,8 +194,10 @@ class EtcdKV:
                 if time.monotonic() >= deadline:
                     hint = ""
                     if self.url.startswith("etcd://") and "without response" in str(exc):
-                        hint = (f" (an etcd that serves TLS hangs up on plain HTTP like this: if it does, write the "
-                                f"store as {self.url.replace('etcd://', 'etcds://', 1)})")
+                        hint = (
+                            f" (an etcd that serves TLS hangs up on plain HTTP like this: if it does, write the "
+                            f"store as {self.url.replace('etcd://', 'etcds://', 1)})"
+                        )
                     raise StoreError(f"etcd at {self.url} did not answer {path}: {exc}{hint}") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
@@ -183,30 +210,41 @@ class EtcdKV:
             self._present(client, token)
             try:
                 result = client.post(client.get_url(path), json=payload)
-                if "error" in result:  # a streaming call (a lease's keep-alive) fails in its body: the gateway says 200
+                if (
+                    "error" in result
+                ):  # a streaming call (a lease's keep-alive) fails in its body: the gateway says 200
                     raise _Transient(str(result["error"])[:300])
                 self._current = (self._current + attempt) % len(self._clients)
                 return result
             except self._errors as exc:
                 detail = str(getattr(exc, "detail_text", "") or exc)
-                if "invalid auth token" in detail and as_user and not renewed and self._credentials is not None:
+                if (
+                    "invalid auth token" in detail
+                    and as_user
+                    and not renewed
+                    and self._credentials is not None
+                ):
                     self._authenticate(token)
                     return self._post_once(path, payload, as_user, renewed=True)
                 if any(word in detail for word in ("CERTIFICATE", "certificate", "SSLError")):
                     tls_failure = detail  # this member's; another may still answer
                     continue
                 if "permission denied" in detail:
-                    raise AuthError(f"etcd at {self.url}: permission denied for {path} (this job's etcd user may "
-                                    "touch only its own keys)") from None
+                    raise AuthError(
+                        f"etcd at {self.url}: permission denied for {path} (this job's etcd user may "
+                        "touch only its own keys)"
+                    ) from None
                 if any(word in detail for word in TRANSIENT):
                     raise _Transient(detail) from None
                 if any(word in detail for word in ("etcdserver:", "authentication")):
                     raise StoreError(f"etcd at {self.url} refused {path}: {detail}") from None
                 last = detail
         if tls_failure:
-            raise StoreError(f"etcd at {self.url}: the TLS handshake failed ({tls_failure[:300]}). Give the CA that "
-                             f"signed its certificate in {env.ETCD_CA.name} (--etcd-ca), and a client certificate in "
-                             f"{env.ETCD_CERT.name}/{env.ETCD_KEY.name} if it asks for one") from None
+            raise StoreError(
+                f"etcd at {self.url}: the TLS handshake failed ({tls_failure[:300]}). Give the CA that "
+                f"signed its certificate in {env.ETCD_CA.name} (--etcd-ca), and a client certificate in "
+                f"{env.ETCD_CERT.name}/{env.ETCD_KEY.name} if it asks for one"
+            ) from None
         raise _Transient(last)
 
     def reachable(self) -> None:
@@ -271,8 +309,11 @@ class EtcdKV:
         if the key is absent); return the value after the call (``expected`` if absent and not set)."""
         want = expected.encode() if isinstance(expected, str) else bytes(expected)
         new = desired.encode() if isinstance(desired, str) else bytes(desired)
-        result = self._txn([_holds(key, want)], [{"request_put": {"key": _b64(key), "value": _b64(new)}}],
-                           [{"request_range": {"key": _b64(key)}}])
+        result = self._txn(
+            [_holds(key, want)],
+            [{"request_put": {"key": _b64(key), "value": _b64(new)}}],
+            [{"request_range": {"key": _b64(key)}}],
+        )
         if result.get("succeeded"):
             return new
         kvs = result["responses"][0]["response_range"].get("kvs")
@@ -291,10 +332,21 @@ class EtcdKV:
             current = int(_unb64(kv.get("value", "")) or b"0") if kv else 0
             if amount == 0:
                 return current
-            compare = [_holds(key, b"") if kv is None else
-                       {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": kv["mod_revision"]}]
-            done = self._txn(compare, [{"request_put": {"key": _b64(key), "value": _b64(str(current + amount))}}],
-                             [{"request_range": {"key": _b64(key)}}])
+            compare = [
+                _holds(key, b"")
+                if kv is None
+                else {
+                    "key": _b64(key),
+                    "target": "MOD",
+                    "result": "EQUAL",
+                    "mod_revision": kv["mod_revision"],
+                }
+            ]
+            done = self._txn(
+                compare,
+                [{"request_put": {"key": _b64(key), "value": _b64(str(current + amount))}}],
+                [{"request_range": {"key": _b64(key)}}],
+            )
             if done.get("succeeded"):
                 return current + amount
             kv = (done["responses"][0]["response_range"].get("kvs") or [None])[0]
@@ -310,8 +362,15 @@ class EtcdKV:
     def created_after(self, prefix: str, revision: int) -> tuple[int, list[tuple[str, bytes]]]:
         """The keys under ``prefix`` created after ``revision``, with their values, oldest first, and
         the revision read at (the next call's ``revision``: nothing created by then is missed)."""
-        answer = self._post("/kv/range", {**_scan(prefix), "min_create_revision": str(revision + 1),
-                                          "sort_target": "CREATE", "sort_order": "ASCEND"})
+        answer = self._post(
+            "/kv/range",
+            {
+                **_scan(prefix),
+                "min_create_revision": str(revision + 1),
+                "sort_target": "CREATE",
+                "sort_order": "ASCEND",
+            },
+        )
         found = [(_unb64(kv["key"]).decode(), _unb64(kv.get("value", ""))) for kv in answer.get("kvs", ())]
         return int(answer["header"]["revision"]), found
 
@@ -342,21 +401,30 @@ class EtcdKV:
         put or delete (None) under it (after a compaction, the keys there then, afresh)."""
         return self._follow(_scan(prefix), stop)
 
-    def changes_from(self, key: str, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
+    def changes_from(
+        self, key: str, prefix: str, stop: threading.Event
+    ) -> Iterator[tuple[str, bytes | None]]:
         """``key``'s value now (None: absent), then every put or delete under ``prefix`` (which holds
         ``key``), each with its key's name, until ``stop``: one watch whose events carry the values, and
         only one key read first, not the prefix (after a compaction, ``key``'s value then, afresh)."""
         return self._follow(_scan(prefix), stop, first={"key": _b64(key)})
 
-    def _follow(self, scan: dict, stop: threading.Event, first: dict | None = None) -> Iterator[tuple[str, bytes | None]]:
+    def _follow(
+        self, scan: dict, stop: threading.Event, first: dict | None = None
+    ) -> Iterator[tuple[str, bytes | None]]:
         """The changes ``scan`` covers, after what ``first`` (default: ``scan``) holds now."""
         import requests
+
         first = first or scan
 
         def current() -> tuple[int, list[tuple[str, bytes | None]]]:  # (a single key absent: None)
             answer = self._post("/kv/range", first)
-            found = [(_unb64(kv["key"]).decode(), _unb64(kv.get("value", ""))) for kv in answer.get("kvs", ())]
-            return int(answer["header"]["revision"]), found or ([] if "range_end" in first else [(_unb64(first["key"]).decode(), None)])
+            found = [
+                (_unb64(kv["key"]).decode(), _unb64(kv.get("value", ""))) for kv in answer.get("kvs", ())
+            ]
+            return int(answer["header"]["revision"]), found or (
+                [] if "range_end" in first else [(_unb64(first["key"]).decode(), None)]
+            )
 
         revision, found = current()
         yield from found
@@ -372,7 +440,10 @@ class EtcdKV:
                         break
                     for event in result.get("events", ()):
                         revision, kv = int(event["kv"]["mod_revision"]), event["kv"]
-                        yield _unb64(kv["key"]).decode(), None if event.get("type") == "DELETE" else _unb64(kv.get("value", ""))
+                        yield (
+                            _unb64(kv["key"]).decode(),
+                            None if event.get("type") == "DELETE" else _unb64(kv.get("value", "")),
+                        )
             except (requests.RequestException, _Transient, ValueError, KeyError) as exc:
                 if isinstance(exc, requests.ConnectionError) and "Read timed out" in str(exc):
                     continue  # an open stream with nothing new: reopen it on the same member
@@ -387,8 +458,12 @@ class EtcdKV:
         ``quiet_s`` pass without a line: requests' read timeout). _Transient for a refusal."""
         client = self._clients[self._current]
         self._present(client, self._login.token if self._login is not None else None)
-        with client.session.post(client.get_url("/watch"), json={"create_request": request}, stream=True,
-                                 timeout=(min(self._timeout, 10.0), quiet_s)) as response:
+        with client.session.post(
+            client.get_url("/watch"),
+            json={"create_request": request},
+            stream=True,
+            timeout=(min(self._timeout, 10.0), quiet_s),
+        ) as response:
             for line in response.iter_lines():
                 result = json.loads(line).get("result") if line.strip() else None
                 if result is None or (result.get("canceled") and not result.get("compact_revision")):
@@ -402,7 +477,11 @@ class EtcdKV:
         if put is None:
             answer = self._post("/kv/range", scan)
         else:
-            done = self._txn([], [{"request_put": {"key": _b64(put[0]), "value": _b64(put[1])}}, {"request_range": scan}], [])
+            done = self._txn(
+                [],
+                [{"request_put": {"key": _b64(put[0]), "value": _b64(put[1])}}, {"request_range": scan}],
+                [],
+            )
             answer = dict(done["responses"][1]["response_range"], header=done["header"])
         found = {_unb64(kv["key"]).decode(): _unb64(kv.get("value", "")) for kv in answer.get("kvs", ())}
         return int(answer["header"]["revision"]), found
@@ -413,6 +492,7 @@ class EtcdKV:
         past revision: etcd gives a watch that starts in the past its events only at its next catch-up
         of such watches (every 100 ms) once anything was written since. StoreError if it fails."""
         import requests
+
         try:
             for result in self._watch(_scan(prefix), quiet_s):
                 if result.get("created"):
@@ -441,13 +521,17 @@ class EtcdKV:
         that may read and write only ``taiji/<job>/``, and auth on."""
         user = f"taiji-{job_id}"
         for path, payload in (
-                ("/auth/user/add", {"name": "root", "password": root_password}),
-                ("/auth/user/grant", {"user": "root", "role": "root"}),
-                ("/auth/role/add", {"name": user}),
-                ("/auth/role/grant", {"name": user, "perm": {"permType": "READWRITE", **_scan(f"taiji/{job_id}/")}}),
-                ("/auth/user/add", {"name": user, "password": password}),
-                ("/auth/user/grant", {"user": user, "role": user}),
-                ("/auth/enable", {})):
+            ("/auth/user/add", {"name": "root", "password": root_password}),
+            ("/auth/user/grant", {"user": "root", "role": "root"}),
+            ("/auth/role/add", {"name": user}),
+            (
+                "/auth/role/grant",
+                {"name": user, "perm": {"permType": "READWRITE", **_scan(f"taiji/{job_id}/")}},
+            ),
+            ("/auth/user/add", {"name": user, "password": password}),
+            ("/auth/user/grant", {"user": user, "role": user}),
+            ("/auth/enable", {}),
+        ):
             self._post(path, payload)
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """etcd as a ``torch.distributed.Store`` (``EtcdC10dStore``): an ``EtcdKV`` connection (cluster/etcd.py)
 with the abilities of cluster/kv.py — leases, watches, transactions, a connection per thread — so that
 the job store and gloo's rendezvous run on the same etcd."""
+
 from __future__ import annotations
 
 import datetime
@@ -41,7 +42,9 @@ class EtcdC10dStore(dist.Store):
     def changes_under(self, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
         return self.kv.changes_under(prefix, stop)
 
-    def changes_from(self, key: str, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
+    def changes_from(
+        self, key: str, prefix: str, stop: threading.Event
+    ) -> Iterator[tuple[str, bytes | None]]:
         return self.kv.changes_from(key, prefix, stop)
 
     def put_counted(self, puts: dict[str, str | bytes], prefix: str) -> int:
@@ -80,6 +83,7 @@ class EtcdC10dStore(dist.Store):
     def rendezvous(self, give_up: Callable[[], str | None]) -> dist.Store:
         """This connection as a store for gloo's rendezvous (cluster/rendezvous.py)."""
         from .rendezvous import EtcdRendezvousStore
+
         return EtcdRendezvousStore(self.kv, self.kv.timeout, give_up)
 
     clone = another  # gloo clones its store for its own threads

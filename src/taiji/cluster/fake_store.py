@@ -1,6 +1,7 @@
 """``FakeStore``: a job store's key-value part in memory, with ``torch.distributed.TCPStore``'s
 semantics (blocking ``get`` and ``wait``, compare-and-set, atomic ``add``) and fault injection
 (``drop()``), for unit tests of control-plane logic and in-process harnesses."""
+
 from __future__ import annotations
 
 import datetime

@@ -2,6 +2,7 @@
 under a prefix (``PrefixFollower``: what the launcher knows of every agent's liveness without
 reading each one per look), or one integer key (``KeyFollower``: the doorbell, an agent's orders'
 count)."""
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,9 @@ class _Follower:
 
     def __init__(self, job: Watchable, name: str):
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, args=(job, name), name=f"taiji-follow-{name}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._follow, args=(job, name), name=f"taiji-follow-{name}", daemon=True
+        )
         self._thread.start()
 
     def _take(self, job: Watchable, name: str) -> None:

@@ -2,6 +2,7 @@
 ``torch.distributed.Store``) and the abilities only some have, each a small Protocol a store is
 checked against (``isinstance``) rather than probed by name: leases and watches (etcd), a
 connection of its own per thread (etcd's HTTP session), a polling pace of its own."""
+
 from __future__ import annotations
 
 import datetime
@@ -41,7 +42,9 @@ class SupportsWatch(Protocol):
 
     def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]: ...
     def changes_under(self, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]: ...
-    def changes_from(self, key: str, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]: ...
+    def changes_from(
+        self, key: str, prefix: str, stop: threading.Event
+    ) -> Iterator[tuple[str, bytes | None]]: ...
 
 
 @runtime_checkable

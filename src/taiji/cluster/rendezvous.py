@@ -16,6 +16,7 @@ other call goes to etcd as it is. A wait also ends as soon as its version is aba
 dropped a rank it waits for, told by the worker's config watcher): a group build no longer waits
 out the collective timeout for a dead rank's key.
 """
+
 from __future__ import annotations
 
 import collections
@@ -42,7 +43,9 @@ class PrefixKV(Protocol):
 
     url: str
 
-    def read_prefix(self, prefix: str, put: tuple[str, bytes] | None = None) -> tuple[int, dict[str, bytes]]: ...
+    def read_prefix(
+        self, prefix: str, put: tuple[str, bytes] | None = None
+    ) -> tuple[int, dict[str, bytes]]: ...
     def puts_under(self, prefix: str, quiet_s: float) -> Watch: ...
     def check(self, keys: list[str]) -> bool: ...
     def add(self, key: str, amount: int) -> int: ...
@@ -57,7 +60,7 @@ class RendezvousAbandoned(StoreError):
 
 def _group_of(key: str) -> str:
     """The prefix a rendezvous key shares with its group's other keys (up to its last '/')."""
-    return key[:key.rfind("/") + 1]
+    return key[: key.rfind("/") + 1]
 
 
 class EtcdRendezvousStore(dist.Store):

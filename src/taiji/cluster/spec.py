@@ -4,6 +4,7 @@ A worker's rank is its index in ``ClusterConfig.workers``. Joiners are appended 
 shrinks drop the newest workers, so rank 0 is always the oldest survivor: the worker
 that certainly holds the current training state.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -34,6 +35,7 @@ class ClusterConfig:
     because they failed (a crash, a lost host, a suspected hang) rather than by plan: a worker
     still waiting in a collective of an older version that counted any of them knows at once
     that it can never complete."""
+
     version: int
     workers: tuple[WorkerSpec, ...]
     lost: tuple[str, ...] = ()
@@ -81,12 +83,16 @@ class ClusterConfig:
     def from_dict(data: dict) -> "ClusterConfig":
         if "runs" in data:
             hosts = [str(h) for h in data["hosts"]]
-            workers = tuple(w for host, first, count in data["runs"]
-                            for w in _run(hosts[int(host)], str(first), int(count)))
+            workers = tuple(
+                w
+                for host, first, count in data["runs"]
+                for w in _run(hosts[int(host)], str(first), int(count))
+            )
         else:  # one entry per worker
             workers = tuple(WorkerSpec.from_dict(w) for w in data["workers"])
-        return ClusterConfig(version=int(data["version"]), workers=workers,
-                             lost=tuple(str(i) for i in data.get("lost", ())))
+        return ClusterConfig(
+            version=int(data["version"]), workers=workers, lost=tuple(str(i) for i in data.get("lost", ()))
+        )
 
     def dooms(self, members: Iterable[str]) -> tuple[str, ...]:
         """Which of ``members`` (an older version's) this version dropped as lost."""
@@ -115,7 +121,7 @@ def _run_ids(first: str, count: int) -> list[str]:
     stem = first.rstrip("0123456789")
     if _next_id(first, 1) is None:
         raise ConfigError(f"a run of {count} worker ids from {first!r}, which does not end in a number")
-    base = int(first[len(stem):])
+    base = int(first[len(stem) :])
     return [f"{stem}{base + k}" for k in range(count)]
 
 
@@ -125,7 +131,7 @@ def _next_id(first: str, k: int) -> str | None:
     if k == 0:
         return first
     stem = first.rstrip("0123456789")
-    digits = first[len(stem):]
+    digits = first[len(stem) :]
     if not digits or (len(digits) > 1 and digits[0] == "0"):
         return None
     return f"{stem}{int(digits) + k}"
@@ -162,23 +168,25 @@ def remove(config: ClusterConfig, ids: Iterable[str], lost: bool = False) -> Clu
     survivors = tuple(w for w in config.workers if w.id not in gone)
     if not survivors:
         raise ConfigError(f"removing {sorted(gone)} would leave cluster v{config.version} empty")
-    return ClusterConfig(version=config.version + 1, workers=survivors,
-                         lost=tuple(sorted(gone)) if lost else ())
+    return ClusterConfig(
+        version=config.version + 1, workers=survivors, lost=tuple(sorted(gone)) if lost else ()
+    )
 
 
 @dataclass(frozen=True)
 class ClusterView:
     """One worker's frozen view of the cluster version it trains in: what strategies, policies
     and reports may read about membership. A new version gives a new view."""
+
     worker_id: str
     rank: int
     size: int
     version: int
-    members: tuple[str, ...]          # worker ids by rank
-    hosts: tuple[str, ...]            # each rank's host address, by rank
+    members: tuple[str, ...]  # worker ids by rank
+    hosts: tuple[str, ...]  # each rank's host address, by rank
     min_size: int = 1
     max_size: int | None = None
-    elastic: bool = False             # started by `taiji run` (a launcher can change membership)
+    elastic: bool = False  # started by `taiji run` (a launcher can change membership)
 
     @property
     def host(self) -> str:
@@ -190,10 +198,25 @@ class ClusterView:
         return dict(Counter(self.hosts))
 
     @staticmethod
-    def of(config: ClusterConfig, worker_id: str, *, min_size: int = 1, max_size: int | None = None,
-           elastic: bool = False) -> "ClusterView":
+    def of(
+        config: ClusterConfig,
+        worker_id: str,
+        *,
+        min_size: int = 1,
+        max_size: int | None = None,
+        elastic: bool = False,
+    ) -> "ClusterView":
         rank = config.rank_of(worker_id)
         if rank is None:
             raise ConfigError(f"worker {worker_id} is not a member of cluster v{config.version}")
-        return ClusterView(worker_id, rank, config.size, config.version, config.ids,
-                           tuple(w.host for w in config.workers), min_size, max_size, elastic)
+        return ClusterView(
+            worker_id,
+            rank,
+            config.size,
+            config.version,
+            config.ids,
+            tuple(w.host for w in config.workers),
+            min_size,
+            max_size,
+            elastic,
+        )

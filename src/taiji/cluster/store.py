@@ -5,6 +5,7 @@ under a per-job prefix. Config versions are published with compare-and-set, so t
 writers can never both publish ``v{N}``. ``FakeStore`` (cluster/fake_store.py) has the same
 semantics in memory (plus fault injection) for unit tests of control-plane logic.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -21,8 +22,15 @@ import torch.distributed as dist
 
 from ..errors import AuthError, StoreError
 from .auth import Signer, unsealed
-from .kv import (KeyValue, SupportsConnections, SupportsCountedPuts, SupportsLease, SupportsPollInterval,
-                 SupportsTransactions, SupportsWatch)
+from .kv import (
+    KeyValue,
+    SupportsConnections,
+    SupportsCountedPuts,
+    SupportsLease,
+    SupportsPollInterval,
+    SupportsTransactions,
+    SupportsWatch,
+)
 from .listener import store_listener
 from .spec import ClusterConfig
 
@@ -72,8 +80,10 @@ class JobStore:
             raise
         except (dist.DistError, RuntimeError, ConnectionError, OSError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StoreError(f"job {self.job_id}: store {what} failed: {first} (is the store's host up and "
-                             "reachable from here?)") from exc  # (torch's messages go on with C++ frames)
+            raise StoreError(
+                f"job {self.job_id}: store {what} failed: {first} (is the store's host up and "
+                "reachable from here?)"
+            ) from exc  # (torch's messages go on with C++ frames)
 
     def set(self, name: str, value: str | bytes) -> None:
         self._call(f"set {name}", self.kv.set, self.key(name), value)
@@ -151,7 +161,7 @@ class JobStore:
         if not isinstance(self.kv, SupportsWatch):
             raise StoreError(f"job {self.job_id}: this store cannot be watched (etcd can; poll a TCPStore)")
         for key, value in self.kv.changes_under(self.key(name), stop):
-            yield key[len(self._prefix):], value
+            yield key[len(self._prefix) :], value
 
     def follow_configs(self, stop: threading.Event) -> Iterator[ClusterConfig]:
         """The newest published config (once there is one) and each newer one as it is published, until
@@ -172,10 +182,12 @@ class JobStore:
                 yield self.read_config(newest, raw=carried.get(self.key(config_key(newest))))
             carried.clear()
 
-    def read_config(self, version: int | None = None, wait: float = 0.0, raw: bytes | None = None) -> ClusterConfig:
+    def read_config(
+        self, version: int | None = None, wait: float = 0.0, raw: bytes | None = None
+    ) -> ClusterConfig:
         """Config ``version`` (``raw``: as read already; None: the latest, ``wait``: once one is published)."""
         if version is None:
-            if wait > 0:   # the latest once one is published (`taiji run` starts workers before it publishes)
+            if wait > 0:  # the latest once one is published (`taiji run` starts workers before it publishes)
                 self.wait_for_version(1, wait)
             version = self.latest_version() or (1 if wait > 0 else 0)
             if version == 0:
@@ -183,9 +195,11 @@ class JobStore:
         try:
             return ClusterConfig.from_dict(self.get_record(config_key(version), raw))
         except AuthError as exc:
-            raise AuthError(f"job {self.job_id}: cluster config v{version} is not signed with the job's "
-                            f"secret ({exc}); someone else wrote to the job store: stop the job and keep its "
-                            "store on a trusted network") from exc
+            raise AuthError(
+                f"job {self.job_id}: cluster config v{version} is not signed with the job's "
+                f"secret ({exc}); someone else wrote to the job store: stop the job and keep its "
+                "store on a trusted network"
+            ) from exc
 
     def publish(self, config: ClusterConfig) -> bool:
         """Publish ``config`` as the next version; False if another writer got there first.
@@ -200,8 +214,12 @@ class JobStore:
         previous = b"" if config.version == 1 else str(config.version - 1).encode()
         desired = str(config.version).encode()
         if isinstance(self.kv, SupportsTransactions):
-            return self._call("publish", self.kv.put_if, {owner: b"", latest: previous},
-                              {owner: token, self.key(name): self._sealed(name, config.to_dict()), latest: desired})
+            return self._call(
+                "publish",
+                self.kv.put_if,
+                {owner: b"", latest: previous},
+                {owner: token, self.key(name): self._sealed(name, config.to_dict()), latest: desired},
+            )
         if self._call("publish", self.kv.compare_set, owner, b"", token) != token:
             return False
         self.put_record(name, config.to_dict())
@@ -239,8 +257,12 @@ class JobStore:
         if not isinstance(self.kv, SupportsCountedPuts):
             return self.append_record(stream, record)
         name = f"{stream}/joined/{uuid.uuid4().hex}"
-        return self._call(f"enrol in {stream}", self.kv.put_counted, {
-            self.key(name): self._sealed(name, record), self.key("doorbell"): _bell_token()}, self.key(f"{stream}/joined/"))
+        return self._call(
+            f"enrol in {stream}",
+            self.kv.put_counted,
+            {self.key(name): self._sealed(name, record), self.key("doorbell"): _bell_token()},
+            self.key(f"{stream}/joined/"),
+        )
 
     def enrolled_after(self, stream: str, seen: int) -> tuple[int, list[dict]]:
         """The records ``enrol`` added to ``stream`` since position ``seen`` (0: the start), in order, and
@@ -248,7 +270,7 @@ class JobStore:
         if not isinstance(self.kv, SupportsCountedPuts):
             return self.records_after(stream, seen)
         seen, found = self._call(f"read {stream}", self.kv.created_after, self.key(f"{stream}/joined/"), seen)
-        return seen, self._opened((key[len(self._prefix):], raw) for key, raw in found)
+        return seen, self._opened((key[len(self._prefix) :], raw) for key, raw in found)
 
     def _opened(self, records: Iterable[tuple[str, bytes | None]]) -> list[dict]:
         """Records (name, value as read, or None: read it now) opened; those that fail their check are
@@ -303,10 +325,14 @@ class JobStore:
         self.add(f"failed/v{version}/count", 1)
         self.ring()
 
-    def failure_reports(self, version: int, members: Iterable[str]) -> dict[str, int]:  # member -> step it failed in
+    def failure_reports(
+        self, version: int, members: Iterable[str]
+    ) -> dict[str, int]:  # member -> step it failed in
         if not self.failures_reported(version):
             return {}
-        return {m: int(self.get(f"failed/v{version}/{m}")) for m in members if self.has(f"failed/v{version}/{m}")}
+        return {
+            m: int(self.get(f"failed/v{version}/{m}")) for m in members if self.has(f"failed/v{version}/{m}")
+        }
 
     def report_fatal(self, worker_id: str, message: str) -> None:
         """Stop the whole job: the first report is the one the launcher shows."""
@@ -333,6 +359,7 @@ class JobStore:
     def follow_doorbell(self) -> "KeyFollower | None":
         """Where the store can watch (etcd): the doorbell followed by a thread of its own (a tick reads a variable)."""
         from .follow import KeyFollower
+
         return KeyFollower(self.another_connection(), "doorbell") if self.can_watch else None
 
     def doorbell(self) -> int:
@@ -359,8 +386,9 @@ def _bell_token() -> str:
     return str(uuid.uuid4().int >> 66)
 
 
-def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0,
-               listener: socket.socket | None = None) -> dist.TCPStore:
+def host_store(
+    host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0, listener: socket.socket | None = None
+) -> dist.TCPStore:
     """Start the embedded TCPStore server (the launcher's side). Port 0 picks a free port.
 
     It listens on ``host`` only: TCPStore binds every interface whatever host it is given, so
@@ -370,8 +398,15 @@ def host_store(host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0,
     bound_port = listener.getsockname()[1]
     fd = listener.detach()  # the store owns the descriptor from here on
     try:
-        return dist.TCPStore(host, bound_port, is_master=True, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=timeout), master_listen_fd=fd, use_libuv=True)
+        return dist.TCPStore(
+            host,
+            bound_port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout),
+            master_listen_fd=fd,
+            use_libuv=True,
+        )
     except (RuntimeError, OSError) as exc:
         os.close(fd)
         raise StoreError(f"cannot start the job store on {host}:{bound_port}: {exc}") from exc
@@ -382,29 +417,36 @@ def open_store(url: str, timeout: float = 60.0, credentials: tuple[str, str] | N
     ``etcd://HOST:PORT[,HOST:PORT...]`` (``etcds://``: TLS) (as the job's etcd user when ``credentials`` are given);
     both are ``torch.distributed.Store``s (gloo rendezvous)."""
     from .etcd import is_etcd_url
+
     if is_etcd_url(url):
         from .etcd import EtcdKV
         from .etcd_store import EtcdC10dStore
+
         try:
             kv = EtcdKV(url, timeout, credentials)  # authenticating reaches the cluster too
             kv.reachable()
             store = EtcdC10dStore(kv)
         except StoreError as exc:
-            raise StoreError(f"cannot reach the job store {url}: {exc}. Is the launcher (or the etcd cluster) "
-                             "running, and is this host on its network?") from exc
+            raise StoreError(
+                f"cannot reach the job store {url}: {exc}. Is the launcher (or the etcd cluster) "
+                "running, and is this host on its network?"
+            ) from exc
         return store
-    address = url[len("tcp://"):] if url.startswith("tcp://") else url
+    address = url[len("tcp://") :] if url.startswith("tcp://") else url
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise StoreError(f"bad job store address {url!r}: expected tcp://HOST:PORT or etcd://HOST:PORT")
     return connect_store(host.strip("[]"), int(port), timeout)
 
 
-def connect_job(url: str, job_id: str, secret: bytes | None, timeout: float = 60.0) -> tuple[dist.Store, "JobStore"]:
+def connect_job(
+    url: str, job_id: str, secret: bytes | None, timeout: float = 60.0
+) -> tuple[dist.Store, "JobStore"]:
     """The store at ``url`` and job ``job_id``'s view of it: records signed and checked with the
     job secret, and on etcd as the job's own user (when the cluster has auth on)."""
     credentials = None
     from .etcd import is_etcd_url, job_credentials
+
     if is_etcd_url(url) and secret is not None:
         credentials = job_credentials(job_id, secret)
     raw = open_store(url, timeout, credentials)
@@ -417,12 +459,19 @@ def connect_store(host: str, port: int, timeout: float = 60.0) -> dist.TCPStore:
     why = _unreachable(host, port, deadline)
     try:
         if why is None:
-            return dist.TCPStore(host, port, is_master=False, use_libuv=True,
-                                 timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
+            return dist.TCPStore(
+                host,
+                port,
+                is_master=False,
+                use_libuv=True,
+                timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 1.0)),
+            )
     except (RuntimeError, OSError) as exc:
         why = str(exc).splitlines()[0]  # (torch's messages go on with C++ stack frames)
-    raise StoreError(f"cannot reach the job store at {host}:{port} within {timeout:g}s ({why}): is the "
-                     "job's launcher running there, and can this host reach that address?")
+    raise StoreError(
+        f"cannot reach the job store at {host}:{port} within {timeout:g}s ({why}): is the "
+        "job's launcher running there, and can this host reach that address?"
+    )
 
 
 def _unreachable(host: str, port: int, deadline: float) -> str | None:

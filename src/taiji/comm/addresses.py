@@ -5,6 +5,7 @@ peers on other hosts are then refused. taiji therefore always names the device: 
 interface in ``GLOO_SOCKET_IFNAME`` when it is set (gloo honours that variable only in a
 constructor taiji does not use, so it is read here), else by the IP the worker advertises.
 """
+
 from __future__ import annotations
 
 import fcntl

@@ -7,6 +7,7 @@ different channels never queues behind each other (KungFu's named asynchronous
 collectives). Every collective has a timeout; failures become ``PeerLost`` or
 ``CollectiveTimeout``, never a hang or a silently wrong result.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -40,7 +41,8 @@ _DEBUG_CHANNEL = "debug"
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
     "avg": dist.ReduceOp.SUM,  # gloo has no AVG: sum, then divide by the live size
-    "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
 }
 _ABANDON_SLICE = datetime.timedelta(milliseconds=10)  # how soon a wait sees its version abandoned
 
@@ -49,8 +51,14 @@ class _PlanGroups:
     """The groups a topology plan uses (comm/topology.py ``Groups``), handed over by the
     communicator that owns them."""
 
-    def __init__(self, rank: int, size: int, full: Callable[[], Any],
-                 among: Callable[[str, tuple[int, ...]], Any], layout: Callable[[], HostLayout]):
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        full: Callable[[], Any],
+        among: Callable[[str, tuple[int, ...]], Any],
+        layout: Callable[[], HostLayout],
+    ):
         self.rank, self.size = rank, size
         self.full, self.among, self.layout = full, among, layout
 
@@ -61,20 +69,29 @@ class CommOptions:
     debug: bool = False
     host: str = "127.0.0.1"
     hosts: tuple[str, ...] = ()  # each rank's host (hierarchical plans); empty: unknown
-    topology: str = "ring"       # how the grad channel allreduces (comm/topology.py)
+    topology: str = "ring"  # how the grad channel allreduces (comm/topology.py)
     cuda_backend: str = field(default_factory=env.CUDA_BACKEND.get)  # nccl | gloo (GPUs shared)
 
 
 class Communicator:
     """Collectives among the ``size`` workers of one cluster version."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, version: int,
-                 options: CommOptions = CommOptions(), side_store: dist.Store | None = None):
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        version: int,
+        options: CommOptions = CommOptions(),
+        side_store: dist.Store | None = None,
+    ):
         if not 0 <= rank < size:
             raise ConfigError(f"rank {rank} is outside a cluster of size {size}")
         if options.timeout <= 0 or options.cuda_backend not in ("nccl", "gloo"):
-            raise ConfigError(f"collective timeout must be positive (got {options.timeout}) and cuda_backend "
-                              f"nccl or gloo (got {options.cuda_backend!r})")
+            raise ConfigError(
+                f"collective timeout must be positive (got {options.timeout}) and cuda_backend "
+                f"nccl or gloo (got {options.cuda_backend!r})"
+            )
         self.store = store
         # the same store on a connection of its own: a second group's rendezvous runs beside the
         # first's (a TCPStore connection waits for one key at a time); None: one after the other
@@ -89,11 +106,17 @@ class Communicator:
         self._connecting = threading.Lock()  # held by connect(), which may run on a thread of its own
         self._connect_failed: CommError | None = None
         self._closed = False
-        self._abandoned: str | None = None     # why this version can no longer complete a collective
+        self._abandoned: str | None = None  # why this version can no longer complete a collective
         self._waiters: set[threading.Event] = set()  # Handles waiting for a collective to end
         self._waiting_since: float | None = None  # (monotonic) a wait for a collective began, still on
-        self._plans = PlanRunner(f"taiji-plans-v{version}", lambda: CommError(
-            f"{self._where()} communicator of version {version} is closed", channel="grad", version=version))
+        self._plans = PlanRunner(
+            f"taiji-plans-v{version}",
+            lambda: CommError(
+                f"{self._where()} communicator of version {version} is closed",
+                channel="grad",
+                version=version,
+            ),
+        )
         self.set_topology(options.topology)
 
     # -- process groups ---------------------------------------------------------------
@@ -103,16 +126,25 @@ class Communicator:
         key = f"{channel}-nccl" if nccl else channel
         with self._lock:
             if self._closed:
-                raise CommError(f"{self._where()} communicator of version {self.version} is closed",
-                                channel=channel, version=self.version)
+                raise CommError(
+                    f"{self._where()} communicator of version {self.version} is closed",
+                    channel=channel,
+                    version=self.version,
+                )
             group = self._groups.get(key)
             if group is None:
                 group = self._build_group(key, device, op)
                 self._groups[key] = group
             return group
 
-    def _build_group(self, key: str, device: torch.device, op: str,
-                     members: tuple[int, ...] | None = None, store: dist.Store | None = None) -> Any:
+    def _build_group(
+        self,
+        key: str,
+        device: torch.device,
+        op: str,
+        members: tuple[int, ...] | None = None,
+        store: dist.Store | None = None,
+    ) -> Any:
         """A group of every rank, or of ``members`` only (a plan's host or leaders' group)."""
         prefixed = dist.PrefixStore(f"pg/v{self.version}/{key}", self.store if store is None else store)
         rank, size = (self.rank, self.size) if members is None else (members.index(self.rank), len(members))
@@ -133,8 +165,11 @@ class Communicator:
         """A plan's group of ``members``, built on the plan thread (the only one that builds these)
         *outside* the lock: its rendezvous waits for the other ranks' plan threads, and holding
         the lock meanwhile could deadlock with a main thread building another group."""
-        closed = CommError(f"{self._where()} communicator of version {self.version} is closed",
-                           channel=key, version=self.version)
+        closed = CommError(
+            f"{self._where()} communicator of version {self.version} is closed",
+            channel=key,
+            version=self.version,
+        )
         with self._lock:
             if self._closed:
                 raise closed
@@ -159,8 +194,10 @@ class Communicator:
 
     def layout(self) -> HostLayout:
         if len(self.options.hosts) != self.size:
-            raise ConfigError(f"{self._where()} the {self.topology} topology needs each rank's host "
-                              f"(got {len(self.options.hosts)} for {self.size} ranks)")
+            raise ConfigError(
+                f"{self._where()} the {self.topology} topology needs each rank's host "
+                f"(got {len(self.options.hosts)} for {self.size} ranks)"
+            )
         return host_layout(self.options.hosts)
 
     def _planned(self, channel: str, tensor: torch.Tensor) -> Any:
@@ -168,13 +205,19 @@ class Communicator:
         # a group of every rank of the plans' own: the main thread's ops on the channel's group
         # (an integer buffer's max, say) must not interleave with a plan's in different orders
         everyone = tuple(range(self.size))
-        groups = _PlanGroups(self.rank, self.size, lambda: self._subgroup(f"{channel}:plan", everyone),
-                             lambda name, members: self._subgroup(f"{channel}:{name}", members), self.layout)
+        groups = _PlanGroups(
+            self.rank,
+            self.size,
+            lambda: self._subgroup(f"{channel}:plan", everyone),
+            lambda name, members: self._subgroup(f"{channel}:{name}", members),
+            self.layout,
+        )
         plan = PLANS[self.topology]
         return self._plans.submit(lambda: plan(tensor, groups))
 
-    def connect(self, channels: Sequence[str] | None = None,
-                via: tuple[dist.Store, dist.Store] | None = None) -> None:
+    def connect(
+        self, channels: Sequence[str] | None = None, via: tuple[dist.Store, dist.Store] | None = None
+    ) -> None:
         """Build the CPU groups of ``channels`` now rather than on first use (default: the ones a
         step uses): a new version's groups are ready before its first step, two side by side (with
         ``side_store``), so that a recovery pays about one rendezvous, not one per channel. ``via``:
@@ -191,7 +234,9 @@ class Communicator:
             if self._connect_failed is not None:
                 raise self._connect_failed
 
-    def _build_groups(self, wanted: list[str], store: dist.Store | None, side: dist.Store | None) -> CommError | None:
+    def _build_groups(
+        self, wanted: list[str], store: dist.Store | None, side: dist.Store | None
+    ) -> CommError | None:
         built: dict[str, Any] = {}
         failed: list[CommError] = []
 
@@ -200,6 +245,7 @@ class Communicator:
                 built[channel] = self._build_group(channel, torch.device("cpu"), "connect", store=store)
             except CommError as exc:
                 failed.append(exc)
+
         beside = None
         if len(wanted) > 1 and side is not None:
             beside = threading.Thread(target=build, args=(wanted.pop(), side), daemon=True)
@@ -298,6 +344,7 @@ class Communicator:
         def end() -> None:  # (a gloo future ends a moment before its Work says it is completed)
             ended.set()
             woken.set()
+
         try:
             when_done(work, end)
             woken.wait()
@@ -313,9 +360,13 @@ class Communicator:
             keep_forever(work)
 
     def abandoned_error(self, op: str, channel: str) -> PeerLost:
-        return PeerLost(f"{self._where()} {op} on channel '{channel}' abandoned: {self._abandoned}. "
-                        "The survivors retry the step in the new version.",
-                        channel=channel, op=op, version=self.version)
+        return PeerLost(
+            f"{self._where()} {op} on channel '{channel}' abandoned: {self._abandoned}. "
+            "The survivors retry the step in the new version.",
+            channel=channel,
+            op=op,
+            version=self.version,
+        )
 
     # -- errors -----------------------------------------------------------------------
 
@@ -328,13 +379,27 @@ class Communicator:
     # -- debug-mode signature check ---------------------------------------------------
 
     def _check_signature(self, op: str, tensor: torch.Tensor | None, extra: int = 0) -> None:
-        check_signatures(self._allgather_raw(signature(op, tensor, extra), _DEBUG_CHANNEL), op, self._where(),
-                         self.version, _DEBUG_CHANNEL)
+        check_signatures(
+            self._allgather_raw(signature(op, tensor, extra), _DEBUG_CHANNEL),
+            op,
+            self._where(),
+            self.version,
+            _DEBUG_CHANNEL,
+        )
 
     # -- collectives ------------------------------------------------------------------
 
-    def _run(self, op: str, channel: str, tensor: torch.Tensor, submit: Callable[[Any], Any],
-             finish: Callable[[], T], async_op: bool, extra: int = 0, planned: bool = False) -> T | Handle[T]:
+    def _run(
+        self,
+        op: str,
+        channel: str,
+        tensor: torch.Tensor,
+        submit: Callable[[Any], Any],
+        finish: Callable[[], T],
+        async_op: bool,
+        extra: int = 0,
+        planned: bool = False,
+    ) -> T | Handle[T]:
         """``planned``: ``submit`` hands the tensor to a topology plan, which uses groups of its
         own — the channel's group is not needed (nor built)."""
         if self.options.debug and self.size > 1:
@@ -356,12 +421,14 @@ class Communicator:
                     if not closed:
                         self._in_flight.add(pending)
                 if closed and pending.orphan():  # closed by another thread meanwhile
-                    reaper.submit(Teardown(self.version, [group] if group is not None else [], [pending],
-                                           REAP_DELAY_S))
+                    reaper.submit(
+                        Teardown(self.version, [group] if group is not None else [], [pending], REAP_DELAY_S)
+                    )
         return handle if async_op else handle.wait()
 
-    def allreduce(self, tensor: torch.Tensor, op: str = "sum", *, channel: str = "grad",
-                  async_op: bool = False) -> torch.Tensor | Handle[torch.Tensor]:
+    def allreduce(
+        self, tensor: torch.Tensor, op: str = "sum", *, channel: str = "grad", async_op: bool = False
+    ) -> torch.Tensor | Handle[torch.Tensor]:
         """Reduce ``tensor`` in place across all workers (``sum``, ``avg``, ``min``, ``max``)."""
         if op not in _REDUCE_OPS:
             raise ConfigError(f"unknown reduce op {op!r}; use one of {sorted(_REDUCE_OPS)}")
@@ -375,23 +442,43 @@ class Communicator:
             if op == "avg" and size > 1:
                 tensor.div_(size)
             return tensor
-        planned = channel == "grad" and not self._ring_plan and op in ("sum", "avg") and not tensor.is_cuda
-        submit = (lambda g: self._planned(channel, tensor)) if planned else (lambda g: g.allreduce([tensor], opts))
-        return self._run("allreduce", channel, tensor, submit, finish, async_op, extra=list(_REDUCE_OPS).index(op),
-                         planned=planned)
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0, *, channel: str = "ctrl",
-                  async_op: bool = False) -> torch.Tensor | Handle[torch.Tensor]:
+        planned = channel == "grad" and not self._ring_plan and op in ("sum", "avg") and not tensor.is_cuda
+        submit = (
+            (lambda g: self._planned(channel, tensor)) if planned else (lambda g: g.allreduce([tensor], opts))
+        )
+        return self._run(
+            "allreduce",
+            channel,
+            tensor,
+            submit,
+            finish,
+            async_op,
+            extra=list(_REDUCE_OPS).index(op),
+            planned=planned,
+        )
+
+    def broadcast(
+        self, tensor: torch.Tensor, src: int = 0, *, channel: str = "ctrl", async_op: bool = False
+    ) -> torch.Tensor | Handle[torch.Tensor]:
         """Overwrite ``tensor`` on every worker with rank ``src``'s."""
         if not 0 <= src < self.size:
             raise ConfigError(f"broadcast source rank {src} is outside a cluster of size {self.size}")
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = src, 0
-        return self._run("broadcast", channel, tensor, lambda g: g.broadcast([tensor], opts),
-                         lambda: tensor, async_op, extra=src)
+        return self._run(
+            "broadcast",
+            channel,
+            tensor,
+            lambda g: g.broadcast([tensor], opts),
+            lambda: tensor,
+            async_op,
+            extra=src,
+        )
 
-    def allgather(self, tensor: torch.Tensor, *, channel: str = "ctrl",
-                  async_op: bool = False) -> list[torch.Tensor] | Handle[list[torch.Tensor]]:
+    def allgather(
+        self, tensor: torch.Tensor, *, channel: str = "ctrl", async_op: bool = False
+    ) -> list[torch.Tensor] | Handle[list[torch.Tensor]]:
         """Every worker's ``tensor`` (all of equal shape), in rank order."""
         outputs = [torch.empty_like(tensor) for _ in range(self.size)]
 
@@ -399,8 +486,10 @@ class Communicator:
             if self.size == 1:
                 outputs[0].copy_(tensor)
             return outputs
-        return self._run("allgather", channel, tensor, lambda g: g.allgather([outputs], [tensor]),
-                         finish, async_op)
+
+        return self._run(
+            "allgather", channel, tensor, lambda g: g.allgather([outputs], [tensor]), finish, async_op
+        )
 
     def _allgather_raw(self, tensor: torch.Tensor, channel: str) -> list[torch.Tensor]:
         outputs = [torch.empty_like(tensor) for _ in range(self.size)]
@@ -414,12 +503,18 @@ class Communicator:
     def barrier(self, *, channel: str = "ctrl", async_op: bool = False) -> None | Handle[None]:
         """Return once every worker reached this barrier (or raise on timeout / peer loss)."""
         token = torch.zeros(1)
-        return self._run("barrier", channel, token,
-                         lambda g: g.allreduce([token], dist.AllreduceOptions()),
-                         lambda: None, async_op)
+        return self._run(
+            "barrier",
+            channel,
+            token,
+            lambda g: g.allreduce([token], dist.AllreduceOptions()),
+            lambda: None,
+            async_op,
+        )
 
-    def consensus(self, value: torch.Tensor | bytes | str | int | float, name: str = "value", *,
-                  channel: str = "ctrl") -> None:
+    def consensus(
+        self, value: torch.Tensor | bytes | str | int | float, name: str = "value", *, channel: str = "ctrl"
+    ) -> None:
         """Raise ConsensusError naming the ranks whose ``value`` differs from rank 0's."""
         if isinstance(value, torch.Tensor):
             digest = tensor_digest([value])
@@ -435,4 +530,7 @@ class Communicator:
                 f"{self._where()} workers disagree on {name}: ranks {bad} differ from rank 0 "
                 f"(cluster of {self.size}). This is a bug in code that must run identically "
                 "on every worker (a policy, a seed, or data-dependent control flow).",
-                op="consensus", channel=channel, version=self.version)
+                op="consensus",
+                channel=channel,
+                version=self.version,
+            )

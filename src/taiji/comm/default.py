@@ -4,6 +4,7 @@ The runtime registers its provider when ``taiji.init()`` runs (or on import of t
 lower layers (strategies used on their own, the log prefix) ask here instead of importing the
 runtime.
 """
+
 from __future__ import annotations
 
 from typing import Callable

@@ -1,4 +1,5 @@
 """Hashes of exact tensor bytes, to compare replicas bitwise without moving the tensors."""
+
 from __future__ import annotations
 
 import hashlib

@@ -1,5 +1,6 @@
 """A collective in flight: ``Handle.wait()`` gives its result or raises CommError, and ends at
 once (PeerLost) when its communicator's version is abandoned (comm/communicator.py)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Generic, Protocol, TypeVar
@@ -16,6 +17,7 @@ REAP_DELAY_S = 1.0  # a closed version's groups are destroyed this long after cl
 
 class Waited(Protocol):
     """What a Handle needs of the communicator whose collective it waits for."""
+
     rank: int
     size: int
     version: int
@@ -32,8 +34,9 @@ def comm_where(comm: Waited) -> str:
 
 
 def comm_error(comm: Waited, exc: BaseException, op: str, channel: str) -> TaijiError:
-    return collective_error(exc, op, channel, rank=comm.rank, size=comm.size, version=comm.version,
-                            timeout=comm.options.timeout)
+    return collective_error(
+        exc, op, channel, rank=comm.rank, size=comm.size, version=comm.version, timeout=comm.options.timeout
+    )
 
 
 def when_done(work: Any, callback: Callable[[], None]) -> None:
@@ -48,8 +51,9 @@ class Handle(Generic[T]):
     """An asynchronous collective in flight. ``wait()`` returns its result or raises CommError
     (also after its communicator was closed: then within about a second)."""
 
-    def __init__(self, work: Any, finish: Callable[[], T], comm: Waited, op: str, channel: str,
-                 sliced: bool = True):
+    def __init__(
+        self, work: Any, finish: Callable[[], T], comm: Waited, op: str, channel: str, sliced: bool = True
+    ):
         self._pending = work if work is None or isinstance(work, Pending) else Pending(work)
         self._sliced = sliced  # a gloo Work: waited in short slices (see Communicator.wait_unless_abandoned)
         self._finish, self._comm, self._op, self._channel = finish, comm, op, channel
@@ -84,9 +88,13 @@ class Handle(Generic[T]):
         limit = REAP_DELAY_S + 2 * self._comm.options.timeout + 5.0
         assert pending.done is not None
         if not pending.done.wait(limit):
-            raise CollectiveTimeout(f"{comm_where(self._comm)} {self._op} on channel '{self._channel}' "
-                                    f"still in flight {limit:g}s after its communicator was closed",
-                                    channel=self._channel, op=self._op, version=self._comm.version)
+            raise CollectiveTimeout(
+                f"{comm_where(self._comm)} {self._op} on channel '{self._channel}' "
+                f"still in flight {limit:g}s after its communicator was closed",
+                channel=self._channel,
+                op=self._op,
+                version=self._comm.version,
+            )
         if pending.error is not None:
             raise comm_error(self._comm, pending.error, self._op, self._channel) from pending.error
 

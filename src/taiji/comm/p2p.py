@@ -21,6 +21,7 @@ Wire protocol (DESIGN §10: nothing is unpickled, the job secret authenticates p
 An empty secret is accepted only on loopback (the launcher always generates a secret). The
 HMAC exchange authenticates but does not encrypt: do not carry secrets in the tensors.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -57,6 +58,7 @@ Address = tuple[str, int]
 @dataclass(frozen=True)
 class Snapshot:
     """One whole published model: every tensor comes from the same ``publish`` call."""
+
     version: int
     tensors: list[torch.Tensor]
 
@@ -75,8 +77,10 @@ def _key(secret: bytes | str, host: str, who: str) -> bytes:
         except ValueError:
             loopback = False
         if not loopback:
-            raise ConfigError(f"{who}: an empty job secret is allowed only on loopback, not "
-                              f"{host!r}; pass the job secret (TAIJI_SECRET, set by the launcher)")
+            raise ConfigError(
+                f"{who}: an empty job secret is allowed only on loopback, not "
+                f"{host!r}; pass the job secret (TAIJI_SECRET, set by the launcher)"
+            )
     return key
 
 
@@ -87,7 +91,8 @@ def _raw(t: torch.Tensor) -> memoryview:
 
 def _same_layout(mine: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> bool:
     return len(mine) == len(theirs) and all(
-        a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs))
+        a.shape == b.shape and a.dtype == b.dtype for a, b in zip(mine, theirs)
+    )
 
 
 class ModelStore:
@@ -99,13 +104,21 @@ class ModelStore:
     (when one exists), so publishing every step does not allocate and page-fault a new model.
     """
 
-    def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0, *,
-                 io_timeout: float = 30.0, max_connections: int = 256, idle_timeout: float = 300.0):
+    def __init__(
+        self,
+        secret: bytes,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        io_timeout: float = 30.0,
+        max_connections: int = 256,
+        idle_timeout: float = 300.0,
+    ):
         self._key = _key(secret, host, "ModelStore")
         self._io_timeout, self._max_conns, self._idle_timeout = io_timeout, max_connections, idle_timeout
         self._current: Snapshot | None = None
-        self._spare: Snapshot | None = None      # retired, unread: its buffers can be reused
-        self._readers: dict[int, int] = {}       # id(snapshot) -> connections sending it
+        self._spare: Snapshot | None = None  # retired, unread: its buffers can be reused
+        self._readers: dict[int, int] = {}  # id(snapshot) -> connections sending it
         self._lock = threading.Lock()
         self._closed = False
         self._handlers: dict[threading.Thread, socket.socket] = {}
@@ -114,8 +127,9 @@ class ModelStore:
         self._listener = socket.create_server((host, port), family=family, backlog=128)
         self._listener.settimeout(0.05)  # accept loop polls the stop flag: close() is prompt
         self.address: Address = tuple(self._listener.getsockname()[:2])  # type: ignore[assignment]
-        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
-                                          name=f"taiji-p2p-store:{self.address[1]}")
+        self._acceptor = threading.Thread(
+            target=self._accept_loop, daemon=True, name=f"taiji-p2p-store:{self.address[1]}"
+        )
         self._acceptor.start()
 
     def publish(self, version: int, tensors: Sequence[torch.Tensor]) -> None:
@@ -124,13 +138,17 @@ class ModelStore:
             raise ConfigError(f"ModelStore.publish: version must be an int >= 0, got {version!r}")
         for i, t in enumerate(tensors):
             if t.dtype not in DTYPES.values():
-                raise ConfigError(f"ModelStore.publish: tensor {i} has dtype {t.dtype}, which "
-                                  f"p2p cannot send; supported: {sorted(DTYPES)}")
+                raise ConfigError(
+                    f"ModelStore.publish: tensor {i} has dtype {t.dtype}, which "
+                    f"p2p cannot send; supported: {sorted(DTYPES)}"
+                )
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None and not _same_layout(spare.tensors, tensors):
             spare = None
-        copies = spare.tensors if spare is not None else [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        copies = (
+            spare.tensors if spare is not None else [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        )
         with torch.no_grad():
             for dst, t in zip(copies, tensors):
                 dst.copy_(t.detach())
@@ -150,12 +168,14 @@ class ModelStore:
                 break
             with self._lock:
                 if self._closed or len(self._handlers) >= self._max_conns:
-                    log.debug("p2p store %s: refusing connection from %s (closed or busy)",
-                              self.address, peer)
+                    log.debug(
+                        "p2p store %s: refusing connection from %s (closed or busy)", self.address, peer
+                    )
                     conn.close()
                     continue
-                th = threading.Thread(target=self._handle, args=(conn, peer), daemon=True,
-                                      name=f"taiji-p2p-serve:{peer}")
+                th = threading.Thread(
+                    target=self._handle, args=(conn, peer), daemon=True, name=f"taiji-p2p-serve:{peer}"
+                )
                 self._handlers[th] = conn
                 self.connections_accepted += 1
             th.start()
@@ -169,8 +189,9 @@ class ModelStore:
             answer = _recv_exact_plain(conn, _NONCE + _MAC)
             client_nonce, mac = answer[:_NONCE], answer[_NONCE:]
             if not hmac.compare_digest(mac, _mac(self._key, b"client", server_nonce, client_nonce)):
-                log.warning("p2p store %s: rejected %s: authentication failed (wrong job secret?)",
-                            self.address, peer)
+                log.warning(
+                    "p2p store %s: rejected %s: authentication failed (wrong job secret?)", self.address, peer
+                )
                 return
             conn.sendall(_mac(self._key, b"server", server_nonce, client_nonce))
             while True:
@@ -289,8 +310,9 @@ class _Client:
                 self.timed_out = True
                 raise self.fail(f"timed out after {self.timeout:g}s while {stage}") from None
             if k == 0:
-                raise self.fail(closed or f"peer closed the connection while {stage} "
-                                          f"(got {got} of {n} bytes)")
+                raise self.fail(
+                    closed or f"peer closed the connection while {stage} (got {got} of {n} bytes)"
+                )
             got += k
 
     def recv(self, n: int, stage: str, closed: str = "") -> bytes:
@@ -308,7 +330,9 @@ class PeerConnection:
     ``fetch()`` opens a new one.
     """
 
-    def __init__(self, address: Address, secret: bytes, timeout: float, *, max_bytes: int = MAX_PAYLOAD_BYTES):
+    def __init__(
+        self, address: Address, secret: bytes, timeout: float, *, max_bytes: int = MAX_PAYLOAD_BYTES
+    ):
         self.address, self.timeout, self.max_bytes = address, timeout, max_bytes
         self._key = _key(secret, address[0], "p2p fetch")
         self._sock: socket.socket | None = None
@@ -356,20 +380,26 @@ class PeerConnection:
         except OSError as e:
             raise c.fail(f"cannot connect ({e.strerror or e}); peer gone or address stale?") from None
         try:
-            if self._interrupted:   # interrupt() ran before the socket was ours to shut down
+            if self._interrupted:  # interrupt() ran before the socket was ours to shut down
                 raise c.fail("interrupted while connecting (the fetcher is closing)")
             c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = c.recv(len(_MAGIC) + _NONCE, "waiting for the greeting")
             if not hello.startswith(_MAGIC):
                 raise c.fail("bad greeting: not a taiji p2p model store")
-            server_nonce, client_nonce = hello[len(_MAGIC):], secrets.token_bytes(_NONCE)
+            server_nonce, client_nonce = hello[len(_MAGIC) :], secrets.token_bytes(_NONCE)
             c.settimeout("authenticating")
             c.sock.sendall(client_nonce + _mac(self._key, b"client", server_nonce, client_nonce))
-            proof = c.recv(_MAC, "authenticating", closed="authentication failed: the peer rejected "
-                           "our job secret and closed the connection (different TAIJI_SECRET?)")
+            proof = c.recv(
+                _MAC,
+                "authenticating",
+                closed="authentication failed: the peer rejected "
+                "our job secret and closed the connection (different TAIJI_SECRET?)",
+            )
             if not hmac.compare_digest(proof, _mac(self._key, b"server", server_nonce, client_nonce)):
-                raise c.fail("authentication failed: the peer could not prove it holds the job "
-                             "secret (different TAIJI_SECRET, or not our peer)")
+                raise c.fail(
+                    "authentication failed: the peer could not prove it holds the job "
+                    "secret (different TAIJI_SECRET, or not our peer)"
+                )
         except BaseException:
             self.close()
             raise
@@ -391,8 +421,9 @@ class PeerConnection:
             self._sock = None
 
 
-def fetch(address: Address, secret: bytes, timeout: float, *,
-          max_bytes: int = MAX_PAYLOAD_BYTES) -> Snapshot | None:
+def fetch(
+    address: Address, secret: bytes, timeout: float, *, max_bytes: int = MAX_PAYLOAD_BYTES
+) -> Snapshot | None:
     """Fetch a peer's latest snapshot once (connect, authenticate, read, close); ``None`` if it
     has published nothing yet. Raises :class:`PeerLost` as :meth:`PeerConnection.fetch` does."""
     connection = PeerConnection(address, secret, timeout, max_bytes=max_bytes)
@@ -420,7 +451,7 @@ class BackgroundFetcher:
         self._connections: OrderedDict[Address, PeerConnection] = OrderedDict()  # least recently used first
         self._current: PeerConnection | None = None
         self._asked: Address | None = None
-        self._busy = False    # a fetch was started and its result not polled yet
+        self._busy = False  # a fetch was started and its result not polled yet
         self._done = False
         self._result: FetchResult = None
         self._closed = False
@@ -462,9 +493,11 @@ class BackgroundFetcher:
             connection.close()
 
     def _fetch(self, address: Address) -> Snapshot | None:
-        connection = self._connections.pop(address, None) or PeerConnection(address, self._secret, self._timeout)
+        connection = self._connections.pop(address, None) or PeerConnection(
+            address, self._secret, self._timeout
+        )
         self._connections[address] = self._current = connection
-        if self._closed:   # close() ran before it could see this connection to interrupt it
+        if self._closed:  # close() ran before it could see this connection to interrupt it
             raise CommError("the fetcher was closed", channel="p2p")
         while len(self._connections) > KEPT_CONNECTIONS:  # peers not asked for longest (or gone)
             self._connections.popitem(last=False)[1].close()
@@ -490,7 +523,11 @@ class BackgroundFetcher:
         with self._lock:
             self._closed = True
             if self._busy and self._asked is not None:  # asked but not begun: settle it
-                self._asked, self._result, self._done = None, CommError("the fetcher was closed", channel="p2p"), True
+                self._asked, self._result, self._done = (
+                    None,
+                    CommError("the fetcher was closed", channel="p2p"),
+                    True,
+                )
             self._lock.notify()
             current = self._current
         if current is not None:

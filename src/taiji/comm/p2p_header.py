@@ -4,6 +4,7 @@
 Decoding is strict, since the bytes come from the network: known dtypes only, bounded rank and
 sizes, and a total payload limit checked before anything is allocated.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,23 @@ from typing import Sequence
 
 import torch
 
-DTYPES: dict[str, torch.dtype] = {str(dt).removeprefix("torch."): dt for dt in (
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-    torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)}
+DTYPES: dict[str, torch.dtype] = {
+    str(dt).removeprefix("torch."): dt
+    for dt in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    )
+}
 MAX_NDIM = 64
 EMPTY_HEADER = b'{"version": null, "tensors": []}'
 
@@ -21,8 +36,14 @@ EMPTY_HEADER = b'{"version": null, "tensors": []}'
 def encode_header(version: int | None, tensors: Sequence[torch.Tensor]) -> bytes:
     if version is None:
         return EMPTY_HEADER
-    return json.dumps({"version": version, "tensors": [
-        {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors]}).encode()
+    return json.dumps(
+        {
+            "version": version,
+            "tensors": [
+                {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors
+            ],
+        }
+    ).encode()
 
 
 def decode_header(raw: bytes, max_bytes: int) -> tuple[int | None, list[torch.Tensor]]:
@@ -40,8 +61,11 @@ def decode_header(raw: bytes, max_bytes: int) -> tuple[int | None, list[torch.Te
             if not isinstance(name, str) or name not in DTYPES:
                 raise ValueError(f"dtype {name!r} is not one of {sorted(DTYPES)}")
             dtype = DTYPES[name]
-            if (not isinstance(shape, list) or len(shape) > MAX_NDIM
-                    or any(type(d) is not int or not 0 <= d < 2**62 for d in shape)):
+            if (
+                not isinstance(shape, list)
+                or len(shape) > MAX_NDIM
+                or any(type(d) is not int or not 0 <= d < 2**62 for d in shape)
+            ):
                 raise ValueError(f"bad shape {shape!r}")
             numel = 1
             for d in shape:

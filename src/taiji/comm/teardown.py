@@ -3,6 +3,7 @@
 Used by comm/communicator.py: ``close()`` hands a version's groups and its collectives still in
 flight to the reaper, which destroys them a moment later.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -73,7 +74,9 @@ class Pending:
 class Teardown:
     """One closed version's groups and its collectives still in flight."""
 
-    def __init__(self, version: int, groups: list[Any], pending: list[Pending], delay: float, plans: Any = None):
+    def __init__(
+        self, version: int, groups: list[Any], pending: list[Pending], delay: float, plans: Any = None
+    ):
         self.version = version
         self.groups = groups
         self.pending = pending

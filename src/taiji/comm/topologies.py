@@ -1,5 +1,6 @@
 """The names of the grad channel's allreduce plans (comm/topology.py builds them), checkable
 without torch (the launcher checks ``--topology`` before it imports torch)."""
+
 from __future__ import annotations
 
 from ..errors import ConfigError

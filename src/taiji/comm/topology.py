@@ -15,6 +15,7 @@ identical. Which ranks share a host comes from the cluster config (``ClusterView
 layout and the tree are plain functions here, the groups are the communicator's (one per host
 and one for the leaders, built per version like every other group).
 """
+
 from __future__ import annotations
 
 import queue
@@ -29,6 +30,7 @@ import torch.distributed as dist
 @dataclass(frozen=True)
 class HostLayout:
     """Ranks grouped by host; hosts in the order of their lowest rank."""
+
     groups: tuple[tuple[int, ...], ...]
 
     @property
@@ -55,6 +57,7 @@ def tree_links(rank: int, size: int) -> tuple[int | None, tuple[int, ...]]:
 
 class Groups(Protocol):
     """What a plan needs from the communicator: this rank, the size, and process groups."""
+
     rank: int
     size: int
 
@@ -83,6 +86,7 @@ def _pieces(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 def _in_place(plan: Callable[[torch.Tensor, "Groups"], None]) -> Callable[[torch.Tensor, "Groups"], None]:
     """``plan`` works on views of a contiguous tensor: give it one and copy the sum back."""
+
     def run(tensor: torch.Tensor, groups: "Groups") -> None:
         if tensor.is_contiguous():
             plan(tensor, groups)
@@ -90,6 +94,7 @@ def _in_place(plan: Callable[[torch.Tensor, "Groups"], None]) -> Callable[[torch
             flat = tensor.contiguous()
             plan(flat, groups)
             tensor.copy_(flat)
+
     return run
 
 
@@ -105,8 +110,10 @@ def star(tensor: torch.Tensor, groups: Groups) -> None:
             _wait(work)
         return
     parts = [[torch.empty_like(piece) for piece in pieces] for _ in others]
-    received = [[group.recv([part], peer, 2 * i + _UP) for i, part in enumerate(mine)]
-                for peer, mine in zip(others, parts)]
+    received = [
+        [group.recv([part], peer, 2 * i + _UP) for i, part in enumerate(mine)]
+        for peer, mine in zip(others, parts)
+    ]
     sent = []
     for i, piece in enumerate(pieces):
         for peer_received, peer_parts in zip(received, parts):  # in rank order: one fixed sum
@@ -124,11 +131,16 @@ def tree(tensor: torch.Tensor, groups: Groups) -> None:
     parent, children = tree_links(rank, groups.size)
     pieces = _pieces(tensor)
     parts = [[torch.empty_like(piece) for piece in pieces] for _ in children]
-    received = [[group.recv([part], child, 2 * i + _UP) for i, part in enumerate(mine)]
-                for child, mine in zip(children, parts)]
+    received = [
+        [group.recv([part], child, 2 * i + _UP) for i, part in enumerate(mine)]
+        for child, mine in zip(children, parts)
+    ]
     # a piece's sum comes down only after this rank's piece went up: receiving into it is safe
-    results = [group.recv([piece], parent, 2 * i + _DOWN) for i, piece in enumerate(pieces)] \
-        if parent is not None else []
+    results = (
+        [group.recv([piece], parent, 2 * i + _DOWN) for i, piece in enumerate(pieces)]
+        if parent is not None
+        else []
+    )
     sent = []
     for i, piece in enumerate(pieces):
         for child_received, child_parts in zip(received, parts):  # children in order: a fixed reassociation
@@ -174,7 +186,10 @@ def _broadcast(group: Any, tensor: torch.Tensor, root: int) -> None:
 
 
 PLANS: dict[str, Callable[[torch.Tensor, Groups], None]] = {
-    "ring": ring, "tree": _in_place(tree), "star": _in_place(star), "hierarchical": hierarchical,
+    "ring": ring,
+    "tree": _in_place(tree),
+    "star": _in_place(star),
+    "hierarchical": hierarchical,
 }
 
 

@@ -3,6 +3,7 @@
 Structured state travels as a JSON image in which every tensor is a placeholder; the tensors
 themselves travel coalesced: one flat buffer per (device, dtype), one collective each.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Sequence
@@ -46,13 +47,14 @@ class Coalesced:
         with torch.no_grad():
             for t in group:
                 n = t.numel()
-                piece = flat[offset:offset + n].view_as(t)
+                piece = flat[offset : offset + n].view_as(t)
                 t.add_(piece) if add else t.copy_(piece)
                 offset += n
 
 
-def broadcast_tensors(tensors: Iterable[torch.Tensor], comm: Communicator, src: int = 0,
-                      channel: str = "ctrl") -> None:
+def broadcast_tensors(
+    tensors: Iterable[torch.Tensor], comm: Communicator, src: int = 0, channel: str = "ctrl"
+) -> None:
     """Overwrite every tensor in place with rank ``src``'s values, one collective per dtype."""
     coalesced = Coalesced(list(tensors))
     if comm.size == 1 or not coalesced.tensors:
@@ -86,8 +88,9 @@ class PendingAverage:
         self._parts = []
 
 
-def average_buffers_async(buffers: Sequence[torch.Tensor], comm: Communicator,
-                          channel: str = "grad") -> PendingAverage:
+def average_buffers_async(
+    buffers: Sequence[torch.Tensor], comm: Communicator, channel: str = "grad"
+) -> PendingAverage:
     """Start making running statistics (BatchNorm-style buffers) identical on every replica:
     floating buffers become their mean over the cluster, integer ones (counters) the maximum."""
     parts = []
@@ -99,7 +102,9 @@ def average_buffers_async(buffers: Sequence[torch.Tensor], comm: Communicator,
 
 
 def broadcast_bytes(payload: bytes | None, comm: Communicator, src: int, channel: str = "ctrl") -> bytes:
-    length = torch.tensor([len(payload) if comm.rank == src and payload is not None else 0], dtype=torch.int64)
+    length = torch.tensor(
+        [len(payload) if comm.rank == src and payload is not None else 0], dtype=torch.int64
+    )
     comm.broadcast(length, src, channel=channel)
     if comm.rank == src:
         assert payload is not None
@@ -151,12 +156,17 @@ def digest(tensors: Iterable[torch.Tensor]) -> str:
 
 # -- JSON with tensor placeholders ------------------------------------------------------
 
+
 def encode(obj: Any, tensors: list[torch.Tensor]) -> Any:
     """A JSON-able image of ``obj``; tensors are appended to ``tensors`` and referenced."""
     if isinstance(obj, torch.Tensor):
         tensors.append(obj.detach())
-        return {"__tensor__": len(tensors) - 1, "dtype": str(obj.dtype).removeprefix("torch."),
-                "shape": list(obj.shape), "device": str(obj.device)}
+        return {
+            "__tensor__": len(tensors) - 1,
+            "dtype": str(obj.dtype).removeprefix("torch."),
+            "shape": list(obj.shape),
+            "device": str(obj.device),
+        }
     if isinstance(obj, dict):
         return {"__dict__": [[encode(k, tensors), encode(v, tensors)] for k, v in obj.items()]}
     if isinstance(obj, tuple):
@@ -165,8 +175,10 @@ def encode(obj: Any, tensors: list[torch.Tensor]) -> Any:
         return [encode(v, tensors) for v in obj]
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    raise TypeError(f"cannot send {type(obj).__name__} between workers (only tensors, numbers, strings, "
-                    "lists, tuples and dicts travel; nothing is pickled)")
+    raise TypeError(
+        f"cannot send {type(obj).__name__} between workers (only tensors, numbers, strings, "
+        "lists, tuples and dicts travel; nothing is pickled)"
+    )
 
 
 def tensor_specs(image: Any) -> list[tuple[torch.dtype, tuple[int, ...], str]]:
@@ -176,13 +188,18 @@ def tensor_specs(image: Any) -> list[tuple[torch.dtype, tuple[int, ...], str]]:
     def walk(node: Any) -> None:
         if isinstance(node, dict):
             if "__tensor__" in node:
-                found[node["__tensor__"]] = (getattr(torch, node["dtype"]), tuple(node["shape"]), node["device"])
+                found[node["__tensor__"]] = (
+                    getattr(torch, node["dtype"]),
+                    tuple(node["shape"]),
+                    node["device"],
+                )
                 return
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):
             for value in node:
                 walk(value)
+
     walk(image)
     return [found[i] for i in range(len(found))]
 

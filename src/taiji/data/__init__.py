@@ -1,4 +1,5 @@
 """Exactly-once elastic sampling and real data sets."""
+
 from .datasets import load_fashion_mnist, load_idx_classification
 from .sampler import ElasticSampler, SamplerState
 

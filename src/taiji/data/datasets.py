@@ -4,6 +4,7 @@ IDX is the format of MNIST and Fashion-MNIST (the Debian package ``dataset-fashi
 installs the real files under ``/usr/share/datasets/fashion-mnist/``). Files may be
 gzip-compressed. ``write_idx`` exists so tests can write tiny files of their own.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -19,16 +20,36 @@ from torch.utils.data import TensorDataset
 from ..errors import ConfigError
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-                         "Sneaker", "Bag", "Ankle boot")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 _FASHION_MEAN, _FASHION_STD = 0.2860, 0.3530
 
 _IDX_DTYPES = {
-    0x08: np.dtype(np.uint8), 0x09: np.dtype(np.int8), 0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8"),
+    0x08: np.dtype(np.uint8),
+    0x09: np.dtype(np.int8),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
 }
-_IDX_CODES = {np.dtype(np.uint8): 0x08, np.dtype(np.int8): 0x09, np.dtype(">i2"): 0x0B,
-              np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D, np.dtype(">f8"): 0x0E}
+_IDX_CODES = {
+    np.dtype(np.uint8): 0x08,
+    np.dtype(np.int8): 0x09,
+    np.dtype(">i2"): 0x0B,
+    np.dtype(">i4"): 0x0C,
+    np.dtype(">f4"): 0x0D,
+    np.dtype(">f8"): 0x0E,
+}
 
 
 class DatasetMissing(ConfigError, FileNotFoundError):
@@ -56,8 +77,10 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
         payload = f.read()
     if len(payload) != expected:
-        raise ConfigError(f"{path}: IDX header promises {dims} ({expected} bytes) "
-                          f"but the file holds {len(payload)} bytes; it is truncated or corrupt")
+        raise ConfigError(
+            f"{path}: IDX header promises {dims} ({expected} bytes) "
+            f"but the file holds {len(payload)} bytes; it is truncated or corrupt"
+        )
     return np.frombuffer(payload, dtype=dtype).reshape(dims).astype(dtype.newbyteorder("="))
 
 
@@ -70,7 +93,7 @@ def write_idx(path: str | os.PathLike, array: np.ndarray, compress: bool | None 
     header = bytes([0, 0, _IDX_CODES[big_endian], array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
     data = header + np.ascontiguousarray(array, dtype=big_endian).tobytes()
     gz = path.suffix == ".gz" if compress is None else compress
-    with (gzip.open(path, "wb") if gz else open(path, "wb")) as f:
+    with gzip.open(path, "wb") if gz else open(path, "wb") as f:
         f.write(data)
     return path
 
@@ -83,8 +106,9 @@ def _find(root: Path, stem: str) -> Path | None:
     return None
 
 
-def load_idx_classification(root: str | os.PathLike, train: bool = True, *,
-                            mean: float = _FASHION_MEAN, std: float = _FASHION_STD) -> TensorDataset:
+def load_idx_classification(
+    root: str | os.PathLike, train: bool = True, *, mean: float = _FASHION_MEAN, std: float = _FASHION_STD
+) -> TensorDataset:
     """MNIST-layout image classification files -> ``TensorDataset(images, labels)``.
 
     Images become float32 ``(N, 1, H, W)``, normalised by ``mean``/``std``; labels int64.
@@ -97,7 +121,8 @@ def load_idx_classification(root: str | os.PathLike, train: bool = True, *,
         raise DatasetMissing(
             f"no {split} IDX files in {root} (expected {split}-images-idx3-ubyte[.gz] and "
             f"{split}-labels-idx1-ubyte[.gz]). For Fashion-MNIST on Debian/Ubuntu: "
-            "`apt-get install -y dataset-fashion-mnist`.")
+            "`apt-get install -y dataset-fashion-mnist`."
+        )
     images = read_idx(images_path)
     labels = read_idx(labels_path)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
@@ -117,6 +142,7 @@ def load_fashion_mnist(root: str | os.PathLike | None = None, train: bool = True
 @dataclass(frozen=True)
 class SyntheticImages:
     """A learnable stand-in for Fashion-MNIST: one noisy template per class."""
+
     num_samples: int = 6000
     num_classes: int = 10
     size: int = 28

@@ -1,4 +1,5 @@
 """Turning a worker's sample indices into a batch."""
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,13 @@ class BatchFetcher:
     changed at the boundary) is never used. What is loaded ahead stays on the host: the copy to
     ``device`` happens when the batch is asked for, on the asker's stream. ``ahead=False``: never."""
 
-    def __init__(self, dataset: Dataset, collate_fn: Callable[[list], Any] | None = None,
-                 device: torch.device | str | None = None, ahead: bool = True):
+    def __init__(
+        self,
+        dataset: Dataset,
+        collate_fn: Callable[[list], Any] | None = None,
+        device: torch.device | str | None = None,
+        ahead: bool = True,
+    ):
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.device = torch.device(device) if device is not None else None
@@ -65,8 +71,10 @@ class BatchFetcher:
     def _gather(self, indices: torch.Tensor) -> Any:
         if isinstance(self.dataset, TensorDataset) and self.collate_fn is None:
             # index_select: one op, ~5x cheaper than advanced indexing's t[indices] for a batch
-            return tuple(t.index_select(0, indices) if t.device == indices.device else t[indices]
-                         for t in self.dataset.tensors)
+            return tuple(
+                t.index_select(0, indices) if t.device == indices.device else t[indices]
+                for t in self.dataset.tensors
+            )
         collate = self.collate_fn or default_collate
         return collate([self.dataset[int(i)] for i in indices])
 
@@ -87,4 +95,6 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 def pinned(batch: Any) -> Any:
     """``batch`` with its host tensors in page-locked memory (torch's caching host allocator)."""
-    return _each_tensor(batch, lambda t: t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t)
+    return _each_tensor(
+        batch, lambda t: t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t
+    )

@@ -6,6 +6,7 @@ whose size differs from the others' by at most one. ``SamplerState`` (epoch, cur
 batch size) is all that must be agreed, so no communication is needed to know who
 reads what, and a retried step (after a resize or failure) re-splits the same slice.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,9 @@ from ..errors import ConfigError
 class SamplerState:
     """Where an epoch stands: the epoch, the samples already consumed (``cursor``) and the global
     batch size; part of the synced training state."""
+
     epoch: int = 0
-    cursor: int = 0      # samples of this epoch already consumed (committed)
+    cursor: int = 0  # samples of this epoch already consumed (committed)
     batch_size: int = 1  # global batch size B
 
     def __post_init__(self) -> None:

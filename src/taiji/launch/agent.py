@@ -6,6 +6,7 @@ wrong secret leaves the job untouched. Its workers die with it (parent-death sig
 stops them and exits when the job store (the launcher's host) can no longer be reached: no
 worker outlives its job on any host.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,10 +47,10 @@ class Agent:
         self._survivable: bool | None = None  # read once the controller has announced itself
         self._bounds = Bounds()
         self._tether: Tether | None = None
-        self._tether_term = b""    # the election record when that tether was made
-        self._tether_judged = ""   # a controller's tether address judged dead (an election was held)
+        self._tether_term = b""  # the election record when that tether was made
+        self._tether_judged = ""  # a controller's tether address judged dead (an election was held)
         self._tether_retry_at = 0.0
-        self._tether_failed = ""   # the address a connect last failed at (said once)
+        self._tether_failed = ""  # the address a connect last failed at (said once)
         self._store_trouble = False  # a failed store call was said (once per outage)
         self._draining: float | None = None  # after a notice: when the grace runs out
         self._notice_said = False
@@ -62,18 +63,24 @@ class Agent:
         try:
             _, job = connect_job(cfg.store_url, cfg.job_id, cfg.secret, cfg.timeout)
         except AuthError:
-            raise AuthError(f"job {cfg.job_id} at {cfg.store_url} refused this host: its etcd does not accept the "
-                            "credentials derived from the --secret-file (not this job's secret; copy the file "
-                            "`taiji run` printed, unchanged). Nothing was changed in the job.") from None
+            raise AuthError(
+                f"job {cfg.job_id} at {cfg.store_url} refused this host: its etcd does not accept the "
+                "credentials derived from the --secret-file (not this job's secret; copy the file "
+                "`taiji run` printed, unchanged). Nothing was changed in the job."
+            ) from None
         if not job.has(agent_channel.SPEC):
-            raise LaunchError(f"no job {cfg.job_id} at {cfg.store_url} (the store there does not know it); "
-                              "check the JOB@STORE that `taiji run` printed")
+            raise LaunchError(
+                f"no job {cfg.job_id} at {cfg.store_url} (the store there does not know it); "
+                "check the JOB@STORE that `taiji run` printed"
+            )
         try:
             self.settings = agent_channel.read_settings(job)
         except AuthError:
-            raise AuthError(f"job {cfg.job_id} at {cfg.store_url} refused this host: the secret in the "
-                            "--secret-file is not this job's (copy the file `taiji run` printed, unchanged). "
-                            "Nothing was changed in the job.") from None
+            raise AuthError(
+                f"job {cfg.job_id} at {cfg.store_url} refused this host: the secret in the "
+                "--secret-file is not this job's (copy the file `taiji run` printed, unchanged). "
+                "Nothing was changed in the job."
+            ) from None
         self.job = job
         self.session = uuid.uuid4().hex[:12]
         if job.has(agent_channel.BOUNDS):
@@ -85,11 +92,23 @@ class Agent:
         wid, rank, size = str(command["id"]), int(command["rank"]), int(command["size"])
         local_rank = self.sup.free_local_rank()
         try:
-            self.sup.spawn(wid, rank, self.settings.command_here(),
-                           worker_env(self.settings, self.cfg.secret, wid, rank, size, host=self.cfg.host,
-                                      local_rank=local_rank, local_size=self.cfg.slots,
-                                      host_rank=self.host_rank),
-                           local_rank=local_rank)
+            self.sup.spawn(
+                wid,
+                rank,
+                self.settings.command_here(),
+                worker_env(
+                    self.settings,
+                    self.cfg.secret,
+                    wid,
+                    rank,
+                    size,
+                    host=self.cfg.host,
+                    local_rank=local_rank,
+                    local_size=self.cfg.slots,
+                    host_rank=self.host_rank,
+                ),
+                local_rank=local_rank,
+            )
         except LaunchError as exc:
             self.say(str(exc))
             self._report_exit(wid, 127, [str(exc)])
@@ -114,9 +133,11 @@ class Agent:
         while not self._done.wait(0.2):
             silent = time.monotonic() - self._last_contact
             if silent > self.cfg.timeout:
-                self.say(f"lost the job store at {self.cfg.store_url}: no answer for {silent:.0f}s "
-                         f"(the network between us is down, or the launcher's host is gone): stopping "
-                         f"{len(self.sup.running())} worker(s)")
+                self.say(
+                    f"lost the job store at {self.cfg.store_url}: no answer for {silent:.0f}s "
+                    f"(the network between us is down, or the launcher's host is gone): stopping "
+                    f"{len(self.sup.running())} worker(s)"
+                )
                 self._stop_workers()
                 os._exit(1)
 
@@ -124,12 +145,16 @@ class Agent:
         """A store call failed: keep trying while the store has been silent for less than
         ``--timeout`` (etcd's own retries give up sooner), saying so once."""
         silent = time.monotonic() - self._last_contact
-        if silent > self.cfg.timeout or isinstance(exc, (agent_channel.LeaseExpired, agent_channel.StoreGone)):
+        if silent > self.cfg.timeout or isinstance(
+            exc, (agent_channel.LeaseExpired, agent_channel.StoreGone)
+        ):
             return False
         if not self._store_trouble:
             self._store_trouble = True
-            self.say(f"the job store does not answer ({str(exc).splitlines()[0]}); trying again for up to "
-                     f"{self.cfg.timeout:g}s (--timeout)")
+            self.say(
+                f"the job store does not answer ({str(exc).splitlines()[0]}); trying again for up to "
+                f"{self.cfg.timeout:g}s (--timeout)"
+            )
         return True
 
     def _controller_gone(self, now: float) -> bool:
@@ -149,7 +174,7 @@ class Agent:
             owner = agent_channel.owner(self.job)  # the term of the controller that beats
             if self._tether is not None and owner != self._tether_term:
                 self._tether.close()  # to a controller taken over without its tether closing (its host
-                self._tether = None   # went silent): tether to the new one at the next beat
+                self._tether = None  # went silent): tether to the new one at the next beat
             self._owner_seen = owner
             return False
         silent = now - self._controller_heard
@@ -163,7 +188,11 @@ class Agent:
         """Tether to the job's controller once it has announced one (and again after a takeover)."""
         assert self.job is not None
         now = time.monotonic()
-        if self._tether is not None or now < self._tether_retry_at or not self.job.has(agent_channel.CONTROLLER):
+        if (
+            self._tether is not None
+            or now < self._tether_retry_at
+            or not self.job.has(agent_channel.CONTROLLER)
+        ):
             return
         term = agent_channel.owner(self.job)  # before the record: a takeover in between shows as a newer term
         address = str(agent_channel.read_controller(self.job).get("tether") or "")
@@ -173,8 +202,10 @@ class Agent:
                 self._tether_term, self._tether_failed = term, ""
             except (LaunchError, AuthError) as exc:
                 if address != self._tether_failed:
-                    self.say(f"no tether to the controller yet ({exc}); retrying every {TETHER_RETRY_S:g}s "
-                             "(meanwhile its heartbeat tells if it dies)")
+                    self.say(
+                        f"no tether to the controller yet ({exc}); retrying every {TETHER_RETRY_S:g}s "
+                        "(meanwhile its heartbeat tells if it dies)"
+                    )
                 self._tether_failed, self._tether_retry_at = address, now + TETHER_RETRY_S
 
     def _tether_closed(self) -> int | None:
@@ -193,16 +224,21 @@ class Agent:
             return None  # another controller by now, or this one still listens: tether again
         self._tether_judged = address  # judged dead once: after a lost election, only its beat counts
         if not record.get("survivable"):
-            raise agent_channel.StoreGone(f"the job's controller on {record.get('host')} is gone (its tether closed)")
+            raise agent_channel.StoreGone(
+                f"the job's controller on {record.get('host')} is gone (its tether closed)"
+            )
         return self._take_over(f"the controller on {record.get('host')} exited (its tether closed)")
 
     def _take_over(self, reason: str) -> int | None:
         """Become the job's controller if this agent wins the election; its exit code if it did."""
         from .takeover import take_over
+
         assert self.job is not None and self.settings is not None
         if self.job.is_done():  # training is over: the controller went as the job ended, nothing to take
-            self.say(f"the job's training has ended and its controller is gone ({reason}): stopping "
-                     f"{len(self.sup.running())} worker(s)")
+            self.say(
+                f"the job's training has ended and its controller is gone ({reason}): stopping "
+                f"{len(self.sup.running())} worker(s)"
+            )
             self._stop_workers()
             return 0
         won = take_over(self.cfg, self.job, self.settings, self.sup, self.cfg.secret, self._owner_seen)
@@ -226,9 +262,13 @@ class Agent:
         config = self.job.read_config()
         per_host = Counter(w.host for w in config.workers)
         per_host[self.cfg.host] = 0
-        self.job.propose(sum(per_host.values()), f"host {self.cfg.host} leaving ({name})", tuple(per_host.items()))
-        self.say(f"received {name}: asked the job to shrink off this host; its {len(self.sup.running())} "
-                 f"worker(s) leave at the next step boundary (within --grace {self.cfg.grace:g}s)")
+        self.job.propose(
+            sum(per_host.values()), f"host {self.cfg.host} leaving ({name})", tuple(per_host.items())
+        )
+        self.say(
+            f"received {name}: asked the job to shrink off this host; its {len(self.sup.running())} "
+            f"worker(s) leave at the next step boundary (within --grace {self.cfg.grace:g}s)"
+        )
         self._draining = time.monotonic() + self.cfg.grace
         return True
 
@@ -238,16 +278,21 @@ class Agent:
         (they ignore Slurm's SIGTERM: launch/supervisor.py). Other signals are returned."""
         if signal.SIGTERM in received and not self._notice_said:
             self._notice_said = True
-            self.say("received SIGTERM, as did the whole Slurm job: its launcher stops the job (with a final "
-                     "checkpoint under --checkpoint-dir); this host's workers go on until it does")
+            self.say(
+                "received SIGTERM, as did the whole Slurm job: its launcher stops the job (with a final "
+                "checkpoint under --checkpoint-dir); this host's workers go on until it does"
+            )
         return [s for s in received if s != signal.SIGTERM]
 
     def _drained(self) -> int:
         """After a notice: 0 if the workers left as a planned shrink; else the host is dropped as lost."""
         assert self.channel is not None
         left = not self.sup.running()
-        self.say("its workers left the job: leaving" if left else
-                 f"--grace {self.cfg.grace:g}s ran out before the workers left: the host is dropped as lost")
+        self.say(
+            "its workers left the job: leaving"
+            if left
+            else f"--grace {self.cfg.grace:g}s ran out before the workers left: the host is dropped as lost"
+        )
         self.channel.report({"op": "leave", "reason": "drained" if left else "its grace ran out"})
         self._stop_workers()
         return 0 if left else 128 + signal.SIGTERM
@@ -258,14 +303,19 @@ class Agent:
         assert self.job is not None and self.channel is not None and self.settings is not None
         controller = agent_channel.read_controller(self.job) if self.job.has(agent_channel.CONTROLLER) else {}
         if cfg.host == controller.get("host", self.settings.store_host):
-            raise LaunchError(f"host {cfg.host} runs the job's controller: its workers are started there "
-                              "(-np/--nproc-per-node); give this agent its own host's address with --host")
+            raise LaunchError(
+                f"host {cfg.host} runs the job's controller: its workers are started there "
+                "(-np/--nproc-per-node); give this agent its own host's address with --host"
+            )
         self.host_rank = agent_channel.register(self.job, cfg.host, cfg.slots, os.getpid(), self.session)
-        registry.register_agent(registry.JobEntry.of_this_process(cfg.job_id, cfg.host, 0, tuple(sys.argv),
-                                                                  time.time()))  # for `taiji drain`
+        registry.register_agent(
+            registry.JobEntry.of_this_process(cfg.job_id, cfg.host, 0, tuple(sys.argv), time.time())
+        )  # for `taiji drain`
         self._owner_seen = agent_channel.owner(self.job)  # the term of the controller there now
-        self.say(f"joined job {cfg.job_id} at {cfg.store_url} as host {cfg.host} with {cfg.slots} "
-                 f"slot(s); command: {' '.join(self.settings.command_here())}")
+        self.say(
+            f"joined job {cfg.job_id} at {cfg.store_url} as host {cfg.host} with {cfg.slots} "
+            f"slot(s); command: {' '.join(self.settings.command_here())}"
+        )
         self.sup.install_signal_handlers()
         next_beat = 0.0
         self._last_contact = time.monotonic()
@@ -286,7 +336,9 @@ class Agent:
                         return 128 + received[0]
                     for worker in exited:
                         self._reported(worker)
-                    if self._draining is not None and (not self.sup.running() or time.monotonic() > self._draining):
+                    if self._draining is not None and (
+                        not self.sup.running() or time.monotonic() > self._draining
+                    ):
                         return self._drained()
                     for command in self.channel.new_commands():
                         op = command.get("op")
@@ -295,7 +347,9 @@ class Agent:
                         elif op == "kill":
                             self.sup.kill(str(command["id"]))
                         elif op == "refuse":
-                            self.say(f"refused by the job's controller: {command.get('reason')}; nothing was started")
+                            self.say(
+                                f"refused by the job's controller: {command.get('reason')}; nothing was started"
+                            )
                             return 2
                         elif op == "stop":
                             self.say(f"stopping: {command.get('reason', 'asked by the launcher')}")
@@ -324,8 +378,10 @@ class Agent:
             self._stop_workers()
             return 1
         except StoreError as exc:
-            self.say(f"lost the job store at {cfg.store_url} (the launcher's host died, or the network "
-                     f"between us is down): stopping {len(self.sup.running())} worker(s). ({exc})")
+            self.say(
+                f"lost the job store at {cfg.store_url} (the launcher's host died, or the network "
+                f"between us is down): stopping {len(self.sup.running())} worker(s). ({exc})"
+            )
             self._stop_workers()
             return 1
         except BaseException:

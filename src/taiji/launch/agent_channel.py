@@ -32,6 +32,7 @@ host is a local round trip; on etcd an agent watches its orders' count instead. 
 load at steady state grows with hosts, not workers: per host one summary write per beat, plus
 its lease's renewals (etcd) or the launcher's read of the summary per look (TCP store).
 """
+
 from __future__ import annotations
 
 import time
@@ -53,7 +54,9 @@ REGISTRATIONS = "hosts"
 FROM_AGENTS = "from-agent/"  # what agents write (their summaries, leases and events): the launcher's to watch
 STOP_POLL_S = 0.02  # how often a stopping launcher looks for its agents' byes
 RENEWALS_PER_TTL = 3  # an agent renews its lease this often per TTL (etcd)
-CONFIRM_AFTER_S = 0.5  # a watched summary unchanged this long (two agent beats; a quarter of the lease's TTL if
+CONFIRM_AFTER_S = (
+    0.5  # a watched summary unchanged this long (two agent beats; a quarter of the lease's TTL if
+)
 # that is shorter, so that it comes before the controller's judgment) is read from the store itself
 
 
@@ -74,13 +77,16 @@ def read_bounds(job: JobStore) -> Bounds:
     return Bounds(**job.get_record(BOUNDS))
 
 
-def publish_controller(job: JobStore, address: str, pid: int, slots: int, survivable: bool,
-                       tether: str = "") -> None:
+def publish_controller(
+    job: JobStore, address: str, pid: int, slots: int, survivable: bool, tether: str = ""
+) -> None:
     """Who runs the controller now. ``survivable``: the store outlives that host (an etcd cluster
     of the user's), so an agent may take over when its beat stops. ``tether``: where agents hold
     their tether to it (launch/tether.py)."""
-    job.put_record(CONTROLLER, {"host": address, "pid": int(pid), "slots": int(slots), "survivable": survivable,
-                                "tether": tether})
+    job.put_record(
+        CONTROLLER,
+        {"host": address, "pid": int(pid), "slots": int(slots), "survivable": survivable, "tether": tether},
+    )
 
 
 def read_controller(job: JobStore) -> dict:
@@ -113,7 +119,9 @@ def elect(job: JobStore, address: str, seen: bytes) -> bool:
 def register(job: JobStore, address: str, slots: int, pid: int, session: str) -> int:
     """The agent's registration, and its host's number in the job (1, 2, ...): on etcd one write
     that cannot lose a race (``JobStore.enrol``), however many agents register at once."""
-    return job.enrol(REGISTRATIONS, {"address": address, "slots": int(slots), "pid": int(pid), "session": session})
+    return job.enrol(
+        REGISTRATIONS, {"address": address, "slots": int(slots), "pid": int(pid), "session": session}
+    )
 
 
 def registrations_after(job: JobStore, seen: int) -> tuple[int, list[dict]]:
@@ -155,8 +163,14 @@ class StoreGone(StoreError):
 class AgentChannel:
     """One host's streams: the launcher's commands to its agent, and the agent's events back."""
 
-    def __init__(self, job: JobStore, address: str, session: str, lease_ttl: float = Bounds.host_timeout,
-                 watched: PrefixFollower | None = None):
+    def __init__(
+        self,
+        job: JobStore,
+        address: str,
+        session: str,
+        lease_ttl: float = Bounds.host_timeout,
+        watched: PrefixFollower | None = None,
+    ):
         self.job = job
         self.address = address
         self.session = session
@@ -178,8 +192,9 @@ class AgentChannel:
     def send(self, *commands: dict) -> None:
         """Orders to the agent, in one record (the agent reads them in order); nothing rings the
         launcher's doorbell: the agent is their reader."""
-        self.job.append_record(f"{self._base}/cmd", commands[0] if len(commands) == 1 else {"orders": commands},
-                               ring=False)
+        self.job.append_record(
+            f"{self._base}/cmd", commands[0] if len(commands) == 1 else {"orders": commands}, ring=False
+        )
 
     def new_commands(self) -> list[dict]:
         """The agent's new orders. Where the store can watch (etcd), the orders' count is followed
@@ -197,7 +212,10 @@ class AgentChannel:
 
     def new_events(self) -> list[dict]:
         """The agent's new events; where the launcher watches its keys, read only once their count moved."""
-        if self.watched is not None and int(self.watched.values.get(f"{self._live}/events/seq", 0)) <= self.events_seen:
+        if (
+            self.watched is not None
+            and int(self.watched.values.get(f"{self._live}/events/seq", 0)) <= self.events_seen
+        ):
             return []
         self.events_seen, found = self.job.records_after(f"{self._live}/events", self.events_seen)
         return found
@@ -208,16 +226,21 @@ class AgentChannel:
         self.beats_sent += 1  # a plain write of our own record: one round trip on any store
         if self.job.has_leases and self._lease is None:  # the leased key before the first summary: a
             # launcher whose watch shows a summary has been shown the key (revision order)
-            self._lease, self._renewed = self.job.hold(f"{self._live}/alive", "1", self.lease_ttl), time.monotonic()
+            self._lease, self._renewed = (
+                self.job.hold(f"{self._live}/alive", "1", self.lease_ttl),
+                time.monotonic(),
+            )
         self.job.set(f"{self._live}/summary", beats.summary(self.beats_sent, worker_beats))
         if self.job.has_leases:
             now = time.monotonic()
             if now - self._renewed < self.lease_ttl / RENEWALS_PER_TTL:
                 return
             elif not self.job.renew(self._lease):
-                raise LeaseExpired(f"host {self.address}: its lease in the job store expired (not renewed for "
-                                   f"{self.lease_ttl:g}s: the store was out of reach), so the launcher has dropped "
-                                   "this host")
+                raise LeaseExpired(
+                    f"host {self.address}: its lease in the job store expired (not renewed for "
+                    f"{self.lease_ttl:g}s: the store was out of reach), so the launcher has dropped "
+                    "this host"
+                )
             self._renewed = now
 
     def leave(self) -> None:
@@ -241,8 +264,11 @@ class AgentChannel:
                 return "expired"
         now = time.monotonic()
         seq, counts = beats.read_summary(summary)
-        if seq <= self.beats_seen and self.watched is not None and \
-                now - self._moved_at > min(CONFIRM_AFTER_S, self.lease_ttl / 4):
+        if (
+            seq <= self.beats_seen
+            and self.watched is not None
+            and now - self._moved_at > min(CONFIRM_AFTER_S, self.lease_ttl / 4)
+        ):
             seq, counts = beats.read_summary(self._read("summary", fresh=True))
         if seq <= self.beats_seen:
             return "quiet"

@@ -7,6 +7,7 @@ at the next step boundary with a final checkpoint (the launcher passes the notic
 workers as ``NOTICE_SIGNAL``: a worker's own SIGTERM stays a worker's death, recovered from),
 then exits ``EXIT_RESUMABLE``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,18 +33,35 @@ LISTING_POLL_S = 0.1  # how often a stopping launcher looks for other hosts' par
 
 def add_run_flags(run: argparse.ArgumentParser) -> None:
     group = run.add_argument_group("checkpoints (every Job's default; a Job's own taiji.Checkpoint wins)")
-    group.add_argument("--checkpoint-dir", default="", metavar="PATH|URL",
-                       help="where the job checkpoints (a shared directory or an fsspec URL such as s3://b/run); "
-                            "SIGTERM then stops the job with a final checkpoint and exit status 75 (resumable)")
-    group.add_argument("--checkpoint-every", default="", metavar="10m|N",
-                       help="checkpoint every duration (90s, 10m, 2h) or every N steps (default: only a final "
-                            "one when training stops)")
-    group.add_argument("--resume", default="", metavar="auto|PATH",
-                       help="start from a checkpoint: auto = the latest complete one in --checkpoint-dir (none: "
-                            "a fresh start), or a checkpoint or checkpoint directory")
-    group.add_argument("--checkpoint-grace", type=float, default=60.0, metavar="SECONDS",
-                       help="after SIGTERM, how long the workers have to reach a step boundary and write the "
-                            "final checkpoint before they are killed (default: %(default)s)")
+    group.add_argument(
+        "--checkpoint-dir",
+        default="",
+        metavar="PATH|URL",
+        help="where the job checkpoints (a shared directory or an fsspec URL such as s3://b/run); "
+        "SIGTERM then stops the job with a final checkpoint and exit status 75 (resumable)",
+    )
+    group.add_argument(
+        "--checkpoint-every",
+        default="",
+        metavar="10m|N",
+        help="checkpoint every duration (90s, 10m, 2h) or every N steps (default: only a final "
+        "one when training stops)",
+    )
+    group.add_argument(
+        "--resume",
+        default="",
+        metavar="auto|PATH",
+        help="start from a checkpoint: auto = the latest complete one in --checkpoint-dir (none: "
+        "a fresh start), or a checkpoint or checkpoint directory",
+    )
+    group.add_argument(
+        "--checkpoint-grace",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="after SIGTERM, how long the workers have to reach a step boundary and write the "
+        "final checkpoint before they are killed (default: %(default)s)",
+    )
 
 
 def parse_run_flags(args: argparse.Namespace) -> CheckpointFlags:
@@ -81,12 +99,21 @@ def resume_note(directory: str, resume: str) -> str | None:
     if found is None:
         return f"--resume auto: no complete checkpoint in {directory} yet: a fresh start"
     m = found.manifest
-    return (f"resuming from {found.url} (step {found.step}, written by {m.size} worker(s)); the run log's "
-            "`resume` event has the details")
+    return (
+        f"resuming from {found.url} (step {found.step}, written by {m.size} worker(s)); the run log's "
+        "`resume` event has the details"
+    )
 
 
-def stop_workers(signum: int, sup: Supervisor, directory: str, grace: float, checkpoint_grace: float,
-                 say: Callable[[str], None], elsewhere: int = 0) -> int:
+def stop_workers(
+    signum: int,
+    sup: Supervisor,
+    directory: str,
+    grace: float,
+    checkpoint_grace: float,
+    say: Callable[[str], None],
+    elsewhere: int = 0,
+) -> int:
     """The launcher received ``signum``: stop this host's workers (``elsewhere``: how many run on
     the other hosts, which their agents stop); returns the launcher's status. SIGTERM with a
     checkpoint directory is a preemption notice: the workers get ``NOTICE_SIGNAL`` and up to
@@ -94,9 +121,16 @@ def stop_workers(signum: int, sup: Supervisor, directory: str, grace: float, che
     saving = signum == signal.SIGTERM and bool(directory)
     here = len(sup.running())
     where = f" ({here} here, {elsewhere} on other hosts)" if elsewhere else ""
-    say(f"received {signal.Signals(signum).name}; stopping {here + elsewhere} worker(s){where}" + (
-        f" at the next step boundary, after a final checkpoint in {directory}" if saving
-        else "" if directory else "; no --checkpoint-dir was given: nothing was saved"))
+    say(
+        f"received {signal.Signals(signum).name}; stopping {here + elsewhere} worker(s){where}"
+        + (
+            f" at the next step boundary, after a final checkpoint in {directory}"
+            if saving
+            else ""
+            if directory
+            else "; no --checkpoint-dir was given: nothing was saved"
+        )
+    )
     if saving:
         sup.drain(NOTICE_SIGNAL, checkpoint_grace)
     sup.stop_all(grace)
@@ -109,20 +143,26 @@ def stopped_on_notice(directory: str, say: Callable[[str], None], wait: float = 
     host's are done) is waited for up to ``wait`` seconds."""
     storage = Storage(directory)
     listing, deadline = storage.listing(), time.monotonic() + wait
-    while listing.incomplete and (listing.latest is None or listing.incomplete[-1] > listing.latest) \
-            and time.monotonic() < deadline:
+    while (
+        listing.incomplete
+        and (listing.latest is None or listing.incomplete[-1] > listing.latest)
+        and time.monotonic() < deadline
+    ):
         time.sleep(LISTING_POLL_S)
         listing = storage.listing()
     latest = listing.latest
     if latest is None:
         say(f"stopped; no complete checkpoint in {directory}: nothing to resume from")
         return EXIT_STOPPED_UNSAVED
-    say(f"stopped, resumable from {storage.url_of(checkpoint_name(latest))} (step {latest}): rerun with "
-        f"`taiji run --checkpoint-dir {directory} --resume auto ...` at any size")
+    say(
+        f"stopped, resumable from {storage.url_of(checkpoint_name(latest))} (step {latest}): rerun with "
+        f"`taiji run --checkpoint-dir {directory} --resume auto ...` at any size"
+    )
     return EXIT_RESUMABLE
 
 
 # -- taiji checkpoint ----------------------------------------------------------------------
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of `taiji checkpoint show | export`."""
@@ -140,14 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     from ..checkpoint import reader
+
     try:
         if args.command == "show":
             found = reader.find(args.path)
             assert found is not None
             m = found.manifest
-            print(f"{found.url}: step {m.step}, written by {m.size} worker(s) in {m.parts} part(s), taiji "
-                  f"{m.taiji_version}, format {m.format}, strategy {m.strategy or '?'}, "
-                  f"{len(m.model)} model tensors")
+            print(
+                f"{found.url}: step {m.step}, written by {m.size} worker(s) in {m.parts} part(s), taiji "
+                f"{m.taiji_version}, format {m.format}, strategy {m.strategy or '?'}, "
+                f"{len(m.model)} model tensors"
+            )
             return 0
         found = reader.export(args.path, args.out)
         print(f"taiji: wrote {args.out} (step {found.step} of {found.url})")

@@ -6,6 +6,7 @@ hosts (launch/remote_hosts.py: their agents' registrations, events, beats and te
 is hosted in this process, so a poll is a local round trip. Workers placed on this host are
 started here; those placed on another host are started by its agent on a signed order.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,10 +51,28 @@ class Driver:
     (`taiji run`); launch/takeover.py builds one from a running job's store for an agent that
     takes over when the launcher's host dies (etcd mode)."""
 
-    def __init__(self, cfg: DriverConfig, settings: WorkerSettings, sup: Supervisor, job: JobStore,
-                 secret: bytes, state: ctl.ControllerState, *, store_address: str, tick: float,
-                 etcd: EtcdServer | None = None, term: bytes = b""):
-        self.cfg, self.settings, self.sup, self.job, self.secret, self.state = cfg, settings, sup, job, secret, state
+    def __init__(
+        self,
+        cfg: DriverConfig,
+        settings: WorkerSettings,
+        sup: Supervisor,
+        job: JobStore,
+        secret: bytes,
+        state: ctl.ControllerState,
+        *,
+        store_address: str,
+        tick: float,
+        etcd: EtcdServer | None = None,
+        term: bytes = b"",
+    ):
+        self.cfg, self.settings, self.sup, self.job, self.secret, self.state = (
+            cfg,
+            settings,
+            sup,
+            job,
+            secret,
+            state,
+        )
         self.store_address, self.tick, self.etcd = store_address, tick, etcd
         self.term = term  # the election record this controller runs under (b"": the launcher)
         self.survivable = etcd is None and cfg.store != "tcp"  # the store outlives this host
@@ -72,15 +91,21 @@ class Driver:
         self.on_actions = None  # called with each decide's actions, if set (an observer: --metrics-port)
 
     @staticmethod
-    def launch(cfg: DriverConfig, settings: WorkerSettings, output=None, ahead: StartedAhead | None = None) -> "Driver":
+    def launch(
+        cfg: DriverConfig, settings: WorkerSettings, output=None, ahead: StartedAhead | None = None
+    ) -> "Driver":
         """`taiji run`'s driver: the store hosted here (TCPStore or an etcd server) or opened.
         ``ahead``: the TCPStore's socket, secret, supervisor and first state with which the first
         workers were started before torch was imported (their spawns adopt them)."""
         etcd: EtcdServer | None = None
         secret = ahead.secret if ahead is not None else cfg.secret or auth.new_secret()
         if cfg.store == "tcp":
-            store = host_store(cfg.host, cfg.port, timeout=cfg.timeout,
-                               listener=ahead.listener if ahead is not None else None)
+            store = host_store(
+                cfg.host,
+                cfg.port,
+                timeout=cfg.timeout,
+                listener=ahead.listener if ahead is not None else None,
+            )
             settings = replace(settings, store_host=cfg.host, store_port=store.port, store_url="")
             address, tick = f"{cfg.host}:{store.port}", TICK_SECONDS
         else:
@@ -102,8 +127,17 @@ class Driver:
             address, tick = url, ETCD_TICK_SECONDS
         sup = ahead.sup if ahead is not None else Supervisor(output=output, prefix=cfg.output_prefix)
         state = ahead.state if ahead is not None else cfg.first_state()
-        return Driver(cfg, settings, sup, JobStore(store, cfg.job_id, auth.Signer(secret)), secret, state,
-                      store_address=address, tick=tick, etcd=etcd)
+        return Driver(
+            cfg,
+            settings,
+            sup,
+            JobStore(store, cfg.job_id, auth.Signer(secret)),
+            secret,
+            state,
+            store_address=address,
+            tick=tick,
+            etcd=etcd,
+        )
 
     def say(self, text: str) -> None:
         self.sup.write(f"taiji: {text}\n")
@@ -122,8 +156,16 @@ class Driver:
                 elsewhere.setdefault(worker.host, []).append((worker.id, rank))
                 continue
             local_rank = self.sup.free_local_rank()
-            command, environ = local_start(self.settings, self.secret, worker.id, rank, size, host=self.cfg.host,
-                                           slots=self.state.hosts[0].slots, local_rank=local_rank)
+            command, environ = local_start(
+                self.settings,
+                self.secret,
+                worker.id,
+                rank,
+                size,
+                host=self.cfg.host,
+                slots=self.state.hosts[0].slots,
+                local_rank=local_rank,
+            )
             self.sup.spawn(worker.id, rank, command, environ, local_rank=local_rank)
         for host, placed in elsewhere.items():
             self.remote.spawn(host, placed, size)
@@ -141,9 +183,11 @@ class Driver:
 
     def _publish(self, config: spec.ClusterConfig, reason: str) -> None:
         if not self.job.publish(config):
-            raise Deposed(f"job {self.cfg.job_id}: could not publish cluster v{config.version}: another controller "
-                          f"did (the election record says {agent_channel.owner(self.job)!r}; this controller's term is "
-                          f"{self.term!r}). This one stops its own workers and leaves the job to it.")
+            raise Deposed(
+                f"job {self.cfg.job_id}: could not publish cluster v{config.version}: another controller "
+                f"did (the election record says {agent_channel.owner(self.job)!r}; this controller's term is "
+                f"{self.term!r}). This one stops its own workers and leaves the job to it."
+            )
         for wid, worker in list(self.sup.workers.items()) + list(self.remote.workers.items()):
             rank = config.rank_of(wid)
             if rank is not None:
@@ -155,12 +199,18 @@ class Driver:
         if local is not None and local.exit_code is not None:
             where, code, tail = f"rank {local.rank}, pid {local.pid}", local.exit_code, list(local.tail)
         elif remote is not None and remote.exit_code is not None:
-            where, code, tail = f"rank {remote.rank} on host {remote.host}", remote.exit_code, list(remote.tail)
+            where, code, tail = (
+                f"rank {remote.rank} on host {remote.host}",
+                remote.exit_code,
+                list(remote.tail),
+            )
         else:
             return
         lines = "\n".join(f"    {line}" for line in tail[-20:]) or "    (no output)"
-        self.say(f"worker {worker_id} ({where}) failed first: {describe_exit(code)}. "
-                 f"Last lines of its output:\n{lines}")
+        self.say(
+            f"worker {worker_id} ({where}) failed first: {describe_exit(code)}. "
+            f"Last lines of its output:\n{lines}"
+        )
 
     def _apply(self, actions: list[ctl.Action]) -> int | None:
         for action in actions:
@@ -216,14 +266,18 @@ class Driver:
         """Gather the hosts --nnodes waits for, publish the first config and start its workers."""
         cfg = self.cfg
         if cfg.min_hosts > 1:
-            others = self.remote.gather(cfg.min_hosts - 1, self.state, cfg.job_id, self._gathering_tick,
-                                        BEAT_POLL_TICKS)
+            others = self.remote.gather(
+                cfg.min_hosts - 1, self.state, cfg.job_id, self._gathering_tick, BEAT_POLL_TICKS
+            )
             try:
-                self.state = ctl.initial_state(cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None, others,
-                                               time.monotonic())
+                self.state = ctl.initial_state(
+                    cfg.nproc, cfg.bounds, cfg.host, cfg.slots or None, others, time.monotonic()
+                )
             except ValueError as exc:
-                raise LaunchError(f"job {cfg.job_id}: {exc}: -np {cfg.nproc} does not fit the hosts that joined "
-                                  "(an agent offered fewer slots than --nproc-per-node?)") from None
+                raise LaunchError(
+                    f"job {cfg.job_id}: {exc}: -np {cfg.nproc} does not fit the hosts that joined "
+                    "(an agent offered fewer slots than --nproc-per-node?)"
+                ) from None
         self._publish(self.state.config, "start")
         self._spawn(self.state.config.workers)
 
@@ -232,11 +286,21 @@ class Driver:
     def _store_events(self) -> list[ctl.Event]:
         events: list[ctl.Event] = []
         self._proposal_seq, proposals = self.job.proposals_after(self._proposal_seq)
-        events += [ctl.Proposal(int(p["size"]), str(p.get("source", "user")),
-                                tuple((str(h), int(n)) for h, n in p.get("placement", ()))) for p in proposals]
+        events += [
+            ctl.Proposal(
+                int(p["size"]),
+                str(p.get("source", "user")),
+                tuple((str(h), int(n)) for h, n in p.get("placement", ())),
+            )
+            for p in proposals
+        ]
         version = self.state.config.version
         reported = self.job.failure_reports(version, self.state.config.ids)
-        events += [ctl.FailureReported(i, version, step) for i, step in reported.items() if i not in self.state.reports]
+        events += [
+            ctl.FailureReported(i, version, step)
+            for i, step in reported.items()
+            if i not in self.state.reports
+        ]
         if not self._fatal_seen:
             fatal = self.job.fatal_report()
             if fatal is not None:
@@ -249,10 +313,16 @@ class Driver:
         (a local read; the doorbell's watch may run ahead of theirs), else read once the doorbell rang."""
         if self._worker_keys is not None:
             watched = self._worker_keys.values
-            return [ctl.WorkerReady(j.id) for j in self.state.joiners
-                    if not j.ready and f"worker/{j.id}/ready" in watched]  # JobStore.mark_ready's key
-        return [ctl.WorkerReady(j.id) for j in self.state.joiners if not j.ready and self.job.is_ready(j.id)] \
-            if rang else []
+            return [
+                ctl.WorkerReady(j.id)
+                for j in self.state.joiners
+                if not j.ready and f"worker/{j.id}/ready" in watched
+            ]  # JobStore.mark_ready's key
+        return (
+            [ctl.WorkerReady(j.id) for j in self.state.joiners if not j.ready and self.job.is_ready(j.id)]
+            if rang
+            else []
+        )
 
     def _look_at_beats(self, now: float) -> bool:
         """Is it time to read the beats: every ``BEAT_POLL_TICKS`` ticks, and at least every
@@ -262,8 +332,12 @@ class Driver:
         if self._ticks % BEAT_POLL_TICKS and blind < BEAT_LOOK_MAX_S:
             return False
         if self._looked and blind > 4 * BEAT_LOOK_MAX_S:
-            log.warning("job %s: the controller read no heartbeats for %.2fs (this host is overloaded, or the job "
-                        "store answered slowly)", self.cfg.job_id, blind)
+            log.warning(
+                "job %s: the controller read no heartbeats for %.2fs (this host is overloaded, or the job "
+                "store answered slowly)",
+                self.cfg.job_id,
+                blind,
+            )
         self._looked = now
         return True
 
@@ -274,9 +348,11 @@ class Driver:
             self._controller_beats += 1
             agent_channel.beat_controller(self.job, self._controller_beats)
             if agent_channel.owner(self.job) != self.term:
-                raise Deposed(f"job {self.cfg.job_id}: another controller took over (the election record says "
-                              f"{agent_channel.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
-                              "leaves the job to the new one")
+                raise Deposed(
+                    f"job {self.cfg.job_id}: another controller took over (the election record says "
+                    f"{agent_channel.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
+                    "leaves the job to the new one"
+                )
         counts = {**self.sup.beat_counts(), **self.remote.beat_counts()}
         moved = [ctl.Beat(w, now) for w, n in counts.items() if n and n != self._beat_counts.get(w)]
         self._beat_counts = counts
@@ -299,12 +375,20 @@ class Driver:
             except StoreError:
                 self._progress = None
         state = self.state
-        self._snapshot = {"job": self.cfg.job_id, "pid": os.getpid(), "version": state.config.version,
-                          "workers": list(state.config.ids), "joiners": [j.id for j in state.joiners],
-                          "desired": state.desired, "min_np": state.bounds.min_np, "max_np": state.bounds.max_np,
-                          "failures": state.failures, "progress": self._progress,
-                          "busy": sorted(state.noted_busy) if state.report_started is not None else [],
-                          "hosts": [[h.address, h.slots, state.used_slots(h.address)] for h in state.hosts]}
+        self._snapshot = {
+            "job": self.cfg.job_id,
+            "pid": os.getpid(),
+            "version": state.config.version,
+            "workers": list(state.config.ids),
+            "joiners": [j.id for j in state.joiners],
+            "desired": state.desired,
+            "min_np": state.bounds.min_np,
+            "max_np": state.bounds.max_np,
+            "failures": state.failures,
+            "progress": self._progress,
+            "busy": sorted(state.noted_busy) if state.report_started is not None else [],
+            "hosts": [[h.address, h.slots, state.used_slots(h.address)] for h in state.hosts],
+        }
 
     def _done_event(self) -> list[ctl.Event]:
         """Fed before this tick's exits: members exiting 0 at the end are finishing, not leaving."""
@@ -318,10 +402,14 @@ class Driver:
     def run(self) -> int:
         """Start the job: publish its settings and first config, start its workers, serve."""
         cfg = self.cfg
-        self.say(f"job {cfg.job_id}: {cfg.nproc} worker(s) (min {cfg.bounds.min_np}, max "
-                 f"{cfg.bounds.max_np}), store {self.store_address}, command: "
-                 f"{' '.join(self.settings.command)}")
-        self.say(f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`")
+        self.say(
+            f"job {cfg.job_id}: {cfg.nproc} worker(s) (min {cfg.bounds.min_np}, max "
+            f"{cfg.bounds.max_np}), store {self.store_address}, command: "
+            f"{' '.join(self.settings.command)}"
+        )
+        self.say(
+            f"resize with `taiji resize --job {cfg.job_id} N`, watch with `taiji status --job {cfg.job_id}`"
+        )
         resuming = resume_note(self.settings.checkpoint_dir, self.settings.resume)
         if resuming:
             self.say(resuming)
@@ -332,26 +420,36 @@ class Driver:
     def resume(self, lost_host: str, reason: str, missed: list[ctl.Event]) -> int:
         """Serve a running job whose controller (on ``lost_host``) is gone: drop that host first,
         then feed what happened here while nobody controlled the job (``missed``)."""
-        self.say(f"took over job {self.cfg.job_id} at cluster v{self.state.config.version} as its controller "
-                 f"({reason})")
+        self.say(
+            f"took over job {self.cfg.job_id} at cluster v{self.state.config.version} as its controller "
+            f"({reason})"
+        )
         return self._serve(lambda: None, [ctl.HostLost(lost_host, reason), *missed])
 
     def _announce_controller(self) -> None:
         """Who controls the job (agents watch its beat to take over when it stops, etcd mode)."""
-        tether = self.remote.open_tether(self.secret, self.sup.wake) if self.cfg.slots else ""  # many hosts only
-        agent_channel.publish_controller(self.job, self.cfg.host, os.getpid(), self.cfg.slots,
-                                         survivable=self.survivable, tether=tether)
+        tether = (
+            self.remote.open_tether(self.secret, self.sup.wake) if self.cfg.slots else ""
+        )  # many hosts only
+        agent_channel.publish_controller(
+            self.job, self.cfg.host, os.getpid(), self.cfg.slots, survivable=self.survivable, tether=tether
+        )
         auth.write_secret_file(self.secret_file, self.secret)
         if self.cfg.slots and not self.cfg.hosts_from:  # Ray and Slurm start the other hosts' agents
-            self.say(f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
-                     f"`taiji join {self.cfg.job_id}@{self.store_address} --secret-file FILE "
-                     f"--nproc-per-node K --host ITS_IP`")
+            self.say(
+                f"add a host: copy {self.secret_file} there (it is the job's only credential), then run "
+                f"`taiji join {self.cfg.job_id}@{self.store_address} --secret-file FILE "
+                f"--nproc-per-node K --host ITS_IP`"
+            )
 
     def _serve(self, start, first_events: list | None = None) -> int:
         cfg = self.cfg
         self._announce_controller()
-        registry.register(registry.JobEntry.of_this_process(cfg.job_id, cfg.host, self.settings.store_port,
-                                                            self.settings.command, time.time()))
+        registry.register(
+            registry.JobEntry.of_this_process(
+                cfg.job_id, cfg.host, self.settings.store_port, self.settings.command, time.time()
+            )
+        )
         self._refresh_snapshot(time.monotonic())
         self.control = ControlServer(registry.control_socket(cfg.job_id), lambda: self._snapshot)
         started = time.monotonic()
@@ -362,13 +460,20 @@ class Driver:
             self._worker_keys = PrefixFollower(self.job.another_connection(), "worker/")
         try:
             start()
-            self.sup.drop_ahead()   # a worker started ahead that the first config did not adopt
+            self.sup.drop_ahead()  # a worker started ahead that the first config did not adopt
             pending += self.remote.early
             while True:
                 exited, received = self.sup.wait(timeout=self.tick)
                 if received:  # SIGTERM with --checkpoint-dir: a final checkpoint first
-                    code = stop_workers(received[0], self.sup, self.settings.checkpoint_dir, cfg.grace,
-                                        cfg.checkpoint_grace, self.say, len(self.remote.running()))
+                    code = stop_workers(
+                        received[0],
+                        self.sup,
+                        self.settings.checkpoint_dir,
+                        cfg.grace,
+                        cfg.checkpoint_grace,
+                        self.say,
+                        len(self.remote.running()),
+                    )
                     self.remote.stop(cfg.grace + 2.0)
                     return code
                 self._forward_resizes()
@@ -379,7 +484,9 @@ class Driver:
                 for worker in exited:
                     assert worker.exit_code is not None
                     if worker.exit_code != 0 and worker.worker_id not in self.state.killed:
-                        self.say(f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}")
+                        self.say(
+                            f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}"
+                        )
                     training = self.job.is_training(worker.worker_id)
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))
                 events += self._ready_events(rang) + (self._store_events() if rang else [])
@@ -395,8 +502,10 @@ class Driver:
                         self.sup.stop_all(cfg.grace)
                         self.remote.stop(cfg.grace + 2.0)
                         if code == 0:
-                            self.say(f"job {cfg.job_id} finished: every worker exited 0 in "
-                                     f"{time.monotonic() - started:.1f}s")
+                            self.say(
+                                f"job {cfg.job_id} finished: every worker exited 0 in "
+                                f"{time.monotonic() - started:.1f}s"
+                            )
                         return code
                 self._refresh_snapshot(now)
         except Deposed as exc:

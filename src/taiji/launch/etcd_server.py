@@ -5,6 +5,7 @@ It listens for clients on the launcher's address only (``--host``) and for peers
 (there are none); it dies with the launcher (parent-death signal), and ``stop()`` removes its
 data. The binary comes from the Debian/Ubuntu package ``etcd-server`` (etcd 3.4 or newer).
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,9 +38,11 @@ class EtcdServer:
     def __init__(self, host: str, port: int = 0, binary: str | None = None):
         self.binary = binary or shutil.which("etcd")
         if self.binary is None:
-            raise LaunchError("`--store etcd` needs the etcd server binary, which is not on PATH: install it "
-                              "(Debian/Ubuntu: `apt-get install -y etcd-server`), or point --store at a running "
-                              "cluster: --store etcd://HOST:PORT")
+            raise LaunchError(
+                "`--store etcd` needs the etcd server binary, which is not on PATH: install it "
+                "(Debian/Ubuntu: `apt-get install -y etcd-server`), or point --store at a running "
+                "cluster: --store etcd://HOST:PORT"
+            )
         self.host = host
         self.port = port or _free_port(host)
         self.url = f"etcd://{host}:{self.port}"
@@ -50,17 +53,43 @@ class EtcdServer:
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "EtcdServer":
         from ..cluster.etcd import EtcdKV
+
         peer = f"http://127.0.0.1:{_free_port('127.0.0.1')}"
         client = f"http://{'[' + self.host + ']' if ':' in self.host else self.host}:{self.port}"
-        argv = [self.binary, "--name", "taiji", "--data-dir", str(self.data_dir / "data"),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"taiji={peer}", "--heartbeat-interval", "10", "--election-timeout", "100",
-                "--bcrypt-cost", str(BCRYPT_COST), "--log-level", "warn"]
+        argv = [
+            self.binary,
+            "--name",
+            "taiji",
+            "--data-dir",
+            str(self.data_dir / "data"),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"taiji={peer}",
+            "--heartbeat-interval",
+            "10",
+            "--election-timeout",
+            "100",
+            "--bcrypt-cost",
+            str(BCRYPT_COST),
+            "--log-level",
+            "warn",
+        ]
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True,
-                                            preexec_fn=functools.partial(die_with_parent, os.getpid()))
+            self.process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
         kv = EtcdKV(self.url, timeout=2.0)
         deadline = time.monotonic() + timeout
         try:
@@ -70,8 +99,10 @@ class EtcdServer:
                     return self
                 except StoreError:
                     if self.process.poll() is not None or time.monotonic() > deadline:
-                        raise LaunchError(f"the job's etcd server did not start on {self.host}:{self.port} "
-                                          f"(exit {self.process.poll()}); its log:\n{self.log_tail()}") from None
+                        raise LaunchError(
+                            f"the job's etcd server did not start on {self.host}:{self.port} "
+                            f"(exit {self.process.poll()}); its log:\n{self.log_tail()}"
+                        ) from None
                     time.sleep(0.05)
         finally:
             kv.close()

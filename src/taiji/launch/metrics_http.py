@@ -5,6 +5,7 @@ The client is the optional extra ``taiji[metrics]``: imported only when a port i
 scrape calls ``collect()`` on the client's server thread; what it reads (the driver's snapshot,
 a tally) is replaced whole by its owner, never mutated in place.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,7 +31,9 @@ def _client() -> Any:
         import prometheus_client
         from prometheus_client import core, registry
     except ImportError:
-        raise ConfigError("--metrics-port needs the prometheus_client package: pip install 'taiji[metrics]'") from None
+        raise ConfigError(
+            "--metrics-port needs the prometheus_client package: pip install 'taiji[metrics]'"
+        ) from None
     return prometheus_client, core, registry
 
 
@@ -43,10 +46,14 @@ class MetricsServer:
         self.registry = registry.CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         try:
-            self._server, self._thread = client.start_http_server(cfg.port, addr=cfg.host, registry=self.registry)
+            self._server, self._thread = client.start_http_server(
+                cfg.port, addr=cfg.host, registry=self.registry
+            )
         except OSError as exc:
-            raise LaunchError(f"--metrics-port {cfg.port}: cannot listen on {cfg.host}:{cfg.port} ({exc.strerror or exc}); "
-                              "choose a free port") from None
+            raise LaunchError(
+                f"--metrics-port {cfg.port}: cannot listen on {cfg.host}:{cfg.port} ({exc.strerror or exc}); "
+                "choose a free port"
+            ) from None
         self.port = self._server.server_address[1]
         log.info("serving Prometheus metrics on http://%s:%d/metrics", cfg.host, self.port)
 
@@ -97,10 +104,19 @@ class JobExporter:
 
 def add_flags(parser: Any) -> None:
     """``--metrics-port`` / ``--metrics-host`` on a command that serves metrics."""
-    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                        help="serve Prometheus metrics on this port (needs taiji[metrics]; 0: a free port)")
-    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDRESS",
-                        help="the address the metrics port listens on (default: %(default)s)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (needs taiji[metrics]; 0: a free port)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="the address the metrics port listens on (default: %(default)s)",
+    )
 
 
 def config_of(args: Any) -> MetricsConfig | None:

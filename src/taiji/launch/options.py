@@ -1,4 +1,5 @@
 """What `taiji run` was asked for: parsed options, with no I/O (the CLI builds it, the launcher reads it)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,10 +10,10 @@ from ..cluster import controller as ctl
 
 @dataclass(frozen=True)
 class CheckpointFlags:
-    directory: str = ""       # --checkpoint-dir (absolute, or a URL)
-    every: str = ""           # --checkpoint-every
-    resume: str = ""          # --resume: "", "auto" or a path
-    grace: float = 60.0       # --checkpoint-grace: SIGTERM -> final checkpoint -> exit, at most
+    directory: str = ""  # --checkpoint-dir (absolute, or a URL)
+    every: str = ""  # --checkpoint-every
+    resume: str = ""  # --resume: "", "auto" or a path
+    grace: float = 60.0  # --checkpoint-grace: SIGTERM -> final checkpoint -> exit, at most
 
 
 @dataclass(frozen=True)
@@ -36,18 +37,21 @@ class RunConfig:
     liveness_timeout: float = 5.0
     busy_timeout: float = 600.0
     nproc_per_node: int = 0  # this host's slots when other hosts may join; 0: one host
-    store: str = "tcp"        # tcp | etcd | etcd://HOST:PORT[,HOST:PORT...]
-    min_hosts: int = 1        # --nnodes MIN: hosts joined before the start
-    max_hosts: int = 0        # --nnodes MAX: hosts at most (0: no limit)
+    store: str = "tcp"  # tcp | etcd | etcd://HOST:PORT[,HOST:PORT...]
+    min_hosts: int = 1  # --nnodes MIN: hosts joined before the start
+    max_hosts: int = 0  # --nnodes MAX: hosts at most (0: no limit)
     grow_on_join: bool = True  # grow onto a joining host's slots (off: only resizes place workers there)
     secret: bytes | None = None  # the job's secret (--secret-file); None: a new one
-    checkpoint: CheckpointFlags = field(default_factory=lambda: CheckpointFlags())  # --checkpoint-dir, --resume
-    hosts_from: str = ""       # who starts the other hosts' agents: "" (`taiji join` by hand), "ray", "slurm"
+    checkpoint: CheckpointFlags = field(
+        default_factory=lambda: CheckpointFlags()
+    )  # --checkpoint-dir, --resume
+    hosts_from: str = ""  # who starts the other hosts' agents: "" (`taiji join` by hand), "ray", "slurm"
 
 
 @dataclass(frozen=True)
 class JoinConfig:
     """What `taiji join` was asked for: the job to join and what this host offers."""
+
     job_id: str
     store_url: str  # tcp://HOST:PORT (the launcher's TCPStore) or etcd://HOST:PORT[,...]
     secret: bytes
@@ -55,7 +59,9 @@ class JoinConfig:
     host: str
     timeout: float = 30.0
     grace: float = 5.0
-    job_notice: bool = False  # SIGTERM reaches the launcher too (one Slurm allocation): it stops the job, not us
+    job_notice: bool = (
+        False  # SIGTERM reaches the launcher too (one Slurm allocation): it stops the job, not us
+    )
 
 
 def heartbeat_interval(liveness_timeout: float) -> float:
@@ -66,6 +72,7 @@ def heartbeat_interval(liveness_timeout: float) -> float:
 @dataclass(frozen=True)
 class DriverConfig:
     """What the controller's loop of one job (launch/driver.py) is configured with."""
+
     job_id: str
     nproc: int
     bounds: ctl.Bounds

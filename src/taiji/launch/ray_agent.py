@@ -13,6 +13,7 @@ agents must outlive the launcher to take over) has nobody left to end it once th
 gone: it ends itself when its agent has exited. Ray is imported only inside the actor, for that;
 launch/ray_hosts.py wraps the class as an actor.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,15 @@ class RayHostAgent:
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
 
-    def run(self, argv: Sequence[str], secret_hex: str, environ: dict[str, str], cwd: str = "",
-            log_path: str = "", leave_when_done: bool = False) -> int:
+    def run(
+        self,
+        argv: Sequence[str],
+        secret_hex: str,
+        environ: dict[str, str],
+        cwd: str = "",
+        log_path: str = "",
+        leave_when_done: bool = False,
+    ) -> int:
         """Run ``argv`` (`taiji join`, or `taiji run`, with ``--secret-file -``) with ``secret_hex``
         on its stdin, in ``cwd`` (default: the actor's), its output appended to ``log_path``
         (default: the actor's, which Ray shows). ``leave_when_done``: the actor ends once this
@@ -63,9 +71,16 @@ class RayHostAgent:
             os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
             out = open(log_path, "ab")
         try:
-            self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, env={**os.environ, **environ},
-                                         cwd=cwd or None, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                         start_new_session=True, preexec_fn=lambda: _start_agent(parent, niceness))
+            self.proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.PIPE,
+                env={**os.environ, **environ},
+                cwd=cwd or None,
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                start_new_session=True,
+                preexec_fn=lambda: _start_agent(parent, niceness),
+            )
         finally:
             if out is not None:
                 out.close()
@@ -73,21 +88,31 @@ class RayHostAgent:
         self.proc.stdin.write((secret_hex + "\n").encode())
         self.proc.stdin.close()
         if niceness is not None and os.getpriority(os.PRIO_PROCESS, self.proc.pid) > niceness:
-            log.warning("the job's agent runs at Ray's worker priority (nice %d), not the node's (%d): under load "
-                        "its heartbeats and its workers' steps come late; start the node's Ray with "
-                        "RAY_worker_niceness=0", os.getpriority(os.PRIO_PROCESS, self.proc.pid), niceness)
+            log.warning(
+                "the job's agent runs at Ray's worker priority (nice %d), not the node's (%d): under load "
+                "its heartbeats and its workers' steps come late; start the node's Ray with "
+                "RAY_worker_niceness=0",
+                os.getpriority(os.PRIO_PROCESS, self.proc.pid),
+                niceness,
+            )
         if raylet:
-            threading.Thread(target=self._watch_raylet, args=(raylet, self.proc, niceness),
-                             name="taiji-raylet-watch", daemon=True).start()
+            threading.Thread(
+                target=self._watch_raylet,
+                args=(raylet, self.proc, niceness),
+                name="taiji-raylet-watch",
+                daemon=True,
+            ).start()
         code = self.proc.wait()
         if leave_when_done:
             import ray
+
             ray.get_runtime_context().current_actor.leave.remote()  # runs once this call has returned
         return code
 
     def leave(self) -> None:
         """End this actor (its agent has exited)."""
         import ray
+
         ray.actor.exit_actor()
 
     def exit_code(self) -> int | None:

@@ -15,6 +15,7 @@ agent on another node takes the job over (launch/takeover.py), as with `taiji jo
 
 Ray is imported only here, and only when ``--ray`` is given (``pip install 'taiji[ray]'``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,21 +42,37 @@ CONNECT_TIMEOUT = 5.0
 
 @dataclass(frozen=True)
 class RayConfig:
-    address: str               # HOST:PORT, "auto" (RAY_ADDRESS or the cluster on this machine) or "local"
+    address: str  # HOST:PORT, "auto" (RAY_ADDRESS or the cluster on this machine) or "local"
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
 
 
 def add_run_flags(run: argparse.ArgumentParser) -> None:
     group = run.add_argument_group("Ray (pip install 'taiji[ray]')")
-    group.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
-                       help="the job's other hosts are a Ray cluster's nodes: one actor per node runs its workers "
-                            "(ADDRESS: HOST:PORT of the cluster; default: RAY_ADDRESS or the cluster running on "
-                            "this machine; `local`: start one here)")
-    group.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="C",
-                       help="Ray CPUs each worker reserves on its node (default: %(default)s)")
-    group.add_argument("--ray-gpus-per-worker", type=float, default=0.0, metavar="G",
-                       help="Ray GPUs each worker reserves on its node (default: %(default)s)")
+    group.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="the job's other hosts are a Ray cluster's nodes: one actor per node runs its workers "
+        "(ADDRESS: HOST:PORT of the cluster; default: RAY_ADDRESS or the cluster running on "
+        "this machine; `local`: start one here)",
+    )
+    group.add_argument(
+        "--ray-cpus-per-worker",
+        type=float,
+        default=1.0,
+        metavar="C",
+        help="Ray CPUs each worker reserves on its node (default: %(default)s)",
+    )
+    group.add_argument(
+        "--ray-gpus-per-worker",
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="Ray GPUs each worker reserves on its node (default: %(default)s)",
+    )
 
 
 def config_of(args: argparse.Namespace) -> RayConfig | None:
@@ -63,8 +80,9 @@ def config_of(args: argparse.Namespace) -> RayConfig | None:
         return None
     if args.ray_cpus_per_worker < 0 or args.ray_gpus_per_worker < 0:
         raise ConfigError("--ray-cpus-per-worker and --ray-gpus-per-worker must be >= 0")
-    return RayConfig(address=args.ray, cpus_per_worker=args.ray_cpus_per_worker,
-                     gpus_per_worker=args.ray_gpus_per_worker)
+    return RayConfig(
+        address=args.ray, cpus_per_worker=args.ray_cpus_per_worker, gpus_per_worker=args.ray_gpus_per_worker
+    )
 
 
 def fill_defaults(args: argparse.Namespace) -> None:
@@ -75,9 +93,11 @@ def fill_defaults(args: argparse.Namespace) -> None:
         return
     per_node = args.nproc_per_node
     if per_node < 1:
-        raise ConfigError("--ray needs --nproc-per-node K: the workers each Ray node runs (this host's too), e.g. "
-                          "`taiji run --ray HOST:PORT --nproc-per-node 1 --max-np 8 python train.py` (1 worker "
-                          "here, and 1 on each other Ray node, up to 8)")
+        raise ConfigError(
+            "--ray needs --nproc-per-node K: the workers each Ray node runs (this host's too), e.g. "
+            "`taiji run --ray HOST:PORT --nproc-per-node 1 --max-np 8 python train.py` (1 worker "
+            "here, and 1 on each other Ray node, up to 8)"
+        )
     if args.nnodes is None and args.nproc is not None and args.nproc > per_node:
         first = math.ceil(args.nproc / per_node)
         most = max(first, math.ceil((args.max_np or 0) / per_node))
@@ -85,6 +105,7 @@ def fill_defaults(args: argparse.Namespace) -> None:
 
 
 # -- pure decisions -----------------------------------------------------------------------
+
 
 def check_version(version: str) -> None:
     """ConfigError unless ``version`` is in the supported range."""
@@ -94,8 +115,10 @@ def check_version(version: str) -> None:
         raise ConfigError(f"cannot read the installed Ray's version {version!r}") from None
     (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED
     if not (lo_major, lo_minor) <= (major, minor) < (hi_major, hi_minor):
-        raise ConfigError(f"Ray {version} is installed; taiji supports Ray >= {lo_major}.{lo_minor}, "
-                          f"< {hi_major}.{hi_minor}: run `pip install 'taiji[ray]'` for a supported one")
+        raise ConfigError(
+            f"Ray {version} is installed; taiji supports Ray >= {lo_major}.{lo_minor}, "
+            f"< {hi_major}.{hi_minor}: run `pip install 'taiji[ray]'` for a supported one"
+        )
 
 
 def node_demand(ray: RayConfig, slots: int) -> dict[str, float]:
@@ -112,10 +135,18 @@ def unfit_reason(nodes: list[dict], demand: dict[str, float]) -> str | None:
     if any(all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in demand.items()) for n in alive):
         return None
     wanted = ", ".join(f"{k}={v:g}" for k, v in demand.items())
-    have = "; ".join(f"{n.get('NodeManagerAddress')}: " + ", ".join(
-        f"{k}={n.get('Resources', {}).get(k, 0.0):g}" for k in demand) for n in alive) or "no live node"
-    return (f"no Ray node has the resources one host's workers need ({wanted}: --nproc-per-node x "
-            f"--ray-cpus-per-worker/--ray-gpus-per-worker); the cluster's nodes have {have}")
+    have = (
+        "; ".join(
+            f"{n.get('NodeManagerAddress')}: "
+            + ", ".join(f"{k}={n.get('Resources', {}).get(k, 0.0):g}" for k in demand)
+            for n in alive
+        )
+        or "no live node"
+    )
+    return (
+        f"no Ray node has the resources one host's workers need ({wanted}: --nproc-per-node x "
+        f"--ray-cpus-per-worker/--ray-gpus-per-worker); the cluster's nodes have {have}"
+    )
 
 
 def hosts_wanted(cfg: RunConfig) -> int:
@@ -128,16 +159,21 @@ def check_reachable(address: str) -> None:
     """A HOST:PORT that refuses or does not answer is refused here, before Ray waits a minute on it."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError(f"--ray takes HOST:PORT (the cluster's head, e.g. 10.0.0.1:6379), `auto` or `local`, "
-                          f"got {address!r}")
+        raise ConfigError(
+            f"--ray takes HOST:PORT (the cluster's head, e.g. 10.0.0.1:6379), `auto` or `local`, "
+            f"got {address!r}"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
     except OSError as exc:
-        raise ConfigError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}): is its head "
-                          "running (`ray start --head`), and is this the address it printed?") from None
+        raise ConfigError(
+            f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}): is its head "
+            "running (`ray start --head`), and is this the address it printed?"
+        ) from None
 
 
 # -- effects -------------------------------------------------------------------------------
+
 
 def import_ray() -> Any:
     try:
@@ -160,13 +196,19 @@ def connect(ray_cfg: RayConfig) -> Any:
         check_reachable(address.removeprefix("ray://"))
     try:
         if address == "local":
-            ray.init(include_dashboard=False, object_store_memory=200 * 1024 * 1024, logging_level=logging.WARNING,
-                     configure_logging=False)
+            ray.init(
+                include_dashboard=False,
+                object_store_memory=200 * 1024 * 1024,
+                logging_level=logging.WARNING,
+                configure_logging=False,
+            )
         else:
             ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
     except ConnectionError as exc:
-        raise ConfigError(f"no Ray cluster at {address}: {str(exc).splitlines()[0]} (give --ray HOST:PORT, set "
-                          "RAY_ADDRESS, or --ray local to start one here)") from None
+        raise ConfigError(
+            f"no Ray cluster at {address}: {str(exc).splitlines()[0]} (give --ray HOST:PORT, set "
+            "RAY_ADDRESS, or --ray local to start one here)"
+        ) from None
     shorten_ray_reports()
     return ray
 
@@ -177,7 +219,9 @@ def first_lines(lines: list[str]) -> list[str]:
     for report in lines:
         first, _, rest = str(report).partition("\n")
         more = len(rest.rstrip("\n").splitlines())
-        shortened.append(first + (f" [{more} more line(s) of Ray's report in the node's Ray logs]" if more else ""))
+        shortened.append(
+            first + (f" [{more} more line(s) of Ray's report in the node's Ray logs]" if more else "")
+        )
     return shortened
 
 
@@ -199,6 +243,7 @@ def shorten_ray_reports() -> None:
         if isinstance(data, dict) and data.get("pid") == "raylet" and isinstance(data.get("lines"), list):
             data = {**data, "lines": first_lines(data["lines"])}
         return printer(data, *args, **kwargs)
+
     shortened.taiji_shortened = True  # type: ignore[attr-defined]
     ray_worker.print_to_stdstream = shortened
 
@@ -229,24 +274,50 @@ class RayHosts:
         self._ask_autoscaler()
         if self.gang_hosts:
             from .ray_gang import Gang
-            pinned = any(f"node:{self.cfg.host}" in node.get("Resources", {}) for node in self.ray.nodes()
-                         if node.get("Alive"))  # this host is a Ray node: no other bundle may land here
-            self.gang = Gang(self.ray, f"taiji-{self.cfg.job_id}", self.cfg.host if pinned else None, self.demand,
-                             self.gang_hosts)
-            self._say(f"waiting for Ray to place the job's first {self.gang_hosts} other host(s) all at once "
-                      "(one placement group; an autoscaler adds nodes for it)")
-        self._thread = threading.Thread(target=self._loop, args=(driver,), name="taiji-ray-hosts", daemon=True)
+
+            pinned = any(
+                f"node:{self.cfg.host}" in node.get("Resources", {})
+                for node in self.ray.nodes()
+                if node.get("Alive")
+            )  # this host is a Ray node: no other bundle may land here
+            self.gang = Gang(
+                self.ray,
+                f"taiji-{self.cfg.job_id}",
+                self.cfg.host if pinned else None,
+                self.demand,
+                self.gang_hosts,
+            )
+            self._say(
+                f"waiting for Ray to place the job's first {self.gang_hosts} other host(s) all at once "
+                "(one placement group; an autoscaler adds nodes for it)"
+            )
+        self._thread = threading.Thread(
+            target=self._loop, args=(driver,), name="taiji-ray-hosts", daemon=True
+        )
         self._thread.start()
 
     def _agent_argv(self, store_address: str, address: str) -> list[str]:
-        return [sys.executable, "-m", "taiji.launch.cli", "join", f"{self.cfg.job_id}@{store_address}",
-                "--secret-file", "-", "--nproc-per-node", str(self.cfg.nproc_per_node), "--host", address,
-                "--grace", f"{self.cfg.grace:g}"]
+        return [
+            sys.executable,
+            "-m",
+            "taiji.launch.cli",
+            "join",
+            f"{self.cfg.job_id}@{store_address}",
+            "--secret-file",
+            "-",
+            "--nproc-per-node",
+            str(self.cfg.nproc_per_node),
+            "--host",
+            address,
+            "--grace",
+            f"{self.cfg.grace:g}",
+        ]
 
     def _ask_autoscaler(self) -> None:
         """Tell Ray's autoscaler (where the cluster has one) the job's whole shape: this host and
         every other one it can grow onto. Ray keeps one such request per cluster (the latest)."""
         from ray.autoscaler.sdk import request_resources
+
         try:
             request_resources(bundles=[dict(self.demand) for _ in range(self.wanted + 1)])
         except Exception as exc:  # no autoscaler to ask is not the job's failure
@@ -256,20 +327,35 @@ class RayHosts:
         """The job's agent actor on ``node``: in the gang's ``bundle``, or pinned to the node."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         from .ray_agent import RayHostAgent
+
         node_id, address = node["NodeID"], node["NodeManagerAddress"]
-        strategy = (self.gang.strategy(bundle) if bundle is not None
-                    else NodeAffinitySchedulingStrategy(node_id, soft=False))
+        strategy = (
+            self.gang.strategy(bundle)
+            if bundle is not None
+            else NodeAffinitySchedulingStrategy(node_id, soft=False)
+        )
         actor_class = self.ray.remote(RayHostAgent)
         # where the store outlives this host, the agents must outlive this process (a Ray actor
         # dies with the process that made it, unless detached) to take the job over if it dies
         lifetime = "detached" if driver.survivable else None
         actor = actor_class.options(
-            name=f"taiji-{self.cfg.job_id}-{node_id[:12]}", num_cpus=self.demand["CPU"],
-            num_gpus=self.demand.get("GPU", 0), max_restarts=0, scheduling_strategy=strategy,
-            lifetime=lifetime).remote()
-        environ = {**forwarded_environment(dict(os.environ)), "PYTHONUNBUFFERED": "1"}  # as this host's workers
-        ref = actor.run.remote(self._agent_argv(driver.store_address, address), driver.secret.hex(), environ,
-                               leave_when_done=driver.survivable)
+            name=f"taiji-{self.cfg.job_id}-{node_id[:12]}",
+            num_cpus=self.demand["CPU"],
+            num_gpus=self.demand.get("GPU", 0),
+            max_restarts=0,
+            scheduling_strategy=strategy,
+            lifetime=lifetime,
+        ).remote()
+        environ = {
+            **forwarded_environment(dict(os.environ)),
+            "PYTHONUNBUFFERED": "1",
+        }  # as this host's workers
+        ref = actor.run.remote(
+            self._agent_argv(driver.store_address, address),
+            driver.secret.hex(),
+            environ,
+            leave_when_done=driver.survivable,
+        )
         self.actors[node_id] = (actor, ref, address)
         self._say(f"Ray node {address}: placing the job's agent there ({self.cfg.nproc_per_node} slot(s))")
 
@@ -292,8 +378,12 @@ class RayHosts:
     def _usable(self, node: dict) -> bool:
         """A live node of another host that has no agent of the job and never had one."""
         node_id = node["NodeID"]
-        return (bool(node.get("Alive")) and node_id not in self.actors and node_id not in self.tried
-                and node["NodeManagerAddress"] != self.cfg.host)
+        return (
+            bool(node.get("Alive"))
+            and node_id not in self.actors
+            and node_id not in self.tried
+            and node["NodeManagerAddress"] != self.cfg.host
+        )
 
     def _place_gang(self, driver, nodes: list[dict]) -> None:
         """An agent in each of the gang's bundles without one (a bundle Ray moved off a lost
@@ -326,8 +416,9 @@ class RayHosts:
                 for node in nodes:
                     if len(self.actors) >= self.wanted:
                         break
-                    if self._usable(node) and all(node.get("Resources", {}).get(k, 0.0) >= v
-                                                  for k, v in self.demand.items()):
+                    if self._usable(node) and all(
+                        node.get("Resources", {}).get(k, 0.0) >= v for k, v in self.demand.items()
+                    ):
                         self._place(driver, node)
             except Exception as exc:  # Ray's own trouble: say it, keep the job (its hosts are watched anyway)
                 log.warning("placing the job's agents on Ray nodes failed: %s", exc)

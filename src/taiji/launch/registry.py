@@ -7,6 +7,7 @@ entry: an entry whose process is gone (or whose pid now belongs to another proce
 the process start time) is *stale*; readers say so and prune it. Standard library only: the
 commands that read the registry must not import torch.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,7 +55,7 @@ class JobEntry:
     port: int
     pid: int
     command: tuple[str, ...]
-    started: float = 0.0        # wall-clock time the launcher started
+    started: float = 0.0  # wall-clock time the launcher started
     pid_start: int | None = None
 
     @property
@@ -63,7 +64,9 @@ class JobEntry:
         return start is not None and (self.pid_start is None or start == self.pid_start)
 
     @staticmethod
-    def of_this_process(job_id: str, host: str, port: int, command: tuple[str, ...], started: float) -> "JobEntry":
+    def of_this_process(
+        job_id: str, host: str, port: int, command: tuple[str, ...], started: float
+    ) -> "JobEntry":
         return JobEntry(job_id, host, port, os.getpid(), command, started, process_start_time(os.getpid()))
 
 
@@ -88,8 +91,15 @@ def unregister(job_id: str) -> None:
 def _read(path: Path) -> JobEntry | None:
     try:
         data = json.loads(path.read_text())
-        return JobEntry(str(data["job"]), str(data["host"]), int(data["port"]), int(data["pid"]),
-                        tuple(data.get("command", ())), float(data.get("started", 0.0)), data.get("pid_start"))
+        return JobEntry(
+            str(data["job"]),
+            str(data["host"]),
+            int(data["port"]),
+            int(data["pid"]),
+            tuple(data.get("command", ())),
+            float(data.get("started", 0.0)),
+            data.get("pid_start"),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None  # being written, or not ours: not a job
 
@@ -116,8 +126,10 @@ def find_job(job_id: str | None) -> JobEntry:
         entry = _read(job_file(job_id))
         if entry is not None and not entry.running:
             unregister(job_id)
-            raise StoreError(f"job {job_id} is not running (its launcher, pid {entry.pid}, exited); "
-                             "removed its stale entry")
+            raise StoreError(
+                f"job {job_id} is not running (its launcher, pid {entry.pid}, exited); "
+                "removed its stale entry"
+            )
         if entry is not None:
             return entry
     prune()
@@ -125,13 +137,18 @@ def find_job(job_id: str | None) -> JobEntry:
     if job_id is None and len(running) == 1:
         return find_job(running[0])
     if job_id is None:
-        raise StoreError("name the job with --job ID: " + (f"running jobs: {running}" if running
-                                                            else "no job is running on this host"))
-    raise StoreError(f"no running job {job_id!r} (running: {running or 'none'}); job ids are printed "
-                     "by `taiji run` when it starts, and `taiji ls` lists them")
+        raise StoreError(
+            "name the job with --job ID: "
+            + (f"running jobs: {running}" if running else "no job is running on this host")
+        )
+    raise StoreError(
+        f"no running job {job_id!r} (running: {running or 'none'}); job ids are printed "
+        "by `taiji run` when it starts, and `taiji ls` lists them"
+    )
 
 
 # -- `taiji join` agents on this host (found by `taiji drain`) ----------------------------
+
 
 def agents_dir() -> Path:
     return Path(env.HOME.get() or Path.home() / ".taiji") / "agents"

@@ -8,6 +8,7 @@ tether to the controller (launch/tether.py) whose closing says at once that it i
 ``release``) and feeds the controller what this part reports (``events``); launch/takeover.py
 builds one from a running job's store for the agent that takes the job over.
 """
+
 from __future__ import annotations
 
 import signal
@@ -41,8 +42,11 @@ class RemoteHosts:
         self._wake: Callable[[], None] = lambda: None
         # etcd: every key the agents write followed by one watch (a lease running out wakes the
         # controller); a TCP store is read per look
-        self.watched = PrefixFollower(job.another_connection(), agent_channel.FROM_AGENTS, lambda key: self._wake()) \
-            if job.can_watch else None
+        self.watched = (
+            PrefixFollower(job.another_connection(), agent_channel.FROM_AGENTS, lambda key: self._wake())
+            if job.can_watch
+            else None
+        )
         self.agents: dict[str, AgentChannel] = {}
         self.workers: dict[str, RemoteWorker] = {}
         self.tether: TetherServer | None = None
@@ -77,7 +81,9 @@ class RemoteHosts:
         """Start ``workers`` (id, rank) on ``host``: one record of orders to its agent."""
         for worker_id, rank in workers:
             self.workers[worker_id] = RemoteWorker(host, rank)
-        self.agents[host].send(*({"op": "spawn", "id": wid, "rank": rank, "size": size} for wid, rank in workers))
+        self.agents[host].send(
+            *({"op": "spawn", "id": wid, "rank": rank, "size": size} for wid, rank in workers)
+        )
 
     def kill(self, worker_id: str) -> bool:
         """Order the worker's agent to kill it; False if it is not a worker of another host."""
@@ -127,17 +133,22 @@ class RemoteHosts:
         counts = {wid: n for channel in self.agents.values() for wid, n in channel.worker_beats.items()}
         return {wid: counts.get(wid, 0) for wid in self.running()}
 
-    def events(self, state: ctl.ControllerState, now: float, rang: bool, look_at_beats: bool) -> list[ctl.Event]:
+    def events(
+        self, state: ctl.ControllerState, now: float, rang: bool, look_at_beats: bool
+    ) -> list[ctl.Event]:
         """Registrations and agents' events (when the doorbell rang), closed tethers, and (when
         ``look_at_beats``) the agents' beats."""
         events: list[ctl.Event] = []
         found = []
         if rang:
-            self._registrations_seen, found = agent_channel.registrations_after(self.job, self._registrations_seen)
+            self._registrations_seen, found = agent_channel.registrations_after(
+                self.job, self._registrations_seen
+            )
         for record in found:
             address, slots = str(record.get("address")), int(record.get("slots", 0))
-            channel = AgentChannel(self.job, address, str(record.get("session", "")), state.bounds.host_timeout,
-                                   self.watched)
+            channel = AgentChannel(
+                self.job, address, str(record.get("session", "")), state.bounds.host_timeout, self.watched
+            )
             if address == self.here or address in self.agents:
                 why = "the controller runs there" if address == self.here else "another agent serves it"
                 self._refuse(channel, f"host {address} is in the job already ({why})")
@@ -145,13 +156,18 @@ class RemoteHosts:
             self.agents[address] = channel
             self.say(f"host {address} joined (agent pid {record.get('pid')}, {slots} slot(s))")
             events.append(ctl.HostJoined(address, slots))
-        for address, session in (self.tether.lost() if self.tether is not None else []):
+        for address, session in self.tether.lost() if self.tether is not None else []:
             if address in self.agents and self.agents[address].session == session:
-                events.append(ctl.HostLost(address, "its agent's tether to the controller closed: the agent's "
-                                                    "process is gone, and its workers with it"))
+                events.append(
+                    ctl.HostLost(
+                        address,
+                        "its agent's tether to the controller closed: the agent's "
+                        "process is gone, and its workers with it",
+                    )
+                )
         for address, channel in list(self.agents.items()):
             # where the agents' keys are watched, each tick (a local look: that watch may run behind the doorbell's)
-            for event in (channel.new_events() if rang or self.watched is not None else []):
+            for event in channel.new_events() if rang or self.watched is not None else []:
                 op = event.get("op")
                 if op == "exit":
                     events.append(self._exited(event, state))
@@ -161,12 +177,21 @@ class RemoteHosts:
             if liveness == "beat":
                 events.append(ctl.HostBeat(address, now))
             elif liveness == "expired":
-                events.append(ctl.HostLost(address, f"its agent's lease expired (not renewed for "
-                                                    f"{channel.lease_ttl:g}s)"))
+                events.append(
+                    ctl.HostLost(
+                        address, f"its agent's lease expired (not renewed for {channel.lease_ttl:g}s)"
+                    )
+                )
         return events
 
-    def gather(self, count: int, state: ctl.ControllerState, job_id: str, tick: Callable[[], int | None],
-               beat_every: int) -> tuple[ctl.Host, ...]:
+    def gather(
+        self,
+        count: int,
+        state: ctl.ControllerState,
+        job_id: str,
+        tick: Callable[[], int | None],
+        beat_every: int,
+    ) -> tuple[ctl.Host, ...]:
         """Before the start (`--nnodes MIN:MAX`): wait for ``count`` agents to join (--join-timeout).
         ``tick`` waits one of the driver's ticks and returns a signal received meanwhile (which
         ends the wait), if any; the agents' beats are looked at every ``beat_every`` ticks."""
@@ -179,13 +204,19 @@ class RemoteHosts:
             received = tick()
             ticks += 1
             if received is not None:
-                raise LaunchError(f"job {job_id}: {signal.Signals(received).name} received while "
-                                  f"waiting for hosts ({len(joined) + 1} of {count + 1} there)")
+                raise LaunchError(
+                    f"job {job_id}: {signal.Signals(received).name} received while "
+                    f"waiting for hosts ({len(joined) + 1} of {count + 1} there)"
+                )
             if time.monotonic() > deadline:
-                raise LaunchError(f"job {job_id}: only {len(joined) + 1} of the {count + 1} hosts --nnodes "
-                                  f"asks for joined within --join-timeout {timeout:g}s: start "
-                                  "`taiji join` on the others (see above), or lower the MIN of --nnodes")
-            for event in self.events(state, time.monotonic(), rang=True, look_at_beats=ticks % beat_every == 0):
+                raise LaunchError(
+                    f"job {job_id}: only {len(joined) + 1} of the {count + 1} hosts --nnodes "
+                    f"asks for joined within --join-timeout {timeout:g}s: start "
+                    "`taiji join` on the others (see above), or lower the MIN of --nnodes"
+                )
+            for event in self.events(
+                state, time.monotonic(), rang=True, look_at_beats=ticks % beat_every == 0
+            ):
                 if isinstance(event, ctl.HostJoined) and len(joined) >= count:
                     self.early.append(event)  # beyond MIN in the same tick: the controller decides
                 elif isinstance(event, ctl.HostJoined):

@@ -1,4 +1,5 @@
 """`taiji run`: host the job store, start and supervise the workers (the launcher's process)."""
+
 from __future__ import annotations
 
 import sys
@@ -22,14 +23,25 @@ if TYPE_CHECKING:
 def worker_settings(cfg: RunConfig) -> WorkerSettings:
     """What every worker of the job gets, on any host (the store's address is the driver's)."""
     return WorkerSettings(
-        job_id=cfg.job_id, store_host=cfg.host, store_port=cfg.port, command=cfg.command,
-        interpreter=sys.executable, timeout=cfg.timeout, heartbeat=heartbeat_interval(cfg.liveness_timeout),
+        job_id=cfg.job_id,
+        store_host=cfg.host,
+        store_port=cfg.port,
+        command=cfg.command,
+        interpreter=sys.executable,
+        timeout=cfg.timeout,
+        heartbeat=heartbeat_interval(cfg.liveness_timeout),
         # peers wait for a busy member as long as the launcher lets it be busy
         recovery_timeout=max(env.RECOVERY_TIMEOUT.default, cfg.busy_timeout + cfg.timeout),
-        min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc,
+        min_np=cfg.min_np or 1,
+        max_np=cfg.max_np or cfg.nproc,
         run_dir=str(Path(cfg.run_dir).resolve()) if cfg.run_dir else "",
-        debug_collectives=cfg.debug_collectives, topology=cfg.topology, cuda_backend=cfg.cuda_backend,
-        checkpoint_dir=cfg.checkpoint.directory, checkpoint_every=cfg.checkpoint.every, resume=cfg.checkpoint.resume)
+        debug_collectives=cfg.debug_collectives,
+        topology=cfg.topology,
+        cuda_backend=cfg.cuda_backend,
+        checkpoint_dir=cfg.checkpoint.directory,
+        checkpoint_every=cfg.checkpoint.every,
+        resume=cfg.checkpoint.resume,
+    )
 
 
 def start_ahead(cfg: DriverConfig, settings: WorkerSettings, output=None) -> StartedAhead | None:
@@ -43,13 +55,21 @@ def start_ahead(cfg: DriverConfig, settings: WorkerSettings, output=None) -> Sta
     secret = cfg.secret or auth.new_secret()
     settings = replace(settings, store_host=cfg.host, store_port=listener.getsockname()[1], store_url="")
     sup, state = Supervisor(output=output, prefix=cfg.output_prefix), cfg.first_state()
-    sup.install_signal_handlers()   # a Ctrl-C from now on stops the workers as it does once the driver serves
+    sup.install_signal_handlers()  # a Ctrl-C from now on stops the workers as it does once the driver serves
     try:
         here = [w for w in state.config.workers if w.host == cfg.host]
-        for local_rank, worker in enumerate(here):   # the local ranks the driver's spawns will give them
+        for local_rank, worker in enumerate(here):  # the local ranks the driver's spawns will give them
             rank = state.config.rank_of(worker.id)
-            command, environ = local_start(settings, secret, worker.id, rank, state.config.size, host=cfg.host,
-                                           slots=state.hosts[0].slots, local_rank=local_rank)
+            command, environ = local_start(
+                settings,
+                secret,
+                worker.id,
+                rank,
+                state.config.size,
+                host=cfg.host,
+                slots=state.hosts[0].slots,
+                local_rank=local_rank,
+            )
             sup.start_ahead(worker.id, rank, command, environ, local_rank)
     except BaseException:
         stop_ahead(StartedAhead(listener, secret, sup, state))
@@ -72,23 +92,46 @@ class HostProvider(Protocol):
     def close(self) -> None: ...
 
 
-def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None,
-            announce: Callable[[str, bytes], None] | None = None, provider: HostProvider | None = None) -> int:
+def run_job(
+    cfg: RunConfig,
+    output=None,
+    metrics: MetricsConfig | None = None,
+    announce: Callable[[str, bytes], None] | None = None,
+    provider: HostProvider | None = None,
+) -> int:
     """Host the store, start and supervise the workers; return the job's exit code. With
     ``metrics``, serve the job's Prometheus metrics there (its port checked before anything starts).
     ``announce(store_url, secret)``, once the store is up: hand them to other hosts (`--slurm`);
     ``provider`` brings the other hosts' agents (`--ray`)."""
-    bounds = ctl.Bounds(min_np=cfg.min_np or 1, max_np=cfg.max_np or cfg.nproc, replace=cfg.replace,
-                        join_timeout=cfg.join_timeout, suspect_window=min(cfg.timeout, 5.0),
-                        max_failures=cfg.max_failures, liveness_timeout=cfg.liveness_timeout,
-                        busy_timeout=cfg.busy_timeout,
-                        stale_after=4 * heartbeat_interval(cfg.liveness_timeout),
-                        host_timeout=cfg.liveness_timeout, max_hosts=cfg.max_hosts or ctl.Bounds.max_hosts,
-                        grow_on_join=cfg.grow_on_join)
-    driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=cfg.nproc, bounds=bounds,
-                              host=cfg.host, port=cfg.port, timeout=cfg.timeout, grace=cfg.grace,
-                              slots=cfg.nproc_per_node, store=cfg.store, min_hosts=cfg.min_hosts,
-                              secret=cfg.secret, checkpoint_grace=cfg.checkpoint.grace, hosts_from=cfg.hosts_from)
+    bounds = ctl.Bounds(
+        min_np=cfg.min_np or 1,
+        max_np=cfg.max_np or cfg.nproc,
+        replace=cfg.replace,
+        join_timeout=cfg.join_timeout,
+        suspect_window=min(cfg.timeout, 5.0),
+        max_failures=cfg.max_failures,
+        liveness_timeout=cfg.liveness_timeout,
+        busy_timeout=cfg.busy_timeout,
+        stale_after=4 * heartbeat_interval(cfg.liveness_timeout),
+        host_timeout=cfg.liveness_timeout,
+        max_hosts=cfg.max_hosts or ctl.Bounds.max_hosts,
+        grow_on_join=cfg.grow_on_join,
+    )
+    driver_cfg = DriverConfig(
+        job_id=cfg.job_id,
+        nproc=cfg.nproc,
+        bounds=bounds,
+        host=cfg.host,
+        port=cfg.port,
+        timeout=cfg.timeout,
+        grace=cfg.grace,
+        slots=cfg.nproc_per_node,
+        store=cfg.store,
+        min_hosts=cfg.min_hosts,
+        secret=cfg.secret,
+        checkpoint_grace=cfg.checkpoint.grace,
+        hosts_from=cfg.hosts_from,
+    )
     drivers: list["Driver"] = []  # the control server hands out the snapshot `taiji status` shows
 
     def snapshot() -> dict:
@@ -101,7 +144,8 @@ def run_job(cfg: RunConfig, output=None, metrics: MetricsConfig | None = None,
         settings = worker_settings(cfg)
         ahead = start_ahead(driver_cfg, settings, output)
         try:
-            from .driver import Driver   # imports torch: the workers started ahead boot meanwhile
+            from .driver import Driver  # imports torch: the workers started ahead boot meanwhile
+
             driver = Driver.launch(driver_cfg, settings, output=output, ahead=ahead)
         except BaseException:
             if ahead is not None:

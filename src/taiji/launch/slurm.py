@@ -6,6 +6,7 @@
 (launch/slurm_task.py). ``--nnodes`` comes from the step's node count, each node's address from
 its name in the node list.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -17,23 +18,26 @@ from typing import Callable, Mapping
 from .. import env
 from ..errors import ConfigError
 
-OUTSIDE = ("--slurm needs a Slurm allocation ({var} is not set): start it with "
-           "`srun --nodes N --ntasks-per-node 1 taiji run --slurm ...`, from an `sbatch` script or `salloc`")
+OUTSIDE = (
+    "--slurm needs a Slurm allocation ({var} is not set): start it with "
+    "`srun --nodes N --ntasks-per-node 1 taiji run --slurm ...`, from an `sbatch` script or `salloc`"
+)
 
 
 @dataclass(frozen=True)
 class Allocation:
     """This task's place in its Slurm job (step)."""
-    job: str                    # SLURM_JOB_ID
-    step: str                   # SLURM_STEP_ID ("" outside an srun step: the batch script)
-    restart: int                # SLURM_RESTART_COUNT: a requeued job runs again under the same id
-    procid: int                 # SLURM_PROCID: this task's rank in the step
-    ntasks: int                 # tasks in the step
-    nodeid: int                 # SLURM_NODEID: this node's index in the step's node list
-    nodes: tuple[str, ...]      # the step's nodes, expanded, in Slurm's order
-    node: str                   # SLURMD_NODENAME: this task's node
-    submit_dir: str             # SLURM_SUBMIT_DIR
-    gpus_on_node: int = 0       # SLURM_GPUS_ON_NODE
+
+    job: str  # SLURM_JOB_ID
+    step: str  # SLURM_STEP_ID ("" outside an srun step: the batch script)
+    restart: int  # SLURM_RESTART_COUNT: a requeued job runs again under the same id
+    procid: int  # SLURM_PROCID: this task's rank in the step
+    ntasks: int  # tasks in the step
+    nodeid: int  # SLURM_NODEID: this node's index in the step's node list
+    nodes: tuple[str, ...]  # the step's nodes, expanded, in Slurm's order
+    node: str  # SLURMD_NODENAME: this task's node
+    submit_dir: str  # SLURM_SUBMIT_DIR
+    gpus_on_node: int = 0  # SLURM_GPUS_ON_NODE
 
     @property
     def launches(self) -> bool:
@@ -71,7 +75,7 @@ def _expand_one(pattern: str, whole: str) -> list[str]:
     if open_at < 0:
         return [pattern]
     close_at = pattern.index("]", open_at)
-    head, body, tail = pattern[:open_at], pattern[open_at + 1:close_at], pattern[close_at + 1:]
+    head, body, tail = pattern[:open_at], pattern[open_at + 1 : close_at], pattern[close_at + 1 :]
     values: list[str] = []
     for item in body.split(","):
         match = _RANGE.match(item.strip())
@@ -115,26 +119,37 @@ def read_allocation(environ: Mapping[str, str]) -> Allocation:
     if not job:
         raise ConfigError(OUTSIDE.format(var=env.SLURM_JOB_ID.name))
     if not environ.get("SLURM_PROCID"):
-        raise ConfigError(f"--slurm runs as tasks of a job step (SLURM_PROCID is not set: this is Slurm job {job}'s "
-                          "batch script): start it with `srun --ntasks-per-node 1 taiji run --slurm ...`")
+        raise ConfigError(
+            f"--slurm runs as tasks of a job step (SLURM_PROCID is not set: this is Slurm job {job}'s "
+            "batch script): start it with `srun --ntasks-per-node 1 taiji run --slurm ...`"
+        )
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
     nodes = expand_hostlist(nodelist)
     ntasks = _int(environ, "SLURM_STEP_NUM_TASKS", _int(environ, "SLURM_NTASKS", len(nodes)))
     nodeid = _int(environ, "SLURM_NODEID", 0)
     node = environ.get("SLURMD_NODENAME") or (nodes[nodeid] if nodeid < len(nodes) else "")
-    return Allocation(job=job, step=environ.get("SLURM_STEP_ID", ""),
-                      restart=_int(environ, "SLURM_RESTART_COUNT", 0), procid=_int(environ, "SLURM_PROCID"),
-                      ntasks=ntasks, nodeid=nodeid, nodes=nodes, node=node,
-                      submit_dir=environ.get("SLURM_SUBMIT_DIR", ""),
-                      gpus_on_node=_int(environ, "SLURM_GPUS_ON_NODE", 0))
+    return Allocation(
+        job=job,
+        step=environ.get("SLURM_STEP_ID", ""),
+        restart=_int(environ, "SLURM_RESTART_COUNT", 0),
+        procid=_int(environ, "SLURM_PROCID"),
+        ntasks=ntasks,
+        nodeid=nodeid,
+        nodes=nodes,
+        node=node,
+        submit_dir=environ.get("SLURM_SUBMIT_DIR", ""),
+        gpus_on_node=_int(environ, "SLURM_GPUS_ON_NODE", 0),
+    )
 
 
 def check_one_task_per_node(allocation: Allocation) -> None:
     if allocation.ntasks != len(allocation.nodes):
-        raise ConfigError(f"Slurm job {allocation.job} runs {allocation.ntasks} task(s) on {len(allocation.nodes)} "
-                          "node(s): taiji wants one task per node (it starts the workers itself): "
-                          "`srun --ntasks-per-node 1` (or `#SBATCH --ntasks-per-node=1`), and --nproc-per-node K "
-                          "for the workers of each node")
+        raise ConfigError(
+            f"Slurm job {allocation.job} runs {allocation.ntasks} task(s) on {len(allocation.nodes)} "
+            "node(s): taiji wants one task per node (it starts the workers itself): "
+            "`srun --ntasks-per-node 1` (or `#SBATCH --ntasks-per-node=1`), and --nproc-per-node K "
+            "for the workers of each node"
+        )
 
 
 def default_slots(allocation: Allocation) -> int:
@@ -149,12 +164,16 @@ def ipv4_of(name: str, resolve: Callable[[str], list[str]] | None = None) -> str
     try:
         addresses = resolve(name)
     except OSError as exc:
-        raise ConfigError(f"cannot resolve the Slurm node name {name!r} to an address ({exc}): give "
-                          "--ifname NAME (the interface whose address the nodes reach each other on)") from None
+        raise ConfigError(
+            f"cannot resolve the Slurm node name {name!r} to an address ({exc}): give "
+            "--ifname NAME (the interface whose address the nodes reach each other on)"
+        ) from None
     routable = [a for a in addresses if not ipaddress.ip_address(a).is_loopback]
     if not routable:
-        raise ConfigError(f"the Slurm node name {name!r} resolves to {', '.join(addresses) or 'nothing'} here, a "
-                          "loopback address other nodes cannot reach (see /etc/hosts): give --ifname NAME")
+        raise ConfigError(
+            f"the Slurm node name {name!r} resolves to {', '.join(addresses) or 'nothing'} here, a "
+            "loopback address other nodes cannot reach (see /etc/hosts): give --ifname NAME"
+        )
     return routable[0]
 
 
@@ -163,7 +182,9 @@ def _resolve(name: str) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in found))
 
 
-def check_nodes_resolve(nodes: tuple[str, ...], resolve: Callable[[str], list[str]] | None = None) -> dict[str, str]:
+def check_nodes_resolve(
+    nodes: tuple[str, ...], resolve: Callable[[str], list[str]] | None = None
+) -> dict[str, str]:
     """Every node's address (the launcher checks the whole node list before anything starts);
     ConfigError naming each node that does not resolve to a reachable address."""
     found, problems = {}, []
@@ -173,6 +194,9 @@ def check_nodes_resolve(nodes: tuple[str, ...], resolve: Callable[[str], list[st
         except ConfigError as exc:
             problems.append(str(exc).split(": give")[0])
     if problems:
-        raise ConfigError("the launcher cannot resolve the job's node list: " + "; ".join(problems)
-                          + ": give --ifname NAME (each node then advertises that interface's address)")
+        raise ConfigError(
+            "the launcher cannot resolve the job's node list: "
+            + "; ".join(problems)
+            + ": give --ifname NAME (each node then advertises that interface's address)"
+        )
     return found

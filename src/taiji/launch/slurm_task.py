@@ -15,6 +15,7 @@ keeps its workers until the launcher stops them. With ``--requeue`` the launcher
 its Slurm job itself (``scontrol requeue``): the decision is the launcher's own outcome, not
 `srun`'s status, which is the largest of its tasks' (137 once any node's task was killed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,13 @@ class Handover:
     def _write(self, allocation: slurm.Allocation, record: dict) -> None:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.directory, 0o700)
-        record = {"slurm_job": allocation.job, "step": allocation.step, "restart": allocation.restart,
-                  "node": allocation.node, **record}
+        record = {
+            "slurm_job": allocation.job,
+            "step": allocation.step,
+            "restart": allocation.restart,
+            "node": allocation.node,
+            **record,
+        }
         temporary = self.directory / f".{RECORD}.{os.getpid()}"
         temporary.write_text(json.dumps(record))
         os.replace(temporary, self.directory / RECORD)  # whole or absent
@@ -89,27 +95,40 @@ class Handover:
             record = self.read()
             if record is not None and accept(record):
                 if "error" in record:
-                    raise LaunchError(f"the job's launcher (Slurm job {record.get('slurm_job')}, node "
-                                      f"{record.get('node')}) could not start: {record['error']}")
+                    raise LaunchError(
+                        f"the job's launcher (Slurm job {record.get('slurm_job')}, node "
+                        f"{record.get('node')}) could not start: {record['error']}"
+                    )
                 return record, read_secret_file(str(self.directory / SECRET))
             if time.monotonic() > deadline:
-                seen = (f"; {self.directory / RECORD} is from Slurm job {record.get('slurm_job')} step "
-                        f"{record.get('step')} (restart {record.get('restart')}), not this one" if record else "")
-                raise LaunchError(f"no {waiting_for} within {timeout:g}s in {self.directory}{seen}: is task 0 "
-                                  "running (its output says why not), and do all nodes share this directory "
-                                  f"(else set {env.SLURM_DIR.name} to one they share)?")
+                seen = (
+                    f"; {self.directory / RECORD} is from Slurm job {record.get('slurm_job')} step "
+                    f"{record.get('step')} (restart {record.get('restart')}), not this one"
+                    if record
+                    else ""
+                )
+                raise LaunchError(
+                    f"no {waiting_for} within {timeout:g}s in {self.directory}{seen}: is task 0 "
+                    "running (its output says why not), and do all nodes share this directory "
+                    f"(else set {env.SLURM_DIR.name} to one they share)?"
+                )
             time.sleep(POLL_SECONDS)
 
 
 def same_run(record: dict, allocation: slurm.Allocation) -> bool:
     return (record.get("slurm_job"), record.get("step"), record.get("restart")) == (
-        allocation.job, allocation.step, allocation.restart)
+        allocation.job,
+        allocation.step,
+        allocation.restart,
+    )
 
 
 def _node_address(args: argparse.Namespace, allocation: slurm.Allocation) -> str:
     if getattr(args, "host", None):
-        raise ConfigError("--host with --slurm would give every node the same address: leave it out (each node "
-                          "advertises its node name's address) or give --ifname NAME")
+        raise ConfigError(
+            "--host with --slurm would give every node the same address: leave it out (each node "
+            "advertises its node name's address) or give --ifname NAME"
+        )
     return interface_address(args.ifname) if args.ifname else slurm.ipv4_of(allocation.node)
 
 
@@ -123,16 +142,20 @@ def prepare_run(args: argparse.Namespace) -> slurm.Allocation:
     if args.nnodes is None:
         args.nnodes = f"{nodes}:{nodes}"
     elif args.nnodes.partition(":")[0].isdigit() and int(args.nnodes.partition(":")[0]) > nodes:
-        raise ConfigError(f"--nnodes {args.nnodes} waits for more hosts than the {nodes} node(s) of Slurm job "
-                          f"{allocation.job} before it starts: lower its MIN (a second allocation can grow the "
-                          "job later with `taiji join --slurm`, up to its MAX)")
+        raise ConfigError(
+            f"--nnodes {args.nnodes} waits for more hosts than the {nodes} node(s) of Slurm job "
+            f"{allocation.job} before it starts: lower its MIN (a second allocation can grow the "
+            "job later with `taiji join --slurm`, up to its MAX)"
+        )
     if not args.nproc_per_node:
         args.nproc_per_node = slurm.default_slots(allocation)
     if allocation.launches and not args.ifname:
         slurm.check_nodes_resolve(allocation.nodes)  # every node: an agent there must advertise its own
     if args.requeue and not (args.checkpoint_dir and args.resume == "auto"):
-        raise ConfigError("--requeue needs --checkpoint-dir PATH and --resume auto: the requeued job runs the same "
-                          "command and must resume from the checkpoint its stop wrote")
+        raise ConfigError(
+            "--requeue needs --checkpoint-dir PATH and --resume auto: the requeued job runs the same "
+            "command and must resume from the checkpoint its stop wrote"
+        )
     args.host = _node_address(args, allocation)
     args.ifname = None
     args.job_id = args.job_id or f"slurm{allocation.job}"
@@ -142,11 +165,14 @@ def prepare_run(args: argparse.Namespace) -> slurm.Allocation:
 def job_state(job: str) -> str:
     """Slurm's state of ``job`` (RUNNING, CANCELLED, ...; "" where scontrol cannot say)."""
     try:
-        done = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True,
-                              timeout=SCONTROL_TIMEOUT)
+        done = subprocess.run(
+            ["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return next((field.split("=", 1)[1] for field in done.stdout.split() if field.startswith("JobState=")), "")
+    return next(
+        (field.split("=", 1)[1] for field in done.stdout.split() if field.startswith("JobState=")), ""
+    )
 
 
 def requeue(allocation: slurm.Allocation, say: Callable[[str], None]) -> bool:
@@ -155,27 +181,40 @@ def requeue(allocation: slurm.Allocation, say: Callable[[str], None]) -> bool:
     end, and one Slurm requeues itself (preemption with PreemptMode=REQUEUE) is not requeued twice."""
     state = job_state(allocation.job)
     if state != "RUNNING":
-        say(f"Slurm job {allocation.job} is {state or 'in a state scontrol does not tell'}, not RUNNING: "
-            "not requeued (a cancelled job is meant to end; a preempted one Slurm requeues itself)")
+        say(
+            f"Slurm job {allocation.job} is {state or 'in a state scontrol does not tell'}, not RUNNING: "
+            "not requeued (a cancelled job is meant to end; a preempted one Slurm requeues itself)"
+        )
         return False
-    say(f"requeueing Slurm job {allocation.job} (`scontrol requeue`): it resumes from its checkpoint when Slurm "
-        "starts it again (Slurm holds a requeued job for about two minutes first: its BeginTime)")
+    say(
+        f"requeueing Slurm job {allocation.job} (`scontrol requeue`): it resumes from its checkpoint when Slurm "
+        "starts it again (Slurm holds a requeued job for about two minutes first: its BeginTime)"
+    )
     try:
-        done = subprocess.run(["scontrol", "requeue", allocation.job], capture_output=True, text=True,
-                              timeout=SCONTROL_TIMEOUT)
+        done = subprocess.run(
+            ["scontrol", "requeue", allocation.job], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        say(f"could not requeue Slurm job {allocation.job}: {exc}; requeue it yourself: "
-            f"`scontrol requeue {allocation.job}`")
+        say(
+            f"could not requeue Slurm job {allocation.job}: {exc}; requeue it yourself: "
+            f"`scontrol requeue {allocation.job}`"
+        )
         return False
     if done.returncode != 0:
-        say(f"Slurm refused to requeue job {allocation.job}: {(done.stderr or done.stdout).strip()} (a job "
-            "submitted with --no-requeue, or not a batch job: requeue needs `sbatch --requeue`)")
+        say(
+            f"Slurm refused to requeue job {allocation.job}: {(done.stderr or done.stdout).strip()} (a job "
+            "submitted with --no-requeue, or not a batch job: requeue needs `sbatch --requeue`)"
+        )
         return False
     return True
 
 
-def run_task(cfg: RunConfig, allocation: slurm.Allocation,
-             run_job: Callable[[RunConfig, Callable[[str, bytes], None]], int], requeue_on_notice: bool = False) -> int:
+def run_task(
+    cfg: RunConfig,
+    allocation: slurm.Allocation,
+    run_job: Callable[[RunConfig, Callable[[str, bytes], None]], int],
+    requeue_on_notice: bool = False,
+) -> int:
     """Task 0: the launcher (``run_job`` with a callback that publishes the handover; with
     ``requeue_on_notice``, a stop on a notice with a complete checkpoint requeues the Slurm job);
     any other task: its node's agent, once the handover of this step is there."""
@@ -187,22 +226,43 @@ def run_task(cfg: RunConfig, allocation: slurm.Allocation,
             requeue(allocation, lambda text: print(f"taiji: {text}", flush=True))
         return code
     from .agent import Agent  # torch loads while the launcher starts
-    record, secret = handover.wait(lambda r: same_run(r, allocation), cfg.join_timeout,
-                                   f"launcher of Slurm job {allocation.job} step {allocation.step or '-'}")
-    return Agent(JoinConfig(job_id=str(record["job"]), store_url=str(record["store"]), secret=secret,
-                            slots=cfg.nproc_per_node, host=cfg.host, grace=cfg.grace, job_notice=True)).run()
+
+    record, secret = handover.wait(
+        lambda r: same_run(r, allocation),
+        cfg.join_timeout,
+        f"launcher of Slurm job {allocation.job} step {allocation.step or '-'}",
+    )
+    return Agent(
+        JoinConfig(
+            job_id=str(record["job"]),
+            store_url=str(record["store"]),
+            secret=secret,
+            slots=cfg.nproc_per_node,
+            host=cfg.host,
+            grace=cfg.grace,
+            job_notice=True,
+        )
+    ).run()
 
 
-def _launch(cfg: RunConfig, allocation: slurm.Allocation, handover: Handover,
-            run_job: Callable[[RunConfig, Callable[[str, bytes], None]], int]) -> int:
+def _launch(
+    cfg: RunConfig,
+    allocation: slurm.Allocation,
+    handover: Handover,
+    run_job: Callable[[RunConfig, Callable[[str, bytes], None]], int],
+) -> int:
     """Task 0's launcher, its handover published once its store is up and withdrawn when it exits."""
+
     def announce(store_url: str, secret: bytes) -> None:
         handover.publish(allocation, cfg.job_id, store_url, secret)
         others = ", ".join(allocation.nodes[1:]) or "no other node"
-        sys.stdout.write(f"taiji: Slurm job {allocation.job}: the tasks on {others} join through "
-                         f"{handover.directory}; another allocation's tasks join with "
-                         f"`srun taiji join --slurm {allocation.job}`\n")
+        sys.stdout.write(
+            f"taiji: Slurm job {allocation.job}: the tasks on {others} join through "
+            f"{handover.directory}; another allocation's tasks join with "
+            f"`srun taiji join --slurm {allocation.job}`\n"
+        )
         sys.stdout.flush()
+
     try:
         return run_job(cfg, announce)
     except (ConfigError, LaunchError, StoreError) as exc:
@@ -222,18 +282,28 @@ def join_config(args: argparse.Namespace) -> JoinConfig:
     handover = Handover(shared_dir(allocation), target)
     record = handover.read()
     if record is None:
-        raise ConfigError(f"no taiji job runs under Slurm job {target}: nothing in {handover.directory} (task 0 of "
-                          f"`srun taiji run --slurm` writes it there while the job runs). Check the id (`squeue`), "
-                          f"and that both jobs share that directory (submit them from one, or set "
-                          f"{env.SLURM_DIR.name})")
+        raise ConfigError(
+            f"no taiji job runs under Slurm job {target}: nothing in {handover.directory} (task 0 of "
+            f"`srun taiji run --slurm` writes it there while the job runs). Check the id (`squeue`), "
+            f"and that both jobs share that directory (submit them from one, or set "
+            f"{env.SLURM_DIR.name})"
+        )
     if str(record.get("slurm_job")) != target:
-        raise ConfigError(f"{handover.directory / RECORD} belongs to Slurm job {record.get('slurm_job')}, not {target}")
+        raise ConfigError(
+            f"{handover.directory / RECORD} belongs to Slurm job {record.get('slurm_job')}, not {target}"
+        )
     record, secret = handover.wait(lambda r: True, 0, f"launcher of Slurm job {target}")
     slots = args.nproc_per_node or slurm.default_slots(allocation)
     if slots < 1:
         raise ConfigError(f"--nproc-per-node must be at least 1, got {slots}")
     # another step of the launcher's own allocation: Slurm's SIGTERM reaches the launcher too
-    return JoinConfig(job_id=str(record["job"]), store_url=str(record["store"]), secret=secret, slots=slots,
-                      host=_node_address(args, allocation), timeout=args.timeout, grace=args.grace,
-                      job_notice=allocation.job == target)
-
+    return JoinConfig(
+        job_id=str(record["job"]),
+        store_url=str(record["store"]),
+        secret=secret,
+        slots=slots,
+        host=_node_address(args, allocation),
+        timeout=args.timeout,
+        grace=args.grace,
+        job_notice=allocation.job == target,
+    )

@@ -5,6 +5,7 @@ a parent-death signal, so it dies with the launcher even if the launcher is SIGK
 Exits are observed through pidfds and signals through a wakeup fd, in one ``select``:
 no polling loops.
 """
+
 from __future__ import annotations
 
 import collections
@@ -79,15 +80,22 @@ class Supervisor:
     limit, preemption), and their launcher or agent decides what a notice means (a final
     checkpoint, a planned shrink); ``stop_all`` then ends them with SIGKILL after its grace."""
 
-    def __init__(self, output: IO[str] | None = None, tail_lines: int = 40, prefix: str = "",
-                 ignore_sigterm: bool | None = None):
+    def __init__(
+        self,
+        output: IO[str] | None = None,
+        tail_lines: int = 40,
+        prefix: str = "",
+        ignore_sigterm: bool | None = None,
+    ):
         self.ignore_sigterm = env.SLURM_JOB_ID.is_set() if ignore_sigterm is None else ignore_sigterm
         self.output = output or sys.stdout
         self.prefix = prefix  # e.g. the host, when workers of several hosts print to one terminal
         self.tail_lines = tail_lines
         self.workers: dict[str, WorkerProcess] = {}
         self.beats = LocalBeats.create()  # its workers' heartbeat files (cluster/beats.py)
-        self._ahead: dict[str, tuple] = {}  # started ahead of their spawn: id -> (rank, command, env, local rank)
+        self._ahead: dict[
+            str, tuple
+        ] = {}  # started ahead of their spawn: id -> (rank, command, env, local rank)
         self._write_lock = threading.Lock()
         self._reap_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
@@ -106,6 +114,7 @@ class Supervisor:
 
         def handler(signum, _frame):
             self.signals.append(signum)
+
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w)
         for signum in signums:
             self._old_handlers[signum] = signal.signal(signum, handler)
@@ -126,8 +135,9 @@ class Supervisor:
         taken = {w.local_rank for w in self.running() if w.worker_id not in self._ahead}
         return next(i for i in range(len(taken) + 1) if i not in taken)
 
-    def start_ahead(self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str],
-                    local_rank: int = 0) -> WorkerProcess:
+    def start_ahead(
+        self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str], local_rank: int = 0
+    ) -> WorkerProcess:
         """Start a worker before its spawn is decided (`taiji run` starts its first workers while
         it imports torch to serve the store): ``spawn`` with the same arguments adopts it, any
         other ``spawn`` of that id or ``drop_ahead`` ends it."""
@@ -141,41 +151,61 @@ class Supervisor:
             del self._ahead[worker_id]
             self._end(self.workers.pop(worker_id))
 
-    def spawn(self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str],
-              local_rank: int = 0) -> WorkerProcess:
+    def spawn(
+        self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str], local_rank: int = 0
+    ) -> WorkerProcess:
         """Start a worker (or adopt the one started ahead with these very arguments: a worker that
         has exited meanwhile is adopted too, and its exit observed as any other)."""
         ahead = self._ahead.pop(worker_id, None)
         if ahead is not None:
             if ahead == (rank, list(command), dict(env), local_rank):
-                log.debug("adopted worker %s (rank %d), started ahead as pid %d", worker_id, rank,
-                          self.workers[worker_id].pid)
+                log.debug(
+                    "adopted worker %s (rank %d), started ahead as pid %d",
+                    worker_id,
+                    rank,
+                    self.workers[worker_id].pid,
+                )
                 return self.workers[worker_id]
-            log.warning("worker %s was started ahead with other arguments than its spawn's: restarting it", worker_id)
+            log.warning(
+                "worker %s was started ahead with other arguments than its spawn's: restarting it", worker_id
+            )
             self._end(self.workers.pop(worker_id))
         return self._start(worker_id, rank, command, env, local_rank)
 
     def _end(self, worker: WorkerProcess) -> None:
         if worker.running:
-            self._reap(worker)   # SIGKILLs its process group first
+            self._reap(worker)  # SIGKILLs its process group first
 
-    def _start(self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str],
-               local_rank: int) -> WorkerProcess:
+    def _start(
+        self, worker_id: str, rank: int, command: Sequence[str], env: dict[str, str], local_rank: int
+    ) -> WorkerProcess:
         try:
             popen = subprocess.Popen(
-                list(command), env={**env, BEAT_DIR: str(self.beats.directory)}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, os.getpid(), self.ignore_sigterm))
+                list(command),
+                env={**env, BEAT_DIR: str(self.beats.directory)},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid(), self.ignore_sigterm),
+            )
         except FileNotFoundError:
             raise LaunchError(f"cannot start worker {worker_id}: command not found: {command[0]!r}") from None
         except PermissionError:
             raise LaunchError(f"cannot start worker {worker_id}: {command[0]!r} is not executable") from None
         except OSError as exc:
             raise LaunchError(f"cannot start worker {worker_id} ({command[0]!r}): {exc}") from None
-        worker = WorkerProcess(worker_id, rank, popen, os.pidfd_open(popen.pid),
-                               collections.deque(maxlen=self.tail_lines), local_rank=local_rank)
-        worker.reader = threading.Thread(target=self._pump, args=(worker,), name=f"taiji-out-{worker_id}",
-                                         daemon=True)
+        worker = WorkerProcess(
+            worker_id,
+            rank,
+            popen,
+            os.pidfd_open(popen.pid),
+            collections.deque(maxlen=self.tail_lines),
+            local_rank=local_rank,
+        )
+        worker.reader = threading.Thread(
+            target=self._pump, args=(worker,), name=f"taiji-out-{worker_id}", daemon=True
+        )
         worker.reader.start()
         self.workers[worker_id] = worker
         log.debug("spawned worker %s (rank %d) as pid %d", worker_id, rank, popen.pid)

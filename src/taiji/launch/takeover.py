@@ -9,6 +9,7 @@ keeps its own workers running, addresses the other agents, and drops the dead ho
 one version — the survivors, waiting on their failed collective, retry the step. torchrun's,
 torchft's and KungFu's jobs die with the host that holds their store or controller.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,9 @@ def _next_index(ids: tuple[str, ...]) -> int:
     return max(numbers, default=0) + 1000
 
 
-def take_over(cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Supervisor,
-              secret: bytes, seen: bytes) -> tuple[Driver, str, list[ctl.Event]] | None:
+def take_over(
+    cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Supervisor, secret: bytes, seen: bytes
+) -> tuple[Driver, str, list[ctl.Event]] | None:
     """If this agent wins the election against the controller of term ``seen``: a Driver for the
     job, the dead controller's host, and what happened while nobody controlled the job (this
     host's workers that exited meanwhile) to feed it first."""
@@ -47,13 +49,33 @@ def take_over(cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Sup
     # every registered host stays in the pool (those whose agents are gone fall silent and are
     # dropped); the dead controller's host goes last, to be dropped at once
     others = [a for a in latest if a not in (cfg.host, old_host)]
-    host_list = ((ctl.Host(cfg.host, cfg.slots),) + tuple(ctl.Host(a, slots[a]) for a in others)
-                 + ((ctl.Host(old_host, slots[old_host]),) if old_host != cfg.host else ()))
+    host_list = (
+        (ctl.Host(cfg.host, cfg.slots),)
+        + tuple(ctl.Host(a, slots[a]) for a in others)
+        + ((ctl.Host(old_host, slots[old_host]),) if old_host != cfg.host else ())
+    )
     state = ctl.adopted_state(config, bounds, host_list, _next_index(config.ids), time.monotonic())
-    driver_cfg = DriverConfig(job_id=cfg.job_id, nproc=config.size, bounds=bounds, host=cfg.host, timeout=cfg.timeout,
-                              grace=cfg.grace, slots=cfg.slots, store=cfg.store_url)
-    driver = Driver(driver_cfg, settings, sup, job, secret, state, store_address=cfg.store_url,
-                    tick=ETCD_TICK_SECONDS, term=agent_channel.owner(job))
+    driver_cfg = DriverConfig(
+        job_id=cfg.job_id,
+        nproc=config.size,
+        bounds=bounds,
+        host=cfg.host,
+        timeout=cfg.timeout,
+        grace=cfg.grace,
+        slots=cfg.slots,
+        store=cfg.store_url,
+    )
+    driver = Driver(
+        driver_cfg,
+        settings,
+        sup,
+        job,
+        secret,
+        state,
+        store_address=cfg.store_url,
+        tick=ETCD_TICK_SECONDS,
+        term=agent_channel.owner(job),
+    )
     for address in others:
         # read from the start: exits written while nobody controlled the job are not lost
         # (exits of workers no longer members are ignored by the controller)
@@ -62,6 +84,9 @@ def take_over(cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Sup
         if worker.host != cfg.host:
             driver.remote.place(worker.id, worker.host, rank)
     driver.skip_past_records()
-    gone_here = [ctl.WorkerExited(w.worker_id, w.exit_code, job.is_training(w.worker_id))
-                 for w in sup.workers.values() if w.exit_code is not None and w.worker_id in config.ids]
+    gone_here = [
+        ctl.WorkerExited(w.worker_id, w.exit_code, job.is_training(w.worker_id))
+        for w in sup.workers.values()
+        if w.exit_code is not None and w.worker_id in config.ids
+    ]
     return driver, old_host, gone_here

@@ -21,6 +21,7 @@ The hello is authenticated (HMAC of the controller's nonce with a key derived fr
 secret), so nobody without the secret can tether as a host and then drop that host by
 closing. Standard library only; one selector thread serves every agent.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,22 +43,26 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 5.0  # a connection that has not said who it is by then is dropped
 HELLO_LIMIT = 4096
-MAX_UNNAMED = 64       # connections still owing their hello: more are refused (no file-descriptor flood)
+MAX_UNNAMED = 64  # connections still owing their hello: more are refused (no file-descriptor flood)
 PROBE_TIMEOUT_S = 0.2
-BYE = b"bye\n"         # an agent closing its end on purpose (not dying) says so first
+BYE = b"bye\n"  # an agent closing its end on purpose (not dying) says so first
 KEEPALIVE_IDLE_S = 10  # TCP keepalive: a peer gone without a FIN or RST is found out eventually,
-KEEPALIVE_COUNT = 3    # and an idle tether is not forgotten by a stateful firewall
+KEEPALIVE_COUNT = 3  # and an idle tether is not forgotten by a stateful firewall
 
 
 def _proof(key: bytes, nonce: bytes, address: str, session: str) -> str:
-    return hmac.new(key, b"tether\0" + nonce + b"\0" + address.encode() + b"\0" + session.encode(),
-                    hashlib.sha256).hexdigest()
+    return hmac.new(
+        key, b"tether\0" + nonce + b"\0" + address.encode() + b"\0" + session.encode(), hashlib.sha256
+    ).hexdigest()
 
 
 def _keep_alive(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_IDLE_S),
-                          ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+    for option, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+    ):
         if hasattr(socket, option):  # Linux; elsewhere the system's defaults
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
@@ -80,8 +85,12 @@ class TetherServer:
 
     def __init__(self, host: str, secret: bytes, on_lost: Callable[[], None] = lambda: None):
         self._key = auth.derive(secret, "tether")
-        self._on_lost = on_lost  # called (on the tether's thread) once a tether closed: the controller looks now
-        self._listener = socket.create_server((host, 0))  # the advertised address only, like every server here
+        self._on_lost = (
+            on_lost  # called (on the tether's thread) once a tether closed: the controller looks now
+        )
+        self._listener = socket.create_server(
+            (host, 0)
+        )  # the advertised address only, like every server here
         self._listener.setblocking(False)
         self.address = f"{host}:{self._listener.getsockname()[1]}"
         self._wake_r, self._wake_w = socket.socketpair()
@@ -161,7 +170,7 @@ class TetherServer:
         if peer.who is not None:
             if BYE in peer.buffer + data:  # it closes on purpose (to tether anew): not a death
                 self._drop(sock)
-            peer.buffer = data[-len(BYE):]
+            peer.buffer = data[-len(BYE) :]
             return
         peer.buffer += data
         if b"\n" not in peer.buffer:
@@ -208,14 +217,20 @@ class Tether:
             reader = self._sock.makefile("rb")
             nonce = bytes.fromhex(reader.readline(HELLO_LIMIT).decode().strip())
             proof = _proof(auth.derive(secret, "tether"), nonce, host, session)
-            self._sock.sendall(json.dumps({"address": host, "session": session, "proof": proof}).encode() + b"\n")
+            self._sock.sendall(
+                json.dumps({"address": host, "session": session, "proof": proof}).encode() + b"\n"
+            )
             answer = reader.readline(HELLO_LIMIT)
         except (OSError, ValueError) as exc:
             self._sock.close()
-            raise LaunchError(f"the job's controller at {address} broke off the tether's hello ({exc})") from None
+            raise LaunchError(
+                f"the job's controller at {address} broke off the tether's hello ({exc})"
+            ) from None
         if answer != b"ok\n":
             self._sock.close()
-            raise AuthError(f"the job's controller at {address} refused this agent's tether (not this job's secret?)")
+            raise AuthError(
+                f"the job's controller at {address} refused this agent's tether (not this job's secret?)"
+            )
         self._sock.settimeout(None)
         _keep_alive(self._sock)
         threading.Thread(target=self._hold, name="taiji-tether", daemon=True).start()

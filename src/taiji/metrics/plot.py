@@ -7,6 +7,7 @@ shows the decided batch size, with an epoch's short last batch as a marker, not 
 Agg canvas: no pyplot, so the caller's global backend (a notebook's, say) is neither needed
 nor changed.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,8 @@ from typing import Any
 from ..errors import ConfigError
 from .runlog import EVENTS_FILE, METRICS_FILE, PAUSE_EVENT, read_jsonl
 
-Series = tuple[list[float], list[float]]   # (seconds since the run's first record, value)
-Span = tuple[float, float]                 # (start, end) in seconds since the first record
+Series = tuple[list[float], list[float]]  # (seconds since the run's first record, value)
+Span = tuple[float, float]  # (start, end) in seconds since the first record
 
 # Kinds drawn as event lines, with their colour and line style. Start/stop/end only bracket
 # the run, so they are drawn faint and unlabelled.
@@ -33,12 +34,12 @@ EVENT_STYLE: dict[str, tuple[str, str]] = {
 }
 BRACKET_KINDS = ("start", "stop", "end")
 OTHER_STYLE = ("tab:gray", ":")
-LABEL_LEVELS = 3            # staggered heights for event labels that are close in time
-LABEL_CHAR_WIDTH = 0.0068   # width of one 8 pt character as a fraction of the time axis
+LABEL_LEVELS = 3  # staggered heights for event labels that are close in time
+LABEL_CHAR_WIDTH = 0.0068  # width of one 8 pt character as a fraction of the time axis
 LABEL_PRIORITY = ("failure", "recovery", "resize", "strategy", "policy")
 MAX_LABELS_PER_KIND = 12
-PAUSE_FACTOR = 5            # a gap this many times the recent step time is a pause, not a step
-PAUSE_WINDOW = 20           # how many recent gaps define "the recent step time"
+PAUSE_FACTOR = 5  # a gap this many times the recent step time is a pause, not a step
+PAUSE_WINDOW = 20  # how many recent gaps define "the recent step time"
 PAUSE_STYLE = {"color": "0.55", "alpha": 0.25, "linewidth": 0}
 SHORT_BATCH_STYLE = {"linestyle": "none", "marker": "v", "markersize": 4, "color": "tab:gray"}
 PANELS = (  # metrics key, title, y label, colour; top to bottom
@@ -58,10 +59,11 @@ def _is_number(value: Any) -> bool:
 @dataclass(frozen=True)
 class Timeline:
     """What the panels draw, as data (so it is testable without drawing)."""
-    series: dict[str, Series]   # PANELS key -> its points
-    pauses: list[Span]          # recorded pauses (``pause`` events): shaded
-    breaks: list[Span]          # where lines must not bridge: the pauses and unrecorded gaps
-    short_batches: Series       # (time, samples) of steps that trained on less than the decided batch
+
+    series: dict[str, Series]  # PANELS key -> its points
+    pauses: list[Span]  # recorded pauses (``pause`` events): shaded
+    breaks: list[Span]  # where lines must not bridge: the pauses and unrecorded gaps
+    short_batches: Series  # (time, samples) of steps that trained on less than the decided batch
     steps: tuple[int, int] | None  # the first and last logged step
 
 
@@ -78,15 +80,18 @@ def _gaps_before(times: list[float]) -> list[int]:
     ends: list[int] = []
     gaps = [b - a for a, b in zip(times, times[1:])]
     for i, gap in enumerate(gaps):
-        recent = sorted(gaps[max(i - PAUSE_WINDOW, 0):i]) or sorted(gaps)
+        recent = sorted(gaps[max(i - PAUSE_WINDOW, 0) : i]) or sorted(gaps)
         if gap > PAUSE_FACTOR * recent[len(recent) // 2]:
             ends.append(i + 1)
     return ends
 
 
 def _recorded_pauses(events: list[dict[str, Any]], t0: float) -> list[Span]:
-    return [(float(e["time"]) - t0, float(e["time"]) - t0 + float(e["seconds"])) for e in events
-            if e.get("kind") == PAUSE_EVENT and _is_number(e.get("seconds"))]
+    return [
+        (float(e["time"]) - t0, float(e["time"]) - t0 + float(e["seconds"]))
+        for e in events
+        if e.get("kind") == PAUSE_EVENT and _is_number(e.get("seconds"))
+    ]
 
 
 def _throughput(metrics: list[dict[str, Any]], gaps_before: list[int], t0: float) -> Series:
@@ -98,8 +103,9 @@ def _throughput(metrics: list[dict[str, Any]], gaps_before: list[int], t0: float
         rate, samples = record.get("samples_per_s"), record.get("samples", record.get("batch_size"))
         if not _is_number(rate):
             continue
-        if i in gap_seconds and not (_is_number(samples) and rate > 0
-                                     and samples / rate < gap_seconds[i] / 2):
+        if i in gap_seconds and not (
+            _is_number(samples) and rate > 0 and samples / rate < gap_seconds[i] / 2
+        ):
             continue
         points.append((float(record["time"]) - t0, float(rate)))
     return [x for x, _ in points], [y for _, y in points]
@@ -107,9 +113,11 @@ def _throughput(metrics: list[dict[str, Any]], gaps_before: list[int], t0: float
 
 def _short_batches(metrics: list[dict[str, Any]], t0: float) -> Series:
     """Steps that trained on fewer samples than the decided batch size (an epoch's last batch)."""
-    points = [(float(r["time"]) - t0, float(r["samples"])) for r in metrics
-              if _is_number(r.get("samples")) and _is_number(r.get("batch_size"))
-              and r["samples"] < r["batch_size"]]
+    points = [
+        (float(r["time"]) - t0, float(r["samples"]))
+        for r in metrics
+        if _is_number(r.get("samples")) and _is_number(r.get("batch_size")) and r["samples"] < r["batch_size"]
+    ]
     return [x for x, _ in points], [y for _, y in points]
 
 
@@ -126,8 +134,13 @@ def timeline(metrics: list[dict[str, Any]], events: list[dict[str, Any]], t0: fl
         points = sorted([*zip(*series["size"]), *_size_changes(events, t0)], key=lambda p: p[0])
         series["size"] = ([x for x, _ in points], [y for _, y in points])
     steps = [int(r["step"]) for r in metrics if isinstance(r.get("step"), int)]
-    return Timeline(series, pauses, sorted(pauses + [(times[i - 1], times[i]) for i in gaps_before]),
-                    _short_batches(metrics, t0), (min(steps), max(steps)) if steps else None)
+    return Timeline(
+        series,
+        pauses,
+        sorted(pauses + [(times[i - 1], times[i]) for i in gaps_before]),
+        _short_batches(metrics, t0),
+        (min(steps), max(steps)) if steps else None,
+    )
 
 
 def _gapped(xs: list[float], ys: list[float], breaks: list[Span], window: int = 1) -> Series:
@@ -152,14 +165,25 @@ def _gapped(xs: list[float], ys: list[float], breaks: list[Span], window: int = 
 def _size_changes(events: list[dict[str, Any]], t0: float) -> list[tuple[float, float]]:
     """(time, new size) from resize and recovery events: the cluster has that size from the
     event on, before the first step at the new size is logged (which may be seconds later)."""
-    return [(float(e["time"]) - t0, float(e["size"])) for e in events
-            if e.get("kind") in ("resize", "recovery") and isinstance(e.get("size"), int)]
+    return [
+        (float(e["time"]) - t0, float(e["size"]))
+        for e in events
+        if e.get("kind") in ("resize", "recovery") and isinstance(e.get("size"), int)
+    ]
 
 
 def _no_data(ax: Any, what: str) -> None:
-    ax.text(0.5, 0.5, f"no data ({what} not logged)", transform=ax.transAxes,
-            ha="center", va="center", color="gray", fontsize=10,
-            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9})
+    ax.text(
+        0.5,
+        0.5,
+        f"no data ({what} not logged)",
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        color="gray",
+        fontsize=10,
+        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9},
+    )
 
 
 def _step_panel(ax: Any, xs: list[float], ys: list[float], colour: str) -> None:
@@ -205,8 +229,7 @@ def _noisy_panel(ax: Any, xs: list[float], ys: list[float], breaks: list[Span], 
     ax.plot(*_gapped(xs, ys, breaks), color=colour, linewidth=0.8, alpha=0.35)
     window = max(len(ys) // 40, 1)
     if window > 1:
-        ax.plot(*_gapped(xs, ys, breaks, window), color=colour, linewidth=1.8,
-                label=f"mean of {window}")
+        ax.plot(*_gapped(xs, ys, breaks, window), color=colour, linewidth=1.8, label=f"mean of {window}")
         ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
 
 
@@ -237,8 +260,7 @@ def _label_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(wanted, key=lambda e: (rank.get(e["kind"], len(rank)), float(e["time"])))
 
 
-def _draw_events(band: Any, axes: list[Any], events: list[dict[str, Any]], t0: float,
-                 span: float) -> None:
+def _draw_events(band: Any, axes: list[Any], events: list[dict[str, Any]], t0: float, span: float) -> None:
     """Vertical lines on every panel; labels in the narrow ``band`` above them."""
     events = [{**e, "kind": str(e.get("kind", "?"))} for e in events]
     seen_kinds: set[str] = set()
@@ -250,9 +272,14 @@ def _draw_events(band: Any, axes: list[Any], events: list[dict[str, Any]], t0: f
         legend = kind if kind not in seen_kinds and not bracket else None
         seen_kinds.add(kind)
         for ax in [band, *axes]:
-            ax.axvline(float(event["time"]) - t0, color=colour, linestyle=style,
-                       linewidth=1.0 if bracket else 1.4, alpha=0.35 if bracket else 0.85,
-                       label=legend if ax is band else None)
+            ax.axvline(
+                float(event["time"]) - t0,
+                color=colour,
+                linestyle=style,
+                linewidth=1.0 if bracket else 1.4,
+                alpha=0.35 if bracket else 0.85,
+                label=legend if ax is band else None,
+            )
     # Labels that would overlap go on different rows of the band; one that fits on no row
     # is dropped (its line and the legend colour still tell the kind).
     placed: list[list[tuple[float, float]]] = [[] for _ in range(LABEL_LEVELS)]
@@ -263,32 +290,51 @@ def _draw_events(band: Any, axes: list[Any], events: list[dict[str, Any]], t0: f
         # Right of its line, unless that would run past the right edge.
         right_aligned = x + width > span * 1.01
         extent = (x - width, x) if right_aligned else (x, x + width)
-        level = next((i for i in range(LABEL_LEVELS) if all(
-            extent[1] <= lo or hi <= extent[0] for lo, hi in placed[i])), None)
+        level = next(
+            (
+                i
+                for i in range(LABEL_LEVELS)
+                if all(extent[1] <= lo or hi <= extent[0] for lo, hi in placed[i])
+            ),
+            None,
+        )
         if level is None:
             continue
         placed[level].append(extent)
-        band.text(x, 0.8 - 0.3 * level, f" {label} ", fontsize=8, va="center",
-                  color=EVENT_STYLE.get(event["kind"], OTHER_STYLE)[0],
-                  ha="right" if right_aligned else "left",
-                  bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9, "pad": 0.5})
+        band.text(
+            x,
+            0.8 - 0.3 * level,
+            f" {label} ",
+            fontsize=8,
+            va="center",
+            color=EVENT_STYLE.get(event["kind"], OTHER_STYLE)[0],
+            ha="right" if right_aligned else "left",
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9, "pad": 0.5},
+        )
 
 
 def _load_run(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(metrics, events) with a numeric time each, metrics in time order."""
     metrics_path, events_path = run_dir / METRICS_FILE, run_dir / EVENTS_FILE
     if not run_dir.is_dir():
-        raise ConfigError(f"plot: run directory {run_dir} does not exist; expected the directory "
-                          f"a run wrote with RunLog, containing {METRICS_FILE}")
+        raise ConfigError(
+            f"plot: run directory {run_dir} does not exist; expected the directory "
+            f"a run wrote with RunLog, containing {METRICS_FILE}"
+        )
     if not metrics_path.is_file():
-        raise ConfigError(f"plot: {metrics_path} not found; expected {METRICS_FILE} (and "
-                          f"optionally {EVENTS_FILE}) written by RunLog in {run_dir}")
+        raise ConfigError(
+            f"plot: {metrics_path} not found; expected {METRICS_FILE} (and "
+            f"optionally {EVENTS_FILE}) written by RunLog in {run_dir}"
+        )
     metrics = [r for r in read_jsonl(metrics_path) if isinstance(r.get("time"), (int, float))]
     # Records are appended in time order, but a new rank 0 after a failure runs on another
     # host's clock; sorting keeps a small skew from drawing the lines backwards.
     metrics.sort(key=lambda r: float(r["time"]))
-    events = ([e for e in read_jsonl(events_path) if isinstance(e.get("time"), (int, float))]
-              if events_path.is_file() else [])
+    events = (
+        [e for e in read_jsonl(events_path) if isinstance(e.get("time"), (int, float))]
+        if events_path.is_file()
+        else []
+    )
     if not metrics and not events:
         raise ConfigError(f"plot: {metrics_path} holds no records with a 'time'; nothing to plot")
     return metrics, events
@@ -324,8 +370,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
-        raise ConfigError("plot: matplotlib is not installed; run `pip install taiji[plot]`"
-                          ) from exc
+        raise ConfigError("plot: matplotlib is not installed; run `pip install taiji[plot]`") from exc
     times = [float(r["time"]) for r in metrics + events]
     t0 = min(times)
     span = max(max(times) - t0, 1.0)  # a one-record run still gets a usable axis
@@ -352,12 +397,15 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
             band.spines[side].set_visible(False)
         band.set_title("events (label @step)", loc="left", fontsize=10)
         # Above the band, so the legend never hides data or event labels.
-        band.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8,
-                    frameon=False)
+        band.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False)
     else:
         _draw_events(axes[0], axes[1:], lines, t0, span)  # only faint start/end lines
-    figure.suptitle(f"taiji run {run_dir.resolve().name}: {len(metrics)} records, "
-                    f"{len(events)} events, {span:.0f} s", fontsize=12, x=0.01, ha="left")
+    figure.suptitle(
+        f"taiji run {run_dir.resolve().name}: {len(metrics)} records, {len(events)} events, {span:.0f} s",
+        fontsize=12,
+        x=0.01,
+        ha="left",
+    )
     figure.tight_layout()
 
     output = Path(output) if output is not None else run_dir / "timeline.png"

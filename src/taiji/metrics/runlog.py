@@ -10,6 +10,7 @@ flushed after every line, so a crash loses at most the line being written and th
 that takes over after a failure continues the same files. ``read_jsonl`` reads them back,
 tolerating the torn line such a crash can leave.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,13 +76,17 @@ def last_recorded_step(run_dir: str | Path, tail_bytes: int = 1 << 16) -> int | 
     (None when neither has one): how far a run that wrote there got, to within its metrics
     interval. Read before this run appends (a resumed run's ``resume`` event counts the steps it
     redoes with it)."""
-    steps = [record.get("step") for name in (METRICS_FILE, EVENTS_FILE)
-             for record in read_jsonl_ends(Path(run_dir) / name, head_bytes=0, tail_bytes=tail_bytes)[1]]
+    steps = [
+        record.get("step")
+        for name in (METRICS_FILE, EVENTS_FILE)
+        for record in read_jsonl_ends(Path(run_dir) / name, head_bytes=0, tail_bytes=tail_bytes)[1]
+    ]
     return max((step for step in steps if isinstance(step, int)), default=None)
 
 
-def read_jsonl_ends(path: str | Path, head_bytes: int = 1 << 12,
-                    tail_bytes: int = 1 << 16) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def read_jsonl_ends(
+    path: str | Path, head_bytes: int = 1 << 12, tail_bytes: int = 1 << 16
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(the objects in the first ``head_bytes``, those in the last ``tail_bytes``) of ``path``, oldest
     first, without reading a long file whole (([], []) when it does not exist). A line either end
     cuts into, or a torn one (a crash mid-write), is skipped; the two lists overlap on a short file."""
@@ -96,7 +101,7 @@ def read_jsonl_ends(path: str | Path, head_bytes: int = 1 << 12,
         return [], []
     head_lines = head.decode("utf-8", errors="replace").splitlines(keepends=True)
     if len(head) < size and head_lines and not head_lines[-1].endswith("\n"):
-        head_lines = head_lines[:-1]   # cut by head_bytes
+        head_lines = head_lines[:-1]  # cut by head_bytes
     tail_lines = tail.decode("utf-8", errors="replace").splitlines()
     return _objects(head_lines), _objects(tail_lines[1:] if start else tail_lines)
 
@@ -112,7 +117,9 @@ def _objects(lines: Iterable[str], path: str | Path | None = None) -> list[dict[
             record = json.loads(line)
         except json.JSONDecodeError:
             if path is not None:
-                log.warning("%s:%d: skipping a line that is not complete JSON (torn by a crash?)", path, number)
+                log.warning(
+                    "%s:%d: skipping a line that is not complete JSON (torn by a crash?)", path, number
+                )
             continue
         if isinstance(record, dict):
             out.append(record)
@@ -141,7 +148,8 @@ def _summary_writer_class() -> Any:
         raise ConfigError(
             "RunLog(tensorboard=True) needs the 'tensorboard' package, which is not installed: "
             "run `pip install taiji[tensorboard]` (or `pip install tensorboard`), or pass "
-            "tensorboard=False to write only the JSONL files") from exc
+            "tensorboard=False to write only the JSONL files"
+        ) from exc
     return SummaryWriter
 
 
@@ -161,8 +169,9 @@ class RunLog:
         self.metrics_path = self.run_dir / METRICS_FILE
         self.events_path = self.run_dir / EVENTS_FILE
         # TensorBoard is a viewing aid, not the record: its own periodic flush is enough.
-        self._tensorboard = (writer_class(log_dir=str(self.run_dir / "tensorboard"), flush_secs=10)
-                             if writer_class else None)
+        self._tensorboard = (
+            writer_class(log_dir=str(self.run_dir / "tensorboard"), flush_secs=10) if writer_class else None
+        )
         self._lock = threading.Lock()
         self._metrics = _open_for_append(self.metrics_path)
         self._events = _open_for_append(self.events_path)
@@ -171,8 +180,10 @@ class RunLog:
     def log_metrics(self, record: dict[str, Any]) -> None:
         """Append one step's metrics. ``step`` is required; ``time`` defaults to now."""
         if "step" not in record:
-            raise ConfigError(f"RunLog.log_metrics: the record has no 'step' key (keys: "
-                              f"{sorted(record)}); pass the committed step number")
+            raise ConfigError(
+                f"RunLog.log_metrics: the record has no 'step' key (keys: "
+                f"{sorted(record)}); pass the committed step number"
+            )
         given_time = record.get("time")
         line = json_safe({**record, "time": time.time() if given_time is None else given_time})
         line["time"], line["step"] = float(line["time"]), int(line["step"])
@@ -181,16 +192,19 @@ class RunLog:
         self._write(self._metrics, line)
         if self._tensorboard is not None:
             for key, value in line.items():
-                if key not in ("time", "step") and isinstance(value, (int, float)) \
-                        and not isinstance(value, bool):  # json_safe already removed NaN/inf
-                    self._tensorboard.add_scalar(f"taiji/{key}", value, line["step"],
-                                                 walltime=line["time"])
+                if (
+                    key not in ("time", "step")
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                ):  # json_safe already removed NaN/inf
+                    self._tensorboard.add_scalar(f"taiji/{key}", value, line["step"], walltime=line["time"])
 
     def log_event(self, kind: str, step: int, **details: Any) -> None:
         """Append one event, e.g. ``log_event("resize", 120, size=3, old_size=2)``."""
         if not kind:
-            raise ConfigError("RunLog.log_event: kind must be a non-empty string such as "
-                              f"one of {EVENT_KINDS}")
+            raise ConfigError(
+                f"RunLog.log_event: kind must be a non-empty string such as one of {EVENT_KINDS}"
+            )
         if kind not in EVENT_KINDS:
             log.debug("event kind %r is not one of the standard kinds %s", kind, EVENT_KINDS)
         # Details may carry their own 'time' (e.g. when the event happened, not when logged).
@@ -198,15 +212,13 @@ class RunLog:
         line = {"time": event_time, "kind": kind, "step": int(step), **details}
         self._write(self._events, line)
         if self._tensorboard is not None:
-            self._tensorboard.add_text("taiji/events", _dumps(line), int(step),
-                                       walltime=float(line["time"]))
+            self._tensorboard.add_text("taiji/events", _dumps(line), int(step), walltime=float(line["time"]))
 
     def _write(self, handle: IO[str], line: dict[str, Any]) -> None:
         text = _dumps(line) + "\n"
         with self._lock:
             if self.closed:
-                raise ConfigError(f"RunLog for {self.run_dir} is closed; create a new one to "
-                                  "keep logging")
+                raise ConfigError(f"RunLog for {self.run_dir} is closed; create a new one to keep logging")
             handle.write(text)
             handle.flush()  # a crash right after must not lose this line
 
@@ -224,8 +236,9 @@ class RunLog:
     def __enter__(self) -> "RunLog":
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -1,4 +1,5 @@
 """Metrics computed inside the training step from tensors the step already has."""
+
 from .gns import GNSEstimator, two_batch_estimates
 from .stats import StepStats, ControlRow
 

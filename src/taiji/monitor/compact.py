@@ -19,6 +19,7 @@ moves the last bits of the loss and norm sums, alike everywhere. What a worker r
 ``version_seen`` is rank 0's alone here (an allgathered row's maximum below the threshold): the
 other workers report the version they run, which every worker knows already.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,9 +29,20 @@ import numpy as np
 
 from .stats import ControlRow, StepStats, straggler_of
 
-SUMS = ("stops", "local_batch", "loss_sum", "measured", "small_sqnorm", "small_batch",
-        "previous_global_sqnorm", "previous_global_sqnorm_missing", "previous_allreduce_wait",
-        "previous_allreduce_wait_missing", "lead_version_seen", "lead_clock")
+SUMS = (
+    "stops",
+    "local_batch",
+    "loss_sum",
+    "measured",
+    "small_sqnorm",
+    "small_batch",
+    "previous_global_sqnorm",
+    "previous_global_sqnorm_missing",
+    "previous_allreduce_wait",
+    "previous_allreduce_wait_missing",
+    "lead_version_seen",
+    "lead_clock",
+)
 PER_WORKER = ("compute_seconds", "wall_seconds", "decisions", "previous_monitor_seconds")
 
 
@@ -52,10 +64,18 @@ def _finite_or_zero(value: float) -> tuple[float, float]:
 def sums_of(row: ControlRow, lead: bool) -> list[float]:
     """This worker's addends of ``SUMS``, in order."""
     measured = row.local_batch > 0 and math.isfinite(row.local_sqnorm)
-    return [float(row.stop > 0), row.local_batch, row.loss_sum, float(measured),
-            row.local_sqnorm if measured else 0.0, row.sqnorm_batch if measured else 0.0,
-            *_finite_or_zero(row.previous_global_sqnorm), *_finite_or_zero(row.previous_allreduce_wait),
-            row.version_seen if lead else 0.0, row.clock if lead else 0.0]
+    return [
+        float(row.stop > 0),
+        row.local_batch,
+        row.loss_sum,
+        float(measured),
+        row.local_sqnorm if measured else 0.0,
+        row.sqnorm_batch if measured else 0.0,
+        *_finite_or_zero(row.previous_global_sqnorm),
+        *_finite_or_zero(row.previous_allreduce_wait),
+        row.version_seen if lead else 0.0,
+        row.clock if lead else 0.0,
+    ]
 
 
 def own_of(row: ControlRow) -> list[float]:
@@ -67,7 +87,7 @@ def compact_message(row: ControlRow, rank: int, workers: int) -> list[float]:
     """This worker's addend of the compact message: its sums, zeros, its own numbers in its slot."""
     message = sums_of(row, rank == 0) + [0.0] * (len(PER_WORKER) * workers)
     start = len(SUMS) + len(PER_WORKER) * rank
-    message[start:start + len(PER_WORKER)] = own_of(row)
+    message[start : start + len(PER_WORKER)] = own_of(row)
     return message
 
 
@@ -75,19 +95,27 @@ def agree_compact(message: Sequence[float] | np.ndarray, workers: int) -> StepSt
     """The statistics every worker derives from the summed compact message (``StepStats.reduce``'s
     for the same rows, the sums added in another order)."""
     values = np.asarray(message, dtype=np.float64)
-    s = dict(zip(SUMS, values[:len(SUMS)].tolist()))
+    s = dict(zip(SUMS, values[: len(SUMS)].tolist()))
     # numpy, not a loop over workers: this runs every step, on every worker
-    compute, wall, decisions, monitor = values[len(SUMS):].reshape(workers, len(PER_WORKER)).T.tolist()
+    compute, wall, decisions, monitor = values[len(SUMS) :].reshape(workers, len(PER_WORKER)).T.tolist()
     measured = s["measured"]
     times = tuple(compute)
     finite_monitor = [m for m in monitor if math.isfinite(m)]
     wait = None if s["previous_allreduce_wait_missing"] else s["previous_allreduce_wait"] / workers
     return StepStats(
-        version_seen=int(s["lead_version_seen"]), stop=s["stops"] > 0,
+        version_seen=int(s["lead_version_seen"]),
+        stop=s["stops"] > 0,
         loss=s["loss_sum"] / s["local_batch"] if s["local_batch"] > 0 else None,
         small_sqnorm=s["small_sqnorm"] / measured if measured else None,
-        global_batch=s["local_batch"], small_batch=s["small_batch"] / measured if measured else 0.0,
-        grad_variance=None, compute_seconds=times, straggler=straggler_of(times), clock=s["lead_clock"],
-        decisions=tuple(decisions), wall_seconds=tuple(wall),
+        global_batch=s["local_batch"],
+        small_batch=s["small_batch"] / measured if measured else 0.0,
+        grad_variance=None,
+        compute_seconds=times,
+        straggler=straggler_of(times),
+        clock=s["lead_clock"],
+        decisions=tuple(decisions),
+        wall_seconds=tuple(wall),
         previous_global_sqnorm=None if s["previous_global_sqnorm_missing"] else s["previous_global_sqnorm"],
-        previous_allreduce_wait=wait, previous_monitor_seconds=max(finite_monitor) if finite_monitor else None)
+        previous_allreduce_wait=wait,
+        previous_monitor_seconds=max(finite_monitor) if finite_monitor else None,
+    )

@@ -12,6 +12,7 @@ bias-corrected exponential moving averages and ``B_noise = tr Σ / |G|²``. With
 critical batch size of the loss; with Adam the gradients measured are the raw ones (before
 preconditioning), so ``B_noise`` describes the raw gradient's noise, not the update's.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,9 @@ def goodput(throughput: float, noise_scale: float, init_batch: float, batch: flo
     return throughput * statistical_efficiency(noise_scale, init_batch, batch)
 
 
-def two_batch_estimates(small_sqnorm: float, big_sqnorm: float, b_small: float,
-                        b_big: float) -> tuple[float, float]:
+def two_batch_estimates(
+    small_sqnorm: float, big_sqnorm: float, b_small: float, b_big: float
+) -> tuple[float, float]:
     """Unbiased (|G|², tr Σ) from mean small-batch and large-batch squared gradient norms."""
     if not b_big > b_small > 0:
         raise ValueError(f"need b_big > b_small > 0, got {b_big}, {b_small}")
@@ -94,9 +96,13 @@ class GNSEstimator:
         return trace / g2
 
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "g2": [self._g2.value, self._g2.weight],
-                "trace": [self._trace.value, self._trace.weight], "skipped": self.skipped,
-                "updates": self.updates}
+        return {
+            "decay": self.decay,
+            "g2": [self._g2.value, self._g2.weight],
+            "trace": [self._trace.value, self._trace.weight],
+            "skipped": self.skipped,
+            "updates": self.updates,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.decay = float(state["decay"])

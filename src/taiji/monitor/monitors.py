@@ -11,6 +11,7 @@ arithmetic, which could differ in the last bit on other hardware, decides anythi
 share is only sent to the cluster it was measured in: after a membership change the pair is
 dropped.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 from .gns import GNSEstimator, two_batch_estimates
 from .stats import StepStats
 
-AUTO_BUDGET = 0.01    # monitor_every="auto": the norms may take this share of the training time
-AUTO_MAX_EVERY = 16   # ... measuring at least every 16th step, so the estimate keeps up
+AUTO_BUDGET = 0.01  # monitor_every="auto": the norms may take this share of the training time
+AUTO_MAX_EVERY = 16  # ... measuring at least every 16th step, so the estimate keeps up
 
 
 def auto_interval(norm_seconds: float | None, step_seconds: float | None, current: int) -> int:
@@ -35,6 +36,7 @@ def auto_interval(norm_seconds: float | None, step_seconds: float | None, curren
 @dataclass(frozen=True)
 class SmallBatch:
     """A committed step's agreed small-batch measurement, waiting for its averaged norm."""
+
     sqnorm: float
     batch: float
     global_batch: float
@@ -51,8 +53,8 @@ class Monitors:
         self.auto = every == "auto"
         self.every = 1 if self.auto else int(every)
         self.gns = GNSEstimator(gns_decay)
-        self.stats: StepStats | None = None          # the last committed step's agreed statistics
-        self.grad_variance: float | None = None      # mean |g_r − ḡ|² of the last paired step
+        self.stats: StepStats | None = None  # the last committed step's agreed statistics
+        self.grad_variance: float | None = None  # mean |g_r − ḡ|² of the last paired step
         self.last_raw_estimates: tuple[float, float] | None = None  # unsmoothed (|G|², tr Σ)
         self._waiting: SmallBatch | None = None
         # this worker's share of |ḡ|² of the last committed, measured step, and the cluster
@@ -71,13 +73,17 @@ class Monitors:
             self.grad_variance = waiting.sqnorm - big
             self.gns.update(waiting.sqnorm, big, waiting.batch, waiting.global_batch)
             if waiting.global_batch > waiting.batch > 0:
-                self.last_raw_estimates = two_batch_estimates(waiting.sqnorm, big, waiting.batch,
-                                                              waiting.global_batch)
+                self.last_raw_estimates = two_batch_estimates(
+                    waiting.sqnorm, big, waiting.batch, waiting.global_batch
+                )
         if self.auto and stats.wall_seconds:
-            self.every = auto_interval(stats.previous_monitor_seconds, statistics.median(stats.wall_seconds),
-                                       self.every)
+            self.every = auto_interval(
+                stats.previous_monitor_seconds, statistics.median(stats.wall_seconds), self.every
+            )
         measured = stats.small_sqnorm is not None and own_share is not None
-        self._waiting = SmallBatch(stats.small_sqnorm, stats.small_batch, stats.global_batch) if measured else None
+        self._waiting = (
+            SmallBatch(stats.small_sqnorm, stats.small_batch, stats.global_batch) if measured else None
+        )
         self._own_share = own_share if measured else math.nan
         self._own_share_version = version
 
@@ -91,9 +97,13 @@ class Monitors:
         # (a worker's own share is not state: it is valid only on that worker, in its cluster)
         # the last commit's agreed statistics travel too: a worker whose attempt at that step
         # failed while its peers committed it adopts the commit from them (runtime/job.py)
-        return {"gns": self.gns.state_dict(), "every": self.every,
-                "waiting": None if waiting is None else [waiting.sqnorm, waiting.batch, waiting.global_batch],
-                "stats": None if self.stats is None else self.stats.to_json(), "grad_variance": self.grad_variance}
+        return {
+            "gns": self.gns.state_dict(),
+            "every": self.every,
+            "waiting": None if waiting is None else [waiting.sqnorm, waiting.batch, waiting.global_batch],
+            "stats": None if self.stats is None else self.stats.to_json(),
+            "grad_variance": self.grad_variance,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.gns.load_state_dict(state["gns"])

@@ -26,6 +26,7 @@ shares: ``BucketNorm(flat, rank, size)`` reads worker ``rank``'s ``1/size`` of t
 (of the sampled chunks, for a sampled bucket; the tail goes with the last share), and the shares
 of all ``size`` workers sum to the whole measurement.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,8 @@ from typing import Sequence
 
 import torch
 
-SAMPLE_ABOVE = 1 << 20           # buckets with more elements get a sampled norm
-SAMPLE_CHUNK, SAMPLE_PERIOD = 256, 17 * 256   # 1/17 of a large bucket (see module doc)
+SAMPLE_ABOVE = 1 << 20  # buckets with more elements get a sampled norm
+SAMPLE_CHUNK, SAMPLE_PERIOD = 256, 17 * 256  # 1/17 of a large bucket (see module doc)
 
 Part = tuple[torch.Tensor, float]  # a 0-dim tensor and the factor its value counts with
 
@@ -60,16 +61,16 @@ class BucketNorm:
             raise ValueError(f"period {period} is not a multiple of the {SAMPLE_CHUNK}-element chunk")
         self.flat, self.rank, self.size, self.period = flat, rank, size, period
         n = flat.numel()
-        self._offsets: list[torch.Tensor] = []   # a sampled buffer's chunks, one view per offset
+        self._offsets: list[torch.Tensor] = []  # a sampled buffer's chunks, one view per offset
         self._exact = flat[_share(n, rank, size)]
         if n > SAMPLE_ABOVE:
             rows = n // period
             # gathering the strided chunks into one contiguous run first is ~4x faster than a
             # strided reduction on a CPU (the copy is a fraction of the bucket; the dot is then one pass)
             grid = flat[: rows * period].view(rows, period)[_share(rows, rank, size)]
-            self._offsets = [grid[:, c:c + SAMPLE_CHUNK] for c in range(0, period, SAMPLE_CHUNK)]
+            self._offsets = [grid[:, c : c + SAMPLE_CHUNK] for c in range(0, period, SAMPLE_CHUNK)]
             self._scratch = torch.empty(self._offsets[0].shape, dtype=flat.dtype, device=flat.device)
-            self._exact = flat[rows * period:] if rank == size - 1 else flat[:0]  # the tail
+            self._exact = flat[rows * period :] if rank == size - 1 else flat[:0]  # the tail
 
     def parts(self, step: int = 0) -> list[Part]:
         """The squared norm as parts, not yet summed (summing them is ``sum_of_parts``'s one sync).

@@ -8,6 +8,7 @@ measured by the strategy, sampled in a large bucket (``monitor.norms``): its chu
 to step, so that adds noise to the estimate, not a bias, and a step that does not split (a scalar
 loss) pays no full pass over the bucket.
 """
+
 from __future__ import annotations
 
 from typing import Callable, ContextManager, Sequence
@@ -15,8 +16,9 @@ from typing import Callable, ContextManager, Sequence
 import torch
 
 
-def split_backward(losses: torch.Tensor, params: Sequence[torch.nn.Parameter],
-                   no_sync: Callable[[], ContextManager[None]]) -> float:
+def split_backward(
+    losses: torch.Tensor, params: Sequence[torch.nn.Parameter], no_sync: Callable[[], ContextManager[None]]
+) -> float:
     """Backward ``losses.mean()`` as two halves; return the mean |g|² of the two half-batch
     gradients. ``no_sync`` keeps the strategy from synchronising after the first half."""
     n, half = len(losses), len(losses) // 2

@@ -4,6 +4,7 @@ Every worker contributes one small float64 row (``ControlRow``); the rows of all
 allgathered in the step's single control message, so every worker computes the same
 ``StepStats`` from the same numbers: they are identical everywhere by construction.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,16 +14,16 @@ from dataclasses import asdict, dataclass, fields
 
 @dataclass(frozen=True)
 class ControlRow:
-    version_seen: float = 0.0   # newest config version this worker saw (rank 0 looks)
-    stop: float = 0.0           # 1 if this worker asked the job to stop
+    version_seen: float = 0.0  # newest config version this worker saw (rank 0 looks)
+    stop: float = 0.0  # 1 if this worker asked the job to stop
     local_sqnorm: float = math.nan  # |g_r|² of this worker's own (unscaled) gradient; nan = not measured
-    sqnorm_batch: float = 0.0   # the batch size local_sqnorm was taken on (b_r, or b/2 in a split)
-    local_batch: float = 0.0    # b_r
-    loss_sum: float = 0.0       # loss × b_r (so the global mean weights workers by their share)
+    sqnorm_batch: float = 0.0  # the batch size local_sqnorm was taken on (b_r, or b/2 in a split)
+    local_batch: float = 0.0  # b_r
+    loss_sum: float = 0.0  # loss × b_r (so the global mean weights workers by their share)
     compute_seconds: float = 0.0  # step start -> backward done on this worker
-    clock: float = 0.0          # rank 0's time.time() (others 0): the clock policies agree on
-    decisions: float = 0.0      # fingerprint of the decisions taken at the boundary before this step
-    wall_seconds: float = 0.0   # this worker's wall time since its previous control message (0 = first)
+    clock: float = 0.0  # rank 0's time.time() (others 0): the clock policies agree on
+    decisions: float = 0.0  # fingerprint of the decisions taken at the boundary before this step
+    wall_seconds: float = 0.0  # this worker's wall time since its previous control message (0 = first)
     # this worker's share of |ḡ|² of the averaged gradient of the previous committed, measured
     # step (nan = none); the shares of all workers sum to |ḡ|² (each measures a part of it)
     previous_global_sqnorm: float = math.nan
@@ -40,22 +41,23 @@ class ControlRow:
 
     @staticmethod
     def from_row(row: list[float]) -> "ControlRow":
-        return ControlRow(*row[:ControlRow.WIDTH])
+        return ControlRow(*row[: ControlRow.WIDTH])
 
 
 @dataclass(frozen=True)
 class StepStats:
     """Step statistics agreed by all workers."""
+
     version_seen: int
     stop: bool
-    loss: float | None             # mean loss over the global batch
-    small_sqnorm: float | None     # mean |g_r|² over workers with a share (the small batch)
-    small_batch: float             # mean batch size of those measurements
-    global_batch: float            # B
-    grad_variance: float | None    # mean |g_r − ḡ|² across workers: mean|g_r|² − |ḡ|²
+    loss: float | None  # mean loss over the global batch
+    small_sqnorm: float | None  # mean |g_r|² over workers with a share (the small batch)
+    small_batch: float  # mean batch size of those measurements
+    global_batch: float  # B
+    grad_variance: float | None  # mean |g_r − ḡ|² across workers: mean|g_r|² − |ḡ|²
     compute_seconds: tuple[float, ...]
-    straggler: float               # slowest / median compute time (1.0 = balanced)
-    clock: float = 0.0             # rank 0's clock at this control message
+    straggler: float  # slowest / median compute time (1.0 = balanced)
+    clock: float = 0.0  # rank 0's clock at this control message
     decisions: tuple[float, ...] = ()  # every worker's decision fingerprint, by rank
     wall_seconds: tuple[float, ...] = ()  # every worker's own wall time per step, by rank
     previous_global_sqnorm: float | None = None  # |ḡ|² of the previous measured step: the rows' shares summed
@@ -85,17 +87,25 @@ class StepStats:
         variance = small - big_sqnorm if small is not None and big_sqnorm is not None else None
         times = tuple(r.compute_seconds for r in rows)
         return StepStats(
-            version_seen=int(max(r.version_seen for r in rows)), stop=any(r.stop > 0 for r in rows),
-            loss=loss_sum / total if total > 0 else None, small_sqnorm=small,
-            global_batch=total, small_batch=small_batch_sum / measured if measured else 0.0,
-            grad_variance=variance, compute_seconds=times,
+            version_seen=int(max(r.version_seen for r in rows)),
+            stop=any(r.stop > 0 for r in rows),
+            loss=loss_sum / total if total > 0 else None,
+            small_sqnorm=small,
+            global_batch=total,
+            small_batch=small_batch_sum / measured if measured else 0.0,
+            grad_variance=variance,
+            compute_seconds=times,
             straggler=straggler_of(times),
-            clock=rows[0].clock, decisions=tuple(r.decisions for r in rows),
+            clock=rows[0].clock,
+            decisions=tuple(r.decisions for r in rows),
             wall_seconds=tuple(r.wall_seconds for r in rows),
             previous_global_sqnorm=_sum_of_finite([r.previous_global_sqnorm for r in rows]),
             previous_allreduce_wait=_mean_of_finite([r.previous_allreduce_wait for r in rows]),
-            previous_monitor_seconds=max((r.previous_monitor_seconds for r in rows
-                                          if math.isfinite(r.previous_monitor_seconds)), default=None))
+            previous_monitor_seconds=max(
+                (r.previous_monitor_seconds for r in rows if math.isfinite(r.previous_monitor_seconds)),
+                default=None,
+            ),
+        )
 
 
 def straggler_of(times: tuple[float, ...]) -> float:

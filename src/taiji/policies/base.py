@@ -6,6 +6,7 @@ every worker. Every input in the Context is agreed by all workers (it comes from
 control message or from state that is synced), so deterministic policies reach the same
 decisions everywhere; the runtime checks that they did (see ``policies.runner``).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ from ..errors import TaijiError
 class Resize:
     """Ask the launcher for ``size`` workers. It lands at a later step boundary, once joiners are
     ready (grow) or at once (shrink); ``Context.size`` changes when it has landed."""
+
     size: int
 
 
@@ -26,6 +28,7 @@ class Resize:
 class SetBatchSize:
     """Use global batch ``batch_size`` from the next step on (mid-epoch is fine: the sampler
     continues from the same cursor, so every sample is still seen exactly once)."""
+
     batch_size: int
 
 
@@ -33,6 +36,7 @@ class SetBatchSize:
 class ScaleLR:
     """Multiply every parameter group's learning rate by ``factor`` (and the LR scheduler's base
     rates, so a scheduler does not undo it)."""
+
     factor: float
 
 
@@ -41,6 +45,7 @@ class SetStrategy:
     """Switch the synchronisation strategy to the Job's strategy named ``name`` (built-ins:
     "sync_sgd", "model_averaging", "pair_averaging"; or a name given in ``Job(strategies=...)``).
     Switching into an exact strategy (SyncSGD) first makes all replicas identical."""
+
     name: str
 
 
@@ -48,12 +53,14 @@ class SetStrategy:
 class SetTopology:
     """Allreduce gradients with plan ``name`` from the next step on, on every worker: "ring",
     "tree", "star" or "hierarchical" (taiji/comm/topology.py)."""
+
     name: str
 
 
 @dataclass(frozen=True)
 class Stop:
     """End training after this step boundary, on every worker."""
+
     reason: str = ""
 
 
@@ -65,16 +72,17 @@ DECISION_TYPES = (Resize, SetBatchSize, ScaleLR, SetStrategy, SetTopology, Stop)
 @dataclass(frozen=True)
 class Metrics:
     """Globally agreed statistics of the last committed step (None = not measured)."""
-    samples: int = 0                     # global batch of the last step
-    loss: float | None = None            # mean loss over the global batch
-    gns: float | None = None             # gradient noise scale B_noise (smoothed)
-    grad_sqnorm: float | None = None     # |G|² estimate (smoothed)
-    trace_sigma: float | None = None     # tr Σ estimate (smoothed)
-    grad_variance: float | None = None   # mean |g_r − ḡ|² across workers
-    straggler: float = 1.0               # slowest / median worker compute time
+
+    samples: int = 0  # global batch of the last step
+    loss: float | None = None  # mean loss over the global batch
+    gns: float | None = None  # gradient noise scale B_noise (smoothed)
+    grad_sqnorm: float | None = None  # |G|² estimate (smoothed)
+    trace_sigma: float | None = None  # tr Σ estimate (smoothed)
+    grad_variance: float | None = None  # mean |g_r − ḡ|² across workers
+    straggler: float = 1.0  # slowest / median worker compute time
     worker_step_seconds: tuple[float, ...] = ()  # each worker's own wall time per step, by rank
-    step_seconds: float | None = None    # rank 0's clock between the last two control messages
-    samples_per_s: float | None = None   # global batch / step_seconds
+    step_seconds: float | None = None  # rank 0's clock between the last two control messages
+    samples_per_s: float | None = None  # global batch / step_seconds
     # the workers' mean wait, after backward, for the gradients' allreduce of the step before the
     # last (it rides the next control message): the cost of the allreduce plan, not of compute
     allreduce_seconds: float | None = None
@@ -83,22 +91,23 @@ class Metrics:
 @dataclass(frozen=True)
 class Context:
     """What a policy sees at a step boundary; identical on every worker."""
-    step: int                 # committed steps so far (= index of the next step)
+
+    step: int  # committed steps so far (= index of the next step)
     epoch: int
-    cursor: int               # samples of this epoch consumed so far
-    num_samples: int          # samples per epoch
-    size: int                 # workers in the current cluster
-    version: int              # cluster config version (changes on every resize or failure)
-    batch_size: int           # global batch size of the next step
-    lr: float                 # learning rate of the first parameter group
-    strategy: str             # name of the current synchronisation strategy
-    time: float               # rank 0's clock (Unix seconds) at the last step's control message
+    cursor: int  # samples of this epoch consumed so far
+    num_samples: int  # samples per epoch
+    size: int  # workers in the current cluster
+    version: int  # cluster config version (changes on every resize or failure)
+    batch_size: int  # global batch size of the next step
+    lr: float  # learning rate of the first parameter group
+    strategy: str  # name of the current synchronisation strategy
+    time: float  # rank 0's clock (Unix seconds) at the last step's control message
     metrics: Metrics = field(default_factory=Metrics)
-    min_size: int = 1         # the launcher's --min-np / --max-np (max_size None = unknown)
+    min_size: int = 1  # the launcher's --min-np / --max-np (max_size None = unknown)
     max_size: int | None = None
-    elastic: bool = False     # running under `taiji run` (Resize has an effect)
+    elastic: bool = False  # running under `taiji run` (Resize has an effect)
     strategies: tuple[str, ...] = ()  # names SetStrategy may use
-    topology: str = "ring"    # how gradients are allreduced now (SetTopology changes it)
+    topology: str = "ring"  # how gradients are allreduced now (SetTopology changes it)
 
     def replace(self, **changes: Any) -> "Context":
         """A copy with ``changes`` applied (the Context itself is frozen)."""

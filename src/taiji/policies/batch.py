@@ -1,5 +1,6 @@
 """Batch-size policies: follow the gradient noise scale or maximise goodput, or keep the per-worker
 batch fixed."""
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,16 @@ MEASURE_WINDOW = 50  # steps: a batch's mean step time follows the latest ~this 
 DRIFT = 0.05
 
 
-def gns_target_batch(gns: float, current: int, *, min_batch: int, max_batch: int, multiple: int = 8,
-                     max_growth: float = 2.0, hysteresis: float = 0.25) -> int | None:
+def gns_target_batch(
+    gns: float,
+    current: int,
+    *,
+    min_batch: int,
+    max_batch: int,
+    multiple: int = 8,
+    max_growth: float = 2.0,
+    hysteresis: float = 0.25,
+) -> int | None:
     """The batch size to move to given ``B_noise = gns``, or None to stay.
 
     The target is B_noise rounded to ``multiple`` and clamped to [min_batch, max_batch]; one change
@@ -50,14 +59,25 @@ class GNSBatchSize(Policy):
     (``Resize``, within --max-np); the batch grows further once they have joined.
     """
 
-    def __init__(self, max_batch: int = 4096, min_batch: int | None = None, *, interval: int = 50,
-                 warmup: int = 100, hysteresis: float = 0.25, max_growth: float = 2.0, multiple: int = 8,
-                 max_per_worker: int | None = None):
+    def __init__(
+        self,
+        max_batch: int = 4096,
+        min_batch: int | None = None,
+        *,
+        interval: int = 50,
+        warmup: int = 100,
+        hysteresis: float = 0.25,
+        max_growth: float = 2.0,
+        multiple: int = 8,
+        max_per_worker: int | None = None,
+    ):
         if max_batch < 1 or (min_batch is not None and not 1 <= min_batch <= max_batch):
             raise ConfigError(f"GNSBatchSize needs 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}")
         if interval < 1 or warmup < 0 or hysteresis < 0 or max_growth <= 1 or multiple < 1:
-            raise ConfigError("GNSBatchSize needs interval >= 1, warmup >= 0, hysteresis >= 0, "
-                              "max_growth > 1, multiple >= 1")
+            raise ConfigError(
+                "GNSBatchSize needs interval >= 1, warmup >= 0, hysteresis >= 0, "
+                "max_growth > 1, multiple >= 1"
+            )
         if max_per_worker is not None and max_per_worker < 1:
             raise ConfigError(f"max_per_worker must be >= 1, got {max_per_worker}")
         self._max_batch, self._interval, self._warmup = max_batch, interval, warmup
@@ -89,14 +109,22 @@ class GNSBatchSize(Policy):
         return [SetBatchSize(target)] + decisions
 
     def _target(self, ctx: Context, gns: float) -> int | None:
-        return gns_target_batch(gns, ctx.batch_size, min_batch=self.min_batch or 1, max_batch=self._max_batch,
-                                multiple=self._multiple, max_growth=self._max_growth, hysteresis=self._hysteresis)
+        return gns_target_batch(
+            gns,
+            ctx.batch_size,
+            min_batch=self.min_batch or 1,
+            max_batch=self._max_batch,
+            multiple=self._multiple,
+            max_growth=self._max_growth,
+            hysteresis=self._hysteresis,
+        )
 
 
 class StepTimeFit(NamedTuple):
     """``seconds ≈ alpha + beta·batch``, and how far the slope can be trusted: ``beta_se`` is its
     standard error; every plausible line passes through the measurements' centre ``(at_batch,
     at_seconds)``."""
+
     alpha: float
     beta: float
     beta_se: float
@@ -145,9 +173,18 @@ def _misfit(weighted: list[tuple[float, float, float]], alpha: float, beta: floa
     return max(1.0, sum(w * (t - alpha - beta * b) ** 2 for b, t, w in weighted) / left)
 
 
-def goodput_target_batch(points: Sequence[tuple[float, float, float]], gns: float, current: int, *,
-                         min_batch: int, max_batch: int, multiple: int = 8, max_growth: float = 2.0,
-                         min_gain: float = 0.05, confidence: float = 2.0) -> int | None:
+def goodput_target_batch(
+    points: Sequence[tuple[float, float, float]],
+    gns: float,
+    current: int,
+    *,
+    min_batch: int,
+    max_batch: int,
+    multiple: int = 8,
+    max_growth: float = 2.0,
+    min_gain: float = 0.05,
+    confidence: float = 2.0,
+) -> int | None:
     """The global batch with the most goodput within one move of ``current``, or None to stay.
 
     Goodput (Pollux, Qiao et al. OSDI'21) is samples per second times statistical efficiency:
@@ -171,6 +208,7 @@ def goodput_target_batch(points: Sequence[tuple[float, float, float]], gns: floa
     def worst_gain(batch: int) -> float:
         def at(size: int, slope: float) -> float:
             return goodput(size / fit.seconds(size, slope), gns, min_batch, size)
+
         inside = measured[0] <= batch <= measured[1]
         return min(at(batch, slope) / at(current, slope) for slope in ((fit.beta,) if inside else slopes))
 
@@ -199,17 +237,34 @@ class GoodputBatchSize(GNSBatchSize):
     the windows two batches are timed in); lower it on steady, dedicated hardware to move sooner.
     """
 
-    def __init__(self, max_batch: int = 4096, min_batch: int | None = None, *, min_gain: float = 0.05,
-                 settle: int = 2, min_steps: int = 20, confidence: float = 2.0, drift: float = DRIFT, **options):
+    def __init__(
+        self,
+        max_batch: int = 4096,
+        min_batch: int | None = None,
+        *,
+        min_gain: float = 0.05,
+        settle: int = 2,
+        min_steps: int = 20,
+        confidence: float = 2.0,
+        drift: float = DRIFT,
+        **options,
+    ):
         super().__init__(max_batch, min_batch, **options)
         if min_gain < 0 or settle < 0 or min_steps < 2 or confidence < 0 or drift <= 0:
-            raise ConfigError("GoodputBatchSize needs min_gain >= 0, settle >= 0, min_steps >= 2, confidence >= 0 "
-                              f"and drift > 0, got {min_gain}, {settle}, {min_steps}, {confidence}, {drift}")
-        self._min_gain, self._settle, self._min_steps, self._confidence = min_gain, settle, min_steps, confidence
+            raise ConfigError(
+                "GoodputBatchSize needs min_gain >= 0, settle >= 0, min_steps >= 2, confidence >= 0 "
+                f"and drift > 0, got {min_gain}, {settle}, {min_steps}, {confidence}, {drift}"
+            )
+        self._min_gain, self._settle, self._min_steps, self._confidence = (
+            min_gain,
+            settle,
+            min_steps,
+            confidence,
+        )
         self._drift = drift
         # [setup, workers, batch, mean seconds, steps measured, variance]; setup: "strategy:topology"
         self.step_times: list[list] = []
-        self.current: list = ["", 0, 0, 0]   # [setup, workers, batch, steps] of the latest steps
+        self.current: list = ["", 0, 0, 0]  # [setup, workers, batch, steps] of the latest steps
 
     def after_step(self, ctx: Context) -> HookResult:
         self._measure(ctx)
@@ -240,24 +295,39 @@ class GoodputBatchSize(GNSBatchSize):
             self.step_times.append(key + [max(seconds), 1, 0.0])
             return
         row[4] += 1
-        share = 1 / min(row[4], MEASURE_WINDOW)   # exact mean and variance up to the window, then exponential
+        share = 1 / min(row[4], MEASURE_WINDOW)  # exact mean and variance up to the window, then exponential
         deviation = max(seconds) - row[3]
         row[3] += share * deviation
-        row[5] = (1 - share) * (row[5] + share * deviation ** 2)
+        row[5] = (1 - share) * (row[5] + share * deviation**2)
 
     def _target(self, ctx: Context, gns: float) -> int | None:
         setup = self._setup(ctx)
-        rows = {batch: (mean, steps, variance) for where, workers, batch, mean, steps, variance in self.step_times
-                if (where, workers) == (setup, ctx.size) and steps >= self._min_steps}
+        rows = {
+            batch: (mean, steps, variance)
+            for where, workers, batch, mean, steps, variance in self.step_times
+            if (where, workers) == (setup, ctx.size) and steps >= self._min_steps
+        }
         if ctx.batch_size not in rows:
-            return None if self.current[:3] == [setup, ctx.size, ctx.batch_size] else super()._target(ctx, gns)
+            return (
+                None if self.current[:3] == [setup, ctx.size, ctx.batch_size] else super()._target(ctx, gns)
+            )
         if len(rows) < 2:
             return super()._target(ctx, gns)
-        points = [(batch, mean, variance / min(steps, MEASURE_WINDOW) + (self._drift * mean) ** 2)
-                  for batch, (mean, steps, variance) in rows.items()]
-        return goodput_target_batch(points, gns, ctx.batch_size, min_batch=self.min_batch or 1,
-                                    max_batch=self._max_batch, multiple=self._multiple, max_growth=self._max_growth,
-                                    min_gain=self._min_gain, confidence=self._confidence)
+        points = [
+            (batch, mean, variance / min(steps, MEASURE_WINDOW) + (self._drift * mean) ** 2)
+            for batch, (mean, steps, variance) in rows.items()
+        ]
+        return goodput_target_batch(
+            points,
+            gns,
+            ctx.batch_size,
+            min_batch=self.min_batch or 1,
+            max_batch=self._max_batch,
+            multiple=self._multiple,
+            max_growth=self._max_growth,
+            min_gain=self._min_gain,
+            confidence=self._confidence,
+        )
 
 
 class BatchPerWorker(Policy):

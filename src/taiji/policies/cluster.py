@@ -1,4 +1,5 @@
 """Cluster-size policies: a fixed schedule, and throughput-driven scaling."""
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -56,18 +57,28 @@ class ThroughputScaling(Policy):
     and their state transfer are not counted). Stops at --max-np, or ``max_size`` if smaller.
     """
 
-    def __init__(self, threshold: float = 0.1, *, window: int = 20, settle: int = 3,
-                 max_size: int | None = None, revert: bool = True, patience: int = 2000):
+    def __init__(
+        self,
+        threshold: float = 0.1,
+        *,
+        window: int = 20,
+        settle: int = 3,
+        max_size: int | None = None,
+        revert: bool = True,
+        patience: int = 2000,
+    ):
         if threshold < 0 or window < 1 or settle < 0 or patience < 1:
-            raise ConfigError("ThroughputScaling needs threshold >= 0, window >= 1, settle >= 0, patience >= 1")
+            raise ConfigError(
+                "ThroughputScaling needs threshold >= 0, window >= 1, settle >= 0, patience >= 1"
+            )
         self._threshold, self._window, self._settle = threshold, window, settle
         self._max_size, self._revert, self._patience = max_size, revert, patience
-        self.phase = "measure"       # measure -> waiting for the resize -> measure ... -> done
-        self.version = -1            # cluster version the current window belongs to
+        self.phase = "measure"  # measure -> waiting for the resize -> measure ... -> done
+        self.version = -1  # cluster version the current window belongs to
         self.steps = 0
         self.samples = 0
         self.seconds = 0.0
-        self.baseline: float | None = None   # samples/s at baseline_size
+        self.baseline: float | None = None  # samples/s at baseline_size
         self.baseline_size = 0
         self.target = 0
         self.waited = 0

@@ -1,4 +1,5 @@
 """Learning-rate rules that follow the global batch size: linear, square root, AdaScale gain."""
+
 from __future__ import annotations
 
 import math

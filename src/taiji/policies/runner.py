@@ -12,6 +12,7 @@ Invalid decisions are clamped (batch larger than the data set, size outside --mi
 or rejected (batch < 1, non-positive LR factor, Resize without a launcher), each with a note
 the runtime logs; they never raise, so a bad decision cannot take a job down or hang it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,19 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from ..comm.topologies import TOPOLOGIES
-from .base import (DECISION_TYPES, Context, Decision, Policy, PolicyError, Resize, ScaleLR, SetBatchSize,
-                   SetStrategy, SetTopology, Stop)
+from .base import (
+    DECISION_TYPES,
+    Context,
+    Decision,
+    Policy,
+    PolicyError,
+    Resize,
+    ScaleLR,
+    SetBatchSize,
+    SetStrategy,
+    SetTopology,
+    Stop,
+)
 
 
 @dataclass(frozen=True)
@@ -35,14 +47,15 @@ class Applied:
 @dataclass(frozen=True)
 class Plan:
     """The net effect of one boundary's decisions, for the runtime to carry out."""
-    batch_size: int | None = None   # new global batch size, if it changes
-    lr_factor: float = 1.0          # multiply learning rates by this
-    resize: int | None = None       # ask the launcher for this many workers
-    strategy: str | None = None     # switch to this strategy
-    topology: str | None = None     # allreduce gradients with this plan
-    stop: str | None = None         # reason, if training stops here
+
+    batch_size: int | None = None  # new global batch size, if it changes
+    lr_factor: float = 1.0  # multiply learning rates by this
+    resize: int | None = None  # ask the launcher for this many workers
+    strategy: str | None = None  # switch to this strategy
+    topology: str | None = None  # allreduce gradients with this plan
+    stop: str | None = None  # reason, if training stops here
     applied: tuple[Applied, ...] = ()
-    notes: tuple[str, ...] = ()     # clamped or rejected decisions, for the log
+    notes: tuple[str, ...] = ()  # clamped or rejected decisions, for the log
 
     @property
     def empty(self) -> bool:
@@ -56,8 +69,9 @@ def validate(ctx: Context, decision: Decision) -> tuple[Decision | None, str | N
         if not isinstance(b, int) or isinstance(b, bool) or b < 1:
             return None, f"rejected SetBatchSize({b!r}): the global batch size must be an integer >= 1"
         if b > ctx.num_samples:
-            return SetBatchSize(ctx.num_samples), (f"clamped SetBatchSize({b}) to the data set's "
-                                                   f"{ctx.num_samples} samples")
+            return SetBatchSize(ctx.num_samples), (
+                f"clamped SetBatchSize({b}) to the data set's {ctx.num_samples} samples"
+            )
         return (None, None) if b == ctx.batch_size else (decision, None)
     if isinstance(decision, ScaleLR):
         f = decision.factor
@@ -69,18 +83,25 @@ def validate(ctx: Context, decision: Decision) -> tuple[Decision | None, str | N
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             return None, f"rejected Resize({n!r}): the size must be an integer >= 1"
         if not ctx.elastic:
-            return None, f"ignored Resize({n}): not running under `taiji run`, so there is no cluster to resize"
+            return (
+                None,
+                f"ignored Resize({n}): not running under `taiji run`, so there is no cluster to resize",
+            )
         clamped = max(n, ctx.min_size)
         if ctx.max_size is not None:
             clamped = min(clamped, ctx.max_size)
         note = None
         if clamped != n:
-            note = f"clamped Resize({n}) to {clamped} (bounds --min-np {ctx.min_size}, --max-np {ctx.max_size})"
+            note = (
+                f"clamped Resize({n}) to {clamped} (bounds --min-np {ctx.min_size}, --max-np {ctx.max_size})"
+            )
         return (None, note) if clamped == ctx.size else (Resize(clamped), note)
     if isinstance(decision, SetStrategy):
         if decision.name not in ctx.strategies:
-            return None, (f"rejected SetStrategy({decision.name!r}): the Job has no such strategy "
-                          f"(available: {', '.join(ctx.strategies)})")
+            return None, (
+                f"rejected SetStrategy({decision.name!r}): the Job has no such strategy "
+                f"(available: {', '.join(ctx.strategies)})"
+            )
         return (None, None) if decision.name == ctx.strategy else (decision, None)
     if isinstance(decision, SetTopology):
         if decision.name not in TOPOLOGIES:
@@ -116,18 +137,22 @@ def run_hooks(policies: Sequence[Policy], hooks: Iterable[str], ctx: Context) ->
                 raise PolicyError(
                     f"policy {policy.name}.{hook} raised at step {ctx.step} (epoch {ctx.epoch}): "
                     f"{type(exc).__name__}: {exc}. Training stops on every worker; fix the policy "
-                    f"and start the job again.") from exc
+                    f"and start the job again."
+                ) from exc
             for decision in results:
                 if not isinstance(decision, DECISION_TYPES):
                     raise PolicyError(
                         f"policy {policy.name}.{hook} returned {decision!r} at step {ctx.step}; a hook "
                         f"returns None, a decision ({', '.join(t.__name__ for t in DECISION_TYPES)}) "
-                        f"or a list of decisions")
+                        f"or a list of decisions"
+                    )
                 ctx, plan = _apply(ctx, plan, index, policy.name, hook, decision)
     return ctx, plan
 
 
-def _apply(ctx: Context, plan: Plan, index: int, policy: str, hook: str, decision: Decision) -> tuple[Context, Plan]:
+def _apply(
+    ctx: Context, plan: Plan, index: int, policy: str, hook: str, decision: Decision
+) -> tuple[Context, Plan]:
     effective, note = validate(ctx, decision)
     if note is not None:
         plan = replace(plan, notes=plan.notes + (f"{policy}.{hook} at step {ctx.step}: {note}",))
@@ -137,8 +162,10 @@ def _apply(ctx: Context, plan: Plan, index: int, policy: str, hook: str, decisio
     if isinstance(effective, SetBatchSize):
         return ctx.replace(batch_size=effective.batch_size), replace(plan, batch_size=effective.batch_size)
     if isinstance(effective, ScaleLR):
-        return (ctx.replace(lr=ctx.lr * effective.factor),
-                replace(plan, lr_factor=plan.lr_factor * effective.factor))
+        return (
+            ctx.replace(lr=ctx.lr * effective.factor),
+            replace(plan, lr_factor=plan.lr_factor * effective.factor),
+        )
     if isinstance(effective, Resize):
         return ctx, replace(plan, resize=effective.size)
     if isinstance(effective, SetStrategy):
@@ -160,9 +187,10 @@ def decision_trail(plan: Plan, length: int = 32) -> list[tuple[int, int, int]]:
     first ``length`` decisions in the order they were applied (padded with ``(digest, -1, -1)``):
     comparing trails across workers finds the first decision that differs and who took it."""
     from .base import HOOKS
+
     trail = []
     for i in range(length):
-        prefix = replace(plan, applied=plan.applied[:i + 1])
+        prefix = replace(plan, applied=plan.applied[: i + 1])
         if i < len(plan.applied):
             applied = plan.applied[i]
             trail.append((plan_digest(prefix), applied.index, HOOKS.index(applied.hook)))

@@ -1,4 +1,5 @@
 """Early stopping on an agreed metric."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,17 @@ class EarlyStop(Policy):
     ``min_delta`` for ``patience`` checks; checks every ``every`` steps. ``mode`` is "min" for
     metrics that should fall (loss) and "max" for ones that should rise."""
 
-    def __init__(self, metric: str = "loss", *, target: float | None = None, patience: int | None = None,
-                 min_delta: float = 0.0, mode: str = "min", every: int = 50, smoothing: float = 0.9):
+    def __init__(
+        self,
+        metric: str = "loss",
+        *,
+        target: float | None = None,
+        patience: int | None = None,
+        min_delta: float = 0.0,
+        mode: str = "min",
+        every: int = 50,
+        smoothing: float = 0.9,
+    ):
         if metric not in METRICS:
             raise ConfigError(f"EarlyStop can watch {', '.join(METRICS)}; got {metric!r}")
         if mode not in ("min", "max") or every < 1 or not 0 <= smoothing < 1:
@@ -23,7 +33,12 @@ class EarlyStop(Policy):
         if target is None and patience is None:
             raise ConfigError("EarlyStop needs a target, a patience, or both")
         self._metric, self._target, self._patience = metric, target, patience
-        self._min_delta, self._sign, self._every, self._smoothing = min_delta, (1 if mode == "min" else -1), every, smoothing
+        self._min_delta, self._sign, self._every, self._smoothing = (
+            min_delta,
+            (1 if mode == "min" else -1),
+            every,
+            smoothing,
+        )
         self.ema: float | None = None
         self.best: float | None = None
         self.bad_checks = 0
@@ -44,6 +59,8 @@ class EarlyStop(Policy):
             return None
         self.bad_checks += 1
         if self.bad_checks >= self._patience:
-            return Stop(f"{self._metric} did not improve by {self._min_delta:g} in {self._patience} checks "
-                        f"(best {self.best:.4g})")
+            return Stop(
+                f"{self._metric} did not improve by {self._min_delta:g} in {self._patience} checks "
+                f"(best {self.best:.4g})"
+            )
         return None

@@ -1,5 +1,6 @@
 """Strategy-switching policies: by cluster size, and by measured interference (KungFu's
 adaptive synchronisation: when workers slow down, stop waiting for each other)."""
+
 from __future__ import annotations
 
 import statistics
@@ -15,7 +16,9 @@ class StrategyBySize(Policy):
 
     def __init__(self, thresholds: Mapping[int, str]):
         if not thresholds or any(int(k) < 1 for k in thresholds):
-            raise ConfigError(f"StrategyBySize needs sizes >= 1 mapped to strategy names, got {dict(thresholds)}")
+            raise ConfigError(
+                f"StrategyBySize needs sizes >= 1 mapped to strategy names, got {dict(thresholds)}"
+            )
         self._thresholds = sorted((int(k), v) for k, v in thresholds.items())
 
     def before_step(self, ctx: Context) -> HookResult:
@@ -37,13 +40,15 @@ class InterferenceSwitch(Policy):
     that waiting for each other has become the bottleneck.
     """
 
-    def __init__(self, to: str = "pair_averaging", *, fraction: float = 0.7, window: int = 20, settle: int = 5):
+    def __init__(
+        self, to: str = "pair_averaging", *, fraction: float = 0.7, window: int = 20, settle: int = 5
+    ):
         if not 0 < fraction < 1 or window < 2 or settle < 0:
             raise ConfigError("InterferenceSwitch needs 0 < fraction < 1, window >= 2, settle >= 0")
         self._to, self._fraction, self._window, self._settle = to, fraction, window, settle
         self.version = -1
         self.seen = 0
-        self.samples: list[list[float]] = []     # per step: each worker's seconds
+        self.samples: list[list[float]] = []  # per step: each worker's seconds
         self.reference: list[float] | None = None
         self.switched = False
 

@@ -1,5 +1,6 @@
 """AdaptiveTopology: KungFu's adaptive topology — try each allreduce plan for a few steps, keep the
 fastest, and try again when the cluster changes size (hosts joined or left)."""
+
 from __future__ import annotations
 
 import statistics
@@ -19,24 +20,38 @@ class AdaptiveTopology(Policy):
     where a strategy does not report it, the agreed step time (``Metrics.step_seconds``: compute
     is the same under every plan, so the difference between them is still the allreduce)."""
 
-    def __init__(self, candidates: Sequence[str] = ("ring", "hierarchical", "tree"), *, trial_steps: int = 5,
-                 settle: int = 2):
+    def __init__(
+        self,
+        candidates: Sequence[str] = ("ring", "hierarchical", "tree"),
+        *,
+        trial_steps: int = 5,
+        settle: int = 2,
+    ):
         unknown = [c for c in candidates if c not in TOPOLOGIES]
         if not candidates or unknown or trial_steps < 1 or settle < 0:
-            raise ConfigError(f"AdaptiveTopology needs candidates from {list(TOPOLOGIES)} (got unknown {unknown}), "
-                              "trial_steps >= 1 and settle >= 0")
+            raise ConfigError(
+                f"AdaptiveTopology needs candidates from {list(TOPOLOGIES)} (got unknown {unknown}), "
+                "trial_steps >= 1 and settle >= 0"
+            )
         self._candidates, self._trial_steps, self._settle = tuple(candidates), trial_steps, settle
-        self.size = 0                      # the cluster size the trials were for
-        self.trial = 0                     # index of the candidate under trial; len(candidates): settled
-        self.seen = 0                      # steps measured under it (settling ones included)
-        self.times: list[float] = []       # its step times
+        self.size = 0  # the cluster size the trials were for
+        self.trial = 0  # index of the candidate under trial; len(candidates): settled
+        self.seen = 0  # steps measured under it (settling ones included)
+        self.times: list[float] = []  # its step times
         self.medians: dict[str, float] = {}
         self.chosen = ""
-        self.measure = ""                  # what the trials compare: "allreduce" waits or "step" times
+        self.measure = ""  # what the trials compare: "allreduce" waits or "step" times
 
     def after_step(self, ctx: Context) -> HookResult:
         if ctx.size != self.size:  # a new cluster: try every plan again, starting now
-            self.size, self.trial, self.seen, self.times, self.medians, self.measure = ctx.size, 0, 0, [], {}, ""
+            self.size, self.trial, self.seen, self.times, self.medians, self.measure = (
+                ctx.size,
+                0,
+                0,
+                [],
+                {},
+                "",
+            )
             return self._try(ctx)
         if self.trial >= len(self._candidates):
             return None

@@ -5,6 +5,7 @@ The check costs nothing per step: a 52-bit fingerprint of the boundary's decisio
 step's control message. If the rows disagree, the step is not committed; all workers (they all
 see the same rows) then allgather one fingerprint per policy to name the policy that diverged.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,13 +34,18 @@ class Adaptation:
             if not isinstance(policy, Policy):
                 raise TypeError(f"policies must be taiji.policies.Policy instances, got {policy!r}")
         self.plan = Plan()
-        self.digest = 0               # of the last boundary's decisions; rides the control message
+        self.digest = 0  # of the last boundary's decisions; rides the control message
         self.last_clock: float | None = None  # rank 0's clock at the previous control message
-        self.metrics = Metrics()      # of the last committed step (or decoupled phase)
+        self.metrics = Metrics()  # of the last committed step (or decoupled phase)
         self._noted: set[str] = set()
 
-    def observe(self, stats: StepStats, gns: GNSEstimator, grad_variance: float | None = None,
-                samples: int | None = None) -> None:
+    def observe(
+        self,
+        stats: StepStats,
+        gns: GNSEstimator,
+        grad_variance: float | None = None,
+        samples: int | None = None,
+    ) -> None:
         """Record the agreed statistics of a committed step (or of a decoupled phase that
         consumed ``samples``)."""
         seconds = stats.clock - self.last_clock if self.last_clock is not None and stats.clock > 0 else None
@@ -47,20 +53,49 @@ class Adaptation:
             seconds = None
         samples = int(stats.global_batch) if samples is None else samples
         self.metrics = Metrics(
-            samples=samples, loss=stats.loss, gns=gns.b_noise, grad_sqnorm=gns.grad_sqnorm,
-            trace_sigma=gns.trace_sigma, grad_variance=grad_variance, straggler=stats.straggler,
-            step_seconds=seconds, samples_per_s=samples / seconds if seconds else None,
-            worker_step_seconds=stats.wall_seconds, allreduce_seconds=stats.previous_allreduce_wait)
+            samples=samples,
+            loss=stats.loss,
+            gns=gns.b_noise,
+            grad_sqnorm=gns.grad_sqnorm,
+            trace_sigma=gns.trace_sigma,
+            grad_variance=grad_variance,
+            straggler=stats.straggler,
+            step_seconds=seconds,
+            samples_per_s=samples / seconds if seconds else None,
+            worker_step_seconds=stats.wall_seconds,
+            allreduce_seconds=stats.previous_allreduce_wait,
+        )
         self.last_clock = stats.clock if stats.clock > 0 else self.last_clock
 
-    def context(self, progress: Progress, num_samples: int, view: ClusterView, lr: float, strategy: str,
-                strategies: tuple[str, ...], topology: str = "ring") -> Context:
+    def context(
+        self,
+        progress: Progress,
+        num_samples: int,
+        view: ClusterView,
+        lr: float,
+        strategy: str,
+        strategies: tuple[str, ...],
+        topology: str = "ring",
+    ) -> Context:
         """What the policies see at this boundary: agreed state and metrics only."""
-        return Context(step=progress.step, epoch=progress.epoch, cursor=progress.sampler.cursor,
-                       num_samples=num_samples, size=view.size, version=view.version,
-                       batch_size=progress.sampler.batch_size, lr=lr, strategy=strategy,
-                       time=self.last_clock or 0.0, metrics=self.metrics, min_size=view.min_size,
-                       max_size=view.max_size, elastic=view.elastic, strategies=strategies, topology=topology)
+        return Context(
+            step=progress.step,
+            epoch=progress.epoch,
+            cursor=progress.sampler.cursor,
+            num_samples=num_samples,
+            size=view.size,
+            version=view.version,
+            batch_size=progress.sampler.batch_size,
+            lr=lr,
+            strategy=strategy,
+            time=self.last_clock or 0.0,
+            metrics=self.metrics,
+            min_size=view.min_size,
+            max_size=view.max_size,
+            elastic=view.elastic,
+            strategies=strategies,
+            topology=topology,
+        )
 
     def decide(self, hooks: Sequence[str], context: Context, lead: bool) -> Plan:
         """Run ``hooks`` on every policy over ``context`` (as it reads after the metrics were
@@ -96,7 +131,10 @@ class Adaptation:
             f"the step boundary before step {step}: ranks {ranks} differ from rank 0.{detail} Policies must "
             "decide only from the Context they are given (no rank, local clock or randomness); the step "
             "was not committed and training stops on every worker.",
-            op="consensus", channel="ctrl", version=comm.version)
+            op="consensus",
+            channel="ctrl",
+            version=comm.version,
+        )
 
     def _first_difference(self, trails: list[torch.Tensor]) -> str:
         """Name the first decision (in the order applied) that differs between workers."""
@@ -106,17 +144,24 @@ class Adaptation:
                 continue
             ranks = [r for r, d in enumerate(digests) if d != digests[0]]
             takers = {(int(t[position, 1]), int(t[position, 2])) for t in trails if int(t[position, 1]) >= 0}
-            names = sorted(f"{self.policies[i].name} (#{i}).{HOOKS[h]}" for i, h in takers
-                           if 0 <= i < len(self.policies))
-            return (f" The first decision that differs (#{position + 1} at this boundary) was taken by "
-                    f"{' / '.join(names) or 'an unknown policy'}; ranks {ranks} differ from rank 0 there.")
+            names = sorted(
+                f"{self.policies[i].name} (#{i}).{HOOKS[h]}" for i, h in takers if 0 <= i < len(self.policies)
+            )
+            return (
+                f" The first decision that differs (#{position + 1} at this boundary) was taken by "
+                f"{' / '.join(names) or 'an unknown policy'}; ranks {ranks} differ from rank 0 there."
+            )
         return ""
 
     # -- synced state -------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"policies": [p.state_dict() for p in self.policies], "digest": self.digest,
-                "last_clock": self.last_clock, "metrics": self.metrics.__dict__}
+        return {
+            "policies": [p.state_dict() for p in self.policies],
+            "digest": self.digest,
+            "last_clock": self.last_clock,
+            "metrics": self.metrics.__dict__,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for policy, policy_state in zip(self.policies, state.get("policies", [])):
@@ -151,15 +196,27 @@ def policy_events(plan: Plan, context: Context, lead: bool) -> list[Event]:
             continue
         if lead:
             log.info("policy %s.%s: %s", applied.policy, applied.hook, describe(applied.decision, context))
-        events.append(Event("policy", context.step, {"policy": applied.policy, "hook": applied.hook,
-                                                     "decision": repr(applied.decision), "gns": context.metrics.gns}))
+        events.append(
+            Event(
+                "policy",
+                context.step,
+                {
+                    "policy": applied.policy,
+                    "hook": applied.hook,
+                    "decision": repr(applied.decision),
+                    "gns": context.metrics.gns,
+                },
+            )
+        )
     return events
 
 
 def describe(decision: Any, context: Context) -> str:
     if isinstance(decision, SetBatchSize):
-        return (f"global batch {context.batch_size} -> {decision.batch_size} at step {context.step} "
-                f"(GNS {_fmt(context.metrics.gns)})")
+        return (
+            f"global batch {context.batch_size} -> {decision.batch_size} at step {context.step} "
+            f"(GNS {_fmt(context.metrics.gns)})"
+        )
     if isinstance(decision, Resize):
         return f"asks for {decision.size} workers (now {context.size}) at step {context.step}"
     return f"{decision!r} at step {context.step}"

@@ -11,6 +11,7 @@ that dropped members as lost is never built ahead: that is a failure, and the st
 (``comm.abandon``). A build that fails is reported when the transition adopts it (its ``connect``
 raises), and the usual recovery follows.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,13 @@ log = logging.getLogger(__name__)
 def worth_building_ahead(current: ClusterConfig | None, newer: ClusterConfig, worker_id: str) -> bool:
     """Whether ``newer``'s groups are built ahead by the member ``worker_id`` of ``current``: a
     later version that keeps it and dropped none of ``current``'s members as lost."""
-    return (current is not None and newer.version > current.version and current.rank_of(worker_id) is not None
-            and newer.rank_of(worker_id) is not None and not newer.dooms(current.ids))
+    return (
+        current is not None
+        and newer.version > current.version
+        and current.rank_of(worker_id) is not None
+        and newer.rank_of(worker_id) is not None
+        and not newer.dooms(current.ids)
+    )
 
 
 @dataclass
@@ -65,8 +71,9 @@ class Ahead:
         with self._lock:
             fresh = version > self._passed and version not in self._built
             if fresh:
-                thread = threading.Thread(target=self._build, args=(comm, via), name=f"taiji-ahead-v{version}",
-                                          daemon=True)
+                thread = threading.Thread(
+                    target=self._build, args=(comm, via), name=f"taiji-ahead-v{version}", daemon=True
+                )
                 self._built[version] = _Built(comm, thread)
                 thread.start()
             else:
@@ -79,7 +86,9 @@ class Ahead:
         try:
             comm.connect(via=via)
         except CommError as exc:  # raised again to the transition that adopts it, if one does
-            log.info("building the groups of cluster v%d ahead failed: %s", comm.version, str(exc).split(". ")[0])
+            log.info(
+                "building the groups of cluster v%d ahead failed: %s", comm.version, str(exc).split(". ")[0]
+            )
         finally:
             with self._lock:
                 self._idle.append(via)

@@ -16,6 +16,7 @@ stays mapped up to that margin. Nothing is changed where the user chose already
 (``MALLOC_*_`` variables, ``glibc.malloc.*`` in ``GLIBC_TUNABLES``, or ``TAIJI_MALLOC_TUNING=0``),
 nor where the C library is not glibc.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -28,8 +29,8 @@ from .. import env
 
 log = logging.getLogger(__name__)
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
-MMAP_THRESHOLD = 32 << 20    # glibc's largest allowed value on 64-bit
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit
 TRIM_THRESHOLD = 512 << 20
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 
@@ -65,10 +66,16 @@ def keep_freed_memory() -> bool:
     trim = mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     mapped = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     if not (trim and mapped):
-        log.warning("could only partly set glibc's malloc thresholds (trim: %s, mmap: %s); set "
-                    "TAIJI_MALLOC_TUNING=0 if this process's memory use suffers", trim, mapped)
+        log.warning(
+            "could only partly set glibc's malloc thresholds (trim: %s, mmap: %s); set "
+            "TAIJI_MALLOC_TUNING=0 if this process's memory use suffers",
+            trim,
+            mapped,
+        )
         return False
     _applied = True
-    log.info("malloc keeps freed memory mapped between steps (up to %d MiB; TAIJI_MALLOC_TUNING=0: off)",
-             TRIM_THRESHOLD >> 20)
+    log.info(
+        "malloc keeps freed memory mapped between steps (up to %d MiB; TAIJI_MALLOC_TUNING=0: off)",
+        TRIM_THRESHOLD >> 20,
+    )
     return True

@@ -13,6 +13,7 @@ forward and backward run, and the update (an optimizer step pre-hook) or sync (a
 first waits for them (``settle``). The rest (buffers, which a forward changes; small state) is
 staged at the boundary. ``Checkpoint(overlap=False)`` stages everything at the boundary.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,16 @@ import torch
 
 from .. import env
 from ..checkpoint.config import Checkpoint, due
-from ..checkpoint.layout import (FORMAT, Manifest, assign, checkpoint_name, rng_key, taiji_version, tensor_keys,
-                                 to_prune)
+from ..checkpoint.layout import (
+    FORMAT,
+    Manifest,
+    assign,
+    checkpoint_name,
+    rng_key,
+    taiji_version,
+    tensor_keys,
+    to_prune,
+)
 from ..checkpoint.reader import Found, find, load_into, model_info
 from ..checkpoint.storage import Storage
 from ..checkpoint.writer import SaveRecord, Writer, until_update
@@ -63,16 +72,22 @@ def rng_state() -> tuple[torch.Tensor, int]:
 def set_rng_state(state: torch.Tensor, cuda_bytes: int) -> None:
     """Restore ``rng_state``'s streams; a CUDA stream saved by a job resumed without CUDA (or
     the reverse) is left as it is."""
-    torch.set_rng_state(state[:state.numel() - cuda_bytes].clone())
+    torch.set_rng_state(state[: state.numel() - cuda_bytes].clone())
     if cuda_bytes and torch.cuda.is_initialized():
-        torch.cuda.set_rng_state(state[state.numel() - cuda_bytes:].clone())
+        torch.cuda.set_rng_state(state[state.numel() - cuda_bytes :].clone())
 
 
 class Checkpointer:
     """Checkpoints of one Job (see module doc); ``config`` None: none are taken."""
 
-    def __init__(self, config: Checkpoint | None, state: TrainState, peer: Member,
-                 exact: Callable[[], bool], request_stop: Callable[[], None]):
+    def __init__(
+        self,
+        config: Checkpoint | None,
+        state: TrainState,
+        peer: Member,
+        exact: Callable[[], bool],
+        request_stop: Callable[[], None],
+    ):
         self.config = config
         self.state = state
         self.peer = peer
@@ -83,7 +98,9 @@ class Checkpointer:
             self.storage.check_writable()
         self.writer = Writer(self.storage, after_write=self._prune) if self.storage is not None else None
         self.records: list[SaveRecord] = []
-        self._unsettled: tuple[SaveRecord, int] | None = None  # a save (and its parts) whose staging may still run
+        self._unsettled: tuple[SaveRecord, int] | None = (
+            None  # a save (and its parts) whose staging may still run
+        )
         self._hook = None
         if self.writer is not None and config is not None and config.overlap:
             self._hook = state.optimizer.register_step_pre_hook(lambda *args: self.settle())
@@ -115,8 +132,13 @@ class Checkpointer:
             # the same rank's random streams continue (dropout, ...)
             set_rng_state(mine, int(found.manifest.extra.get("cuda_rng_bytes", 0)))
         self._last_step, self.resumed, self.load_seconds = found.step, found, time.perf_counter() - began
-        log.info("resumed from %s (step %d, written by %d worker(s)) in %.3fs", found.url, found.step,
-                 found.manifest.size, self.load_seconds)
+        log.info(
+            "resumed from %s (step %d, written by %d worker(s)) in %.3fs",
+            found.url,
+            found.step,
+            found.manifest.size,
+            self.load_seconds,
+        )
 
     def start(self, reporter: Reporter) -> None:
         """The loop starts: record the resume (if any), listen for preemption notices."""
@@ -126,12 +148,25 @@ class Checkpointer:
             # how far the lost run got, from its own records in this run directory (to within
             # its metrics interval): the steps this run trains again
             reached = reporter.recorded_step()
-            redone = {} if reached is None else {"lost_run_step": reached,
-                                                 "steps_redone": max(0, reached - found.step)}
-            reporter.on(Event("resume", found.step, {"checkpoint": found.url, "written_by": found.manifest.size,
-                                                     "size": self.peer.view.size,
-                                                     "epoch": self.state.progress.epoch,
-                                                     "load_s": round(self.load_seconds, 4), **redone}))
+            redone = (
+                {}
+                if reached is None
+                else {"lost_run_step": reached, "steps_redone": max(0, reached - found.step)}
+            )
+            reporter.on(
+                Event(
+                    "resume",
+                    found.step,
+                    {
+                        "checkpoint": found.url,
+                        "written_by": found.manifest.size,
+                        "size": self.peer.view.size,
+                        "epoch": self.state.progress.epoch,
+                        "load_s": round(self.load_seconds, 4),
+                        **redone,
+                    },
+                )
+            )
         self.listen_for_notice()
 
     # -- saving ------------------------------------------------------------------------------
@@ -150,8 +185,12 @@ class Checkpointer:
     def ended(self) -> None:
         """Training stopped (every worker at the same boundary): the final checkpoint (staged
         now: no update follows to overlap it with, and its event precedes the run's end)."""
-        if self.writer is not None and self.config is not None and self.config.final \
-                and self.state.progress.step > self._last_step:
+        if (
+            self.writer is not None
+            and self.config is not None
+            and self.config.final
+            and self.state.progress.step > self._last_step
+        ):
             self.save()
         self.settle()
 
@@ -174,17 +213,32 @@ class Checkpointer:
         manifest = None
         if view.rank == 0:
             manifest = Manifest(
-                format=FORMAT, taiji_version=taiji_version(), step=step, size=view.size, time=clock, parts=writers,
+                format=FORMAT,
+                taiji_version=taiji_version(),
+                step=step,
+                size=view.size,
+                time=clock,
+                parts=writers,
                 model=model_info(self.state.model),
-                owners=owners, state=image, strategy=self.state.strategy,
-                extra={"bounds": {"min_np": env.MIN_NP.get(), "max_np": env.MAX_NP.get()},
-                       "rng_bytes": mine[rng_key(view.rank)].numel(), "cuda_rng_bytes": cuda_rng_bytes,
-                       "version": view.version, "epoch": self.state.progress.epoch})
+                owners=owners,
+                state=image,
+                strategy=self.state.strategy,
+                extra={
+                    "bounds": {"min_np": env.MIN_NP.get(), "max_np": env.MAX_NP.get()},
+                    "rng_bytes": mine[rng_key(view.rank)].numel(),
+                    "cuda_rng_bytes": cuda_rng_bytes,
+                    "version": view.version,
+                    "epoch": self.state.progress.epoch,
+                },
+            )
         later: dict[str, torch.Tensor] = {}
         if self._hook is not None and self.exact():  # else replicas drift: averaging may change them first
             mine, later = until_update(mine, self.state.optimizer)
-        record = self.writer.save(step, view.rank, mine, manifest, later) if view.rank < writers \
+        record = (
+            self.writer.save(step, view.rank, mine, manifest, later)
+            if view.rank < writers
             else SaveRecord(step, 0.0, 0)
+        )
         self._last_step, self._last_clock = step, clock
         self._unsettled = (record, writers)
         if not later:
@@ -200,12 +254,25 @@ class Checkpointer:
         record = replace(record, stall_seconds=record.stall_seconds + self.writer.settle())
         self.records.append(record)
         if self._reporter is not None:  # the run log's checkpoint event; the metrics' stall and time
-            self._reporter.on(Event("checkpoint", record.step, {
-                "stall_s": round(record.stall_seconds, 4), "staged_bytes": record.staged_bytes,
-                "overlapped_bytes": record.overlapped_bytes, "parts": writers}))
+            self._reporter.on(
+                Event(
+                    "checkpoint",
+                    record.step,
+                    {
+                        "stall_s": round(record.stall_seconds, 4),
+                        "staged_bytes": record.staged_bytes,
+                        "overlapped_bytes": record.overlapped_bytes,
+                        "parts": writers,
+                    },
+                )
+            )
         if self.peer.view.rank == 0:
-            log.info("checkpoint at step %d: staged in %.3fs, writing to %s in the background", record.step,
-                     record.stall_seconds, self.storage.url_of(checkpoint_name(record.step)) if self.storage else "")
+            log.info(
+                "checkpoint at step %d: staged in %.3fs, writing to %s in the background",
+                record.step,
+                record.stall_seconds,
+                self.storage.url_of(checkpoint_name(record.step)) if self.storage else "",
+            )
 
     def _prune(self, step: int) -> None:
         if self.storage is None or self.config is None or self.peer.view.rank != 0:
@@ -225,9 +292,13 @@ class Checkpointer:
         signum = signal.SIGUSR1 if env.JOB_ID.is_set() else signal.SIGTERM
 
         def notice(received: int, frame: Any) -> None:
-            log.warning("%s: stopping at the next step boundary with a final checkpoint in %s",
-                        signal.Signals(received).name, self.config.path if self.config else "")
+            log.warning(
+                "%s: stopping at the next step boundary with a final checkpoint in %s",
+                signal.Signals(received).name,
+                self.config.path if self.config else "",
+            )
             self.request_stop()
+
         self._notice = signum
         self._previous_handler = signal.signal(signum, notice)
 

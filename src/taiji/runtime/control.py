@@ -10,6 +10,7 @@ allreduce's tail. From ``compact_at`` workers on (``TAIJI_CONTROL_COMPACT_AT``) 
 compact instead (``monitor.compact``: a sum-allreduce of the sums and a slot per worker), sent on
 its own: the sums cannot ride a float32 bucket exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,12 +30,14 @@ from .peer import Member
 @dataclass
 class Signals:
     """What this worker asks of the others through the next control message."""
+
     stop_requested: bool = False
 
 
 @dataclass(frozen=True)
 class Measurements:
     """This worker's part of a step, for its control row."""
+
     local_batch: float = 0.0
     local_sqnorm: float | None = None
     sqnorm_batch: float = 0.0
@@ -88,9 +91,14 @@ class ControlChannel:
             return PendingControl(None, report)
         if compact_above(comm.size, self.compact_at):
             message = torch.tensor(compact_message(report, comm.rank, comm.size), dtype=torch.float64)
-            return PendingControl(comm.allreduce(message, "sum", channel="ctrl", async_op=True),  # type: ignore[arg-type]
-                                  report, comm.size)
-        handle = comm.allgather(torch.tensor(report.to_row(), dtype=torch.float64), channel="ctrl", async_op=True)
+            return PendingControl(
+                comm.allreduce(message, "sum", channel="ctrl", async_op=True),  # type: ignore[arg-type]
+                report,
+                comm.size,
+            )
+        handle = comm.allgather(
+            torch.tensor(report.to_row(), dtype=torch.float64), channel="ctrl", async_op=True
+        )
         return PendingControl(handle, report)  # type: ignore[arg-type]
 
     def row(self, decisions: int, measured: Measurements) -> list[float]:
@@ -112,14 +120,20 @@ class ControlChannel:
         # the newest version any worker reports wins: one worker watching the store is enough
         seen = self.membership.newest_version() if lead else view.version
         return ControlRow(
-            version_seen=float(seen), stop=float(self.signals.stop_requested),
+            version_seen=float(seen),
+            stop=float(self.signals.stop_requested),
             local_sqnorm=math.nan if measured.local_sqnorm is None else measured.local_sqnorm,
-            sqnorm_batch=measured.sqnorm_batch, local_batch=measured.local_batch,
-            loss_sum=(measured.loss or 0.0) * measured.local_batch, compute_seconds=measured.compute_seconds,
-            clock=time.time() if lead else 0.0, decisions=float(decisions), wall_seconds=wall,
+            sqnorm_batch=measured.sqnorm_batch,
+            local_batch=measured.local_batch,
+            loss_sum=(measured.loss or 0.0) * measured.local_batch,
+            compute_seconds=measured.compute_seconds,
+            clock=time.time() if lead else 0.0,
+            decisions=float(decisions),
+            wall_seconds=wall,
             previous_global_sqnorm=measured.previous_global_sqnorm,
             previous_allreduce_wait=measured.previous_allreduce_wait,
-            previous_monitor_seconds=measured.previous_monitor_seconds)
+            previous_monitor_seconds=measured.previous_monitor_seconds,
+        )
 
     def restart_clock(self) -> None:
         """A pause (a transition, a sync point) is not a worker's step time."""

@@ -16,6 +16,7 @@ phase is part of the synced state: a worker that joins at a sync point takes par
 If a member died during the phase, the survivors recover first; the run it was training (its
 ``inflight`` record) is adopted by the new rank 0 and trained first, so no sample is lost.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,14 +45,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PhaseState:
     """What every worker agrees on about a phase (synced to joiners while it is open)."""
+
     index: int
-    start: int              # global position where it began
-    limit: int              # no position at or beyond this is claimed (data budget)
-    mark: int               # a sync point once claims reach this position
+    start: int  # global position where it began
+    limit: int  # no position at or beyond this is claimed (data budget)
+    mark: int  # a sync point once claims reach this position
     local_batch: int
     members: tuple[str, ...]
     open: bool = True
-    batch_size: int = 0     # the global batch when the phase began (the unit of staleness)
+    batch_size: int = 0  # the global batch when the phase began (the unit of staleness)
 
     def key(self, name: str) -> str:
         return f"decoupled/{self.index}/{name}"
@@ -60,6 +62,7 @@ class PhaseState:
 @dataclass
 class PhaseRun:
     """This worker's view of a running phase."""
+
     state: PhaseState
     adopted: list[tuple[int, int]] = field(default_factory=list)
     local_steps: int = 0
@@ -69,14 +72,23 @@ class PhaseRun:
 @dataclass(frozen=True)
 class PhaseResult:
     """What all workers agreed at a sync point."""
+
     stats: StepStats
-    consumed: int           # samples the phase trained
-    position: int           # global position training has reached
-    steps: int              # global-batch equivalents, for the step counter
+    consumed: int  # samples the phase trained
+    position: int  # global position training has reached
+    steps: int  # global-batch equivalents, for the step counter
 
 
-def plan_phase(index: int, progress: Progress, num_samples: int, epochs: int, max_steps: int | None,
-               sync_every: int | None, view: ClusterView, phase_steps: int | None = None) -> PhaseState:
+def plan_phase(
+    index: int,
+    progress: Progress,
+    num_samples: int,
+    epochs: int,
+    max_steps: int | None,
+    sync_every: int | None,
+    view: ClusterView,
+    phase_steps: int | None = None,
+) -> PhaseState:
     sampler = progress.sampler
     start = sampler.epoch * num_samples + sampler.cursor
     limit = epochs * num_samples
@@ -85,17 +97,31 @@ def plan_phase(index: int, progress: Progress, num_samples: int, epochs: int, ma
     every = sync_every or num_samples
     if phase_steps is not None:  # the strategy's own rhythm (LocalSGD's H), in global batches
         every = min(every, phase_steps * sampler.batch_size)
-    return PhaseState(index=index, start=start, limit=limit, mark=min(limit, start + every),
-                      local_batch=max(1, math.ceil(sampler.batch_size / view.size)), members=view.members,
-                      batch_size=sampler.batch_size)
+    return PhaseState(
+        index=index,
+        start=start,
+        limit=limit,
+        mark=min(limit, start + every),
+        local_batch=max(1, math.ceil(sampler.batch_size / view.size)),
+        members=view.members,
+        batch_size=sampler.batch_size,
+    )
 
 
 class Phases:
     """Runs phases (claims, local steps) and closes them at sync points."""
 
-    def __init__(self, store: JobStore, peer: Member, membership: Membership, engine: StepEngine,
-                 control: ControlChannel, transitions: Transitions, signals: Signals,
-                 committed: Callable[[Step], None]):
+    def __init__(
+        self,
+        store: JobStore,
+        peer: Member,
+        membership: Membership,
+        engine: StepEngine,
+        control: ControlChannel,
+        transitions: Transitions,
+        signals: Signals,
+        committed: Callable[[Step], None],
+    ):
         self.store = store
         self.peer, self.membership = peer, membership
         self.engine = engine
@@ -104,7 +130,7 @@ class Phases:
         self.signals = signals
         self.committed = committed
         self.next_index = 0
-        self.open: PhaseState | None = None      # a phase that ended but is not closed yet
+        self.open: PhaseState | None = None  # a phase that ended but is not closed yet
         self.adopted: list[tuple[int, int]] = []  # rank 0: runs of departed workers to train first
 
     # -- one phase ------------------------------------------------------------------------
@@ -133,8 +159,13 @@ class Phases:
                 break
         self.store.set(state.key("end"), "1")
         if self.peer.view.rank == 0:
-            log.info("decoupled phase %d: %d local steps (%d samples) in %.1fs on rank 0",
-                     state.index, run.local_steps, run.local_samples, time.perf_counter() - started)
+            log.info(
+                "decoupled phase %d: %d local steps (%d samples) in %.1fs on rank 0",
+                state.index,
+                run.local_steps,
+                run.local_samples,
+                time.perf_counter() - started,
+            )
 
     def _claim(self, run: PhaseRun, me: str) -> tuple[int, int] | None:
         state = run.state
@@ -166,8 +197,8 @@ class Phases:
         assert strategy is not None, "StepEngine.use(strategy) first"
         while True:
             try:
-                strategy.sync_point()   # its collectives (LocalSGD's average), nothing applied yet
-                stats = self.control.meet(decisions)   # the agreement: every worker got this far
+                strategy.sync_point()  # its collectives (LocalSGD's average), nothing applied yet
+                stats = self.control.meet(decisions)  # the agreement: every worker got this far
                 consumed = max(min(self.store.add(state.key("pos"), 0), state.limit - state.start), 0)
                 break
             except (CommError, StoreError) as exc:
@@ -175,8 +206,9 @@ class Phases:
         strategy.commit_sync_point()
         self._adopt_departed(state)
         self.open = None
-        return PhaseResult(stats, consumed, state.start + consumed,
-                           math.ceil(consumed / progress.sampler.batch_size))
+        return PhaseResult(
+            stats, consumed, state.start + consumed, math.ceil(consumed / progress.sampler.batch_size)
+        )
 
     def _adopt_departed(self, state: PhaseState) -> None:
         """Rank 0 takes over the runs that departed workers claimed but never committed."""
@@ -186,12 +218,19 @@ class Phases:
         for worker_id in [w for w in state.members if w not in view.members]:
             key = state.key(f"inflight/{worker_id}")
             try:
-                runs = [tuple(r) for r in json.loads(self.store.get(key).decode() or "[]")] if self.store.has(key) else []
+                runs = (
+                    [tuple(r) for r in json.loads(self.store.get(key).decode() or "[]")]
+                    if self.store.has(key)
+                    else []
+                )
             except StoreError:
                 continue
             if runs:
-                log.info("adopting %d sample(s) that departed worker %s claimed but did not commit",
-                         sum(hi - lo for lo, hi in runs), worker_id)
+                log.info(
+                    "adopting %d sample(s) that departed worker %s claimed but did not commit",
+                    sum(hi - lo for lo, hi in runs),
+                    worker_id,
+                )
                 self.adopted.extend(runs)  # type: ignore[arg-type]
                 self.store.set(key, "[]")
 

@@ -13,6 +13,7 @@ for if nothing changes at the boundary (``BatchFetcher.fetch_ahead``): loading h
 worker would spend idle. A guess the boundary proves wrong (new batch size, new cluster) is dropped;
 none is made across an epoch's end or past ``max_steps``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,7 +52,7 @@ def _mean_of(loss: torch.Tensor) -> float:
 @dataclass(frozen=True)
 class Committed:
     stats: StepStats
-    newest_version: int   # the newest config version any worker reported
+    newest_version: int  # the newest config version any worker reported
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,22 @@ class Failed:
 
 
 class StepEngine:
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
-                 fetch: BatchFetcher | None, sampler: ElasticSampler | None, peer: Member, membership: Membership,
-                 control: ControlChannel, monitors: Monitors, check_consensus: Callable[[Sequence[float], int], None],
-                 fire: Callable[[str, int], None], max_steps: int | None = None, clear_grads: bool = True):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: Any,
+        fetch: BatchFetcher | None,
+        sampler: ElasticSampler | None,
+        peer: Member,
+        membership: Membership,
+        control: ControlChannel,
+        monitors: Monitors,
+        check_consensus: Callable[[Sequence[float], int], None],
+        fire: Callable[[str, int], None],
+        max_steps: int | None = None,
+        clear_grads: bool = True,
+    ):
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.fetch, self.sampler = fetch, sampler
         self.peer, self.membership = peer, membership
@@ -82,7 +95,9 @@ class StepEngine:
         self._buffers_before: list[torch.Tensor] = []
         self._collectives_done_at = time.perf_counter()  # when this worker last talked to its peers
         self._next_share: tuple[int, int, int] | None = None  # the sampler's guess for the next step
-        self._last_allreduce_wait = self._last_monitor_seconds = math.nan  # of the last commit, for the next row
+        self._last_allreduce_wait = self._last_monitor_seconds = (
+            math.nan
+        )  # of the last commit, for the next row
 
     def use(self, strategy: Strategy) -> None:
         self.strategy = strategy
@@ -94,7 +109,9 @@ class StepEngine:
         return self.strategy
 
     def _data(self) -> tuple[BatchFetcher, ElasticSampler]:
-        assert self.fetch is not None and self.sampler is not None, "a StepEngine without data has only begin_own"
+        assert self.fetch is not None and self.sampler is not None, (
+            "a StepEngine without data has only begin_own"
+        )
         return self.fetch, self.sampler
 
     # -- begin --------------------------------------------------------------------------
@@ -112,11 +129,26 @@ class StepEngine:
         # where users change their data set (a new epoch's augmentation), nor past ``max_steps``
         after = advance(progress.sampler, hi - lo, sampler.num_samples)
         last = self.max_steps is not None and progress.step + 1 >= self.max_steps
-        self._next_share = sampler.local_share(after, view.rank, view.size) \
-            if after.epoch == progress.epoch and not last else None
+        self._next_share = (
+            sampler.local_share(after, view.rank, view.size)
+            if after.epoch == progress.epoch and not last
+            else None
+        )
         measure = self.monitors.measuring(progress.step)
-        return self._start(Attempt(progress.step, progress.epoch, batch, indices, (lo, hi), [(progress.epoch, lo, hi)],
-                                   hi - lo, decisions=decisions, measure=measure), len(indices) / (hi - lo))
+        return self._start(
+            Attempt(
+                progress.step,
+                progress.epoch,
+                batch,
+                indices,
+                (lo, hi),
+                [(progress.epoch, lo, hi)],
+                hi - lo,
+                decisions=decisions,
+                measure=measure,
+            ),
+            len(indices) / (hi - lo),
+        )
 
     def begin_own(self, index: int) -> Attempt:
         """Step ``index`` of the user's own loop over the user's batch, each gradient weighing 1/size;
@@ -124,15 +156,22 @@ class StepEngine:
         if self._strategy().lockstep:
             self._check_peers_waited()
         size = self.peer.view.size
-        return self._start(Attempt(index, 0, None, _NO_INDICES, (0, 0), [], size, local_samples=1), 1.0 / size)
+        return self._start(
+            Attempt(index, 0, None, _NO_INDICES, (0, 0), [], size, local_samples=1), 1.0 / size
+        )
 
     def _start(self, attempt: Attempt, weight: float) -> Attempt:
         """Start the strategy's lockstep step for ``attempt``, this worker's gradient weighing ``weight``."""
         self._buffers_before = [b.detach().clone() for b in self._buffers] if self.peer.view.size > 1 else []
         self.peer.at_step(attempt.index)
         self._strategy().begin_step(weight, attempt.index, attempt.measure)
-        attempt.carried = self._carrier is not None and not self.control.compact and self._carrier.carry(
-            self.control.WIDTH, lambda: self.control.row(attempt.decisions, self._measurements(attempt)))
+        attempt.carried = (
+            self._carrier is not None
+            and not self.control.compact
+            and self._carrier.carry(
+                self.control.WIDTH, lambda: self.control.row(attempt.decisions, self._measurements(attempt))
+            )
+        )
         self.fire("compute", attempt.index)
         return attempt
 
@@ -170,7 +209,9 @@ class StepEngine:
                 self._check_peers_waited()
             if attempt.local_batch_size > 0:
                 strategy = self._strategy()
-                if attempt.carried:  # its control row leaves during backward (the carrying bucket is on the CPU)
+                if (
+                    attempt.carried
+                ):  # its control row leaves during backward (the carrying bucket is on the CPU)
                     attempt.loss = _mean_of(loss)
                 if loss.dim() == 1 and self._can_split(attempt) and isinstance(strategy, SupportsNoSync):
                     params = [p for p in self.model.parameters() if p.requires_grad]
@@ -190,8 +231,10 @@ class StepEngine:
             raise comm.abandoned_error("backward", "grad")
         idle = time.perf_counter() - self._collectives_done_at
         if self.membership.peers_gave_up(idle):
-            raise CommError(f"this worker was busy outside the step's collectives for {idle:.1f}s and its "
-                           "peers' collectives timed out meanwhile; the step is retried in new groups")
+            raise CommError(
+                f"this worker was busy outside the step's collectives for {idle:.1f}s and its "
+                "peers' collectives timed out meanwhile; the step is retried in new groups"
+            )
 
     def _can_split(self, attempt: Attempt) -> bool:
         return self.peer.view.size == 1 and attempt.measure and attempt.local_batch_size >= 2
@@ -209,7 +252,9 @@ class StepEngine:
         try:
             waiting_since = time.perf_counter()
             strategy.launch_all()
-            pending = None if attempt.carried else self.control.send(attempt.decisions, self._measurements(attempt))
+            pending = (
+                None if attempt.carried else self.control.send(attempt.decisions, self._measurements(attempt))
+            )
             buffers = average_buffers_async(self._buffers, self.peer.comm) if self._buffers_before else None
             fetch_seconds = self._fetch_next()
             strategy.synchronize()
@@ -232,7 +277,9 @@ class StepEngine:
 
     def _fetch_next(self) -> float:
         """Load the next step's batch now, in the allreduce's wait; returns the seconds it took."""
-        if self._next_share is None or self.fetch is None or not self.fetch.ahead:  # (load_ahead=False: nothing)
+        if (
+            self._next_share is None or self.fetch is None or not self.fetch.ahead
+        ):  # (load_ahead=False: nothing)
             return 0.0
         fetch, sampler = self._data()
         started = time.perf_counter()
@@ -244,12 +291,16 @@ class StepEngine:
         b = float(attempt.local_batch_size)
         split = attempt.split_sqnorm is not None
         local = attempt.split_sqnorm if split else self._strategy().local_sqnorm()
-        return Measurements(local_batch=b, local_sqnorm=local,
-                            sqnorm_batch=b / 2 if split else b, loss=attempt.loss,
-                            compute_seconds=time.perf_counter() - attempt.started,
-                            previous_global_sqnorm=self.monitors.own_share(self.peer.view.version),
-                            previous_allreduce_wait=self._last_allreduce_wait,
-                            previous_monitor_seconds=self._last_monitor_seconds)
+        return Measurements(
+            local_batch=b,
+            local_sqnorm=local,
+            sqnorm_batch=b / 2 if split else b,
+            loss=attempt.loss,
+            compute_seconds=time.perf_counter() - attempt.started,
+            previous_global_sqnorm=self.monitors.own_share(self.peer.view.version),
+            previous_allreduce_wait=self._last_allreduce_wait,
+            previous_monitor_seconds=self._last_monitor_seconds,
+        )
 
     # -- finish -----------------------------------------------------------------------------
 

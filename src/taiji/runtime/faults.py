@@ -10,6 +10,7 @@ applies the update: its peers commit the step with its share in it), ``sync`` (s
 after a membership change), ``boot`` (a joiner before it reports ready). ``raise`` has no
 meaning at ``commit``: no collective is left to fail there.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,22 +33,27 @@ ACTIONS = ("kill", "hang", "exit", "raise")
 class Fault:
     action: str
     phase: str
-    step: int = -1          # -1: any step
-    rank: int = -1          # -1: any rank
-    worker: str = ""        # match by worker id instead of rank
-    code: int = 1           # for action "exit"
-    repeat: bool = False    # fire every time it matches, on every matching worker
+    step: int = -1  # -1: any step
+    rank: int = -1  # -1: any rank
+    worker: str = ""  # match by worker id instead of rank
+    code: int = 1  # for action "exit"
+    repeat: bool = False  # fire every time it matches, on every matching worker
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS or self.phase not in PHASES:
             raise ConfigError(f"bad fault {self}: action in {ACTIONS}, phase in {PHASES}")
         if self.action == "raise" and self.phase == "commit":
-            raise ConfigError(f"bad fault {self}: no collective is left to fail at 'commit'; "
-                              "use 'allreduce' for a failed collective, or kill/hang/exit at 'commit'")
+            raise ConfigError(
+                f"bad fault {self}: no collective is left to fail at 'commit'; "
+                "use 'allreduce' for a failed collective, or kill/hang/exit at 'commit'"
+            )
 
     def matches(self, phase: str, rank: int, step: int, worker: str) -> bool:
-        return (phase == self.phase and self.step in (-1, step)
-                and (self.worker == worker if self.worker else self.rank in (-1, rank)))
+        return (
+            phase == self.phase
+            and self.step in (-1, step)
+            and (self.worker == worker if self.worker else self.rank in (-1, rank))
+        )
 
 
 def parse(text: str) -> tuple[Fault, ...]:
@@ -67,8 +73,14 @@ class FaultPlan:
     def fire(self, phase: str, rank: int, step: int, worker: str) -> None:
         for i, fault in enumerate(self.faults):
             if fault.matches(phase, rank, step, worker) and (fault.repeat or self._claim(i)):
-                log.warning("injected fault: %s rank %d (worker %s) at step %d in phase %s",
-                            fault.action, rank, worker, step, phase)
+                log.warning(
+                    "injected fault: %s rank %d (worker %s) at step %d in phase %s",
+                    fault.action,
+                    rank,
+                    worker,
+                    step,
+                    phase,
+                )
                 for handler in logging.getLogger().handlers:
                     handler.flush()
                 if fault.action == "kill":
@@ -81,7 +93,6 @@ class FaultPlan:
                     os._exit(fault.code)
 
 
-
 def for_worker(store: Any, who: Callable[[], tuple[int, str]]) -> Callable[[str, int], None]:
     """``fire(phase, step)`` for the plan in ``TAIJI_FAULTS``, for the worker ``who()`` names
     (rank, worker id) at that moment; each fault fires once per job, claimed on the job store."""
@@ -91,4 +102,5 @@ def for_worker(store: Any, who: Callable[[], tuple[int, str]]) -> Callable[[str,
         if plan.faults:
             rank, worker = who()
             plan.fire(phase, rank, step, worker)
+
     return fire

@@ -6,6 +6,7 @@ from (nothing committed; the survivors retry it). After a commit the policies de
 ``_apply`` carries their plan out, a checkpoint is taken if due, and if any worker saw a newer cluster
 version every worker moves to it at this same boundary.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,17 +47,43 @@ log = logging.getLogger(__name__)
 class Job:
     """Elastic data-parallel training loop over ``dataset`` with a global batch size."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset: Dataset,
-                 batch_size: int, *, epochs: int = 1, max_steps: int | None = None, strategy: Strategy | None = None,
-                 policies: Sequence[Policy] = (), lr_scheduler: Any = None,
-                 on_commit: Callable[[Step], None] | None = None, data: DataOptions = DataOptions(),
-                 monitoring: MonitorOptions = MonitorOptions(), faults: FaultOptions = FaultOptions(),
-                 sync: SyncOptions = SyncOptions(), peer: Peer | None = None, **deprecated: Any):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset: Dataset,
+        batch_size: int,
+        *,
+        epochs: int = 1,
+        max_steps: int | None = None,
+        strategy: Strategy | None = None,
+        policies: Sequence[Policy] = (),
+        lr_scheduler: Any = None,
+        on_commit: Callable[[Step], None] | None = None,
+        data: DataOptions = DataOptions(),
+        monitoring: MonitorOptions = MonitorOptions(),
+        faults: FaultOptions = FaultOptions(),
+        sync: SyncOptions = SyncOptions(),
+        peer: Peer | None = None,
+        **deprecated: Any,
+    ):
         if deprecated:  # the keywords the option groups replaced (runtime/options.py)
-            given = grouped({"data": data, "monitoring": monitoring, "faults": faults, "sync": sync}, deprecated)
-            data, monitoring, faults, sync = given["data"], given["monitoring"], given["faults"], given["sync"]
+            given = grouped(
+                {"data": data, "monitoring": monitoring, "faults": faults, "sync": sync}, deprecated
+            )
+            data, monitoring, faults, sync = (
+                given["data"],
+                given["monitoring"],
+                given["faults"],
+                given["sync"],
+            )
         self.options = TrainingOptions(batch_size, epochs, max_steps, monitoring.every, sync.sync_every)
-        self.model, self.optimizer, self.lr_scheduler, self.on_commit = model, optimizer, lr_scheduler, on_commit
+        self.model, self.optimizer, self.lr_scheduler, self.on_commit = (
+            model,
+            optimizer,
+            lr_scheduler,
+            on_commit,
+        )
         self._peer = peer or default_peer()
         self._membership = membership_for(self._peer)
         self._catalog = StrategyCatalog(strategy, sync.strategies)
@@ -67,28 +94,71 @@ class Job:
         self.monitors = Monitors(monitoring.every, monitoring.gns_decay)
         self._adaptation = Adaptation(policies)
         self._sampler = ElasticSampler(len(dataset), seed=data.seed, shuffle=data.shuffle)  # type: ignore[arg-type]
-        self._state = TrainState(model, optimizer, self._sampler.num_samples, batch_size, self.strategy_name,
-                                 {"gns": self.monitors, "adaptation": self._adaptation}, has_state=self._peer.joined)
+        self._state = TrainState(
+            model,
+            optimizer,
+            self._sampler.num_samples,
+            batch_size,
+            self.strategy_name,
+            {"gns": self.monitors, "adaptation": self._adaptation},
+            has_state=self._peer.joined,
+        )
         self._state.topology = check_topology(sync.topology) if sync.topology else self._state.topology
         if lr_scheduler is not None:
             self._state.register("lr_scheduler", lr_scheduler)
-        run_dir = (env.RUN_DIR.get() if monitoring.run_dir is None else monitoring.run_dir) or None  # "": none
+        run_dir = (
+            env.RUN_DIR.get() if monitoring.run_dir is None else monitoring.run_dir
+        ) or None  # "": none
         store = self._peer.job_store
-        self._reporter = Reporter(run_dir, monitoring.log_every, lead=self._leads, write_status=store.write_status)
+        self._reporter = Reporter(
+            run_dir, monitoring.log_every, lead=self._leads, write_status=store.write_status
+        )
         self._fire = for_worker(store, lambda: (self._peer.rank, self._peer.worker_id))
         self._control = ControlChannel(self._peer, self._membership, self._signals)
         fetch = BatchFetcher(dataset, data.collate_fn, data.device, data.load_ahead)
-        self._engine = StepEngine(model, optimizer, lr_scheduler, fetch, self._sampler, self._peer, self._membership,
-                                  self._control, self.monitors, self._check_consensus, self._fire, max_steps)
+        self._engine = StepEngine(
+            model,
+            optimizer,
+            lr_scheduler,
+            fetch,
+            self._sampler,
+            self._peer,
+            self._membership,
+            self._control,
+            self.monitors,
+            self._check_consensus,
+            self._fire,
+            max_steps,
+        )
         self._engine.use(self.strategy)
         timeout = env.RECOVERY_TIMEOUT.get() if faults.recovery_timeout is None else faults.recovery_timeout
-        self._transitions = Transitions(self._peer, self._membership, self._state, self._reporter, self._fire, timeout,
-                                        changed=self._cluster_changed)
-        self._phases = Phases(store, self._peer, self._membership, self._engine, self._control, self._transitions,
-                              self._signals, committed=self._after_commit)
+        self._transitions = Transitions(
+            self._peer,
+            self._membership,
+            self._state,
+            self._reporter,
+            self._fire,
+            timeout,
+            changed=self._cluster_changed,
+        )
+        self._phases = Phases(
+            store,
+            self._peer,
+            self._membership,
+            self._engine,
+            self._control,
+            self._transitions,
+            self._signals,
+            committed=self._after_commit,
+        )
         self._state.register("phases", self._phases)
-        self._durable = Checkpointer(effective(faults.checkpoint, Checkpoint.from_env()), self._state,
-                                     self._peer, lambda: self.strategy.exact, self.request_stop)
+        self._durable = Checkpointer(
+            effective(faults.checkpoint, Checkpoint.from_env()),
+            self._state,
+            self._peer,
+            lambda: self.strategy.exact,
+            self.request_stop,
+        )
         self._durable.resume()
 
     # -- what the user reads ----------------------------------------------------------------
@@ -119,14 +189,20 @@ class Job:
         return self._catalog.names
 
     # the monitors' figures, agreed by every worker
-    gns = property(lambda self: self.monitors.gns,
-                   doc="The gradient noise scale estimator (``job.gns.b_noise``: B_noise = tr Σ / |G|²).")
+    gns = property(
+        lambda self: self.monitors.gns,
+        doc="The gradient noise scale estimator (``job.gns.b_noise``: B_noise = tr Σ / |G|²).",
+    )
     """The gradient noise scale estimator (``job.gns.b_noise``: B_noise = tr Σ / |G|²)."""
-    stats = property(lambda self: self.monitors.stats,
-                     doc="The last committed step's ``StepStats`` (mean loss, compute times, straggler ratio), or None.")
+    stats = property(
+        lambda self: self.monitors.stats,
+        doc="The last committed step's ``StepStats`` (mean loss, compute times, straggler ratio), or None.",
+    )
     """The last committed step's ``StepStats`` (mean loss, compute times, straggler ratio), or None."""
-    last_raw_estimates = property(lambda self: self.monitors.last_raw_estimates,
-                                  doc="The last unsmoothed (|G|², tr Σ) pair the noise scale was updated with, or None.")
+    last_raw_estimates = property(
+        lambda self: self.monitors.last_raw_estimates,
+        doc="The last unsmoothed (|G|², tr Σ) pair the noise scale was updated with, or None.",
+    )
     """The last unsmoothed (|G|², tr Σ) pair the noise scale was updated with, or None."""
 
     @property
@@ -161,6 +237,7 @@ class Job:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
     # -- the loop -----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Step]:
@@ -214,8 +291,16 @@ class Job:
 
     def _plan_phase(self):  # noqa: ANN202
         options = self.options
-        return plan_phase(self._phases.next_index, self.progress, self._sampler.num_samples, options.epochs,
-                          options.max_steps, options.sync_every, self._peer.view, self.strategy.phase_steps)
+        return plan_phase(
+            self._phases.next_index,
+            self.progress,
+            self._sampler.num_samples,
+            options.epochs,
+            options.max_steps,
+            options.sync_every,
+            self._peer.view,
+            self.strategy.phase_steps,
+        )
 
     def _close_phase(self) -> None:
         result = self._phases.close(self.progress, self._adaptation.digest)
@@ -223,8 +308,15 @@ class Job:
         self._stop_agreed = self._stop_agreed or result.stats.stop
         epoch_ended = self._state.advance_to(result.position, result.steps)
         self._adaptation.observe(result.stats, self.monitors.gns, samples=result.consumed)
-        self._reporter.on(PhaseClosed(self._snapshot(), result.consumed, self._adaptation.metrics.step_seconds,
-                                      self._lr(), self.strategy_name))
+        self._reporter.on(
+            PhaseClosed(
+                self._snapshot(),
+                result.consumed,
+                self._adaptation.metrics.step_seconds,
+                self._lr(),
+                self.strategy_name,
+            )
+        )
         self._decide(boundary_hooks(epoch_ended, self.done))
         self._durable.committed(result.stats.clock)
         self._move_if_newer(result.stats.version_seen)
@@ -239,8 +331,11 @@ class Job:
             try:  # one model comes out of training: the replicas' average
                 average_tensors([p.data for p in self.model.parameters()], self._peer.comm)
             except CommError as exc:
-                log.warning("could not average the replicas at the end of training (%s); each "
-                            "worker keeps its own model", exc)
+                log.warning(
+                    "could not average the replicas at the end of training (%s); each "
+                    "worker keeps its own model",
+                    exc,
+                )
         plan = self._decide(["after_train"])
         if plan.batch_size is not None or plan.resize is not None:
             log.info("decisions taken in after_train have no effect: training has ended")
@@ -254,7 +349,9 @@ class Job:
         """The peers committed the step this worker's attempt failed at; the sync brought their state
         (its decisions too): one commit everywhere — its row and on_commit here too (DESIGN §6)."""
         attempt.stats = stats = self.monitors.stats
-        log.info("step %d was committed by its peers while this worker's attempt failed: adopted", attempt.index)
+        log.info(
+            "step %d was committed by its peers while this worker's attempt failed: adopted", attempt.index
+        )
         self._stop_agreed = self._stop_agreed or bool(stats and stats.stop)
         self._reporter.on(StepCommitted.of(attempt, self._snapshot(), self.monitors, self._lr()))
         self._after_commit(step)
@@ -295,8 +392,15 @@ class Job:
             self._stop_agreed = True
 
     def _context(self) -> Context:
-        return self._adaptation.context(self.progress, self._sampler.num_samples, self._peer.view,
-                                        self._lr(), self.strategy_name, self.strategies, self._state.topology)
+        return self._adaptation.context(
+            self.progress,
+            self._sampler.num_samples,
+            self._peer.view,
+            self._lr(),
+            self.strategy_name,
+            self.strategies,
+            self._state.topology,
+        )
 
     def _check_consensus(self, digests: Sequence[float], step: int) -> None:
         self._adaptation.check(digests, step, self._peer.comm)

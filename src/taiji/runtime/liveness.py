@@ -9,6 +9,7 @@ record per host, for the controller. It keeps beating while the training thread 
 for minutes, and stops when the process stops. The controller (cluster/controller.py) judges
 the counts: a stale heartbeat is a hang, a fresh one is busy.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,10 +68,15 @@ class Heartbeat:
     def _say_if_late(self, started_late: float, took: float) -> None:
         """A beat far behind its time makes the launcher take this worker for frozen: say why."""
         if max(started_late, took) > LATE_S:
-            log.warning("worker %s: a heartbeat went out %.2fs late (%s)", self.worker_id, started_late + took,
-                        f"its write took {took:.2f}s" if took > started_late else
-                        f"this thread ran {started_late:.2f}s late: the host is overloaded, or the process held "
-                        "Python's lock that long")
+            log.warning(
+                "worker %s: a heartbeat went out %.2fs late (%s)",
+                self.worker_id,
+                started_late + took,
+                f"its write took {took:.2f}s"
+                if took > started_late
+                else f"this thread ran {started_late:.2f}s late: the host is overloaded, or the process held "
+                "Python's lock that long",
+            )
 
     def stop(self) -> None:
         """Stop and join: a thread still inside a call at interpreter exit can abort the process."""
@@ -104,4 +110,5 @@ def watch_launcher(pid: int) -> None:
         select.select([fd], [], [])
         log.error("the launcher (pid %d) died; this worker exits so that nothing is orphaned", pid)
         _exit_with_own_children()
+
     threading.Thread(target=wait, name="taiji-launcher-watch", daemon=True).start()

@@ -9,6 +9,7 @@ by ``taiji run``: a watcher thread
 follows the published configs (so no step pays a store round trip to ask "is there a newer
 version?"), and failures are reported to the launcher, whose next config the worker waits for.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -131,7 +132,9 @@ class ElasticMembership(_PeerMembership):
         pause, polled = min(WATCH_POLL_S * 4, max(WATCH_POLL_S, store.poll_interval)), 0.0
         while not self._closed.wait(0 if store.can_watch else STUCK_POLL_S):
             try:
-                if store.can_watch:  # etcd: a stream of the configs themselves, no polling and no read per change
+                if (
+                    store.can_watch
+                ):  # etcd: a stream of the configs themselves, no polling and no read per change
                     for config in store.follow_configs(self._closed):
                         self._saw(config.version, config)  # the training thread may be waiting for it
                         self._consider(store)  # (the config just carried is not read again)
@@ -219,11 +222,15 @@ class ElasticMembership(_PeerMembership):
                         raise StoreError(f"config v{peer.version + 1} not published")
                     newest, config = self._newest, self._newest_config
                 # the watcher carries each config as `latest` moves to it
-                return config if config is not None and config.version == newest else store.read_config(newest)
+                return (
+                    config if config is not None and config.version == newest else store.read_config(newest)
+                )
             store.wait_for_version(peer.version + 1, timeout)
         except StoreError as exc:
-            raise StoreError(f"[rank {peer.rank} v={peer.version}] worker {peer.worker_id}: no new cluster "
-                             f"config within {timeout:g}s after a failure ({exc}). Is the launcher alive?") from exc
+            raise StoreError(
+                f"[rank {peer.rank} v={peer.version}] worker {peer.worker_id}: no new cluster "
+                f"config within {timeout:g}s after a failure ({exc}). Is the launcher alive?"
+            ) from exc
         # `config/v{N+1}` is written before `latest` moves: never read back an older version
         return store.read_config(max(store.latest_version(), peer.version + 1))
 
@@ -236,8 +243,9 @@ class ElasticMembership(_PeerMembership):
         self.watch()
         if self._newest > version:
             return
-        threading.Thread(target=self._send_report, args=(version, self.peer.step), name="taiji-failure-report",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._send_report, args=(version, self.peer.step), name="taiji-failure-report", daemon=True
+        ).start()
 
     def _send_report(self, version: int, step: int) -> None:
         with self._report_lock:

@@ -27,6 +27,7 @@ model and optimizer on the same schedule as a Job, and resumes them (``opt.steps
 where your loop stands: your data position is yours to restore); ``opt.save()`` checkpoints now
 (every worker calls it after the same step).
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,9 +58,17 @@ class Optimizer:
     """Elastic, fault-tolerant data parallelism for your own loop: wraps ``optimizer`` and ``model``;
     ``step()`` applies the update only if every worker's collectives succeeded and returns False
     when the batch must be run again."""
-    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, *, sync: SyncSGD | None = None,
-                 peer: Peer | None = None, recovery_timeout: float | None = None,
-                 checkpoint: Checkpoint | None = None):
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: torch.nn.Module,
+        *,
+        sync: SyncSGD | None = None,
+        peer: Peer | None = None,
+        recovery_timeout: float | None = None,
+        checkpoint: Checkpoint | None = None,
+    ):
         self.optimizer, self.model = optimizer, model
         peer = peer or default_peer()
         self._peer, self._membership = peer, membership_for(peer)
@@ -69,16 +78,33 @@ class Optimizer:
         self._fire = faults.for_worker(store, lambda: (peer.rank, peer.worker_id))
         timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
         reporter = Reporter(None, 0, lead=lambda: False, write_status=lambda status: None)
-        self._transitions = Transitions(peer, self._membership, self._state, reporter, self._fire, timeout,
-                                        changed=self._cluster_changed)
-        self._engine = StepEngine(model, optimizer, None, None, None, peer, self._membership,
-                                  ControlChannel(peer, self._membership, Signals()), Monitors(every=0),
-                                  _no_decisions, self._fire, clear_grads=False)
+        self._transitions = Transitions(
+            peer, self._membership, self._state, reporter, self._fire, timeout, changed=self._cluster_changed
+        )
+        self._engine = StepEngine(
+            model,
+            optimizer,
+            None,
+            None,
+            None,
+            peer,
+            self._membership,
+            ControlChannel(peer, self._membership, Signals()),
+            Monitors(every=0),
+            _no_decisions,
+            self._fire,
+            clear_grads=False,
+        )
         self._engine.use(self.sync)
         self._attempt: Attempt | None = None  # the step zero_grad began
         self._entered = False
-        self._durable = Checkpointer(effective(checkpoint, Checkpoint.from_env()), self._state, peer,
-                                     exact=lambda: True, request_stop=lambda: None)
+        self._durable = Checkpointer(
+            effective(checkpoint, Checkpoint.from_env()),
+            self._state,
+            peer,
+            exact=lambda: True,
+            request_stop=lambda: None,
+        )
         self._durable.resume()
 
     @property
@@ -118,8 +144,10 @@ class Optimizer:
         (run the batch again) — or True if the peers committed the step meanwhile (the sync brought it)."""
         attempt, self._attempt = self._attempt, None
         if attempt is None:
-            raise ConfigError("opt.step() without opt.zero_grad() before the backward: zero_grad() begins "
-                              "each step (it joins the job, and the gradients are sent as backward runs)")
+            raise ConfigError(
+                "opt.step() without opt.zero_grad() before the backward: zero_grad() begins "
+                "each step (it joins the job, and the gradients are sent as backward runs)"
+            )
         try:
             self._fire("allreduce", attempt.index)
         except CommError as exc:  # an injected collective failure: this attempt fails, as in the Job
@@ -138,8 +166,10 @@ class Optimizer:
     def save(self) -> None:
         """Checkpoint now, in the background (every worker calls it after the same step)."""
         if self._durable.writer is None:
-            raise ConfigError("opt.save() needs a checkpoint path: taiji.Optimizer(..., checkpoint="
-                              "taiji.Checkpoint(path)) or `taiji run --checkpoint-dir`")
+            raise ConfigError(
+                "opt.save() needs a checkpoint path: taiji.Optimizer(..., checkpoint="
+                "taiji.Checkpoint(path)) or `taiji run --checkpoint-dir`"
+            )
         self._durable.save()
 
     def close(self) -> None:

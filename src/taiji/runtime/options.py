@@ -9,6 +9,7 @@ defaults — data loading, monitoring, fault handling, synchronisation — so th
 The keywords these groups replaced (``seed=``, ``log_every=``, ``checkpoint=``, ...) are still
 accepted for one release, with a DeprecationWarning naming the new place (``grouped``).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -27,45 +28,59 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class DataOptions:
     """How the Job reads the data set."""
-    seed: int = 0                                   # the shuffle's seed (every worker's permutation)
-    shuffle: bool = True                            # a new permutation every epoch
+
+    seed: int = 0  # the shuffle's seed (every worker's permutation)
+    shuffle: bool = True  # a new permutation every epoch
     collate_fn: Callable[[list], Any] | None = None  # items -> batch (default: torch's)
-    device: "torch.device | str | None" = None      # where batches go (None: where the items are)
-    load_ahead: bool = True                         # load the next batch during the allreduce
+    device: "torch.device | str | None" = None  # where batches go (None: where the items are)
+    load_ahead: bool = True  # load the next batch during the allreduce
 
 
 @dataclass(frozen=True)
 class MonitorOptions:
     """What the Job measures inside the step, and where it says so."""
-    every: int | str = 1          # gradient norms every k-th step (0 = never; "auto": ≤ 1% of the time)
-    gns_decay: float = 0.95       # the noise-scale estimate's moving-average decay
-    log_every: int = 50           # a progress line every this many steps (0 = none)
-    run_dir: str | None = None    # the run's events and metrics (None: TAIJI_RUN_DIR; "": none)
+
+    every: int | str = 1  # gradient norms every k-th step (0 = never; "auto": ≤ 1% of the time)
+    gns_decay: float = 0.95  # the noise-scale estimate's moving-average decay
+    log_every: int = 50  # a progress line every this many steps (0 = none)
+    run_dir: str | None = None  # the run's events and metrics (None: TAIJI_RUN_DIR; "": none)
 
 
 @dataclass(frozen=True)
 class FaultOptions:
     """How the Job survives failures."""
+
     recovery_timeout: float | None = None  # seconds to wait for a new cluster (None: TAIJI_RECOVERY_TIMEOUT)
-    checkpoint: "Checkpoint | None" = None  # durable checkpoints (None: `taiji run --checkpoint-dir`, if given)
+    checkpoint: "Checkpoint | None" = (
+        None  # durable checkpoints (None: `taiji run --checkpoint-dir`, if given)
+    )
 
 
 @dataclass(frozen=True)
 class SyncOptions:
     """How the workers' models are kept in step, beyond ``strategy=``."""
+
     strategies: "Mapping[str, Strategy] | None" = None  # the ones SetStrategy may switch to, by name
-    sync_every: int | None = None   # decoupled strategies meet every this many samples (None: an epoch)
-    topology: str | None = None     # the allreduce plan (None: `taiji run --topology`, else ring)
+    sync_every: int | None = None  # decoupled strategies meet every this many samples (None: an epoch)
+    topology: str | None = None  # the allreduce plan (None: `taiji run --topology`, else ring)
 
 
 # the keyword each group replaced -> (the group's Job keyword, its field)
 _MOVED: dict[str, tuple[str, str]] = {
-    "seed": ("data", "seed"), "shuffle": ("data", "shuffle"), "collate_fn": ("data", "collate_fn"),
-    "device": ("data", "device"), "load_ahead": ("data", "load_ahead"),
-    "monitor_every": ("monitoring", "every"), "gns_decay": ("monitoring", "gns_decay"),
-    "log_every": ("monitoring", "log_every"), "run_dir": ("monitoring", "run_dir"),
-    "recovery_timeout": ("faults", "recovery_timeout"), "checkpoint": ("faults", "checkpoint"),
-    "strategies": ("sync", "strategies"), "sync_every": ("sync", "sync_every"), "topology": ("sync", "topology"),
+    "seed": ("data", "seed"),
+    "shuffle": ("data", "shuffle"),
+    "collate_fn": ("data", "collate_fn"),
+    "device": ("data", "device"),
+    "load_ahead": ("data", "load_ahead"),
+    "monitor_every": ("monitoring", "every"),
+    "gns_decay": ("monitoring", "gns_decay"),
+    "log_every": ("monitoring", "log_every"),
+    "run_dir": ("monitoring", "run_dir"),
+    "recovery_timeout": ("faults", "recovery_timeout"),
+    "checkpoint": ("faults", "checkpoint"),
+    "strategies": ("sync", "strategies"),
+    "sync_every": ("sync", "sync_every"),
+    "topology": ("sync", "topology"),
 }
 _GROUPS = {"data": DataOptions, "monitoring": MonitorOptions, "faults": FaultOptions, "sync": SyncOptions}
 
@@ -80,21 +95,25 @@ def grouped(groups: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
     for name, value in old.items():
         group, field = _MOVED[name]
         option_class = _GROUPS[group]
-        warnings.warn(f"taiji.Job({name}=...) is deprecated and will be removed in the next release: pass "
-                      f"taiji.Job(..., {group}=taiji.{option_class.__name__}({field}=...))",
-                      DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"taiji.Job({name}=...) is deprecated and will be removed in the next release: pass "
+            f"taiji.Job(..., {group}=taiji.{option_class.__name__}({field}=...))",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         result[group] = replace(result[group], **{field: value})
     return result
 
 
-
 @dataclass(frozen=True)
 class TrainingOptions:
-    batch_size: int                  # the initial global batch
+    batch_size: int  # the initial global batch
     epochs: int = 1
-    max_steps: int | None = None     # stop after this many committed steps (whatever the epochs)
-    monitor_every: int | str = 1     # measure the gradient norms every k-th step (0 = never; "auto": ≤ 1% of the time)
-    sync_every: int | None = None    # decoupled strategies meet every this many samples (None = an epoch)
+    max_steps: int | None = None  # stop after this many committed steps (whatever the epochs)
+    monitor_every: int | str = (
+        1  # measure the gradient norms every k-th step (0 = never; "auto": ≤ 1% of the time)
+    )
+    sync_every: int | None = None  # decoupled strategies meet every this many samples (None = an epoch)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -103,8 +122,12 @@ class TrainingOptions:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"max_steps must be >= 0, got {self.max_steps}")
-        if self.monitor_every != "auto" and not (isinstance(self.monitor_every, int) and self.monitor_every >= 0):
-            raise ConfigError(f"monitor_every must be an int >= 0 (0 = off) or \"auto\", got {self.monitor_every!r}")
+        if self.monitor_every != "auto" and not (
+            isinstance(self.monitor_every, int) and self.monitor_every >= 0
+        ):
+            raise ConfigError(
+                f'monitor_every must be an int >= 0 (0 = off) or "auto", got {self.monitor_every!r}'
+            )
         if self.sync_every is not None and self.sync_every < 1:
             raise ConfigError(f"sync_every must be >= 1 samples, got {self.sync_every}")
 

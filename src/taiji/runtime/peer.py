@@ -1,5 +1,6 @@
 """This worker's view of the job: its id, the current cluster version, and the
 communicator of that version. ``taiji.init()`` creates the one default Peer."""
+
 from __future__ import annotations
 
 import atexit
@@ -40,6 +41,7 @@ class PeerOptions:
 class Member(Protocol):
     """What the training loop's parts need of this worker's Peer: its place in the current version
     and that version's communicator. (The store conversation is ``Membership``'s.)"""
+
     @property
     def view(self) -> spec.ClusterView: ...
     @property
@@ -59,9 +61,16 @@ class Peer:
     in-memory one: the same calls work, nobody else reads them.
     """
 
-    def __init__(self, raw_store: dist.Store, job_store: JobStore | None, worker_id: str,
-                 config: spec.ClusterConfig | None, options: PeerOptions = PeerOptions(),
-                 provisional: tuple[int, int] = (0, 1), make_comm: type[Communicator] = Communicator):
+    def __init__(
+        self,
+        raw_store: dist.Store,
+        job_store: JobStore | None,
+        worker_id: str,
+        config: spec.ClusterConfig | None,
+        options: PeerOptions = PeerOptions(),
+        provisional: tuple[int, int] = (0, 1),
+        make_comm: type[Communicator] = Communicator,
+    ):
         self.raw_store = raw_store
         self._make_comm = make_comm  # tests inject failures through a Communicator subclass
         self.elastic = job_store is not None  # a launcher (controller) can change the membership
@@ -71,7 +80,9 @@ class Peer:
         self.step = 0  # for log prefixes; the training loop tells it through ``at_step``
         self._context_source: Callable[[], Context] | None = None  # the running Job's
         # (a store written in Python must outlive the C++ stores wrapping it: kept here)
-        self._rendezvous = raw_store.rendezvous(self._abandoned) if isinstance(raw_store, SupportsRendezvous) else raw_store
+        self._rendezvous = (
+            raw_store.rendezvous(self._abandoned) if isinstance(raw_store, SupportsRendezvous) else raw_store
+        )
         self._comm_store = self._prefixed(self._rendezvous)
         self._clones: dict[str, tuple[dist.Store, dist.Store]] = {}  # (kept, prefixed): see ``_connection``
         self._provisional = provisional
@@ -81,8 +92,10 @@ class Peer:
         self._ahead = Ahead(self._connections)  # newer versions' groups, built while this one trains
         if config is not None:
             if config.rank_of(worker_id) is None:
-                raise ConfigError(f"worker {worker_id} is not a member of cluster v{config.version} "
-                                  f"(members: {list(config.ids)})")
+                raise ConfigError(
+                    f"worker {worker_id} is not a member of cluster v{config.version} "
+                    f"(members: {list(config.ids)})"
+                )
             self.transition(config)
 
     @property
@@ -132,8 +145,13 @@ class Peer:
         if self.config is None or not self.joined:
             raise ConfigError(f"worker {self.worker_id} is not a member of a cluster version")
         if self._view is None or self._view.version != self.config.version:
-            self._view = spec.ClusterView.of(self.config, self.worker_id, min_size=max(env.MIN_NP.get(), 1),
-                                             max_size=env.MAX_NP.get() or None, elastic=self.elastic)
+            self._view = spec.ClusterView.of(
+                self.config,
+                self.worker_id,
+                min_size=max(env.MIN_NP.get(), 1),
+                max_size=env.MAX_NP.get() or None,
+                elastic=self.elastic,
+            )
         return self._view
 
     def _abandoned(self) -> str | None:
@@ -161,7 +179,10 @@ class Peer:
         (runtime/ahead.py), on store connections of their own; False if not worth it."""
         if not worth_building_ahead(self.config if self.joined else None, config, self.worker_id):
             return False
-        rank, topology = config.rank_of(self.worker_id), self.options.topology if self.comm is None else self.comm.topology
+        rank, topology = (
+            config.rank_of(self.worker_id),
+            self.options.topology if self.comm is None else self.comm.topology,
+        )
         return self._ahead.start(config.version, lambda: self._communicator(config, rank, topology))
 
     def prepared(self, version: int) -> bool:
@@ -169,10 +190,20 @@ class Peer:
         return self._ahead.ready(version)
 
     def _communicator(self, config: spec.ClusterConfig, rank: int, topology: str) -> Communicator:
-        return self._make_comm(self._comm_store, rank, config.size, config.version, CommOptions(
-            timeout=self.options.timeout, debug=self.options.debug_collectives, host=config.workers[rank].host,
-            hosts=tuple(w.host for w in config.workers), topology=topology),
-            side_store=self._connection("side") if config.size > 1 else None)
+        return self._make_comm(
+            self._comm_store,
+            rank,
+            config.size,
+            config.version,
+            CommOptions(
+                timeout=self.options.timeout,
+                debug=self.options.debug_collectives,
+                host=config.workers[rank].host,
+                hosts=tuple(w.host for w in config.workers),
+                topology=topology,
+            ),
+            side_store=self._connection("side") if config.size > 1 else None,
+        )
 
     def _prefixed(self, store: dist.Store) -> dist.Store:
         return dist.PrefixStore(f"taiji/{self.job_store.job_id}", store)
@@ -181,7 +212,10 @@ class Peer:
         """The store on a connection of its own, made once per ``name``: ``side``, where a version's
         second group meets beside its first; ``ahead<n>``, where groups built ahead meet (``_connections``)."""
         if name not in self._clones:  # (the clone, kept alive: a store written in Python must outlive
-            self._clones[name] = (kept := self._rendezvous.clone(), self._prefixed(kept))  # the C++ ones wrapping it)
+            self._clones[name] = (
+                kept := self._rendezvous.clone(),
+                self._prefixed(kept),
+            )  # the C++ ones wrapping it)
         return self._clones[name][1]
 
     def _connections(self) -> tuple[dist.Store, dist.Store]:
@@ -215,14 +249,18 @@ class Peer:
         options = options or PeerOptions.from_env()
         job_id, worker_id = env.JOB_ID.get(), env.WORKER_ID.get()
         if not job_id or not worker_id:
-            raise ConfigError(f"{env.STORE_PORT.name} is set but {env.JOB_ID.name} or "
-                              f"{env.WORKER_ID.name} is missing; start workers with `taiji run`.")
+            raise ConfigError(
+                f"{env.STORE_PORT.name} is set but {env.JOB_ID.name} or "
+                f"{env.WORKER_ID.name} is missing; start workers with `taiji run`."
+            )
         url = env.STORE_URL.get() or f"tcp://{env.STORE_HOST.get()}:{env.STORE_PORT.get()}"
         raw, job_store = connect_job(url, job_id, secret_from_env(), options.timeout)
-        try:   # `taiji run` starts its first workers before it publishes their config: wait for it
+        try:  # `taiji run` starts its first workers before it publishes their config: wait for it
             config = job_store.read_config(wait=options.timeout)
         except StoreError as exc:
-            raise StoreError(f"worker {worker_id}: cannot read the cluster config of job {job_id}: {exc}") from exc
+            raise StoreError(
+                f"worker {worker_id}: cannot read the cluster config of job {job_id}: {exc}"
+            ) from exc
         provisional = (env.RANK.get(), env.WORLD_SIZE.get())
         member = config if config.rank_of(worker_id) is not None else None
         return Peer(raw, job_store, worker_id, member, options, provisional)
@@ -270,8 +308,14 @@ def init(options: PeerOptions | None = None) -> Peer:
         # gloo's threads must be stopped before interpreter teardown destroys the groups,
         # or the process can abort at exit ("terminate called without an active exception")
         atexit.register(shutdown)
-        log.debug("joined job %s as worker %s: rank %d of %d, v%d", _default.job_id,
-                  _default.worker_id, _default.rank, _default.size, _default.version)
+        log.debug(
+            "joined job %s as worker %s: rank %d of %d, v%d",
+            _default.job_id,
+            _default.worker_id,
+            _default.rank,
+            _default.size,
+            _default.version,
+        )
         return _default
 
 

@@ -6,6 +6,7 @@ and the new communicator made), ``groups`` (-> the new version's process groups 
 ``sync`` (-> the TrainState is synced). A resize has the last three. The marks cost one
 ``perf_counter`` each; the run log's ``recovery``/``resize`` events carry them.
 """
+
 from __future__ import annotations
 
 import time

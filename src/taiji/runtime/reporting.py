@@ -6,6 +6,7 @@ came since: time outside training (``job.pause()``, a membership change) is neve
 Rank 0 records each ``job.pause()`` as a ``pause`` event with its start and length, so
 ``taiji plot`` can shade it; a membership change is already an event of its own.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,18 +24,20 @@ STATUS_SECONDS = 1.0  # rank 0's status is written at least this often (and ever
 @dataclass(frozen=True)
 class Snapshot:
     """Where the job stands, as the status shows it."""
+
     step: int
     epoch: int
     batch_size: int
     version: int
     size: int
-    position: int = 0   # samples trained since the start: epoch·N + cursor
-    end: int = 0        # the position where training will end (0: unknown)
+    position: int = 0  # samples trained since the start: epoch·N + cursor
+    end: int = 0  # the position where training will end (0: unknown)
 
 
 @dataclass(frozen=True)
 class Event:
     """Something that happened to the job (start, end, resize, failure, recovery, policy, strategy)."""
+
     kind: str
     step: int
     details: dict[str, Any] = field(default_factory=dict)
@@ -43,8 +46,8 @@ class Event:
 @dataclass(frozen=True)
 class StepCommitted:
     index: int
-    epoch: int                 # the epoch the step's samples came from (``where.epoch`` may be the next)
-    where: Snapshot            # after the commit
+    epoch: int  # the epoch the step's samples came from (``where.epoch`` may be the next)
+    where: Snapshot  # after the commit
     global_batch: int
     monitored: bool
     loss: float | None
@@ -61,9 +64,22 @@ class StepCommitted:
     def of(attempt: Any, where: Snapshot, monitors: Any, lr: float | None) -> "StepCommitted":
         """From a committed Attempt and the monitors after it."""
         stats, gns = attempt.stats, monitors.gns
-        return StepCommitted(attempt.index, attempt.epoch, where, attempt.global_batch_size, attempt.measure,
-                             stats.loss, monitors.grad_variance, stats.straggler, gns.b_noise, gns.grad_sqnorm,
-                             gns.trace_sigma, lr, attempt.allreduce_wait, attempt.topology)
+        return StepCommitted(
+            attempt.index,
+            attempt.epoch,
+            where,
+            attempt.global_batch_size,
+            attempt.measure,
+            stats.loss,
+            monitors.grad_variance,
+            stats.straggler,
+            gns.b_noise,
+            gns.grad_sqnorm,
+            gns.trace_sigma,
+            lr,
+            attempt.allreduce_wait,
+            attempt.topology,
+        )
 
 
 @dataclass(frozen=True)
@@ -92,8 +108,13 @@ class Ended:
 class Reporter:
     """Rank 0 writes the run log and status; every rank keeps its samples/s for benchmarks."""
 
-    def __init__(self, run_dir: str | None, log_every: int, lead: Callable[[], bool],
-                 write_status: Callable[[dict], None]):
+    def __init__(
+        self,
+        run_dir: str | None,
+        log_every: int,
+        lead: Callable[[], bool],
+        write_status: Callable[[dict], None],
+    ):
         self.run_dir = run_dir
         self.log_every = log_every
         self._lead = lead
@@ -102,8 +123,8 @@ class Reporter:
         # The step clock restarts at each commit and at the end of each pause.
         self._step_clock = self._time_of_log = time.perf_counter()
         self._samples_since_log = 0
-        self._paused_since_log = 0.0   # seconds of pauses within the periodic rate's window
-        self._step = 0                 # committed steps, as the events' step counts them
+        self._paused_since_log = 0.0  # seconds of pauses within the periodic rate's window
+        self._step = 0  # committed steps, as the events' step counts them
         self.samples_per_second = 0.0
         # the status window: its own samples/s, and the last step's figures (metrics, `taiji top`)
         self._status_clock = self._time_of_log
@@ -117,8 +138,11 @@ class Reporter:
         elif isinstance(record, Event):
             self._step = record.step
             if record.kind == "checkpoint":  # staged at this boundary; written in the background
-                self._checkpoint = {"checkpoint_step": record.step, "checkpoint_time": time.time(),
-                                    "checkpoint_stall_s": record.details.get("stall_s")}
+                self._checkpoint = {
+                    "checkpoint_step": record.step,
+                    "checkpoint_time": time.time(),
+                    "checkpoint_stall_s": record.details.get("stall_s"),
+                }
             if record.kind == "start":
                 self._time_of_log = self._step_clock = self._status_clock = time.perf_counter()
                 self._paused_since_log = self._paused_since_status = 0.0
@@ -169,21 +193,40 @@ class Reporter:
         self._samples_since_status += record.global_batch
         where = record.where
         self._step = where.step
-        self._last = {"step_s": step_seconds, "allreduce_wait_s": record.allreduce_wait, "lr": record.lr,
-                      "loss": record.loss, "straggler": record.straggler,
-                      "gns": record.gns if record.gns is not None else self._last.get("gns")}
+        self._last = {
+            "step_s": step_seconds,
+            "allreduce_wait_s": record.allreduce_wait,
+            "lr": record.lr,
+            "loss": record.loss,
+            "straggler": record.straggler,
+            "gns": record.gns if record.gns is not None else self._last.get("gns"),
+        }
         run_log = self._runlog()
         if run_log is not None and record.monitored:
             # batch_size is the decided size; samples what the step trained on (fewer in an
             # epoch's short last batch), which is what its samples/s counts.
-            run_log.log_metrics({
-                "step": record.index, "epoch": record.epoch, "version": where.version, "size": where.size,
-                "batch_size": where.batch_size, "samples": record.global_batch, "loss": record.loss,
-                "samples_per_s": record.global_batch / step_seconds if step_seconds > 0 else None,
-                "gns": record.gns, "grad_sqnorm": record.grad_sqnorm, "trace_sigma": record.trace_sigma,
-                "grad_variance": record.grad_variance, "straggler": record.straggler, "lr": record.lr,
-                "allreduce_wait_ms": None if record.allreduce_wait is None else 1000 * record.allreduce_wait,
-                "topology": record.topology or None})
+            run_log.log_metrics(
+                {
+                    "step": record.index,
+                    "epoch": record.epoch,
+                    "version": where.version,
+                    "size": where.size,
+                    "batch_size": where.batch_size,
+                    "samples": record.global_batch,
+                    "loss": record.loss,
+                    "samples_per_s": record.global_batch / step_seconds if step_seconds > 0 else None,
+                    "gns": record.gns,
+                    "grad_sqnorm": record.grad_sqnorm,
+                    "trace_sigma": record.trace_sigma,
+                    "grad_variance": record.grad_variance,
+                    "straggler": record.straggler,
+                    "lr": record.lr,
+                    "allreduce_wait_ms": None
+                    if record.allreduce_wait is None
+                    else 1000 * record.allreduce_wait,
+                    "topology": record.topology or None,
+                }
+            )
         if not self.log_every or where.step % self.log_every:
             if now - self._status_clock >= STATUS_SECONDS:
                 self._status(where)
@@ -192,10 +235,16 @@ class Reporter:
         self.samples_per_second = self._samples_since_log / elapsed
         self._samples_since_log, self._time_of_log, self._paused_since_log = 0, now, 0.0
         if self._lead():
-            log.info("epoch %d step %d: loss %s, %.0f samples/s, global batch %d on %d workers, GNS %s",
-                     where.epoch, where.step, "n/a" if record.loss is None else f"{record.loss:.4f}",
-                     self.samples_per_second, record.global_batch, where.size,
-                     "n/a" if record.gns is None else f"{record.gns:.0f}")
+            log.info(
+                "epoch %d step %d: loss %s, %.0f samples/s, global batch %d on %d workers, GNS %s",
+                where.epoch,
+                where.step,
+                "n/a" if record.loss is None else f"{record.loss:.4f}",
+                self.samples_per_second,
+                record.global_batch,
+                where.size,
+                "n/a" if record.gns is None else f"{record.gns:.0f}",
+            )
             self._status(where)
 
     def _phase_closed(self, record: PhaseClosed) -> None:
@@ -206,14 +255,28 @@ class Reporter:
             self.samples_per_second = samples / seconds
         run_log = self._runlog()
         if run_log is not None:
-            run_log.log_metrics({
-                "step": where.step, "epoch": where.epoch, "version": where.version, "size": where.size,
-                "batch_size": where.batch_size, "samples": samples,
-                "samples_per_s": samples / seconds if seconds else None,
-                "lr": record.lr, "strategy": record.strategy})
+            run_log.log_metrics(
+                {
+                    "step": where.step,
+                    "epoch": where.epoch,
+                    "version": where.version,
+                    "size": where.size,
+                    "batch_size": where.batch_size,
+                    "samples": samples,
+                    "samples_per_s": samples / seconds if seconds else None,
+                    "lr": record.lr,
+                    "strategy": record.strategy,
+                }
+            )
         if self._lead():
-            log.info("epoch %d step %d: %d samples in the last decoupled phase, %s samples/s on %d workers",
-                     where.epoch, where.step, samples, f"{samples / seconds:.0f}" if seconds else "n/a", where.size)
+            log.info(
+                "epoch %d step %d: %d samples in the last decoupled phase, %s samples/s on %d workers",
+                where.epoch,
+                where.step,
+                samples,
+                f"{samples / seconds:.0f}" if seconds else "n/a",
+                where.size,
+            )
             self._status(where)
 
     def _status(self, where: Snapshot) -> None:
@@ -224,7 +287,18 @@ class Reporter:
         rate = self._samples_since_status / elapsed if elapsed > 0 and self._samples_since_status else None
         self._status_clock, self._samples_since_status, self._paused_since_status = now, 0, 0.0
         if self._lead():
-            self._write_status({"step": where.step, "epoch": where.epoch, "batch_size": where.batch_size,
-                                "version": where.version, "size": where.size, "position": where.position,
-                                "end": where.end, "samples_per_s": round(rate or self.samples_per_second, 1),
-                                "time": time.time(), **self._last, **self._checkpoint})
+            self._write_status(
+                {
+                    "step": where.step,
+                    "epoch": where.epoch,
+                    "batch_size": where.batch_size,
+                    "version": where.version,
+                    "size": where.size,
+                    "position": where.position,
+                    "end": where.end,
+                    "samples_per_s": round(rate or self.samples_per_second, 1),
+                    "time": time.time(),
+                    **self._last,
+                    **self._checkpoint,
+                }
+            )

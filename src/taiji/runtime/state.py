@@ -10,6 +10,7 @@ with no state: a joiner); the source is the lowest rank with the highest step. I
 (or ``force``), the source broadcasts its ``state_dict`` as JSON with tensor placeholders, then
 the model's and the state's tensors coalesced per (device, dtype). Nothing is pickled.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Progress:
     """Where training stands; identical on every replica after each committed step."""
+
     step: int = 0
     sampler: SamplerState = SamplerState()
 
@@ -44,8 +46,12 @@ class Progress:
 
     @staticmethod
     def from_json(data: dict) -> "Progress":
-        return Progress(step=int(data["step"]), sampler=SamplerState(
-            epoch=int(data["epoch"]), cursor=int(data["cursor"]), batch_size=int(data["batch_size"])))
+        return Progress(
+            step=int(data["step"]),
+            sampler=SamplerState(
+                epoch=int(data["epoch"]), cursor=int(data["cursor"]), batch_size=int(data["batch_size"])
+            ),
+        )
 
 
 class Stateful(Protocol):
@@ -74,8 +80,16 @@ def train_state_of(model: torch.nn.Module) -> "TrainState | None":
 class TrainState:
     """The replicated training state (see module doc)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, num_samples: int,
-                 batch_size: int, strategy: str, parts: Mapping[str, Stateful], has_state: bool = True):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        num_samples: int,
+        batch_size: int,
+        strategy: str,
+        parts: Mapping[str, Stateful],
+        has_state: bool = True,
+    ):
         _by_model[model] = self
         self.model = model
         self.optimizer = optimizer
@@ -105,8 +119,9 @@ class TrainState:
     def advance(self, global_batch: int) -> bool:
         """A step over ``global_batch`` samples was committed; True if it ended an epoch."""
         epoch = self.progress.epoch
-        self.progress = Progress(self.progress.step + 1,
-                                 advance(self.progress.sampler, global_batch, self.num_samples))
+        self.progress = Progress(
+            self.progress.step + 1, advance(self.progress.sampler, global_batch, self.num_samples)
+        )
         return self.progress.epoch != epoch
 
     def advance_to(self, position: int, steps: int) -> bool:
@@ -114,8 +129,9 @@ class TrainState:
         global-batch equivalents; True if the epoch changed."""
         epoch = self.progress.epoch
         new_epoch, cursor = divmod(position, self.num_samples)
-        self.progress = Progress(self.progress.step + steps,
-                                 replace(self.progress.sampler, epoch=new_epoch, cursor=cursor))
+        self.progress = Progress(
+            self.progress.step + steps, replace(self.progress.sampler, epoch=new_epoch, cursor=cursor)
+        )
         return self.progress.epoch != epoch
 
     def count_step(self) -> None:
@@ -134,9 +150,13 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the model's tensors (they are synced in place)."""
-        return {"progress": self.progress.to_json(), "strategy": self.strategy, "topology": self.topology,
-                "optimizer": self.optimizer.state_dict(),
-                "parts": {name: part.state_dict() for name, part in self.parts.items()}}
+        return {
+            "progress": self.progress.to_json(),
+            "strategy": self.strategy,
+            "topology": self.topology,
+            "optimizer": self.optimizer.state_dict(),
+            "parts": {name: part.state_dict() for name, part in self.parts.items()},
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._overwriting()
@@ -168,7 +188,9 @@ class TrainState:
             payload = json.dumps(encode(self.state_dict(), tensors)).encode()
         image = json.loads(broadcast_bytes(payload, comm, source))
         if comm.rank != source:
-            tensors = [torch.empty(shape, dtype=dtype, device=device) for dtype, shape, device in tensor_specs(image)]
+            tensors = [
+                torch.empty(shape, dtype=dtype, device=device) for dtype, shape, device in tensor_specs(image)
+            ]
         broadcast_tensors(module_tensors(self.model) + tensors, comm, source)
         if comm.rank == source:
             return False

@@ -1,4 +1,5 @@
 """The user's handle on one global batch (``Step``) and the engine's record of it (``Attempt``)."""
+
 from __future__ import annotations
 
 import time
@@ -14,25 +15,28 @@ from ..monitor.stats import StepStats
 @dataclass
 class Attempt:
     """One try at a step: its data, and what happened to it."""
+
     index: int
     epoch: int
     batch: Any
     indices: torch.Tensor
-    span: tuple[int, int]                  # positions [lo, hi) of the epoch's permutation
-    segments: list[tuple[int, int, int]]   # (epoch, lo, hi) pieces the batch came from
+    span: tuple[int, int]  # positions [lo, hi) of the epoch's permutation
+    segments: list[tuple[int, int, int]]  # (epoch, lo, hi) pieces the batch came from
     global_batch_size: int
-    decisions: int = 0                     # fingerprint of the decisions taken before this step
-    measure: bool = False                  # take the gradient norms the monitors need
-    carried: bool = False                  # the strategy carries this step's control rows
+    decisions: int = 0  # fingerprint of the decisions taken before this step
+    measure: bool = False  # take the gradient norms the monitors need
+    carried: bool = False  # the strategy carries this step's control rows
     started: float = field(default_factory=time.perf_counter)
     loss: float | None = None
-    split_sqnorm: float | None = None      # one worker: mean |g|² of two half-batches
+    split_sqnorm: float | None = None  # one worker: mean |g|² of two half-batches
     error: CommError | None = None
-    stats: StepStats | None = None         # agreed by all workers once synchronised
+    stats: StepStats | None = None  # agreed by all workers once synchronised
     synchronized: bool = False
-    allreduce_wait: float | None = None    # seconds the step waited, after backward, for the gradients' allreduce
-    topology: str = ""                     # the allreduce plan those gradients went through (comm/topology.py)
-    local_samples: int | None = None       # a user's own loop: not its samples (unknown here) but one share
+    allreduce_wait: float | None = (
+        None  # seconds the step waited, after backward, for the gradients' allreduce
+    )
+    topology: str = ""  # the allreduce plan those gradients went through (comm/topology.py)
+    local_samples: int | None = None  # a user's own loop: not its samples (unknown here) but one share
 
     @property
     def local_batch_size(self) -> int:

@@ -6,6 +6,7 @@ advanced replica, tell the Job. ``recover(error)``: a collective failed and noth
 report it to the launcher, wait for its next config, then ``to`` it — the retried step runs over
 the survivors. If a sync fails too, the same report → wait → switch repeats.
 """
+
 from __future__ import annotations
 
 import gc
@@ -37,17 +38,24 @@ def leave() -> NoReturn:
 
 
 class Transitions:
-    def __init__(self, peer: Member, membership: Membership, state: TrainState, reporter: Reporter,
-                 fire: Callable[[str, int], None], recovery_timeout: float,
-                 changed: Callable[[], None]):
+    def __init__(
+        self,
+        peer: Member,
+        membership: Membership,
+        state: TrainState,
+        reporter: Reporter,
+        fire: Callable[[str, int], None],
+        recovery_timeout: float,
+        changed: Callable[[], None],
+    ):
         self.peer = peer
         self.membership = membership
         self.state = state
         self.reporter = reporter
         self.fire = fire
         self.recovery_timeout = recovery_timeout
-        self.changed = changed          # the Job's reaction to a new version (strategy, views)
-        self.records: list[dict] = []   # what each change cost (for tests and benchmarks)
+        self.changed = changed  # the Job's reaction to a new version (strategy, views)
+        self.records: list[dict] = []  # what each change cost (for tests and benchmarks)
 
     def enter(self) -> None:
         """Join (a joiner), build the groups and sync; the run log's ``start`` event, with the
@@ -57,16 +65,32 @@ class Transitions:
             self.fire("boot", self.state.progress.step)
             self.peer.transition(self.membership.join(self.recovery_timeout))
             view = self.peer.view
-            log.info("joined the job as rank %d of %d (v%d) after %.2fs at the door",
-                     view.rank, view.size, view.version, phases.mark("admitted") - phases.started)
+            log.info(
+                "joined the job as rank %d of %d (v%d) after %.2fs at the door",
+                view.rank,
+                view.size,
+                view.version,
+                phases.mark("admitted") - phases.started,
+            )
         self.sync(force=True, phases=phases)
         view, progress = self.peer.view, self.state.progress
-        self.reporter.on(Event("start", progress.step, {
-            "size": view.size, "version": view.version, "hosts": view.per_host,
-            "batch_size": progress.sampler.batch_size, "phases": phases.rounded()}))
+        self.reporter.on(
+            Event(
+                "start",
+                progress.step,
+                {
+                    "size": view.size,
+                    "version": view.version,
+                    "hosts": view.per_host,
+                    "batch_size": progress.sampler.batch_size,
+                    "phases": phases.rounded(),
+                },
+            )
+        )
 
-    def to(self, config: ClusterConfig, reason: str, started: float | None = None,
-           phases: Phases | None = None) -> None:
+    def to(
+        self, config: ClusterConfig, reason: str, started: float | None = None, phases: Phases | None = None
+    ) -> None:
         phases = phases or Phases(time.perf_counter() if started is None else started)
         before = self.peer.view
         self._switch(config)
@@ -75,23 +99,71 @@ class Transitions:
         finished, started = phases.last, phases.started
         after = self.peer.view
         step = self.state.progress.step
-        record = {"reason": reason, "from_version": before.version, "to_version": after.version,
-                  "from_size": before.size, "to_size": after.size, "step": step, "switch_s": switched - started,
-                  "sync_s": finished - switched, "total_s": finished - started, "phases": phases.seconds}
+        record = {
+            "reason": reason,
+            "from_version": before.version,
+            "to_version": after.version,
+            "from_size": before.size,
+            "to_size": after.size,
+            "step": step,
+            "switch_s": switched - started,
+            "sync_s": finished - switched,
+            "total_s": finished - started,
+            "phases": phases.seconds,
+        }
         self.records.append(record)
         if reason == "failure":
-            self.reporter.on(Event("failure", step, {"time": time.time() - (finished - started),
-                                                     "size": before.size, "version": before.version}))
-            self.reporter.on(Event("recovery", step, {"size": after.size, "version": after.version,
-                                                      "hosts": after.per_host, "seconds": record["total_s"],
-                                                      "phases": phases.rounded()}))
+            self.reporter.on(
+                Event(
+                    "failure",
+                    step,
+                    {
+                        "time": time.time() - (finished - started),
+                        "size": before.size,
+                        "version": before.version,
+                    },
+                )
+            )
+            self.reporter.on(
+                Event(
+                    "recovery",
+                    step,
+                    {
+                        "size": after.size,
+                        "version": after.version,
+                        "hosts": after.per_host,
+                        "seconds": record["total_s"],
+                        "phases": phases.rounded(),
+                    },
+                )
+            )
         else:
-            self.reporter.on(Event("resize", step, {"size": after.size, "from_size": before.size,
-                                                    "hosts": after.per_host, "version": after.version,
-                                                    "seconds": record["total_s"], "phases": phases.rounded()}))
+            self.reporter.on(
+                Event(
+                    "resize",
+                    step,
+                    {
+                        "size": after.size,
+                        "from_size": before.size,
+                        "hosts": after.per_host,
+                        "version": after.version,
+                        "seconds": record["total_s"],
+                        "phases": phases.rounded(),
+                    },
+                )
+            )
         self.reporter.on(Paused(transition=True))
-        log.info("cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs (%s)", before.version,
-                 after.version, reason, before.size, after.size, step, finished - started, phases)
+        log.info(
+            "cluster v%d -> v%d (%s): %d -> %d workers at step %d in %.3fs (%s)",
+            before.version,
+            after.version,
+            reason,
+            before.size,
+            after.size,
+            step,
+            finished - started,
+            phases,
+        )
 
     def recover(self, error: BaseException | None, since: float | None = None) -> None:
         """A collective failed: nothing was committed here. Move to the launcher's next config.
@@ -99,8 +171,11 @@ class Transitions:
         on, and that is the recovery time recorded."""
         phases = Phases(time.perf_counter() if since is None else since)
         phases.mark("failed")
-        log.warning("step %d failed (%s); waiting for a new cluster config", self.state.progress.step,
-                    str(error).split(". ")[0] if error else "collective failed")
+        log.warning(
+            "step %d failed (%s); waiting for a new cluster config",
+            self.state.progress.step,
+            str(error).split(". ")[0] if error else "collective failed",
+        )
         config = self._next_config()
         phases.mark("config")
         self.to(config, reason="failure", phases=phases)
@@ -118,7 +193,9 @@ class Transitions:
                 self.state.sync(self.peer.comm, force=force)
                 break
             except CommError as exc:
-                log.warning("state sync failed (%s); waiting for a new cluster config", str(exc).split(". ")[0])
+                log.warning(
+                    "state sync failed (%s); waiting for a new cluster config", str(exc).split(". ")[0]
+                )
                 self._switch(self._next_config())
         if phases is not None:
             phases.mark("sync")
@@ -132,5 +209,7 @@ class Transitions:
 
     def _switch(self, config: ClusterConfig) -> None:
         if not self.peer.transition(config):
-            log.info("not a member of cluster v%d: leaving at step %d", config.version, self.state.progress.step)
+            log.info(
+                "not a member of cluster v%d: leaving at step %d", config.version, self.state.progress.step
+            )
             raise LeftCluster(config.version)

@@ -19,6 +19,7 @@ host) ends with exit code 1.
 
 :func:`run_policy` is the instrumented run that this command and ``benchmarks/scheduler.py`` share.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,6 +58,7 @@ class _Parser(argparse.ArgumentParser):
 
 # -- building a run from the command line ------------------------------------------------------
 
+
 def parse_cost(text: str) -> ResizeCost:
     """``restart`` / ``taiji`` (sim.SYSTEMS), or seconds paused by every change, e.g. ``2``."""
     if text in SYSTEMS:
@@ -84,12 +86,13 @@ def parse_policies(text: str) -> list[str]:
     if repeated:
         raise ConfigError(f"--policy names {', '.join(repeated)} more than once")
     for name in names:
-        make_policy(name)   # ConfigError naming the known policies
+        make_policy(name)  # ConfigError naming the known policies
     return names
 
 
-def workload_from(spec: str, *, seed: int, jobs: int, duration_s: float,
-                  ps_fraction: float = 0.0) -> tuple[JobSpec, ...]:
+def workload_from(
+    spec: str, *, seed: int, jobs: int, duration_s: float, ps_fraction: float = 0.0
+) -> tuple[JobSpec, ...]:
     """``synthetic`` (seeded Philly-shaped; with ``ps_fraction`` > 0 mixed with DL2's PS jobs),
     ``pollux:N[@LOAD]`` or a CSV path."""
     if spec == SYNTHETIC and ps_fraction > 0:
@@ -99,20 +102,23 @@ def workload_from(spec: str, *, seed: int, jobs: int, duration_s: float,
     return load_workload(spec)
 
 
-def configured_policy(name: str, *, seed: int, resize: ResizeCost, fidelity: str = "taiji",
-                      round_s: float | None = None) -> Policy:
+def configured_policy(
+    name: str, *, seed: int, resize: ResizeCost, fidelity: str = "taiji", round_s: float | None = None
+) -> Policy:
     """``make_policy(name, resize, fidelity, round_s=...)`` (a policy that weighs a change against its cost
     must see the cost the simulator charges, or a cost sweep measures nothing; PCRR plans its first slot
     as long as the simulator's rounds), seeded where it has a dataclass field ``seed`` (the randomized
     rounding of PCRR)."""
     policy = make_policy(name, resize=resize, fidelity=fidelity, round_s=round_s)
-    if dataclasses.is_dataclass(policy) and any(spec.name == "seed" and spec.init
-                                                for spec in dataclasses.fields(policy)):
+    if dataclasses.is_dataclass(policy) and any(
+        spec.name == "seed" and spec.init for spec in dataclasses.fields(policy)
+    ):
         policy = dataclasses.replace(policy, seed=seed)
     return policy
 
 
 # -- an instrumented run -----------------------------------------------------------------------
+
 
 @dataclass
 class _Instrumented:
@@ -120,8 +126,8 @@ class _Instrumented:
     time (the simulator's result holds only the cluster total) and reports progress."""
 
     inner: Policy
-    submit_times: Sequence[float]                        # sorted, to count arrivals by bisection
-    on_round: Callable[[float, int], None] | None = None   # (simulated time, jobs finished or rejected)
+    submit_times: Sequence[float]  # sorted, to count arrivals by bisection
+    on_round: Callable[[float, int], None] | None = None  # (simulated time, jobs finished or rejected)
     decision_s: list[float] = field(default_factory=list)
     active_jobs: list[int] = field(default_factory=list)
     steps: dict[str, Steps] = field(default_factory=dict)
@@ -152,9 +158,9 @@ class PolicyRun:
     """One policy's simulation with what the command and the benchmark report beyond SimResult."""
 
     result: SimResult
-    decision_s: tuple[float, ...]      # wall seconds of every call to the policy
-    active_jobs: tuple[int, ...]       # active jobs at each of those calls
-    allocations: dict[str, Steps]      # job -> (time, GPUs) steps, ending at 0 when it completes
+    decision_s: tuple[float, ...]  # wall seconds of every call to the policy
+    active_jobs: tuple[int, ...]  # active jobs at each of those calls
+    allocations: dict[str, Steps]  # job -> (time, GPUs) steps, ending at 0 when it completes
     wall_s: float
 
     @property
@@ -167,9 +173,13 @@ class PolicyRun:
         chosen = [s for s, n in zip(self.decision_s, self.active_jobs) if n >= min_active]
         if not chosen:
             return {"rounds": 0, "mean_s": math.nan, "median_s": math.nan, "max_s": math.nan}
-        return {"rounds": len(chosen), "mean_s": float(np.mean(chosen)),
-                "median_s": float(np.median(chosen)), "max_s": float(max(chosen)),
-                "mean_active_jobs": float(np.mean([n for n in self.active_jobs if n >= min_active]))}
+        return {
+            "rounds": len(chosen),
+            "mean_s": float(np.mean(chosen)),
+            "median_s": float(np.median(chosen)),
+            "max_s": float(max(chosen)),
+            "mean_active_jobs": float(np.mean([n for n in self.active_jobs if n >= min_active])),
+        }
 
     def summary(self) -> dict[str, object]:
         summary = dict(self.result.summary())
@@ -189,39 +199,54 @@ def mean_utilization(result: SimResult, until: float) -> float:
     points = list(result.utilization)
     if not points or until <= points[0][0]:
         return 0.0
-    busy = sum(used * (min(end, until) - start)
-               for (start, used), (end, _) in zip(points, points[1:] + [(until, 0)]) if start < until)
+    busy = sum(
+        used * (min(end, until) - start)
+        for (start, used), (end, _) in zip(points, points[1:] + [(until, 0)])
+        if start < until
+    )
     return busy / (until - points[0][0])
 
 
-def run_policy(specs: Sequence[JobSpec], name: str, config: SimConfig, *, seed: int = 0,
-               progress: bool = False, fidelity: str = "taiji") -> PolicyRun:
+def run_policy(
+    specs: Sequence[JobSpec],
+    name: str,
+    config: SimConfig,
+    *,
+    seed: int = 0,
+    progress: bool = False,
+    fidelity: str = "taiji",
+) -> PolicyRun:
     """Simulate ``specs`` under the policy ``name`` (seeded, told ``config.resize``, in ``fidelity``
     mode), with a progress bar on stderr when ``progress`` is set and tqdm is installed."""
-    policy = configured_policy(name, seed=seed, resize=config.resize, fidelity=fidelity, round_s=config.interval_s)
+    policy = configured_policy(
+        name, seed=seed, resize=config.resize, fidelity=fidelity, round_s=config.interval_s
+    )
     bar = _progress_bar(name, len(specs)) if progress else None
-    instrumented = _Instrumented(policy, sorted(spec.submit_time for spec in specs),
-                                 on_round=None if bar is None else _updater(bar))
+    instrumented = _Instrumented(
+        policy, sorted(spec.submit_time for spec in specs), on_round=None if bar is None else _updater(bar)
+    )
     started = time.perf_counter()
     try:
         result = simulate(specs, instrumented, config)
-        if bar is not None:   # completions after the last round never reached the bar
+        if bar is not None:  # completions after the last round never reached the bar
             bar.update(sum(r.status != "unfinished" for r in result.records) - bar.n)
     finally:
         if bar is not None:
             bar.close()
     wall_s = time.perf_counter() - started
     allocations = {job: list(steps) for job, steps in instrumented.steps.items()}
-    for record in result.records:   # a finished job frees its GPUs at its completion, not at a round
+    for record in result.records:  # a finished job frees its GPUs at its completion, not at a round
         if record.end_time is not None and record.name in allocations:
             allocations[record.name].append((record.end_time, 0))
-    return PolicyRun(result, tuple(instrumented.decision_s), tuple(instrumented.active_jobs), allocations, wall_s)
+    return PolicyRun(
+        result, tuple(instrumented.decision_s), tuple(instrumented.active_jobs), allocations, wall_s
+    )
 
 
 def _progress_bar(name: str, total: int):
     try:
         from tqdm import tqdm
-    except ImportError:   # the bar is a convenience (taiji[progress]); the run does not need it
+    except ImportError:  # the bar is a convenience (taiji[progress]); the run does not need it
         return None
     return tqdm(total=total, desc=f"{name:>10}", unit="job", file=sys.stderr, leave=True, dynamic_ncols=True)
 
@@ -230,6 +255,7 @@ def _updater(bar) -> Callable[[float, int], None]:
     def update(now: float, finished: int) -> None:
         bar.set_postfix_str(f"t={now / 3600:.1f}h", refresh=False)
         bar.update(max(finished - bar.n, 0))
+
     return update
 
 
@@ -243,8 +269,13 @@ COLUMNS = (  # header, width, how a run's summary shows in it
     ("makespan h", 10, lambda s: _number(s["makespan_s"] / 3600, 2)),
     ("GPU-hours", 10, lambda s: _number(s["gpu_hours"], 1)),
     ("restarts", 8, lambda s: str(s["restarts"])),
-    ("decision ms/round", 17, lambda s: f"{_number(s['decision']['mean_s'] * 1e3, 2)} "
-                                        f"(max {_number(s['decision']['max_s'] * 1e3, 1)})"),
+    (
+        "decision ms/round",
+        17,
+        lambda s: (
+            f"{_number(s['decision']['mean_s'] * 1e3, 2)} (max {_number(s['decision']['max_s'] * 1e3, 1)})"
+        ),
+    ),
 )
 
 
@@ -261,8 +292,10 @@ def summary_table(summaries: Sequence[Mapping[str, object]]) -> str:
 def outcome_notes(runs: Sequence[PolicyRun], shown: int = 5) -> list[str]:
     """Lines on the jobs that did not complete: rejections (the same under every policy, since
     they depend on the cluster alone) once, unfinished jobs per policy."""
+
     def names(jobs: Sequence[str]) -> str:
         return ", ".join(jobs[:shown]) + (f", ... ({len(jobs) - shown} more)" if len(jobs) > shown else "")
+
     notes = []
     rejected = [r.name for r in runs[0].result.records if r.status == "rejected"] if runs else []
     if rejected:
@@ -270,8 +303,10 @@ def outcome_notes(runs: Sequence[PolicyRun], shown: int = 5) -> list[str]:
     for run in runs:
         unfinished = [r.name for r in run.result.records if r.status == "unfinished"]
         if unfinished:
-            notes.append(f"{run.name}: {len(unfinished)} job(s) unfinished (time limit or never "
-                         f"scheduled): {names(unfinished)}")
+            notes.append(
+                f"{run.name}: {len(unfinished)} job(s) unfinished (time limit or never "
+                f"scheduled): {names(unfinished)}"
+            )
     return notes
 
 
@@ -283,15 +318,30 @@ def write_outputs(out: Path, runs: Sequence[PolicyRun], settings: Mapping[str, o
         jobs_path = out / f"{run.name}.jobs.jsonl"
         run.result.write_jsonl(jobs_path)
         summary_path = out / f"{run.name}.summary.json"
-        summary_path.write_text(json.dumps({
-            "settings": settings, "summary": run.summary(),
-            "utilization": [list(point) for point in run.result.utilization],
-            "allocations": {job: [list(step) for step in steps] for job, steps in run.allocations.items()},
-        }, default=_json_default) + "\n")
+        summary_path.write_text(
+            json.dumps(
+                {
+                    "settings": settings,
+                    "summary": run.summary(),
+                    "utilization": [list(point) for point in run.result.utilization],
+                    "allocations": {
+                        job: [list(step) for step in steps] for job, steps in run.allocations.items()
+                    },
+                },
+                default=_json_default,
+            )
+            + "\n"
+        )
         written += [jobs_path, summary_path]
     total = out / "summary.json"
-    total.write_text(json.dumps({"settings": settings, "policies": [run.summary() for run in runs]},
-                                default=_json_default, indent=1) + "\n")
+    total.write_text(
+        json.dumps(
+            {"settings": settings, "policies": [run.summary() for run in runs]},
+            default=_json_default,
+            indent=1,
+        )
+        + "\n"
+    )
     return written + [total]
 
 
@@ -302,75 +352,154 @@ def _json_default(value: object) -> object:
 
 
 def draw_plots(out: Path, runs: Sequence[PolicyRun], cluster: Cluster, allocation_policy: str) -> list[Path]:
-    from taiji.sched import plots   # matplotlib is an optional extra (taiji[plot])
+    from taiji.sched import plots  # matplotlib is an optional extra (taiji[plot])
 
     chosen = next(run for run in runs if run.name == allocation_policy)
     return [
-        plots.plot_jct_cdf({run.name: [r.jct for r in run.result.records if r.jct is not None] for run in runs},
-                           out / "jct_cdf.png"),
-        plots.plot_utilization({run.name: run.result.utilization for run in runs}, cluster.total_gpus,
-                               out / "utilization.png"),
-        plots.plot_allocations(chosen.allocations,
-                               {r.name: (r.submit_time, r.end_time) for r in chosen.result.records
-                                if r.status != "rejected"},
-                               out / f"allocations-{chosen.name}.png", chosen.name),
+        plots.plot_jct_cdf(
+            {run.name: [r.jct for r in run.result.records if r.jct is not None] for run in runs},
+            out / "jct_cdf.png",
+        ),
+        plots.plot_utilization(
+            {run.name: run.result.utilization for run in runs}, cluster.total_gpus, out / "utilization.png"
+        ),
+        plots.plot_allocations(
+            chosen.allocations,
+            {r.name: (r.submit_time, r.end_time) for r in chosen.result.records if r.status != "rejected"},
+            out / f"allocations-{chosen.name}.png",
+            chosen.name,
+        ),
     ]
 
 
 # -- the command -------------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Cluster scheduling: simulate policies on workloads (the live "
-                                            "scheduler: taiji sched serve|submit|status|cancel|stop|plot).")
+    parser = _Parser(
+        prog=PROG,
+        description="Cluster scheduling: simulate policies on workloads (the live "
+        "scheduler: taiji sched serve|submit|status|cancel|stop|plot).",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     simulate_cmd = sub.add_parser(
-        "simulate", help="run policies on a workload in the simulator; table, JSON(L) and PNGs",
-        description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    simulate_cmd.add_argument("--workload", required=True, metavar="FILE|pollux:N[@LOAD]|synthetic",
-                              help="a Pollux-format CSV (name,time,application,num_replicas,batch_size), "
-                                   "a shipped Pollux workload pollux:1..8 (the 1.0x load), pollux:N@LOAD for "
-                                   "workload N at relative job load LOAD (e.g. pollux:6@2.0 = 320 jobs in 8 h; "
-                                   "loads other than 1.0 are reconstructed as seeded synthetic workloads, not "
-                                   "Pollux's files), or a seeded synthetic one")
-    simulate_cmd.add_argument("--policy", required=True, metavar="NAME[,NAME...]",
-                              help="policies to compare, e.g. pcrr,tiresias,optimus,pollux,fifo,drf,srtf")
-    simulate_cmd.add_argument("--cluster", default="16x4", metavar="HOSTSxGPUS",
-                              help="identical hosts × GPUs per host (default: %(default)s)")
-    simulate_cmd.add_argument("--seed", type=int, default=0,
-                              help="seeds the synthetic workload and randomized policies (default: %(default)s)")
-    simulate_cmd.add_argument("--cost", default="restart", metavar="restart|taiji|SECONDS",
-                              help="pause per allocation change: restart (30 s), taiji (measured ~0.03 s), "
-                                   "or seconds (default: %(default)s)")
-    simulate_cmd.add_argument("--out", default="runs/sched", metavar="DIR",
-                              help="where the JSON(L) files and PNGs go (default: %(default)s)")
+        "simulate",
+        help="run policies on a workload in the simulator; table, JSON(L) and PNGs",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    simulate_cmd.add_argument(
+        "--workload",
+        required=True,
+        metavar="FILE|pollux:N[@LOAD]|synthetic",
+        help="a Pollux-format CSV (name,time,application,num_replicas,batch_size), "
+        "a shipped Pollux workload pollux:1..8 (the 1.0x load), pollux:N@LOAD for "
+        "workload N at relative job load LOAD (e.g. pollux:6@2.0 = 320 jobs in 8 h; "
+        "loads other than 1.0 are reconstructed as seeded synthetic workloads, not "
+        "Pollux's files), or a seeded synthetic one",
+    )
+    simulate_cmd.add_argument(
+        "--policy",
+        required=True,
+        metavar="NAME[,NAME...]",
+        help="policies to compare, e.g. pcrr,tiresias,optimus,pollux,fifo,drf,srtf",
+    )
+    simulate_cmd.add_argument(
+        "--cluster",
+        default="16x4",
+        metavar="HOSTSxGPUS",
+        help="identical hosts × GPUs per host (default: %(default)s)",
+    )
+    simulate_cmd.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the synthetic workload and randomized policies (default: %(default)s)",
+    )
+    simulate_cmd.add_argument(
+        "--cost",
+        default="restart",
+        metavar="restart|taiji|SECONDS",
+        help="pause per allocation change: restart (30 s), taiji (measured ~0.03 s), "
+        "or seconds (default: %(default)s)",
+    )
+    simulate_cmd.add_argument(
+        "--out",
+        default="runs/sched",
+        metavar="DIR",
+        help="where the JSON(L) files and PNGs go (default: %(default)s)",
+    )
     simulate_cmd.add_argument("--quiet", action="store_true", help="no progress bars, no list of files")
-    simulate_cmd.add_argument("--verbose", action="store_true",
-                              help="log the simulator's warnings as they happen (each rejected job, time limits)")
-    simulate_cmd.add_argument("--jobs", type=int, default=160, help="synthetic: number of jobs (default: %(default)s)")
-    simulate_cmd.add_argument("--duration-h", type=float, default=8.0,
-                              help="synthetic: hours over which jobs arrive (default: %(default)s)")
-    simulate_cmd.add_argument("--fidelity", default="taiji", choices=FIDELITY_MODES,
-                              help="pollux: tiresias and optimus place jobs and rank GPUs as Pollux's simulator "
-                                   "does, as the check against its published per-job results runs them "
-                                   "(default: %(default)s, taiji's own choices)")
-    simulate_cmd.add_argument("--interval", type=float, default=60.0,
-                              help="seconds between scheduling rounds (default: %(default)s)")
-    simulate_cmd.add_argument("--events", action="store_true",
-                              help="also schedule right after every arrival and completion")
-    simulate_cmd.add_argument("--interference", type=float, default=0.0,
-                              help="slowdown of distributed jobs sharing a host, e.g. 0.25 (default: 0)")
-    simulate_cmd.add_argument("--estimation-error", type=float, default=0.0, metavar="E",
-                              help="policies see every job's speeds × a seeded per-job factor in [1-E, 1+E], "
-                                   "e.g. 0.1; progress uses the true speeds (default: 0)")
-    simulate_cmd.add_argument("--ps-model", default="paper", choices=("paper", "dl2"),
-                              help="speed model of parameter-server jobs (default: %(default)s)")
-    simulate_cmd.add_argument("--ps-fraction", type=float, default=0.0,
-                              help="synthetic: share of parameter-server jobs (DL2 models), 0..1 (default: 0)")
-    simulate_cmd.add_argument("--max-hours", type=float, default=SimConfig.max_time_s / 3600,
-                              help="stop simulating after this many hours (default: %(default)g)")
-    simulate_cmd.add_argument("--plot-policy", default=None, metavar="NAME",
-                              help="whose per-job allocations to draw (default: pcrr if run, else the first)")
+    simulate_cmd.add_argument(
+        "--verbose",
+        action="store_true",
+        help="log the simulator's warnings as they happen (each rejected job, time limits)",
+    )
+    simulate_cmd.add_argument(
+        "--jobs", type=int, default=160, help="synthetic: number of jobs (default: %(default)s)"
+    )
+    simulate_cmd.add_argument(
+        "--duration-h",
+        type=float,
+        default=8.0,
+        help="synthetic: hours over which jobs arrive (default: %(default)s)",
+    )
+    simulate_cmd.add_argument(
+        "--fidelity",
+        default="taiji",
+        choices=FIDELITY_MODES,
+        help="pollux: tiresias and optimus place jobs and rank GPUs as Pollux's simulator "
+        "does, as the check against its published per-job results runs them "
+        "(default: %(default)s, taiji's own choices)",
+    )
+    simulate_cmd.add_argument(
+        "--interval",
+        type=float,
+        default=60.0,
+        help="seconds between scheduling rounds (default: %(default)s)",
+    )
+    simulate_cmd.add_argument(
+        "--events", action="store_true", help="also schedule right after every arrival and completion"
+    )
+    simulate_cmd.add_argument(
+        "--interference",
+        type=float,
+        default=0.0,
+        help="slowdown of distributed jobs sharing a host, e.g. 0.25 (default: 0)",
+    )
+    simulate_cmd.add_argument(
+        "--estimation-error",
+        type=float,
+        default=0.0,
+        metavar="E",
+        help="policies see every job's speeds × a seeded per-job factor in [1-E, 1+E], "
+        "e.g. 0.1; progress uses the true speeds (default: 0)",
+    )
+    simulate_cmd.add_argument(
+        "--ps-model",
+        default="paper",
+        choices=("paper", "dl2"),
+        help="speed model of parameter-server jobs (default: %(default)s)",
+    )
+    simulate_cmd.add_argument(
+        "--ps-fraction",
+        type=float,
+        default=0.0,
+        help="synthetic: share of parameter-server jobs (DL2 models), 0..1 (default: 0)",
+    )
+    simulate_cmd.add_argument(
+        "--max-hours",
+        type=float,
+        default=SimConfig.max_time_s / 3600,
+        help="stop simulating after this many hours (default: %(default)g)",
+    )
+    simulate_cmd.add_argument(
+        "--plot-policy",
+        default=None,
+        metavar="NAME",
+        help="whose per-job allocations to draw (default: pcrr if run, else the first)",
+    )
     simulate_cmd.add_argument("--no-plots", action="store_true", help="write no PNGs")
     return parser
 
@@ -379,34 +508,62 @@ def simulate_command(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policy)
     cluster = Cluster.parse(args.cluster)
     resize = parse_cost(args.cost)
-    config = SimConfig(cluster=cluster, interval_s=args.interval, resize=resize,
-                       reschedule_on_events=args.events, interference=args.interference,
-                       max_time_s=args.max_hours * 3600, ps=PsSettings(model=args.ps_model),
-                       estimation_error=args.estimation_error, error_seed=args.seed)
+    config = SimConfig(
+        cluster=cluster,
+        interval_s=args.interval,
+        resize=resize,
+        reschedule_on_events=args.events,
+        interference=args.interference,
+        max_time_s=args.max_hours * 3600,
+        ps=PsSettings(model=args.ps_model),
+        estimation_error=args.estimation_error,
+        error_seed=args.seed,
+    )
     plot_policy = args.plot_policy or ("pcrr" if "pcrr" in policies else policies[0])
     if plot_policy not in policies:
         raise ConfigError(f"--plot-policy {plot_policy!r} is not among --policy {','.join(policies)}")
-    specs = workload_from(args.workload, seed=args.seed, jobs=args.jobs, duration_s=args.duration_h * 3600,
-                          ps_fraction=args.ps_fraction)
+    specs = workload_from(
+        args.workload,
+        seed=args.seed,
+        jobs=args.jobs,
+        duration_s=args.duration_h * 3600,
+        ps_fraction=args.ps_fraction,
+    )
     out = Path(args.out)
-    try:   # before simulating: an unwritable --out must not cost a whole run
+    try:  # before simulating: an unwritable --out must not cost a whole run
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot create ({exc})") from exc
-    settings = {"workload": args.workload, "jobs": len(specs), "cluster": args.cluster, "seed": args.seed,
-                "cost": args.cost, "resize": resize, "interval_s": args.interval, "events": args.events,
-                "interference": args.interference, "estimation_error": args.estimation_error,
-                "ps_model": args.ps_model, "ps_fraction": args.ps_fraction, "fidelity": args.fidelity}
-    print(f"{len(specs)} jobs from {args.workload} on {cluster.num_hosts}x{cluster.gpus_per_host} GPUs, "
-          f"resize cost {args.cost}, seed {args.seed}", flush=True)
+    settings = {
+        "workload": args.workload,
+        "jobs": len(specs),
+        "cluster": args.cluster,
+        "seed": args.seed,
+        "cost": args.cost,
+        "resize": resize,
+        "interval_s": args.interval,
+        "events": args.events,
+        "interference": args.interference,
+        "estimation_error": args.estimation_error,
+        "ps_model": args.ps_model,
+        "ps_fraction": args.ps_fraction,
+        "fidelity": args.fidelity,
+    }
+    print(
+        f"{len(specs)} jobs from {args.workload} on {cluster.num_hosts}x{cluster.gpus_per_host} GPUs, "
+        f"resize cost {args.cost}, seed {args.seed}",
+        flush=True,
+    )
     # the warnings would tear through the progress bars; their gist is summarised below the table
     sched_logger = logging.getLogger("taiji.sched")
     level = sched_logger.level
     sched_logger.setLevel(logging.WARNING if args.verbose else logging.ERROR)
     try:
-        runs = [run_policy(specs, name, config, seed=args.seed, progress=not args.quiet, fidelity=args.fidelity)
-                for name in policies]
-    finally:   # in-process callers (tests, notebooks) keep their logging as it was
+        runs = [
+            run_policy(specs, name, config, seed=args.seed, progress=not args.quiet, fidelity=args.fidelity)
+            for name in policies
+        ]
+    finally:  # in-process callers (tests, notebooks) keep their logging as it was
         sched_logger.setLevel(level)
     print(summary_table([run.summary() for run in runs]), flush=True)
     for note in outcome_notes(runs):
@@ -417,7 +574,7 @@ def simulate_command(args: argparse.Namespace) -> int:
             written += draw_plots(out, runs, cluster, plot_policy)
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot write ({exc})") from exc
-    except ImportError as exc:   # no matplotlib: the numbers are written, only the pictures are missing
+    except ImportError as exc:  # no matplotlib: the numbers are written, only the pictures are missing
         sys.stderr.write(f"{PROG}: no plots ({exc}); install taiji[plot] for them\n")
     if not args.quiet:
         print(f"wrote {len(written)} files to {out}: {', '.join(path.name for path in written)}")
@@ -431,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
-    except TaijiError as exc:   # e.g. PolicyError: a policy broke the simulator's rules
+    except TaijiError as exc:  # e.g. PolicyError: a policy broke the simulator's rules
         sys.stderr.write(f"{PROG}: error: {type(exc).__name__}: {exc}\n")
         return 1
 

@@ -6,6 +6,7 @@ per host and the CPU slots each server takes (hosts have ``cpus_per_host`` CPU s
 decides whether a set of allocations fits; the simulator calls it on every policy answer, so a
 policy bug surfaces as a :class:`PolicyError` instead of oversubscribed GPUs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,8 +63,10 @@ class Cluster:
 
     def __post_init__(self) -> None:
         if self.num_hosts < 1 or self.gpus_per_host < 1 or self.cpus_per_host < 0:
-            raise ConfigError(f"a cluster needs >= 1 host, >= 1 GPU and >= 0 CPUs per host, got "
-                              f"{self.num_hosts} x {self.gpus_per_host} (CPUs {self.cpus_per_host})")
+            raise ConfigError(
+                f"a cluster needs >= 1 host, >= 1 GPU and >= 0 CPUs per host, got "
+                f"{self.num_hosts} x {self.gpus_per_host} (CPUs {self.cpus_per_host})"
+            )
 
     @classmethod
     def parse(cls, text: str) -> "Cluster":
@@ -105,16 +108,25 @@ class Cluster:
             if name not in known:
                 raise PolicyError(f"allocation for {name!r}, which is not an active job")
             if len(allocation.placement) != self.num_hosts or min(allocation.placement) < 0:
-                raise PolicyError(f"{name}: placement {allocation.placement} is not "
-                                  f"{self.num_hosts} non-negative counts")
+                raise PolicyError(
+                    f"{name}: placement {allocation.placement} is not {self.num_hosts} non-negative counts"
+                )
             if allocation.replicas < 1 or allocation.batch_size < 1:
                 raise PolicyError(f"{name}: empty placement or batch < 1 ({allocation})")
-            if allocation.ps_placement and (len(allocation.ps_placement) != self.num_hosts
-                                            or min(allocation.ps_placement) < 0 or allocation.ps_cpus < 0):
-                raise PolicyError(f"{name}: server placement {allocation.ps_placement} is not "
-                                  f"{self.num_hosts} non-negative counts (or CPUs per server < 0)")
-        over = [(host, -left) for host, left in
-                enumerate(self.free(a.placement for a in allocations.values())) if left < 0]
+            if allocation.ps_placement and (
+                len(allocation.ps_placement) != self.num_hosts
+                or min(allocation.ps_placement) < 0
+                or allocation.ps_cpus < 0
+            ):
+                raise PolicyError(
+                    f"{name}: server placement {allocation.ps_placement} is not "
+                    f"{self.num_hosts} non-negative counts (or CPUs per server < 0)"
+                )
+        over = [
+            (host, -left)
+            for host, left in enumerate(self.free(a.placement for a in allocations.values()))
+            if left < 0
+        ]
         if over:
             raise PolicyError(f"hosts oversubscribed (host, GPUs over): {over}")
         over = [(host, -left) for host, left in enumerate(self.free_cpus(allocations.values())) if left < 0]
@@ -138,7 +150,7 @@ def pack(free: Sequence[int], count: int) -> tuple[int, ...] | None:
         if remaining == 0 or free[host] <= 0:
             break
         best = [h for h in range(len(free)) if placement[h] == 0 and free[h] >= remaining]
-        if best:   # the rest fits on one host: use the tightest one
+        if best:  # the rest fits on one host: use the tightest one
             host = min(best, key=lambda h: (free[h], h))
         take = min(free[host], remaining)
         placement[host] += take
@@ -184,8 +196,9 @@ class ServerNeeds(Protocol):
     def servers_for(self, workers: int) -> int: ...
 
 
-def place_servers(free_cpus: Sequence[int], workers: Sequence[int], count: int,
-                  cpus_each: int) -> tuple[int, ...] | None:
+def place_servers(
+    free_cpus: Sequence[int], workers: Sequence[int], count: int, cpus_each: int
+) -> tuple[int, ...] | None:
     """Hosts for ``count`` servers of ``cpus_each`` CPU slots beside ``workers`` (per host), or
     None if they do not fit. All on the workers' host when they share one and it has room (that
     is what makes the job internal); otherwise one at a time, round-robin over the workers' hosts
@@ -209,8 +222,12 @@ def place_servers(free_cpus: Sequence[int], workers: Sequence[int], count: int,
     return tuple(placed)
 
 
-def with_servers(cluster: Cluster, chosen: Sequence[tuple[str, Allocation]], needs: Mapping[str, ServerNeeds],
-                 current: Mapping[str, Allocation]) -> dict[str, Allocation]:
+def with_servers(
+    cluster: Cluster,
+    chosen: Sequence[tuple[str, Allocation]],
+    needs: Mapping[str, ServerNeeds],
+    current: Mapping[str, Allocation],
+) -> dict[str, Allocation]:
     """Give each PS job in ``chosen`` (priority order, GPUs already placed) its servers: the ones it
     holds when its workers and server count are unchanged (no move), else :func:`place_servers`.
     A job whose servers do not fit is left out this round (its GPUs stay free). Allreduce jobs
@@ -225,7 +242,9 @@ def with_servers(cluster: Cluster, chosen: Sequence[tuple[str, Allocation]], nee
         if count == 0:
             result[name] = allocation
         elif held is not None and held.placement == allocation.placement and held.servers == count:
-            result[name] = Allocation(allocation.placement, allocation.batch_size, held.ps_placement, held.ps_cpus)
+            result[name] = Allocation(
+                allocation.placement, allocation.batch_size, held.ps_placement, held.ps_cpus
+            )
             free = [f - held.cpus_on(h) for h, f in enumerate(free)]
         else:
             pending.append((name, allocation, count, need.server_cpus))
@@ -240,9 +259,13 @@ def with_servers(cluster: Cluster, chosen: Sequence[tuple[str, Allocation]], nee
     return {name: result[name] for name in order if name in result}
 
 
-def place_all(cluster: Cluster, wanted: Sequence[tuple[str, int, int]],
-              current: Mapping[str, Allocation],
-              needs: Mapping[str, ServerNeeds] | None = None, placer: Placer = pack) -> dict[str, Allocation]:
+def place_all(
+    cluster: Cluster,
+    wanted: Sequence[tuple[str, int, int]],
+    current: Mapping[str, Allocation],
+    needs: Mapping[str, ServerNeeds] | None = None,
+    placer: Placer = pack,
+) -> dict[str, Allocation]:
     """Placements for ``wanted`` = (job, GPUs, batch) in priority order. A job whose GPU count
     is unchanged keeps its current placement (moving it would cost a restart); the others are
     packed in order, and a job that no longer fits is left out. Callers keep the total within
@@ -250,8 +273,11 @@ def place_all(cluster: Cluster, wanted: Sequence[tuple[str, int, int]],
     the free ones (:data:`PLACERS`). With ``needs`` (per job, what its parameter servers take) PS
     jobs get servers by :func:`with_servers`."""
     result: dict[str, Allocation] = {}
-    kept = [(name, count, batch) for name, count, batch in wanted
-            if name in current and current[name].replicas == count]
+    kept = [
+        (name, count, batch)
+        for name, count, batch in wanted
+        if name in current and current[name].replicas == count
+    ]
     for name, _, batch in kept:
         result[name] = Allocation(current[name].placement, batch)
     free = cluster.free(a.placement for a in result.values())
@@ -266,7 +292,9 @@ def place_all(cluster: Cluster, wanted: Sequence[tuple[str, int, int]],
         result[name] = Allocation(placement, batch)
     if needs is None:
         return result
-    return with_servers(cluster, [(name, result[name]) for name, _, _ in wanted if name in result], needs, current)
+    return with_servers(
+        cluster, [(name, result[name]) for name, _, _ in wanted if name in result], needs, current
+    )
 
 
 def at_least(allocation: Allocation, count: int | None) -> Allocation:

@@ -4,6 +4,7 @@ The shipped Pollux data lives in ``taiji/sched/data`` as ``*.csv.gz``; users may
 plain ``.csv`` files. Every reader error names the file and the 1-based line, so a bad row in a
 160-job trace is found at once.
 """
+
 from __future__ import annotations
 
 import csv
@@ -16,7 +17,7 @@ from typing import Iterator, Union
 
 from taiji.errors import ConfigError
 
-try:   # Python >= 3.11; importlib.abc keeps it until 3.13 for 3.10
+try:  # Python >= 3.11; importlib.abc keeps it until 3.13 for 3.10
     from importlib.resources.abc import Traversable
 except ImportError:  # pragma: no cover
     from importlib.abc import Traversable
@@ -59,15 +60,17 @@ def read_rows(source: Source, required: tuple[str, ...]) -> Iterator[Row]:
     header = [name.strip() for name in header]
     missing = [name for name in required if name not in header]
     if missing:
-        raise ConfigError(f"{source}:1: header lacks column(s) {', '.join(missing)} "
-                          f"(expected {','.join(required)})")
+        raise ConfigError(
+            f"{source}:1: header lacks column(s) {', '.join(missing)} (expected {','.join(required)})"
+        )
     for values in reader:
         line = reader.line_num
         if not values or all(not v.strip() for v in values):
             continue
         if len(values) != len(header):
-            raise ConfigError(f"{source}:{line}: {len(values)} fields, expected {len(header)} "
-                              f"({','.join(header)})")
+            raise ConfigError(
+                f"{source}:{line}: {len(values)} fields, expected {len(header)} ({','.join(header)})"
+            )
         yield Row(line, {name: value.strip() for name, value in zip(header, values)})
 
 
@@ -77,8 +80,10 @@ def parse_number(source: Source, row: Row, column: str, kind: type = float) -> f
     try:
         value = kind(text)
     except ValueError:
-        raise ConfigError(f"{source}:{row.line}: column {column!r} is {text!r}, "
-                          f"expected {'an integer' if kind is int else 'a number'}") from None
+        raise ConfigError(
+            f"{source}:{row.line}: column {column!r} is {text!r}, "
+            f"expected {'an integer' if kind is int else 'a number'}"
+        ) from None
     if kind is float and not value == value:  # NaN never makes sense in these traces
         raise ConfigError(f"{source}:{row.line}: column {column!r} is NaN")
     return value

@@ -16,6 +16,7 @@ submission). Averages alone let opposite per-job errors cancel.
 ``python -m taiji.sched.fidelity [--workloads 1-8|6|1,3] [--policies tiresias,optimus,pollux]
 [--mode pollux|taiji]`` prints one line per policy and workload and a JSON object last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,20 +36,24 @@ from taiji.sched.workload import POLLUX_WORKLOADS, pollux_workload
 
 logger = logging.getLogger(__name__)
 
-POLLUX_SETTINGS = SimConfig(resize=SYSTEMS["restart"])   # 16x4, 60 s rounds, 30 s restarts
+POLLUX_SETTINGS = SimConfig(resize=SYSTEMS["restart"])  # 16x4, 60 s rounds, 30 s restarts
 PUBLISHED_POLICIES = ("tiresias", "optimus", "pollux")
-WITHIN = 0.25   # "agrees" = within ±25% of the published JCT
+WITHIN = 0.25  # "agrees" = within ±25% of the published JCT
 
 
 @functools.cache
 def published_jcts(policy: str) -> dict[int, dict[str, float]]:
     """The artifact's JCT (s) of every job: workload number → job name → JCT."""
     if policy not in PUBLISHED_POLICIES:
-        raise ConfigError(f"no published results for {policy!r}; there are for {', '.join(PUBLISHED_POLICIES)}")
+        raise ConfigError(
+            f"no published results for {policy!r}; there are for {', '.join(PUBLISHED_POLICIES)}"
+        )
     raw = gzip.decompress(data_root().joinpath("results", f"{policy}-1.0.json.gz").read_bytes())
     jcts = json.loads(raw)["jcts"]
-    return {int(key.rsplit("-", 1)[1]): {name: float(jct) for name, jct in jobs.items()}
-            for key, jobs in jcts.items()}
+    return {
+        int(key.rsplit("-", 1)[1]): {name: float(jct) for name, jct in jobs.items()}
+        for key, jobs in jcts.items()
+    }
 
 
 def makespan(submits: Sequence[float], ends: Sequence[float]) -> float:
@@ -68,13 +73,15 @@ def agreement(result: SimResult, published: Mapping[str, float]) -> dict[str, fl
     ours_makespan = makespan(submits, [r.end_time for r in done])
     theirs_makespan = makespan(submits, [s + t for s, t in zip(submits, theirs)])
     return {
-        "avg_jct_s": round(float(ours.mean()), 1), "published_avg_jct_s": round(float(theirs.mean()), 1),
+        "avg_jct_s": round(float(ours.mean()), 1),
+        "published_avg_jct_s": round(float(theirs.mean()), 1),
         "mean_abs_log_ratio": round(float(np.abs(log_ratio).mean()), 4),
         "within_25pct": round(float(np.mean(np.abs(ours / theirs - 1) <= WITHIN)), 4),
         "deviation": round(float(ours.mean() / theirs.mean() - 1), 4),
         "p99_deviation": round(float(np.percentile(ours, 99) / np.percentile(theirs, 99) - 1), 4),
         "makespan_deviation": round(float(ours_makespan / theirs_makespan - 1), 4),
-        "log_ratios": log_ratio.tolist(), "p99_s": (float(np.percentile(ours, 99)), float(np.percentile(theirs, 99))),
+        "log_ratios": log_ratio.tolist(),
+        "p99_s": (float(np.percentile(ours, 99)), float(np.percentile(theirs, 99))),
         "makespan_s": (ours_makespan, theirs_makespan),
     }
 
@@ -90,29 +97,50 @@ def _overall(rows: Sequence[Mapping[str, object]]) -> dict[str, float]:
 
     ours = float(np.mean([row["avg_jct_s"] for row in rows]))
     published = float(np.mean([row["published_avg_jct_s"] for row in rows]))
-    return {"ours": round(ours, 1), "published": round(published, 1), "deviation": round(ours / published - 1, 4),
-            "mean_abs_log_ratio": round(float(np.abs(log_ratio).mean()), 4),
-            "within_25pct": round(float(np.mean(np.abs(np.exp(log_ratio) - 1) <= WITHIN)), 4),
-            "p99_deviation": deviation("p99_s"), "makespan_deviation": deviation("makespan_s"),
-            "jobs": int(log_ratio.size)}
+    return {
+        "ours": round(ours, 1),
+        "published": round(published, 1),
+        "deviation": round(ours / published - 1, 4),
+        "mean_abs_log_ratio": round(float(np.abs(log_ratio).mean()), 4),
+        "within_25pct": round(float(np.mean(np.abs(np.exp(log_ratio) - 1) <= WITHIN)), 4),
+        "p99_deviation": deviation("p99_s"),
+        "makespan_deviation": deviation("makespan_s"),
+        "jobs": int(log_ratio.size),
+    }
 
 
-def fidelity(policies: Sequence[str], workloads: Sequence[int], mode: str = "pollux") -> dict[str, dict[str, object]]:
+def fidelity(
+    policies: Sequence[str], workloads: Sequence[int], mode: str = "pollux"
+) -> dict[str, dict[str, object]]:
     """Per policy: the overall figures (:func:`_overall`) and ``per_workload`` (:func:`agreement`,
     without the raw ratios), our policies in fidelity ``mode``."""
     bad = sorted(set(workloads) - set(POLLUX_WORKLOADS))
     if bad or not workloads:
-        raise ConfigError(f"published per-job results exist for workloads 1-8, got {list(workloads) or 'none'}")
+        raise ConfigError(
+            f"published per-job results exist for workloads 1-8, got {list(workloads) or 'none'}"
+        )
     report: dict[str, dict[str, object]] = {}
     for name in policies:
         published = published_jcts(name)
-        rows = {index: agreement(simulate(pollux_workload(index), make_policy(name, fidelity=mode), POLLUX_SETTINGS),
-                                 published[index])
-                for index in workloads}
-        report[name] = {**_overall(list(rows.values())), "mode": mode,
-                        "per_workload": {index: {key: value for key, value in row.items()
-                                                 if key not in ("log_ratios", "p99_s", "makespan_s")}
-                                         for index, row in rows.items()}}
+        rows = {
+            index: agreement(
+                simulate(pollux_workload(index), make_policy(name, fidelity=mode), POLLUX_SETTINGS),
+                published[index],
+            )
+            for index in workloads
+        }
+        report[name] = {
+            **_overall(list(rows.values())),
+            "mode": mode,
+            "per_workload": {
+                index: {
+                    key: value
+                    for key, value in row.items()
+                    if key not in ("log_ratios", "p99_s", "makespan_s")
+                }
+                for index, row in rows.items()
+            },
+        }
     return report
 
 
@@ -128,19 +156,27 @@ def parse_workloads(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m taiji.sched.fidelity", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m taiji.sched.fidelity", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--workloads", default="1-8", help="1-8 (default), one number, or a comma list")
     parser.add_argument("--policies", default=",".join(PUBLISHED_POLICIES))
-    parser.add_argument("--mode", default="pollux", choices=FIDELITY_MODES,
-                        help="fidelity mode of tiresias and optimus (default: %(default)s)")
+    parser.add_argument(
+        "--mode",
+        default="pollux",
+        choices=FIDELITY_MODES,
+        help="fidelity mode of tiresias and optimus (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     report = fidelity([p for p in args.policies.split(",") if p], parse_workloads(args.workloads), args.mode)
     for name, row in report.items():
         lines = [(f"w{index}", figures) for index, figures in row["per_workload"].items()] + [("all", row)]
         for label, figures in lines:
-            print(f"{name:>9} {label:>3}: per job mean |ln ratio| {figures['mean_abs_log_ratio']:.3f}, "
-                  f"within ±25% {figures['within_25pct']:.0%}; avg {figures['deviation']:+.1%}, "
-                  f"p99 {figures['p99_deviation']:+.1%}, makespan {figures['makespan_deviation']:+.1%}")
+            print(
+                f"{name:>9} {label:>3}: per job mean |ln ratio| {figures['mean_abs_log_ratio']:.3f}, "
+                f"within ±25% {figures['within_25pct']:.0%}; avg {figures['deviation']:+.1%}, "
+                f"p99 {figures['p99_deviation']:+.1%}, makespan {figures['makespan_deviation']:+.1%}"
+            )
     print(json.dumps(report))
     return 0
 

@@ -24,6 +24,7 @@ the same B the job's policy is given. A job whose log shows its batch changed wi
 adapts too, up to the largest batch it used. Any other job keeps its batch: its efficiency is 1
 whatever its noise scale (``(φ+B0)/(φ+B0)``) and the policies see throughput, exactly as before.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,10 @@ from typing import Any, Mapping, Sequence
 
 @dataclass(frozen=True)
 class BatchStats:
-    init_batch: int              # B0: the first batch in its run log
-    batch: int                   # the latest
-    largest: int                 # the largest it used (in the rows read)
-    noise_scale: float | None    # B_noise in samples (latest estimate); None: not measured yet
+    init_batch: int  # B0: the first batch in its run log
+    batch: int  # the latest
+    largest: int  # the largest it used (in the rows read)
+    noise_scale: float | None  # B_noise in samples (latest estimate); None: not measured yet
 
 
 def _positive(value: Any) -> float | None:
@@ -59,16 +60,23 @@ def batch_stats(first: Sequence[Mapping[str, Any]], latest: Sequence[Mapping[str
     first, as :func:`taiji.metrics.runlog.read_jsonl_ends` returns them); None before any row with a
     batch. Rows without a positive integer ``batch_size`` (a decoupled phase's summary, a torn or
     foreign line) are ignored."""
+
     def batches(rows: Sequence[Mapping[str, Any]]) -> list[int]:
-        return [int(r["batch_size"]) for r in rows
-                if isinstance(r.get("batch_size"), int) and not isinstance(r.get("batch_size"), bool)
-                and r["batch_size"] > 0]
+        return [
+            int(r["batch_size"])
+            for r in rows
+            if isinstance(r.get("batch_size"), int)
+            and not isinstance(r.get("batch_size"), bool)
+            and r["batch_size"] > 0
+        ]
+
     head, tail = batches(first), batches(latest)
     if not head and not tail:
         return None
     noise = next((n for n in (row_noise_scale(r) for r in reversed(latest)) if n is not None), None)
-    return BatchStats(init_batch=(head or tail)[0], batch=(tail or head)[-1], largest=max(head + tail),
-                      noise_scale=noise)
+    return BatchStats(
+        init_batch=(head or tail)[0], batch=(tail or head)[-1], largest=max(head + tail), noise_scale=noise
+    )
 
 
 def batch_range(stats: BatchStats | None, batch: int, max_batch: int = 0) -> tuple[int, int]:

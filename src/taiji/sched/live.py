@@ -26,6 +26,7 @@ its batch (taiji's goodput policy) may train any batch in ``[B0, max_batch]``, a
 policies (Pollux-like, PCRR) pick its goodput-best batch per allocation as the job's own policy does.
 A sample trained counts once, whatever batch it was trained at (``progress = position / B0``).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,12 +43,13 @@ from .model import Application, Curve, Validation
 from .sim import JobView
 from .workload import LIVE, JobSpec
 
-PRIOR_WEIGHT = 1e-3   # of the prior rows against one measurement (relative errors are ~1)
+PRIOR_WEIGHT = 1e-3  # of the prior rows against one measurement (relative errors are ~1)
 
 
 @dataclass(frozen=True)
 class Measured:
     """A job's mean global step time while it ran ``replicas`` workers on ``hosts`` hosts."""
+
     replicas: int
     hosts: int
     step_seconds: float
@@ -60,16 +62,21 @@ class Measured:
 @dataclass(frozen=True)
 class StepModel:
     """Seconds of one global step (see the module's docstring)."""
-    compute_fixed: float        # α_c
-    compute_per_sample: float   # β_c, per sample of the local batch
-    sync_fixed: float           # α_s, any job of more than one worker
-    sync_per_worker: float      # β_s, per worker beyond two
-    cross_host: float           # α_x, once the job spans hosts
+
+    compute_fixed: float  # α_c
+    compute_per_sample: float  # β_c, per sample of the local batch
+    sync_fixed: float  # α_s, any job of more than one worker
+    sync_per_worker: float  # β_s, per worker beyond two
+    cross_host: float  # α_x, once the job spans hosts
 
     def sync_time(self, hosts: int, replicas: int) -> float:
         if replicas <= 1:
             return 0.0
-        return self.sync_fixed + self.sync_per_worker * max(replicas - 2, 0) + (self.cross_host if hosts > 1 else 0.0)
+        return (
+            self.sync_fixed
+            + self.sync_per_worker * max(replicas - 2, 0)
+            + (self.cross_host if hosts > 1 else 0.0)
+        )
 
     def step_time(self, hosts: int, replicas: int, local_bsz: float) -> float:
         return self.compute_fixed + self.compute_per_sample * local_bsz + self.sync_time(hosts, replicas)
@@ -108,8 +115,13 @@ def fit_step_model(batch_size: int, measured: Sequence[Measured]) -> StepModel:
     scale = float(np.median([float(np.median(v)) for v in by_size.values()]))
     # the prior: every term but the per-sample compute is zero unless measured otherwise (the
     # per-sample term's own prior row is tiny, so one size is explained by compute that scales)
-    for index, weight in ((0, PRIOR_WEIGHT), (2, PRIOR_WEIGHT), (3, PRIOR_WEIGHT), (4, PRIOR_WEIGHT),
-                          (1, PRIOR_WEIGHT * 1e-3)):
+    for index, weight in (
+        (0, PRIOR_WEIGHT),
+        (2, PRIOR_WEIGHT),
+        (3, PRIOR_WEIGHT),
+        (4, PRIOR_WEIGHT),
+        (1, PRIOR_WEIGHT * 1e-3),
+    ):
         row = [0.0] * 5
         row[index] = weight * (batch_size if index == 1 else 1.0) / scale
         rows.append(row)
@@ -118,9 +130,19 @@ def fit_step_model(batch_size: int, measured: Sequence[Measured]) -> StepModel:
     return StepModel(*(float(x) for x in solution))
 
 
-def live_application(name: str, model: StepModel, batch_size: int, samples_per_epoch: int, epochs: int,
-                     max_replicas: int, max_hosts: int = 1, min_local_bsz: int = 1, init_batch: int | None = None,
-                     max_batch: int | None = None, noise_scale: float | None = None) -> Application:
+def live_application(
+    name: str,
+    model: StepModel,
+    batch_size: int,
+    samples_per_epoch: int,
+    epochs: int,
+    max_replicas: int,
+    max_hosts: int = 1,
+    min_local_bsz: int = 1,
+    init_batch: int | None = None,
+    max_batch: int | None = None,
+    noise_scale: float | None = None,
+) -> Application:
     """An Application whose step times are ``model``'s, for the simulator's policies. Progress is
     counted in steps at ``init_batch`` (B0, default ``batch_size``); a job with ``max_batch`` above
     B0 adapts its batch in ``[B0, max_batch]``, any other keeps ``batch_size``; ``noise_scale`` (φ,
@@ -128,19 +150,29 @@ def live_application(name: str, model: StepModel, batch_size: int, samples_per_e
     init = init_batch or batch_size
     largest_batch = max(max_batch or 0, init)
     adapts = largest_batch > init
-    if (batch_size < 1 or init < 1 or samples_per_epoch < 1 or epochs < 1 or max_replicas < 1 or max_hosts < 1
-            or (noise_scale is not None and not noise_scale > 0)):
-        raise ConfigError(f"job {name!r}: batches, samples per epoch, epochs, replicas and hosts must be >= 1 "
-                          f"and a noise scale > 0")
+    if (
+        batch_size < 1
+        or init < 1
+        or samples_per_epoch < 1
+        or epochs < 1
+        or max_replicas < 1
+        or max_hosts < 1
+        or (noise_scale is not None and not noise_scale > 0)
+    ):
+        raise ConfigError(
+            f"job {name!r}: batches, samples per epoch, epochs, replicas and hosts must be >= 1 "
+            f"and a noise scale > 0"
+        )
     top = largest_batch if adapts else batch_size
     largest = max(1, min(max_replicas, top // max(min_local_bsz, 1)))
-    local_ends = (1.0, float(top))   # the model is linear in the local batch: two points hold it
+    local_ends = (1.0, float(top))  # the model is linear in the local batch: two points hold it
     spreads = {}
     for hosts in range(1, min(max_hosts, largest) + 1):
         for replicas in range(hosts, largest + 1):
             sync = model.sync_time(hosts, replicas)
-            spreads[(hosts, replicas)] = Curve(local_ends, tuple(model.step_time(hosts, replicas, b) for b in local_ends),
-                                               (sync, sync))
+            spreads[(hosts, replicas)] = Curve(
+                local_ends, tuple(model.step_time(hosts, replicas, b) for b in local_ends), (sync, sync)
+            )
     unit = init if adapts else batch_size
     steps_per_epoch = math.ceil(samples_per_epoch / unit)
     progress = tuple(float(steps_per_epoch * (k + 1)) for k in range(epochs))
@@ -148,20 +180,49 @@ def live_application(name: str, model: StepModel, batch_size: int, samples_per_e
     # noise scale: efficiency 1 at every batch; else (φ+B0)/(φ+B)
     sqr, var = (1.0, 0.0) if not adapts else (0.0, 1.0) if noise_scale is None else (1.0, noise_scale / unit)
     stats = Validation(unit, progress, iteration=progress, grad_sqr=(sqr,) * epochs, grad_var=(var,) * epochs)
-    return Application(name=name, max_epochs=epochs, init_batch_size=unit, max_batch_size=top,
-                       min_local_bsz=max(min_local_bsz, 1), max_local_bsz=top, max_replicas=largest,
-                       fixed_batch_size=None if adapts else batch_size, placements={}, spreads=spreads,
-                       validations=(stats,), epoch_progress=progress, pollux_batch_rules=False)
+    return Application(
+        name=name,
+        max_epochs=epochs,
+        init_batch_size=unit,
+        max_batch_size=top,
+        min_local_bsz=max(min_local_bsz, 1),
+        max_local_bsz=top,
+        max_replicas=largest,
+        fixed_batch_size=None if adapts else batch_size,
+        placements={},
+        spreads=spreads,
+        validations=(stats,),
+        epoch_progress=progress,
+        pollux_batch_rules=False,
+    )
 
 
-def policy_application(name: str, measured: Sequence[Measured], per_sample: float, batch: int, work: int,
-                       max_replicas: int, init: int, largest: int, noise_scale: float | None = None) -> Application:
+def policy_application(
+    name: str,
+    measured: Sequence[Measured],
+    per_sample: float,
+    batch: int,
+    work: int,
+    max_replicas: int,
+    init: int,
+    largest: int,
+    noise_scale: float | None = None,
+) -> Application:
     """The model a policy sees of a live job (``Scheduler.view_of``, and a replay before a job's first
     step): fitted to its ``measured`` step times at ``batch``; never measured, compute that scales
     linearly at ``per_sample`` worker-seconds per sample (its own at another batch, else a typical job's)."""
     model = fit_step_model(batch, measured) if measured else StepModel(0.0, per_sample, 0.0, 0.0, 0.0)
-    return live_application(name, model, batch, samples_per_epoch=work, epochs=1, max_replicas=max_replicas,
-                            init_batch=init, max_batch=largest, noise_scale=noise_scale)
+    return live_application(
+        name,
+        model,
+        batch,
+        samples_per_epoch=work,
+        epochs=1,
+        max_replicas=max_replicas,
+        init_batch=init,
+        max_batch=largest,
+        noise_scale=noise_scale,
+    )
 
 
 def seconds_per_sample(measured: Iterable[tuple[int, int, float]]) -> float:
@@ -176,10 +237,19 @@ def typical(values: Iterable[float], default: float) -> float:
     return type(default)(statistics.median(known)) if known else default
 
 
-def live_view(app: Application, submitted: float, requested: int, steps_done: float,
-              placement: Sequence[int] | None, attained_worker_s: float = 0.0, restarts: int = 0,
-              peak_replicas: int = 0, weight: float = 1.0, batch_now: int | None = None,
-              suspend_cost_s: float | None = None) -> JobView:
+def live_view(
+    app: Application,
+    submitted: float,
+    requested: int,
+    steps_done: float,
+    placement: Sequence[int] | None,
+    attained_worker_s: float = 0.0,
+    restarts: int = 0,
+    peak_replicas: int = 0,
+    weight: float = 1.0,
+    batch_now: int | None = None,
+    suspend_cost_s: float | None = None,
+) -> JobView:
     """What a policy sees of a live job: ``requested`` workers asked at submission, ``steps_done``
     steps at its initial batch trained, ``placement`` workers per host (None while it waits),
     ``batch_now`` the batch it trains with (default its initial one), ``suspend_cost_s`` its
@@ -187,13 +257,22 @@ def live_view(app: Application, submitted: float, requested: int, steps_done: fl
     batch = batch_now or app.init_batch_size
     allocation = Allocation(tuple(placement), batch) if placement is not None and any(placement) else None
     spec = JobSpec(app.name, submitted, LIVE, requested, app.init_batch_size)
-    return JobView(spec=spec, app=app, progress=min(float(steps_done), app.target_progress),
-                   attained_gpu_s=attained_worker_s, allocation=allocation, restarts=restarts,
-                   peak_replicas=max(peak_replicas, allocation.replicas if allocation else 0), weight=weight,
-                   suspend_cost_s=suspend_cost_s)
+    return JobView(
+        spec=spec,
+        app=app,
+        progress=min(float(steps_done), app.target_progress),
+        attained_gpu_s=attained_worker_s,
+        allocation=allocation,
+        restarts=restarts,
+        peak_replicas=max(peak_replicas, allocation.replicas if allocation else 0),
+        weight=weight,
+        suspend_cost_s=suspend_cost_s,
+    )
 
 
-def placement_timeline(events: Sequence[Mapping], addresses: Sequence[str]) -> list[tuple[float, tuple[int, ...]]]:
+def placement_timeline(
+    events: Sequence[Mapping], addresses: Sequence[str]
+) -> list[tuple[float, tuple[int, ...]]]:
     """A job's workers per host over time from its run log (``events.jsonl``: start, resize and
     recovery carry ``hosts``, the workers on each address; ``end`` frees them). On one host, or for
     a log without ``hosts``, all workers count on the first address."""

@@ -44,6 +44,7 @@ the end of slot t. Then the covering rows read ``U ≤ F``, the cap ``W ≤ D`` 
 only until it completes" is ``Σ_k v[j,k,t] + U[j,t−1] ≤ 1``, and the objective per job is
 ``ω_j (L + D_j/r_j^best − Σ_{t<T−1} Δ_{t+1} U[j,t] − (D_j/r_j^best) F[j,T−1] + δ_j z[j])``.
 """
+
 from __future__ import annotations
 
 import time
@@ -55,7 +56,7 @@ from scipy.optimize import linprog
 
 from ..errors import ConfigError
 
-Placement = tuple[tuple[int, int], ...]   # ((host index, GPUs), ...), sorted by host, GPUs > 0
+Placement = tuple[tuple[int, int], ...]  # ((host index, GPUs), ...), sorted by host, GPUs > 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Config:
     ``placement`` fixes the GPUs per host (internal on one host, or a given spread); empty means an
     external configuration whose hosts are chosen when placing (it counts against aggregate capacity
     in the LP, and its rate must not depend on the spread)."""
+
     gpus: int
     rate: float
     placement: Placement = ()
@@ -83,7 +85,9 @@ class Config:
     @staticmethod
     def spread(per_host: dict[int, int], rate: float, label: str = "") -> Config:
         placement = tuple(sorted((h, g) for h, g in per_host.items() if g > 0))
-        return Config(sum(g for _, g in placement), rate, placement, label or f"{sum(per_host.values())}@spread")
+        return Config(
+            sum(g for _, g in placement), rate, placement, label or f"{sum(per_host.values())}@spread"
+        )
 
     @staticmethod
     def external(gpus: int, rate: float, label: str = "") -> Config:
@@ -100,6 +104,7 @@ class Job:
     index of the configuration it runs now (``None``: not running), the seconds a change costs it and
     the seconds a suspension (no configuration at all) costs it: suspend + resume, at least a change;
     ``arrival`` (its submission time) breaks ties between otherwise equal jobs (first come, first served)."""
+
     name: str
     remaining: float
     configs: tuple[Config, ...]
@@ -128,6 +133,7 @@ class Job:
 @dataclass(frozen=True)
 class Horizon:
     """Slot lengths in seconds; only the first slot is executed (rolling horizon)."""
+
     slots_s: tuple[float, ...]
 
     @staticmethod
@@ -153,7 +159,7 @@ class Problem:
     hosts: tuple[Host, ...]
     jobs: tuple[Job, ...]
     horizon: Horizon
-    capacity_slack: float = 0.0   # ε: the LP packs into (1−ε)·capacity, headroom for rounding
+    capacity_slack: float = 0.0  # ε: the LP packs into (1−ε)·capacity, headroom for rounding
 
     def __post_init__(self) -> None:
         validate(self)
@@ -163,7 +169,9 @@ def validate(problem: Problem) -> None:
     """Raise ConfigError naming the job and configuration for any input the LP cannot take."""
     n_hosts = len(problem.hosts)
     if not problem.horizon.slots_s or min(problem.horizon.slots_s) <= 0:
-        raise ConfigError(f"the horizon needs at least one slot of positive length, got {problem.horizon.slots_s}")
+        raise ConfigError(
+            f"the horizon needs at least one slot of positive length, got {problem.horizon.slots_s}"
+        )
     if not 0 <= problem.capacity_slack < 1:
         raise ConfigError(f"capacity_slack must be in [0, 1), got {problem.capacity_slack}")
     if any(h.gpus < 0 for h in problem.hosts):
@@ -172,22 +180,38 @@ def validate(problem: Problem) -> None:
     if len(set(names)) != len(names):
         raise ConfigError(f"job names must be unique, got {names}")
     for job in problem.jobs:
-        if not job.remaining > 0 or not job.weight > 0 or job.resize_cost_s < 0 or not job.suspend_cost_s >= 0:
-            raise ConfigError(f"job {job.name!r}: remaining work and weight must be > 0 and the resize and "
-                              f"suspend costs >= 0 (got {job.remaining}, {job.weight}, {job.resize_cost_s}, "
-                              f"{job.suspend_cost_s})")
+        if (
+            not job.remaining > 0
+            or not job.weight > 0
+            or job.resize_cost_s < 0
+            or not job.suspend_cost_s >= 0
+        ):
+            raise ConfigError(
+                f"job {job.name!r}: remaining work and weight must be > 0 and the resize and "
+                f"suspend costs >= 0 (got {job.remaining}, {job.weight}, {job.resize_cost_s}, "
+                f"{job.suspend_cost_s})"
+            )
         if not job.configs or job.best_rate <= 0:
             raise ConfigError(f"job {job.name!r} has no configuration with a positive rate; leave it out")
         for k, c in enumerate(job.configs):
             hosts = [h for h, _ in c.placement]
-            if (c.gpus < 1 or c.rate < 0 or any(g < 1 or not 0 <= h < n_hosts for h, g in c.placement)
-                    or len(set(hosts)) != len(hosts) or (c.placement and sum(g for _, g in c.placement) != c.gpus)):
-                raise ConfigError(f"job {job.name!r} config {k} ({c.label}): needs gpus >= 1, rate >= 0 and a "
-                                  f"placement on distinct hosts 0..{n_hosts - 1} summing to gpus, got {c}")
+            if (
+                c.gpus < 1
+                or c.rate < 0
+                or any(g < 1 or not 0 <= h < n_hosts for h, g in c.placement)
+                or len(set(hosts)) != len(hosts)
+                or (c.placement and sum(g for _, g in c.placement) != c.gpus)
+            ):
+                raise ConfigError(
+                    f"job {job.name!r} config {k} ({c.label}): needs gpus >= 1, rate >= 0 and a "
+                    f"placement on distinct hosts 0..{n_hosts - 1} summing to gpus, got {c}"
+                )
         if job.current is not None:
             if not 0 <= job.current < len(job.configs) or job.configs[job.current].flexible:
-                raise ConfigError(f"job {job.name!r}: current={job.current} must index one of its configurations "
-                                  "with a fixed placement (the placement it holds now)")
+                raise ConfigError(
+                    f"job {job.name!r}: current={job.current} must index one of its configurations "
+                    "with a fixed placement (the placement it holds now)"
+                )
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,6 +220,7 @@ class LPSolution:
     ``done[j, t]``: fraction of j's remaining work done by the end of slot t; ``completion_s[j]``: the
     LP's completion estimate from now; ``host_price[h, t]`` / ``aggregate_price[t]``: weighted seconds
     of objective one more GPU on host h / anywhere in slot t would save (≥ 0)."""
+
     status: str
     optimal: bool
     objective: float
@@ -215,8 +240,6 @@ def predicted_completion_s(job: Job, rate: float, horizon: Horizon) -> float:
     if rate * horizon_s >= job.remaining:
         return job.remaining / rate
     return horizon_s + (job.remaining - rate * horizon_s) / job.best_rate
-
-
 
 
 class _Rows:
@@ -239,8 +262,10 @@ class _Rows:
     def matrix(self, n_vars: int) -> sparse.csr_matrix:
         if not self.rhs:
             return sparse.csr_matrix((0, n_vars))
-        return sparse.csr_matrix((np.concatenate(self.vals), (np.concatenate(self.rows), np.concatenate(self.cols))),
-                                 shape=(len(self.rhs), n_vars))
+        return sparse.csr_matrix(
+            (np.concatenate(self.vals), (np.concatenate(self.rows), np.concatenate(self.cols))),
+            shape=(len(self.rhs), n_vars),
+        )
 
 
 def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str = "highs") -> LPSolution:
@@ -261,24 +286,29 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
     n_vars = offset
     cost = np.zeros(n_vars)
     ub, eq = _Rows(), _Rows()
-    host_terms: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(n_hosts)]  # per host: (v columns over slots, GPUs)
+    host_terms: list[list[tuple[np.ndarray, np.ndarray]]] = [
+        [] for _ in range(n_hosts)
+    ]  # per host: (v columns over slots, GPUs)
     aggregate_terms: list[tuple[np.ndarray, np.ndarray]] = []
     slots = np.asarray(horizon.slots_s)
 
     for j, job in enumerate(jobs):
         n_cfg = len(job.configs)
         v = base[j] + np.arange(n_cfg * n_slots).reshape(n_cfg, n_slots)
-        done_by = base[j] + n_cfg * n_slots + np.arange(n_slots)      # U: completed by the end of slot t
-        fraction = done_by + n_slots                                   # F: work fraction done by then
+        done_by = base[j] + n_cfg * n_slots + np.arange(n_slots)  # U: completed by the end of slot t
+        fraction = done_by + n_slots  # F: work fraction done by then
         tail_s = job.remaining / job.best_rate
         cost[done_by[:-1]] = -job.weight * slots[1:]
         cost[fraction[-1]] = -job.weight * tail_s
-        share = np.outer([c.rate for c in job.configs], slots) / job.remaining   # of D_j per full slot
+        share = np.outer([c.rate for c in job.configs], slots) / job.remaining  # of D_j per full slot
         ones = np.ones(n_cfg)
         for t in range(n_slots):
-            before = fraction[t - 1:t] if t else np.empty(0, dtype=int)
-            eq.add(np.concatenate([[fraction[t]], before, v[:, t]]),
-                   np.concatenate([[1.0], -np.ones(len(before)), -share[:, t]]), 0.0)
+            before = fraction[t - 1 : t] if t else np.empty(0, dtype=int)
+            eq.add(
+                np.concatenate([[fraction[t]], before, v[:, t]]),
+                np.concatenate([[1.0], -np.ones(len(before)), -share[:, t]]),
+                0.0,
+            )
             ub.add(np.array([done_by[t], fraction[t]]), np.array([1.0, -1.0]), 0.0)
             if t:
                 ub.add(np.array([done_by[t - 1], done_by[t]]), np.array([1.0, -1.0]), 0.0)
@@ -292,7 +322,9 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
             ub.add(np.array([v[job.current, 0], done_by[0], z]), np.array([-1.0, -1.0, -1.0]), -1.0)
             for t in range(n_slots):
                 ub.add(np.append(others[:, t], z), np.append(np.ones(len(others)), -1.0), 0.0)
-            if job.suspend_surcharge_s > 0:   # s ≥ 1 − Σ_k v[k,0] − U[0]: the part of the first slot it runs nothing
+            if (
+                job.suspend_surcharge_s > 0
+            ):  # s ≥ 1 − Σ_k v[k,0] − U[0]: the part of the first slot it runs nothing
                 cost[z + 1] = job.weight * job.suspend_surcharge_s
                 ub.add(np.concatenate([v[:, 0], [done_by[0], z + 1]]), -np.ones(n_cfg + 2), -1.0)
         gpus = np.array([c.gpus for c in job.configs], dtype=float)
@@ -304,7 +336,7 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
     host_rows = np.full((n_hosts, n_slots), -1)
     for h in range(n_hosts):
         if host_terms[h]:
-            cols = np.stack([c for c, _ in host_terms[h]])      # (terms, T)
+            cols = np.stack([c for c, _ in host_terms[h]])  # (terms, T)
             vals = np.stack([g for _, g in host_terms[h]])
             for t in range(n_slots):
                 host_rows[h, t] = ub.add(cols[:, t], vals[:, t], scale * hosts[h].gpus)
@@ -324,14 +356,32 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
     completion = np.array([predicted_completion_s(job, 0.0, horizon) for job in jobs])
     host_price, aggregate_price = np.zeros((n_hosts, n_slots)), np.zeros(n_slots)
     if not jobs:
-        return LPSolution("no jobs", True, 0.0, x, done, completion, host_price, aggregate_price,
-                          time.perf_counter() - started, size)
+        return LPSolution(
+            "no jobs",
+            True,
+            0.0,
+            x,
+            done,
+            completion,
+            host_price,
+            aggregate_price,
+            time.perf_counter() - started,
+            size,
+        )
 
     options: dict[str, float | bool] = {"presolve": True}
     if time_limit_s is not None:
         options["time_limit"] = float(time_limit_s)
-    result = linprog(cost, A_ub=a_ub, b_ub=np.asarray(ub.rhs), A_eq=a_eq, b_eq=np.asarray(eq.rhs),
-                     bounds=(0.0, 1.0), method=method, options=options)
+    result = linprog(
+        cost,
+        A_ub=a_ub,
+        b_ub=np.asarray(ub.rhs),
+        A_eq=a_eq,
+        b_eq=np.asarray(eq.rhs),
+        bounds=(0.0, 1.0),
+        method=method,
+        options=options,
+    )
     optimal = result.status == 0 and result.x is not None
     objective = float("nan")
     if optimal:
@@ -339,17 +389,31 @@ def solve_lp(problem: Problem, *, time_limit_s: float | None = None, method: str
         for j, job in enumerate(jobs):
             n_cfg = len(job.configs)
             at = base[j] + n_cfg * n_slots
-            x[j, :n_cfg] = solution[base[j]:at].reshape(n_cfg, n_slots)
-            done_by, done[j] = solution[at:at + n_slots], solution[at + n_slots:at + 2 * n_slots]
+            x[j, :n_cfg] = solution[base[j] : at].reshape(n_cfg, n_slots)
+            done_by, done[j] = solution[at : at + n_slots], solution[at + n_slots : at + 2 * n_slots]
             resize_s = job.resize_cost_s * solution[at + 2 * n_slots] if job.current is not None else 0.0
             if job.suspend_surcharge_s > 0:
                 resize_s += job.suspend_surcharge_s * solution[at + 2 * n_slots + 1]
-            completion[j] = float(horizon.total_s - slots[1:] @ done_by[:-1]
-                                  + (1.0 - done[j, -1]) * job.remaining / job.best_rate + resize_s)
+            completion[j] = float(
+                horizon.total_s
+                - slots[1:] @ done_by[:-1]
+                + (1.0 - done[j, -1]) * job.remaining / job.best_rate
+                + resize_s
+            )
         objective = float(sum(job.weight * c for job, c in zip(jobs, completion)))
-        duals = -np.asarray(result.ineqlin.marginals)   # ≤-rows of a minimisation have marginals ≤ 0
+        duals = -np.asarray(result.ineqlin.marginals)  # ≤-rows of a minimisation have marginals ≤ 0
         has_row = host_rows >= 0
         host_price[has_row] = np.maximum(0.0, duals[host_rows[has_row]])
         aggregate_price[:] = np.maximum(0.0, duals[aggregate_rows])
-    return LPSolution(str(result.message), optimal, objective, x, done, completion, host_price, aggregate_price,
-                      time.perf_counter() - started, size)
+    return LPSolution(
+        str(result.message),
+        optimal,
+        objective,
+        x,
+        done,
+        completion,
+        host_price,
+        aggregate_price,
+        time.perf_counter() - started,
+        size,
+    )

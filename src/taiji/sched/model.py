@@ -21,6 +21,7 @@ Three kinds of model live here (SCHEDULER.md §3.1, §4.1; tags as there):
 
 All functions are pure; loaded applications are cached per name (the data never changes).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -46,8 +47,8 @@ APPLICATIONS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 _MAX_EPOCHS = {"bert": 2, "cifar10": 100, "deepspeech2": 80, "imagenet": 90, "ncf": 10, "yolov3": 50}
 _MAX_LOCAL_BSZ = {"yolov3": 8}
 _MAX_REPLICAS = {"ncf": 1}
-_FIXED_BATCH = {"ncf": 32768}   # ncf keeps its batch even under batch-adaptive policies
-MAX_TRACE_NODES = 16   # the traces measure at most 16 nodes; wider spreads are read as 16
+_FIXED_BATCH = {"ncf": 32768}  # ncf keeps its batch even under batch-adaptive policies
+MAX_TRACE_NODES = 16  # the traces measure at most 16 nodes; wider spreads are read as 16
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,10 @@ class Curve:
 
     def at(self, local_bsz: float) -> tuple[float, float]:
         """(step, sync) linearly interpolated in the batch size, clamped at the measured ends."""
-        return (float(np.interp(local_bsz, self.local_bsz, self.step_time)),
-                float(np.interp(local_bsz, self.local_bsz, self.sync_time)))
+        return (
+            float(np.interp(local_bsz, self.local_bsz, self.step_time)),
+            float(np.interp(local_bsz, self.local_bsz, self.sync_time)),
+        )
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class Validation:
     """Per-epoch gradient statistics of one training run at total batch ``batch_size``."""
 
     batch_size: int
-    progress: tuple[float, ...]   # cumulative statistical progress at the end of each epoch
+    progress: tuple[float, ...]  # cumulative statistical progress at the end of each epoch
     iteration: tuple[float, ...]  # cumulative optimizer steps at this batch by the end of each epoch
     grad_sqr: tuple[float, ...]
     grad_var: tuple[float, ...]
@@ -98,15 +101,15 @@ class Application:
     max_batch_size: int
     min_local_bsz: int
     max_local_bsz: int
-    max_replicas: int | None                  # an explicit cap (ncf: 1), None when unlimited
-    fixed_batch_size: int | None              # batch-adaptive policies may not change it (ncf)
-    placements: Mapping[str, Curve]           # canonical placement string -> curve
+    max_replicas: int | None  # an explicit cap (ncf: 1), None when unlimited
+    fixed_batch_size: int | None  # batch-adaptive policies may not change it (ncf)
+    placements: Mapping[str, Curve]  # canonical placement string -> curve
     spreads: Mapping[tuple[int, int], Curve]  # (nodes, replicas) -> curve, measured or averaged
-    validations: tuple[Validation, ...]       # sorted by batch size
-    epoch_progress: tuple[float, ...]         # progress at the end of epoch k+1 (min over runs)
-    speed_scale: float = 1.0                  # a policy's estimate: rates × this (ground truth: 1)
-    server_cpus: int = 0                      # allreduce jobs have no parameter servers
-    pollux_batch_rules: bool = True           # split a batch as Pollux's simulator does (batch_config)
+    validations: tuple[Validation, ...]  # sorted by batch size
+    epoch_progress: tuple[float, ...]  # progress at the end of epoch k+1 (min over runs)
+    speed_scale: float = 1.0  # a policy's estimate: rates × this (ground truth: 1)
+    server_cpus: int = 0  # allreduce jobs have no parameter servers
+    pollux_batch_rules: bool = True  # split a batch as Pollux's simulator does (batch_config)
 
     def servers_for(self, workers: int) -> int:
         """Parameter servers a job of ``workers`` workers needs: none (allreduce)."""
@@ -131,8 +134,9 @@ class Application:
         validated batch. Without ``pollux_batch_rules`` (a live taiji job) only the first rule holds:
         the batch is split in whole samples, rounded up."""
         if replicas < 1 or batch_size < 1:
-            raise ConfigError(f"{self.name}: need replicas >= 1 and batch >= 1, got "
-                              f"{replicas} x {batch_size}")
+            raise ConfigError(
+                f"{self.name}: need replicas >= 1 and batch >= 1, got {replicas} x {batch_size}"
+            )
         local = math.ceil(batch_size / replicas)
         accum = math.ceil(local / self.max_local_bsz) - 1
         if self.pollux_batch_rules and replicas == 1 and batch_size > self.init_batch_size:
@@ -180,7 +184,7 @@ def spread_step_time(app: Application, nodes: int, replicas: int, local_bsz: flo
     exists). Spreads beyond the traces are clamped (nodes to 16, replicas to the range)."""
     nodes = min(nodes, MAX_TRACE_NODES)
     by_nodes: dict[int, list[int]] = {}
-    for (k, n) in app.spreads:
+    for k, n in app.spreads:
         by_nodes.setdefault(k, []).append(n)
     covering = sorted(k for k, ns in by_nodes.items() if min(ns) <= replicas <= max(ns))
     if not covering:  # more replicas than ever measured: the widest measured spread at most
@@ -200,8 +204,9 @@ def spread_step_time(app: Application, nodes: int, replicas: int, local_bsz: flo
     return tuple((1 - weight) * a + weight * b for a, b in zip(step_low, step_high))  # type: ignore[return-value]
 
 
-def _along_replicas(app: Application, nodes: int, measured: list[int], replicas: int,
-                    local_bsz: float) -> tuple[float, float]:
+def _along_replicas(
+    app: Application, nodes: int, measured: list[int], replicas: int, local_bsz: float
+) -> tuple[float, float]:
     """(step, sync) at ``nodes`` interpolated linearly between the bracketing measured replica
     counts (clamped at the ends)."""
     replicas = min(max(replicas, measured[0]), measured[-1])
@@ -227,7 +232,9 @@ def _across_runs(app: Application, batch_size: float, epoch: int, *columns: str)
         return tuple(getattr(run, column)[row] for column in columns)
     low, high = runs[index - 1], runs[index]
     weight = (batch_size - low.batch_size) / (high.batch_size - low.batch_size)
-    return tuple((1 - weight) * getattr(low, column)[row] + weight * getattr(high, column)[row] for column in columns)
+    return tuple(
+        (1 - weight) * getattr(low, column)[row] + weight * getattr(high, column)[row] for column in columns
+    )
 
 
 def grad_stats(app: Application, batch_size: float, epoch: int) -> tuple[float, float]:
@@ -279,8 +286,10 @@ def _epoch_rates(app: Application, canonical: tuple[int, ...], batch_size: int) 
     config = app.batch_config(sum(canonical), batch_size)
     iteration = iteration_time(app, canonical, batch_size)
     scale = config.total / app.init_batch_size
-    return tuple(app.speed_scale * scale * trace_efficiency(app, config.total, epoch) / iteration
-                 for epoch in range(app.max_epochs))
+    return tuple(
+        app.speed_scale * scale * trace_efficiency(app, config.total, epoch) / iteration
+        for epoch in range(app.max_epochs)
+    )
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -292,8 +301,14 @@ def _seconds_after(app: Application, canonical: tuple[int, ...], batch_size: int
     return tuple(np.concatenate((np.cumsum(per_epoch[::-1])[::-1], [0.0])).tolist())
 
 
-def advance(app: AnyApplication, progress: float, seconds: float, placement: Sequence[int],
-            batch_size: int, servers: Sequence[int] | None = None) -> float:
+def advance(
+    app: AnyApplication,
+    progress: float,
+    seconds: float,
+    placement: Sequence[int],
+    batch_size: int,
+    servers: Sequence[int] | None = None,
+) -> float:
     """Progress after training ``seconds`` from ``progress``; the rate is constant within an
     epoch, so this integrates exactly across epoch boundaries. Never exceeds the target.
     ``servers``: a PS job's servers per host (ignored for allreduce jobs)."""
@@ -310,8 +325,13 @@ def advance(app: AnyApplication, progress: float, seconds: float, placement: Seq
     return min(progress, app.target_progress)
 
 
-def time_to_finish(app: AnyApplication, progress: float, placement: Sequence[int], batch_size: int,
-                   servers: Sequence[int] | None = None) -> float:
+def time_to_finish(
+    app: AnyApplication,
+    progress: float,
+    placement: Sequence[int],
+    batch_size: int,
+    servers: Sequence[int] | None = None,
+) -> float:
     """Seconds of training from ``progress`` to completion on ``placement`` (exact, per epoch);
     ``servers`` as for :func:`advance`."""
     if isinstance(app, PsApplication):
@@ -321,10 +341,13 @@ def time_to_finish(app: AnyApplication, progress: float, placement: Sequence[int
         return 0.0
     canonical = canonical_placement(placement)
     rate = _epoch_rates(app, canonical, batch_size)[epoch]
-    return (app.epoch_progress[epoch] - progress) / rate + _seconds_after(app, canonical, batch_size)[epoch + 1]
+    return (app.epoch_progress[epoch] - progress) / rate + _seconds_after(app, canonical, batch_size)[
+        epoch + 1
+    ]
 
 
 # -- analytic models ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ThroughputParams:
@@ -348,15 +371,16 @@ class ThroughputParams:
 
 def overlap(compute: float, network: float, gamma: float) -> float:
     """``(T_comp^γ + T_net^γ)^(1/γ)``: between the sum (γ=1) and the max (γ→∞)."""
-    return (compute ** gamma + network ** gamma) ** (1.0 / gamma)
+    return (compute**gamma + network**gamma) ** (1.0 / gamma)
 
 
-def pollux_step_time(params: ThroughputParams, nodes: int, replicas: int, local_bsz: float,
-                     accum_steps: int = 0) -> float:
+def pollux_step_time(
+    params: ThroughputParams, nodes: int, replicas: int, local_bsz: float, accum_steps: int = 0
+) -> float:
     """Seconds per iteration predicted by Pollux's model; accumulation steps add compute only."""
     compute = params.alpha_c + params.beta_c * local_bsz
     if replicas == 1:
-        network = 0.0   # nothing to synchronise
+        network = 0.0  # nothing to synchronise
     elif nodes > 1:
         network = params.alpha_n + params.beta_n * max(replicas - 2, 0)
     else:
@@ -371,8 +395,8 @@ class AllreduceModel:
 
     compute: ThroughputParams
     grad_bytes: float
-    bw_intra: float   # bytes/s between workers on one host
-    bw_inter: float   # bytes/s of one host's NIC
+    bw_intra: float  # bytes/s between workers on one host
+    bw_inter: float  # bytes/s of one host's NIC
 
     def step_time(self, hosts: int, replicas: int, local_bsz: float, contention: int = 1) -> float:
         p = self.compute
@@ -381,7 +405,9 @@ class AllreduceModel:
             return compute
         traffic = 2 * (replicas - 1) / replicas * self.grad_bytes
         if hosts > 1:
-            network = p.alpha_n + p.beta_n * max(replicas - 2, 0) + traffic * max(contention, 1) / self.bw_inter
+            network = (
+                p.alpha_n + p.beta_n * max(replicas - 2, 0) + traffic * max(contention, 1) / self.bw_inter
+            )
         else:
             network = p.alpha_r + p.beta_r * max(replicas - 2, 0) + traffic / self.bw_intra
         return overlap(compute, network, p.gamma)
@@ -392,6 +418,7 @@ ps_sample_time = sample_time
 
 
 # -- loading the shipped traces ---------------------------------------------------------------------
+
 
 @functools.cache
 def load_application(name: str) -> Application:
@@ -410,13 +437,19 @@ def load_application(name: str) -> Application:
         raise ConfigError(f"{name}: validation runs {short} have fewer than {max_epochs} epochs")
     bsz = sorted({b for curve in placements.values() for b in curve.local_bsz})
     return Application(
-        name=name, max_epochs=max_epochs,
-        init_batch_size=validations[0].batch_size, max_batch_size=validations[-1].batch_size,
-        min_local_bsz=int(bsz[0]), max_local_bsz=_MAX_LOCAL_BSZ.get(name, int(bsz[-1])),
-        max_replicas=_MAX_REPLICAS.get(name), fixed_batch_size=_FIXED_BATCH.get(name),
+        name=name,
+        max_epochs=max_epochs,
+        init_batch_size=validations[0].batch_size,
+        max_batch_size=validations[-1].batch_size,
+        min_local_bsz=int(bsz[0]),
+        max_local_bsz=_MAX_LOCAL_BSZ.get(name, int(bsz[-1])),
+        max_replicas=_MAX_REPLICAS.get(name),
+        fixed_batch_size=_FIXED_BATCH.get(name),
         placements={key[0]: curve for key, curve in placements.items()},
-        spreads=spreads, validations=validations,
-        epoch_progress=tuple(min(run.progress[k] for run in validations) for k in range(max_epochs)))
+        spreads=spreads,
+        validations=validations,
+        epoch_progress=tuple(min(run.progress[k] for run in validations) for k in range(max_epochs)),
+    )
 
 
 def _read_curves(source: Source, keys: tuple[str, ...]) -> dict[tuple[str, ...], Curve]:
@@ -439,9 +472,15 @@ def _average_by_spread(placements: dict[tuple[str, ...], Curve]) -> dict[tuple[i
         spread = (len(key), sum(int(digit) for digit in key))
         for bsz, step, sync in zip(curve.local_bsz, curve.step_time, curve.sync_time):
             grouped.setdefault(spread, {}).setdefault(bsz, []).append((step, sync))
-    return {spread: _curve([(b, float(np.mean([s for s, _ in v])), float(np.mean([y for _, y in v])))
-                            for b, v in by_bsz.items()])
-            for spread, by_bsz in grouped.items()}
+    return {
+        spread: _curve(
+            [
+                (b, float(np.mean([s for s, _ in v])), float(np.mean([y for _, y in v])))
+                for b, v in by_bsz.items()
+            ]
+        )
+        for spread, by_bsz in grouped.items()
+    }
 
 
 def _read_validations(name: str, folder) -> tuple[Validation, ...]:
@@ -450,7 +489,7 @@ def _read_validations(name: str, folder) -> tuple[Validation, ...]:
         file = entry.name
         if not (file.startswith("validation-") and file.endswith(".csv.gz")):
             continue
-        batch = int(file[len("validation-"):-len(".csv.gz")])
+        batch = int(file[len("validation-") : -len(".csv.gz")])
         columns = ("progress", "iteration", "grad_sqr", "grad_var")
         rows = list(read_rows(entry, columns))
         runs.append(Validation(batch, *(tuple(parse_number(entry, r, c) for r in rows) for c in columns)))

@@ -6,6 +6,7 @@ canvas (no pyplot: a caller's global backend is neither needed nor changed) and 
 they wrote. matplotlib is the optional extra ``taiji[plot]``; importing this module without it
 raises ImportError.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +19,7 @@ from matplotlib.colors import BoundaryNorm
 from matplotlib.figure import Figure
 
 HOUR = 3600.0
-WAITING_COLOUR = "0.85"   # a submitted job that holds no GPUs
+WAITING_COLOUR = "0.85"  # a submitted job that holds no GPUs
 
 
 def _save(figure: Figure, path: Path) -> Path:
@@ -36,8 +37,12 @@ def plot_jct_cdf(jcts: Mapping[str, Sequence[float]], path: str | Path) -> Path:
         ordered = np.sort(np.asarray(values, dtype=float))
         if ordered.size:
             fraction = np.arange(1, ordered.size + 1) / ordered.size
-            axes.step(ordered / HOUR, fraction, where="post",
-                      label=f"{policy} (avg {ordered.mean() / HOUR:.2f} h, n={ordered.size})")
+            axes.step(
+                ordered / HOUR,
+                fraction,
+                where="post",
+                label=f"{policy} (avg {ordered.mean() / HOUR:.2f} h, n={ordered.size})",
+            )
     axes.set_xscale("log")
     axes.set_xlabel("job completion time (h)")
     axes.set_ylabel("fraction of completed jobs")
@@ -49,8 +54,9 @@ def plot_jct_cdf(jcts: Mapping[str, Sequence[float]], path: str | Path) -> Path:
     return _save(figure, Path(path))
 
 
-def plot_utilization(timelines: Mapping[str, Sequence[tuple[float, int]]], total_gpus: int,
-                     path: str | Path) -> Path:
+def plot_utilization(
+    timelines: Mapping[str, Sequence[tuple[float, int]]], total_gpus: int, path: str | Path
+) -> Path:
     """Fraction of the cluster's GPUs allocated over time, one step line per policy (each timeline
     is (time, GPUs allocated from then on), as the simulator records it)."""
     figure = Figure(figsize=(9, 4))
@@ -71,10 +77,15 @@ def plot_utilization(timelines: Mapping[str, Sequence[tuple[float, int]]], total
     return _save(figure, Path(path))
 
 
-def plot_allocations(allocations: Mapping[str, Sequence[tuple[float, int]]],
-                     lifetimes: Mapping[str, tuple[float, float | None]], path: str | Path,
-                     policy: str, unit: tuple[str, float] = ("simulated time (h)", HOUR),
-                     held: str = "GPUs", suspensions: Mapping[str, Sequence[float]] | None = None) -> Path:
+def plot_allocations(
+    allocations: Mapping[str, Sequence[tuple[float, int]]],
+    lifetimes: Mapping[str, tuple[float, float | None]],
+    path: str | Path,
+    policy: str,
+    unit: tuple[str, float] = ("simulated time (h)", HOUR),
+    held: str = "GPUs",
+    suspensions: Mapping[str, Sequence[float]] | None = None,
+) -> Path:
     """One lane per job of ``lifetimes`` (job -> (submitted, completed or None); submission order,
     first at the top): grey while it waits or is preempted, coloured by its GPU count while it
     holds GPUs, nothing after it completes. ``allocations`` maps a job to its (time, GPUs from
@@ -85,8 +96,11 @@ def plot_allocations(allocations: Mapping[str, Sequence[tuple[float, int]]],
     most = max((gpus for steps in allocations.values() for _, gpus in steps), default=1)
     bounds, ticks = _colour_bins(max(most, 1))
     colours = ScalarMappable(norm=BoundaryNorm(bounds, 256), cmap="viridis")
-    horizon = max([t for steps in allocations.values() for t, _ in steps]
-                  + [t for lifetime in lifetimes.values() for t in lifetime if t is not None] + [1.0])
+    horizon = max(
+        [t for steps in allocations.values() for t, _ in steps]
+        + [t for lifetime in lifetimes.values() for t in lifetime if t is not None]
+        + [1.0]
+    )
     figure = Figure(figsize=(10, min(max(3.0, 0.06 * len(jobs) + 1.5), 30.0)))
     axes = figure.add_subplot()
     for lane, job in enumerate(jobs):
@@ -97,12 +111,21 @@ def plot_allocations(allocations: Mapping[str, Sequence[tuple[float, int]]],
         changes = [(submitted, 0)] + steps + [(end, 0)]
         for (start, gpus), (stop, _) in zip(changes, changes[1:]):
             if stop > start:
-                axes.broken_barh([(start / scale, (stop - start) / scale)], (y - 0.4, 0.8),
-                                 facecolors=colours.to_rgba(gpus) if gpus else WAITING_COLOUR)
+                axes.broken_barh(
+                    [(start / scale, (stop - start) / scale)],
+                    (y - 0.4, 0.8),
+                    facecolors=colours.to_rgba(gpus) if gpus else WAITING_COLOUR,
+                )
         marks = [t / scale for t in (suspensions or {}).get(job, ())]
         if marks:
-            axes.plot(marks, [y] * len(marks), linestyle="none", marker="v", color="tab:red",
-                      label="suspended" if not axes.get_legend_handles_labels()[0] else None)
+            axes.plot(
+                marks,
+                [y] * len(marks),
+                linestyle="none",
+                marker="v",
+                color="tab:red",
+                label="suspended" if not axes.get_legend_handles_labels()[0] else None,
+            )
     axes.set_ylim(-1, max(len(jobs), 1))
     axes.set_yticks([])
     axes.set_ylabel(f"{len(jobs)} jobs, in submission order")
@@ -111,7 +134,9 @@ def plot_allocations(allocations: Mapping[str, Sequence[tuple[float, int]]],
     axes.grid(True, axis="x", alpha=0.3)
     if axes.get_legend_handles_labels()[0]:
         axes.legend(loc="upper right")
-    figure.colorbar(colours, ax=axes, ticks=ticks, label=f"{held} held (grey: waiting or preempted)", pad=0.01)
+    figure.colorbar(
+        colours, ax=axes, ticks=ticks, label=f"{held} held (grey: waiting or preempted)", pad=0.01
+    )
     axes.set_title(f"allocation per job under {policy}")
     figure.tight_layout()
     return _save(figure, Path(path))

@@ -38,6 +38,7 @@ while its workers were still starting, or its first save failed): suspended at s
 it starts over (``--resume auto`` with no checkpoint starts fresh), which is what it would have had
 to redo anyway. Anything else ended it.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,15 +49,15 @@ from typing import Sequence
 from ..errors import ConfigError
 
 HOUR_S = 3600.0
-MAX_CANDIDATES = 10   # per host, the lowest classes first: at most 2^10 sets are weighed
+MAX_CANDIDATES = 10  # per host, the lowest classes first: at most 2^10 sets are weighed
 
 
 @dataclass(frozen=True)
 class SuspendRules:
-    max_per_hour: int = 4            # suspensions of one job in any hour, at most
-    min_run_factor: float = 1.0      # a resumed job runs this × its suspend/resume cost before another
-    guess_cost_s: float = 10.0       # a job's suspend/resume cost until one was measured
-    min_left_factor: float = 1.0     # a job with less than this × its cost left to train is not suspended
+    max_per_hour: int = 4  # suspensions of one job in any hour, at most
+    min_run_factor: float = 1.0  # a resumed job runs this × its suspend/resume cost before another
+    guess_cost_s: float = 10.0  # a job's suspend/resume cost until one was measured
+    min_left_factor: float = 1.0  # a job with less than this × its cost left to train is not suspended
 
     def __post_init__(self) -> None:
         if min(self.max_per_hour, self.min_run_factor, self.guess_cost_s, self.min_left_factor) < 0:
@@ -66,15 +67,17 @@ class SuspendRules:
 @dataclass(frozen=True)
 class Running:
     """What preemption needs of a running job."""
+
     id: str
     priority: int
     preemptible: bool
-    placement: tuple[int, ...]     # workers per host
-    started: float                 # when it last (re)started
+    placement: tuple[int, ...]  # workers per host
+    started: float  # when it last (re)started
 
 
-def suspension_of(resumable_exit: bool, stopped_unsaved: bool, asked: bool, home_lost: bool,
-                  latest: int | None, home: str) -> tuple[int, str] | None:
+def suspension_of(
+    resumable_exit: bool, stopped_unsaved: bool, asked: bool, home_lost: bool, latest: int | None, home: str
+) -> tuple[int, str] | None:
     """(the step it resumes from, why — empty when it was asked to stop) if the launcher's exit
     leaves its job suspended, None if the job ended (see the module's doc). ``resumable_exit``: it
     exited "stopped, resumable"; ``stopped_unsaved``: "stopped on a notice, nothing saved";
@@ -88,9 +91,17 @@ def suspension_of(resumable_exit: bool, stopped_unsaved: bool, asked: bool, home
     return None
 
 
-def may_suspend(preemptible: bool, suspensions: Sequence[float], started: float, now: float,
-                cost_s: float, rules: SuspendRules, trained: bool = True, left_s: float = math.inf,
-                resumed: bool = True) -> bool:
+def may_suspend(
+    preemptible: bool,
+    suspensions: Sequence[float],
+    started: float,
+    now: float,
+    cost_s: float,
+    rules: SuspendRules,
+    trained: bool = True,
+    left_s: float = math.inf,
+    resumed: bool = True,
+) -> bool:
     """Whether a running job may be suspended now (see the module's doc): ``suspensions`` are the
     times it was suspended before, ``started`` when it last (re)started, ``cost_s`` its measured
     suspend + resume seconds, ``trained`` whether it has committed a step since it (re)started,
@@ -102,8 +113,9 @@ def may_suspend(preemptible: bool, suspensions: Sequence[float], started: float,
     return recent < rules.max_per_hour and (not resumed or now - started >= rules.min_run_factor * cost_s)
 
 
-def priority_victims(need: int, priority: int, free: Sequence[int],
-                     running: Sequence[Running]) -> tuple[int, list[str]] | None:
+def priority_victims(
+    need: int, priority: int, free: Sequence[int], running: Sequence[Running]
+) -> tuple[int, list[str]] | None:
     """(host, the fewest running jobs of classes below ``priority``) whose suspension leaves
     ``need`` free slots on that host (``free``: slots free per host now); None if no such set
     exists. Candidates must be preemptible (the caller has already applied the hysteresis)."""
@@ -111,15 +123,30 @@ def priority_victims(need: int, priority: int, free: Sequence[int],
     for host, free_here in enumerate(free):
         if free_here >= need:
             return host, []
-        candidates = sorted((job for job in running if job.preemptible and job.priority < priority
-                             and job.placement[host] > 0), key=lambda job: (job.priority, -job.started, job.id))
+        candidates = sorted(
+            (
+                job
+                for job in running
+                if job.preemptible and job.priority < priority and job.placement[host] > 0
+            ),
+            key=lambda job: (job.priority, -job.started, job.id),
+        )
         candidates = candidates[:MAX_CANDIDATES]
         for count in range(1, len(candidates) + 1):
-            fits = [combo for combo in combinations(candidates, count)
-                    if free_here + sum(job.placement[host] for job in combo) >= need]
-            if fits:   # the fewest jobs; then the lowest classes, the fewest workers, the latest started
-                combo = min(fits, key=lambda c: (max(j.priority for j in c), sum(sum(j.placement) for j in c),
-                                                 -min(j.started for j in c)))
+            fits = [
+                combo
+                for combo in combinations(candidates, count)
+                if free_here + sum(job.placement[host] for job in combo) >= need
+            ]
+            if fits:  # the fewest jobs; then the lowest classes, the fewest workers, the latest started
+                combo = min(
+                    fits,
+                    key=lambda c: (
+                        max(j.priority for j in c),
+                        sum(sum(j.placement) for j in c),
+                        -min(j.started for j in c),
+                    ),
+                )
                 cost = (count, max(j.priority for j in combo), sum(sum(j.placement) for j in combo), host)
                 if best is None or cost < best[0]:
                     best = (cost, [job.id for job in combo])

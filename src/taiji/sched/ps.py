@@ -26,6 +26,7 @@ Placements passed to the speed functions are workers per host and servers per ho
 as the cluster); a ``servers`` of ``None`` means "placed as :func:`taiji.sched.cluster.place_servers`
 would on an empty cluster": on the workers' host when they share one, else beside the workers.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,11 +43,11 @@ class PsModelSpec:
     """One row of DL2's per-model table (Optimus/DL2 testbed, MXNet PS) [C]."""
 
     name: str
-    batch_time_s: float        # τ: compute seconds per mini-batch on one worker
-    size_mb: float             # g: model (= gradient) size
+    batch_time_s: float  # τ: compute seconds per mini-batch on one worker
+    size_mb: float  # g: model (= gradient) size
     batches_per_epoch: int
-    inter_mb_s: float          # measured cross-host bandwidth (reference only)
-    intra_mb_s: float          # measured intra-host bandwidth (reference only)
+    inter_mb_s: float  # measured cross-host bandwidth (reference only)
+    intra_mb_s: float  # measured intra-host bandwidth (reference only)
     worker_cpus: int
     worker_gpus: int
     server_cpus: int
@@ -54,16 +55,19 @@ class PsModelSpec:
 
 # DL2's table (SCHEDULER.md §2.2). Workers are scheduled as one GPU each here whatever their
 # (cpu, gpu) row says: the simulator's hosts count GPUs and server CPUs only [I].
-DL2_MODELS: dict[str, PsModelSpec] = {spec.name: spec for spec in (
-    PsModelSpec("resnet-50", 0.449, 102.2, 115, 91.9, 306.5, 2, 4, 3),
-    PsModelSpec("vgg-16", 0.535, 553.4, 115, 233.0, 427.8, 2, 4, 4),
-    PsModelSpec("resnext-110", 0.226, 6.92, 390, 59.5, 63.0, 2, 4, 3),
-    PsModelSpec("inception-bn", 0.815, 42.1, 120, 145.9, 1082.1, 2, 4, 3),
-    PsModelSpec("seq2seq", 0.075, 36.5, 780, 120.1, 181.1, 4, 0, 1),
-    PsModelSpec("cnn-text-cls", 0.585, 24.0, 193, 60.8, 159.6, 2, 4, 3),
-    PsModelSpec("dssm", 0.567, 6.0, 349, 92.1, 65.6, 4, 0, 1),
-    PsModelSpec("wlm", 0.154, 19.2, 165, 10.4, 22.9, 1, 4, 1),
-)}
+DL2_MODELS: dict[str, PsModelSpec] = {
+    spec.name: spec
+    for spec in (
+        PsModelSpec("resnet-50", 0.449, 102.2, 115, 91.9, 306.5, 2, 4, 3),
+        PsModelSpec("vgg-16", 0.535, 553.4, 115, 233.0, 427.8, 2, 4, 4),
+        PsModelSpec("resnext-110", 0.226, 6.92, 390, 59.5, 63.0, 2, 4, 3),
+        PsModelSpec("inception-bn", 0.815, 42.1, 120, 145.9, 1082.1, 2, 4, 3),
+        PsModelSpec("seq2seq", 0.075, 36.5, 780, 120.1, 181.1, 4, 0, 1),
+        PsModelSpec("cnn-text-cls", 0.585, 24.0, 193, 60.8, 159.6, 2, 4, 3),
+        PsModelSpec("dssm", 0.567, 6.0, 349, 92.1, 65.6, 4, 0, 1),
+        PsModelSpec("wlm", 0.154, 19.2, 165, 10.4, 22.9, 1, 4, 1),
+    )
+}
 PS_MODELS = tuple(DL2_MODELS)
 SPEED_MODELS = ("paper", "dl2")
 
@@ -73,10 +77,10 @@ class PsSettings:
     """How the simulator runs PS jobs: speed model, host bandwidths, workers per server, a cap."""
 
     model: str = "paper"
-    bw_intra_mb_s: float = 4352.0   # DL2's intra-host bus [C]
-    bw_inter_mb_s: float = 1510.0   # DL2's host NIC [C]
-    workers_per_server: int = 4     # γ [I: OASiS's coupling; the value is ours]
-    max_workers: int = 16           # N^max [I]
+    bw_intra_mb_s: float = 4352.0  # DL2's intra-host bus [C]
+    bw_inter_mb_s: float = 1510.0  # DL2's host NIC [C]
+    workers_per_server: int = 4  # γ [I: OASiS's coupling; the value is ours]
+    max_workers: int = 16  # N^max [I]
 
     def __post_init__(self) -> None:
         if self.model not in SPEED_MODELS:
@@ -84,13 +88,20 @@ class PsSettings:
         if not (self.bw_intra_mb_s > 0 and self.bw_inter_mb_s > 0):
             raise ConfigError(f"PS bandwidths must be > 0, got {self.bw_intra_mb_s}, {self.bw_inter_mb_s}")
         if self.workers_per_server < 1 or self.max_workers < 1:
-            raise ConfigError(f"workers_per_server and max_workers must be >= 1, got "
-                              f"{self.workers_per_server}, {self.max_workers}")
+            raise ConfigError(
+                f"workers_per_server and max_workers must be >= 1, got "
+                f"{self.workers_per_server}, {self.max_workers}"
+            )
 
     def with_ratio(self, ratio: float) -> PsSettings:
         """The same settings with ``b_ext = ratio × b_int`` (the locality ablation)."""
-        return PsSettings(self.model, self.bw_intra_mb_s, ratio * self.bw_intra_mb_s,
-                          self.workers_per_server, self.max_workers)
+        return PsSettings(
+            self.model,
+            self.bw_intra_mb_s,
+            ratio * self.bw_intra_mb_s,
+            self.workers_per_server,
+            self.max_workers,
+        )
 
 
 def sample_time(compute_s: float, grad_bytes: float, bandwidth: float) -> float:
@@ -105,16 +116,20 @@ def is_internal(workers: Sequence[int], servers: Sequence[int]) -> bool:
     return len(hosts) <= 1
 
 
-def paper_rate(spec: PsModelSpec, settings: PsSettings, workers: Sequence[int], servers: Sequence[int]) -> float:
+def paper_rate(
+    spec: PsModelSpec, settings: PsSettings, workers: Sequence[int], servers: Sequence[int]
+) -> float:
     """Mini-batches per second, asynchronous PS, internal or external bandwidth (module docstring)."""
     bandwidth = settings.bw_intra_mb_s if is_internal(workers, servers) else settings.bw_inter_mb_s
     return sum(workers) / sample_time(spec.batch_time_s, spec.size_mb * MB, bandwidth * MB)
 
 
-def dl2_rate(spec: PsModelSpec, settings: PsSettings, workers: Sequence[int], servers: Sequence[int]) -> float:
+def dl2_rate(
+    spec: PsModelSpec, settings: PsSettings, workers: Sequence[int], servers: Sequence[int]
+) -> float:
     """Mini-batches per second under DL2's per-worker model (module docstring)."""
     w, p = sum(workers), sum(servers)
-    shard = spec.size_mb / p          # each server holds 1/p of the parameters
+    shard = spec.size_mb / p  # each server holds 1/p of the parameters
     server_hosts = [h for h, n in enumerate(servers) if n > 0]
     fewest_beside_servers = min(workers[h] for h in server_hosts)
     slowest = 0.0
@@ -124,9 +139,11 @@ def dl2_rate(spec: PsModelSpec, settings: PsSettings, workers: Sequence[int], se
         intra = settings.bw_intra_mb_s / max(servers[host], count)
         if servers[host] == p:
             inter = settings.bw_inter_mb_s
-        else:   # floors: DL2 divides by these counts; both are >= 1 whenever traffic crosses hosts
-            inter = min(settings.bw_inter_mb_s / max(p - servers[host], 1),
-                        settings.bw_inter_mb_s / max(w - fewest_beside_servers, 1))
+        else:  # floors: DL2 divides by these counts; both are >= 1 whenever traffic crosses hosts
+            inter = min(
+                settings.bw_inter_mb_s / max(p - servers[host], 1),
+                settings.bw_inter_mb_s / max(w - fewest_beside_servers, 1),
+            )
         iteration = spec.batch_time_s + max(2 * shard / inter, 2 * shard / intra)
         slowest = max(slowest, iteration)
     return w / slowest
@@ -159,9 +176,9 @@ class PsApplication:
     spec: PsModelSpec
     settings: PsSettings
     max_epochs: int
-    fixed_batch_size: int        # nominal; PS progress does not depend on it
-    speed_scale: float = 1.0     # estimates: rates × this (ground truth: 1)
-    server_cpus_each: int = 0    # CPU slots per server (set from the spec by ps_application)
+    fixed_batch_size: int  # nominal; PS progress does not depend on it
+    speed_scale: float = 1.0  # estimates: rates × this (ground truth: 1)
+    server_cpus_each: int = 0  # CPU slots per server (set from the spec by ps_application)
 
     @property
     def name(self) -> str:
@@ -211,13 +228,18 @@ class PsApplication:
             return 0.0
         if servers is None or sum(servers) == 0:
             servers = beside_workers(workers, self.servers_for(sum(workers)))
-        return self.speed_scale * RATES[self.settings.model](self.spec, self.settings, workers, tuple(servers))
+        return self.speed_scale * RATES[self.settings.model](
+            self.spec, self.settings, workers, tuple(servers)
+        )
 
-    def time_to_finish(self, progress: float, workers: Sequence[int], servers: Sequence[int] | None = None) -> float:
+    def time_to_finish(
+        self, progress: float, workers: Sequence[int], servers: Sequence[int] | None = None
+    ) -> float:
         return max(self.target_progress - progress, 0.0) / self.rate(workers, servers)
 
-    def advance(self, progress: float, seconds: float, workers: Sequence[int],
-                servers: Sequence[int] | None = None) -> float:
+    def advance(
+        self, progress: float, seconds: float, workers: Sequence[int], servers: Sequence[int] | None = None
+    ) -> float:
         return min(progress + self.rate(workers, servers) * max(seconds, 0.0), self.target_progress)
 
 

@@ -8,6 +8,7 @@ submitted with. A replay builds that guess with the same functions (:mod:`taiji.
 from the step times each job's run log shows, so two jobs not yet measured look alike to the
 policy, as they did live, whatever their true speeds.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,14 +24,19 @@ from .scheduler import GUESS_SECONDS_PER_SAMPLE
 class DaemonGuess:
     """The daemon's model of a job before its first step."""
 
-    measured: Mapping[str, Sequence[Measured]]   # each job's step times per size (at ``batch``)
-    work: Mapping[str, int]                      # samples each job was submitted to train (``submit --work``)
+    measured: Mapping[str, Sequence[Measured]]  # each job's step times per size (at ``batch``)
+    work: Mapping[str, int]  # samples each job was submitted to train (``submit --work``)
     batch: int
-    max_replicas: int                            # min(its --max-np, the slots)
+    max_replicas: int  # min(its --max-np, the slots)
 
     def guess(self, name: str, measured: Sequence[str]) -> Application:
-        per_sample = typical((seconds_per_sample((m.replicas, self.batch, m.step_seconds) for m in self.measured[j])
-                              for j in measured), GUESS_SECONDS_PER_SAMPLE)
+        per_sample = typical(
+            (
+                seconds_per_sample((m.replicas, self.batch, m.step_seconds) for m in self.measured[j])
+                for j in measured
+            ),
+            GUESS_SECONDS_PER_SAMPLE,
+        )
         return _unmeasured(name, per_sample, self.batch, self.work[name], self.max_replicas)
 
 

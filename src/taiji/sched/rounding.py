@@ -7,6 +7,7 @@ placement in that order with repair (capacity is never exceeded; a running job t
 is kept instead when its whole resize costs the first slot more) → work-conserving fill of leftover GPUs.
 Everything is a pure function of (problem, LP solution, seed).
 """
+
 from __future__ import annotations
 
 import time
@@ -16,8 +17,8 @@ import numpy as np
 
 from .lp import Config, Job, LPSolution, Placement, Problem, predicted_completion_s, solve_lp
 
-WORK_TOLERANCE = 0.05   # waiting jobs with this much the same remaining work are identical requests ...
-SPEED_NOISE = 2.0       # ... unless their speeds differ by this factor: more than noise (first_come_among_equals)
+WORK_TOLERANCE = 0.05  # waiting jobs with this much the same remaining work are identical requests ...
+SPEED_NOISE = 2.0  # ... unless their speeds differ by this factor: more than noise (first_come_among_equals)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Assignment:
     """What ``job`` runs in the next slot: ``config`` indexes its configurations (``None``: nothing),
     on ``placement``; ``how`` says which step chose it: "lp" (rounded), "kept" (hysteresis or the
     rounding kept the current one), "repaired" (downgraded to fit), "filled" (leftover GPUs), "none"."""
+
     job: str
     config: int | None
     placement: Placement
@@ -35,12 +37,12 @@ class Assignment:
 @dataclass(frozen=True, eq=False)
 class Schedule:
     assignments: tuple[Assignment, ...]
-    order: tuple[str, ...]          # α-point order (placement priority)
-    free_gpus: tuple[int, ...]      # per host, after these assignments
-    repaired: int                   # rounded choices that did not fit and were downgraded or dropped
-    kept_by_hysteresis: int         # rounded changes undone because they were not worth the resize
+    order: tuple[str, ...]  # α-point order (placement priority)
+    free_gpus: tuple[int, ...]  # per host, after these assignments
+    repaired: int  # rounded choices that did not fit and were downgraded or dropped
+    kept_by_hysteresis: int  # rounded changes undone because they were not worth the resize
     lp: LPSolution
-    decide_s: float                 # LP + rounding, seconds
+    decide_s: float  # LP + rounding, seconds
 
     def by_job(self) -> dict[str, Assignment]:
         return {d.job: d for d in self.assignments}
@@ -65,8 +67,9 @@ def alpha_point_times(problem: Problem, solution: LPSolution, alphas: np.ndarray
     return times
 
 
-def round_first_slot(solution: LPSolution, jobs: tuple[Job, ...], uniforms: np.ndarray,
-                     conditional: bool = False) -> list[int | None]:
+def round_first_slot(
+    solution: LPSolution, jobs: tuple[Job, ...], uniforms: np.ndarray, conditional: bool = False
+) -> list[int | None]:
     """Job j runs config k with probability ``x[j,k,0]`` and nothing with the rest, one uniform draw
     per job. Not normalised, so expected GPU use per host equals the LP's (the Chernoff argument).
     ``conditional``: every job the LP runs at all in the first slot runs, config k with probability
@@ -74,7 +77,7 @@ def round_first_slot(solution: LPSolution, jobs: tuple[Job, ...], uniforms: np.n
     who runs, so a job the LP finishes in part of the slot is not left waiting by the draw)."""
     choices: list[int | None] = []
     for j, job in enumerate(jobs):
-        cumulative = np.cumsum(solution.x[j, :len(job.configs), 0])
+        cumulative = np.cumsum(solution.x[j, : len(job.configs), 0])
         if conditional:
             if cumulative[-1] <= 1e-6:
                 choices.append(None)
@@ -85,9 +88,13 @@ def round_first_slot(solution: LPSolution, jobs: tuple[Job, ...], uniforms: np.n
     return choices
 
 
-def first_come_among_equals(jobs: tuple[Job, ...], order: list[int], rounded: list[int | None],
-                            work_tolerance: float = WORK_TOLERANCE,
-                            speed_noise: float = SPEED_NOISE) -> tuple[list[int], list[int | None]]:
+def first_come_among_equals(
+    jobs: tuple[Job, ...],
+    order: list[int],
+    rounded: list[int | None],
+    work_tolerance: float = WORK_TOLERANCE,
+    speed_noise: float = SPEED_NOISE,
+) -> tuple[list[int], list[int | None]]:
     """Identical waiting jobs are served first come, first served.
 
     Two jobs are identical requests here when neither runs, they have the same weight and the same
@@ -102,6 +109,7 @@ def first_come_among_equals(jobs: tuple[Job, ...], order: list[int], rounded: li
     and the configurations rounded for those places go to its members in arrival order (then name):
     the same use of the cluster, deterministic and fair. Pure: returns the new order and rounded
     configurations."""
+
     def shapes(job: Job) -> tuple:
         return tuple((c.gpus, c.placement) for c in job.configs)
 
@@ -110,7 +118,10 @@ def first_come_among_equals(jobs: tuple[Job, ...], order: list[int], rounded: li
 
     def identical(first: int, j: int) -> bool:
         longer, shorter = max(seconds(first), seconds(j)), min(seconds(first), seconds(j))
-        return jobs[j].remaining <= jobs[first].remaining * (1.0 + work_tolerance) and longer < speed_noise * shorter
+        return (
+            jobs[j].remaining <= jobs[first].remaining * (1.0 + work_tolerance)
+            and longer < speed_noise * shorter
+        )
 
     order, rounded = list(order), list(rounded)
     kinds: dict[tuple, list[int]] = {}
@@ -127,7 +138,9 @@ def first_come_among_equals(jobs: tuple[Job, ...], order: list[int], rounded: li
         for group in (g for g in groups if len(g) > 1):
             places = sorted(order.index(j) for j in group)
             roles = [rounded[order[p]] for p in places]
-            for place, role, j in zip(places, roles, sorted(group, key=lambda j: (jobs[j].arrival, jobs[j].name))):
+            for place, role, j in zip(
+                places, roles, sorted(group, key=lambda j: (jobs[j].arrival, jobs[j].name))
+            ):
                 order[place], rounded[j] = j, role
     return order, rounded
 
@@ -138,7 +151,7 @@ def _rate(job: Job, config: int | None) -> float:
 
 def _gpus_by_host(config: Config | None, n_hosts: int) -> np.ndarray:
     gpus = np.zeros(n_hosts)
-    for h, g in (config.placement if config is not None else ()):
+    for h, g in config.placement if config is not None else ():
         gpus[h] = g
     return gpus
 
@@ -149,15 +162,19 @@ def change_gain(problem: Problem, solution: LPSolution, job: Job, new: int | Non
     takes GPUs), so a shrink that lets others run can be worth it. Hysteresis compares it with the
     resize cost."""
     horizon = problem.horizon
-    own = job.weight * (predicted_completion_s(job, _rate(job, job.current), horizon)
-                        - predicted_completion_s(job, _rate(job, new), horizon))
+    own = job.weight * (
+        predicted_completion_s(job, _rate(job, job.current), horizon)
+        - predicted_completion_s(job, _rate(job, new), horizon)
+    )
     old_cfg = job.configs[job.current] if job.current is not None else None
     new_cfg = job.configs[new] if new is not None else None
     n_hosts = len(problem.hosts)
     freed_total = (old_cfg.gpus if old_cfg else 0) - (new_cfg.gpus if new_cfg else 0)
     # An external configuration has no hosts yet: like in the LP, it is priced on aggregate capacity only.
     freed = _gpus_by_host(old_cfg, n_hosts) - _gpus_by_host(new_cfg, n_hosts)
-    prices = float(solution.host_price.sum(axis=1) @ freed) + float(solution.aggregate_price.sum()) * freed_total
+    prices = (
+        float(solution.host_price.sum(axis=1) @ freed) + float(solution.aggregate_price.sum()) * freed_total
+    )
     return own + prices
 
 
@@ -217,8 +234,15 @@ def _downgrade(placer: _Placer, job: Job, wanted: int) -> tuple[int, Placement] 
     return None
 
 
-def _fill(problem: Problem, placer: _Placer, chosen: list[int | None], where: list[Placement],
-          how: list[str], order: list[int], hysteresis: float) -> None:
+def _fill(
+    problem: Problem,
+    placer: _Placer,
+    chosen: list[int | None],
+    where: list[Placement],
+    how: list[str],
+    order: list[int],
+    hysteresis: float,
+) -> None:
     """Work-conserving fill: while leftover GPUs can speed a job up, move the job to the faster
     configuration with the largest weighted completion gain per extra GPU, net of the resize cost
     when it changes a running job's configuration (the Optimus marginal-gain rule)."""
@@ -237,8 +261,11 @@ def _fill(problem: Problem, placer: _Placer, chosen: list[int | None], where: li
             for k, config in enumerate(job.configs):
                 if config.rate <= _rate(job, now):
                     continue
-                gain = (job.weight * (now_s - predicted_completion_s(job, config.rate, horizon))
-                        - resize_charge(job, k) + resize_charge(job, now))
+                gain = (
+                    job.weight * (now_s - predicted_completion_s(job, config.rate, horizon))
+                    - resize_charge(job, k)
+                    + resize_charge(job, now)
+                )
                 if gain > 0:
                     options.append((-gain / max(1, config.gpus - now_gpus), rank[j], k, j))
         options.sort()
@@ -257,7 +284,7 @@ def _fill(problem: Problem, placer: _Placer, chosen: list[int | None], where: li
             return
 
 
-_Placed = tuple[_Placer, list, list, list, int]   # placer, chosen config, placement, how, repaired count
+_Placed = tuple[_Placer, list, list, list, int]  # placer, chosen config, placement, how, repaired count
 
 
 def _place(problem: Problem, sequence: list[int], target: list[int | None]) -> _Placed:
@@ -295,7 +322,9 @@ def slot_loss(problem: Problem, chosen: list[int | None]) -> float:
     return loss
 
 
-def _keep_displaced(problem: Problem, sequence: list[int], target: list[int | None], placed: _Placed) -> _Placed:
+def _keep_displaced(
+    problem: Problem, sequence: list[int], target: list[int | None], placed: _Placed
+) -> _Placed:
     """Charge a displacement what it costs. The LP prices a running job's change at the part of the
     first slot it time-shares (``z ≥ 1 − v[cur,0] − u[0]``), but when the rounding keeps its current
     configuration and a job earlier in α-point order takes its GPUs, the repair changes it in full: it
@@ -314,9 +343,19 @@ def _keep_displaced(problem: Problem, sequence: list[int], target: list[int | No
     return placed
 
 
-def decide(problem: Problem, solution: LPSolution | None = None, *, seed: int, alpha: float | None = 0.5,
-           hysteresis: float | None = 1.0, time_limit_s: float | None = None, method: str = "highs",
-           keep_first: bool = True, conditional: bool = False, keep_share: float | None = None) -> Schedule:
+def decide(
+    problem: Problem,
+    solution: LPSolution | None = None,
+    *,
+    seed: int,
+    alpha: float | None = 0.5,
+    hysteresis: float | None = 1.0,
+    time_limit_s: float | None = None,
+    method: str = "highs",
+    keep_first: bool = True,
+    conditional: bool = False,
+    keep_share: float | None = None,
+) -> Schedule:
     """PCRR's decision for the next slot. Solves the LP unless ``solution`` is given. ``alpha``: the
     α of the α-points (``None``: one uniform in (0, 1] per job, the randomized variant). ``hysteresis``
     κ: a running job changes only if the predicted gain exceeds κ·weight·resize cost. ``keep_first``:
@@ -350,11 +389,18 @@ def decide(problem: Problem, solution: LPSolution | None = None, *, seed: int, a
     for j, job in enumerate(jobs):
         if job.current is None or rounded[j] == job.current:
             continue
-        mass = solution.x[j, :len(job.configs), 0]
-        sticky = keep_share is not None and solution.optimal and mass.sum() > 1e-6 \
+        mass = solution.x[j, : len(job.configs), 0]
+        sticky = (
+            keep_share is not None
+            and solution.optimal
+            and mass.sum() > 1e-6
             and mass[job.current] >= keep_share * mass.sum()
-        if sticky or (hysteresis is not None and change_gain(problem, solution, job, rounded[j])
-                      <= hysteresis * job.weight * job.change_cost_s(rounded[j])):
+        )
+        if sticky or (
+            hysteresis is not None
+            and change_gain(problem, solution, job, rounded[j])
+            <= hysteresis * job.weight * job.change_cost_s(rounded[j])
+        ):
             target[j] = job.current
             kept += 1
 
@@ -368,7 +414,16 @@ def decide(problem: Problem, solution: LPSolution | None = None, *, seed: int, a
     placer, chosen, where, how, repaired = placed
 
     _fill(problem, placer, chosen, where, how, order, 1.0 if hysteresis is None else hysteresis)
-    assignments = tuple(Assignment(job.name, chosen[j], where[j], chosen[j] != job.current, how[j])
-                      for j, job in enumerate(jobs))
-    return Schedule(assignments, tuple(jobs[j].name for j in order), tuple(int(f) for f in placer.free),
-                    repaired, kept, solution, time.perf_counter() - started)
+    assignments = tuple(
+        Assignment(job.name, chosen[j], where[j], chosen[j] != job.current, how[j])
+        for j, job in enumerate(jobs)
+    )
+    return Schedule(
+        assignments,
+        tuple(jobs[j].name for j in order),
+        tuple(int(f) for f in placer.free),
+        repaired,
+        kept,
+        solution,
+        time.perf_counter() - started,
+    )

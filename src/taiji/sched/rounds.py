@@ -19,6 +19,7 @@ one worker until its grow lands), waits until each has landed or
 each clipped per host to what is not held by others. A grow clipped short is deferred (the next
 round asks for the rest). A job that ended (gone from ``holds``) frees everything it held or was asked.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,13 +27,14 @@ from typing import Mapping
 
 from ..errors import ConfigError
 
-Placement = tuple[int, ...]   # workers per host, index = host
+Placement = tuple[int, ...]  # workers per host, index = host
 
 
 @dataclass(frozen=True)
 class Change:
     """Ask ``job`` to run ``after`` (it holds ``before``); ``before`` all zeros: start (or resume)
     the job; ``after`` all zeros: suspend it (its slots are free once its launcher is gone)."""
+
     job: str
     before: Placement
     after: Placement
@@ -70,10 +72,11 @@ def keep_at_least(lower: Placement, heading: Placement, target: Placement, count
 class Ask:
     """The last placement asked of a job (``target``), and the slots it keeps reserved until the
     job reached it (``reserve``: the largest placement any unreached ask of it named)."""
+
     target: Placement
     reserve: Placement
     shrink: bool
-    version: int = -1       # the job's cluster version when asked (-1: not known)
+    version: int = -1  # the job's cluster version when asked (-1: not known)
 
     def reached(self, holds: Placement, version: int = -1) -> bool:
         if self.shrink:  # gave back at least what was asked (a failure may have taken more)
@@ -111,10 +114,11 @@ class Rounds:
 
     ``holds`` names every job that has not ended, with all zeros while it has no workers yet
     (queued, or started and still joining); a job missing from it has ended."""
+
     slots: Placement
     shrink_timeout: float = 30.0
     asked: dict[str, Ask] = field(default_factory=dict)
-    deferred: list[str] = field(default_factory=list)   # grows of the last round that did not fit
+    deferred: list[str] = field(default_factory=list)  # grows of the last round that did not fit
     _targets: dict[str, Placement] = field(default_factory=dict)
     _shrinking: set[str] = field(default_factory=set)
     _started: float = 0.0
@@ -129,8 +133,14 @@ class Rounds:
     def in_progress(self) -> bool:
         return bool(self._targets)
 
-    def start(self, now: float, holds: Mapping[str, Placement], targets: Mapping[str, Placement],
-              minimum: Mapping[str, int] | None = None, versions: Mapping[str, int] | None = None) -> list[Change]:
+    def start(
+        self,
+        now: float,
+        holds: Mapping[str, Placement],
+        targets: Mapping[str, Placement],
+        minimum: Mapping[str, int] | None = None,
+        versions: Mapping[str, int] | None = None,
+    ) -> list[Change]:
         """Begin a round towards ``targets`` (jobs not named keep what they hold): the shrinks now,
         the grows from ``tick`` once the shrinks landed. A round still in progress is replaced.
         ``minimum``: workers a job needs to start (a start clipped below it waits); ``versions``:
@@ -145,9 +155,9 @@ class Rounds:
         changes = []
         for job, target in self._targets.items():
             ask = self.asked.get(job)
-            heading = ask.target if ask else holds[job]   # where the job is going now
+            heading = ask.target if ask else holds[job]  # where the job is going now
             lower = elementwise_min(heading, target)
-            if any(heading) and any(target):   # a running job keeps its minimum (and a worker) meanwhile
+            if any(heading) and any(target):  # a running job keeps its minimum (and a worker) meanwhile
                 lower = keep_at_least(lower, heading, target, max(1, self._minimum.get(job, 1)))
             if lower != heading:
                 changes.append(Change(job, holds[job], lower))
@@ -155,7 +165,9 @@ class Rounds:
         self._shrinking = {c.job for c in changes}
         return changes + self.tick(now, holds)
 
-    def tick(self, now: float, holds: Mapping[str, Placement], versions: Mapping[str, int] | None = None) -> list[Change]:
+    def tick(
+        self, now: float, holds: Mapping[str, Placement], versions: Mapping[str, int] | None = None
+    ) -> list[Change]:
         """Call whenever the jobs' placements were read again: the grows, once every shrink of the
         round landed (or timed out)."""
         if versions is not None:
@@ -178,18 +190,20 @@ class Rounds:
             now_holds = holds.get(job)
             ask = self.asked.get(job)
             if now_holds is None or (ask is not None and ask.shrink):
-                continue   # ended, or a shrink still in flight (timed out: its slots stay reserved)
+                continue  # ended, or a shrink still in flight (timed out: its slots stay reserved)
             heading = ask.target if ask else now_holds
             used = held(holds, self.asked, hosts)
             mine = elementwise_max(now_holds, ask.reserve if ask else zero)
-            room = tuple(max(0, cap - (u - m)) for cap, u, m in zip(self.slots, used, mine))   # what it may hold
+            room = tuple(
+                max(0, cap - (u - m)) for cap, u, m in zip(self.slots, used, mine)
+            )  # what it may hold
             after = elementwise_min(target, room)
             if after != target:
                 self.deferred.append(job)
             if not any(heading) and sum(after) < self._minimum.get(job, 1):
-                continue   # a start with fewer workers than the job needs waits for room
+                continue  # a start with fewer workers than the job needs waits for room
             if not any(after) or not any(a > h for a, h in zip(after, heading)):
-                continue   # nothing to add (or nowhere to add it)
+                continue  # nothing to add (or nowhere to add it)
             changes.append(Change(job, now_holds, after))
             self._ask(job, after, now_holds, shrink=False)
         self._targets, self._shrinking = {}, set()
@@ -198,7 +212,7 @@ class Rounds:
     def _ask(self, job: str, target: Placement, holds: Placement, shrink: bool) -> None:
         previous = self.asked.get(job)
         reserve = elementwise_max(holds, target)
-        if previous is not None:   # an earlier ask's workers may still arrive until this one is reached
+        if previous is not None:  # an earlier ask's workers may still arrive until this one is reached
             reserve = elementwise_max(reserve, previous.reserve)
         self.asked[job] = Ask(target, reserve, shrink, self._versions.get(job, -1))
 
@@ -216,7 +230,9 @@ class Rounds:
                 del self.asked[job]
 
 
-def oversubscribed_instants(slots: Placement, timelines: Mapping[str, list[tuple[float, Placement]]]) -> list[float]:
+def oversubscribed_instants(
+    slots: Placement, timelines: Mapping[str, list[tuple[float, Placement]]]
+) -> list[float]:
     """The audit of a whole run: the change points at which some host held more workers than its
     slots, given each job's placement over time (``(time, placement)``, all zeros once it ended)."""
     zero = (0,) * len(slots)

@@ -23,6 +23,7 @@ the policy gave the most workers) and grows onto others by placed resizes in lat
 The state is plain data (``to_json``/``from_json``): a restarted daemon loads it and re-adopts
 the jobs whose launchers still run.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,10 +43,10 @@ from .sim import Policy
 log = logging.getLogger(__name__)
 
 ENDED = ("finished", "failed", "cancelled")
-KEEP_MEASUREMENTS = 8          # recent step times kept per size
-KEEP_ROUNDS = 1800             # the times of the latest rounds that ran the policy (a replay's rounds)
-GUESS_BATCH = 128              # a queued job's batch and work are unknown until it reports them
-                               # (the work from `submit --work` if given; else a typical job's)
+KEEP_MEASUREMENTS = 8  # recent step times kept per size
+KEEP_ROUNDS = 1800  # the times of the latest rounds that ran the policy (a replay's rounds)
+GUESS_BATCH = 128  # a queued job's batch and work are unknown until it reports them
+# (the work from `submit --work` if given; else a typical job's)
 GUESS_SAMPLES = 60000
 GUESS_SECONDS_PER_SAMPLE = 1e-3
 
@@ -53,51 +54,52 @@ GUESS_SECONDS_PER_SAMPLE = 1e-3
 @dataclass
 class LiveJob:
     """One submitted job as the daemon knows it."""
+
     id: str
     name: str
     command: list[str]
     min_np: int
     max_np: int
-    requested: int            # what a rigid policy (FIFO) runs it at
+    requested: int  # what a rigid policy (FIFO) runs it at
     weight: float
     submitted: float
-    cwd: str = ""             # where it was submitted (its command runs there)
-    work_hint: int = 0        # samples to train, as the submitter guessed (until the job reports its own)
-    state: str = "queued"     # queued | running | suspended | finished | failed | cancelled
+    cwd: str = ""  # where it was submitted (its command runs there)
+    work_hint: int = 0  # samples to train, as the submitter guessed (until the job reports its own)
+    state: str = "queued"  # queued | running | suspended | finished | failed | cancelled
     reason: str = ""
-    size: int = 0             # workers it runs now (its launcher says)
+    size: int = 0  # workers it runs now (its launcher says)
     version: int = 0
     step: int = 0
     batch_size: int = 0
-    position: int = 0         # samples trained
-    end: int = 0              # the position where it will be done (0: not reported yet)
+    position: int = 0  # samples trained
+    end: int = 0  # the position where it will be done (0: not reported yet)
     samples_per_s: float = 0.0
-    placement: list[int] = field(default_factory=list)   # workers per host (empty: none yet)
-    home: int = -1            # the host its launcher runs on (-1: not started)
+    placement: list[int] = field(default_factory=list)  # workers per host (empty: none yet)
+    home: int = -1  # the host its launcher runs on (-1: not started)
     started: float | None = None
     ended: float | None = None
-    measured: dict[str, list[float]] = field(default_factory=dict)   # workers -> recent step seconds
+    measured: dict[str, list[float]] = field(default_factory=dict)  # workers -> recent step seconds
     allocations: list[tuple[float, int]] = field(default_factory=list)  # (time, workers) as observed
-    priority: int = 0         # its class: a higher one's arrival may suspend it
+    priority: int = 0  # its class: a higher one's arrival may suspend it
     preemptible: bool = True  # False: never suspended (`submit --no-preempt`)
     checkpoint_dir: str = ""  # where it checkpoints (what it resumes from)
     checkpoint_every: str = ""
-    resumed: float | None = None      # when its launcher last started
-    launches: list[float] = field(default_factory=list)   # when each of its launchers started
-    suspending: float | None = None   # when it was asked to suspend (its launcher still runs)
-    stopped_at: int = -1              # the step it stopped at, while suspended (its latest checkpoint)
-    suspensions: list[float] = field(default_factory=list)   # when it was suspended
-    stall: float | None = None        # its last suspension's stall, until the resume's cost is measured
-    costs: list[float] = field(default_factory=list)   # measured suspend + resume seconds
-    boots: list[float] = field(default_factory=list)   # measured launch -> first step seconds
-    booting: bool = False             # its launcher (re)started and it has not reported a step yet
-    growing: float | None = None      # when a grow was asked of it, until its new workers are seen
-    joins: list[float] = field(default_factory=list)   # measured grow ask -> new workers seen seconds
+    resumed: float | None = None  # when its launcher last started
+    launches: list[float] = field(default_factory=list)  # when each of its launchers started
+    suspending: float | None = None  # when it was asked to suspend (its launcher still runs)
+    stopped_at: int = -1  # the step it stopped at, while suspended (its latest checkpoint)
+    suspensions: list[float] = field(default_factory=list)  # when it was suspended
+    stall: float | None = None  # its last suspension's stall, until the resume's cost is measured
+    costs: list[float] = field(default_factory=list)  # measured suspend + resume seconds
+    boots: list[float] = field(default_factory=list)  # measured launch -> first step seconds
+    booting: bool = False  # its launcher (re)started and it has not reported a step yet
+    growing: float | None = None  # when a grow was asked of it, until its new workers are seen
+    joins: list[float] = field(default_factory=list)  # measured grow ask -> new workers seen seconds
     stalls: list[float] = field(default_factory=list)  # measured suspend ask -> launcher gone seconds
-    max_batch: int = 0        # `submit --max-batch`: it adapts its batch up to this (0: not said)
-    init_batch: int = 0       # its run log's first batch (B0), 0 until read
-    largest_batch: int = 0    # the largest batch its run log shows
-    noise_scale: float | None = None   # its run log's latest gradient noise scale (samples)
+    max_batch: int = 0  # `submit --max-batch`: it adapts its batch up to this (0: not said)
+    init_batch: int = 0  # its run log's first batch (B0), 0 until read
+    largest_batch: int = 0  # the largest batch its run log shows
+    noise_scale: float | None = None  # its run log's latest gradient noise scale (samples)
 
     @property
     def active(self) -> bool:
@@ -105,18 +107,24 @@ class LiveJob:
 
     def measurements(self) -> list[Measured]:
         """Its step times at its current batch (a goodput job's earlier batches are other models)."""
-        return [Measured(n, 1, statistics.median(times)) for (n, b), times in
-                ((size_key(k, self.batch_size), v) for k, v in self.measured.items()) if times and b == self.batch_size]
+        return [
+            Measured(n, 1, statistics.median(times))
+            for (n, b), times in ((size_key(k, self.batch_size), v) for k, v in self.measured.items())
+            if times and b == self.batch_size
+        ]
 
     def stats(self) -> BatchStats | None:
         if not self.init_batch:
             return None
-        return BatchStats(self.init_batch, self.batch_size or self.init_batch, self.largest_batch, self.noise_scale)
+        return BatchStats(
+            self.init_batch, self.batch_size or self.init_batch, self.largest_batch, self.noise_scale
+        )
 
 
 @dataclass(frozen=True)
 class Observed:
     """One read of a running job's launcher (its ``taiji status``)."""
+
     size: int
     version: int
     step: int = 0
@@ -124,12 +132,18 @@ class Observed:
     position: int = 0
     end: int = 0
     samples_per_s: float = 0.0
-    placement: tuple[int, ...] = ()   # workers per host (empty: all on its home host)
+    placement: tuple[int, ...] = ()  # workers per host (empty: all on its home host)
 
 
 class Scheduler:
-    def __init__(self, slots: int, policy: Policy, shrink_timeout: float = 30.0, hosts: int = 1,
-                 rules: SuspendRules = SuspendRules()):
+    def __init__(
+        self,
+        slots: int,
+        policy: Policy,
+        shrink_timeout: float = 30.0,
+        hosts: int = 1,
+        rules: SuspendRules = SuspendRules(),
+    ):
         if slots < 1 or hosts < 1:
             raise ConfigError(f"the scheduler needs at least one host with one slot, got {hosts} x {slots}")
         self.slots_per_host = slots
@@ -141,14 +155,27 @@ class Scheduler:
         self.rounds = Rounds(slots=(slots,) * hosts, shrink_timeout=shrink_timeout)
         self.jobs: dict[str, LiveJob] = {}
         self.next_id = 1
-        self.round_times: list[float] = []   # when the latest rounds ran the policy (KEEP_ROUNDS of them)
+        self.round_times: list[float] = []  # when the latest rounds ran the policy (KEEP_ROUNDS of them)
 
     # -- what happens to jobs -------------------------------------------------------------------
 
-    def submit(self, now: float, command: list[str], min_np: int = 1, max_np: int | None = None,
-               np: int | None = None, weight: float = 1.0, name: str = "", cwd: str = "",
-               work: int = 0, priority: int = 0, preemptible: bool = True, checkpoint_dir: str = "",
-               checkpoint_every: str = "", max_batch: int = 0) -> LiveJob:
+    def submit(
+        self,
+        now: float,
+        command: list[str],
+        min_np: int = 1,
+        max_np: int | None = None,
+        np: int | None = None,
+        weight: float = 1.0,
+        name: str = "",
+        cwd: str = "",
+        work: int = 0,
+        priority: int = 0,
+        preemptible: bool = True,
+        checkpoint_dir: str = "",
+        checkpoint_every: str = "",
+        max_batch: int = 0,
+    ) -> LiveJob:
         """Queue a job; ConfigError (with the reason) for one that can never run here."""
         max_np = self.slots if max_np is None else max_np
         if not command:
@@ -157,21 +184,40 @@ class Scheduler:
             raise ConfigError(f"need 1 <= min_np <= max_np, got min_np={min_np}, max_np={max_np}")
         if min_np > self.slots_per_host:
             where = "" if self.hosts == 1 else " per host (a job starts on one host)"
-            raise ConfigError(f"the job needs at least {min_np} workers but this scheduler has "
-                              f"{self.slots_per_host} slot(s){where}: it could never run (lower --min-np or add slots)")
+            raise ConfigError(
+                f"the job needs at least {min_np} workers but this scheduler has "
+                f"{self.slots_per_host} slot(s){where}: it could never run (lower --min-np or add slots)"
+            )
         if not (math.isfinite(weight) and weight > 0):
             raise ConfigError(f"weight must be a number > 0, got {weight}")
         if work < 0 or max_batch < 0:
-            raise ConfigError(f"work and max_batch must be >= 0 samples (0: unknown), got {work}, {max_batch}")
+            raise ConfigError(
+                f"work and max_batch must be >= 0 samples (0: unknown), got {work}, {max_batch}"
+            )
         requested = min(max_np, self.slots) if np is None else np
         if not min_np <= requested <= max_np or requested > self.slots:
-            raise ConfigError(f"-np {requested} must lie in [min_np={min_np}, max_np={max_np}] and fit "
-                              f"{self.slots} slot(s)")
+            raise ConfigError(
+                f"-np {requested} must lie in [min_np={min_np}, max_np={max_np}] and fit {self.slots} slot(s)"
+            )
         job_id = f"s{self.next_id:04d}"
         self.next_id += 1
-        job = LiveJob(job_id, name or job_id, list(command), min_np, max_np, requested, weight, now, cwd=cwd,
-                      work_hint=work, priority=int(priority), preemptible=bool(preemptible),
-                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, max_batch=int(max_batch))
+        job = LiveJob(
+            job_id,
+            name or job_id,
+            list(command),
+            min_np,
+            max_np,
+            requested,
+            weight,
+            now,
+            cwd=cwd,
+            work_hint=work,
+            priority=int(priority),
+            preemptible=bool(preemptible),
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            max_batch=int(max_batch),
+        )
         self.jobs[job_id] = job
         return job
 
@@ -181,7 +227,7 @@ class Scheduler:
             return
         if job.state == "queued":
             job.state, job.started = "running", now
-        fresh = seen.step > job.step   # a status its rank 0 wrote since the last read
+        fresh = seen.step > job.step  # a status its rank 0 wrote since the last read
         steady = seen.version == job.version and seen.size == job.size
         if fresh and steady and seen.samples_per_s > 0 and seen.batch_size > 0 and seen.size > 0:
             times = job.measured.setdefault(f"{seen.size}@{seen.batch_size}", [])
@@ -189,18 +235,24 @@ class Scheduler:
             del times[:-KEEP_MEASUREMENTS]
         if seen.size != job.size:
             job.allocations.append((now, seen.size))
-        placement = list(seen.placement) or [seen.size if h == max(job.home, 0) else 0 for h in range(self.hosts)]
+        placement = list(seen.placement) or [
+            seen.size if h == max(job.home, 0) else 0 for h in range(self.hosts)
+        ]
         if job.booting and not (fresh and seen.size) and len(job.placement) == len(placement):
             # no step yet since it (re)started: a worker a shrink took out of its cluster is still a
             # process booting, and leaves only at the first step boundary; its slot is not free yet
             placement = [max(a, b) for a, b in zip(placement, job.placement)]
         job.placement = placement
-        if job.booting and fresh and seen.size and job.resumed is not None:   # its first step since (re)starting
+        if (
+            job.booting and fresh and seen.size and job.resumed is not None
+        ):  # its first step since (re)starting
             job.boots = (job.boots + [now - job.resumed])[-KEEP_MEASUREMENTS:]
             job.booting = False
-        if job.growing is not None and seen.size > job.size:   # a grow's joiners arrived
+        if job.growing is not None and seen.size > job.size:  # a grow's joiners arrived
             job.joins, job.growing = (job.joins + [now - job.growing])[-KEEP_MEASUREMENTS:], None
-        if job.stall is not None and fresh and seen.size and job.resumed is not None:   # its first step since resuming
+        if (
+            job.stall is not None and fresh and seen.size and job.resumed is not None
+        ):  # its first step since resuming
             job.costs = (job.costs + [job.stall + now - job.resumed])[-KEEP_MEASUREMENTS:]
             job.stall = None
         job.size, job.version, job.step = seen.size, seen.version, seen.step
@@ -212,7 +264,7 @@ class Scheduler:
         job = self.jobs[job_id]
         if stats is None or not job.active:
             return
-        job.init_batch = job.init_batch or stats.init_batch   # a resumed run's log continues the same file
+        job.init_batch = job.init_batch or stats.init_batch  # a resumed run's log continues the same file
         job.largest_batch = max(job.largest_batch, stats.largest)
         job.noise_scale = stats.noise_scale if stats.noise_scale is not None else job.noise_scale
 
@@ -244,7 +296,7 @@ class Scheduler:
         if job.size:
             job.allocations.append((now, 0))
         job.state, job.reason, job.suspending, job.stopped_at = "suspended", reason, None, step
-        self.rounds.asked.pop(job_id, None)   # its launcher is gone: nothing it was asked can still arrive
+        self.rounds.asked.pop(job_id, None)  # its launcher is gone: nothing it was asked can still arrive
         job.size, job.placement, job.home, job.version, job.step = 0, [], -1, 0, step
         job.growing = None
 
@@ -264,12 +316,28 @@ class Scheduler:
         job's, else the rules' guess."""
         if job.boots:
             return statistics.median(job.boots)
-        return self._typical(lambda j: statistics.median(j.boots) if j.boots else 0.0, self.rules.guess_cost_s)
+        return self._typical(
+            lambda j: statistics.median(j.boots) if j.boots else 0.0, self.rules.guess_cost_s
+        )
 
     def may_suspend(self, job: LiveJob, now: float) -> bool:
-        return job.state == "running" and job.size > 0 and job.suspending is None and bool(job.checkpoint_dir) and may_suspend(
-            job.preemptible, job.suspensions, last_start(job, now), now, self.suspend_cost(job), self.rules,
-            trained=job.step > max(job.stopped_at, 0), left_s=seconds_left(job), resumed=job.stopped_at >= 0)
+        return (
+            job.state == "running"
+            and job.size > 0
+            and job.suspending is None
+            and bool(job.checkpoint_dir)
+            and may_suspend(
+                job.preemptible,
+                job.suspensions,
+                last_start(job, now),
+                now,
+                self.suspend_cost(job),
+                self.rules,
+                trained=job.step > max(job.stopped_at, 0),
+                left_s=seconds_left(job),
+                resumed=job.stopped_at >= 0,
+            )
+        )
 
     def ended(self, now: float, job_id: str, state: str, reason: str = "") -> None:
         if state not in ENDED:
@@ -292,7 +360,11 @@ class Scheduler:
 
     def holds(self) -> dict[str, tuple[int, ...]]:
         zero = (0,) * self.hosts
-        return {job.id: tuple(job.placement) if job.placement else zero for job in self.jobs.values() if job.active}
+        return {
+            job.id: tuple(job.placement) if job.placement else zero
+            for job in self.jobs.values()
+            if job.active
+        }
 
     def round(self, now: float) -> list[Change]:
         """Run the policy on every active job and start applying its targets."""
@@ -304,7 +376,9 @@ class Scheduler:
             return []
         self.round_times = (self.round_times + [now])[-KEEP_ROUNDS:]
         views = [self.view_of(job, now, live) for job in active]
-        cluster = Cluster(num_hosts=len(live), gpus_per_host=self.slots_per_host, cpus_per_host=self.slots_per_host)
+        cluster = Cluster(
+            num_hosts=len(live), gpus_per_host=self.slots_per_host, cpus_per_host=self.slots_per_host
+        )
         allocations = self.policy.allocate(now, cluster, views)
         targets: dict[str, tuple[int, ...]] = {}
         zero = (0,) * self.hosts
@@ -315,19 +389,24 @@ class Scheduler:
                 placement[live[index]] = count
             if job.state == "running":
                 if job.suspending is not None:
-                    continue   # on its way out: it keeps its ask
+                    continue  # on its way out: it keeps its ask
                 if sum(placement) < job.min_np and self.may_suspend(job, now):
                     targets[job.id] = zero
                 else:
-                    targets[job.id] = clamp(placement, job.min_np, job.max_np, self.holds()[job.id], job.home,
-                                            self.rounds.slots)
-            elif sum(placement) >= job.min_np:   # else it stays queued (or suspended)
+                    targets[job.id] = clamp(
+                        placement, job.min_np, job.max_np, self.holds()[job.id], job.home, self.rounds.slots
+                    )
+            elif sum(placement) >= job.min_np:  # else it stays queued (or suspended)
                 targets[job.id] = start_on_one_host(placement, job.max_np, self.slots_per_host)
         self._keep_for_lower_classes(active, targets)
         self._preempt_for_priority(now, active, targets)
         active_ids = {job.id: job for job in active}
-        return self._note_grows(now, self.rounds.start(now, self.holds(), targets,
-                                                       {j: active_ids[j].min_np for j in targets}, self.versions()))
+        return self._note_grows(
+            now,
+            self.rounds.start(
+                now, self.holds(), targets, {j: active_ids[j].min_np for j in targets}, self.versions()
+            ),
+        )
 
     def _note_grows(self, now: float, changes: list[Change]) -> list[Change]:
         """When each running job was asked to grow (what its joiners' arrival is timed from)."""
@@ -345,26 +424,38 @@ class Scheduler:
         for job in active:
             if job.state == "running" and job.id in targets and not any(targets[job.id]) and job.size:
                 if not any(p >= job.priority for p in gaining):
-                    targets[job.id] = clamp([0] * self.hosts, job.min_np, job.max_np, holds[job.id], job.home,
-                                            self.rounds.slots)
+                    targets[job.id] = clamp(
+                        [0] * self.hosts, job.min_np, job.max_np, holds[job.id], job.home, self.rounds.slots
+                    )
 
-    def _preempt_for_priority(self, now: float, active: list[LiveJob], targets: dict[str, tuple[int, ...]]) -> None:
+    def _preempt_for_priority(
+        self, now: float, active: list[LiveJob], targets: dict[str, tuple[int, ...]]
+    ) -> None:
         """Waiting jobs left without their ``min_np``, highest class first: waiting jobs of lower
         classes do not start before it, and the fewest lower-class running jobs whose suspension
         lets it start on one host are suspended (gang-aware: nobody if it would not start)."""
         zero = (0,) * self.hosts
         holds = self.holds()
-        for job in sorted((j for j in active if j.state in ("queued", "suspended") and j.id not in targets),
-                          key=lambda j: (-j.priority, j.submitted)):
+        for job in sorted(
+            (j for j in active if j.state in ("queued", "suspended") and j.id not in targets),
+            key=lambda j: (-j.priority, j.submitted),
+        ):
             if not any(other.priority < job.priority for other in active):
-                continue   # the policy's choice stands among equals
-            for lower in active:   # they yield to it
+                continue  # the policy's choice stands among equals
+            for lower in active:  # they yield to it
                 if lower.state in ("queued", "suspended") and lower.priority < job.priority:
                     targets.pop(lower.id, None)
-            running = [Running(j.id, j.priority, True, targets.get(j.id, holds[j.id]), last_start(j, now))
-                       for j in active if j.state == "running" and j.priority < job.priority
-                       and targets.get(j.id) != zero and self.may_suspend(j, now)]
-            used = [sum(max(holds[j][h], targets.get(j, holds[j])[h]) for j in holds) for h in range(self.hosts)]
+            running = [
+                Running(j.id, j.priority, True, targets.get(j.id, holds[j.id]), last_start(j, now))
+                for j in active
+                if j.state == "running"
+                and j.priority < job.priority
+                and targets.get(j.id) != zero
+                and self.may_suspend(j, now)
+            ]
+            used = [
+                sum(max(holds[j][h], targets.get(j, holds[j])[h]) for j in holds) for h in range(self.hosts)
+            ]
             free = [max(0, cap - u) for cap, u in zip(self.rounds.slots, used)]
             found = priority_victims(job.min_np, job.priority, free, running)
             if not found:
@@ -395,20 +486,44 @@ class Scheduler:
         init, largest = batch_range(job.stats(), batch, job.max_batch)
         # never measured: a typical job's speed (its own at another batch, if it measured one:
         # a goodput job that just changed it)
-        per_sample = 0.0 if measured else (self._seconds_per_sample(job) or
-                                           self._typical(self._seconds_per_sample, GUESS_SECONDS_PER_SAMPLE))
+        per_sample = (
+            0.0
+            if measured
+            else (
+                self._seconds_per_sample(job)
+                or self._typical(self._seconds_per_sample, GUESS_SECONDS_PER_SAMPLE)
+            )
+        )
         work = job.end or job.work_hint or self._typical(lambda j: j.end or j.work_hint, GUESS_SAMPLES)
-        app = policy_application(job.id, measured, per_sample, batch, work, min(job.max_np, self.slots), init, largest,
-                                 job.noise_scale)
+        app = policy_application(
+            job.id,
+            measured,
+            per_sample,
+            batch,
+            work,
+            min(job.max_np, self.slots),
+            init,
+            largest,
+            job.noise_scale,
+        )
         live = list(range(self.hosts)) if live is None else live
         held = self.holds().get(job.id, (0,) * self.hosts)
         placement = tuple(held[h] for h in live) if any(held[h] for h in live) else None
         held = job.allocations + ([(now, 0)] if now is not None and job.allocations else [])
-        attained = sum((b[0] - a[0]) * a[1] for a, b in zip(held, held[1:]))   # worker-seconds so far
-        return live_view(app, job.submitted, job.requested, job.position / app.init_batch_size, placement,
-                         attained_worker_s=attained, peak_replicas=max((n for _, n in job.allocations), default=0),
-                         weight=job.weight, restarts=len(job.suspensions), batch_now=batch,
-                         suspend_cost_s=self.suspend_cost(job) if job.state == "running" else None)
+        attained = sum((b[0] - a[0]) * a[1] for a, b in zip(held, held[1:]))  # worker-seconds so far
+        return live_view(
+            app,
+            job.submitted,
+            job.requested,
+            job.position / app.init_batch_size,
+            placement,
+            attained_worker_s=attained,
+            peak_replicas=max((n for _, n in job.allocations), default=0),
+            weight=job.weight,
+            restarts=len(job.suspensions),
+            batch_now=batch,
+            suspend_cost_s=self.suspend_cost(job) if job.state == "running" else None,
+        )
 
     def _typical(self, read, default: float):  # noqa: ANN001, ANN202
         return typical((read(j) for j in self.jobs.values()), default)
@@ -416,23 +531,33 @@ class Scheduler:
     @staticmethod
     def _seconds_per_sample(job: LiveJob) -> float:
         """Worker-seconds per sample, from its fastest measured size (0 when never measured)."""
-        return seconds_per_sample((*size_key(k, job.batch_size), statistics.median(t))
-                                  for k, t in job.measured.items() if t)
+        return seconds_per_sample(
+            (*size_key(k, job.batch_size), statistics.median(t)) for k, t in job.measured.items() if t
+        )
 
     # -- persistence ------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        return {"slots": self.slots_per_host, "hosts": self.hosts, "next_id": self.next_id, "rounds": self.round_times,
-                "jobs": [asdict(j) for j in self.jobs.values()],
-                "asked": {job: [list(a.target), list(a.reserve), a.shrink] for job, a in self.rounds.asked.items()}}
+        return {
+            "slots": self.slots_per_host,
+            "hosts": self.hosts,
+            "next_id": self.next_id,
+            "rounds": self.round_times,
+            "jobs": [asdict(j) for j in self.jobs.values()],
+            "asked": {
+                job: [list(a.target), list(a.reserve), a.shrink] for job, a in self.rounds.asked.items()
+            },
+        }
 
     def load_json(self, data: Mapping[str, Any]) -> None:
         """Jobs and outstanding asks of a previous daemon (its slots must be ours)."""
         shape = (int(data.get("hosts", 1)), int(data.get("slots", self.slots_per_host)))
         if shape != (self.hosts, self.slots_per_host):
-            raise ConfigError(f"the saved state is for {shape[0]} host(s) of {shape[1]} slot(s), this daemon has "
-                              f"{self.hosts} of {self.slots_per_host}: start it with the same --slots/--hosts "
-                              f"or move the state away")
+            raise ConfigError(
+                f"the saved state is for {shape[0]} host(s) of {shape[1]} slot(s), this daemon has "
+                f"{self.hosts} of {self.slots_per_host}: start it with the same --slots/--hosts "
+                f"or move the state away"
+            )
         self.next_id = int(data.get("next_id", 1))
         self.round_times = [float(t) for t in data.get("rounds", [])]
         for raw in data.get("jobs", []):
@@ -460,8 +585,9 @@ def last_start(job: LiveJob, now: float) -> float:
     return job.resumed if job.resumed is not None else job.started if job.started is not None else now
 
 
-def clamp(placement: list[int], min_np: int, max_np: int, holds: tuple[int, ...], home: int,
-          slots: tuple[int, ...]) -> tuple[int, ...]:
+def clamp(
+    placement: list[int], min_np: int, max_np: int, holds: tuple[int, ...], home: int, slots: tuple[int, ...]
+) -> tuple[int, ...]:
     """A running job's target within ``[min_np, max_np]``: extra workers come off the hosts with
     the most; missing ones go where it runs now (its home host first, then where it holds most),
     each host up to its slots — the rounds clip any grow to the slots free there."""
@@ -477,4 +603,6 @@ def start_on_one_host(placement: list[int], max_np: int, slots_per_host: int) ->
     """A queued job's start: all its workers on the host the policy gave it the most (its
     launcher's); the rest come by placed grows in later rounds."""
     home = max(range(len(placement)), key=lambda h: placement[h])
-    return tuple(min(sum(placement), max_np, slots_per_host) if h == home else 0 for h in range(len(placement)))
+    return tuple(
+        min(sum(placement), max_np, slots_per_host) if h == home else 0 for h in range(len(placement))
+    )

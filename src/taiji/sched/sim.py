@@ -71,6 +71,7 @@ at every allocation change and completion, so progress stays exact.
 **Rejection.** A job asking for more GPUs than the cluster has is rejected on arrival (status
 ``rejected``). If nothing can ever change or ``max_time_s`` passes, the rest are ``unfinished``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,14 +93,13 @@ from taiji.sched.simresult import JobRecord, SimResult  # noqa: F401  (re-export
 from taiji.sched.workload import JobSpec, application_of, estimated
 
 logger = logging.getLogger(__name__)
-SHRINK_TIMEOUT_S = 30.0   # as the live Rounds': a round's grows go ahead without a shrink that never landed
+SHRINK_TIMEOUT_S = 30.0  # as the live Rounds': a round's grows go ahead without a shrink that never landed
 
 
 class Policy(Protocol):
     name: str
 
-    def allocate(self, now: float, cluster: Cluster,
-                 jobs: Sequence[JobView]) -> Mapping[str, Allocation]: ...
+    def allocate(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Mapping[str, Allocation]: ...
 
 
 @dataclass(frozen=True)
@@ -107,25 +107,37 @@ class SimConfig:
     cluster: Cluster = Cluster()
     interval_s: float = 60.0
     resize: ResizeCost = SYSTEMS["restart"]
-    reschedule_on_events: bool = False   # Pollux schedules only at rounds
-    interference: float = 0.0   # slowdown of a distributed job sharing a host with another (Pollux: 0.25/0.5)
+    reschedule_on_events: bool = False  # Pollux schedules only at rounds
+    interference: float = 0.0  # slowdown of a distributed job sharing a host with another (Pollux: 0.25/0.5)
     max_time_s: float = 30 * 24 * 3600.0
-    ps: PsSettings = PsSettings()   # speed model and bandwidths of parameter-server jobs
-    estimation_error: float = 0.0   # e: policies see every job's speeds × a factor drawn in [1−e, 1+e]
+    ps: PsSettings = PsSettings()  # speed model and bandwidths of parameter-server jobs
+    estimation_error: float = 0.0  # e: policies see every job's speeds × a factor drawn in [1−e, 1+e]
     error_seed: int = 0
-    live: tuple[tuple[str, Application], ...] = ()   # (job name, its Application) for LIVE jobs (sched/live.py)
-    preemption: bool = True   # False: a started job keeps its GPUs until it ends (no suspend/resume)
-    suspend_rules: SuspendRules | None = None   # the live scheduler's rules for a suspension (None: any)
-    job_costs: tuple[tuple[str, ResizeCost], ...] = ()   # (job name, its own costs): a replay's, one per launch
-    min_replicas: tuple[tuple[str, int], ...] = ()   # (job name, its live --min-np): fewer is no allocation
-    round_times: tuple[float, ...] = ()   # when rounds fall (a replay: the daemon's, sorted); after them every interval_s
-    daemon_view: DaemonView | None = None   # a replay: policies see jobs as the daemon did (see the module's doc)
-    exit_s: float = 0.0   # a replay: a job's launcher exits this long after its last step (see the module's doc)
-    same_tick_s: float = 0.0   # a replay: half the daemon's tick (see the module's doc)
+    live: tuple[
+        tuple[str, Application], ...
+    ] = ()  # (job name, its Application) for LIVE jobs (sched/live.py)
+    preemption: bool = True  # False: a started job keeps its GPUs until it ends (no suspend/resume)
+    suspend_rules: SuspendRules | None = None  # the live scheduler's rules for a suspension (None: any)
+    job_costs: tuple[
+        tuple[str, ResizeCost], ...
+    ] = ()  # (job name, its own costs): a replay's, one per launch
+    min_replicas: tuple[tuple[str, int], ...] = ()  # (job name, its live --min-np): fewer is no allocation
+    round_times: tuple[
+        float, ...
+    ] = ()  # when rounds fall (a replay: the daemon's, sorted); after them every interval_s
+    daemon_view: DaemonView | None = (
+        None  # a replay: policies see jobs as the daemon did (see the module's doc)
+    )
+    exit_s: float = (
+        0.0  # a replay: a job's launcher exits this long after its last step (see the module's doc)
+    )
+    same_tick_s: float = 0.0  # a replay: half the daemon's tick (see the module's doc)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.max_time_s <= 0:
-            raise ConfigError(f"interval_s and max_time_s must be > 0, got {self.interval_s}, {self.max_time_s}")
+            raise ConfigError(
+                f"interval_s and max_time_s must be > 0, got {self.interval_s}, {self.max_time_s}"
+            )
         if not 0.0 <= self.interference < 1.0:
             raise ConfigError(f"interference must lie in [0, 1), got {self.interference}")
         if self.exit_s < 0 or self.same_tick_s < 0:
@@ -143,10 +155,12 @@ class _Engine:
     active: list[SimJob] = field(default_factory=list)
     records: dict[str, JobRecord] = field(default_factory=dict)
     utilization: list[tuple[float, int]] = field(default_factory=list)
-    resumed_any: bool = False   # a suspended job ran again
-    grows: dict[str, Allocation] = field(default_factory=dict)   # a round's starts and grows, waiting for its shrinks
-    grows_at: float = math.inf   # when its shrinks have all landed (or timed out): the grows go then
-    holding: dict[str, tuple[float, Allocation]] = field(default_factory=dict)   # slots a job frees only then
+    resumed_any: bool = False  # a suspended job ran again
+    grows: dict[str, Allocation] = field(
+        default_factory=dict
+    )  # a round's starts and grows, waiting for its shrinks
+    grows_at: float = math.inf  # when its shrinks have all landed (or timed out): the grows go then
+    holding: dict[str, tuple[float, Allocation]] = field(default_factory=dict)  # slots a job frees only then
 
     def run(self) -> SimResult:
         pending = sorted(self.specs, key=lambda spec: spec.submit_time)
@@ -159,14 +173,16 @@ class _Engine:
             next_finish = min((job.finish_at for job in self.active), default=math.inf)
             now = min(next_arrival, next_finish, next_round, self.grows_at if self.grows else math.inf)
             if now > self.config.max_time_s:
-                logger.warning("%s: stopped at the time limit %.0f s", self.policy.name, self.config.max_time_s)
+                logger.warning(
+                    "%s: stopped at the time limit %.0f s", self.policy.name, self.config.max_time_s
+                )
                 break
             for job in self.active:
                 job.run_for(self.now, now - self.now)
-                if job.trail:   # (a suspended job's too: it made no progress meanwhile)
+                if job.trail:  # (a suspended job's too: it made no progress meanwhile)
                     job.trail.add(now, job.progress)
             self.now = now
-            is_round = now >= next_round   # (the daemon's tick takes what landed, then runs its round)
+            is_round = now >= next_round  # (the daemon's tick takes what landed, then runs its round)
             horizon = now + self.config.same_tick_s if is_round else now
             finished = self._complete(horizon)
             arrived = cursor
@@ -179,18 +195,32 @@ class _Engine:
                 next_round = self._round_after(now)
             if is_round or (self.config.reschedule_on_events and (finished or cursor > arrived)):
                 self._schedule(horizon)
-                if is_round and cursor == len(pending) and self.active and not (self.grows or self.holding) and \
-                        all(job.allocation is None for job in self.active):
-                    logger.warning("%s: %d jobs can never run (nothing running, no arrivals left)",
-                                   self.policy.name, len(self.active))
+                if (
+                    is_round
+                    and cursor == len(pending)
+                    and self.active
+                    and not (self.grows or self.holding)
+                    and all(job.allocation is None for job in self.active)
+                ):
+                    logger.warning(
+                        "%s: %d jobs can never run (nothing running, no arrivals left)",
+                        self.policy.name,
+                        len(self.active),
+                    )
                     break
         for job in self.active:
             self.records[job.spec.name] = self._record(job, "unfinished", "did not finish in the simulation")
         for spec in pending[cursor:]:
-            self.records[spec.name] = JobRecord(spec.name, spec.application, spec.submit_time,
-                                                "unfinished", reason="submitted after the time limit")
-        return SimResult(self.policy.name, tuple(self.records[name] for name in names),
-                         tuple(self.utilization))
+            self.records[spec.name] = JobRecord(
+                spec.name,
+                spec.application,
+                spec.submit_time,
+                "unfinished",
+                reason="submitted after the time limit",
+            )
+        return SimResult(
+            self.policy.name, tuple(self.records[name] for name in names), tuple(self.utilization)
+        )
 
     def _round_after(self, now: float) -> float:
         """The first round after ``now``: the next of ``round_times``, else every ``interval_s`` (after the last of them)."""
@@ -199,7 +229,7 @@ class _Engine:
             return times[bisect.bisect_right(times, now)]
         last = times[-1] if times else 0.0
         after = last + (math.floor(max(now - last, -interval) / interval) + 1) * interval
-        return after if after > now else after + interval   # (a rounding error must not repeat a round)
+        return after if after > now else after + interval  # (a rounding error must not repeat a round)
 
     def _arrive(self, spec: JobSpec) -> None:
         cluster = self.config.cluster
@@ -211,12 +241,15 @@ class _Engine:
             reason = f"a parameter server takes {app.server_cpus} CPUs, a host has {cluster.cpus_per_host}"
         if reason:
             logger.warning("rejected %s: %s", spec.name, reason)
-            self.records[spec.name] = JobRecord(spec.name, spec.application, spec.submit_time,
-                                                "rejected", reason=reason)
+            self.records[spec.name] = JobRecord(
+                spec.name, spec.application, spec.submit_time, "rejected", reason=reason
+            )
             return
         estimate = estimated(app, spec.name, self.config.estimation_error, self.config.error_seed)
         self.active.append(SimJob(spec, app, estimate))
-        lag = max(0.0, self._cost(self.active[-1]).seen - self.config.same_tick_s)   # (a round reads at its tick)
+        lag = max(
+            0.0, self._cost(self.active[-1]).seen - self.config.same_tick_s
+        )  # (a round reads at its tick)
         self.active[-1].trail = Trail(lag) if self.config.daemon_view else None
 
     def _complete(self, horizon: float) -> bool:
@@ -227,7 +260,7 @@ class _Engine:
             job.progress = job.app.target_progress
             own_exit = self._cost(job).exit
             exit_s = self.config.exit_s if own_exit is None else own_exit
-            if exit_s > 0 and not job.exiting:   # its launcher exits after its last step
+            if exit_s > 0 and not job.exiting:  # its launcher exits after its last step
                 job.exiting, job.finish_at = True, self.now + exit_s
                 continue
             job.end = job.finish_at
@@ -236,51 +269,75 @@ class _Engine:
         self.active = [job for job in self.active if job not in done]
         if done:
             self._note_utilization()
-            if self.config.interference:   # fewer neighbours: the others may speed up
+            if self.config.interference:  # fewer neighbours: the others may speed up
                 self._retime_all()
         return bool(done)
 
     def _schedule(self, horizon: float) -> None:
         cluster = self.config.cluster
-        measured = [job.spec.name for job in self.active if job.stepped] + \
-            [r.name for r in self.records.values() if r.status == "done"]
+        measured = [job.spec.name for job in self.active if job.stepped] + [
+            r.name for r in self.records.values() if r.status == "done"
+        ]
         daemon = self.config.daemon_view
         self.holding = {name: held for name, held in self.holding.items() if held[0] > horizon}
-        leaving = {job.spec.name: self.holding[job.spec.name][1] for job in self.active   # suspended, launcher
-                   if job.allocation is None and job.spec.name in self.holding}          # still exiting
-        views = (job.view(daemon, measured, self._rule_cost(job) if daemon else None, self.now, horizon)
-                 for job in self.active)
-        answer = dict(self.policy.allocate(self.now, cluster, tuple(
-            dataclasses.replace(v, allocation=leaving[v.name]) if v.name in leaving else v for v in views)))
+        leaving = {
+            job.spec.name: self.holding[job.spec.name][1]
+            for job in self.active  # suspended, launcher
+            if job.allocation is None and job.spec.name in self.holding
+        }  # still exiting
+        views = (
+            job.view(daemon, measured, self._rule_cost(job) if daemon else None, self.now, horizon)
+            for job in self.active
+        )
+        answer = dict(
+            self.policy.allocate(
+                self.now,
+                cluster,
+                tuple(
+                    dataclasses.replace(v, allocation=leaving[v.name]) if v.name in leaving else v
+                    for v in views
+                ),
+            )
+        )
         cluster.check(answer, (job.spec.name for job in self.active))
-        floor = dict(self.config.min_replicas)   # fewer than its --min-np: as the daemon, none
-        answer = {name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0) and name not in leaving}
-        held = {job.spec.name: job.allocation for job in self.active if job.exiting   # keep their slots and size
-                or job.booting and job.allocation is not None and daemon is not None}   # (live: no grow while booting)
+        floor = dict(self.config.min_replicas)  # fewer than its --min-np: as the daemon, none
+        answer = {
+            name: a for name, a in answer.items() if a.replicas >= floor.get(name, 0) and name not in leaving
+        }
+        held = {
+            job.spec.name: job.allocation
+            for job in self.active
+            if job.exiting  # keep their slots and size
+            or job.booting
+            and job.allocation is not None
+            and daemon is not None
+        }  # (live: no grow while booting)
         kept = self._kept(answer)
-        first, grows, lands = {}, {}, [self.now]   # as the live Rounds: shrinks first, grows once they landed
+        first, grows, lands = {}, {}, [self.now]  # as the live Rounds: shrinks first, grows once they landed
         wanted = {**answer, **kept}
         for job in self.active:
             name, old, new = job.spec.name, job.allocation, wanted.get(job.spec.name)
             if old is None:
                 grows.update({name: new} if new is not None else {})
-            elif job.exiting:   # a shrink it can no longer take: the round waits for its launcher's exit
+            elif job.exiting:  # a shrink it can no longer take: the round waits for its launcher's exit
                 first[name] = old
                 lands += [job.finish_at] if new is None or fewer(new, old) else []
-            elif new is None and name in held:   # booting: not suspended (live: clamped to its --min-np)
+            elif new is None and name in held:  # booting: not suspended (live: clamped to its --min-np)
                 first[name] = at_least(old, floor.get(name))
                 self._hold(job, first[name], until=job.seen_at, lands=lands)
-            elif new is None:   # suspended: its slots are free once its launcher is gone
+            elif new is None:  # suspended: its slots are free once its launcher is gone
                 self._hold(job, None, until=self.now + self._cost(job).stall, lands=lands)
-            elif not fewer(old, new):   # a shrink (or a new batch) lands now; a booting job's frees its slots
-                first[name] = new         # once the daemon saw its first step (the worker leaves then)
+            elif not fewer(old, new):  # a shrink (or a new batch) lands now; a booting job's frees its slots
+                first[name] = new  # once the daemon saw its first step (the worker leaves then)
                 if name in held:
                     self._hold(job, new, until=job.seen_at, lands=lands)
             else:
                 first[name], grows[name] = old, new
-        if max(lands) <= horizon:   # nothing to wait for: the whole round at once
+        if max(lands) <= horizon:  # nothing to wait for: the whole round at once
             self.grows = {}
-            self._apply(self._without_preemption({**answer, **held}, {**kept, **held, **self._reserved(horizon)}))
+            self._apply(
+                self._without_preemption({**answer, **held}, {**kept, **held, **self._reserved(horizon)})
+            )
             return
         self._apply(first)
         self.grows = {name: a for name, a in grows.items() if name not in held}
@@ -288,15 +345,23 @@ class _Engine:
 
     def _hold(self, job: SimJob, new: Allocation | None, until: float, lands: list[float]) -> None:
         """``job`` goes from its allocation to ``new`` and frees the slots it gives up only at ``until``."""
-        gone = tuple(a - min(a, b) for a, b in zip(job.allocation.placement, new.placement if new else
-                                                   (0,) * len(job.allocation.placement)))
+        gone = tuple(
+            a - min(a, b)
+            for a, b in zip(
+                job.allocation.placement, new.placement if new else (0,) * len(job.allocation.placement)
+            )
+        )
         if until > self.now and any(gone):
             self.holding[job.spec.name] = (until, dataclasses.replace(job.allocation, placement=gone))
             lands.append(until)
 
     def _reserved(self, horizon: float) -> dict[str, Allocation]:
         """The slots jobs still hold beyond their allocations after ``horizon``, to fit the others around."""
-        return {f"{name} (freed at {until:g} s)": held for name, (until, held) in self.holding.items() if until > horizon}
+        return {
+            f"{name} (freed at {until:g} s)": held
+            for name, (until, held) in self.holding.items()
+            if until > horizon
+        }
 
     def _grow(self, horizon: float) -> None:
         """A round's starts and grows once its shrinks landed (or ``SHRINK_TIMEOUT_S`` passed): as the
@@ -309,20 +374,24 @@ class _Engine:
         self._apply(self._without_preemption({**current, **grows}, {**kept, **self._reserved(horizon)}))
 
     def _apply(self, answer: dict[str, Allocation]) -> None:
-        for job in self.active:   # a PS job runs only with its servers (the model's W ≤ γS)
+        for job in self.active:  # a PS job runs only with its servers (the model's W ≤ γS)
             new = answer.get(job.spec.name)
             if new is not None and new.servers != job.app.servers_for(new.replicas):
-                raise PolicyError(f"{job.spec.name}: {new.replicas} workers need "
-                                  f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}")
+                raise PolicyError(
+                    f"{job.spec.name}: {new.replicas} workers need "
+                    f"{job.app.servers_for(new.replicas)} servers, got {new.ps_placement}"
+                )
         for job in self.active:
             new = answer.get(job.spec.name)
             pause = resize_cost(self._cost(job), job.allocation, new, resumed=job.start is not None)
-            if pause is not None:   # a (re)start pays its whole cost; a change while it boots waits for the boot
+            if (
+                pause is not None
+            ):  # a (re)start pays its whole cost; a change while it boots waits for the boot
                 job.restarts += 1
                 job.pause_left = pause if job.allocation is None else max(job.pause_left, pause)
-                if job.allocation is None and self.config.daemon_view is not None:   # a replay: when the
+                if job.allocation is None and self.config.daemon_view is not None:  # a replay: when the
                     job.seen_at = self.now + job.pause_left + self._cost(job).seen
-                    listed = self._cost(job).listed   # daemon sees it step, and lists its workers
+                    listed = self._cost(job).listed  # daemon sees it step, and lists its workers
                     job.listed_at = job.seen_at if listed is None else min(self.now + listed, job.seen_at)
             if new is not None and job.start is None:
                 job.start = self.now
@@ -353,13 +422,35 @@ class _Engine:
         ``--min-np``, only that many of its workers (as the daemon clamps a policy's answer)."""
         rules = self.config.suspend_rules
         floor = dict(self.config.min_replicas)
-        return {job.spec.name: at_least(job.allocation, floor.get(job.spec.name)) for job in self.active
-                if job.allocation is not None and answer.get(job.spec.name) is None
-                and (not self.config.preemption or rules is not None and not may_suspend(
-                    True, job.suspensions, job.resumed, self.now, self._rule_cost(job), rules,
-                    trained=job.progress > job.resumed_at, left_s=job.pause_left + time_to_finish(
-                        job.app, job.progress, job.allocation.placement, job.allocation.batch_size,
-                        job.allocation.ps_placement) / job.speed, resumed=bool(job.suspensions)))}
+        return {
+            job.spec.name: at_least(job.allocation, floor.get(job.spec.name))
+            for job in self.active
+            if job.allocation is not None
+            and answer.get(job.spec.name) is None
+            and (
+                not self.config.preemption
+                or rules is not None
+                and not may_suspend(
+                    True,
+                    job.suspensions,
+                    job.resumed,
+                    self.now,
+                    self._rule_cost(job),
+                    rules,
+                    trained=job.progress > job.resumed_at,
+                    left_s=job.pause_left
+                    + time_to_finish(
+                        job.app,
+                        job.progress,
+                        job.allocation.placement,
+                        job.allocation.batch_size,
+                        job.allocation.ps_placement,
+                    )
+                    / job.speed,
+                    resumed=bool(job.suspensions),
+                )
+            )
+        }
 
     def _cost(self, job: SimJob) -> ResizeCost:
         """Its own costs, else the system's; a job named k times in ``job_costs``: those of its
@@ -372,7 +463,9 @@ class _Engine:
         cost = self._cost(job)
         return (cost.resume_s if cost.suspend is None else cost.suspend) if self.resumed_any else cost.boot_s
 
-    def _without_preemption(self, answer: dict[str, Allocation], kept: dict[str, Allocation]) -> dict[str, Allocation]:
+    def _without_preemption(
+        self, answer: dict[str, Allocation], kept: dict[str, Allocation]
+    ) -> dict[str, Allocation]:
         """``answer`` with the running jobs in ``kept`` kept as they are; the other changes undone,
         newest job first, until the whole fits (all undone is the previous, feasible state). A job
         with a live ``--min-np`` has its start or grow clipped to the slots the others leave it
@@ -381,7 +474,7 @@ class _Engine:
             return answer
         answer.update(kept)
         floor = dict(self.config.min_replicas)
-        names = list(answer)   # (with any slots still held, ``_reserved``)
+        names = list(answer)  # (with any slots still held, ``_reserved``)
         for job in reversed(self.active):
             try:
                 self.config.cluster.check(answer, names)
@@ -391,11 +484,11 @@ class _Engine:
                     continue
                 clipped = self._clipped(job, answer) if job.spec.name in floor else None
                 if clipped is not None:
-                    answer[job.spec.name] = clipped   # the daemon's rounds: what fits now, the rest later
+                    answer[job.spec.name] = clipped  # the daemon's rounds: what fits now, the rest later
                 elif job.allocation is None:
-                    answer.pop(job.spec.name, None)   # its start waits
+                    answer.pop(job.spec.name, None)  # its start waits
                 else:
-                    answer[job.spec.name] = job.allocation   # its resize waits
+                    answer[job.spec.name] = job.allocation  # its resize waits
         return answer
 
     def _clipped(self, job: SimJob, answer: Mapping[str, Allocation]) -> Allocation | None:
@@ -405,15 +498,19 @@ class _Engine:
         if wanted is None:
             return None
         cap = self.config.cluster.gpus_per_host
-        used = [sum(a.placement[h] for name, a in answer.items() if name != job.spec.name)
-                for h in range(len(wanted.placement))]
+        used = [
+            sum(a.placement[h] for name, a in answer.items() if name != job.spec.name)
+            for h in range(len(wanted.placement))
+        ]
         after = tuple(min(n, max(0, cap - u)) for n, u in zip(wanted.placement, used))
         held = job.allocation.placement if job.allocation is not None else (0,) * len(after)
-        if (job.allocation is None and sum(after) < dict(self.config.min_replicas).get(job.spec.name, 1)) \
-                or not any(a > h for a, h in zip(after, held)):
+        if (
+            job.allocation is None and sum(after) < dict(self.config.min_replicas).get(job.spec.name, 1)
+        ) or not any(a > h for a, h in zip(after, held)):
             return None
-        return dataclasses.replace(wanted, placement=tuple(max(a, min(h, n)) for a, h, n in
-                                                           zip(after, held, wanted.placement)))
+        return dataclasses.replace(
+            wanted, placement=tuple(max(a, min(h, n)) for a, h, n in zip(after, held, wanted.placement))
+        )
 
     def _retime_all(self) -> None:
         """Set every job's speed (a distributed job sharing any of its hosts with another
@@ -425,7 +522,8 @@ class _Engine:
                 sharing[host] += count > 0
         for job in self.active:
             shared = job in distributed and any(
-                count > 0 and sharing[host] > 1 for host, count in enumerate(job.allocation.placement))
+                count > 0 and sharing[host] > 1 for host, count in enumerate(job.allocation.placement)
+            )
             job.speed = 1.0 - self.config.interference if shared else 1.0
             job.retime(self.now)
 
@@ -435,10 +533,18 @@ class _Engine:
             self.utilization.append((self.now, used))
 
     def _record(self, job: SimJob, status: str, reason: str = "") -> JobRecord:
-        return JobRecord(job.spec.name, job.spec.application, job.spec.submit_time, status,
-                         start_time=job.start, end_time=job.end,
-                         jct=None if job.end is None else job.end - job.spec.submit_time,
-                         restarts=job.restarts, gpu_seconds=job.attained, reason=reason)
+        return JobRecord(
+            job.spec.name,
+            job.spec.application,
+            job.spec.submit_time,
+            status,
+            start_time=job.start,
+            end_time=job.end,
+            jct=None if job.end is None else job.end - job.spec.submit_time,
+            restarts=job.restarts,
+            gpu_seconds=job.attained,
+            reason=reason,
+        )
 
 
 def fewer(a: Allocation, b: Allocation) -> bool:

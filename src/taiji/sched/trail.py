@@ -5,6 +5,7 @@ report (a replay measures that lag per job: ``ResizeCost.seen``). Near a job's e
 comes just after its last step still sees it training, with work left; a replay that showed the
 policy the job's true progress would decide as no live round could.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,11 +17,11 @@ class Trail:
 
     def __init__(self, lag: float):
         self.lag = lag
-        self.points: list[tuple[float, float]] = [(0.0, 0.0)]   # (time, progress), times increasing
+        self.points: list[tuple[float, float]] = [(0.0, 0.0)]  # (time, progress), times increasing
 
     def add(self, time: float, progress: float) -> None:
         self.points.append((time, progress))
-        while len(self.points) > 2 and self.points[1][0] <= time - self.lag:   # only what ``at`` may still ask
+        while len(self.points) > 2 and self.points[1][0] <= time - self.lag:  # only what ``at`` may still ask
             self.points.pop(0)
 
     def at(self, now: float) -> float:

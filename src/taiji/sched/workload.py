@@ -14,6 +14,7 @@ since Pollux's 0.5x/1.5x/2.0x sets were not copied, a *reconstructed* synthetic 
 :func:`mixed_workload` adds parameter-server jobs (DL2's models, :mod:`taiji.sched.ps`) to that mix.
 :func:`application_of` is a job's ground truth in the simulator, :func:`estimated` a policy's belief of it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +39,7 @@ POLLUX_WORKLOADS = tuple(range(1, 9))
 # Pollux's relative job load counts jobs in one fixed window: 1.0x = 160 jobs in 8 hours, 2.0x = 320
 POLLUX_JOBS_AT_LOAD_1 = 160
 POLLUX_WINDOW_S = 8 * 3600.0
-LIVE = "live"   # a live job's application: its model is fitted to its measurements (sched/live.py)
+LIVE = "live"  # a live job's application: its model is fitted to its measurements (sched/live.py)
 
 
 @dataclass(frozen=True)
@@ -46,22 +47,32 @@ class JobSpec:
     """One submitted job: what it trains and the configuration it asked for."""
 
     name: str
-    submit_time: float   # seconds from the start of the workload
-    application: str     # one of model.APPLICATIONS (or LIVE: a running taiji job, sched/live.py)
-    num_replicas: int    # GPUs requested (rigid policies run exactly this many); PS jobs: workers
-    batch_size: int      # total batch size requested (nominal for PS jobs: their progress ignores it)
-    epochs: int = 0      # PS jobs: epochs to train (> 0); allreduce jobs: 0 (the application's own)
+    submit_time: float  # seconds from the start of the workload
+    application: str  # one of model.APPLICATIONS (or LIVE: a running taiji job, sched/live.py)
+    num_replicas: int  # GPUs requested (rigid policies run exactly this many); PS jobs: workers
+    batch_size: int  # total batch size requested (nominal for PS jobs: their progress ignores it)
+    epochs: int = 0  # PS jobs: epochs to train (> 0); allreduce jobs: 0 (the application's own)
 
     def __post_init__(self) -> None:
-        if self.application not in APPLICATIONS and self.application not in PS_MODELS and self.application != LIVE:
-            raise ConfigError(f"job {self.name!r}: unknown application {self.application!r}; "
-                              f"known: {', '.join(APPLICATIONS + PS_MODELS)}")
+        if (
+            self.application not in APPLICATIONS
+            and self.application not in PS_MODELS
+            and self.application != LIVE
+        ):
+            raise ConfigError(
+                f"job {self.name!r}: unknown application {self.application!r}; "
+                f"known: {', '.join(APPLICATIONS + PS_MODELS)}"
+            )
         if self.submit_time < 0 or self.num_replicas < 1 or self.batch_size < 1:
-            raise ConfigError(f"job {self.name!r}: need time >= 0, num_replicas >= 1, batch_size >= 1; "
-                              f"got {self.submit_time}, {self.num_replicas}, {self.batch_size}")
+            raise ConfigError(
+                f"job {self.name!r}: need time >= 0, num_replicas >= 1, batch_size >= 1; "
+                f"got {self.submit_time}, {self.num_replicas}, {self.batch_size}"
+            )
         if self.is_ps != (self.epochs > 0):
-            raise ConfigError(f"job {self.name!r}: a PS job ({', '.join(PS_MODELS)}) needs epochs >= 1, "
-                              f"an allreduce job epochs = 0; got {self.application} with {self.epochs}")
+            raise ConfigError(
+                f"job {self.name!r}: a PS job ({', '.join(PS_MODELS)}) needs epochs >= 1, "
+                f"an allreduce job epochs = 0; got {self.application} with {self.epochs}"
+            )
 
     @property
     def is_ps(self) -> bool:
@@ -82,11 +93,15 @@ def read_workload(source: Source) -> tuple[JobSpec, ...]:
             raise ConfigError(f"{source}:{row.line}: job name {name!r} repeats line {seen[name]}")
         seen[name] = row.line
         try:
-            jobs.append(JobSpec(
-                name=name, submit_time=parse_number(source, row, "time"),
-                application=row.fields["application"],
-                num_replicas=int(parse_number(source, row, "num_replicas", int)),
-                batch_size=int(parse_number(source, row, "batch_size", int))))
+            jobs.append(
+                JobSpec(
+                    name=name,
+                    submit_time=parse_number(source, row, "time"),
+                    application=row.fields["application"],
+                    num_replicas=int(parse_number(source, row, "num_replicas", int)),
+                    batch_size=int(parse_number(source, row, "batch_size", int)),
+                )
+            )
         except ConfigError as exc:
             if str(exc).startswith(str(source)):
                 raise
@@ -119,13 +134,17 @@ def workload_at_load(index: int, load: float) -> tuple[JobSpec, ...]:
     6 at 2.0 is ``taiji sched simulate --workload synthetic --seed 6 --jobs 320 --duration-h 8``.)"""
     _check_pollux_index(index)
     if not (math.isfinite(load) and load > 0):
-        raise ConfigError(f"relative job load must be a number > 0 (1.0 = Pollux's 160 jobs in 8 h), got {load}")
+        raise ConfigError(
+            f"relative job load must be a number > 0 (1.0 = Pollux's 160 jobs in 8 h), got {load}"
+        )
     if load == 1.0:
         return pollux_workload(index)
     num_jobs = round(POLLUX_JOBS_AT_LOAD_1 * load)
     if num_jobs < 1:
-        raise ConfigError(f"relative job load {load:g} rounds to 0 of Pollux's {POLLUX_JOBS_AT_LOAD_1} jobs; "
-                          f"use at least 1/{POLLUX_JOBS_AT_LOAD_1}")
+        raise ConfigError(
+            f"relative job load {load:g} rounds to 0 of Pollux's {POLLUX_JOBS_AT_LOAD_1} jobs; "
+            f"use at least 1/{POLLUX_JOBS_AT_LOAD_1}"
+        )
     return synthetic_workload(index, num_jobs=num_jobs, duration_s=POLLUX_WINDOW_S)
 
 
@@ -134,8 +153,10 @@ def load_workload(spec: str) -> tuple[JobSpec, ...]:
     workload N at relative job load LOAD (:func:`workload_at_load`), else a CSV path."""
     if spec.startswith("pollux:"):
         index_text, _, load_text = spec.split(":", 1)[1].partition("@")
-        expected = (f"workload {spec!r}: expected pollux:1..pollux:8, optionally with a relative job load, "
-                    f"e.g. pollux:6@2.0")
+        expected = (
+            f"workload {spec!r}: expected pollux:1..pollux:8, optionally with a relative job load, "
+            f"e.g. pollux:6@2.0"
+        )
         if not index_text.isdigit() or int(index_text) not in POLLUX_WORKLOADS:
             raise ConfigError(expected)
         try:
@@ -150,17 +171,30 @@ def load_workload(spec: str) -> tuple[JobSpec, ...]:
 # (1280 jobs): the mix the synthetic generator draws from, so it stays Philly-shaped.
 PHILLY_MIX: tuple[tuple[str, int, int, int], ...] = (
     ("ncf", 1, 32768, 503),
-    ("cifar10", 6, 2048, 134), ("cifar10", 8, 2048, 119),
-    ("cifar10", 12, 4096, 133), ("cifar10", 16, 4096, 109),
-    ("deepspeech2", 6, 320, 34), ("deepspeech2", 8, 320, 34), ("deepspeech2", 12, 640, 43),
-    ("bert", 6, 384, 23), ("bert", 8, 384, 18), ("bert", 12, 384, 20), ("bert", 16, 384, 25),
+    ("cifar10", 6, 2048, 134),
+    ("cifar10", 8, 2048, 119),
+    ("cifar10", 12, 4096, 133),
+    ("cifar10", 16, 4096, 109),
+    ("deepspeech2", 6, 320, 34),
+    ("deepspeech2", 8, 320, 34),
+    ("deepspeech2", 12, 640, 43),
+    ("bert", 6, 384, 23),
+    ("bert", 8, 384, 18),
+    ("bert", 12, 384, 20),
+    ("bert", 16, 384, 25),
     ("yolov3", 4, 64, 59),
-    ("imagenet", 24, 3200, 9), ("imagenet", 32, 6400, 9), ("imagenet", 48, 6400, 8),
+    ("imagenet", 24, 3200, 9),
+    ("imagenet", 32, 6400, 9),
+    ("imagenet", 48, 6400, 8),
 )
 
 
-def synthetic_workload(seed: int, num_jobs: int = POLLUX_JOBS_AT_LOAD_1, duration_s: float = POLLUX_WINDOW_S,
-                       mix: tuple[tuple[str, int, int, int], ...] = PHILLY_MIX) -> tuple[JobSpec, ...]:
+def synthetic_workload(
+    seed: int,
+    num_jobs: int = POLLUX_JOBS_AT_LOAD_1,
+    duration_s: float = POLLUX_WINDOW_S,
+    mix: tuple[tuple[str, int, int, int], ...] = PHILLY_MIX,
+) -> tuple[JobSpec, ...]:
     """``num_jobs`` jobs with Poisson arrivals over ``duration_s`` (sorted uniform times, which is
     what a Poisson process conditioned on its count is) and configurations drawn with the
     frequencies of ``mix``. The same seed gives the same workload."""
@@ -170,9 +204,15 @@ def synthetic_workload(seed: int, num_jobs: int = POLLUX_JOBS_AT_LOAD_1, duratio
     times = _arrival_times(rng, num_jobs, duration_s)
     picks = _draw_mix(rng, mix, num_jobs)
     return tuple(
-        JobSpec(name=f"{mix[k][0]}-{i}", submit_time=float(t), application=mix[k][0],
-                num_replicas=mix[k][1], batch_size=mix[k][2])
-        for i, (t, k) in enumerate(zip(times, picks)))
+        JobSpec(
+            name=f"{mix[k][0]}-{i}",
+            submit_time=float(t),
+            application=mix[k][0],
+            num_replicas=mix[k][1],
+            batch_size=mix[k][2],
+        )
+        for i, (t, k) in enumerate(zip(times, picks))
+    )
 
 
 def _arrival_times(rng: np.random.Generator, num_jobs: int, duration_s: float) -> np.ndarray:
@@ -193,16 +233,23 @@ PS_EPOCHS = (10, 60)
 PS_NOMINAL_BATCH = 32
 
 
-def mixed_workload(seed: int, num_jobs: int = 60, duration_s: float = 4 * 3600.0, ps_fraction: float = 0.5,
-                   mix: tuple[tuple[str, int, int, int], ...] = PHILLY_MIX,
-                   ps_models: tuple[str, ...] = PS_MODELS) -> tuple[JobSpec, ...]:
+def mixed_workload(
+    seed: int,
+    num_jobs: int = 60,
+    duration_s: float = 4 * 3600.0,
+    ps_fraction: float = 0.5,
+    mix: tuple[tuple[str, int, int, int], ...] = PHILLY_MIX,
+    ps_models: tuple[str, ...] = PS_MODELS,
+) -> tuple[JobSpec, ...]:
     """PS jobs (a DL2 model drawn uniformly from ``ps_models``, 1/2/4/8 workers, 10–60 epochs) and
     allreduce jobs (drawn from ``mix`` like :func:`synthetic_workload`), each job PS with
     probability ``ps_fraction``, Poisson arrivals over ``duration_s``. Seeded: the same arguments
     give the same workload. ``ps_fraction=1`` gives a PS-only workload."""
     if num_jobs < 1 or duration_s <= 0 or not 0.0 <= ps_fraction <= 1.0:
-        raise ConfigError(f"need num_jobs >= 1, duration_s > 0 and ps_fraction in [0, 1], got "
-                          f"{num_jobs}, {duration_s}, {ps_fraction}")
+        raise ConfigError(
+            f"need num_jobs >= 1, duration_s > 0 and ps_fraction in [0, 1], got "
+            f"{num_jobs}, {duration_s}, {ps_fraction}"
+        )
     unknown = sorted(set(ps_models) - set(PS_MODELS))
     if not ps_models or unknown:
         raise ConfigError(f"ps_models: expected some of {', '.join(PS_MODELS)}, got {list(ps_models)}")
@@ -217,15 +264,25 @@ def mixed_workload(seed: int, num_jobs: int = 60, duration_s: float = 4 * 3600.0
     for i, t in enumerate(times):
         if is_ps[i]:
             model = ps_models[models[i]]
-            jobs.append(JobSpec(f"ps-{model}-{i}", float(t), model, int(workers[i]), PS_NOMINAL_BATCH,
-                                epochs=int(epochs[i])))
+            jobs.append(
+                JobSpec(
+                    f"ps-{model}-{i}",
+                    float(t),
+                    model,
+                    int(workers[i]),
+                    PS_NOMINAL_BATCH,
+                    epochs=int(epochs[i]),
+                )
+            )
         else:
             app, replicas, batch, _ = mix[picks[i]]
             jobs.append(JobSpec(f"{app}-{i}", float(t), app, replicas, batch))
     return tuple(jobs)
 
 
-def application_of(spec: JobSpec, ps: PsSettings, live: Mapping[str, Application] | None = None) -> AnyApplication:
+def application_of(
+    spec: JobSpec, ps: PsSettings, live: Mapping[str, Application] | None = None
+) -> AnyApplication:
     """A job's ground truth: Pollux's measured application, a DL2 PS model under ``ps``, or for a
     LIVE job (a replay of taiji jobs) the Application fitted to it, from ``live`` by job name."""
     if spec.application == LIVE:

@@ -1,4 +1,5 @@
 """How replicas agree: synchronisation strategies."""
+
 from .base import Strategy
 from .sync_sgd import SyncSGD
 

@@ -1,4 +1,5 @@
 """What every synchronisation strategy provides to the training loop."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -64,9 +65,11 @@ class Strategy(ABC):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "global_sqnorm" in vars(cls):  # renamed: an override would be ignored without a word
-            raise TypeError(f"{cls.__name__}.global_sqnorm: strategies now report global_sqnorm_share() "
-                            "(this worker's share of the averaged gradient's squared norm; the workers' "
-                            "shares sum to it), see taiji.Strategy")
+            raise TypeError(
+                f"{cls.__name__}.global_sqnorm: strategies now report global_sqnorm_share() "
+                "(this worker's share of the averaged gradient's squared norm; the workers' "
+                "shares sum to it), see taiji.Strategy"
+            )
 
     @abstractmethod
     def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "Strategy":

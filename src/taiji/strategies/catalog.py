@@ -1,4 +1,5 @@
 """The strategies a Job can switch between, by name, built when first needed."""
+
 from __future__ import annotations
 
 from typing import Callable, Mapping
@@ -11,10 +12,15 @@ def _builtins() -> dict[str, Callable[[], Strategy]]:
     from .local_sgd import LocalSGD
     from .model_averaging import ModelAveraging
     from .sync_sgd import SyncSGD
-    found: dict[str, Callable[[], Strategy]] = {"sync_sgd": SyncSGD, "model_averaging": ModelAveraging,
-                                                "local_sgd": LocalSGD}
+
+    found: dict[str, Callable[[], Strategy]] = {
+        "sync_sgd": SyncSGD,
+        "model_averaging": ModelAveraging,
+        "local_sgd": LocalSGD,
+    }
     try:
         from .pair_averaging import PairAveraging
+
         found["pair_averaging"] = PairAveraging
     except ImportError:  # pragma: no cover - only while pair averaging is not built
         pass
@@ -48,4 +54,3 @@ class StrategyCatalog:
                 raise ConfigError(f"no strategy named {name!r}; the Job knows {', '.join(self.names)}")
             self._made[name] = self._factories[name]()
         return self._made[name]
-

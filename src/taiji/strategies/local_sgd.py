@@ -18,6 +18,7 @@ before the sync point's agreement and applied only after it: a worker lost in be
 nothing, and the survivors take the sync point again. The outer momentum
 starts afresh whenever the cluster changes (on every member at once, so they stay equal).
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,11 +36,14 @@ class LocalSGD(Strategy):
     """Decoupled local SGD: local steps at each worker's own pace, and a sync point every ``every``
     global batches where the models are averaged, weighted by local steps (or a DiLoCo-style outer
     step with ``outer_lr`` / ``outer_momentum``)."""
+
     name = "local_sgd"
     exact = False
     lockstep = False
 
-    def __init__(self, every: int = 8, outer_lr: float = 1.0, outer_momentum: float = 0.0, nesterov: bool = True):
+    def __init__(
+        self, every: int = 8, outer_lr: float = 1.0, outer_momentum: float = 0.0, nesterov: bool = True
+    ):
         if every < 1:
             raise ConfigError(f"LocalSGD: every must be >= 1 global batches, got {every}")
         if outer_lr <= 0:
@@ -52,11 +56,11 @@ class LocalSGD(Strategy):
         self.nesterov = nesterov
         self._comm_source: CommSource | None = None
         self._groups: dict[Key, list[torch.nn.Parameter]] = {}
-        self._anchor: dict[Key, torch.Tensor] = {}     # the models at the last sync point (outer step only)
+        self._anchor: dict[Key, torch.Tensor] = {}  # the models at the last sync point (outer step only)
         self._momentum: dict[Key, torch.Tensor] = {}
-        self._means: dict[Key, torch.Tensor] = {}     # a sync point's average, until it is committed
-        self.local_steps = 0    # since the last sync point: this worker's weight in the average
-        self.averaged = 0       # sync points that averaged models
+        self._means: dict[Key, torch.Tensor] = {}  # a sync point's average, until it is committed
+        self.local_steps = 0  # since the last sync point: this worker's weight in the average
+        self.averaged = 0  # sync points that averaged models
 
     @property
     def every(self) -> int:
@@ -107,7 +111,9 @@ class LocalSGD(Strategy):
         comm = self._comm_source()
         if comm.size == 1:
             return
-        total = comm.allreduce(torch.tensor([float(self.local_steps)], dtype=torch.float64), "sum", channel="ctrl")
+        total = comm.allreduce(
+            torch.tensor([float(self.local_steps)], dtype=torch.float64), "sum", channel="ctrl"
+        )
         share = self.local_steps / float(total.item()) if total.item() > 0 else 1.0 / comm.size
         for key, group in self._groups.items():
             self._means[key] = comm.allreduce(Coalesced.flat(group).mul_(share), "sum", channel="grad")
@@ -130,7 +136,9 @@ class LocalSGD(Strategy):
             return mean
         outer_grad = anchor - mean
         momentum = self._momentum.get(key)
-        momentum = outer_grad.clone() if momentum is None else momentum.mul_(self.outer_momentum).add_(outer_grad)
+        momentum = (
+            outer_grad.clone() if momentum is None else momentum.mul_(self.outer_momentum).add_(outer_grad)
+        )
         self._momentum[key] = momentum
         update = outer_grad.add(momentum, alpha=self.outer_momentum) if self.nesterov else momentum
         anchor.sub_(update, alpha=self.outer_lr)

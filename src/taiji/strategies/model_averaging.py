@@ -11,6 +11,7 @@ and backward; ``after_update`` then adds ``α·(mean(w) − w)`` to the locally 
 The mean is over the live cluster (the allreduce of the current version), so it stays right
 when workers join or leave. If the allreduce fails, nothing was applied and the step is retried.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,6 +25,7 @@ from .base import CommSource, Strategy, resolve_comm_source
 class ModelAveraging(Strategy):
     """Synchronous model averaging: each worker steps on its own gradient, and every ``every`` steps
     ``w ← (1−α)·w + α·mean(w)`` over the live cluster, with ``alpha`` = α."""
+
     name = "model_averaging"
     exact = False
 
@@ -42,7 +44,9 @@ class ModelAveraging(Strategy):
         self._averaging = False
         self._ready = False
 
-    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "ModelAveraging":
+    def attach(
+        self, model: torch.nn.Module, comm: CommSource | Communicator | None = None
+    ) -> "ModelAveraging":
         self._comm_source = resolve_comm_source(comm)
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
@@ -74,7 +78,7 @@ class ModelAveraging(Strategy):
         for handle, key in zip(self._handles, self._groups):
             mean = handle.wait()
             buffer = self._buffers[key]
-            buffer.sub_(mean).mul_(-self.alpha)   # buffer held w; now α·(mean − w)
+            buffer.sub_(mean).mul_(-self.alpha)  # buffer held w; now α·(mean − w)
         self._handles.clear()
         self._ready = True
 

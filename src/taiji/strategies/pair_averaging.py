@@ -13,6 +13,7 @@ weight ``0.5 · s / (s + excess)`` instead of 0.5, where ``excess`` is how far b
 it lags and ``s = age_scale`` global batches (``age_scale=None``: always 0.5, plain AD-PSGD).
 ``fetch_every=k`` averages (and fetches) only every k-th local step, for slow networks.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,12 +37,14 @@ def p2p_key(worker_id: str) -> str:
 class PairAveraging(Strategy):
     """Asynchronous pair averaging: after each local step, average with a random peer's latest model
     (a stale one weighted down by ``age_scale``); no collective per step."""
+
     name = "pair_averaging"
     exact = False
     lockstep = False
 
-    def __init__(self, fetch_timeout: float = 10.0, seed: int = 0, age_scale: float | None = 1.0,
-                 fetch_every: int = 1):
+    def __init__(
+        self, fetch_timeout: float = 10.0, seed: int = 0, age_scale: float | None = 1.0, fetch_every: int = 1
+    ):
         if fetch_timeout <= 0:
             raise ConfigError(f"PairAveraging: fetch_timeout must be > 0, got {fetch_timeout}")
         if fetch_every < 1:
@@ -49,7 +52,9 @@ class PairAveraging(Strategy):
         self.fetch_every = fetch_every
         self._steps = 0
         if age_scale is not None and age_scale <= 0:
-            raise ConfigError(f"PairAveraging: age_scale must be > 0 global batches (or None), got {age_scale}")
+            raise ConfigError(
+                f"PairAveraging: age_scale must be > 0 global batches (or None), got {age_scale}"
+            )
         self.fetch_timeout = fetch_timeout
         self.age_scale = age_scale
         self._seed = seed
@@ -58,16 +63,18 @@ class PairAveraging(Strategy):
         self._fetcher: BackgroundFetcher | None = None
         self._peers: dict[str, tuple[str, int]] = {}
         self._random = random.Random(seed)
-        self._clock = 0         # global position of the last batch this model trained on
+        self._clock = 0  # global position of the last batch this model trained on
         self._batch_size = 1
         self._pending_members: list[str] = []
         self._directory: Directory | None = None
         self._target: str | None = None
-        self.averaged = 0   # local steps that averaged with a peer's model
-        self.skipped = 0    # fetches that failed (peer gone) and were skipped
+        self.averaged = 0  # local steps that averaged with a peer's model
+        self.skipped = 0  # fetches that failed (peer gone) and were skipped
         self.weights = 0.0  # sum of the weights the peers' models got (weights / averaged: the mean)
 
-    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "PairAveraging":
+    def attach(
+        self, model: torch.nn.Module, comm: CommSource | Communicator | None = None
+    ) -> "PairAveraging":
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
             raise ConfigError("PairAveraging: the model has no parameters that require gradients")

@@ -13,6 +13,7 @@ tail of one zeroed slot per worker, each worker writes its float64 row there as 
 (``comm.transfer.float32_pieces``), and the bucket's sum is then every worker's row exactly.
 One collective a step, not two.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,14 +44,18 @@ _attached_models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 @dataclass
 class _Bucket:
     params: list[torch.nn.Parameter]
-    buffer: torch.Tensor        # the gradients (the slices are views of it)
-    slices: list[torch.Tensor]           # views of ``buffer``, one per param, param-shaped
+    buffer: torch.Tensor  # the gradients (the slices are views of it)
+    slices: list[torch.Tensor]  # views of ``buffer``, one per param, param-shaped
     ready: list[bool] = field(default_factory=list)
     ready_count: int = 0
     handle: Handle | None = None
-    wire: torch.Tensor | None = None  # ``buffer`` and a tail for control rows (the last bucket, when it carries)
-    rows: np.ndarray | None = None    # that tail, [workers, FLOAT32_PIECES, width], as a numpy view of ``wire``
-    norm: BucketNorm | None = None    # measures ``buffer`` (made when first needed, again if ``buffer`` changes)
+    wire: torch.Tensor | None = (
+        None  # ``buffer`` and a tail for control rows (the last bucket, when it carries)
+    )
+    rows: np.ndarray | None = None  # that tail, [workers, FLOAT32_PIECES, width], as a numpy view of ``wire``
+    norm: BucketNorm | None = (
+        None  # measures ``buffer`` (made when first needed, again if ``buffer`` changes)
+    )
     norm_share: BucketNorm | None = None  # this worker's share of the averaged ``buffer`` (also per cluster)
 
     def reset(self) -> None:
@@ -63,7 +68,7 @@ def _views(buffer: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch
     """One param-shaped view of ``buffer`` per parameter, in order."""
     views, offset = [], 0
     for p in params:
-        views.append(buffer[offset:offset + p.numel()].view(p.shape))
+        views.append(buffer[offset : offset + p.numel()].view(p.shape))
         offset += p.numel()
     return views
 
@@ -106,8 +111,10 @@ class SyncSGD(Strategy):
     def __init__(self, bucket_mb: float | None = None, first_bucket_mb: float = FIRST_BUCKET_MB):
         self.bucket_mb = env.BUCKET_MB.get() if bucket_mb is None else float(bucket_mb)
         if self.bucket_mb <= 0 or first_bucket_mb <= 0:
-            raise ConfigError(f"bucket sizes must be positive (bucket_mb={self.bucket_mb}, "
-                              f"first_bucket_mb={first_bucket_mb})")
+            raise ConfigError(
+                f"bucket sizes must be positive (bucket_mb={self.bucket_mb}, "
+                f"first_bucket_mb={first_bucket_mb})"
+            )
         self.first_bucket_mb = min(first_bucket_mb, self.bucket_mb)
         self._buckets: list[_Bucket] = []
         self._where: dict[torch.nn.Parameter, tuple[int, int]] = {}
@@ -120,7 +127,7 @@ class SyncSGD(Strategy):
         self._next_launch = 0
         self._sync_enabled = True
         self._measure_norms = False  # this step takes the squared norms the monitors need
-        self._local_parts: list[Part] = []   # this step's measured norms, summed when asked for
+        self._local_parts: list[Part] = []  # this step's measured norms, summed when asked for
         self._global_parts: list[Part] | None = None  # this worker's share, once measured
         self._param_names: dict[torch.nn.Parameter, str] = {}
         self._model: torch.nn.Module | None = None
@@ -133,8 +140,10 @@ class SyncSGD(Strategy):
         if self._hooks:
             raise TaijiError("this SyncSGD is already attached to a model; create one per model")
         if model in _attached_models:
-            raise TaijiError("this model already has a taiji strategy attached (another Job or SyncSGD); "
-                             "call .detach() on the old one first")
+            raise TaijiError(
+                "this model already has a taiji strategy attached (another Job or SyncSGD); "
+                "call .detach() on the old one first"
+            )
         self._comm_source = resolve_comm_source(comm)
         self._param_names = {p: n for n, p in model.named_parameters()}
         params = [p for p in reversed(list(model.parameters())) if p.requires_grad]
@@ -146,8 +155,9 @@ class SyncSGD(Strategy):
         groups: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
         for p in params:
             if not p.is_floating_point():
-                raise ConfigError(f"SyncSGD: parameter {self._param_names.get(p, '?')} has "
-                                  f"non-floating dtype {p.dtype}")
+                raise ConfigError(
+                    f"SyncSGD: parameter {self._param_names.get(p, '?')} has non-floating dtype {p.dtype}"
+                )
             groups.setdefault((p.device, p.dtype), []).append(p)
         for (device, dtype), group in groups.items():
             plan = plan_buckets([p.numel() * p.element_size() for p in group], cap, first_cap)
@@ -204,16 +214,23 @@ class SyncSGD(Strategy):
         """This step's last bucket carries every worker's control row (see module doc); False
         where it cannot (one worker, not a float32 CPU bucket), and the caller sends them itself."""
         last, comm = self._buckets[-1], self._comm
-        if not self._active or comm is None or comm.size < 2 or last.buffer.dtype != torch.float32 \
-                or last.buffer.device.type != "cpu":
+        if (
+            not self._active
+            or comm is None
+            or comm.size < 2
+            or last.buffer.dtype != torch.float32
+            or last.buffer.device.type != "cpu"
+        ):
             return False
         shape = (comm.size, FLOAT32_PIECES, width)
         if last.rows is None or last.rows.shape != shape:  # first time, or the cluster's size changed
-            wire = torch.zeros(last.buffer.numel() + comm.size * FLOAT32_PIECES * width, dtype=last.buffer.dtype)
-            last.wire, last.buffer = wire, wire[:last.buffer.numel()]  # (_measure notices: a new norm)
+            wire = torch.zeros(
+                last.buffer.numel() + comm.size * FLOAT32_PIECES * width, dtype=last.buffer.dtype
+            )
+            last.wire, last.buffer = wire, wire[: last.buffer.numel()]  # (_measure notices: a new norm)
             last.slices = _views(last.buffer, last.params)  # synchronize() points the grads at them
             # numpy, not tensor ops, on the rows: 13 numbers do not pay a torch op's dispatch
-            last.rows = wire[last.buffer.numel():].numpy().reshape(shape)
+            last.rows = wire[last.buffer.numel() :].numpy().reshape(shape)
         self._carrying = (width, row_of)
         return True
 
@@ -243,7 +260,8 @@ class SyncSGD(Strategy):
         if bucket.ready[j]:
             raise TaijiError(
                 f"SyncSGD: parameter {self._param_names.get(param, '?')} received a second gradient "
-                "in one step. Wrap all but the last backward of an accumulation in `with sync.no_sync():`.")
+                "in one step. Wrap all but the last backward of an accumulation in `with sync.no_sync():`."
+            )
         if bucket.handle is not None:
             raise TaijiError("SyncSGD: a gradient arrived for a bucket already sent")
         slot = bucket.slices[j]
@@ -283,8 +301,9 @@ class SyncSGD(Strategy):
         self.norm_seconds += time.perf_counter() - started
 
     def _launch_ready(self) -> None:
-        while (self._next_launch < len(self._buckets)
-               and self._buckets[self._next_launch].ready_count == len(self._buckets[self._next_launch].params)):
+        while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].ready_count == len(
+            self._buckets[self._next_launch].params
+        ):
             self._launch(self._buckets[self._next_launch])
             self._next_launch += 1
 
@@ -292,7 +311,7 @@ class SyncSGD(Strategy):
         """Send every bucket not sent yet (unused parameters contribute zero); no waiting."""
         if not self._active:  # no gradient and no begin_step: contribute zeros so peers don't wait
             self.begin_step(0.0)
-        for bucket in self._buckets[self._next_launch:]:
+        for bucket in self._buckets[self._next_launch :]:
             for j, ready in enumerate(bucket.ready):
                 if not ready:  # unused here (or an empty local batch): contribute zero
                     bucket.slices[j].zero_()

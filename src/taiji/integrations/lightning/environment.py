@@ -4,6 +4,7 @@ taiji's launcher (or plain ``python``: one worker) creates the processes; rank a
 the cluster's *current* version (rank 0 is always the oldest worker), so they change when the job
 grows, shrinks or loses a worker. Lightning never sets them.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,9 @@ class TaijiEnvironment(ClusterEnvironment):
 
     @property
     def main_address(self) -> str:
-        return os.environ.get("MASTER_ADDR", "127.0.0.1")  # taiji's store; Lightning opens no group of its own
+        return os.environ.get(
+            "MASTER_ADDR", "127.0.0.1"
+        )  # taiji's store; Lightning opens no group of its own
 
     @property
     def main_port(self) -> int:

@@ -26,6 +26,7 @@ validation set (``self.log(..., sync_dist=True)`` averages over the current work
 channel); a joiner counts ``trainer.global_step`` and ``current_epoch`` from where it joined (the
 agreed step is ``strategy.progress.step``).
 """
+
 from __future__ import annotations
 
 import json
@@ -55,11 +56,19 @@ _OPS = {"mean": "avg", "avg": "avg", "sum": "sum", "max": "max", "min": "min"}
 class TaijiStrategy(ParallelStrategy):
     strategy_name = "taiji"
 
-    def __init__(self, *, policies: Sequence[Policy] = (), strategy: Strategy | None = None,
-                 batch_size: int | None = None, seed: int = 0,
-                 monitoring: "taiji.MonitorOptions | None" = None, faults: "taiji.FaultOptions | None" = None,
-                 sync: "taiji.SyncOptions | None" = None, on_commit: Callable[[Any], None] | None = None,
-                 **lightning: Any):
+    def __init__(
+        self,
+        *,
+        policies: Sequence[Policy] = (),
+        strategy: Strategy | None = None,
+        batch_size: int | None = None,
+        seed: int = 0,
+        monitoring: "taiji.MonitorOptions | None" = None,
+        faults: "taiji.FaultOptions | None" = None,
+        sync: "taiji.SyncOptions | None" = None,
+        on_commit: Callable[[Any], None] | None = None,
+        **lightning: Any,
+    ):
         super().__init__(cluster_environment=TaijiEnvironment(), **lightning)
         self._policies, self._taiji_strategy = list(policies), strategy
         self._batch_size, self._seed = batch_size, seed
@@ -91,8 +100,10 @@ class TaijiStrategy(ParallelStrategy):
 
     def setup(self, trainer: Any) -> None:
         if trainer.accumulate_grad_batches != 1:
-            raise ConfigError("TaijiStrategy: accumulate_grad_batches must be 1; the global batch is the "
-                              "DataLoader's batch_size (or TaijiStrategy(batch_size=...)) whatever the workers")
+            raise ConfigError(
+                "TaijiStrategy: accumulate_grad_batches must be 1; the global batch is the "
+                "DataLoader's batch_size (or TaijiStrategy(batch_size=...)) whatever the workers"
+            )
         super().setup(trainer)
         if trainer.training:
             self._take_lr_scheduler()
@@ -103,8 +114,10 @@ class TaijiStrategy(ParallelStrategy):
             raise ConfigError("TaijiStrategy trains with exactly one optimizer")
         configs = self.lr_scheduler_configs
         if len(configs) > 1 or any(c.interval != "step" or c.frequency != 1 for c in configs):
-            raise ConfigError("TaijiStrategy: at most one LR scheduler, with interval='step' and frequency=1 "
-                              "(it is stepped at each committed step and synced to joining workers)")
+            raise ConfigError(
+                "TaijiStrategy: at most one LR scheduler, with interval='step' and frequency=1 "
+                "(it is stepped at each committed step and synced to joining workers)"
+            )
         self._lr_scheduler = configs[0].scheduler if configs else None
         self.lr_scheduler_configs = []
 
@@ -126,29 +139,50 @@ class TaijiStrategy(ParallelStrategy):
 
     def _make_loop(self, dataloader: object, trainer: Any) -> FrameworkLoop:
         if not isinstance(dataloader, DataLoader) or dataloader.batch_size is None:
-            raise ConfigError("TaijiStrategy needs a train DataLoader with a batch_size over a map-style data set")
+            raise ConfigError(
+                "TaijiStrategy needs a train DataLoader with a batch_size over a map-style data set"
+            )
         batch_size = self._batch_size or dataloader.batch_size
         dataset = dataloader.dataset
         collate = None if dataloader.collate_fn is default_collate else dataloader.collate_fn
         device = None if self.root_device.type == "cpu" else self.root_device
-        data = taiji.DataOptions(seed=self._seed, shuffle=isinstance(dataloader.sampler, RandomSampler),
-                                 collate_fn=collate, device=device)
+        data = taiji.DataOptions(
+            seed=self._seed,
+            shuffle=isinstance(dataloader.sampler, RandomSampler),
+            collate_fn=collate,
+            device=device,
+        )
         max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 10**9
         resume = self._resume_state(trainer.ckpt_path) if trainer.ckpt_path else None
 
         def make_job() -> Any:
-            return taiji.Job(self.lightning_module, self.optimizers[0], dataset, batch_size, epochs=epochs,
-                             max_steps=max_steps, strategy=self._taiji_strategy, policies=self._policies,
-                             lr_scheduler=self._lr_scheduler, data=data, monitoring=self._monitoring,
-                             faults=self._faults, sync=self._sync, on_commit=self._on_commit)
+            return taiji.Job(
+                self.lightning_module,
+                self.optimizers[0],
+                dataset,
+                batch_size,
+                epochs=epochs,
+                max_steps=max_steps,
+                strategy=self._taiji_strategy,
+                policies=self._policies,
+                lr_scheduler=self._lr_scheduler,
+                data=data,
+                monitoring=self._monitoring,
+                faults=self._faults,
+                sync=self._sync,
+                on_commit=self._on_commit,
+            )
+
         return FrameworkLoop(make_job, len(dataset), max_steps, resume=resume)  # type: ignore[arg-type]
 
     # -- Lightning's checkpoints carry taiji's state ----------------------------------------------
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """Lightning's checkpoint, with the Job's TrainState under ``"taiji"`` (where the data stands)."""
-        state = saved_state(self.loop.job, taiji.size()) if self.loop is not None and self.loop.started else None
+        state = (
+            saved_state(self.loop.job, taiji.size()) if self.loop is not None and self.loop.started else None
+        )
         if state is not None:
             checkpoint["taiji"] = state
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
@@ -164,9 +198,11 @@ class TaijiStrategy(ParallelStrategy):
         if self._loaded is None or self._loaded[0] != str(ckpt_path):
             raise ConfigError(f"TaijiStrategy: Lightning did not load {ckpt_path} through the strategy")
         if self._loaded[1] is None:
-            raise ConfigError(f"{ckpt_path} was not written under TaijiStrategy: it does not say where the data "
-                              "stands (taiji's sampler, batch size, policies). Start a new fit from its weights "
-                              "(LightningModule.load_from_checkpoint) without ckpt_path")
+            raise ConfigError(
+                f"{ckpt_path} was not written under TaijiStrategy: it does not say where the data "
+                "stands (taiji's sampler, batch size, policies). Start a new fit from its weights "
+                "(LightningModule.load_from_checkpoint) without ckpt_path"
+            )
         return self._loaded[1]
 
     def on_train_start(self) -> None:
@@ -193,7 +229,9 @@ class TaijiStrategy(ParallelStrategy):
         self.post_backward(closure_loss)
         return closure_loss
 
-    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+    def optimizer_step(
+        self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
+    ) -> Any:
         """Run the closure (training_step and backward) until the step commits; the update is
         applied at the commit, by the Job."""
         loop = self.loop
@@ -214,8 +252,11 @@ class TaijiStrategy(ParallelStrategy):
         module, trainer = self.lightning_module, self.lightning_module.trainer
         module.on_before_optimizer_step(optimizer)
         if trainer.gradient_clip_val:
-            module.configure_gradient_clipping(optimizer, gradient_clip_val=trainer.gradient_clip_val,
-                                               gradient_clip_algorithm=trainer.gradient_clip_algorithm)
+            module.configure_gradient_clipping(
+                optimizer,
+                gradient_clip_val=trainer.gradient_clip_val,
+                gradient_clip_algorithm=trainer.gradient_clip_algorithm,
+            )
 
     def _committed(self) -> None:
         loop = self.loop

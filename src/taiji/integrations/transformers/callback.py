@@ -4,6 +4,7 @@ Each time the Trainer logs, the last committed step's loss over the global batch
 scale, batch size, workers and samples/s are added (``taiji/...``), so they reach every reporting
 integration the Trainer has (TensorBoard, ...). ``TaijiTrainer`` adds it itself.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -27,6 +27,7 @@ launch-time size): build the arguments as ``TaijiTrainingArguments``, which hide
 variables from Accelerate. Needs ``max_steps > 0`` (an epoch's number of steps changes with the
 batch size), ``gradient_accumulation_steps == 1`` (the global batch replaces accumulation).
 """
+
 from __future__ import annotations
 
 import collections
@@ -51,8 +52,16 @@ from .callback import TaijiCallback
 log = logging.getLogger(__name__)
 
 STATE_FILE = "taiji_state.pt"  # in each checkpoint-N folder: the Job's TrainState
-_TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-             "TORCHELASTIC_USE_AGENT_STORE")
+_TORCHRUN = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 
 
 @contextlib.contextmanager
@@ -144,24 +153,41 @@ class SteppedAtCommit:
 
 
 class TaijiTrainer(Trainer):
-    def __init__(self, *args: Any, policies: Sequence[Policy] = (), strategy: Strategy | None = None,
-                 shuffle: bool = True, monitoring: "taiji.MonitorOptions | None" = None,
-                 faults: "taiji.FaultOptions | None" = None, sync: "taiji.SyncOptions | None" = None,
-                 on_commit: Callable[[Any], None] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        policies: Sequence[Policy] = (),
+        strategy: Strategy | None = None,
+        shuffle: bool = True,
+        monitoring: "taiji.MonitorOptions | None" = None,
+        faults: "taiji.FaultOptions | None" = None,
+        sync: "taiji.SyncOptions | None" = None,
+        on_commit: Callable[[Any], None] | None = None,
+        **kwargs: Any,
+    ):
         with _one_process():
             super().__init__(*args, **kwargs)
         if self.args.world_size != 1:
-            raise ConfigError("TaijiTrainer needs one process per worker as the Trainer sees it: build the "
-                              "arguments as taiji.integrations.transformers.TaijiTrainingArguments")
+            raise ConfigError(
+                "TaijiTrainer needs one process per worker as the Trainer sees it: build the "
+                "arguments as taiji.integrations.transformers.TaijiTrainingArguments"
+            )
         if self.args.gradient_accumulation_steps != 1 or self.args.max_steps <= 0:
-            raise ConfigError("TaijiTrainer needs max_steps > 0 and gradient_accumulation_steps == 1 (the global "
-                              "batch is per_device_train_batch_size, whatever the number of workers)")
+            raise ConfigError(
+                "TaijiTrainer needs max_steps > 0 and gradient_accumulation_steps == 1 (the global "
+                "batch is per_device_train_batch_size, whatever the number of workers)"
+            )
         if self.train_dataset is None:
             raise ConfigError("TaijiTrainer needs a train_dataset (a map-style data set)")
         taiji.init()
-        self._taiji = dict(policies=list(policies), strategy=strategy, on_commit=on_commit,
-                           monitoring=monitoring or taiji.MonitorOptions(log_every=0),
-                           faults=faults or taiji.FaultOptions(), sync=sync or taiji.SyncOptions())
+        self._taiji = dict(
+            policies=list(policies),
+            strategy=strategy,
+            on_commit=on_commit,
+            monitoring=monitoring or taiji.MonitorOptions(log_every=0),
+            faults=faults or taiji.FaultOptions(),
+            sync=sync or taiji.SyncOptions(),
+        )
         self._shuffle = shuffle
         self._max_grad_norm = self.args.max_grad_norm
         self.args.max_grad_norm = 0.0  # clipped before the commit, not after it
@@ -178,10 +204,20 @@ class TaijiTrainer(Trainer):
             raise ConfigError("TaijiTrainer: the optimizer was not created through create_optimizer")
         device = None if self.args.device.type == "cpu" else self.args.device
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        data = taiji.DataOptions(seed=seed, shuffle=self._shuffle, collate_fn=self.data_collator, device=device)
-        return taiji.Job(self.model, self._real_optimizer, self.train_dataset, self.args.per_device_train_batch_size,
-                         epochs=10**9, max_steps=self.args.max_steps, lr_scheduler=self._real_scheduler, data=data,
-                         **self._taiji)
+        data = taiji.DataOptions(
+            seed=seed, shuffle=self._shuffle, collate_fn=self.data_collator, device=device
+        )
+        return taiji.Job(
+            self.model,
+            self._real_optimizer,
+            self.train_dataset,
+            self.args.per_device_train_batch_size,
+            epochs=10**9,
+            max_steps=self.args.max_steps,
+            lr_scheduler=self._real_scheduler,
+            data=data,
+            **self._taiji,
+        )
 
     # -- the Trainer's checkpoints carry taiji's state ---------------------------------------------
 
@@ -195,9 +231,11 @@ class TaijiTrainer(Trainer):
             check_one_resume(self._taiji["faults"], f"resume_from_checkpoint={resume_from_checkpoint!r}")
             path = Path(resume_from_checkpoint) / STATE_FILE
             if not path.is_file():
-                raise ConfigError(f"{resume_from_checkpoint} holds no {STATE_FILE}: it was not written by "
-                                  "TaijiTrainer, so it does not say where the data stands (taiji's sampler, batch "
-                                  "size, policies). Start a new training from its weights instead")
+                raise ConfigError(
+                    f"{resume_from_checkpoint} holds no {STATE_FILE}: it was not written by "
+                    "TaijiTrainer, so it does not say where the data stands (taiji's sampler, batch "
+                    "size, policies). Start a new training from its weights instead"
+                )
             self.loop.resume = torch.load(path, weights_only=True)
         return super().train(resume_from_checkpoint or None, *args, **kwargs)
 
@@ -206,7 +244,9 @@ class TaijiTrainer(Trainer):
         with the Trainer's files complete also holds where the data stands."""
         state = saved_state(self.loop.job, taiji.size()) if self.args.should_save else None
         if state is not None:
-            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder = (
+                Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
             folder.mkdir(parents=True, exist_ok=True)
             partial = folder / f".{STATE_FILE}.partial"
             torch.save(state, partial)
@@ -244,7 +284,9 @@ class TaijiTrainer(Trainer):
 
     # -- the step -----------------------------------------------------------------------------
 
-    def training_step(self, model: torch.nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+    def training_step(
+        self, model: torch.nn.Module, inputs: Any, num_items_in_batch: Any = None
+    ) -> torch.Tensor:
         """Forward and backward on this worker's share of the Job's step, until it commits."""
         loop = self.loop
         loss = torch.zeros((), device=self.args.device)
@@ -254,7 +296,9 @@ class TaijiTrainer(Trainer):
                 loss = self.compute_loss(model, loop.batch)
             loop.step.backward(loss)
             if not loop.step.failed:  # the norm the Trainer logs; clipped to max_grad_norm if set
-                limit = self._max_grad_norm if self._max_grad_norm and self._max_grad_norm > 0 else float("inf")
+                limit = (
+                    self._max_grad_norm if self._max_grad_norm and self._max_grad_norm > 0 else float("inf")
+                )
                 self._grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
             if loop.finish():
                 break

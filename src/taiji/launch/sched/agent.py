@@ -23,6 +23,7 @@ job must never train at once. Stopping the agent (SIGTERM, SIGINT) stops everyth
 started; an agent that starts stops the launchers a previous agent of this host left behind
 (it cannot report them, so the daemon could not count their slots).
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,18 +53,22 @@ class SchedAgent:
         self.daemon, self.secret, self.host, self.slots, self.dir = daemon, secret, host, slots, directory
         self.sessions = Sessions()
         self.boot = uuid.uuid4().hex[:12]
-        self.failed_starts: dict[str, int] = {}   # key -> 127: a process that could not be started
-        self.failures: list[dict[str, str]] = []   # orders that failed: said to the daemon with the next poll
+        self.failed_starts: dict[str, int] = {}  # key -> 127: a process that could not be started
+        self.failures: list[dict[str, str]] = []  # orders that failed: said to the daemon with the next poll
         self.stop = threading.Event()
         self._daemon_lost = False
-        self.fence_s = 0.0                 # the daemon's --fence, from its last reply (0: never fence)
-        self.answered = time.monotonic()   # when the daemon last answered
+        self.fence_s = 0.0  # the daemon's --fence, from its last reply (0: never fence)
+        self.answered = time.monotonic()  # when the daemon last answered
         self.fenced = False
 
     def run(self) -> int:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        log.info("taiji sched agent: host %s with %d slot(s), polling the daemon at %s", self.host, self.slots,
-                 self.daemon)
+        log.info(
+            "taiji sched agent: host %s with %d slot(s), polling the daemon at %s",
+            self.host,
+            self.slots,
+            self.daemon,
+        )
         self._stop_orphans()
         try:
             while not self.stop.is_set():
@@ -82,8 +87,11 @@ class SchedAgent:
             reply = ask(self.daemon, self.secret, report, timeout=5.0)
         except StoreError as exc:
             if not self._daemon_lost:
-                log.warning("taiji sched agent: the daemon does not answer (%s); the jobs here go on, "
-                            "and this agent keeps trying", exc)
+                log.warning(
+                    "taiji sched agent: the daemon does not answer (%s); the jobs here go on, "
+                    "and this agent keeps trying",
+                    exc,
+                )
             self._daemon_lost = True
             self.fence()
             return
@@ -96,7 +104,9 @@ class SchedAgent:
             try:
                 self.execute(order)
             except (OSError, StoreError, ConfigError, KeyError, ValueError) as exc:
-                self.failures.append({"job": str(order.get("job")), "error": f"{order.get('op')} failed: {exc}"})
+                self.failures.append(
+                    {"job": str(order.get("job")), "error": f"{order.get('op')} failed: {exc}"}
+                )
                 log.warning("taiji sched agent: job %s: %s", order.get("job"), self.failures[-1]["error"])
 
     def fence(self) -> None:
@@ -105,9 +115,15 @@ class SchedAgent:
         if self.fenced or not self.fence_s or time.monotonic() - self.answered < self.fence_s:
             return
         self.fenced = True
-        launchers = [k for k in self.sessions.children if k.endswith("/launcher") and self.sessions.code(k) is None]
-        log.warning("taiji sched agent: no reply from the daemon for %gs: stopping the %d launcher(s) here (each "
-                    "checkpoints; the daemon resumes their jobs on the hosts it reaches)", self.fence_s, len(launchers))
+        launchers = [
+            k for k in self.sessions.children if k.endswith("/launcher") and self.sessions.code(k) is None
+        ]
+        log.warning(
+            "taiji sched agent: no reply from the daemon for %gs: stopping the %d launcher(s) here (each "
+            "checkpoints; the daemon resumes their jobs on the hosts it reaches)",
+            self.fence_s,
+            len(launchers),
+        )
         for key in launchers:
             self.sessions.signal(key, signal.SIGTERM)
 
@@ -116,8 +132,11 @@ class SchedAgent:
         them): this agent does not know them, so the daemon cannot count their slots — stop them."""
         for entry in registry.all_jobs():
             if entry.job.startswith(launcher_id("")) and entry.host == self.host and entry.running:
-                log.warning("taiji sched agent: stopping job %s's launcher (pid %d), left by a previous agent here",
-                            entry.job, entry.pid)
+                log.warning(
+                    "taiji sched agent: stopping job %s's launcher (pid %d), left by a previous agent here",
+                    entry.job,
+                    entry.pid,
+                )
                 try:
                     os.killpg(entry.pid, signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
@@ -131,26 +150,49 @@ class SchedAgent:
             job, _, role = key.partition("/")
             if role == "launcher" and code is None:
                 launchers[job] = {"status": launcher_status(job, timeout=1.0), "store": launcher_store(job)}
-        return {"op": "agent", "host": self.host, "slots": self.slots, "boot": self.boot, "processes": processes,
-                "launchers": launchers, "failed": self.failures}
+        return {
+            "op": "agent",
+            "host": self.host,
+            "slots": self.slots,
+            "boot": self.boot,
+            "processes": processes,
+            "launchers": launchers,
+            "failed": self.failures,
+        }
 
     def execute(self, order: dict[str, Any]) -> None:
         op, job = str(order["op"]), str(order["job"])
         if op == "launch":
-            argv = TAIJI + ["run", "--host", self.host, "--secret-file", str(self._secret_file(job)),
-                            *[str(a) for a in order["args"]]]
+            argv = TAIJI + [
+                "run",
+                "--host",
+                self.host,
+                "--secret-file",
+                str(self._secret_file(job)),
+                *[str(a) for a in order["args"]],
+            ]
             self._start(f"{job}/launcher", argv, str(order.get("cwd", "")), Path(str(order["log"])))
         elif op == "join":
-            argv = TAIJI + ["join", f"{launcher_id(job)}@{order['store']}", "--secret-file",
-                            str(self._secret_file(job)), "--nproc-per-node", str(self.slots), "--host", self.host]
+            argv = TAIJI + [
+                "join",
+                f"{launcher_id(job)}@{order['store']}",
+                "--secret-file",
+                str(self._secret_file(job)),
+                "--nproc-per-node",
+                str(self.slots),
+                "--host",
+                self.host,
+            ]
             self._start(f"{job}/join", argv, "", self.dir / "jobs" / job / f"join-{self.host}.log")
         elif op == "control":
-            control_socket.request(registry.control_socket(launcher_id(job)), dict(order["request"]), timeout=5.0)
+            control_socket.request(
+                registry.control_socket(launcher_id(job)), dict(order["request"]), timeout=5.0
+            )
         elif op == "signal":
             for key in (f"{job}/launcher", f"{job}/join"):
                 if key in self.sessions.children and self.sessions.code(key) is None:
                     self.sessions.signal(key, int(order["sig"]))
-        elif op == "forget":   # the job ended: what of it has exited need not be reported any more
+        elif op == "forget":  # the job ended: what of it has exited need not be reported any more
             for key in (f"{job}/launcher", f"{job}/join"):
                 self.failed_starts.pop(key, None)
                 if key in self.sessions.children and self.sessions.code(key) is not None:

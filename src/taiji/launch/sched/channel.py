@@ -9,6 +9,7 @@ key derived from the secret over the client's nonce and the reply. Neither a req
 can be replayed (each side's nonce is new each time), a client refuses a reply that is not signed
 with the daemon's secret (AuthError), and nothing is unpickled. Standard library only.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,7 +74,9 @@ class RequestServer:
                 continue
             # a thread per connection: a request may wait (a cancel, until its job is gone) while
             # others, the agents' polls among them, are answered
-            threading.Thread(target=self._answer, args=(conn, peer), name="taiji-sched-request", daemon=True).start()
+            threading.Thread(
+                target=self._answer, args=(conn, peer), name="taiji-sched-request", daemon=True
+            ).start()
 
     def _answer(self, conn: socket.socket, peer: Any) -> None:
         with conn:
@@ -86,22 +89,25 @@ class RequestServer:
                 request = message["request"]
                 theirs = str(message.get("nonce", ""))
                 if not isinstance(request, dict) or not hmac.compare_digest(
-                        str(message.get("mac", "")), _mac(self._key, nonce, request)):
+                    str(message.get("mac", "")), _mac(self._key, nonce, request)
+                ):
                     log.warning("refused a request from %s: bad signature (not our secret)", peer)
-                    reply = {"ok": False, "error": "not authenticated: the request is not signed with "
-                                                    "this daemon's secret"}
+                    reply = {
+                        "ok": False,
+                        "error": "not authenticated: the request is not signed with this daemon's secret",
+                    }
                 else:
                     reply = self._handler(request)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 reply = {"ok": False, "error": f"bad request: {exc}"}
-            except Exception as exc:   # the handler's own failure: answer it, keep serving
+            except Exception as exc:  # the handler's own failure: answer it, keep serving
                 log.exception("taiji sched: a request failed")
                 reply = {"ok": False, "error": f"the daemon failed on this request: {exc}"}
             try:
                 signed = {"reply": reply, "mac": _mac(self._reply_key, theirs, reply)}
                 conn.sendall(json.dumps(signed).encode() + b"\n")
             except OSError:
-                pass   # the client gave up
+                pass  # the client gave up
 
     def close(self) -> None:
         self._closed.set()
@@ -116,24 +122,32 @@ def ask(address: str, secret: bytes, request: dict[str, Any], timeout: float = 3
         with socket.create_connection((host, port), timeout=timeout) as sock:
             nonce = json.loads(read_line(sock, timeout, LINE_LIMIT))["nonce"]
             mine = secrets.token_hex(16)
-            signed = {"request": request, "nonce": mine, "mac": _mac(channel_key(secret), str(nonce), request)}
+            signed = {
+                "request": request,
+                "nonce": mine,
+                "mac": _mac(channel_key(secret), str(nonce), request),
+            }
             sock.sendall(json.dumps(signed).encode() + b"\n")
             line = read_line(sock, timeout, LINE_LIMIT)
-            if not line:   # the daemon stopped (or was killed) before it answered: no reply, not a forged one
+            if not line:  # the daemon stopped (or was killed) before it answered: no reply, not a forged one
                 raise OSError("the connection closed before a reply")
             answer = json.loads(line)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise StoreError(f"no scheduler daemon answered on {address} ({exc}); start one with "
-                         f"`taiji sched serve`") from None
+        raise StoreError(
+            f"no scheduler daemon answered on {address} ({exc}); start one with `taiji sched serve`"
+        ) from None
     reply = answer.get("reply") if isinstance(answer, dict) else None
-    if not isinstance(reply, dict) or not hmac.compare_digest(str(answer.get("mac", "")),
-                                                              _mac(reply_key(secret), mine, reply)):
-        raise AuthError(f"the reply from {address} is not signed with this scheduler's secret: another process "
-                        f"answers there, or the secret file differs from the daemon's (check --state-dir and "
-                        f"--secret-file); the reply was ignored")
+    if not isinstance(reply, dict) or not hmac.compare_digest(
+        str(answer.get("mac", "")), _mac(reply_key(secret), mine, reply)
+    ):
+        raise AuthError(
+            f"the reply from {address} is not signed with this scheduler's secret: another process "
+            f"answers there, or the secret file differs from the daemon's (check --state-dir and "
+            f"--secret-file); the reply was ignored"
+        )
     if not reply.get("ok"):
         error = str(reply.get("error", "no reply"))
-        if reply.get("refused"):   # the daemon will not take this client as it is configured
+        if reply.get("refused"):  # the daemon will not take this client as it is configured
             raise ConfigError(error)
         raise (AuthError if error.startswith("not authenticated") else StoreError)(error)
     return reply

@@ -22,6 +22,7 @@ free once the launcher is gone; to resume it, it starts a launcher again (same r
 checkpoints) at the size and on the host the round gives. A job whose home host is lost, with a
 checkpoint to resume from, is suspended instead of failed: it resumes on the hosts left.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -51,7 +52,7 @@ from ...sched.preemption import suspension_of
 log = logging.getLogger(__name__)
 
 TICK_S = 0.5
-RESEND_S = 2.0   # an ask the job has not reached is sent again this often (a launcher may refuse one)
+RESEND_S = 2.0  # an ask the job has not reached is sent again this often (a launcher may refuse one)
 
 
 def state_dir(path: str | None = None) -> Path:
@@ -63,16 +64,20 @@ def read_secret(directory: Path) -> bytes:
     try:
         return bytes.fromhex(path.read_text().strip())
     except (OSError, ValueError):
-        raise StoreError(f"cannot read the scheduler's secret {path}: is a daemon set up here "
-                         f"(`taiji sched serve`), and is --state-dir right?") from None
+        raise StoreError(
+            f"cannot read the scheduler's secret {path}: is a daemon set up here "
+            f"(`taiji sched serve`), and is --state-dir right?"
+        ) from None
 
 
 def daemon_address(directory: Path) -> str:
     try:
         return str(json.loads((directory / "daemon.json").read_text())["address"])
     except (OSError, ValueError, KeyError):
-        raise StoreError(f"no scheduler daemon is running for {directory} (no daemon.json); start one "
-                         f"with `taiji sched serve --slots N`") from None
+        raise StoreError(
+            f"no scheduler daemon is running for {directory} (no daemon.json); start one "
+            f"with `taiji sched serve --slots N`"
+        ) from None
 
 
 def running_daemon_pid(directory: Path) -> int | None:
@@ -86,26 +91,35 @@ def running_daemon_pid(directory: Path) -> int | None:
 
 
 class Daemon:
-    def __init__(self, directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
-                 hosts: JobHosts | None = None, metrics: MetricsConfig | None = None,
-                 checkpoint_grace: float = CHECKPOINT_GRACE_S):
+    def __init__(
+        self,
+        directory: Path,
+        scheduler: Scheduler,
+        round_seconds: float,
+        address: str,
+        hosts: JobHosts | None = None,
+        metrics: MetricsConfig | None = None,
+        checkpoint_grace: float = CHECKPOINT_GRACE_S,
+    ):
         if round_seconds <= 0:
             raise ConfigError(f"--round must be > 0 seconds, got {round_seconds}")
         self.dir = directory
         self.sched = scheduler
         self.round_seconds = round_seconds
-        self.checkpoint_grace = checkpoint_grace   # each job's --checkpoint-grace
+        self.checkpoint_grace = checkpoint_grace  # each job's --checkpoint-grace
         self.address = address
         self.hosts: JobHosts = hosts if hosts is not None else LocalHost()
         if len(self.hosts.addresses) != scheduler.hosts:
-            raise ConfigError(f"{len(self.hosts.addresses)} host(s) to run jobs on, but the scheduler has {scheduler.hosts}")
+            raise ConfigError(
+                f"{len(self.hosts.addresses)} host(s) to run jobs on, but the scheduler has {scheduler.hosts}"
+            )
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.stopping: dict[str, tuple[float, str, bool]] = {}   # job -> (SIGTERM sent at, reason, SIGKILLed)
+        self.stopping: dict[str, tuple[float, str, bool]] = {}  # job -> (SIGTERM sent at, reason, SIGKILLed)
         self.sent: dict[str, tuple[float, tuple[int, ...]]] = {}  # job -> (when, what) it was last asked
-        self.joining: dict[str, int] = {}                          # job -> its joiners still booting
+        self.joining: dict[str, int] = {}  # job -> its joiners still booting
         self._dirty = True
-        self.metrics = metrics   # --metrics-port: rounds run, the last one's decision time, changes by kind
+        self.metrics = metrics  # --metrics-port: rounds run, the last one's decision time, changes by kind
         self.rounds_run, self.round_took = 0, None
         self.decisions: dict[str, int] = {}
 
@@ -115,11 +129,13 @@ class Daemon:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         lock = open(self.dir / "lock", "w")
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)   # one daemon per state directory
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # one daemon per state directory
         except OSError:
             lock.close()
-            raise ConfigError(f"a scheduler daemon (pid {running_daemon_pid(self.dir)}) already serves {self.dir}; "
-                              f"stop it with `taiji sched stop` or give this one another --state-dir") from None
+            raise ConfigError(
+                f"a scheduler daemon (pid {running_daemon_pid(self.dir)}) already serves {self.dir}; "
+                f"stop it with `taiji sched stop` or give this one another --state-dir"
+            ) from None
         secret_path = self.dir / "secret"
         if not secret_path.exists():
             write_secret_file(secret_path, new_secret())
@@ -135,10 +151,19 @@ class Daemon:
             server.close()
             lock.close()
             raise ConfigError(str(exc)) from None
-        _write_atomically(self.dir / "daemon.json", json.dumps({"address": server.address, "pid": os.getpid()}))
-        log.info("taiji sched: serving on %s with %d host(s) of %d slot(s), policy %s, a round every %gs "
-                 "(state in %s)", server.address, self.sched.hosts, self.sched.slots_per_host,
-                 self.sched.policy.name, self.round_seconds, self.dir)
+        _write_atomically(
+            self.dir / "daemon.json", json.dumps({"address": server.address, "pid": os.getpid()})
+        )
+        log.info(
+            "taiji sched: serving on %s with %d host(s) of %d slot(s), policy %s, a round every %gs "
+            "(state in %s)",
+            server.address,
+            self.sched.hosts,
+            self.sched.slots_per_host,
+            self.sched.policy.name,
+            self.round_seconds,
+            self.dir,
+        )
         next_round = time.monotonic()
         try:
             while not self.stop.is_set():
@@ -152,16 +177,19 @@ class Daemon:
                             started = time.perf_counter()
                             self._read_run_logs()
                             changes += self.sched.round(now)
-                            self.rounds_run, self.round_took = self.rounds_run + 1, time.perf_counter() - started
+                            self.rounds_run, self.round_took = (
+                                self.rounds_run + 1,
+                                time.perf_counter() - started,
+                            )
                         self._apply(now, changes)
                         self._ask_again()
                         self._save()
-                    except Exception:   # one bad tick (a policy's error, a full disk) must not stop every job
+                    except Exception:  # one bad tick (a policy's error, a full disk) must not stop every job
                         log.exception("taiji sched: this tick failed; the daemon goes on")
                 self.stop.wait(TICK_S)
         finally:
             try:
-                self._stop_all()   # (agents still poll: they take the stop orders)
+                self._stop_all()  # (agents still poll: they take the stop orders)
             finally:
                 server.close()
                 if exporter is not None:
@@ -172,13 +200,21 @@ class Daemon:
 
     def status(self, now: float) -> dict[str, Any]:
         """What `taiji sched status` shows (call with the lock held)."""
-        return {"ok": True, **self.sched.to_json(), "policy": self.sched.policy.name, "now": now,
-                "host_names": list(self.hosts.addresses), "up": list(self.sched.up)}
+        return {
+            "ok": True,
+            **self.sched.to_json(),
+            "policy": self.sched.policy.name,
+            "now": now,
+            "host_names": list(self.hosts.addresses),
+            "up": list(self.sched.up),
+        }
 
     def metric_families(self) -> list:
         """The scheduler's Prometheus families (metrics/prometheus.py), read under the lock."""
         with self.lock:
-            return sched_families(self.status(time.time()), self.rounds_run, self.round_took, dict(self.decisions))
+            return sched_families(
+                self.status(time.time()), self.rounds_run, self.round_took, dict(self.decisions)
+            )
 
     def _observe(self, now: float) -> None:
         for host, up in self.hosts.poll_hosts(time.monotonic()):
@@ -190,24 +226,38 @@ class Daemon:
                 continue
             if code is not None:
                 why = self.hosts.note(job.id) or f"see {self._job_dir(job.id)}/launcher.log on its host"
-                self._ended_with(now, job.id, "finished" if code == 0 else "failed",
-                                 "" if code == 0 else f"its launcher exited with {code} ({why})")
+                self._ended_with(
+                    now,
+                    job.id,
+                    "finished" if code == 0 else "failed",
+                    "" if code == 0 else f"its launcher exited with {code} ({why})",
+                )
                 continue
             if job.id in self.stopping:
                 self._escalate(job.id)
             status = self.hosts.status(job.id)
             if status is None:
                 if not self.hosts.running(job.id) and not (
-                        job.suspending is not None and self._resumable(job.id, EXIT_RESUMABLE, now)):
+                    job.suspending is not None and self._resumable(job.id, EXIT_RESUMABLE, now)
+                ):
                     self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
-                continue   # starting up, or busy: read again next tick
+                continue  # starting up, or busy: read again next tick
             progress = status.get("progress") or {}
             self.joining[job.id] = len(status.get("joiners", []))
-            self.sched.observe(now, job.id, Observed(
-                size=len(status.get("workers", [])), version=int(status.get("version", 0)),
-                step=int(progress.get("step", 0)), batch_size=int(progress.get("batch_size", 0)),
-                position=int(progress.get("position", 0)), end=int(progress.get("end", 0)),
-                samples_per_s=float(progress.get("samples_per_s", 0.0)), placement=self._placement(status)))
+            self.sched.observe(
+                now,
+                job.id,
+                Observed(
+                    size=len(status.get("workers", [])),
+                    version=int(status.get("version", 0)),
+                    step=int(progress.get("step", 0)),
+                    batch_size=int(progress.get("batch_size", 0)),
+                    position=int(progress.get("position", 0)),
+                    end=int(progress.get("end", 0)),
+                    samples_per_s=float(progress.get("samples_per_s", 0.0)),
+                    placement=self._placement(status),
+                ),
+            )
             self._dirty = True
 
     def _read_run_logs(self) -> None:
@@ -223,9 +273,14 @@ class Daemon:
         ended (:func:`~taiji.sched.preemption.suspension_of`). ``now``: the tick's time (what the
         round after it sees), else the clock's."""
         job = self.sched.jobs[job_id]
-        outcome = suspension_of(code == EXIT_RESUMABLE, code == EXIT_STOPPED_UNSAVED, job.suspending is not None,
-                                code != 0 and self.hosts.home_lost(job_id), latest_checkpoint(job.checkpoint_dir),
-                                self.hosts.addresses[max(job.home, 0)])
+        outcome = suspension_of(
+            code == EXIT_RESUMABLE,
+            code == EXIT_STOPPED_UNSAVED,
+            job.suspending is not None,
+            code != 0 and self.hosts.home_lost(job_id),
+            latest_checkpoint(job.checkpoint_dir),
+            self.hosts.addresses[max(job.home, 0)],
+        )
         if outcome is None:
             return False
         step, reason = outcome
@@ -233,8 +288,13 @@ class Daemon:
         self.hosts.forget(job_id)
         self.sent.pop(job_id, None)
         self.joining.pop(job_id, None)
-        log.info("job %s (%s): suspended at step %d%s; it resumes from its checkpoint when a round gives it slots",
-                 job_id, job.name, step, f" ({reason})" if reason else "")
+        log.info(
+            "job %s (%s): suspended at step %d%s; it resumes from its checkpoint when a round gives it slots",
+            job_id,
+            job.name,
+            step,
+            f" ({reason})" if reason else "",
+        )
         self._dirty = True
         return True
 
@@ -250,25 +310,40 @@ class Daemon:
             self.decisions[change.kind] = self.decisions.get(change.kind, 0) + 1
             workers = sum(change.after)
             job = self.sched.jobs[change.job]
-            if job.state in ("queued", "suspended"):   # (a running job may show 0 workers while it starts)
+            if job.state in ("queued", "suspended"):  # (a running job may show 0 workers while it starts)
                 self._launch(now, job.id, change.after)
-                self._save()   # a daemon killed now must not launch it again after a restart
+                self._save()  # a daemon killed now must not launch it again after a restart
             elif change.kind == "suspend":
                 self.sched.suspending_job(now, job.id)
-                self._save()   # a daemon killed now knows the job is on its way out
+                self._save()  # a daemon killed now knows the job is on its way out
                 self.hosts.signal(job.id, signal.SIGTERM)
-                log.info("job %s (%s): suspending (a final checkpoint at its next step, then its %d slot(s) are free)",
-                         job.id, job.name, job.size)
+                log.info(
+                    "job %s (%s): suspending (a final checkpoint at its next step, then its %d slot(s) are free)",
+                    job.id,
+                    job.name,
+                    job.size,
+                )
             else:
                 try:
                     self.hosts.resize(job.id, workers, change.after)
                     self.sent[job.id] = (time.monotonic(), change.after)
-                    log.info("job %s (%s): asked for %d worker(s) %s(%s; it runs %d)", job.id, job.name, workers,
-                             self._where(change.after), change.kind, job.size)
+                    log.info(
+                        "job %s (%s): asked for %d worker(s) %s(%s; it runs %d)",
+                        job.id,
+                        job.name,
+                        workers,
+                        self._where(change.after),
+                        change.kind,
+                        job.size,
+                    )
                 except StoreError as exc:
                     self.sched.request_failed(job.id)
-                    log.warning("job %s: could not ask for %d workers (%s); the next round asks again",
-                                job.id, workers, exc)
+                    log.warning(
+                        "job %s: could not ask for %d workers (%s); the next round asks again",
+                        job.id,
+                        workers,
+                        exc,
+                    )
             self._dirty = True
 
     def _ask_again(self) -> None:
@@ -277,9 +352,16 @@ class Daemon:
         for job_id, ask in list(self.sched.rounds.asked.items()):
             job = self.sched.jobs.get(job_id)
             when, what = self.sent.get(job_id, (float("-inf"), ()))
-            if (job is None or job.state != "running" or not job.size or job_id in self.stopping or self.joining.get(job_id)
-                    or job.suspending is not None or not any(ask.target)
-                    or (what == ask.target and time.monotonic() - when < RESEND_S)):
+            if (
+                job is None
+                or job.state != "running"
+                or not job.size
+                or job_id in self.stopping
+                or self.joining.get(job_id)
+                or job.suspending is not None
+                or not any(ask.target)
+                or (what == ask.target and time.monotonic() - when < RESEND_S)
+            ):
                 continue
             try:
                 self.hosts.resize(job_id, sum(ask.target), ask.target)
@@ -297,22 +379,44 @@ class Daemon:
         home = next(h for h, n in enumerate(placement) if n)
         where = self._job_dir(job_id)
         where.mkdir(parents=True, exist_ok=True)
-        run_args = ["-np", str(placement[home]), "--min-np", str(job.min_np), "--max-np", str(job.max_np),
-                    "--job-id", launcher_id(job_id), "--run-dir", str(where / "run"),
-                    "--checkpoint-dir", job.checkpoint_dir, "--resume", "auto",
-                    "--checkpoint-grace", f"{self.checkpoint_grace:g}",
-                    *(["--checkpoint-every", job.checkpoint_every] if job.checkpoint_every else []), "--", *job.command]
+        run_args = [
+            "-np",
+            str(placement[home]),
+            "--min-np",
+            str(job.min_np),
+            "--max-np",
+            str(job.max_np),
+            "--job-id",
+            launcher_id(job_id),
+            "--run-dir",
+            str(where / "run"),
+            "--checkpoint-dir",
+            job.checkpoint_dir,
+            "--resume",
+            "auto",
+            "--checkpoint-grace",
+            f"{self.checkpoint_grace:g}",
+            *(["--checkpoint-every", job.checkpoint_every] if job.checkpoint_every else []),
+            "--",
+            *job.command,
+        ]
         resuming = job.state == "suspended"
         try:
             self.hosts.launch(job_id, home, run_args, job.cwd, where / "launcher.log")
-        except OSError as exc:   # e.g. the directory it was submitted from is gone
+        except OSError as exc:  # e.g. the directory it was submitted from is gone
             self.sched.launched(now, job_id, home)
             self._ended_with(now, job_id, "failed", f"could not start its launcher: {exc}")
             return
         self.sched.launched(now, job_id, home)
         self.sent[job_id] = (time.monotonic(), placement)
-        log.info("job %s (%s): %s on %d worker(s) %s", job_id, job.name,
-                 f"resuming from step {job.stopped_at}" if resuming else "started", placement[home], self._where(placement))
+        log.info(
+            "job %s (%s): %s on %d worker(s) %s",
+            job_id,
+            job.name,
+            f"resuming from step {job.stopped_at}" if resuming else "started",
+            placement[home],
+            self._where(placement),
+        )
 
     def _ended_with(self, now: float, job_id: str, state: str, reason: str = "") -> None:
         """The job's launcher is gone: it ended as ``state`` — or as cancelled, if it was being stopped."""
@@ -323,8 +427,14 @@ class Daemon:
         self.sent.pop(job_id, None)
         self.joining.pop(job_id, None)
         job = self.sched.jobs[job_id]
-        log.info("job %s (%s): %s%s after %.1fs", job_id, job.name, state, f" ({reason})" if reason else "",
-                 now - job.submitted)
+        log.info(
+            "job %s (%s): %s%s after %.1fs",
+            job_id,
+            job.name,
+            state,
+            f" ({reason})" if reason else "",
+            now - job.submitted,
+        )
         self._dirty = True
 
     # -- requests -------------------------------------------------------------------------------
@@ -338,21 +448,30 @@ class Daemon:
             try:
                 if op == "agent":
                     if not isinstance(self.hosts, AgentHosts):
-                        return {"ok": False, "refused": True, "error": "this daemon serves one host (it was started "
-                                "with --slots, not --hosts FILE): agents have nothing to do for it"}
+                        return {
+                            "ok": False,
+                            "refused": True,
+                            "error": "this daemon serves one host (it was started "
+                            "with --slots, not --hosts FILE): agents have nothing to do for it",
+                        }
                     return self.hosts.on_poll(time.monotonic(), request)
                 if op == "submit":
-                    job = self.sched.submit(now, [str(c) for c in request.get("command", [])],
-                                            int(request.get("min_np", 1)),
-                                            None if request.get("max_np") is None else int(request["max_np"]),
-                                            None if request.get("np") is None else int(request["np"]),
-                                            float(request.get("weight", 1.0)), str(request.get("name", "")),
-                                            cwd=str(request.get("cwd", "")), work=int(request.get("work", 0)),
-                                            priority=int(request.get("priority", 0)),
-                                            preemptible=not request.get("no_preempt", False),
-                                            checkpoint_dir=str(request.get("checkpoint_dir") or ""),
-                                            checkpoint_every=str(request.get("checkpoint_every") or ""),
-                                            max_batch=int(request.get("max_batch") or 0))
+                    job = self.sched.submit(
+                        now,
+                        [str(c) for c in request.get("command", [])],
+                        int(request.get("min_np", 1)),
+                        None if request.get("max_np") is None else int(request["max_np"]),
+                        None if request.get("np") is None else int(request["np"]),
+                        float(request.get("weight", 1.0)),
+                        str(request.get("name", "")),
+                        cwd=str(request.get("cwd", "")),
+                        work=int(request.get("work", 0)),
+                        priority=int(request.get("priority", 0)),
+                        preemptible=not request.get("no_preempt", False),
+                        checkpoint_dir=str(request.get("checkpoint_dir") or ""),
+                        checkpoint_every=str(request.get("checkpoint_every") or ""),
+                        max_batch=int(request.get("max_batch") or 0),
+                    )
                     job.checkpoint_dir = job.checkpoint_dir or str(self._job_dir(job.id) / "checkpoints")
                     self._dirty = True
                     return {"ok": True, "job": job.id}
@@ -416,7 +535,9 @@ class Daemon:
         """A re-adopted job's launcher is gone: it finished if its run log says it ended."""
         events = self._job_dir(job_id) / "run" / EVENTS_FILE
         try:
-            ended = any(json.loads(line).get("kind") == "end" for line in events.read_text().splitlines() if line)
+            ended = any(
+                json.loads(line).get("kind") == "end" for line in events.read_text().splitlines() if line
+            )
         except (OSError, ValueError):
             ended = False
         return ("finished", "") if ended else ("failed", "its launcher is gone and its run log has no end")
@@ -433,13 +554,19 @@ class Daemon:
         try:
             self.sched.load_json(json.loads(path.read_text()))
         except (ValueError, TypeError, KeyError) as exc:
-            raise ConfigError(f"cannot read the saved scheduler state {path} ({exc}); move it away to start afresh")
+            raise ConfigError(
+                f"cannot read the saved scheduler state {path} ({exc}); move it away to start afresh"
+            )
         now = time.time()
         for job in [j for j in self.sched.jobs.values() if j.state == "running"]:
             self.hosts.adopt(job.id, max(job.home, 0))
             if self.hosts.running(job.id):
-                log.info("re-adopted job %s (%s): its launcher still runs%s", job.id, job.name,
-                         " (suspending)" if job.suspending is not None else "")
+                log.info(
+                    "re-adopted job %s (%s): its launcher still runs%s",
+                    job.id,
+                    job.name,
+                    " (suspending)" if job.suspending is not None else "",
+                )
             elif job.suspending is None or not self._resumable(job.id, EXIT_RESUMABLE):
                 self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
 
@@ -455,6 +582,7 @@ def latest_checkpoint(directory: str) -> int | None:
     if not directory:
         return None
     from ...checkpoint.storage import Storage
+
     try:
         return Storage(directory).listing().latest
     except (OSError, TaijiError, ValueError) as exc:
@@ -465,12 +593,18 @@ def latest_checkpoint(directory: str) -> int | None:
 def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
-    tmp.replace(path)   # readers never see half a file
+    tmp.replace(path)  # readers never see half a file
 
 
-def run_daemon(directory: Path, scheduler: Scheduler, round_seconds: float, address: str,
-               hosts: JobHosts | None = None, metrics: MetricsConfig | None = None,
-               checkpoint_grace: float = CHECKPOINT_GRACE_S) -> int:
+def run_daemon(
+    directory: Path,
+    scheduler: Scheduler,
+    round_seconds: float,
+    address: str,
+    hosts: JobHosts | None = None,
+    metrics: MetricsConfig | None = None,
+    checkpoint_grace: float = CHECKPOINT_GRACE_S,
+) -> int:
     daemon = Daemon(directory, scheduler, round_seconds, address, hosts, metrics, checkpoint_grace)
     stop_on = (signal.SIGTERM, signal.SIGINT)
     previous = {s: signal.signal(s, lambda *_: daemon.stop.set()) for s in stop_on}

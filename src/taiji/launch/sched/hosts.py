@@ -16,6 +16,7 @@ Two kinds, one interface (:class:`JobHosts`):
 
 Jobs' secrets never travel: every agent derives a job's secret from the daemon's (:func:`job_secret`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,9 +37,9 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 HOST_TIMEOUT_S = 10.0
-FENCE_S = 30.0              # an agent that has not reached the daemon this long stops its launchers
-CHECKPOINT_GRACE_S = 60.0   # taiji run's --checkpoint-grace (the daemon passes it to every job)
-JOIN_WINDOW_S = 10.0   # a join ordered this recently counts as under way (its agent reports it next poll)
+FENCE_S = 30.0  # an agent that has not reached the daemon this long stops its launchers
+CHECKPOINT_GRACE_S = 60.0  # taiji run's --checkpoint-grace (the daemon passes it to every job)
+JOIN_WINDOW_S = 10.0  # a join ordered this recently counts as under way (its agent reports it next poll)
 TAIJI = [sys.executable, "-m", "taiji.launch.cli"]
 
 
@@ -49,7 +50,9 @@ def launcher_id(job_id: str) -> str:
 def launcher_status(job_id: str, timeout: float = 2.0) -> dict[str, Any] | None:
     """A scheduled job's launcher status on this host (None: starting, or busy: read again later)."""
     try:
-        return control_socket.request(registry.control_socket(launcher_id(job_id)), {"op": "status"}, timeout=timeout)
+        return control_socket.request(
+            registry.control_socket(launcher_id(job_id)), {"op": "status"}, timeout=timeout
+        )
     except StoreError:
         return None
 
@@ -91,8 +94,14 @@ class Sessions:
     def start(self, key: str, argv: list[str], cwd: str, log_path: Path) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
-            self.children[key] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                  cwd=cwd or None, start_new_session=True)
+            self.children[key] = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd or None,
+                start_new_session=True,
+            )
 
     def code(self, key: str) -> int | None:
         child = self.children.get(key)
@@ -140,14 +149,16 @@ class LocalHost:
         return launcher_status(job_id)
 
     def resize(self, job_id: str, size: int, placement: tuple[int, ...]) -> None:
-        control_socket.request(registry.control_socket(launcher_id(job_id)),
-                        {"op": "resize", "size": size, "source": "taiji sched"})
+        control_socket.request(
+            registry.control_socket(launcher_id(job_id)),
+            {"op": "resize", "size": size, "source": "taiji sched"},
+        )
 
     def outcome(self, job_id: str) -> int | None:
         return self.sessions.code(job_id)
 
     def home_lost(self, job_id: str) -> bool:
-        return False   # the daemon's own host
+        return False  # the daemon's own host
 
     def running(self, job_id: str) -> bool:
         if job_id in self.sessions.children:
@@ -161,7 +172,7 @@ class LocalHost:
         self.sessions.children.pop(job_id, None)
 
     def adopt(self, job_id: str, host: int) -> None:
-        pass   # found through the registry
+        pass  # found through the registry
 
     def note(self, job_id: str) -> str:
         return ""
@@ -179,14 +190,17 @@ class LocalHost:
 @dataclass
 class AgentView:
     """What the daemon knows of one host's agent, from its last poll."""
+
     seen: float = float("-inf")
     boot: str = ""
-    processes: dict[str, int | None] = field(default_factory=dict)   # "JOB/launcher|join" -> exit code
-    launchers: dict[str, dict[str, Any]] = field(default_factory=dict)   # job -> {"status", "store"}
+    processes: dict[str, int | None] = field(default_factory=dict)  # "JOB/launcher|join" -> exit code
+    launchers: dict[str, dict[str, Any]] = field(default_factory=dict)  # job -> {"status", "store"}
     orders: list[dict[str, Any]] = field(default_factory=list)
-    up: bool | None = None   # None: not judged yet (every host starts down until its agent polls)
-    stopping: dict[str, float] = field(default_factory=dict)   # stray job -> when it was first told to stop
-    ending: set[str] = field(default_factory=set)   # jobs already told to stop when they ended (not strays yet)
+    up: bool | None = None  # None: not judged yet (every host starts down until its agent polls)
+    stopping: dict[str, float] = field(default_factory=dict)  # stray job -> when it was first told to stop
+    ending: set[str] = field(
+        default_factory=set
+    )  # jobs already told to stop when they ended (not strays yet)
 
     def running(self, key: str) -> bool:
         return key in self.processes and self.processes[key] is None
@@ -196,19 +210,24 @@ class AgentHosts:
     """Many hosts, each driven by its ``taiji sched agent`` (see the module's doc). Times are the
     daemon's monotonic clock."""
 
-    def __init__(self, hosts: list[tuple[str, int]], host_timeout: float = HOST_TIMEOUT_S, fence_s: float = FENCE_S,
-                 checkpoint_grace: float = CHECKPOINT_GRACE_S):
+    def __init__(
+        self,
+        hosts: list[tuple[str, int]],
+        host_timeout: float = HOST_TIMEOUT_S,
+        fence_s: float = FENCE_S,
+        checkpoint_grace: float = CHECKPOINT_GRACE_S,
+    ):
         self.addresses = tuple(address for address, _ in hosts)
         self.slots = {address: slots for address, slots in hosts}
         self.host_timeout = host_timeout
-        self.fence_s = fence_s                       # an agent silent this long stops its launchers (0: never)
-        self.checkpoint_grace = checkpoint_grace     # what a stopped launcher may take to checkpoint and exit
+        self.fence_s = fence_s  # an agent silent this long stops its launchers (0: never)
+        self.checkpoint_grace = checkpoint_grace  # what a stopped launcher may take to checkpoint and exit
         self.agents = {address: AgentView() for address in self.addresses}
-        self.homes: dict[str, int] = {}                       # job -> its launcher's host (jobs not ended)
-        self.joined: dict[str, dict[int, float]] = {}         # job -> host -> when it was told to join
-        self.pending: dict[str, tuple[int, tuple[int, ...]]] = {}   # resizes waiting for their hosts to join
-        self.launching: dict[str, float] = {}                 # job -> when its launch was ordered (not reported yet)
-        self.errors: dict[str, str] = {}                      # job -> the last order that failed for it, and where
+        self.homes: dict[str, int] = {}  # job -> its launcher's host (jobs not ended)
+        self.joined: dict[str, dict[int, float]] = {}  # job -> host -> when it was told to join
+        self.pending: dict[str, tuple[int, tuple[int, ...]]] = {}  # resizes waiting for their hosts to join
+        self.launching: dict[str, float] = {}  # job -> when its launch was ordered (not reported yet)
+        self.errors: dict[str, str] = {}  # job -> the last order that failed for it, and where
 
     # -- the agents' side -------------------------------------------------------------------------
 
@@ -216,15 +235,24 @@ class AgentHosts:
         """An agent's poll: take its report, hand it its orders (and stop its strays)."""
         address = str(report.get("host", ""))
         if address not in self.agents:
-            return {"ok": False, "refused": True, "error": f"host {address!r} is not one of this daemon's hosts "
-                                                           f"({', '.join(self.addresses)}): check --host and the --hosts file"}
+            return {
+                "ok": False,
+                "refused": True,
+                "error": f"host {address!r} is not one of this daemon's hosts "
+                f"({', '.join(self.addresses)}): check --host and the --hosts file",
+            }
         if int(report.get("slots", 0)) != self.slots[address]:
-            return {"ok": False, "refused": True,
-                    "error": f"host {address} offers {report.get('slots')} slot(s) but the --hosts file gives it "
-                             f"{self.slots[address]}: start the agent with --slots {self.slots[address]}"}
+            return {
+                "ok": False,
+                "refused": True,
+                "error": f"host {address} offers {report.get('slots')} slot(s) but the --hosts file gives it "
+                f"{self.slots[address]}: start the agent with --slots {self.slots[address]}",
+            }
         agent = self.agents[address]
         if agent.boot and agent.boot != report.get("boot"):
-            log.warning("host %s: its agent restarted (it stopped what the previous one had left there)", address)
+            log.warning(
+                "host %s: its agent restarted (it stopped what the previous one had left there)", address
+            )
         agent.seen, agent.boot = now, str(report.get("boot", ""))
         agent.processes = {str(k): v for k, v in dict(report.get("processes", {})).items()}
         agent.launchers = {str(k): dict(v) for k, v in dict(report.get("launchers", {})).items()}
@@ -252,8 +280,11 @@ class AgentHosts:
         for job in strays:
             first = agent.stopping.setdefault(job, now)
             if first == now and job not in agent.ending:
-                log.warning("host %s still runs job %s, which is not running here for this daemon: stopping it",
-                            address, job)
+                log.warning(
+                    "host %s still runs job %s, which is not running here for this daemon: stopping it",
+                    address,
+                    job,
+                )
                 agent.orders.append({"op": "signal", "job": job, "sig": int(signal.SIGTERM)})
             elif now - first > STOP_GRACE_S:
                 agent.orders.append({"op": "signal", "job": job, "sig": int(signal.SIGKILL)})
@@ -274,8 +305,13 @@ class AgentHosts:
                 agent.up = up
                 changed.append((index, up))
                 if up or agent.seen > float("-inf"):
-                    log.info("host %s is %s", address, "up (its agent polls)" if up else
-                             f"down (its agent has been silent for {self.host_timeout:g}s)")
+                    log.info(
+                        "host %s is %s",
+                        address,
+                        "up (its agent polls)"
+                        if up
+                        else f"down (its agent has been silent for {self.host_timeout:g}s)",
+                    )
         for job_id, (size, placement) in list(self.pending.items()):
             self._send_resize(job_id, size, placement)
         return changed
@@ -288,8 +324,9 @@ class AgentHosts:
         self.homes[job_id] = host
         self.joined[job_id] = {}
         self.launching[job_id] = time.monotonic()
-        self.agents[address].orders.append({"op": "launch", "job": job_id, "args": extra + run_args, "cwd": cwd,
-                                            "log": str(log_path)})
+        self.agents[address].orders.append(
+            {"op": "launch", "job": job_id, "args": extra + run_args, "cwd": cwd, "log": str(log_path)}
+        )
 
     def _home_agent(self, job_id: str) -> AgentView | None:
         host = self.homes.get(job_id)
@@ -322,15 +359,23 @@ class AgentHosts:
             told = self.joined.setdefault(job_id, {})
             for host in missing:
                 there = self.agents[self.addresses[host]]
-                joining = there.running(f"{job_id}/join") or time.monotonic() - told.get(host, float("-inf")) < JOIN_WINDOW_S
-                if store and there.up and not joining:   # (a down host's agent cannot take the order)
+                joining = (
+                    there.running(f"{job_id}/join")
+                    or time.monotonic() - told.get(host, float("-inf")) < JOIN_WINDOW_S
+                )
+                if store and there.up and not joining:  # (a down host's agent cannot take the order)
                     told[host] = time.monotonic()
                     there.orders.append({"op": "join", "job": job_id, "store": store})
             return
         self.pending.pop(job_id, None)
         wanted = {self.addresses[h]: n for h, n in enumerate(placement) if n or self.addresses[h] in listed}
-        agent.orders.append({"op": "control", "job": job_id,
-                             "request": {"op": "resize", "size": size, "placement": wanted, "source": "taiji sched"}})
+        agent.orders.append(
+            {
+                "op": "control",
+                "job": job_id,
+                "request": {"op": "resize", "size": size, "placement": wanted, "source": "taiji sched"},
+            }
+        )
 
     def outcome(self, job_id: str) -> int | None:
         """The launcher's exit code; None while it runs or its agent has not reported since this
@@ -341,8 +386,8 @@ class AgentHosts:
         code = agent.processes.get(f"{job_id}/launcher")
         if code is None and agent.up is False and agent.seen > float("-inf"):
             if self.fence_s and not self.home_lost(job_id):
-                return None   # its agent, if alive, is about to stop it (fence): not over yet
-            return 128 + signal.SIGKILL   # its host is lost: so are the job's launcher and store
+                return None  # its agent, if alive, is about to stop it (fence): not over yet
+            return 128 + signal.SIGKILL  # its host is lost: so are the job's launcher and store
         return code
 
     def home_lost(self, job_id: str) -> bool:
@@ -365,7 +410,7 @@ class AgentHosts:
         if f"{job_id}/launcher" in agent.processes:
             self.launching.pop(job_id, None)
         elif time.monotonic() - self.launching.get(job_id, float("-inf")) < self.host_timeout + 5.0:
-            return bool(agent.up)   # ordered, and its agent has not reported it yet
+            return bool(agent.up)  # ordered, and its agent has not reported it yet
         return agent.running(f"{job_id}/launcher") and self.outcome(job_id) is None
 
     def note(self, job_id: str) -> str:
@@ -382,7 +427,7 @@ class AgentHosts:
         agent = self._home_agent(job_id)
         if agent is None:
             return False
-        self.pending.pop(job_id, None)   # (a job being stopped grows nowhere)
+        self.pending.pop(job_id, None)  # (a job being stopped grows nowhere)
         agent.orders.append({"op": "signal", "job": job_id, "sig": int(sig)})
         return True
 
@@ -423,6 +468,8 @@ def read_hosts_file(path: str) -> list[tuple[str, int]]:
     if not hosts:
         raise ConfigError(f"the --hosts file {path} lists no host ('ADDRESS SLOTS' per line)")
     if len({slots for _, slots in hosts}) > 1:
-        raise ConfigError(f"the hosts in {path} have different slots ({sorted({s for _, s in hosts})}): the "
-                          "scheduler's policies assume identical hosts; give each the same count")
+        raise ConfigError(
+            f"the hosts in {path} have different slots ({sorted({s for _, s in hosts})}): the "
+            "scheduler's policies assume identical hosts; give each the same count"
+        )
     return hosts

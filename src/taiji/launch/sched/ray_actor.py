@@ -7,6 +7,7 @@ resize (through the launcher's control socket on this node) and its store's addr
 daemon's join actors). The daemon makes it a named, detached actor, so it outlives a daemon
 that dies and a restarted daemon finds it by name. No Ray import here.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,9 +25,12 @@ class RaySchedLauncher(RayHostAgent):
         """The launcher's exit code (None: running or not started), status and store address."""
         code = self.exit_code()
         running = self.proc is not None and code is None
-        return {"code": code, "started": self.proc is not None,
-                "status": launcher_status(job_id, timeout=1.0) if running else None,
-                "store": launcher_store(job_id) if running else ""}
+        return {
+            "code": code,
+            "started": self.proc is not None,
+            "status": launcher_status(job_id, timeout=1.0) if running else None,
+            "store": launcher_store(job_id) if running else "",
+        }
 
     def control(self, job_id: str, request: dict[str, Any]) -> dict[str, Any]:
         """Hand ``request`` (a placed resize) to the launcher; its reply, or {"ok": False, "error"}."""

@@ -19,6 +19,7 @@ actors by name and re-adopts them. Each job's secret is derived from the daemon'
 its actors as a method argument (never argv, never a file). Ray carries only this control
 (start, signal, status, resize); the workers' traffic is taiji's own (store, gloo/NCCL).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,15 +40,15 @@ from .ray_pool import Pool, pool_slots, seat_changes, seat_name, seat_nodes
 
 log = logging.getLogger(__name__)
 
-REPORT_TIMEOUT_S = 2.0   # the launchers' reports the daemon waits for each tick
+REPORT_TIMEOUT_S = 2.0  # the launchers' reports the daemon waits for each tick
 SEATS_FILE = "ray-seats.json"
 
 
 @dataclass(frozen=True)
 class RayPoolConfig:
     ray: RayConfig
-    slots: int       # worker slots each node gives the pool
-    max_hosts: int   # the pool's seats: how many nodes it can hold
+    slots: int  # worker slots each node gives the pool
+    max_hosts: int  # the pool's seats: how many nodes it can hold
 
 
 class RayJobHosts:
@@ -59,13 +60,13 @@ class RayJobHosts:
         self.seats = self._load_seats()
         self.pool = Pool(self.seats, {})
         self.up: list[bool | None] = [None] * cfg.max_hosts
-        self.launchers: dict[str, Any] = {}                  # job -> its launcher's actor
-        self.runs: dict[str, Any] = {}                       # job -> its launcher's run() (this daemon's launches)
-        self.homes: dict[str, int] = {}                      # job -> its launcher's seat
-        self.reports: dict[str, dict[str, Any]] = {}         # job -> the launcher actor's last report
-        self.lost: set[str] = set()                          # jobs whose launcher's actor died (its node left)
-        self.joins: dict[str, dict[int, tuple[Any, Any, float]]] = {}   # job -> seat -> (actor, run(), when)
-        self.pending: dict[str, tuple[int, tuple[int, ...]]] = {}       # resizes waiting for their joins
+        self.launchers: dict[str, Any] = {}  # job -> its launcher's actor
+        self.runs: dict[str, Any] = {}  # job -> its launcher's run() (this daemon's launches)
+        self.homes: dict[str, int] = {}  # job -> its launcher's seat
+        self.reports: dict[str, dict[str, Any]] = {}  # job -> the launcher actor's last report
+        self.lost: set[str] = set()  # jobs whose launcher's actor died (its node left)
+        self.joins: dict[str, dict[int, tuple[Any, Any, float]]] = {}  # job -> seat -> (actor, run(), when)
+        self.pending: dict[str, tuple[int, tuple[int, ...]]] = {}  # resizes waiting for their joins
         self.errors: dict[str, str] = {}
         self.said: set[str] = set()
         self._namespace = ""
@@ -89,18 +90,26 @@ class RayJobHosts:
             saved = [a if a else None for a in json.loads((self.dir / SEATS_FILE).read_text())]
         except (OSError, ValueError, TypeError):
             saved = []
-        return tuple(saved[:self.cfg.max_hosts]) + (None,) * (self.cfg.max_hosts - len(saved[:self.cfg.max_hosts]))
+        return tuple(saved[: self.cfg.max_hosts]) + (None,) * (
+            self.cfg.max_hosts - len(saved[: self.cfg.max_hosts])
+        )
 
     def poll_hosts(self, now: float) -> list[tuple[int, bool]]:
         """Seats whose node came or went (every seat at the first call); the launchers' reports;
         resizes whose joins are in."""
         self.pool = seat_nodes(self.seats, self.ray.nodes(), self.per_worker, self.cfg.slots)
         for address in self.pool.too_small:
-            self._say_once(f"small:{address}", f"Ray node {address} cannot hold --slots {self.cfg.slots} worker(s) "
-                           f"({self.per_worker} each): it is not in the pool")
+            self._say_once(
+                f"small:{address}",
+                f"Ray node {address} cannot hold --slots {self.cfg.slots} worker(s) "
+                f"({self.per_worker} each): it is not in the pool",
+            )
         for address in self.pool.unseated:
-            self._say_once(f"seat:{address}", f"Ray node {address} is not in the pool: its {self.cfg.max_hosts} "
-                           "host(s) are taken (restart the daemon with a larger --max-hosts)")
+            self._say_once(
+                f"seat:{address}",
+                f"Ray node {address} is not in the pool: its {self.cfg.max_hosts} "
+                "host(s) are taken (restart the daemon with a larger --max-hosts)",
+            )
         if self.pool.seats != self.seats:
             self.seats = self.pool.seats
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -108,8 +117,11 @@ class RayJobHosts:
         changes = seat_changes(self.up, self.pool)
         for seat, up in changes:
             if up or self.up[seat] is not None:
-                log.info("host %s is %s", seat_name(self.seats, seat), "up (a live Ray node)" if up else
-                         "down (its Ray node left the cluster)")
+                log.info(
+                    "host %s is %s",
+                    seat_name(self.seats, seat),
+                    "up (a live Ray node)" if up else "down (its Ray node left the cluster)",
+                )
             self.up[seat] = up
         self._refresh_reports()
         for job_id, (size, placement) in list(self.pending.items()):
@@ -122,15 +134,18 @@ class RayJobHosts:
             log.warning("%s", text)
 
     def _refresh_reports(self, jobs: list[str] | None = None) -> None:
-        asked = {job: self.launchers[job].report.remote(job) for job in (jobs or list(self.launchers))
-                 if job not in self.lost}
+        asked = {
+            job: self.launchers[job].report.remote(job)
+            for job in (jobs or list(self.launchers))
+            if job not in self.lost
+        }
         if not asked:
             return
         ready, _ = self.ray.wait(list(asked.values()), num_returns=len(asked), timeout=REPORT_TIMEOUT_S)
         done = set(ready)
         for job, ref in asked.items():
             if ref not in done:
-                continue   # busy: read again next tick
+                continue  # busy: read again next tick
             try:
                 self.reports[job] = dict(self.ray.get(ref))
             except self.ray.exceptions.RayActorError as exc:
@@ -138,7 +153,9 @@ class RayJobHosts:
                 log.warning("job %s: its launcher's Ray actor died (%s)", job, str(exc).splitlines()[0])
             except self.ray.exceptions.RayError as exc:
                 log.warning("job %s: its launcher's report failed: %s", job, exc)
-        for job, ref in list(self.runs.items()):   # a launcher that could not even start (say, its cwd is gone)
+        for job, ref in list(
+            self.runs.items()
+        ):  # a launcher that could not even start (say, its cwd is gone)
             if not self.reports.get(job, {}).get("started") and self.ray.wait([ref], timeout=0)[0]:
                 try:
                     self.ray.get(ref)
@@ -154,19 +171,30 @@ class RayJobHosts:
 
     def _actor(self, cls: type, name: str, seat: int) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         node = self.pool.live.get(seat)
         if node is None:
             raise OSError(f"host {seat_name(self.seats, seat) or seat} has no live Ray node")
         if cls not in self._classes:
             self._classes[cls] = self.ray.remote(cls)
-        return self._classes[cls].options(
-            name=name, namespace=self.namespace, lifetime="detached", num_cpus=0, max_restarts=0, max_concurrency=4,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        return (
+            self._classes[cls]
+            .options(
+                name=name,
+                namespace=self.namespace,
+                lifetime="detached",
+                num_cpus=0,
+                max_restarts=0,
+                max_concurrency=4,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            )
+            .remote()
+        )
 
     def _kill(self, actor: Any) -> None:
         try:
             self.ray.kill(actor, no_restart=True)
-        except Exception as exc:   # gone already, or Ray's trouble: nothing of the job's left to stop there
+        except Exception as exc:  # gone already, or Ray's trouble: nothing of the job's left to stop there
             log.debug("could not end a Ray actor: %s", exc)
 
     def _environ(self) -> dict[str, str]:
@@ -176,12 +204,23 @@ class RayJobHosts:
 
     def launch(self, job_id: str, host: int, run_args: list[str], cwd: str, log_path: Path) -> None:
         from .ray_actor import RaySchedLauncher
+
         address = seat_name(self.seats, host)
-        argv = TAIJI + ["run", "--host", address, "--secret-file", "-", "--nproc-per-node", str(self.cfg.slots),
-                        "--no-grow-on-join", *run_args]
+        argv = TAIJI + [
+            "run",
+            "--host",
+            address,
+            "--secret-file",
+            "-",
+            "--nproc-per-node",
+            str(self.cfg.slots),
+            "--no-grow-on-join",
+            *run_args,
+        ]
         actor = self._actor(RaySchedLauncher, f"{job_id}.launcher.{uuid.uuid4().hex[:8]}", host)
-        self.runs[job_id] = actor.run.remote(argv, job_secret(self._secret(), job_id).hex(), self._environ(), cwd,
-                                             str(log_path))
+        self.runs[job_id] = actor.run.remote(
+            argv, job_secret(self._secret(), job_id).hex(), self._environ(), cwd, str(log_path)
+        )
         self.launchers[job_id], self.homes[job_id], self.joins[job_id] = actor, host, {}
         self.reports.pop(job_id, None)
         self.lost.discard(job_id)
@@ -212,7 +251,9 @@ class RayJobHosts:
             return
         self.pending.pop(job_id, None)
         wanted = {self.seats[h]: n for h, n in enumerate(placement) if n or self.seats[h] in listed}
-        launcher.control.remote(job_id, {"op": "resize", "size": size, "placement": wanted, "source": "taiji sched"})
+        launcher.control.remote(
+            job_id, {"op": "resize", "size": size, "placement": wanted, "source": "taiji sched"}
+        )
 
     def _joining(self, job_id: str, seat: int) -> bool:
         """The job's agent actor on ``seat`` is starting or runs (one that ended is ended for good)."""
@@ -240,23 +281,37 @@ class RayJobHosts:
     def _join(self, job_id: str, seat: int, store: str) -> None:
         """The job's agent on ``seat``'s node: launch/ray_agent.py's actor running `taiji join`."""
         from ..ray_agent import RayHostAgent
+
         address = seat_name(self.seats, seat)
-        argv = TAIJI + ["join", f"{launcher_id(job_id)}@{store}", "--secret-file", "-",
-                        "--nproc-per-node", str(self.cfg.slots), "--host", address]
+        argv = TAIJI + [
+            "join",
+            f"{launcher_id(job_id)}@{store}",
+            "--secret-file",
+            "-",
+            "--nproc-per-node",
+            str(self.cfg.slots),
+            "--host",
+            address,
+        ]
         try:
             actor = self._actor(RayHostAgent, f"{job_id}.join.{seat}.{uuid.uuid4().hex[:8]}", seat)
         except OSError as exc:
             log.warning("job %s: cannot join host %s: %s", job_id, address, exc)
             return
-        ref = actor.run.remote(argv, job_secret(self._secret(), job_id).hex(), self._environ(), "",
-                               str(self.dir / "jobs" / job_id / f"join-{address}.log"))
+        ref = actor.run.remote(
+            argv,
+            job_secret(self._secret(), job_id).hex(),
+            self._environ(),
+            "",
+            str(self.dir / "jobs" / job_id / f"join-{address}.log"),
+        )
         self.joins.setdefault(job_id, {})[seat] = (actor, ref, time.monotonic())
         log.info("job %s: its agent goes to Ray node %s", job_id, address)
 
     def outcome(self, job_id: str) -> int | None:
         """The launcher's exit code; None while it runs; a lost node's code where its actor died."""
         if job_id in self.lost:
-            return 128 + signal.SIGKILL   # its node is gone: so are the job's launcher and store
+            return 128 + signal.SIGKILL  # its node is gone: so are the job's launcher and store
         return self.reports.get(job_id, {}).get("code")
 
     def home_lost(self, job_id: str) -> bool:
@@ -288,7 +343,10 @@ class RayJobHosts:
     def adopt(self, job_id: str, host: int) -> None:
         """A job a previous daemon started: its actors, found by name in this daemon's namespace."""
         from ray.util import list_named_actors
-        names = [a["name"] for a in list_named_actors(all_namespaces=True) if a.get("namespace") == self.namespace]
+
+        names = [
+            a["name"] for a in list_named_actors(all_namespaces=True) if a.get("namespace") == self.namespace
+        ]
         for name in names:
             job, _, rest = name.partition(".")
             if job != job_id:
@@ -296,7 +354,7 @@ class RayJobHosts:
             try:
                 actor = self.ray.get_actor(name, namespace=self.namespace)
             except ValueError:
-                continue   # ended meanwhile
+                continue  # ended meanwhile
             role, _, where = rest.partition(".")
             if role == "launcher":
                 self.launchers[job_id], self.homes[job_id] = actor, host
@@ -309,8 +367,9 @@ class RayJobHosts:
         return self.errors.get(job_id, "")
 
 
-def open_pool(ray_cfg: RayConfig, slots: int | None, max_hosts: int, directory: Path,
-              secret: Callable[[], bytes]) -> RayJobHosts:
+def open_pool(
+    ray_cfg: RayConfig, slots: int | None, max_hosts: int, directory: Path, secret: Callable[[], bytes]
+) -> RayJobHosts:
     """Connect to the cluster (a clear ConfigError where Ray is missing, out of range or
     unreachable) and make its pool: ``slots`` per node (None: what the smallest node holds)."""
     if max_hosts < 1 or (slots is not None and slots < 1):
@@ -323,8 +382,12 @@ def open_pool(ray_cfg: RayConfig, slots: int | None, max_hosts: int, directory: 
         if reason:
             raise ConfigError(reason)
         cfg = RayPoolConfig(ray_cfg, slots or pool_slots(nodes, per_worker), max_hosts)
-        log.info("taiji sched: the hosts are the nodes of the Ray cluster at %s (%d slot(s) each, up to %d nodes)",
-                 ray_cfg.address, cfg.slots, max_hosts)
+        log.info(
+            "taiji sched: the hosts are the nodes of the Ray cluster at %s (%d slot(s) each, up to %d nodes)",
+            ray_cfg.address,
+            cfg.slots,
+            max_hosts,
+        )
         return RayJobHosts(ray, cfg, directory, secret)
     except BaseException:
         ray.shutdown()

@@ -8,6 +8,7 @@ address has room for ``--slots`` workers (``--ray-cpus-per-worker``/``--ray-gpus
 each); a seat never bound to a node is down. So the pool follows the cluster: a node added
 takes a seat that comes up, a node removed (its raylet gone) takes its seat down.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,21 +19,30 @@ from typing import Any, Mapping, Sequence
 @dataclass(frozen=True)
 class Pool:
     """Seat -> the address bound to it (None: free), and the live node id on each up seat."""
+
     seats: tuple[str | None, ...]
-    live: Mapping[int, str]            # seat -> NodeID of the live node there
-    too_small: tuple[str, ...] = ()    # live nodes that cannot hold --slots workers (not in the pool)
-    unseated: tuple[str, ...] = ()     # live nodes with no free seat left (--max-hosts is full)
+    live: Mapping[int, str]  # seat -> NodeID of the live node there
+    too_small: tuple[str, ...] = ()  # live nodes that cannot hold --slots workers (not in the pool)
+    unseated: tuple[str, ...] = ()  # live nodes with no free seat left (--max-hosts is full)
 
 
 def node_slots(node: Mapping[str, Any], per_worker: Mapping[str, float]) -> int:
     """How many workers the node's resources hold (``per_worker``: Ray resources one worker takes)."""
     resources = node.get("Resources", {}) or {}
-    fits = [math.floor(resources.get(name, 0.0) / amount + 1e-9) for name, amount in per_worker.items() if amount > 0]
+    fits = [
+        math.floor(resources.get(name, 0.0) / amount + 1e-9)
+        for name, amount in per_worker.items()
+        if amount > 0
+    ]
     return min(fits) if fits else 0
 
 
-def seat_nodes(seats: Sequence[str | None], nodes: Sequence[Mapping[str, Any]], per_worker: Mapping[str, float],
-               slots: int) -> Pool:
+def seat_nodes(
+    seats: Sequence[str | None],
+    nodes: Sequence[Mapping[str, Any]],
+    per_worker: Mapping[str, float],
+    slots: int,
+) -> Pool:
     """Bind each live node big enough for ``slots`` workers to a seat (its own, else the first free
     one); which seats are up, with their nodes."""
     bound = list(seats)
@@ -57,7 +67,11 @@ def seat_nodes(seats: Sequence[str | None], nodes: Sequence[Mapping[str, Any]], 
 
 def seat_changes(previous: Sequence[bool | None], pool: Pool) -> list[tuple[int, bool]]:
     """(seat, up) for every seat whose state differs from ``previous`` (None: never said)."""
-    return [(seat, seat in pool.live) for seat, was in enumerate(previous) if was is None or was != (seat in pool.live)]
+    return [
+        (seat, seat in pool.live)
+        for seat, was in enumerate(previous)
+        if was is None or was != (seat in pool.live)
+    ]
 
 
 def seat_name(seats: Sequence[str | None], seat: int) -> str:

@@ -1,4 +1,5 @@
 """Scheduling policies for :mod:`taiji.sched.sim` (each implements ``sim.Policy``)."""
+
 from __future__ import annotations
 
 from taiji.errors import ConfigError
@@ -12,12 +13,24 @@ from taiji.sched.policies.srtf import SrtfOracle
 from taiji.sched.policies.tiresias import AUTO, Tiresias
 from taiji.sched.sim import ResizeCost
 
-POLICIES = {"fifo": Fifo, "drf": ElasticDrf, "tiresias": Tiresias, "optimus": OptimusOracle,
-            "pollux": PolluxLike, "srtf": SrtfOracle, "pcrr": Pcrr}
+POLICIES = {
+    "fifo": Fifo,
+    "drf": ElasticDrf,
+    "tiresias": Tiresias,
+    "optimus": OptimusOracle,
+    "pollux": PolluxLike,
+    "srtf": SrtfOracle,
+    "pcrr": Pcrr,
+}
 
 
-def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "taiji",
-                las_threshold: float | str | None = None, round_s: float | None = None):
+def make_policy(
+    name: str,
+    resize: ResizeCost | None = None,
+    fidelity: str = "taiji",
+    las_threshold: float | str | None = None,
+    round_s: float | None = None,
+):
     """A policy by name (``fifo``, ``drf``, ``tiresias``, ``optimus``, ``pollux``, ``srtf``, ``pcrr``).
 
     ``resize``: the simulated system's resize cost (``sim.SYSTEMS[...]``, the same as
@@ -41,7 +54,9 @@ def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "ta
     if las_threshold is not None:
         auto = las_threshold == AUTO
         if name != "tiresias" or not (auto or isinstance(las_threshold, (int, float)) and las_threshold > 0):
-            raise ConfigError(f"a LAS threshold is a number of worker-seconds > 0 or {AUTO!r} for the tiresias policy")
+            raise ConfigError(
+                f"a LAS threshold is a number of worker-seconds > 0 or {AUTO!r} for the tiresias policy"
+            )
         return Tiresias(threshold_gpu_s=None if auto else float(las_threshold), fidelity=fidelity)
     if name in ("tiresias", "optimus"):
         return POLICIES[name](fidelity=fidelity)
@@ -53,5 +68,15 @@ def make_policy(name: str, resize: ResizeCost | None = None, fidelity: str = "ta
     return POLICIES[name]()
 
 
-__all__ = ["FIDELITY_MODES", "POLICIES", "ElasticDrf", "Fifo", "OptimusOracle", "Pcrr", "PolluxLike", "SrtfOracle",
-           "Tiresias", "make_policy"]
+__all__ = [
+    "FIDELITY_MODES",
+    "POLICIES",
+    "ElasticDrf",
+    "Fifo",
+    "OptimusOracle",
+    "Pcrr",
+    "PolluxLike",
+    "SrtfOracle",
+    "Tiresias",
+    "make_policy",
+]

@@ -11,6 +11,7 @@ Pollux's published per-job results runs in ``pollux`` mode; taiji's choices stay
 best fit keeps whole hosts free for the big jobs and the exact remaining time also counts the current
 epoch's progress and the batch's statistical efficiency.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -33,8 +34,9 @@ def placer_for(mode: str) -> Placer:
     return PLACERS[mode]
 
 
-def gang_in_order(cluster: Cluster, ordered: Sequence[JobView], *,
-                  block_at_first_misfit: bool, placer: Placer = pack) -> dict[str, Allocation]:
+def gang_in_order(
+    cluster: Cluster, ordered: Sequence[JobView], *, block_at_first_misfit: bool, placer: Placer = pack
+) -> dict[str, Allocation]:
     """All-or-nothing at the requested size, in ``ordered`` priority: a job runs iff its
     ``num_replicas`` still fit. With ``block_at_first_misfit`` (FIFO) the first job that does not
     fit stops everyone behind it; otherwise later, smaller jobs may still run (backfilling)."""
@@ -50,8 +52,9 @@ def gang_in_order(cluster: Cluster, ordered: Sequence[JobView], *,
     return place_by_count(cluster, ordered, wanted, placer)
 
 
-def place_by_count(cluster: Cluster, jobs: Sequence[JobView],
-                   wanted: Sequence[tuple[str, int, int]], placer: Placer = pack) -> dict[str, Allocation]:
+def place_by_count(
+    cluster: Cluster, jobs: Sequence[JobView], wanted: Sequence[tuple[str, int, int]], placer: Placer = pack
+) -> dict[str, Allocation]:
     """Place (job, GPUs, batch) choices: jobs already holding that many GPUs keep their hosts; PS
     jobs get their servers (a PS job whose servers do not fit waits this round)."""
     current = {job.name: job.allocation for job in jobs if job.allocation is not None}

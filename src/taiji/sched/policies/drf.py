@@ -5,6 +5,7 @@ becomes progressive filling: repeatedly give one GPU to the job with the smalles
 earlier submission) until GPUs run out or every job holds the most it can use
 (:meth:`Application.max_useful_replicas` at its requested batch). Equal jobs get equal shares.
 """
+
 from __future__ import annotations
 
 import heapq

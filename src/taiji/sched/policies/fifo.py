@@ -3,6 +3,7 @@
 The defining behaviour is head-of-line blocking: a waiting job that does not fit holds back every
 job submitted after it, even ones that would fit. Running jobs are never disturbed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

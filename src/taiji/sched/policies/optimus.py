@@ -13,6 +13,7 @@ remaining iterations``, the iterations read from the validation traces at the re
 end of the current epoch (so they change only at epoch boundaries; in the last epoch they count as 1).
 In ``pollux`` mode jobs are placed fewest GPUs first, each on the hosts with the most free GPUs.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -47,15 +48,18 @@ class OptimusOracle:
         now, more = packed_shape(count, gpus_per_host), packed_shape(count + 1, gpus_per_host)
         batch = job.spec.batch_size
         if self.fidelity == "pollux" and isinstance(job.app, Application):
-            return ((iteration_time(job.app, now, batch) - iteration_time(job.app, more, batch))
-                    * remaining_iterations(job.app, batch, job.progress))
-        return time_to_finish(job.app, job.progress, now, batch) - time_to_finish(job.app, job.progress, more, batch)
+            return (
+                iteration_time(job.app, now, batch) - iteration_time(job.app, more, batch)
+            ) * remaining_iterations(job.app, batch, job.progress)
+        return time_to_finish(job.app, job.progress, now, batch) - time_to_finish(
+            job.app, job.progress, more, batch
+        )
 
     def allocate(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Mapping[str, Allocation]:
         per_host = cluster.gpus_per_host
         free = cluster.total_gpus
         counts: dict[str, int] = {}
-        gains: list[tuple[float, int, int]] = []   # (-gain, submission index, count now)
+        gains: list[tuple[float, int, int]] = []  # (-gain, submission index, count now)
         for index, job in enumerate(jobs):
             if free == 0:
                 break

@@ -81,6 +81,7 @@ with ``SimConfig.estimation_error`` PCRR plans with perturbed speeds like every 
 daemon's round at that time drew), so a run is a pure function of (workload, settings, seed). No LP time limit is set by default, because a limit would make
 decisions depend on the machine's speed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -97,10 +98,10 @@ from taiji.sched.model import Application, canonical_placement, progress_rate
 from taiji.sched.rounding import decide
 from taiji.sched.sim import SYSTEMS, JobView, ResizeCost
 
-BATCH_GRID_POINTS = 12       # candidate total batch sizes per GPU count (geometric)
-HORIZON_S = 7680.0           # the LP's horizon by default: 60, 60, 120, … 3840 s (~2.1 h in all)
-MAX_GPUS_PER_JOB = 64        # as the Pollux-like baseline: beyond this no trace data exists
-Shape = tuple[int, ...]      # canonical placement: GPUs per used host
+BATCH_GRID_POINTS = 12  # candidate total batch sizes per GPU count (geometric)
+HORIZON_S = 7680.0  # the LP's horizon by default: 60, 60, 120, … 3840 s (~2.1 h in all)
+MAX_GPUS_PER_JOB = 64  # as the Pollux-like baseline: beyond this no trace data exists
+Shape = tuple[int, ...]  # canonical placement: GPUs per used host
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,9 @@ def batch_grid(app: Application, replicas: int, adaptive: bool, requested: int) 
     if not adaptive:
         return (requested,)
     smallest = min(max(app.init_batch_size, replicas * app.min_local_bsz), app.max_batch_size)
-    return tuple(sorted({int(round(b)) for b in np.geomspace(smallest, app.max_batch_size, BATCH_GRID_POINTS)}))
+    return tuple(
+        sorted({int(round(b)) for b in np.geomspace(smallest, app.max_batch_size, BATCH_GRID_POINTS)})
+    )
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -185,7 +188,7 @@ class RoundStats:
     jobs: int
     variables: int
     rows: int
-    decide_s: float        # candidates + LP + rounding + translation, wall seconds
+    decide_s: float  # candidates + LP + rounding + translation, wall seconds
     lp_s: float
     lp_optimal: bool
     repaired: int
@@ -199,14 +202,14 @@ class Pcrr:
     name: str = "pcrr"
     resize: ResizeCost = SYSTEMS["restart"]
     seed: int = 0
-    seed_clock: float = 0.0         # added to a round's time for its seed (module docstring, "Determinism")
+    seed_clock: float = 0.0  # added to a round's time for its seed (module docstring, "Determinism")
     adaptive_batch: bool = True
-    slot_s: float = 60.0            # first slot = the simulator's round (only it is executed)
-    slots: int = 8                  # geometric horizon: 60, 60, 120, … 3840 s (~2.2 h in all)
-    alpha: float | None = 0.5       # α-points; None = one uniform α per job (randomized variant)
-    hysteresis: float = 1.0         # κ: the LP and the fill charge a running job κ × its resize pause
-    keep_share: float = 0.5         # a running job keeps its allocation when the LP gives it this share
-    capacity_slack: float = 0.0     # ε of the LP's capacity rows
+    slot_s: float = 60.0  # first slot = the simulator's round (only it is executed)
+    slots: int = 8  # geometric horizon: 60, 60, 120, … 3840 s (~2.2 h in all)
+    alpha: float | None = 0.5  # α-points; None = one uniform α per job (randomized variant)
+    hysteresis: float = 1.0  # κ: the LP and the fill charge a running job κ × its resize pause
+    keep_share: float = 0.5  # a running job keeps its allocation when the LP gives it this share
+    capacity_slack: float = 0.0  # ε of the LP's capacity rows
     rounds: list[RoundStats] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
@@ -218,13 +221,23 @@ class Pcrr:
         started = time.perf_counter()
         if not jobs:
             return {}
-        problem = Problem(tuple(Host(f"h{h}", cluster.gpus_per_host) for h in range(cluster.num_hosts)),
-                          tuple(self._candidates(job, cluster) for job in jobs),
-                          Horizon.geometric(self.slots, self.slot_s), self.capacity_slack)
+        problem = Problem(
+            tuple(Host(f"h{h}", cluster.gpus_per_host) for h in range(cluster.num_hosts)),
+            tuple(self._candidates(job, cluster) for job in jobs),
+            Horizon.geometric(self.slots, self.slot_s),
+            self.capacity_slack,
+        )
         # α-point list scheduling; the LP's own resize charge decides changes, and running jobs
         # are sticky (module docstring, "Rounding", says why these beat decide's defaults)
-        schedule = decide(problem, seed=self._round_seed(now), alpha=self.alpha, hysteresis=None,
-                          keep_first=False, conditional=True, keep_share=self.keep_share)
+        schedule = decide(
+            problem,
+            seed=self._round_seed(now),
+            alpha=self.alpha,
+            hysteresis=None,
+            keep_first=False,
+            conditional=True,
+            keep_share=self.keep_share,
+        )
         chosen: dict[str, Allocation] = {}
         for view, assignment in zip(jobs, schedule.assignments):
             if assignment.config is None:
@@ -235,17 +248,34 @@ class Pcrr:
             chosen[view.name] = Allocation(tuple(counts), self._batch_now(view, tuple(counts)))
         # PS jobs' servers, in α-point order: the LP counts GPUs only, so a PS job whose servers
         # find no CPUs waits this round
-        answer = with_servers(cluster, [(name, chosen[name]) for name in schedule.order if name in chosen],
-                              {view.name: view.app for view in jobs},
-                              {view.name: view.allocation for view in jobs if view.allocation is not None})
+        answer = with_servers(
+            cluster,
+            [(name, chosen[name]) for name in schedule.order if name in chosen],
+            {view.name: view.app for view in jobs},
+            {view.name: view.allocation for view in jobs if view.allocation is not None},
+        )
         size = schedule.lp.size
-        self.rounds.append(RoundStats(now, len(jobs), size.get("variables", 0), size.get("rows", 0),
-                                      time.perf_counter() - started, schedule.lp.solve_s, schedule.lp.optimal,
-                                      schedule.repaired, schedule.kept_by_hysteresis))
+        self.rounds.append(
+            RoundStats(
+                now,
+                len(jobs),
+                size.get("variables", 0),
+                size.get("rows", 0),
+                time.perf_counter() - started,
+                schedule.lp.solve_s,
+                schedule.lp.optimal,
+                schedule.repaired,
+                schedule.kept_by_hysteresis,
+            )
+        )
         return answer
 
     def _round_seed(self, now: float) -> int:
-        return int(np.random.SeedSequence((self.seed, int(round((now + self.seed_clock) * 1000)))).generate_state(1)[0])
+        return int(
+            np.random.SeedSequence((self.seed, int(round((now + self.seed_clock) * 1000)))).generate_state(1)[
+                0
+            ]
+        )
 
     def _plan(self, view: JobView, shape: Shape) -> EpochPlan:
         grid = batch_grid(view.app, sum(shape), self.adaptive_batch, view.spec.batch_size)
@@ -267,18 +297,31 @@ class Pcrr:
         held: Shape | None = None
         if view.allocation is not None:
             held = canonical_placement(view.allocation.placement)
-            configs.append(Config.spread({h: g for h, g in enumerate(view.allocation.placement) if g},
-                                         self._rate(view, held), "current"))
+            configs.append(
+                Config.spread(
+                    {h: g for h, g in enumerate(view.allocation.placement) if g},
+                    self._rate(view, held),
+                    "current",
+                )
+            )
             current = 0
-        for count in candidate_counts(gpu_cap(view, cluster.total_gpus, self.adaptive_batch),
-                                      cluster.gpus_per_host):
+        for count in candidate_counts(
+            gpu_cap(view, cluster.total_gpus, self.adaptive_batch), cluster.gpus_per_host
+        ):
             shape = canonical_placement(packed_shape(count, cluster.gpus_per_host))
-            if shape == held:   # the held allocation already offers this shape, without a move
+            if shape == held:  # the held allocation already offers this shape, without a move
                 continue
             mode = "int" if count <= cluster.gpus_per_host else "ext"
             configs.append(Config.external(count, self._rate(view, shape), f"{count}@{mode}"))
         suspend_s = self.resize.resume_s if view.suspend_cost_s is None else view.suspend_cost_s
         running = current is not None
-        return Job(view.name, max(view.remaining_progress, 1e-9), tuple(configs), view.weight, current,
-                   self.hysteresis * self.change_cost_s if running else 0.0,
-                   self.hysteresis * suspend_s if running else 0.0, view.spec.submit_time)
+        return Job(
+            view.name,
+            max(view.remaining_progress, 1e-9),
+            tuple(configs),
+            view.weight,
+            current,
+            self.hysteresis * self.change_cost_s if running else 0.0,
+            self.hysteresis * suspend_s if running else 0.0,
+            view.spec.submit_time,
+        )

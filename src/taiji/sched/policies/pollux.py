@@ -20,6 +20,7 @@ ground-truth traces (an oracle) rather than from a model fitted online; speedup 
 the job's best goodput on one GPU; and the one-distributed-job-per-node interference rule is
 not modelled.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,13 +36,12 @@ from taiji.sched.policies.common import place_by_count
 from taiji.sched.sim import JobView
 
 MAX_GPUS_PER_JOB = 64
-BATCH_CHOICES = 16   # geometric grid of candidate total batch sizes per GPU count
-GoodputCurve = tuple[tuple[float, int], ...]   # [n-1] = (best progress/s, its batch) on n GPUs
+BATCH_CHOICES = 16  # geometric grid of candidate total batch sizes per GPU count
+GoodputCurve = tuple[tuple[float, int], ...]  # [n-1] = (best progress/s, its batch) on n GPUs
 
 
 @functools.lru_cache(maxsize=4096)
-def goodput_curve(app: Application, epoch: int, gpus_per_host: int,
-                  most: int) -> GoodputCurve:
+def goodput_curve(app: Application, epoch: int, gpus_per_host: int, most: int) -> GoodputCurve:
     """``[n-1]`` = (best progress/s, its batch) on ``n`` consolidated GPUs, for n = 1..most."""
     curve = []
     for count in range(1, most + 1):
@@ -64,24 +64,41 @@ def job_cap(job: JobView, total_gpus: int) -> int:
 @dataclass(frozen=True)
 class PolluxLike:
     name: str = "pollux"
-    restart_penalty_s: float = 30.0   # the system's cost of one reallocation (Pollux: 30 s)
+    restart_penalty_s: float = 30.0  # the system's cost of one reallocation (Pollux: 30 s)
 
     def allocate(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Mapping[str, Allocation]:
-        curves = {job.name: goodput_curve(job.app, job.app.epoch_of(job.progress), cluster.gpus_per_host,
-                                          job_cap(job, cluster.total_gpus)) for job in jobs}
+        curves = {
+            job.name: goodput_curve(
+                job.app,
+                job.app.epoch_of(job.progress),
+                cluster.gpus_per_host,
+                job_cap(job, cluster.total_gpus),
+            )
+            for job in jobs
+        }
         running = [job for job in jobs if job.allocation is not None]
         ordered = running + [job for job in jobs if job.allocation is None]
         counts = self._divide(cluster, ordered, curves, cluster.total_gpus)
-        keep = [job for job in running if counts.get(job.name, 0) != job.allocation.replicas
-                and not self._worth_changing(now, job, curves[job.name], counts.get(job.name, 0))]
-        if keep:   # they keep their GPUs; everyone else shares what is left
+        keep = [
+            job
+            for job in running
+            if counts.get(job.name, 0) != job.allocation.replicas
+            and not self._worth_changing(now, job, curves[job.name], counts.get(job.name, 0))
+        ]
+        if keep:  # they keep their GPUs; everyone else shares what is left
             held = sum(job.allocation.replicas for job in keep)
             kept = {job.name for job in keep}
             rest = [job for job in ordered if job.name not in kept]
             counts = self._divide(cluster, rest, curves, cluster.total_gpus - held)
             counts.update({job.name: job.allocation.replicas for job in keep})
-        wanted = sorted(((job.name, counts[job.name], curves[job.name][counts[job.name] - 1][1])
-                         for job in jobs if counts.get(job.name)), key=lambda item: -item[1])
+        wanted = sorted(
+            (
+                (job.name, counts[job.name], curves[job.name][counts[job.name] - 1][1])
+                for job in jobs
+                if counts.get(job.name)
+            ),
+            key=lambda item: -item[1],
+        )
         return place_by_count(cluster, jobs, wanted)
 
     def _worth_changing(self, now: float, job: JobView, curve: GoodputCurve, new_count: int) -> bool:
@@ -89,14 +106,15 @@ class PolluxLike:
         if new_count == 0:
             return False
         if new_count < job.allocation.replicas:
-            return True   # a shrink serves the cluster-wide objective, not the job's own speedup
+            return True  # a shrink serves the cluster-wide objective, not the job's own speedup
         age = max(now - job.spec.submit_time, 0.0)
         factor = max(age - self.restart_penalty_s * job.restarts, 0.0) / (age + self.restart_penalty_s)
         return curve[new_count - 1][0] * factor > curve[job.allocation.replicas - 1][0]
 
     @staticmethod
-    def _divide(cluster: Cluster, ordered: Sequence[JobView], curves: Mapping[str, GoodputCurve],
-                gpus: int) -> dict[str, int]:
+    def _divide(
+        cluster: Cluster, ordered: Sequence[JobView], curves: Mapping[str, GoodputCurve], gpus: int
+    ) -> dict[str, int]:
         """One GPU per job in ``ordered`` while they last, then greedy on Σ 1/speedup."""
         counts: dict[str, int] = {}
         for job in ordered:
@@ -109,8 +127,10 @@ class PolluxLike:
             name = ordered[index].name
             curve, have = curves[name], counts[name]
             base = curve[0][0]
-            steps = [(-(base / curve[have - 1][0] - base / curve[have + k - 1][0]) / k, index, k, have)
-                     for k in range(1, min(cluster.gpus_per_host, len(curve) - have, gpus) + 1)]
+            steps = [
+                (-(base / curve[have - 1][0] - base / curve[have + k - 1][0]) / k, index, k, have)
+                for k in range(1, min(cluster.gpus_per_host, len(curve) - have, gpus) + 1)
+            ]
             return min(steps) if steps and min(steps)[0] < 0 else None
 
         heap = [step for step in (best_step(i) for i in range(len(counts))) if step]
@@ -118,7 +138,7 @@ class PolluxLike:
         while heap and gpus > 0:
             _, index, step, have = heapq.heappop(heap)
             name = ordered[index].name
-            if counts[name] != have or step > gpus:   # stale, or too big now: re-evaluate
+            if counts[name] != have or step > gpus:  # stale, or too big now: re-evaluate
                 fresh = best_step(index)
                 if fresh:
                     heapq.heappush(heap, fresh)

@@ -3,6 +3,7 @@
 Each round jobs are ordered by their true remaining time at the requested size (consolidated
 placement, requested batch) and run all-or-nothing in that order, preempting the rest.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

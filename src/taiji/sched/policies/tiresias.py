@@ -20,6 +20,7 @@ sees (:func:`predicted_service`) — of the last ``SIZE_WINDOW`` jobs seen: abou
 short ones, finish in the high queue, and a job is demoted once it has had the service of a typical
 one. Sizes are re-read every round (a live job's model improves as it is measured).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -32,8 +33,8 @@ from taiji.sched.policies.common import check_fidelity, gang_in_order, placer_fo
 from taiji.sched.sim import JobView
 
 SIXTEEN_GPU_HOURS = 16 * 3600.0
-AUTO = "auto"       # the threshold named so on the command line and in make_policy
-SIZE_WINDOW = 100   # jobs whose predicted sizes set the threshold from the workload
+AUTO = "auto"  # the threshold named so on the command line and in make_policy
+SIZE_WINDOW = 100  # jobs whose predicted sizes set the threshold from the workload
 
 
 def predicted_service(job: JobView) -> float:
@@ -51,10 +52,10 @@ def workload_threshold(sizes: Sequence[float]) -> float:
 @dataclass
 class Tiresias:
     name: str = "tiresias"
-    threshold_gpu_s: float | None = SIXTEEN_GPU_HOURS   # None: set from the workload (module docstring)
+    threshold_gpu_s: float | None = SIXTEEN_GPU_HOURS  # None: set from the workload (module docstring)
     fidelity: str = "taiji"
-    demotions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)   # job → demotion order
-    sizes: dict[str, float] = field(default_factory=dict, repr=False, compare=False)     # job → predicted size
+    demotions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  # job → demotion order
+    sizes: dict[str, float] = field(default_factory=dict, repr=False, compare=False)  # job → predicted size
 
     def __post_init__(self) -> None:
         check_fidelity(self.fidelity)
@@ -73,7 +74,7 @@ class Tiresias:
     def allocate(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Mapping[str, Allocation]:
         if self.threshold_gpu_s is None:
             for job in jobs:
-                self.sizes.pop(job.name, None)   # re-inserted: the newest estimate, the most recent job last
+                self.sizes.pop(job.name, None)  # re-inserted: the newest estimate, the most recent job last
                 self.sizes[job.name] = predicted_service(job)
             for name in list(self.sizes)[:-SIZE_WINDOW]:
                 del self.sizes[name]
@@ -84,7 +85,9 @@ class Tiresias:
             if self.queue_of(job) and job.name not in self.demotions:
                 self.demotions[job.name] = max(self.demotions.values(), default=-1) + 1
         if self.fidelity == "pollux":
-            ordered = sorted(by_submission, key=lambda job: (self.queue_of(job), self.demotions.get(job.name, 0)))
+            ordered = sorted(
+                by_submission, key=lambda job: (self.queue_of(job), self.demotions.get(job.name, 0))
+            )
         else:
             ordered = sorted(by_submission, key=self.queue_of)
         return gang_in_order(cluster, ordered, block_at_first_misfit=False, placer=placer_for(self.fidelity))
