@@ -9,7 +9,7 @@ RESIZE ?= 150:3 400:2
 POLICY ?= gns,schedule
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo shakespeare test test-fast setup data etcd prometheus tmux slurm chromium docs bench clean
+.PHONY: demo shakespeare test test-fast lint setup data etcd prometheus tmux slurm chromium docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -107,7 +107,12 @@ shakespeare: setup
 	$(BIN)/taiji run -np $(NP) --max-np 3 python examples/shakespeare_char.py --max-steps 800 \
 	  --policy gns,schedule --resize 200:3 600:2
 
-test: setup data etcd prometheus tmux slurm chromium
+# the formatter and the linter (configured in pyproject.toml): `make test` fails on either
+lint: setup
+	$(BIN)/ruff format --check --quiet .
+	$(BIN)/ruff check --quiet .
+
+test: setup lint data etcd prometheus tmux slurm chromium
 	$(BIN)/python -m taiji_harness.streams -q -rs --durations=40
 
 test-fast: setup

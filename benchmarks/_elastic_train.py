@@ -44,10 +44,10 @@ import json  # noqa: E402
 import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from taiji_harness.bench import watch_parent  # noqa: E402
-
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from taiji_harness.bench import watch_parent  # noqa: E402
 
 IMPORT_TIME = time.time()
 
@@ -110,8 +110,9 @@ def exit_with_parent() -> None:
 
 
 def taiji_main(args: argparse.Namespace) -> None:
-    import taiji
     from torch.utils.data import TensorDataset
+
+    import taiji
 
     log = Log(args.out, "taiji", args.tag)
     peer = taiji.init()

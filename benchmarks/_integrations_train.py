@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def write_times(out: Path, rank: int, clock: "Clock", loss: float | None) -> None:
+def write_times(out: Path, rank: int, clock: Clock, loss: float | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"times-{rank}.json"
     path.with_suffix(".tmp").write_text(

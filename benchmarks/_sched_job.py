@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 import taiji
-
 from taiji_harness.testing import load_example
 
 _example = load_example("fashion_mnist")  # the example's model and data

@@ -30,7 +30,6 @@ import torch.nn.functional as F
 import taiji
 from taiji.strategies.local_sgd import LocalSGD
 from taiji.strategies.pair_averaging import PairAveraging
-
 from taiji_harness.testing import load_example
 
 _example = load_example("fashion_mnist")  # the example's model and data

@@ -34,14 +34,14 @@ each worker scores the (identical) replica on half the test set and an allreduce
 that time, waiting included, is taken off the training clock (see ``_adaptive_train.py``).
 Time to target = training time until the first evaluation at or above the target. Targets: the
 small run's final accuracy minus 0.5 points (the issue's bar), and a fixed ``--fixed-target``.
-Goal (DESIGN §9, KungFu Fig. 4): the adaptive run reaches the first target in <= 1.2x the large
-run's training time.
+Goal (docs/design.md#performance-targets, KungFu Fig. 4): the adaptive run reaches the first target in <= 1.2x
+the large run's training time.
 Times are given on two clocks: wall seconds of training, and the CPU seconds both workers spent
 training (less disturbed by other jobs on a shared machine). Accuracies are deterministic for a
 seed (same trajectory bit for bit); repetitions run the jobs in the given order and then in reverse.
 
-The last line of stdout is the result line of DESIGN §9. Its rows (taiji = an adaptive run; each
-arm has its own rows, named by it):
+The last line of stdout is the result line of docs/design.md#performance-targets. Its rows (taiji = an
+adaptive run; each arm has its own rows, named by it):
 time to the target against each large run's whole training time and against the small run's
 time to the target, on both clocks (ratio = anchor / taiji, > 1: adaptive sooner; the goal is
 ratio >= 1/1.2 against ``large``), and final accuracy against the small run (ratio = taiji /

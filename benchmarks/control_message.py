@@ -25,11 +25,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from taiji_harness.bench import contract_row, interleaved, median, print_result, spread
-
 from taiji.monitor.compact import agree_compact, compact_message, compact_width
 from taiji.monitor.stats import ControlRow
 from taiji.runtime.control import agree
+from taiji_harness.bench import contract_row, interleaved, median, print_result, spread
 
 
 def row(rank: int) -> ControlRow:

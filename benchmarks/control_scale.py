@@ -30,8 +30,6 @@ import sys
 import time
 from dataclasses import fields
 
-from taiji_harness.bench import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
-
 from taiji.cluster import auth  # noqa: E402
 from taiji.cluster.controller import (
     Beat,
@@ -49,6 +47,7 @@ from taiji.cluster.controller import (
 from taiji.cluster.fake_store import FakeStore  # noqa: E402
 from taiji.cluster.store import JobStore  # noqa: E402
 from taiji.monitor.stats import ControlRow  # noqa: E402
+from taiji_harness.bench import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
 
 PER_HOST = 8
 

@@ -53,16 +53,16 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from _elastic_taiji import taiji_fault, taiji_kill_join, taiji_resize  # noqa: E402
+from _elastic_torchft import torchft_kill_join, torchft_missing, torchft_version  # noqa: E402
+from _elastic_torchrun import torchrun_elastic, torchrun_fault, torchrun_resize, torchrun_steady  # noqa: E402
 from taiji_harness.bench import interleaved, reap_on_sigterm  # noqa: E402
 from taiji_harness.elastic_analysis import model_figures  # noqa: E402
 from taiji_harness.elastic_report import build_rows, report  # noqa: E402
 from taiji_harness.elastic_runs import StepLog  # noqa: E402
-from _elastic_taiji import taiji_fault, taiji_kill_join, taiji_resize  # noqa: E402
-from _elastic_torchft import torchft_kill_join, torchft_missing, torchft_version  # noqa: E402
-from _elastic_torchrun import torchrun_elastic, torchrun_fault, torchrun_resize, torchrun_steady  # noqa: E402
 
 MEASURED_SETS = {
     "resize": ("taiji_resize", "torchrun_resize"),

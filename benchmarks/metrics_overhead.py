@@ -21,8 +21,8 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import threading
+import time
 import urllib.request
 from pathlib import Path
 

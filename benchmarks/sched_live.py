@@ -64,11 +64,11 @@ all its launchers (a suspended job's and its resumed one's); no sample may be co
 epoch, drawn for a step never committed, or left out of an epoch. The benchmark exits non-zero
 (after writing its JSON) when one is.
 
-Rows (DESIGN §9 contract): ``live avg JCT: PCRR vs fifo`` (taiji = PCRR's average JCT, anchor =
-FIFO's, ratio = FIFO / PCRR; target >= 1.2) and ``simulated avg JCT: PCRR vs fifo`` (the same from
-the replay); the JSON line also carries ``sim_error_max`` (target <= 0.25) and ``oversubscribed``,
-and ``sim_error_avg_jct_by_run`` (each run's average JCT, replayed vs live: one job's error can be a
-whole wait when an arrival and a job's end fall within the replay's error of each other).
+Rows (docs/design.md#performance-targets contract): ``live avg JCT: PCRR vs fifo`` (taiji = PCRR's average
+JCT, anchor = FIFO's, ratio = FIFO / PCRR; target >= 1.2) and ``simulated avg JCT: PCRR vs fifo`` (the same
+from the replay); the JSON line also carries ``sim_error_max`` (target <= 0.25) and ``oversubscribed``, and
+``sim_error_avg_jct_by_run`` (each run's average JCT, replayed vs live: one job's error can be a whole wait
+when an arrival and a job's end fall within the replay's error of each other).
 """
 
 from __future__ import annotations
@@ -87,21 +87,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from taiji_harness.bench import contract_row, print_result, reap_on_sigterm
-from taiji_harness.elastic_analysis import exactly_once_audit
-
 from taiji.launch.sched.channel import ask
-from taiji.sched.cluster import Cluster
+from taiji.launch.sched.daemon import TICK_S
+from taiji.launch.sched.statedir import read_secret
 from taiji.metrics.runlog import METRICS_FILE, read_jsonl
+from taiji.sched.cluster import Cluster
+from taiji.sched.costs import SYSTEMS, ResizeCost
 from taiji.sched.live import Measured, fit_step_model, live_application, logged_step_times, placement_timeline
+from taiji.sched.livejob import size_key
 from taiji.sched.policies import Pcrr, make_policy
 from taiji.sched.preemption import SuspendRules
-from taiji.launch.sched.daemon import TICK_S, read_secret
-from taiji.sched.rounds import oversubscribed_instants
-from taiji.sched.scheduler import size_key
 from taiji.sched.replay import DaemonGuess
-from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig, simulate
+from taiji.sched.rounds import oversubscribed_instants
+from taiji.sched.sim import SimConfig, simulate
 from taiji.sched.workload import LIVE, JobSpec
+from taiji_harness.bench import contract_row, print_result, reap_on_sigterm
+from taiji_harness.elastic_analysis import exactly_once_audit
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "_sched_job.py"

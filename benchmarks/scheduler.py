@@ -1,5 +1,6 @@
 """Cluster scheduling in the simulator: PCRR against the baselines on Pollux's workloads (issue 11,
-DESIGN §9 and §12, SCHEDULER.md §4.4).
+docs/design.md#performance-targets, docs/design.md#cluster-scheduler,
+docs/reference/scheduler-model.md#experiments).
 
 Every policy replays the same Pollux workload (Philly-derived, 160 jobs, the 1.0x load) on 16 hosts
 × 4 GPUs with 60 s rounds and the same resize cost (``--cost``, default ``restart`` = 30 s per
@@ -15,7 +16,7 @@ Rows (``ratio`` > 1 = PCRR ahead):
   the same 8-hour window. Pollux's 0.5x/2.0x sets are not shipped, so these workloads are
   *reconstructed* (``workload_at_load``: the seeded Philly-shaped generator, seeded with the workload
   number), not upstream's files; their JCTs are not comparable with Pollux's published ones, and the
-  DESIGN §9 targets (stated at 1.0x) are not attached to them.
+  targets of docs/design.md#performance-targets (stated at 1.0x) are not attached to them.
 * ``decision time per round, ~100 active jobs``: PCRR's wall seconds per scheduling round on 100
   synthetic jobs submitted at once (target < 1 s; no anchor).
 * ``avg JCT at resize cost δ: PCRR vs tiresias`` for δ = 0.03 / 2 / 30 / 250 s per change, every
@@ -56,32 +57,34 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
-from taiji_harness.bench import contract_row, print_result  # noqa: E402
-
 from taiji.errors import ConfigError  # noqa: E402
-from taiji.sched.cli import PolicyRun, run_policy, uniform_cost  # noqa: E402
+from taiji.sched.cli import uniform_cost  # noqa: E402
 from taiji.sched.cluster import Cluster  # noqa: E402
-from taiji.sched.ps import PsSettings  # noqa: E402
+from taiji.sched.costs import SYSTEMS, ResizeCost  # noqa: E402
 from taiji.sched.fidelity import fidelity  # noqa: E402
 from taiji.sched.policies import POLICIES, make_policy  # noqa: E402
-from taiji.sched.sim import SYSTEMS, ResizeCost, SimConfig  # noqa: E402
+from taiji.sched.policyrun import PolicyRun, run_policy  # noqa: E402
+from taiji.sched.ps import PsSettings  # noqa: E402
+from taiji.sched.sim import SimConfig  # noqa: E402
 from taiji.sched.workload import (
-    POLLUX_WORKLOADS,
     PHILLY_MIX,
+    POLLUX_WORKLOADS,
     JobSpec,
     mixed_workload,  # noqa: E402
     synthetic_workload,
     workload_at_load,
 )
+from taiji_harness.bench import contract_row, print_result  # noqa: E402
 
 QUICK_BASELINES = ("tiresias", "optimus", "pollux")
 FIDELITY_POLICIES = ("tiresias", "optimus", "pollux")
-TARGETS = {"tiresias": 1.3, "optimus": 1.3, "pollux": 1.0}  # DESIGN §9: candidate ≥ this × ahead
+# the candidate ≥ this × ahead of each baseline (docs/design.md#performance-targets)
+TARGETS = {"tiresias": 1.3, "optimus": 1.3, "pollux": 1.0}
 SWEEP_COSTS_S = (0.03, 2.0, 30.0, 250.0)
 SWEEP_ANCHOR = "tiresias"
 LOADS = (0.5, 1.0, 2.0)  # issue 11: "8 workloads × loads 0.5/1.0/2.0"
@@ -89,7 +92,8 @@ PUBLISHED_LOAD = 1.0  # the load of the shipped workloads: the fidelity check, t
 DECISION_JOBS = 100
 DECISION_TARGET_S = 1.0
 PREEMPTION_TARGET = 1.0  # issue 35: preemption allowed vs the floor, on Pollux workloads
-# locality ablation (SCHEDULER.md E3): b_ext/b_int, shown as fractions in the row names
+# locality ablation (E3 of docs/reference/scheduler-model.md#experiments): b_ext/b_int, shown as fractions in
+# the row names
 LOCALITY_RATIOS = ((1, 1), (1, 3), (1, 10))
 ABLATION_CLUSTER = Cluster(8, 4)
 ABLATION_JOBS, ABLATION_HOURS = 60, 2.0
@@ -285,7 +289,8 @@ def main_rows(
     load: float = PUBLISHED_LOAD,
 ) -> list[dict]:
     """The candidate against each baseline at one relative job load; targets only at the shipped
-    load, where DESIGN §9 states them and the baselines are checked against Pollux's numbers."""
+    load, where docs/design.md#performance-targets states them and the baselines are checked against Pollux's
+    numbers."""
     ours = [runs.get(w, candidate, cost, load) for w in workloads]
     reconstructed = (
         {}
@@ -315,7 +320,8 @@ def main_rows(
 
 def sweep_rows(runs: Runs, candidate: str, workloads: Sequence[int]) -> list[dict]:
     """Per resize cost, the candidate against tiresias (the row) and against the Pollux-like
-    optimiser (extra fields: SCHEDULER.md E4 sweeps both, since both resize running jobs)."""
+    optimiser (extra fields: E4 of docs/reference/scheduler-model.md#experiments sweeps both, since both
+    resize running jobs)."""
     rows = []
     for seconds in SWEEP_COSTS_S:
         cost = uniform_cost(seconds)

@@ -13,11 +13,11 @@ launcher and every worker SIGKILLed at once at a random step; the job checkpoint
 steps) and resumed with ``--resume auto`` at a random size to the end: the steps after its last
 checkpoint are trained again and the audit reads the two runs merged at that checkpoint. After
 the run, the per-step logs are audited
-(DESIGN §6): replicas bitwise identical after every committed step, every sample of an epoch
+(docs/design.md#invariants): replicas bitwise identical after every committed step, every sample of an epoch
 consumed exactly once, final parameters equal to an uninterrupted 1-worker run, the job
 ended (no hang) and no process of the run is left (no orphan). The last line is the result
-line of DESIGN §9: one row per invariant, ``taiji`` = violations counted over all runs (target
-0; there is no anchor), plus the totals and the schedule of every run that broke an invariant.
+line of docs/design.md#performance-targets: one row per invariant, ``taiji`` = violations counted over all
+runs (target 0; there is no anchor), plus the totals and the schedule of every run that broke an invariant.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 from taiji.checkpoint.storage import Storage  # noqa: E402
-from taiji_harness.testing import committed_steps, kill_job, load_script, merge_runs, wait_for  # noqa: E402
 from taiji_harness.bench import (
     Session,
     contract_row,
@@ -44,6 +43,7 @@ from taiji_harness.bench import (
     run_to_end,
     signal_if_ours,
 )
+from taiji_harness.testing import committed_steps, kill_job, load_script, merge_runs, wait_for  # noqa: E402
 
 BATCH = 16
 COLLECTIVE_TIMEOUT = 2.0

@@ -24,8 +24,8 @@ import urllib.request
 from pathlib import Path
 
 from taiji_harness.bench import contract_row, interleaved, median, paired_ratio, print_result, reap_on_sigterm  # noqa: E402
-from taiji_harness.elastic_analysis import step_intervals  # noqa: E402
 from taiji_harness.control_live import etcd_ops, store_address  # noqa: E402
+from taiji_harness.elastic_analysis import step_intervals  # noqa: E402
 from taiji_harness.elastic_runs import LaunchedJob, StepLog, steady_commits, steady_options, train_args  # noqa: E402
 
 

@@ -22,12 +22,12 @@ the 10k test set, on rank 0. Goal (the issue): with the straggler, a decoupled s
 (PairAveraging, LocalSGD) >= 1.5x SyncSGD samples/s at <= 1 point accuracy loss. The ceiling on
 these cores: 3 workers at full pace and one at half give 3.5 / 2 = 1.75x SyncSGD's straggler pace.
 
-The last line of stdout is the result line of DESIGN §9. Per strategy other than SyncSGD and per
-setting, two rows: ``pair_averaging_straggler`` (taiji = PairAveraging samples/s, anchor = SyncSGD
-samples/s, ratio = taiji / anchor) and ``pair_averaging_straggler_accuracy`` (final test accuracy;
+The last line of stdout is the result line of docs/design.md#performance-targets. Per strategy other than
+SyncSGD and per setting, two rows: ``pair_averaging_straggler`` (taiji = PairAveraging samples/s, anchor =
+SyncSGD samples/s, ratio = taiji / anchor) and ``pair_averaging_straggler_accuracy`` (final test accuracy;
 ``accuracy_points`` = taiji - anchor), likewise ``..._no_straggler``, ``model_averaging_...`` and
-``local_sgd_...``. With ``--reps`` > 1, taiji and anchor are medians and the ratio is the median of
-the repetitions' own ratios (each repetition's jobs ran back to back). Every job's figures are under ``runs``.
+``local_sgd_...``. With ``--reps`` > 1, taiji and anchor are medians and the ratio is the median of the
+repetitions' own ratios (each repetition's jobs ran back to back). Every job's figures are under ``runs``.
 """
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def bench_model(name: str, args, comm) -> dict:
         for side in interleaved(list(sides), rep):
             times[side].append(time_block(side, args.steps))
 
-    # invariant 1 of DESIGN.md §6: the taiji replicas must be bitwise identical after each step
+    # invariant 1 of docs/design.md#invariants: the taiji replicas must be bitwise identical after each step
     flat = torch.cat([p.detach().reshape(-1) for p in taiji_model.parameters()])
     reference = flat.clone()
     dist.broadcast(reference, src=0)

@@ -29,10 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from multihost import CLI, in_host, skipped_without_hosts  # noqa: E402
 from taiji_harness.bench import contract_row, median, print_result, reap_on_sigterm  # noqa: E402
 from taiji_harness.elastic_runs import LaunchedJob, StepLog, wait_for  # noqa: E402
 from taiji_harness.netns import EmulatedHosts  # noqa: E402
-from multihost import CLI, in_host, skipped_without_hosts  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("_topology_worker.py"))
 TRAIN = str(Path(__file__).with_name("_elastic_train.py"))

@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import taiji
+from taiji.data.datasets import FASHION_MNIST_DIR, DatasetMissing, SyntheticImages, load_fashion_mnist
 from taiji.errors import ConfigError
 from taiji.policies import (
     EarlyStop,
@@ -49,7 +50,6 @@ from taiji.policies import (
     parse_resize_schedule,
 )
 from taiji.strategies.pair_averaging import PairAveraging
-from taiji.data.datasets import FASHION_MNIST_DIR, DatasetMissing, SyntheticImages, load_fashion_mnist
 
 log = logging.getLogger("fashion_mnist")
 

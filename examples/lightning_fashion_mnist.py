@@ -19,12 +19,12 @@ import argparse
 import lightning as L
 import torch
 import torch.nn.functional as F
-from fashion_mnist import Net, load_data
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 import taiji
+from fashion_mnist import Net, load_data
 from taiji.integrations.lightning import TaijiStrategy
 from taiji.policies import GNSBatchSize, LRScaling, ScheduledResize, parse_resize_schedule
 

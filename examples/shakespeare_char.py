@@ -135,7 +135,7 @@ def make_policies(
 
 def audit_writer(directory: str, model: nn.Module):  # noqa: ANN201
     """Each worker logs every committed step (span, version, a digest of its parameters), so a test
-    can check exactly-once data and identical replicas (DESIGN §6) on this example."""
+    can check exactly-once data and identical replicas (docs/design.md#invariants) on this example."""
     path = Path(directory) / f"{os.environ.get('TAIJI_WORKER_ID', 'solo')}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     out = open(path, "a")

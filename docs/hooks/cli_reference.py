@@ -8,7 +8,7 @@ parser (``taiji sched``, ``taiji sched simulate``, ``taiji checkpoint``) is read
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 
 def delegated() -> dict[str, Callable[[], argparse.ArgumentParser]]:
@@ -49,7 +49,7 @@ def walk(
 
 def commands() -> Iterator[tuple[str, argparse.ArgumentParser, str]]:
     """`taiji` and its subcommands, then those main() routes before parsing (`taiji checkpoint`)."""
-    from taiji.launch.cli import build_parser
+    from taiji.launch.parser import build_parser
 
     seen = set()
     for found in walk("taiji", build_parser()):

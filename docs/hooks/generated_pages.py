@@ -8,7 +8,7 @@ the import path while it loads the hook.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import benchmark_results
 import cli_reference

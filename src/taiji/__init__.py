@@ -84,7 +84,7 @@ def version() -> int:
     return _default_peer().version
 
 
-def context() -> "Context | None":
+def context() -> Context | None:
     """The agreed Context of the running Job's last step boundary (read-only), or None
     outside a Job's loop."""
     return _default_peer().context()

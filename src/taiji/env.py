@@ -7,8 +7,9 @@ through this module, so the contract between the two lives in one place.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Generic, Mapping, TypeVar
+from typing import Generic, TypeVar
 
 from .errors import ConfigError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 _prefix_source: Callable[[], str] = lambda: "[taiji]"  # noqa: E731
 

@@ -5,8 +5,8 @@ lives beside it under src/ and is importable from a checkout's editable install,
   (``taiji_run``), the helper scripts of tests/scripts (``load_script``), the elastic-invariant
   audits (``run_elastic``, ``check_invariants``), process-tree and socket inspection, ``HostsJob``;
 - ``bench``: the benchmarks' processes (``Session``, ``run_to_end``, ``run_launcher``,
-  ``run_workers``), repetitions, statistics and the DESIGN §9 JSON contract (``contract_row``,
-  ``print_result``);
+  ``run_workers``), repetitions, statistics and the JSON contract of
+  docs/design.md#performance-targets (``contract_row``, ``print_result``);
 - ``results``: the benchmarks' results as data (benchmarks/results/<benchmark>.json), which the
   docs' Benchmarks page is rendered from;
 - ``netns``: emulated hosts (network namespaces) for the many-host tests and benchmarks;

@@ -15,7 +15,7 @@ repetitions, reversed on odd ones), so drifting load on a shared machine hits ev
 Statistics. ``median``, ``spread`` and ``paired_ratio`` (the median over repetitions of the ratio
 of two adjacent blocks, which cancels slow drift better than a ratio of medians).
 
-The contract of DESIGN §9. The last stdout line of every benchmark is
+The contract of docs/design.md#performance-targets. The last stdout line of every benchmark is
 ``{"benchmark": NAME, "rows": [{"case", "taiji", "anchor", "ratio", ...}], ...}``, with ratio > 1
 meaning taiji is ahead; ``contract_row`` builds a row and ``print_result`` prints the line and
 records it under benchmarks/results/ (``taiji_harness.results``).
@@ -37,10 +37,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import TypeVar
 
 from taiji_harness import results
 
@@ -146,7 +147,7 @@ class Session:
             self._closed_text = self.output.read_text(errors="replace")
             self.output.unlink(missing_ok=True)
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -324,6 +325,7 @@ def side_by_side_groups(args: argparse.Namespace, channels: Sequence[str] | None
     Communicator and closes both when the body returns. One compute thread per worker."""
     import torch
     import torch.distributed as dist
+
     from taiji.comm.communicator import CommOptions, Communicator
 
     torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 no torch collectives and no worker processes.
 
 One process (``python -m taiji_harness.control_sim URL JOB SECRET_FILE``) serves many simulated
-hosts, a thread each. A host does what ``taiji join``'s agent does in the store (launch/agent.py):
+hosts, a thread each. A host does what ``taiji join``'s agent does in the store (launch/hosts/agent.py):
 it registers, holds a tether to the controller, beats (its heartbeat summary of its workers,
 one record per host, and on etcd its lease) and carries out the controller's signed orders
 (``spawn``, ``kill``, ``stop``), reporting exits. Its workers do what a worker's background
@@ -39,13 +39,13 @@ from taiji.cluster.auth import Signer
 from taiji.cluster.spec import ClusterConfig
 from taiji.cluster.store import JobStore, config_key, connect_job
 from taiji.errors import StoreError
-from taiji.launch import agent_channel
-from taiji.launch.agent import BEAT_SECONDS
-from taiji.launch.tether import Tether
+from taiji.launch.hosts import agent_channel
+from taiji.launch.hosts.agent import BEAT_SECONDS
+from taiji.launch.hosts.tether import Tether
 from taiji.runtime.liveness import Heartbeat
 from taiji.runtime.membership import WATCH_POLL_S
 
-TICK_S = 0.02  # an agent's tick (launch/agent.py)
+TICK_S = 0.02  # an agent's tick (launch/hosts/agent.py)
 OPS = itertools.count()  # store operations of this process on TCP stores (next() is atomic)
 
 

@@ -1,5 +1,5 @@
-"""The report of ``benchmarks/elastic.py``: the rows of DESIGN §9's result line from every
-repetition's figures (medians; ratio = anchor seconds / taiji seconds, > 1: taiji recovers
+"""The report of ``benchmarks/elastic.py``: the rows of the result line (docs/design.md#performance-targets)
+from every repetition's figures (medians; ratio = anchor seconds / taiji seconds, > 1: taiji recovers
 sooner; for samples/s and shares taiji / anchor), a table of them for people, and the result
 line itself. The rows against torchft name it in their case."""
 

@@ -9,8 +9,8 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from taiji_harness.bench import Session, signal_if_ours
 from taiji_harness.elastic_analysis import select

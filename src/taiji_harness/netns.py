@@ -1,4 +1,5 @@
-"""Several emulated hosts on one machine: network namespaces behind a bridge (../shared/MULTIHOST.md §5).
+"""Several emulated hosts on one machine: network namespaces behind a bridge
+(docs/reference/many-hosts-notes.md#emulated-hosts).
 
 Each host is a namespace ``<prefix>-hN`` with ``eth0`` = 10.77.S.N/24 on a bridge that lives in
 a namespace of its own; no namespace has a default route, so nothing started in one can reach
@@ -18,7 +19,7 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -204,7 +205,7 @@ class EmulatedHosts:
             _ip("route", "del", "blackhole", f"{self.subnet}.0/24", check=False)
             self._route = False
 
-    def __enter__(self) -> "EmulatedHosts":
+    def __enter__(self) -> EmulatedHosts:
         return self
 
     def __exit__(self, *exc) -> None:

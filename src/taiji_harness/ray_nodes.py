@@ -1,4 +1,4 @@
-"""Ray nodes on emulated hosts (taiji_harness/netns.py; ../shared/MULTIHOST.md §7): one
+"""Ray nodes on emulated hosts (taiji_harness/netns.py; docs/reference/many-hosts-notes.md#ray-nodes): one
 ``ray start --block`` per network namespace with that host's address, no dashboard and a small
 object store, started as a child of ours and ended by its pid (never `ray stop`, which ends every
 Ray process on the machine). Used by tests/multihost/test_ray.py and benchmarks/ray_engine.py.
@@ -13,9 +13,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from . import netns
 

@@ -1,7 +1,8 @@
-"""A real Slurm cluster on emulated hosts (taiji_harness/netns.py; ../shared/MULTIHOST.md §8): a private
-``munged`` (its own key and socket), ``slurmctld`` on host 0 and one ``slurmd`` per host, each
-node with its own name (``n0``, ``n1``, ...) and address. Node names resolve inside the hosts
-through ``/etc/netns/<ns>/hosts`` (which ``ip netns exec`` mounts over ``/etc/hosts``).
+"""A real Slurm cluster on emulated hosts (taiji_harness/netns.py;
+docs/reference/many-hosts-notes.md#slurm-nodes): a private ``munged`` (its own key and socket), ``slurmctld``
+on host 0 and one ``slurmd`` per host, each node with its own name (``n0``, ``n1``, ...) and address. Node
+names resolve inside the hosts through ``/etc/netns/<ns>/hosts`` (which ``ip netns exec`` mounts over
+``/etc/hosts``).
 
 Every daemon runs in the foreground as a child of this object, in its own session; ``close()``
 stops them by pid (``EmulatedHosts.close`` then kills whatever the jobs left in the hosts) and
@@ -17,8 +18,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .netns import EmulatedHosts
 

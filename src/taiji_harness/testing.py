@@ -19,9 +19,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from taiji.runtime.peer import Peer
@@ -210,8 +211,8 @@ def run_elastic(
 
 
 def check_invariants(out: Path, batch: int, policy: str = "") -> dict:
-    """DESIGN §6 on an elastic_train.py run: contiguous steps, identical replicas, exactly-once
-    data, and the trajectory of an uninterrupted 1-worker run. Returns the audit."""
+    """docs/design.md#invariants on an elastic_train.py run: contiguous steps, identical replicas,
+    exactly-once data, and the trajectory of an uninterrupted 1-worker run. Returns the audit."""
     result = load_script("elastic_train").audit(out, batch, policy)
     assert result["steps"] > 0 and not result["gaps"], f"committed steps are not contiguous: {result}"
     assert not result["worker_gaps"], f"a worker skipped steps its peers committed: {result['worker_gaps']}"
@@ -246,6 +247,7 @@ def merge_runs(runs: Sequence[tuple[Path, int, int]], into: Path) -> None:
 def train_equiv_reference(steps: int, batch: int, dtype: Any = None) -> tuple:
     """train_equiv.train on one solo worker: (params, momenta, consumed indices per step)."""
     import torch
+
     from taiji.runtime.peer import Peer
 
     return load_script("train_equiv").train(Peer.solo(), steps, batch, dtype or torch.float64)

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from taiji.checkpoint.storage import Storage
 from taiji_harness.testing import (
     ELASTIC_SCRIPT,
     REPO,
@@ -27,8 +29,6 @@ from taiji_harness.testing import (
     merge_runs,
     wait_for,
 )
-
-from taiji.checkpoint.storage import Storage
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 STEPS, BATCH = 36, 16
@@ -197,6 +197,7 @@ def test_sigkill_during_a_write_leaves_the_previous_checkpoint_the_one_that_load
         listing
     )
     import torch
+
     from taiji.checkpoint.reader import load_checkpoint
 
     model = torch.nn.Linear(2048, 2048)

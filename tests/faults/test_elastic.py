@@ -1,4 +1,4 @@
-"""DESIGN §6 invariants under resizes and injected faults, with real processes.
+"""The invariants (docs/design.md#invariants) under resizes and injected faults, with real processes.
 
 Every worker logs each committed step (tests/scripts/elastic_train.py). The checks:
 1. replicas are bitwise identical after every committed step (one digest per step);
@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+
 from taiji_harness.testing import ELASTIC_SCRIPT, REPO, check_invariants, run_elastic, stop_launcher
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]

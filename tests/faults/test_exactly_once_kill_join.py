@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from taiji_harness.testing import BENCHMARKS, load_benchmark, load_file
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import taiji
-from taiji_harness.injector import Inject, Injector, ThreadCluster, WorkerDied, tiny_job_parts
 from taiji.cluster import spec
 from taiji.comm.transfer import digest
 from taiji.errors import StoreError
+from taiji_harness.injector import Inject, Injector, ThreadCluster, WorkerDied, tiny_job_parts
 
 pytestmark = pytest.mark.timeout(60)
 BATCH, STEPS = 6, 8

@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from taiji.data.datasets import FASHION_MNIST_DIR
-
 from taiji_harness.testing import REPO, taiji_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

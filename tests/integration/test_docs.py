@@ -53,7 +53,7 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_the_site_builds_strictly_with_generated_references(site):
-    from taiji.launch.cli import build_parser
+    from taiji.launch.parser import build_parser
 
     cli = html.unescape((site / "reference" / "cli.html").read_text())
     run = next(a for a in build_parser()._actions if a.dest == "subcommand").choices["run"]

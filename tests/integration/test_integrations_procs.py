@@ -2,8 +2,8 @@
 
 Each framework trains on 2 workers, grows to 3 (asked for at start, so the joiner boots while the
 first workers do), loses a SIGKILLed worker once steps at 3 workers were committed, and stops a few
-steps later by a policy. The per-step logs are audited as DESIGN §6 asks (tests/scripts/
-elastic_train.py ``audit``): contiguous committed steps, bitwise-identical replicas after every
+steps later by a policy. The per-step logs are audited as docs/design.md#invariants asks
+(tests/scripts/elastic_train.py ``audit``): contiguous committed steps, bitwise-identical replicas after every
 step, every sample of every finished epoch exactly once, and the final model equal to an
 uninterrupted 1-worker taiji Job's. A 1-worker run under plain ``python`` equals the framework's
 own single-process run. A 2-worker job that saves the framework's own checkpoints is SIGKILLed whole

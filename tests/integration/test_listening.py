@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+
 from taiji_harness.testing import ELASTIC_SCRIPT, REPO, listening_addresses, stop_launcher
 
 pytestmark = [pytest.mark.timeout(120)]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.testing import REPO, SCRIPTS, stop_launcher, wait_for
 from taiji.errors import StoreError
+from taiji_harness.testing import REPO, SCRIPTS, stop_launcher, wait_for
 
 pytest.importorskip("prometheus_client", reason="the metrics extra is missing: pip install -e '.[metrics]'")
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from taiji_harness.testing import ELASTIC_SCRIPT, check_invariants, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

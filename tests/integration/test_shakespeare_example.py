@@ -4,6 +4,7 @@ exactly-once data and identical replicas after every step, on a tiny corpus the 
 import sys
 
 import pytest
+
 from taiji_harness.testing import REPO, load_script, random_play, taiji_run
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

@@ -6,7 +6,8 @@ import os
 import pytest
 
 from taiji_harness.netns import EmulatedHosts, unavailable
-from taiji_harness.slurm import SlurmCluster, unavailable as slurm_unavailable
+from taiji_harness.slurm import SlurmCluster
+from taiji_harness.slurm import unavailable as slurm_unavailable
 
 WHY_NOT = unavailable()
 

@@ -1,7 +1,7 @@
-"""Jobs across emulated hosts (network namespaces, taiji_harness/netns.py): grow onto new hosts, shrink
-off the newest, lose an agent, a link or the head, and refuse a wrong secret — with DESIGN §6's
-invariants audited (contiguous steps, identical replicas, exactly-once data) and no process left
-in any host. Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
+"""Jobs across emulated hosts (network namespaces, taiji_harness/netns.py): grow onto new hosts, shrink off
+the newest, lose an agent, a link or the head, and refuse a wrong secret — with the invariants
+(docs/design.md#invariants) audited (contiguous steps, identical replicas, exactly-once data) and no process
+left in any host. Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from taiji_harness.testing import HostsJob, check_invariants, wait_for
 from taiji_harness.netns import EmulatedHosts, etcd_command
+from taiji_harness.testing import HostsJob, check_invariants, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -1,7 +1,7 @@
 """A preemption notice to one of 3 hosts of a job (network-namespace hosts, taiji_harness/netns.py):
 `taiji drain` on that host (a SIGTERM to its `taiji join` agent) is a planned shrink placed off that
 host — its workers leave at the next step boundary, no step fails, the agent exits 0 — audited with
-DESIGN §6's invariants.
+the invariants of docs/design.md#invariants.
 Skipped, with the reason, where namespaces cannot be made (not root, no iproute2)."""
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 namespace (`ray start --block`, no dashboard, a small object store), started and ended by PID here
 (never `ray stop`, which ends every Ray process on the machine). The job starts on 2 Ray nodes,
 grows onto a third added while it trains, and goes on without a node whose raylet is killed; with
-the store on etcd, an agent on another node takes over when the launcher's node dies — with DESIGN
-§6's invariants audited. Skipped, with the reason, where Ray or namespaces are missing."""
+the store on etcd, an agent on another node takes over when the launcher's node dies — with the
+invariants (docs/design.md#invariants) audited. Skipped, with the reason, where Ray or namespaces are
+missing."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.testing import HostsJob, check_invariants, wait_for
 from taiji_harness import ray_nodes
 from taiji_harness.netns import EmulatedHosts, etcd_command
+from taiji_harness.testing import HostsJob, check_invariants, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

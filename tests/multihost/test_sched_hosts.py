@@ -5,8 +5,8 @@ from the agents; a host that goes silent leaves the pool while its job shrinks t
 recovery; a job whose home host is cut off is fenced there and resumes from its checkpoint on the
 other hosts; a higher class's arrival suspends a job and the policy resumes it on another host.
 Audited: no host ever holds more workers than its slots (rebuilt from the jobs' own
-event logs), DESIGN §6's invariants on the spread job, every job ends, and nothing is left running
-once the daemon and the agents stop."""
+event logs), the invariants (docs/design.md#invariants) on the spread job, every job ends, and nothing is left
+running once the daemon and the agents stop."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ import signal
 
 import pytest
 
-from taiji_harness.testing import check_invariants, committed_steps, wait_for
+from taiji.checkpoint.storage import Storage
 from taiji_harness.netns import EmulatedHosts, unavailable
 from taiji_harness.sched_hosts import SchedOnHosts
-
-from taiji.checkpoint.storage import Storage
+from taiji_harness.testing import check_invariants, committed_steps, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

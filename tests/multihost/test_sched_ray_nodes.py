@@ -5,8 +5,8 @@ second on a node added after it; a killed daemon re-adopts both from their named
 actors; a third node added while they train joins the pool and one job grows onto it, the other
 onto the node that frees (each job ends after its first resize); a node whose raylet is killed
 leaves the pool. A job whose home node (its launcher's) is lost resumes from its checkpoint on
-the node left. Audited: DESIGN §6's invariants on each job (exactly-once data included), no host
-ever held more workers than its slot, and no process of a job left on any host once the daemon
+the node left. Audited: the invariants (docs/design.md#invariants) on each job (exactly-once data included),
+no host ever held more workers than its slot, and no process of a job left on any host once the daemon
 stops. Skipped, with the reason, where Ray or namespaces are missing."""
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 host): `srun taiji run --slurm` on two nodes trains (task 0 the launcher, task 1 its agent); a
 second allocation's task joins with `taiji join --slurm JOB` and the job grows onto it; a node's
 task killed shrinks the job, which goes on; `scancel --signal=TERM` stops it with a final
-checkpoint and exit status 75, and a resumed step trains every sample once (DESIGN §6 audited).
-Skipped, with the reason, where Slurm, munge or network namespaces are missing."""
+checkpoint and exit status 75, and a resumed step trains every sample once (docs/design.md#invariants
+audited). Skipped, with the reason, where Slurm, munge or network namespaces are missing."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.testing import ELASTIC_SCRIPT, check_invariants, committed_steps, merge_runs, wait_for
 from taiji.checkpoint.storage import Storage
+from taiji_harness.testing import ELASTIC_SCRIPT, check_invariants, committed_steps, merge_runs, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -282,7 +282,7 @@ def test_the_guides_sbatch_script_requeues_after_a_notice_though_a_node_was_lost
 
 
 def test_the_host_list_parser_agrees_with_scontrol(slurm3):
-    from taiji.launch.slurm import expand_hostlist
+    from taiji.launch.hosts.slurm import expand_hostlist
 
     for text in ("n[0-2]", "rack[1-2]-n[01-03],x,y[7,9-10]", "z[098-101],a"):
         done = slurm3.run(0, ["scontrol", "show", "hostnames", text])

@@ -136,7 +136,7 @@ def make_data(n=203):
 
 
 def audit(out: Path, batch: int, policy: str = "", num_samples: int | None = None) -> dict:
-    """Check DESIGN §6 invariants 1-3 from a run's logs; counts every violation.
+    """Check invariants 1-3 (docs/design.md#invariants) from a run's logs; counts every violation.
 
     Returns steps, sizes (cluster size over time), divergences (steps after which replicas
     differ), lost / duplicated samples (within each epoch), and the largest difference from an

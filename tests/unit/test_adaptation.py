@@ -7,11 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import taiji
+from taiji.comm.transfer import digest
 from taiji.errors import ConsensusError
 from taiji.policies import LinearLRScaling, Policy, PolicyError, SetBatchSize, Stop
-from taiji.comm.transfer import digest
-
-from taiji_harness.testing import classification_data, REPO, run_threads
+from taiji_harness.testing import REPO, classification_data, run_threads
 
 pytestmark = pytest.mark.timeout(120)
 

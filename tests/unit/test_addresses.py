@@ -4,7 +4,8 @@ import pytest
 
 from taiji.comm.addresses import gloo_device, interface_address
 from taiji.errors import ConfigError
-from taiji.launch.cli import build_parser, parse_run
+from taiji.launch.arguments import parse_run
+from taiji.launch.parser import build_parser
 
 
 def test_an_interface_resolves_to_its_ipv4_address():

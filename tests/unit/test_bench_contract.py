@@ -1,6 +1,6 @@
-"""Every benchmark keeps DESIGN §9's contract: it accepts ``--quick`` and its last stdout line is
-built by the one helper in taiji_harness/bench.py, ``print_result`` (checked on the source, without
-running anything); and that helper itself builds the line right."""
+"""Every benchmark keeps the contract of docs/design.md#performance-targets: it accepts ``--quick`` and its
+last stdout line is built by the one helper in taiji_harness/bench.py, ``print_result`` (checked on the
+source, without running anything); and that helper itself builds the line right."""
 
 from __future__ import annotations
 
@@ -458,7 +458,7 @@ def test_sched_live_charges_each_launch_of_a_job_its_own_measured_costs(tmp_path
     """A job launched, suspended, resumed twice: the replay gets one ResizeCost per launch, from its
     run log (launch -> first step) and the daemon's readings (first step seen, workers listed, each
     suspension's stall); a state without ``launches`` estimates a middle resume's launch."""
-    from taiji.sched.sim import ResizeCost
+    from taiji.sched.costs import ResizeCost
 
     sched_live = load_benchmark("sched_live")
     run_dir = tmp_path / "state" / "jobs" / "s0001" / "run"

@@ -12,16 +12,15 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import taiji
-from taiji.checkpoint import layout, writer as writer_mod
-from taiji.checkpoint.config import Checkpoint, due, parse_every
+from taiji.checkpoint import layout
+from taiji.checkpoint import writer as writer_mod
+from taiji.checkpoint.config import Checkpoint, due, effective, parse_every
 from taiji.checkpoint.layout import Listing, Manifest, TensorInfo, assign, model_differences, to_prune
 from taiji.checkpoint.reader import export, find, load_tensors
 from taiji.checkpoint.storage import Storage
 from taiji.checkpoint.writer import Writer
 from taiji.errors import CheckpointError, ConfigError
-from taiji.runtime.checkpointing import effective
 from taiji.runtime.peer import Peer
-
 
 # -- pure decisions ------------------------------------------------------------------------
 
@@ -402,7 +401,7 @@ def test_resume_into_another_model_names_the_differences(tmp_path):
 
 def test_checkpoint_command_and_run_flags(tmp_path, capsys):
     from taiji.launch import checkpoint_cli
-    from taiji.launch.cli import build_parser
+    from taiji.launch.parser import build_parser
 
     root = str(tmp_path / "ck")
     _train(Checkpoint(root), 3)
@@ -508,7 +507,9 @@ class FakeSupervisor:
 
 def test_launcher_signal_path_with_and_without_a_checkpoint_dir(tmp_path):
     import signal
-    from taiji.launch.checkpoint_cli import EXIT_RESUMABLE, NOTICE_SIGNAL, stop_workers
+
+    from taiji.checkpoint.config import NOTICE_SIGNAL
+    from taiji.launch.checkpoint_cli import EXIT_RESUMABLE, stop_workers
 
     said, sup = [], FakeSupervisor()
     assert stop_workers(signal.SIGTERM, sup, "", 5.0, 60.0, said.append) == 128 + signal.SIGTERM

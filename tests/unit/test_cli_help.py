@@ -10,7 +10,9 @@ import re
 import pytest
 
 from taiji.errors import ConfigError
-from taiji.launch import cli, ray_hosts
+from taiji.launch import arguments, cli
+from taiji.launch.hosts.ray import nodes as ray_nodes
+from taiji.launch.parser import build_parser
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -23,7 +25,7 @@ def test_help_lists_every_command_including_those_with_parsers_of_their_own(caps
         cli.main(["--help"])
     assert done.value.code == 0
     listing = capsys.readouterr().out
-    commands = _commands(cli.build_parser())
+    commands = _commands(build_parser())
     assert set(cli.OWN_PARSERS) <= set(commands), "a command main() runs is missing from the parser"
     for name in commands:
         assert re.search(rf"^\s+{name}\b", listing, re.M), f"`taiji --help` does not list {name}:\n{listing}"
@@ -32,7 +34,7 @@ def test_help_lists_every_command_including_those_with_parsers_of_their_own(caps
     )
 
 
-@pytest.mark.parametrize("name", sorted(_commands(cli.build_parser())))
+@pytest.mark.parametrize("name", sorted(_commands(build_parser())))
 def test_each_commands_help_works(name, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main([name, "--help"]) if name != "sched" else cli.main([name, "simulate", "--help"])
@@ -41,9 +43,9 @@ def test_each_commands_help_works(name, capsys):
 
 
 def _parse(*argv: str):
-    args = cli.build_parser().parse_args(["run", *argv, "python", "-c", "pass"])
-    ray_hosts.fill_defaults(args)
-    return cli.parse_run(args)
+    args = build_parser().parse_args(["run", *argv, "python", "-c", "pass"])
+    ray_nodes.fill_defaults(args)
+    return arguments.parse_run(args)
 
 
 def _suggested(message: str) -> list[list[str]]:

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from taiji.errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError, PeerLost
 from taiji.comm.communicator import CommOptions, Communicator
+from taiji.errors import CollectiveTimeout, CommError, ConfigError, ConsensusError, MismatchError, PeerLost
 from taiji_harness.latent_store import LatentStore
 from taiji_harness.testing import run_threads
 
@@ -255,7 +255,8 @@ def test_the_cuda_backend_is_nccl_or_gloo_from_the_launcher(monkeypatch):
     through TAIJI_CUDA_BACKEND; anything but nccl or gloo is refused where it is given. (The CUDA
     groups themselves: tests/gpu.)"""
     import torch.distributed as dist
-    from taiji.launch.cli import build_parser
+
+    from taiji.launch.parser import build_parser
 
     assert CommOptions().cuda_backend == "nccl"
     monkeypatch.setenv("TAIJI_CUDA_BACKEND", "gloo")
@@ -292,6 +293,7 @@ def test_float32_pieces_are_a_float64_to_float32_cast_at_the_edges_and_never_rai
     """Beyond float32's range a value comes back infinite, near and below its subnormals as the
     cast rounds (as torch's ``.float()``), whatever numpy's error settings are."""
     import numpy as np
+
     from taiji.comm.transfer import float32_pieces, float64_from_pieces
 
     f32 = torch.finfo(torch.float32)

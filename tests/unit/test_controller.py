@@ -2,8 +2,6 @@
 
 import pytest
 
-from taiji_harness.testing import actions_of, feed
-
 from taiji.cluster.controller import (
     Beat,
     Bounds,
@@ -21,7 +19,7 @@ from taiji.cluster.controller import (
     WorkerReady,
     initial_state,
 )
-
+from taiji_harness.testing import actions_of, feed
 
 run, of = feed, actions_of
 
@@ -272,7 +270,7 @@ def test_a_silent_member_with_a_fresh_heartbeat_is_busy_and_is_not_killed():
 def test_a_booting_joiner_gets_longer_than_a_member_before_it_is_taken_for_frozen():
     """A joiner's imports can starve its heartbeat thread for seconds on a loaded host; it holds
     nobody up until it is ready, so it is judged on BOOTING_SLACK x --liveness-timeout."""
-    from taiji.cluster.controller import BOOTING_SLACK
+    from taiji.cluster.hangs import BOOTING_SLACK
 
     s = beating(initial_state(1, Bounds(liveness_timeout=2.0, max_np=4)), "w0", at=0.0)
     s, acts = run(s, Proposal(3), now=0.0)

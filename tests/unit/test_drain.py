@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from taiji.errors import StoreError
-from taiji.launch import drain, registry
+from taiji.launch import registry
+from taiji.launch.hosts import drain
 
 
 @pytest.fixture

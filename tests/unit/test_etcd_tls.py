@@ -183,7 +183,8 @@ def test_tls_mistakes_are_clear_errors(tls_etcd, monkeypatch):
 
 def test_tls_flags_are_checked_and_exported_for_the_workers(tmp_path, monkeypatch):
     from taiji.errors import ConfigError
-    from taiji.launch.cli import build_parser, export_tls_files
+    from taiji.launch.arguments import export_tls_files
+    from taiji.launch.parser import build_parser
 
     for var in (env.ETCD_CA, env.ETCD_CERT, env.ETCD_KEY):
         monkeypatch.delenv(var.name, raising=False)

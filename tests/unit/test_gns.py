@@ -10,8 +10,8 @@ from torch.utils.data import TensorDataset
 
 import taiji
 from taiji.errors import ConfigError
+from taiji.monitor import ControlRow, GNSEstimator, StepStats, two_batch_estimates
 from taiji.policies import Policy, SetBatchSize
-from taiji.monitor import GNSEstimator, StepStats, ControlRow, two_batch_estimates
 from taiji.runtime.peer import Peer
 from taiji_harness.testing import run_threads
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from taiji.cluster.auth import new_secret, write_secret_file
-from taiji.launch import checkpoint_cli, cli, ray_hosts
+from taiji.launch import arguments, checkpoint_cli, cli
+from taiji.launch.hosts.ray import nodes as ray_nodes
+from taiji.launch.parser import build_parser
 from taiji.launch.sched import cli as sched_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,14 +91,14 @@ def _check(argv: list[str], cwd: Path) -> None:
         parser = checkpoint_cli.build_parser() if argv[0] == "checkpoint" else sched_cli.build_parser()
         parser.parse_args(argv[1:])
         return
-    args = cli.build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if (
         args.subcommand == "run" and not args.slurm
     ):  # --slurm's defaults come from the allocation: test_slurm.py
-        ray_hosts.fill_defaults(args)
-        cli.parse_run(args)
+        ray_nodes.fill_defaults(args)
+        arguments.parse_run(args)
     elif args.subcommand == "join" and args.slurm is None:
-        cli.parse_join(args)
+        arguments.parse_join(args)
 
 
 @pytest.mark.parametrize("guide,argv", COMMANDS, ids=[f"{g}: {' '.join(a)[:60]}" for g, a in COMMANDS])

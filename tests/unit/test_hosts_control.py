@@ -7,8 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from taiji_harness.testing import actions_of, feed
-
 from taiji.cluster import auth
 from taiji.cluster.controller import (
     Beat,
@@ -25,13 +23,15 @@ from taiji.cluster.controller import (
     WorkerReady,
     initial_state,
 )
-from taiji.cluster.spec import ClusterConfig, WorkerSpec
 from taiji.cluster.fake_store import FakeStore
+from taiji.cluster.spec import ClusterConfig, WorkerSpec
 from taiji.cluster.store import JobStore
 from taiji.errors import AuthError, ConfigError
-from taiji.launch import agent_channel as hosts
-from taiji.launch.cli import build_parser, parse_join
+from taiji.launch.arguments import parse_join
+from taiji.launch.hosts import agent_channel as hosts
+from taiji.launch.parser import build_parser
 from taiji.launch.worker_env import WorkerSettings, worker_env
+from taiji_harness.testing import actions_of, feed
 
 HEAD, H2, H3 = "10.0.0.1", "10.0.0.2", "10.0.0.3"
 
@@ -362,7 +362,7 @@ def test_nnodes_places_the_first_workers_across_the_hosts_that_joined_and_refuse
 
 
 def _run_args(*argv):
-    from taiji.launch.cli import parse_run
+    from taiji.launch.arguments import parse_run
 
     return parse_run(build_parser().parse_args(["run", *argv, "python", "-c", "pass"]))
 
@@ -390,13 +390,14 @@ def test_nnodes_sets_the_start_size_the_hosts_and_max_np():
 def test_tether_hello_is_checked_and_a_dead_agent_or_controller_is_seen_at_once():
     import subprocess
     import sys
+
+    from taiji.launch.hosts.tether import Tether, TetherServer, answers
     from taiji_harness.testing import wait_for
-    from taiji.launch.tether import Tether, TetherServer, answers
 
     secret = auth.new_secret()
     server = TetherServer("127.0.0.1", secret)
     script = (
-        "import sys; from taiji.launch.tether import Tether; "
+        "import sys; from taiji.launch.hosts.tether import Tether; "
         f"t = Tether({server.address!r}, bytes.fromhex({secret.hex()!r}), {H2!r}, 's1'); "
         "print('tethered', flush=True); sys.stdin.read()"
     )
@@ -429,8 +430,8 @@ def test_tether_hello_is_checked_and_a_dead_agent_or_controller_is_seen_at_once(
 
 
 def test_a_dropped_tether_reads_as_the_agents_death_and_a_closed_one_does_not():
+    from taiji.launch.hosts.tether import Tether, TetherServer
     from taiji_harness.testing import wait_for
-    from taiji.launch.tether import Tether, TetherServer
 
     secret = auth.new_secret()
     server = TetherServer("127.0.0.1", secret)

@@ -101,7 +101,7 @@ def test_the_store_commands_do_not_import_torch():
 
 def test_resize_placement_is_parsed_and_checked_before_asking():
     from taiji.errors import ConfigError
-    from taiji.launch.cli import parse_placement, resize_job
+    from taiji.launch.control_cli import parse_placement, resize_job
 
     assert parse_placement("10.0.0.1=2, 10.0.0.2=1") == {"10.0.0.1": 2, "10.0.0.2": 1}
     assert parse_placement(None) == {} and parse_placement("fe80::1=1") == {"fe80::1": 1}
@@ -132,7 +132,7 @@ def test_a_malformed_placement_is_answered_not_fatal_to_the_control_thread(home)
 
 def test_resize_placement_is_checked_against_the_jobs_hosts_before_it_is_sent(home, capsys):
     from taiji.errors import ConfigError
-    from taiji.launch.cli import job_status, resize_job
+    from taiji.launch.control_cli import job_status, resize_job
 
     registry.register(registry.JobEntry.of_this_process("j3", "h", 1, ("python", "t.py"), 2.0))
     snapshot = {

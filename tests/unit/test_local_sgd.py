@@ -9,7 +9,6 @@ import torch.nn.functional as F
 import taiji
 from taiji.comm.transfer import digest
 from taiji.strategies.local_sgd import LocalSGD
-
 from taiji_harness.testing import classification_data, run_threads
 
 pytestmark = pytest.mark.timeout(120)

@@ -378,8 +378,8 @@ def _polled(bg: BackgroundFetcher, address):
 
 
 def test_one_connection_per_peer_serves_every_fetch_and_an_idle_one_is_reopened():
-    from taiji_harness.testing import wait_for
     from taiji.comm.p2p import PeerConnection
+    from taiji_harness.testing import wait_for
 
     with ModelStore(SECRET, idle_timeout=0.3) as store:
         connection = PeerConnection(store.address, SECRET, timeout=5)

@@ -1,15 +1,15 @@
-"""Phases: the seconds between a change's named marks (runtime/phases.py)."""
+"""PhaseClock: the seconds between a change's named marks (runtime/phases.py)."""
 
 import time
 
 import pytest
 
-from taiji.runtime.phases import Phases
+from taiji.runtime.phases import PhaseClock
 
 
 def test_phases_are_the_seconds_between_marks_and_add_up_to_the_whole():
     started = time.perf_counter() - 0.5  # the failed attempt began half a second ago
-    phases = Phases(started)
+    phases = PhaseClock(started)
     phases.mark("failed")
     first = dict(phases.seconds)
     phases.mark("config")

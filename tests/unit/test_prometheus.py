@@ -8,7 +8,6 @@ import urllib.request
 
 import pytest
 
-from taiji_harness.testing import actions_of, feed
 from taiji.cluster import spec
 from taiji.cluster.controller import (
     Beat,
@@ -27,6 +26,7 @@ from taiji.launch import top
 from taiji.metrics.prometheus import Family, Tally, change_kind, job_families, kill_kind, sched_families
 from taiji.runtime import reporting
 from taiji.runtime.reporting import Event, Reporter, Snapshot, StepCommitted
+from taiji_harness.testing import actions_of, feed
 
 SNAPSHOT = {
     "job": "j1",
@@ -331,6 +331,7 @@ def test_the_grafana_dashboard_names_only_metrics_that_exist():
 def test_a_metrics_port_without_the_extra_says_which_extra_to_install(monkeypatch):
     import argparse
     import sys
+
     from taiji.errors import ConfigError
     from taiji.launch import metrics_http
 

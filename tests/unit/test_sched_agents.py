@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from taiji_harness.testing import actions_of, feed
-
 from taiji.cluster.controller import Bounds, HostJoined, Proposal, Spawn, initial_state
 from taiji.errors import ConfigError
 from taiji.launch.sched.hosts import AgentHosts, job_secret, read_hosts_file
 from taiji.sched.cluster import Allocation
-from taiji.sched.scheduler import Observed, Scheduler, clamp, start_on_one_host
 from taiji.sched.live import placement_timeline
+from taiji.sched.livejob import Observed
 from taiji.sched.rounds import Change, Rounds, oversubscribed_instants
+from taiji.sched.scheduler import Scheduler, clamp, start_on_one_host
+from taiji_harness.testing import actions_of, feed
 
 A, B, C = "10.0.0.1", "10.0.0.2", "10.0.0.3"
 

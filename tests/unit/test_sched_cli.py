@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from taiji.launch.cli import main as taiji_main
-from taiji.sched.cli import configured_policy, parse_cost, uniform_cost
-from taiji.sched.sim import SYSTEMS
+from taiji.sched.cli import parse_cost, uniform_cost
+from taiji.sched.costs import SYSTEMS
+from taiji.sched.policyrun import configured_policy
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = ["--workload", "synthetic", "--jobs", "8", "--duration-h", "0.5", "--cluster", "2x4", "--seed", "3"]

@@ -7,10 +7,11 @@ import pytest
 
 from taiji.errors import ConfigError
 from taiji.sched.cluster import Allocation
-from taiji.sched.scheduler import Observed, Scheduler
+from taiji.sched.costs import SYSTEMS
+from taiji.sched.livejob import Observed
 from taiji.sched.policies import make_policy
 from taiji.sched.rounds import Change
-from taiji.sched.sim import SYSTEMS
+from taiji.sched.scheduler import Scheduler
 
 
 class Scripted:

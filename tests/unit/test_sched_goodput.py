@@ -9,12 +9,13 @@ import pytest
 from taiji.errors import ConfigError
 from taiji.metrics.runlog import read_jsonl_ends
 from taiji.sched.cluster import Cluster
+from taiji.sched.costs import SYSTEMS
 from taiji.sched.goodput import BatchStats, batch_range, batch_stats
 from taiji.sched.live import StepModel, live_application, live_view
+from taiji.sched.livejob import Observed
 from taiji.sched.model import progress_rate, trace_efficiency
 from taiji.sched.policies import make_policy
-from taiji.sched.scheduler import Observed, Scheduler
-from taiji.sched.sim import SYSTEMS
+from taiji.sched.scheduler import Scheduler
 
 COMPUTE = StepModel(
     compute_fixed=0.0, compute_per_sample=0.001, sync_fixed=0.0, sync_per_worker=0.0, cross_host=0.0

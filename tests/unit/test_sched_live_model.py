@@ -7,10 +7,10 @@ import pytest
 
 from taiji.errors import ConfigError
 from taiji.sched.cluster import Cluster
+from taiji.sched.costs import SYSTEMS
 from taiji.sched.live import Measured, StepModel, fit_step_model, live_application, live_view
 from taiji.sched.model import progress_rate, step_time, time_to_finish
 from taiji.sched.policies import make_policy
-from taiji.sched.sim import SYSTEMS
 
 TRUTH = StepModel(
     compute_fixed=0.004, compute_per_sample=0.0005, sync_fixed=0.010, sync_per_worker=0.003, cross_host=0.020

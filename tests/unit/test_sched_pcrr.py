@@ -13,12 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from taiji.sched.cluster import Allocation, Cluster
+from taiji.sched.costs import SYSTEMS
 from taiji.sched.lp import Config, Horizon, Host, Job, Problem, solve_lp
 from taiji.sched.model import load_application
 from taiji.sched.policies import PolluxLike, make_policy
 from taiji.sched.policies.pcrr import Pcrr, batch_grid, candidate_counts, epoch_plan
+from taiji.sched.policy import JobView
 from taiji.sched.rounding import decide, first_come_among_equals, slot_loss
-from taiji.sched.sim import SYSTEMS, JobView, SimConfig, simulate
+from taiji.sched.sim import SimConfig, simulate
 from taiji.sched.workload import JobSpec, synthetic_workload
 
 APPS = {"bert": (96, 384), "cifar10": (2048,), "ncf": (32768,)}  # short jobs: the property test stays fast

@@ -1,7 +1,7 @@
 """Each baseline's defining behaviour (FIFO head-of-line blocking, LAS demotion, DRF equal shares,
 Optimus marginal gain, SRTF order, Pollux-like goodput and restart factor), placement helpers, and
 the fidelity check on Pollux's workload 6 (published average JCT: Pollux 2446 s, Tiresias 3470 s,
-Optimus 5302 s; SCHEDULER.md §3.1)."""
+Optimus 5302 s; docs/reference/scheduler-model.md#pollux)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from taiji.sched.policies import (
 )
 from taiji.sched.policies.drf import fair_counts
 from taiji.sched.policies.tiresias import predicted_service, workload_threshold
-from taiji.sched.sim import JobView, SimConfig, simulate
+from taiji.sched.policy import JobView
+from taiji.sched.sim import SimConfig, simulate
 from taiji.sched.workload import JobSpec
 
 

@@ -8,11 +8,13 @@ import dataclasses
 import pytest
 
 from taiji.sched.cluster import Allocation, Cluster
+from taiji.sched.costs import ResizeCost
 from taiji.sched.live import Measured, StepModel, live_application
+from taiji.sched.livejob import Observed
 from taiji.sched.policies import Tiresias
 from taiji.sched.replay import DaemonGuess
-from taiji.sched.scheduler import Observed, Scheduler
-from taiji.sched.sim import ResizeCost, SimConfig, simulate
+from taiji.sched.scheduler import Scheduler
+from taiji.sched.sim import SimConfig, simulate
 from taiji.sched.workload import LIVE, JobSpec
 
 BATCH = 128

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from taiji.errors import ConfigError
 from taiji.sched.cluster import Allocation, Cluster, PolicyError
+from taiji.sched.costs import SYSTEMS, resize_cost
 from taiji.sched.model import advance, load_application, time_to_finish
 from taiji.sched.policies import POLICIES, make_policy
-from taiji.sched.sim import SYSTEMS, SimConfig, resize_cost, simulate
+from taiji.sched.sim import SimConfig, simulate
 from taiji.sched.workload import JobSpec, synthetic_workload
 
 

@@ -14,11 +14,12 @@ import pytest
 from taiji.errors import AuthError, StoreError
 from taiji.launch.sched.channel import ask
 from taiji.sched.cluster import Allocation
+from taiji.sched.costs import SYSTEMS, ResizeCost, resize_cost
+from taiji.sched.livejob import Observed
 from taiji.sched.policies import Tiresias
 from taiji.sched.preemption import Running, SuspendRules, may_suspend, priority_victims, suspension_of
 from taiji.sched.rounds import Change
-from taiji.sched.scheduler import Observed, Scheduler
-from taiji.sched.sim import SYSTEMS, ResizeCost, resize_cost
+from taiji.sched.scheduler import Scheduler
 
 
 class Scripted:

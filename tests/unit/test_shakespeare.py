@@ -3,11 +3,10 @@
 import pytest
 import torch
 
-from taiji_harness.testing import random_play
-
 from taiji.data import shakespeare
 from taiji.data.datasets import DatasetMissing
 from taiji.data.shakespeare import load_shakespeare, play_text, read_plays
+from taiji_harness.testing import random_play
 
 PLAY = """# The Tiny Tragedy
 
@@ -17,11 +16,11 @@ PLAY = """# The Tiny Tragedy
 
 _Enter HAMLET and HORATIO_
 
-**HAMLET**  
-To be, or not to be:  
+**HAMLET**
+To be, or not to be:
 that is the question.
 
-**HORATIO**  
+**HORATIO**
 My lord?
 
 _Exeunt_

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from taiji.errors import ConfigError, LaunchError
-from taiji.launch import cli, slurm, slurm_task
+from taiji.launch import cli
+from taiji.launch.hosts import slurm, slurm_task
 from taiji.launch.supervisor import Supervisor
 
 STEP = {

@@ -2,9 +2,9 @@
 
 import os
 import shutil
-import uuid
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -251,6 +251,7 @@ def test_etcd_watch_streams_every_new_config_in_its_events_and_stops_when_told(e
     period. A config that fails its check is refused, not followed."""
     import collections
     import queue
+
     from taiji.cluster import etcd
     from taiji.cluster.etcd import EtcdKV
     from taiji.cluster.etcd_store import EtcdC10dStore
@@ -271,7 +272,7 @@ def test_etcd_watch_streams_every_new_config_in_its_events_and_stops_when_told(e
         next(JobStore(FakeStore(), "j").follow_configs(threading.Event()))
     config = spec.initial(workers("a"))
     assert job.publish(config)
-    seen: "queue.Queue[spec.ClusterConfig | BaseException]" = queue.Queue()
+    seen: queue.Queue[spec.ClusterConfig | BaseException] = queue.Queue()
     stop = threading.Event()
 
     def follow() -> None:
@@ -314,9 +315,10 @@ def test_etcd_registrations_race_for_nothing_and_are_read_once_in_order(etcd_ser
     """Agents registering at once on etcd: one transaction each (no counter to retry on), distinct
     numbers 1..N, and the launcher reads each registration once, in order, from where it was."""
     import collections
+
     from taiji.cluster.etcd import EtcdKV
     from taiji.cluster.etcd_store import EtcdC10dStore
-    from taiji.launch import agent_channel
+    from taiji.launch.hosts import agent_channel
 
     calls: collections.Counter = collections.Counter()
 
@@ -354,8 +356,9 @@ def test_etcd_lease_keeps_an_agent_alive_until_it_stops_renewing(etcd_server):
     (the controller judges the silence) though its leased key is still there, and 'expired' once
     etcd deletes it; the agent then learns its host was dropped."""
     import time
+
     from taiji.cluster.store import open_store
-    from taiji.launch import agent_channel as hosts
+    from taiji.launch.hosts import agent_channel as hosts
 
     job = JobStore(open_store(etcd_server.url, timeout=5), f"l{uuid.uuid4().hex[:6]}")
     assert job.has_leases and not JobStore(FakeStore(), "j").has_leases
@@ -487,6 +490,7 @@ def test_a_processes_etcd_connections_share_one_login_and_renew_it_once(own_etcd
     bcrypt check with its write lock held); when the server forgets the token, the first
     connection to notice renews it for all, and a watch stream follows."""
     import requests
+
     from taiji.cluster.etcd import EtcdKV, job_credentials
 
     server = own_etcd_server
@@ -568,7 +572,7 @@ def test_a_config_lists_each_host_once_and_its_workers_as_runs_of_ids():
 def test_an_agent_on_etcd_reads_its_orders_only_once_their_watched_count_moves(etcd_server):
     from taiji.cluster.auth import Signer, new_secret
     from taiji.cluster.store import open_store
-    from taiji.launch.agent_channel import AgentChannel
+    from taiji.launch.hosts.agent_channel import AgentChannel
     from taiji_harness.testing import wait_for
 
     class Counted(JobStore):
@@ -607,7 +611,7 @@ def test_the_launcher_follows_every_agents_liveness_with_one_watch(etcd_server):
     agent's summary, and the deletion of its leased key (the lease ran out) wakes the controller."""
     from taiji.cluster.follow import PrefixFollower
     from taiji.cluster.store import open_store
-    from taiji.launch import agent_channel as hosts
+    from taiji.launch.hosts import agent_channel as hosts
     from taiji_harness.testing import wait_for
 
     job = JobStore(open_store(etcd_server.url, timeout=5), f"w{uuid.uuid4().hex[:6]}")
@@ -651,7 +655,7 @@ def test_a_watch_that_shows_no_beat_is_checked_against_the_store_before_an_agent
     move for CONFIRM_AFTER_S is read from the store itself, and beats if its number moved there."""
     from taiji.cluster.follow import PrefixFollower
     from taiji.cluster.store import open_store
-    from taiji.launch import agent_channel as hosts
+    from taiji.launch.hosts import agent_channel as hosts
     from taiji_harness.testing import wait_for
 
     job = JobStore(open_store(etcd_server.url, timeout=5), f"b{uuid.uuid4().hex[:6]}")

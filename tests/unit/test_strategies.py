@@ -6,12 +6,11 @@ import torch
 import torch.nn.functional as F
 
 import taiji
+from taiji.comm.transfer import digest
 from taiji.policies import Context, Metrics, Policy, SetStrategy
 from taiji.policies.runner import run_hooks
 from taiji.policies.strategy import InterferenceSwitch, StrategyBySize
-from taiji.comm.transfer import digest
 from taiji.strategies.model_averaging import ModelAveraging
-
 from taiji_harness.testing import classification_data, run_threads
 
 pytestmark = pytest.mark.timeout(120)

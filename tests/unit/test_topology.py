@@ -151,7 +151,7 @@ def test_hierarchical_needs_every_ranks_host():
 @pytest.mark.parametrize("topology", ["tree", "hierarchical"])
 def test_a_job_trains_and_grows_under_a_chosen_topology_with_identical_replicas(topology, tmp_path):
     """`taiji run --topology`: every worker, the joiner too, allreduces gradients with the plan;
-    exactly-once data and bitwise-identical replicas hold through a grow (DESIGN §6)."""
+    exactly-once data and bitwise-identical replicas hold through a grow (docs/design.md#invariants)."""
     from taiji_harness.testing import check_invariants, run_elastic
 
     done = run_elastic(
@@ -180,7 +180,8 @@ def test_the_launchers_topology_reaches_every_worker(monkeypatch):
     assert environ["TAIJI_TOPOLOGY"] == "star"
     monkeypatch.setenv("TAIJI_TOPOLOGY", "star")
     assert PeerOptions.from_env().topology == "star"
-    from taiji.launch.cli import build_parser, parse_run
+    from taiji.launch.arguments import parse_run
+    from taiji.launch.parser import build_parser
 
     with pytest.raises(ConfigError, match="unknown topology 'mesh'"):
         parse_run(
@@ -202,7 +203,7 @@ def test_which_plans_are_gloos_ring_as_they_stand():
 def test_set_topology_switches_every_worker_at_a_step_boundary_and_a_joiner_adopts_it(tmp_path):
     """A policy cycles tree -> hierarchical -> star -> ring every 5 steps while the job grows 2 -> 3
     (the joiner syncs the plan in use): exactly-once data, bitwise-identical replicas, and the
-    trajectory of a 1-worker run with the same policy (DESIGN §6)."""
+    trajectory of a 1-worker run with the same policy (docs/design.md#invariants)."""
     from taiji_harness.testing import check_invariants, run_elastic
 
     done = run_elastic(

@@ -8,12 +8,16 @@ step boundary without a message of its own.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import signal
+from dataclasses import dataclass, replace
 
 from .. import env
 from ..errors import ConfigError
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+# A preemption notice under `taiji run`: the launcher passes SIGTERM on to its workers as this
+# signal (a worker's own SIGTERM stays a failure its peers recover from); a plain process takes SIGTERM.
+NOTICE_SIGNAL = signal.SIGUSR1
 
 
 def parse_every(text: str | int | float) -> tuple[float | None, int | None]:
@@ -88,12 +92,28 @@ class Checkpoint:
         return bool(self.path)
 
     @staticmethod
-    def from_env() -> "Checkpoint | None":
+    def from_env() -> Checkpoint | None:
         """The launcher's setting (`taiji run --checkpoint-dir/--checkpoint-every/--resume`)."""
         path, every, resume = env.CHECKPOINT_DIR.get(), env.CHECKPOINT_EVERY.get(), env.RESUME.get()
         if not path and not resume:
             return None
         return Checkpoint(path, every=every or None, resume=resume or None)
+
+    @staticmethod
+    def resolve(given: Checkpoint | None) -> Checkpoint | None:
+        """The setting a worker trains with: ``given`` (the script's own) over the launcher's
+        (``from_env``), as ``effective`` merges them."""
+        return effective(given, Checkpoint.from_env())
+
+
+def effective(given: Checkpoint | None, launcher: Checkpoint | None) -> Checkpoint | None:
+    """The script's own ``Checkpoint`` wins; the launcher's (``taiji run --checkpoint-dir``) is the
+    default, and its ``--resume`` applies to a script's Checkpoint that does not say how to resume."""
+    if given is None:
+        return launcher
+    if given.resume is None and launcher is not None and launcher.resume is not None:
+        return replace(given, resume=launcher.resume)
+    return given
 
 
 def due(

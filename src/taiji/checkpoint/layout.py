@@ -18,8 +18,9 @@ a part without one (written before it, or by a writer that died between the two)
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 from ..errors import ConfigError
 
@@ -83,7 +84,7 @@ class Manifest:
         return data
 
     @staticmethod
-    def from_json(data: Mapping) -> "Manifest":
+    def from_json(data: Mapping) -> Manifest:
         fmt = int(data.get("format", -1))
         if fmt > FORMAT:
             raise ConfigError(
@@ -156,7 +157,7 @@ class Listing:
     incomplete: tuple[int, ...]
 
     @staticmethod
-    def of(entries: Iterable[tuple[int, bool]]) -> "Listing":
+    def of(entries: Iterable[tuple[int, bool]]) -> Listing:
         items = sorted(entries)
         return Listing(tuple(s for s, ok in items if ok), tuple(s for s, ok in items if not ok))
 

@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 import zlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
 
 import torch
 

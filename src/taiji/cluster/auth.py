@@ -1,4 +1,4 @@
-"""The job secret and the signatures on control records (DESIGN §10, ../shared/MULTIHOST.md §4).
+"""The job secret and the signatures on control records (docs/design.md#security).
 
 A job has one secret: 32 random bytes in a 0600 file in the launcher's job directory, handed
 to agents by ``--secret-file`` (never on a command line: argv is visible to every user in

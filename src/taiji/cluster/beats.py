@@ -9,8 +9,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Protocol
 
 
 class BeatSink(Protocol):
@@ -26,7 +27,7 @@ class LocalBeats:
         self.directory = directory
 
     @staticmethod
-    def create(where: str | None = None) -> "LocalBeats":
+    def create(where: str | None = None) -> LocalBeats:
         """A fresh directory in ``where`` (default: /dev/shm, else the temporary directory) for the
         workers this process starts, removed by ``close``; those of processes that died without
         closing theirs (SIGKILL) are removed here."""

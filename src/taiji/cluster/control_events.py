@@ -8,7 +8,6 @@ from typing import Union
 
 from . import spec
 
-
 # -- events -----------------------------------------------------------------------------
 
 

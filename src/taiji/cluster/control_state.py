@@ -4,11 +4,10 @@ states a controller starts from (a new job, or a running one it takes over)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from . import spec
-
 
 # -- state ------------------------------------------------------------------------------
 

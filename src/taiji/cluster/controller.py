@@ -4,7 +4,7 @@ The launcher's driver feeds it events (a resize proposal, a joiner ready, a work
 failure report, the job done, a clock tick) and carries out the actions it returns (spawn,
 kill, publish a config, log, finish). Nothing here touches processes, sockets or clocks.
 
-Rules (DESIGN §3):
+Rules (docs/design.md#control-plane):
 - grow: spawn joiners; publish ``v+1`` with them only once *all* are ready (or, after the
   join timeout, with those that are), so running workers never wait for a process to boot;
 - shrink: publish ``v+1`` at once; the newest workers leave and exit 0;
@@ -18,24 +18,27 @@ Rules (DESIGN §3):
 - a worker failing outside a training loop (before it, or a script without one) stops the
   job: its peers have no way to recover, so its exit is reported as the root cause;
 - the job ends when every worker of the latest config has exited 0;
-- liveness: every worker's heartbeat (``Beat``) says its process runs. When its peers report a
-  failed collective, a silent member whose heartbeat is stale is hung and is killed at once; one
-  whose heartbeat is fresh is *busy* (evaluating, checkpointing) and is left alone — it reports
-  too when it comes back, and the groups are rebuilt with the same members — up to
-  ``busy_timeout``; ``max_rebuilds`` versions in a row whose every worker failed at the same step stop the job. A worker without a heartbeat for ``liveness_timeout`` is stopped or frozen
-  and is killed even if no collective waits on it (asynchronous phases). Workers that never
+- liveness (:mod:`~taiji.cluster.hangs`): every worker's heartbeat (``Beat``) says its process
+  runs. When its peers report a failed collective, a silent member whose heartbeat is stale is hung
+  and is killed at once; one whose heartbeat is fresh is *busy* (evaluating, checkpointing) and is
+  left alone — it reports too when it comes back, and the groups are rebuilt with the same
+  members — up to ``busy_timeout``; ``max_rebuilds`` versions in a row whose every worker failed at
+  the same step stop the job. A worker without a heartbeat for ``liveness_timeout`` is stopped or
+  frozen and is killed even if no collective waits on it (asynchronous phases). Workers that never
   sent a heartbeat are judged by the report rule alone: killed at once when one is silent.
 - hosts: every worker runs on a host with a number of slots; the launcher's host is the first;
   a host beyond ``max_hosts`` is refused.
   Joiners are placed on the oldest hosts with free slots (so shrinking, which drops the newest
   workers, empties the newest host first) — unless a proposal names a placement (a scheduler's
   workers per host): then joiners go where it wants more than run, and a shrink drops the newest
-  members of the hosts that hold more than it wants. A placement only adds or only removes
-  (a move is a shrink, then a grow), is refused while joiners boot, and ends when membership
-  changes on its own (an exit, a failure, a host joining or lost) or a controller takes over. A host that joins (``HostJoined``) adds its slots
-  and the job grows onto them, up to ``max_np`` (or they serve a size asked for and not reached;
-  with ``grow_on_join`` off only a resize uses them: a scheduler places the workers). A host whose agent stops beating for
-  ``host_timeout`` — or, once its members' peers report failed collectives, for ``stale_after``
+  members of the hosts that hold more than it wants (:mod:`~taiji.cluster.placement`). A
+  placement only adds or only removes (a move is a shrink, then a grow), is refused while joiners
+  boot, and ends when membership changes on its own (an exit, a failure, a host joining or lost)
+  or a controller takes over. A host that joins (``HostJoined``) adds its slots and the job grows
+  onto them, up to ``max_np`` (or they serve a size asked for and not reached; with
+  ``grow_on_join`` off only a resize uses them: a scheduler places the workers). A host whose
+  agent stops beating for ``host_timeout`` — or, once its members' peers report failed
+  collectives, for ``stale_after``
   — is lost (``HostLost`` does the same at once): all its members leave in one version, which
   counts as one failure.
 """
@@ -46,40 +49,38 @@ from dataclasses import replace
 
 from . import spec
 from .control_events import (  # noqa: F401 (re-exported: the controller's vocabulary)
-    Proposal,
-    WorkerReady,
-    WorkerExited,
+    Action,
+    Beat,
+    Event,
     FailureReported,
     FatalReported,
-    JobDone,
-    Beat,
-    HostJoined,
-    HostBeat,
-    HostLost,
-    Tick,
-    Spawn,
-    Kill,
-    Publish,
-    Log,
-    RefuseHost,
     Finish,
-    Event,
-    Action,
+    HostBeat,
+    HostJoined,
+    HostLost,
+    JobDone,
+    Kill,
+    Log,
+    Proposal,
+    Publish,
+    RefuseHost,
+    Spawn,
+    Tick,
+    WorkerExited,
+    WorkerReady,
 )
-
-
 from .control_state import (  # noqa: F401 (re-exported)
     Bounds,
-    Joiner,
-    Host,
     ControllerState,
-    initial_state,
+    Host,
+    Joiner,
     adopted_state,
+    initial_state,
 )
-
+from .hangs import frozen, judge_silent
+from .placement import check_placement, leavers, place
 
 Reaction = tuple[ControllerState, list[Action]]
-BOOTING_SLACK = 4  # a joiner not yet ready is taken for frozen after this many --liveness-timeouts
 
 
 def decide(state: ControllerState, event: Event, now: float) -> Reaction:
@@ -134,7 +135,7 @@ def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Reactio
     actions: list[Action] = []
     size = event.size
     if event.placement:
-        refused = _check_placement(state, event)
+        refused = check_placement(state, event)
         if refused:
             return state, [
                 Log("error", f"resize to {event.size} placed {dict(event.placement)} refused: {refused}")
@@ -149,68 +150,8 @@ def _on_proposal(state: ControllerState, event: Proposal, now: float) -> Reactio
     return _reconcile(replace(state, desired=size, placement=event.placement), now, actions)
 
 
-def _check_placement(state: ControllerState, event: Proposal) -> str:
-    """Why a placed proposal cannot be honoured ('' if it can)."""
-    slots = {h.address: h.slots for h in state.hosts}
-    wanted = dict(event.placement)
-    if len(wanted) != len(event.placement):
-        return "it names a host twice"
-    if sum(wanted.values()) != event.size:
-        return f"its hosts' workers add up to {sum(wanted.values())}, not {event.size}"
-    if event.size > state.bounds.max_np:
-        return f"{event.size} workers exceed --max-np {state.bounds.max_np}"
-    for address, count in wanted.items():
-        if address not in slots:
-            return f"host {address} is not one of this job's hosts ({', '.join(slots)})"
-        if not 0 <= count <= slots[address]:
-            return f"host {address} has {slots[address]} slot(s), not {count}"
-    if state.joiners:
-        return "workers are still joining from an earlier change; ask again once it has landed"
-    more = [h for h in slots if wanted.get(h, 0) > state.used_slots(h)]
-    fewer = [h for h in slots if wanted.get(h, 0) < state.used_slots(h)]
-    if more and fewer:
-        return (
-            f"it moves workers between hosts (more on {', '.join(more)}, fewer on {', '.join(fewer)}); "
-            f"ask for the shrink first, then the grow"
-        )
-    return ""
-
-
-def _place(state: ControllerState, count: int) -> list[str]:
-    """Hosts for ``count`` new workers: where the placement wants more than run there, else the
-    oldest hosts' free slots first (fewer if full)."""
-    placed: list[str] = []
-    for host in state.hosts:
-        free = host.slots - state.used_slots(host.address)
-        wanted = state.wanted_on(host.address)
-        if wanted is not None:
-            free = min(free, wanted - state.used_slots(host.address))
-        placed += [host.address] * max(0, min(free, count - len(placed)))
-    return placed
-
-
-def _leavers(state: ControllerState, count: int) -> list[str]:
-    """``count`` members to drop in a shrink: the newest on hosts holding more than the placement
-    wants there, then the newest anywhere (without a placement: the newest)."""
-    alive = set(state.alive_members)
-    members = [w for w in state.config.workers if w.id in alive]
-    leaving: list[str] = []
-    if state.placement:
-        surplus = {
-            h.address: state.used_slots(h.address) - (state.wanted_on(h.address) or 0) for h in state.hosts
-        }
-        for worker in reversed(members):
-            if len(leaving) < count and surplus.get(worker.host, 0) > 0:
-                leaving.append(worker.id)
-                surplus[worker.host] -= 1
-    for worker in reversed(members):
-        if len(leaving) < count and worker.id not in leaving:
-            leaving.append(worker.id)
-    return leaving
-
-
 def _spawn(state: ControllerState, count: int, now: float) -> Reaction:
-    hosts = _place(state, count)
+    hosts = place(state, count)
     if not hosts:
         return state, []  # every slot is taken: the job grows when a host joins
     workers = tuple(spec.WorkerSpec(f"w{state.next_index + i}", h) for i, h in enumerate(hosts))
@@ -233,7 +174,7 @@ def _reconcile(state: ControllerState, now: float, actions: list[Action]) -> Rea
         kills = [Kill(j.id, "no longer needed") for j in state.joiners]
         state = replace(state, joiners=(), killed=state.killed | {j.id for j in state.joiners})
         config = (
-            spec.remove(state.config, _leavers(state, alive - state.desired))
+            spec.remove(state.config, leavers(state, alive - state.desired))
             if state.placement
             else spec.shrink(state.config, state.desired)
         )
@@ -489,87 +430,7 @@ def _judge_suspects(state: ControllerState, now: float, final: bool) -> Reaction
         config = spec.ClusterConfig(state.config.version + 1, state.config.workers)
         reason = "every worker reported a failure: rebuild the groups"
         return _publish(replace(state, rebuilds=rebuilds), config, reason), [Publish(config, reason)]
-    unknown = [i for i in silent if i not in state.beats]
-    stuck = [i for i in silent if i in state.beats and now - state.beats[i] > state.bounds.stale_after]
-    busy = [i for i in silent if i not in unknown and i not in stuck]
-    kills = [
-        Kill(
-            i,
-            f"suspected hang: its peers' collectives failed and its heartbeat stopped "
-            f"{now - state.beats[i]:.1f}s ago",
-        )
-        for i in stuck
-    ]
-    if unknown and (len(unknown) == 1 or final):
-        kills += [
-            Kill(i, "suspected hang: its peers' collectives failed and it did not report") for i in unknown
-        ]
-    waited = now - state.report_started
-    if waited > state.bounds.busy_timeout:
-        kills += [
-            Kill(
-                i,
-                f"busy outside training for {waited:.0f}s while its peers wait "
-                f"(more than --busy-timeout {state.bounds.busy_timeout:g}s)",
-            )
-            for i in busy
-        ]
-        busy = []
-    actions: list[Action] = [
-        Log(
-            "info",
-            f"worker {i} is busy outside a collective (its heartbeat is fresh): "
-            "its peers wait for it to come back",
-        )
-        for i in busy
-        if i not in state.noted_busy
-    ]
-    state = replace(
-        state, killed=state.killed | {k.id for k in kills}, noted_busy=state.noted_busy | set(busy)
-    )
-    return state, actions + kills
-
-
-def _frozen(state: ControllerState, now: float) -> Reaction:
-    """Running workers whose heartbeat stopped for ``liveness_timeout``: stopped or frozen. A
-    joiner still booting holds nobody up, and its imports and model building can hold Python's
-    lock for seconds on a loaded host (its heartbeat thread waits): it gets ``BOOTING_SLACK``
-    times as long."""
-    running = set(state.alive_members) | {j.id for j in state.joiners}
-    booting = {j.id for j in state.joiners if not j.ready}
-    # once training has ended a heartbeat stops as its process exits (taiji's exit handler; then the
-    # interpreter's teardown, seconds with a framework loaded on a busy host): slow to exit, not frozen
-    limit = (
-        max(state.bounds.liveness_timeout, state.bounds.exit_timeout)
-        if state.done
-        else state.bounds.liveness_timeout
-    )
-    frozen = sorted(
-        i
-        for i, at in state.beats.items()
-        if i in running
-        and i not in state.killed
-        and now - at > limit * (BOOTING_SLACK if i in booting else 1)
-    )
-    if state.done:
-        kills = [
-            Kill(
-                i,
-                f"still running {now - state.beats[i]:.1f}s after it stopped its heartbeat at the "
-                "end of training",
-            )
-            for i in frozen
-        ]
-    else:
-        kills = [
-            Kill(
-                i,
-                f"no heartbeat for {now - state.beats[i]:.1f}s (more than --liveness-timeout "
-                f"{state.bounds.liveness_timeout:g}s): its process is stopped or frozen",
-            )
-            for i in frozen
-        ]
-    return replace(state, killed=state.killed | set(frozen)), kills
+    return judge_silent(state, silent, now, final)
 
 
 def _on_tick(state: ControllerState, now: float) -> Reaction:
@@ -627,7 +488,7 @@ def _on_tick(state: ControllerState, now: float) -> Reaction:
         state, more = _judge_suspects(state, now, final=True)
         actions += more
     if not state.finished:
-        state, more = _frozen(state, now)
+        state, more = frozen(state, now)
         actions += more
     return state, actions
 

@@ -1,5 +1,6 @@
 """etcd v3 as a job store, through its HTTP/JSON gateway (client: ``etcd3gw``, which needs only
-``requests``; the gRPC clients break on current protobuf releases — ../shared/MULTIHOST.md §3a).
+``requests``; the gRPC clients break on current protobuf releases —
+docs/reference/many-hosts-notes.md#etcd-client).
 
 ``EtcdKV`` gives etcd the semantics taiji relies on from ``torch.distributed.TCPStore`` (cluster/kv.py's
 ``KeyValue``): blocking ``get``/``wait`` with a timeout, compare-and-set (a transaction on the key's value, or on
@@ -17,7 +18,8 @@ import math
 import os
 import threading
 import time
-from typing import Any, Generator, Iterator
+from collections.abc import Generator, Iterator
+from typing import Any
 
 from .. import env
 from ..errors import AuthError, ConfigError, StoreError
@@ -103,11 +105,11 @@ class EtcdKV:
         url: str,
         timeout: float = 60.0,
         credentials: tuple[str, str] | None = None,
-        login: "_Login | None" = None,
+        login: _Login | None = None,
     ):
         try:
-            from etcd3gw.client import Etcd3Client
             from etcd3gw import exceptions
+            from etcd3gw.client import Etcd3Client
         except ImportError:
             raise ConfigError("the etcd store needs the etcd3gw package: pip install 'taiji[etcd]'") from None
         self.url = url
@@ -506,7 +508,7 @@ class EtcdKV:
         except (requests.RequestException, _Transient, ValueError, KeyError) as exc:
             raise StoreError(f"etcd at {self.url}: watching {prefix} failed: {exc}") from None
 
-    def another(self) -> "EtcdKV":
+    def another(self) -> EtcdKV:
         """The same cluster on a connection of its own, presenting this one's token (no new authentication:
         etcd 3.4 holds its write lock while it checks a password with bcrypt; many at once stall writes for seconds)."""
         return EtcdKV(self.url, self._timeout, self._credentials, self._login)

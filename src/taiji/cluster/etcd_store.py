@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch.distributed as dist
 
@@ -77,7 +78,7 @@ class EtcdC10dStore(dist.Store):
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self.kv.set_timeout(timeout)
 
-    def another(self) -> "EtcdC10dStore":
+    def another(self) -> EtcdC10dStore:
         return EtcdC10dStore(self.kv.another())
 
     def rendezvous(self, give_up: Callable[[], str | None]) -> dist.Store:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -77,7 +78,7 @@ class SupportsRendezvous(Protocol):
     group's keys read together, the missing ones waited for by a watch); a wait ends early once
     ``give_up()`` says why (the version it was for was abandoned)."""
 
-    def rendezvous(self, give_up: Callable[[], str | None]) -> "dist.Store": ...
+    def rendezvous(self, give_up: Callable[[], str | None]) -> dist.Store: ...
 
 
 @runtime_checkable

@@ -23,7 +23,8 @@ import collections
 import datetime
 import threading
 import time
-from typing import Any, Callable, Generator, Protocol
+from collections.abc import Callable, Generator
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
@@ -51,7 +52,7 @@ class PrefixKV(Protocol):
     def add(self, key: str, amount: int) -> int: ...
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes: ...
     def delete_key(self, key: str) -> bool: ...
-    def another(self) -> "PrefixKV": ...
+    def another(self) -> PrefixKV: ...
 
 
 class RendezvousAbandoned(StoreError):
@@ -159,7 +160,7 @@ class EtcdRendezvousStore(dist.Store):
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._timeout = timeout.total_seconds()
 
-    def clone(self) -> "EtcdRendezvousStore":  # a store for another thread: a connection of its own
+    def clone(self) -> EtcdRendezvousStore:  # a store for another thread: a connection of its own
         return EtcdRendezvousStore(self.kv.another(), self._timeout, self._give_up)
 
     def num_keys(self) -> int:

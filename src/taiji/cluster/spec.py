@@ -7,11 +7,11 @@ that certainly holds the current training state.
 
 from __future__ import annotations
 
-from collections import Counter
 import functools
 import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from ..errors import ConfigError
 
@@ -25,7 +25,7 @@ class WorkerSpec:
         return {"id": self.id, "host": self.host}
 
     @staticmethod
-    def from_dict(data: dict) -> "WorkerSpec":
+    def from_dict(data: dict) -> WorkerSpec:
         return WorkerSpec(id=str(data["id"]), host=str(data.get("host", "127.0.0.1")))
 
 
@@ -80,7 +80,7 @@ class ClusterConfig:
         return data
 
     @staticmethod
-    def from_dict(data: dict) -> "ClusterConfig":
+    def from_dict(data: dict) -> ClusterConfig:
         if "runs" in data:
             hosts = [str(h) for h in data["hosts"]]
             workers = tuple(
@@ -102,7 +102,7 @@ class ClusterConfig:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @staticmethod
-    def from_json(text: str | bytes) -> "ClusterConfig":
+    def from_json(text: str | bytes) -> ClusterConfig:
         return ClusterConfig.from_dict(json.loads(text))
 
 
@@ -205,7 +205,7 @@ class ClusterView:
         min_size: int = 1,
         max_size: int | None = None,
         elastic: bool = False,
-    ) -> "ClusterView":
+    ) -> ClusterView:
         rank = config.rank_of(worker_id)
         if rank is None:
             raise ConfigError(f"worker {worker_id} is not a member of cluster v{config.version}")

@@ -16,7 +16,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -310,7 +311,7 @@ class JobStore:
         """Has any member reported a failed collective in ``version``?"""
         return self.add(f"failed/v{version}/count", 0) > 0
 
-    def another_connection(self) -> "JobStore":
+    def another_connection(self) -> JobStore:
         """The same job store on a connection of its own, for a background thread (whose
         blocking calls must not queue behind the training thread's); in-process stores are shared."""
         kv = self.kv
@@ -356,7 +357,7 @@ class JobStore:
             return self.set("doorbell", _bell_token())
         self.add("doorbell", 1)
 
-    def follow_doorbell(self) -> "KeyFollower | None":
+    def follow_doorbell(self) -> KeyFollower | None:
         """Where the store can watch (etcd): the doorbell followed by a thread of its own (a tick reads a variable)."""
         from .follow import KeyFollower
 
@@ -441,7 +442,7 @@ def open_store(url: str, timeout: float = 60.0, credentials: tuple[str, str] | N
 
 def connect_job(
     url: str, job_id: str, secret: bytes | None, timeout: float = 60.0
-) -> tuple[dist.Store, "JobStore"]:
+) -> tuple[dist.Store, JobStore]:
     """The store at ``url`` and job ``job_id``'s view of it: records signed and checked with the
     job secret, and on etcd as the job's own user (when the cluster has auth on)."""
     credentials = None

@@ -1,4 +1,5 @@
-"""Which address a worker advertises and listens on (DESIGN §4, ../shared/MULTIHOST.md §5.2-5.3).
+"""Which address a worker advertises and listens on (docs/design.md#data-plane,
+docs/reference/many-hosts-notes.md#addresses).
 
 gloo's default device resolves the machine's hostname, which is often 127.0.0.1 or 127.0.1.1:
 peers on other hosts are then refused. taiji therefore always names the device: by the

@@ -16,21 +16,22 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from .addresses import gloo_device
-from .topologies import check_topology
-from .topology import PLANS, HostLayout, PlanRunner, PlanWork, host_layout, runs_as_ring
-from .handle import REAP_DELAY_S, Handle, comm_error, comm_where, when_done
-from .teardown import Pending, Teardown, keep_forever, reaper, reap_closed_groups  # noqa: F401 (reap_closed_groups: re-exported)
-from .digest import tensor_digest
-from .signature import check_signatures, signature
 from .. import env
 from ..errors import CommError, ConfigError, ConsensusError, PeerLost, TaijiError
+from .addresses import gloo_device
+from .digest import tensor_digest
+from .handle import REAP_DELAY_S, Handle, comm_error, comm_where, when_done
+from .signature import check_signatures, signature
+from .teardown import Pending, Teardown, keep_forever, reap_closed_groups, reaper  # noqa: F401 (reap_closed_groups: re-exported)
+from .topologies import check_topology
+from .topology import PLANS, HostLayout, PlanRunner, PlanWork, host_layout, runs_as_ring
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ runtime.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import ConfigError
 from .communicator import Communicator

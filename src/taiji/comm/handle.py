@@ -3,12 +3,13 @@ once (PeerLost) when its communicator's version is abandoned (comm/communicator.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
 
+from ..errors import CollectiveTimeout, CommError, PeerLost, TaijiError
 from .failures import collective_error, where
 from .teardown import Pending
 from .topology import PlanWork
-from ..errors import CollectiveTimeout, CommError, PeerLost, TaijiError
 
 T = TypeVar("T")
 

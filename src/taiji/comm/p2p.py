@@ -5,7 +5,7 @@ another worker pulls it with :func:`fetch` (or :class:`BackgroundFetcher`, off t
 thread), so a slow peer never blocks a fast one: there is no collective, only a read of
 whatever the peer published last.
 
-Wire protocol (DESIGN §10: nothing is unpickled, the job secret authenticates peers):
+Wire protocol (docs/design.md#security: nothing is unpickled, the job secret authenticates peers):
 
 1. server -> client: ``MAGIC`` + 16-byte server nonce
 2. client -> server: 16-byte client nonce + ``HMAC(secret, b"client" + sn + cn)``
@@ -33,8 +33,9 @@ import struct
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Union
 
 import torch
 
@@ -260,7 +261,7 @@ class ModelStore:
         with self._lock:
             return len(self._handlers)
 
-    def __enter__(self) -> "ModelStore":
+    def __enter__(self) -> ModelStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,7 +8,7 @@ sizes, and a total payload limit checked before anything is allocated.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -84,10 +85,10 @@ def _pieces(tensor: torch.Tensor) -> list[torch.Tensor]:
     return list(tensor.view(-1).split(CHUNK_ELEMENTS))
 
 
-def _in_place(plan: Callable[[torch.Tensor, "Groups"], None]) -> Callable[[torch.Tensor, "Groups"], None]:
+def _in_place(plan: Callable[[torch.Tensor, Groups], None]) -> Callable[[torch.Tensor, Groups], None]:
     """``plan`` works on views of a contiguous tensor: give it one and copy the sum back."""
 
-    def run(tensor: torch.Tensor, groups: "Groups") -> None:
+    def run(tensor: torch.Tensor, groups: Groups) -> None:
         if tensor.is_contiguous():
             plan(tensor, groups)
         else:
@@ -238,7 +239,7 @@ class PlanRunner:
     def __init__(self, name: str, closed_error: Callable[[], BaseException]):
         self._name = name
         self._closed_error = closed_error
-        self._queue: "queue.SimpleQueue[tuple[Callable[[], None], PlanWork] | None]" = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], PlanWork] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False

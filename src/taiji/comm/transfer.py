@@ -6,7 +6,8 @@ themselves travel coalesced: one flat buffer per (device, dtype), one collective
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -26,12 +26,11 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
-from ..errors import ConfigError
 from ..checkpoint.config import Checkpoint
-from ..runtime.checkpointing import effective
-from ..runtime.state import train_state_of
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -171,31 +170,27 @@ STATE_FORMAT = 1
 
 
 def saved_state(job: Any, size: int) -> dict[str, Any] | None:
-    """What a framework's checkpoint carries of taiji's: the Job's TrainState as of its last committed
-    step (None before the Job holds state: a joiner not yet synced, no Job yet)."""
-    state = None if job is None else train_state_of(job.model)
-    if state is None or not state.has_state:
+    """What a framework's checkpoint carries of taiji's: the Job's state as of its last committed step
+    (None before the Job holds state: a joiner not yet synced, no Job yet)."""
+    if job is None or not job.has_state:
         return None
-    return {"format": STATE_FORMAT, "step": state.progress.step, "size": size, "state": state.state_dict()}
+    return {"format": STATE_FORMAT, "step": job.progress.step, "size": size, "state": job.state_dict()}
 
 
 def restore(job: Any, saved: Mapping[str, Any]) -> None:
     """Load ``saved_state`` into a new Job before its first step. A joiner skips it: it gets the
     state of the workers that loaded it when it is admitted."""
-    state = train_state_of(job.model)
-    if state is None:
-        raise ConfigError("internal: the Job holds no TrainState to resume into")
-    if not state.has_state:
+    if not job.has_state:
         return
     if saved.get("format") != STATE_FORMAT:
         raise ConfigError(
             f"the checkpoint's taiji state has format {saved.get('format')!r}; this taiji reads "
             f"format {STATE_FORMAT}: resume with the taiji version that wrote it"
         )
-    state.load_state_dict(saved["state"])
+    job.load_state_dict(saved["state"])
     log.info(
         "resumed from the framework's checkpoint at step %d (written by %s worker(s))",
-        state.progress.step,
+        job.progress.step,
         saved.get("size", "?"),
     )
 
@@ -203,7 +198,7 @@ def restore(job: Any, saved: Mapping[str, Any]) -> None:
 def check_one_resume(faults: Any, source: str) -> None:
     """A framework checkpoint and taiji's own (``Checkpoint(resume=...)``, ``taiji run --resume``)
     would each load the model: refuse both at once rather than mix them."""
-    config = effective(faults.checkpoint, Checkpoint.from_env())
+    config = Checkpoint.resolve(faults.checkpoint)
     if config is not None and config.resume is not None:
         raise ConfigError(
             f"resume from one checkpoint: {source} and taiji's own ({config.resume!r}, from "

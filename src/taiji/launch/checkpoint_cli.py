@@ -14,10 +14,10 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
-from ..checkpoint.config import parse_every
+from ..checkpoint.config import NOTICE_SIGNAL, parse_every
 from ..checkpoint.layout import checkpoint_name
 from ..checkpoint.locate import find
 from ..checkpoint.storage import Storage, is_url
@@ -27,7 +27,6 @@ from .supervisor import Supervisor
 
 EXIT_RESUMABLE = 75  # EX_TEMPFAIL: stopped on a notice; a complete checkpoint lets the job resume
 EXIT_STOPPED_UNSAVED = 128 + 15  # stopped on SIGTERM with no complete checkpoint: nothing to resume from
-NOTICE_SIGNAL = signal.SIGUSR1  # the launcher's preemption notice to its workers (runtime/checkpointing.py)
 LISTING_POLL_S = 0.1  # how often a stopping launcher looks for other hosts' parts of the final checkpoint
 
 
@@ -57,7 +56,7 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--checkpoint-grace",
         type=float,
-        default=60.0,
+        default=CheckpointFlags.grace,
         metavar="SECONDS",
         help="after SIGTERM, how long the workers have to reach a step boundary and write the "
         "final checkpoint before they are killed (default: %(default)s)",

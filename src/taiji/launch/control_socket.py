@@ -15,8 +15,9 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import StoreError
 
@@ -48,7 +49,7 @@ class ControlServer:
         while not self._closed.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             with conn:
                 conn.settimeout(2.0)

@@ -2,7 +2,7 @@
 
 Events come from worker exits (pidfds), signals, the control socket (`taiji resize`), a few store
 keys polled every tick (resize proposals, joiners ready, failure reports, job done) and the other
-hosts (launch/remote_hosts.py: their agents' registrations, events, beats and tethers); the store
+hosts (launch/hosts/remote.py: their agents' registrations, events, beats and tethers); the store
 is hosted in this process, so a poll is a local round trip. Workers placed on this host are
 started here; those placed on another host are started by its agent on a signed order.
 """
@@ -14,19 +14,19 @@ import os
 import time
 from dataclasses import replace
 
-from ..cluster import auth
+from ..cluster import auth, spec
 from ..cluster import controller as ctl
-from ..cluster import spec
 from ..cluster.etcd import EtcdKV, job_credentials, parse_url
 from ..cluster.follow import KeyFollower, PrefixFollower
 from ..cluster.store import JobStore, host_store, open_store
 from ..errors import LaunchError, StoreError
-from . import agent_channel, registry
+from . import registry
 from .checkpoint_cli import resume_note, stop_workers
 from .control_socket import ControlServer
 from .etcd_server import EtcdServer
+from .hosts import agent_channel
+from .hosts.remote import RemoteHosts
 from .options import DriverConfig
-from .remote_hosts import RemoteHosts
 from .supervisor import Supervisor, describe_exit
 from .worker_env import StartedAhead, WorkerSettings, local_start
 
@@ -93,7 +93,7 @@ class Driver:
     @staticmethod
     def launch(
         cfg: DriverConfig, settings: WorkerSettings, output=None, ahead: StartedAhead | None = None
-    ) -> "Driver":
+    ) -> Driver:
         """`taiji run`'s driver: the store hosted here (TCPStore or an etcd server) or opened.
         ``ahead``: the TCPStore's socket, secret, supervisor and first state with which the first
         workers were started before torch was imported (their spawns adopt them)."""
@@ -350,8 +350,8 @@ class Driver:
             if agent_channel.owner(self.job) != self.term:
                 raise Deposed(
                     f"job {self.cfg.job_id}: another controller took over (the election record says "
-                    f"{agent_channel.owner(self.job)!r}): this one was judged dead; it stops its own workers and "
-                    "leaves the job to the new one"
+                    f"{agent_channel.owner(self.job)!r}): this one was judged dead; it stops its own "
+                    "workers and leaves the job to the new one"
                 )
         counts = {**self.sup.beat_counts(), **self.remote.beat_counts()}
         moved = [ctl.Beat(w, now) for w, n in counts.items() if n and n != self._beat_counts.get(w)]
@@ -470,7 +470,7 @@ class Driver:
                         self.sup,
                         self.settings.checkpoint_dir,
                         cfg.grace,
-                        cfg.checkpoint_grace,
+                        cfg.checkpoint.grace,
                         self.say,
                         len(self.remote.running()),
                     )
@@ -485,7 +485,8 @@ class Driver:
                     assert worker.exit_code is not None
                     if worker.exit_code != 0 and worker.worker_id not in self.state.killed:
                         self.say(
-                            f"worker {worker.worker_id} (rank {worker.rank}) {describe_exit(worker.exit_code)}"
+                            f"worker {worker.worker_id} (rank {worker.rank}) "
+                            f"{describe_exit(worker.exit_code)}"
                         )
                     training = self.job.is_training(worker.worker_id)
                     events.append(ctl.WorkerExited(worker.worker_id, worker.exit_code, training))

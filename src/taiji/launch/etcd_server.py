@@ -51,7 +51,7 @@ class EtcdServer:
         self.log_path = self.data_dir.with_suffix(".log")
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> "EtcdServer":
+    def start(self, timeout: float = START_TIMEOUT_S) -> EtcdServer:
         from ..cluster.etcd import EtcdKV
 
         peer = f"http://127.0.0.1:{_free_port('127.0.0.1')}"

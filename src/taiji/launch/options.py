@@ -42,9 +42,7 @@ class RunConfig:
     max_hosts: int = 0  # --nnodes MAX: hosts at most (0: no limit)
     grow_on_join: bool = True  # grow onto a joining host's slots (off: only resizes place workers there)
     secret: bytes | None = None  # the job's secret (--secret-file); None: a new one
-    checkpoint: CheckpointFlags = field(
-        default_factory=lambda: CheckpointFlags()
-    )  # --checkpoint-dir, --resume
+    checkpoint: CheckpointFlags = field(default_factory=CheckpointFlags)  # --checkpoint-*, --resume
     hosts_from: str = ""  # who starts the other hosts' agents: "" (`taiji join` by hand), "ray", "slurm"
 
 
@@ -84,7 +82,7 @@ class DriverConfig:
     store: str = "tcp"  # tcp (hosted here) | etcd (a server started here) | etcd://HOST:PORT,... (the user's)
     min_hosts: int = 1  # hosts (this one included) that must have joined before the job starts
     secret: bytes | None = None  # the job's secret when given (a scheduler derives it); else a new one
-    checkpoint_grace: float = 60.0  # with --checkpoint-dir: SIGTERM -> final checkpoint -> exit, at most
+    checkpoint: CheckpointFlags = field(default_factory=CheckpointFlags)  # the driver reads its grace
     hosts_from: str = ""  # RunConfig.hosts_from: "" when other hosts join by hand (the launcher says how)
 
     @property
@@ -92,7 +90,7 @@ class DriverConfig:
         """Before each line of a worker's output: many hosts print the host too."""
         return f"{self.host} " if self.slots else ""
 
-    def first_state(self) -> "ctl.ControllerState":
+    def first_state(self) -> ctl.ControllerState:
         """The controller's state before anything happened. With --nnodes the first config is
         placed once its hosts have joined (``Driver._start``); until then it holds what fits here."""
         first = min(self.nproc, self.slots) if self.min_hosts > 1 else self.nproc

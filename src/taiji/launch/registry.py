@@ -66,7 +66,7 @@ class JobEntry:
     @staticmethod
     def of_this_process(
         job_id: str, host: str, port: int, command: tuple[str, ...], started: float
-    ) -> "JobEntry":
+    ) -> JobEntry:
         return JobEntry(job_id, host, port, os.getpid(), command, started, process_start_time(os.getpid()))
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .. import env
 from ..cluster import auth
@@ -85,7 +86,8 @@ def stop_ahead(ahead: StartedAhead) -> None:
 
 
 class HostProvider(Protocol):
-    """Starts the job's agents on other hosts (launch/ray_hosts.py: Ray nodes) once the driver serves."""
+    """Starts the job's agents on other hosts (launch/hosts/ray/nodes.py: Ray nodes) once the driver
+    serves."""
 
     def start(self, driver: Driver) -> None: ...
 
@@ -129,10 +131,10 @@ def run_job(
         store=cfg.store,
         min_hosts=cfg.min_hosts,
         secret=cfg.secret,
-        checkpoint_grace=cfg.checkpoint.grace,
+        checkpoint=cfg.checkpoint,
         hosts_from=cfg.hosts_from,
     )
-    drivers: list["Driver"] = []  # the control server hands out the snapshot `taiji status` shows
+    drivers: list[Driver] = []  # the control server hands out the snapshot `taiji status` shows
 
     def snapshot() -> dict:
         control = drivers[0].control if drivers else None

@@ -11,17 +11,18 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import select
 import signal
-import functools
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO, Sequence
+from typing import IO
 
 from .. import env
 from ..cluster.beats import LocalBeats

@@ -8,20 +8,38 @@ controller's state from the store (the latest config, the hosts with members in 
 keeps its own workers running, addresses the other agents, and drops the dead host's workers in
 one version — the survivors, waiting on their failed collective, retry the step. torchrun's,
 torchft's and KungFu's jobs die with the host that holds their store or controller.
+
+The takeover is of the job's room (it builds a Driver); the agent (launch/hosts/agent.py) is handed
+:func:`take_over` by `taiji join`'s entry point (launch/cli.py), so the hosts' room imports nothing
+of the job's.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 from ..cluster import controller as ctl
 from ..cluster.store import JobStore
-from . import agent_channel
 from .driver import ETCD_TICK_SECONDS, Driver, DriverConfig
+from .hosts import agent_channel
 from .options import JoinConfig
 from .supervisor import Supervisor
 from .worker_env import WorkerSettings
+
+
+@dataclass(frozen=True)
+class TakenOver:
+    """A won election: the job's new driver, the dead controller's host, and what happened while
+    nobody controlled the job (this host's workers that exited meanwhile), to feed it first."""
+
+    driver: Driver
+    lost_host: str
+    missed: list[ctl.Event]
+
+    def resume(self, reason: str) -> int:
+        return self.driver.resume(self.lost_host, reason, self.missed)
 
 
 def _next_index(ids: tuple[str, ...]) -> int:
@@ -32,10 +50,9 @@ def _next_index(ids: tuple[str, ...]) -> int:
 
 def take_over(
     cfg: JoinConfig, job: JobStore, settings: WorkerSettings, sup: Supervisor, secret: bytes, seen: bytes
-) -> tuple[Driver, str, list[ctl.Event]] | None:
-    """If this agent wins the election against the controller of term ``seen``: a Driver for the
-    job, the dead controller's host, and what happened while nobody controlled the job (this
-    host's workers that exited meanwhile) to feed it first."""
+) -> TakenOver | None:
+    """If this agent wins the election against the controller of term ``seen``: the job's driver,
+    ready to resume it (the agent's :class:`~taiji.launch.hosts.agent.TakeOver`)."""
     if not agent_channel.elect(job, cfg.host, seen):
         return None
     old = agent_channel.read_controller(job)
@@ -89,4 +106,4 @@ def take_over(
         for w in sup.workers.values()
         if w.exit_code is not None and w.worker_id in config.ids
     ]
-    return driver, old_host, gone_here
+    return TakenOver(driver, old_host, gone_here)

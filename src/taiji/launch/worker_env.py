@@ -45,7 +45,7 @@ class WorkerSettings:
         return asdict(self)
 
     @staticmethod
-    def from_dict(data: dict) -> "WorkerSettings":
+    def from_dict(data: dict) -> WorkerSettings:
         known = {f.name for f in fields(WorkerSettings)}
         values = {k: v for k, v in data.items() if k in known}
         values["command"] = tuple(values.get("command", ()))
@@ -192,5 +192,5 @@ class StartedAhead:
 
     listener: socket.socket
     secret: bytes
-    sup: "Supervisor"
-    state: "ControllerState"
+    sup: Supervisor
+    state: ControllerState

@@ -13,8 +13,9 @@ Names follow Prometheus's conventions: a ``taiji_`` prefix, base units in the na
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 GAUGE, COUNTER = "gauge", "counter"
 
@@ -82,18 +83,18 @@ class Tally:
     counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
     hung_ids: frozenset[str] = frozenset()
 
-    def published(self, reason: str) -> "Tally":
+    def published(self, reason: str) -> Tally:
         kind = change_kind(reason)
         return self if kind is None else self._add(kind)
 
-    def killed(self, worker_id: str, reason: str) -> "Tally":
+    def killed(self, worker_id: str, reason: str) -> Tally:
         kind = kill_kind(reason)
         if kind is None:
             return self
         tally = self._add(("kill", kind))
         return Tally(tally.counts, tally.hung_ids | {worker_id})
 
-    def _add(self, key: tuple[str, str]) -> "Tally":
+    def _add(self, key: tuple[str, str]) -> Tally:
         counts = dict(self.counts)
         counts[key] = counts.get(key, 0) + 1
         return Tally(counts, self.hung_ids)

@@ -18,9 +18,10 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Iterable
+from typing import IO, Any
 
 from ..errors import ConfigError
 
@@ -233,7 +234,7 @@ class RunLog:
             if self._tensorboard is not None:
                 self._tensorboard.close()
 
-    def __enter__(self) -> "RunLog":
+    def __enter__(self) -> RunLog:
         return self
 
     def __exit__(

@@ -23,7 +23,7 @@ other workers report the version they run, which every worker knows already.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

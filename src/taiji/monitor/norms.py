@@ -30,7 +30,7 @@ of all ``size`` workers sum to the whole measurement.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

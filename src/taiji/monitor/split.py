@@ -11,7 +11,8 @@ loss) pays no full pass over the bucket.
 
 from __future__ import annotations
 
-from typing import Callable, ContextManager, Sequence
+from collections.abc import Callable, Sequence
+from typing import ContextManager
 
 import torch
 

@@ -40,7 +40,7 @@ class ControlRow:
         return [float(getattr(self, f.name)) for f in fields(self)]
 
     @staticmethod
-    def from_row(row: list[float]) -> "ControlRow":
+    def from_row(row: list[float]) -> ControlRow:
         return ControlRow(*row[: ControlRow.WIDTH])
 
 
@@ -68,11 +68,11 @@ class StepStats:
         return asdict(self)
 
     @staticmethod
-    def from_json(data: dict) -> "StepStats":
+    def from_json(data: dict) -> StepStats:
         return StepStats(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     @staticmethod
-    def reduce(rows: list[ControlRow], big_sqnorm: float | None) -> "StepStats":
+    def reduce(rows: list[ControlRow], big_sqnorm: float | None) -> StepStats:
         # one pass over the rows: this runs every step, on every worker
         total = loss_sum = small_sum = small_batch_sum = 0.0
         measured = 0

@@ -10,8 +10,9 @@ decisions everywhere; the runtime checks that they did (see ``policies.runner``)
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Union
+from typing import Any, Union
 
 from ..errors import TaijiError
 
@@ -109,7 +110,7 @@ class Context:
     strategies: tuple[str, ...] = ()  # names SetStrategy may use
     topology: str = "ring"  # how gradients are allreduced now (SetTopology changes it)
 
-    def replace(self, **changes: Any) -> "Context":
+    def replace(self, **changes: Any) -> Context:
         """A copy with ``changes`` applied (the Context itself is frozen)."""
         return replace(self, **changes)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..errors import ConfigError
 from ..monitor.gns import goodput

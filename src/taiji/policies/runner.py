@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
 
 from ..comm.topologies import TOPOLOGIES
 from .base import (

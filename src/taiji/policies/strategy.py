@@ -4,7 +4,7 @@ adaptive synchronisation: when workers slow down, stop waiting for each other)."
 from __future__ import annotations
 
 import statistics
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..errors import ConfigError
 from .base import Context, HookResult, Policy, SetStrategy

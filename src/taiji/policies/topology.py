@@ -4,7 +4,7 @@ fastest, and try again when the cluster changes size (hosts joined or left)."""
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..comm.topologies import TOPOLOGIES
 from ..errors import ConfigError

@@ -23,7 +23,7 @@ import ctypes
 import logging
 import os
 import platform
-from typing import Mapping
+from collections.abc import Mapping
 
 from .. import env
 

@@ -20,13 +20,14 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from .. import env
-from ..checkpoint.config import Checkpoint, due
+from ..checkpoint.config import NOTICE_SIGNAL, Checkpoint, due
 from ..checkpoint.layout import (
     FORMAT,
     Manifest,
@@ -46,16 +47,6 @@ from .reporting import Event, Reporter
 from .state import TrainState
 
 log = logging.getLogger(__name__)
-
-
-def effective(given: Checkpoint | None, launcher: Checkpoint | None) -> Checkpoint | None:
-    """The Job's own ``Checkpoint`` wins; the launcher's (``taiji run --checkpoint-dir``) is the
-    default, and its ``--resume`` applies to a Job's Checkpoint that does not say how to resume."""
-    if given is None:
-        return launcher
-    if given.resume is None and launcher is not None and launcher.resume is not None:
-        return replace(given, resume=launcher.resume)
-    return given
 
 
 def rng_state() -> tuple[torch.Tensor, int]:
@@ -289,7 +280,7 @@ class Checkpointer:
         and only from the main thread."""
         if self.writer is None or threading.current_thread() is not threading.main_thread():
             return
-        signum = signal.SIGUSR1 if env.JOB_ID.is_set() else signal.SIGTERM
+        signum = NOTICE_SIGNAL if env.JOB_ID.is_set() else signal.SIGTERM
 
         def notice(received: int, frame: Any) -> None:
             log.warning(

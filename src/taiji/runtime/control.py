@@ -22,7 +22,7 @@ import torch
 from .. import env
 from ..comm.communicator import Handle
 from ..monitor.compact import agree_compact, compact_above, compact_message
-from ..monitor.stats import StepStats, ControlRow
+from ..monitor.stats import ControlRow, StepStats
 from .membership import Membership
 from .peer import Member
 

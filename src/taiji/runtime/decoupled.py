@@ -23,14 +23,15 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator
 
 from ..cluster.spec import ClusterView
 from ..cluster.store import JobStore
 from ..data.sampler import position_segments
 from ..errors import CommError, StoreError
 from ..monitor.stats import StepStats
+from .batches import Batches
 from .control import ControlChannel, Signals
 from .engine import StepEngine
 from .membership import Membership
@@ -117,6 +118,7 @@ class Phases:
         peer: Member,
         membership: Membership,
         engine: StepEngine,
+        batches: Batches,
         control: ControlChannel,
         transitions: Transitions,
         signals: Signals,
@@ -124,7 +126,7 @@ class Phases:
     ):
         self.store = store
         self.peer, self.membership = peer, membership
-        self.engine = engine
+        self.engine, self.batches = engine, batches
         self.control = control
         self.transitions = transitions
         self.signals = signals
@@ -147,8 +149,12 @@ class Phases:
             self.store.set(state.key(f"inflight/{me}"), json.dumps(run.adopted))
         started = time.perf_counter()
         while (claimed := self._claim(run, me)) is not None:
-            segments = position_segments(*claimed, self.engine.sampler.num_samples)
-            attempt = self.engine.begin_claimed(segments, first_step + run.local_steps, state.batch_size)
+            segments = position_segments(*claimed, self.batches.num_samples)
+            attempt = self.engine.begin_claimed(
+                self.batches.claimed(segments, first_step + run.local_steps),
+                self.batches.reach(segments),
+                state.batch_size,
+            )
             step = yield from self.engine.offer(attempt)
             self.engine.commit_local(attempt)
             self.committed(step)

@@ -1,6 +1,6 @@
 """StepEngine: begin an attempt at a step, finish its collectives, commit it or report it failed.
 
-A lockstep step: ``begin`` builds this worker's share of the global batch and starts the strategy's step; the
+A lockstep step: ``begin`` starts the strategy's step for an attempt over this worker's share; the
 user's ``step.backward(loss)`` runs backward (the strategy sends gradient buckets as they are ready; not begun
 once a newer version dropped a peer as lost), and the control message rides in the last bucket (or, where the
 strategy cannot, goes out right after it); ``finish`` waits for both and **commits only if every collective
@@ -8,10 +8,9 @@ succeeded**: optimizer step, strategy's after-update, scheduler, monitors. Other
 the outcome is ``Failed``. A decoupled step (``begin_claimed``/``commit_local``) has no collective to fail. A
 step of the user's own loop (``begin_own``: ``taiji.Optimizer``) is the same step over the user's batch.
 
-While a lockstep step's allreduce is in flight, the engine loads the batch the next step will ask
-for if nothing changes at the boundary (``BatchFetcher.fetch_ahead``): loading hides in a wait the
-worker would spend idle. A guess the boundary proves wrong (new batch size, new cluster) is dropped;
-none is made across an epoch's end or past ``max_steps``.
+The engine knows no data set: a Job hands it attempts its ``Batches`` built, and while a lockstep step's
+allreduce is in flight the engine asks them to load the next step's share (``LoadsAhead``), where
+loading hides in a wait the worker would spend idle.
 """
 
 from __future__ import annotations
@@ -19,24 +18,23 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence, cast
+from typing import Any, cast
 
 import torch
 
 from ..comm.transfer import average_buffers_async
-from ..data.fetch import BatchFetcher
-from ..data.sampler import ElasticSampler, advance, global_span
 from ..errors import CommError
 from ..monitor.monitors import Monitors
 from ..monitor.split import split_backward
 from ..monitor.stats import StepStats
 from ..strategies.base import Strategy, SupportsCarry, SupportsNoSync
 from .allocator import keep_freed_memory
+from .batches import LoadsAhead, NothingAhead
 from .control import ControlChannel, Measurements, agree
 from .membership import Membership
 from .peer import Member
-from .state import Progress
 from .step import Attempt, Step
 
 log = logging.getLogger(__name__)
@@ -65,26 +63,24 @@ class StepEngine:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        lr_scheduler: Any,
-        fetch: BatchFetcher | None,
-        sampler: ElasticSampler | None,
         peer: Member,
         membership: Membership,
         control: ControlChannel,
         monitors: Monitors,
         check_consensus: Callable[[Sequence[float], int], None],
         fire: Callable[[str, int], None],
-        max_steps: int | None = None,
+        *,
+        lr_scheduler: Any = None,
+        ahead: LoadsAhead | None = None,
         clear_grads: bool = True,
     ):
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
-        self.fetch, self.sampler = fetch, sampler
         self.peer, self.membership = peer, membership
         self.control = control
         self.monitors = monitors
         self.check_consensus = check_consensus
         self.fire = fire
-        self.max_steps = max_steps  # no batch is loaded ahead for the step after the last
+        self.ahead: LoadsAhead = ahead or NothingAhead()
         self.clear_grads = clear_grads  # after a commit (a loop the user writes clears them itself)
         self.strategy: Strategy | None = None
         keep_freed_memory()  # steps reuse the same large buffers: no page faults for them every step
@@ -94,10 +90,8 @@ class StepEngine:
         self._buffers = [b for b in model.buffers() if b.numel() > 0]
         self._buffers_before: list[torch.Tensor] = []
         self._collectives_done_at = time.perf_counter()  # when this worker last talked to its peers
-        self._next_share: tuple[int, int, int] | None = None  # the sampler's guess for the next step
-        self._last_allreduce_wait = self._last_monitor_seconds = (
-            math.nan
-        )  # of the last commit, for the next row
+        # of the last commit, for the next row
+        self._last_allreduce_wait = self._last_monitor_seconds = math.nan
 
     def use(self, strategy: Strategy) -> None:
         self.strategy = strategy
@@ -108,47 +102,12 @@ class StepEngine:
         assert self.strategy is not None, "StepEngine.use(strategy) first"
         return self.strategy
 
-    def _data(self) -> tuple[BatchFetcher, ElasticSampler]:
-        assert self.fetch is not None and self.sampler is not None, (
-            "a StepEngine without data has only begin_own"
-        )
-        return self.fetch, self.sampler
-
     # -- begin --------------------------------------------------------------------------
 
-    def begin(self, progress: Progress, decisions: int) -> Attempt:
-        """This worker's share of the next global batch, with the strategy's step started."""
-        fetch, sampler = self._data()
-        view = self.peer.view
-        lo, hi = global_span(progress.sampler, sampler.num_samples)
-        share = sampler.local_share(progress.sampler, view.rank, view.size)
-        indices = sampler.indices_of(share)
-        batch = fetch(indices, key=share)
-        # the next step's share if this one commits and nothing changes at the boundary: loaded
-        # while this step's allreduce is in flight (``gradients_done``); not across an epoch's end,
-        # where users change their data set (a new epoch's augmentation), nor past ``max_steps``
-        after = advance(progress.sampler, hi - lo, sampler.num_samples)
-        last = self.max_steps is not None and progress.step + 1 >= self.max_steps
-        self._next_share = (
-            sampler.local_share(after, view.rank, view.size)
-            if after.epoch == progress.epoch and not last
-            else None
-        )
-        measure = self.monitors.measuring(progress.step)
-        return self._start(
-            Attempt(
-                progress.step,
-                progress.epoch,
-                batch,
-                indices,
-                (lo, hi),
-                [(progress.epoch, lo, hi)],
-                hi - lo,
-                decisions=decisions,
-                measure=measure,
-            ),
-            len(indices) / (hi - lo),
-        )
+    def begin(self, attempt: Attempt) -> Attempt:
+        """Start the strategy's step for an attempt at a lockstep step over this worker's share."""
+        attempt.measure = self.monitors.measuring(attempt.index)
+        return self._start(attempt)
 
     def begin_own(self, index: int) -> Attempt:
         """Step ``index`` of the user's own loop over the user's batch, each gradient weighing 1/size;
@@ -156,12 +115,11 @@ class StepEngine:
         if self._strategy().lockstep:
             self._check_peers_waited()
         size = self.peer.view.size
-        return self._start(
-            Attempt(index, 0, None, _NO_INDICES, (0, 0), [], size, local_samples=1), 1.0 / size
-        )
+        return self._start(Attempt(index, 0, None, _NO_INDICES, (0, 0), [], size, local_samples=1))
 
-    def _start(self, attempt: Attempt, weight: float) -> Attempt:
-        """Start the strategy's lockstep step for ``attempt``, this worker's gradient weighing ``weight``."""
+    def _start(self, attempt: Attempt) -> Attempt:
+        """Start the strategy's lockstep step for ``attempt``; this worker's gradient weighs its share."""
+        weight = attempt.local_batch_size / attempt.global_batch_size
         self._buffers_before = [b.detach().clone() for b in self._buffers] if self.peer.view.size > 1 else []
         self.peer.at_step(attempt.index)
         self._strategy().begin_step(weight, attempt.index, attempt.measure)
@@ -175,18 +133,13 @@ class StepEngine:
         self.fire("compute", attempt.index)
         return attempt
 
-    def begin_claimed(self, segments: list[tuple[int, int, int]], index: int, batch_size: int) -> Attempt:
-        """A decoupled step over runs this worker claimed (no collective in it); ``batch_size``:
-        the global batch of the phase."""
-        fetch, sampler = self._data()
-        indices = torch.cat([sampler.permutation(epoch)[lo:hi] for epoch, lo, hi in segments])
-        batch = fetch(indices)
-        self.peer.at_step(index)
-        n = sampler.num_samples
-        self._strategy().claimed(max(epoch * n + hi for epoch, _, hi in segments), batch_size)
-        self._strategy().begin_step(1.0, index, False)
-        attempt = Attempt(index, segments[0][0], batch, indices, (0, len(indices)), segments, len(indices))
-        self.fire("compute", index)
+    def begin_claimed(self, attempt: Attempt, reach: int, batch_size: int) -> Attempt:
+        """A decoupled step over runs this worker claimed, up to global position ``reach`` (no
+        collective in it); ``batch_size``: the global batch of the phase."""
+        self.peer.at_step(attempt.index)
+        self._strategy().claimed(reach, batch_size)
+        self._strategy().begin_step(1.0, attempt.index, False)
+        self.fire("compute", attempt.index)
         return attempt
 
     def offer(self, attempt: Attempt) -> Iterator[Step]:
@@ -256,7 +209,7 @@ class StepEngine:
                 None if attempt.carried else self.control.send(attempt.decisions, self._measurements(attempt))
             )
             buffers = average_buffers_async(self._buffers, self.peer.comm) if self._buffers_before else None
-            fetch_seconds = self._fetch_next()
+            fetch_seconds = self.ahead.load_ahead()
             strategy.synchronize()
             # the part of the allreduce that loading did not hide: what the plan costs this step
             # (where loading outlasts every plan's allreduce, the plan no longer matters here)
@@ -274,18 +227,6 @@ class StepEngine:
         finally:
             self._collectives_done_at = time.perf_counter()
         attempt.synchronized = True
-
-    def _fetch_next(self) -> float:
-        """Load the next step's batch now, in the allreduce's wait; returns the seconds it took."""
-        if (
-            self._next_share is None or self.fetch is None or not self.fetch.ahead
-        ):  # (load_ahead=False: nothing)
-            return 0.0
-        fetch, sampler = self._data()
-        started = time.perf_counter()
-        fetch.fetch_ahead(self._next_share, sampler.indices_of(self._next_share))
-        self._next_share = None
-        return time.perf_counter() - started
 
     def _measurements(self, attempt: Attempt) -> Measurements:
         b = float(attempt.local_batch_size)
@@ -332,9 +273,7 @@ class StepEngine:
     def abort(self, attempt: Attempt) -> None:
         """Forget the attempt; the retry starts from clean gradients, not this attempt's."""
         self._last_allreduce_wait = self._last_monitor_seconds = math.nan  # the retry may run elsewhere
-        if self.fetch is not None:  # a retry reads the same batch, not the next one
-            self.fetch.drop_ahead()
-        self._next_share = None
+        self.ahead.drop_ahead()  # a retry reads the same batch, not the next one
         self._strategy().abort_step()
         self.model.zero_grad(set_to_none=True)
         self.optimizer.zero_grad(set_to_none=True)

@@ -17,8 +17,9 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .. import env
 from ..errors import CommError, ConfigError

@@ -1,9 +1,9 @@
-"""The elastic training loop: the one place that composes the runtime's parts.
+"""The elastic training loop, over the parts ``WorkerParts.build`` assembles (runtime/worker.py).
 
 ``for step in job:`` yields one Step per global batch; the user runs forward and ``step.backward(loss)``.
 When the loop comes back the step is finished: committed if every collective succeeded, else recovered
 from (nothing committed; the survivors retry it). After a commit the policies decide at the step boundary,
-``_apply`` carries their plan out, a checkpoint is taken if due, and if any worker saw a newer cluster
+``Decisions`` carries their plan out, a checkpoint is taken if due, and if any worker saw a newer cluster
 version every worker moves to it at this same boundary.
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -23,23 +24,22 @@ from ..data.fetch import BatchFetcher
 from ..data.sampler import ElasticSampler
 from ..errors import CommError, ConfigError, ConsensusError
 from ..monitor.monitors import Monitors
-from ..policies.base import Context, Policy, PolicyError, Resize, Stop
+from ..policies.base import Context, Policy, PolicyError
 from ..policies.runner import Plan
 from ..strategies.base import Strategy
 from ..strategies.catalog import StrategyCatalog
-from .adaptation import Adaptation, boundary_hooks, policy_events, scale_lr, who
-from .checkpointing import Checkpoint, Checkpointer, effective
-from .control import ControlChannel, Signals
+from .adaptation import Adaptation, boundary_hooks
+from .batches import Batches
+from .decisions import Decisions
 from .decoupled import Phases, plan_phase
-from .engine import Failed, StepEngine
-from .faults import for_worker
-from .membership import membership_for
+from .engine import Failed
+from .options import DataOptions, FaultOptions, MonitorOptions, SyncOptions, TrainingOptions, grouped
 from .peer import Peer, default_peer
 from .reporting import Ended, Event, Paused, PhaseClosed, Reporter, Snapshot, StepCommitted
-from .options import DataOptions, FaultOptions, MonitorOptions, SyncOptions, TrainingOptions, grouped
-from .state import Progress, TrainState
+from .state import Progress
 from .step import Attempt, Step
-from .transitions import LeftCluster, Transitions, leave
+from .transitions import LeftCluster, leave
+from .worker import Callbacks, DataShape, WorkerParts
 
 log = logging.getLogger(__name__)
 
@@ -78,86 +78,59 @@ class Job:
                 given["sync"],
             )
         self.options = TrainingOptions(batch_size, epochs, max_steps, monitoring.every, sync.sync_every)
-        self.model, self.optimizer, self.lr_scheduler, self.on_commit = (
-            model,
-            optimizer,
-            lr_scheduler,
-            on_commit,
-        )
-        self._peer = peer or default_peer()
-        self._membership = membership_for(self._peer)
+        self.model, self.optimizer = model, optimizer
+        self.lr_scheduler, self.on_commit = lr_scheduler, on_commit
+        self._peer = peer = peer or default_peer()
         self._catalog = StrategyCatalog(strategy, sync.strategies)
         self.strategy_name = self._catalog.initial
-        self.strategy = self._catalog.get(self.strategy_name).attach(model, lambda: self._peer.comm)
-        self._signals, self._stop_agreed, self._started = Signals(), False, False
+        self.strategy = self._catalog.get(self.strategy_name).attach(model, lambda: peer.comm)
+        self._stop_agreed, self._started = False, False
         self._pending_strategy: str | None = None
         self.monitors = Monitors(monitoring.every, monitoring.gns_decay)
         self._adaptation = Adaptation(policies)
-        self._sampler = ElasticSampler(len(dataset), seed=data.seed, shuffle=data.shuffle)  # type: ignore[arg-type]
-        self._state = TrainState(
-            model,
-            optimizer,
-            self._sampler.num_samples,
-            batch_size,
-            self.strategy_name,
-            {"gns": self.monitors, "adaptation": self._adaptation},
-            has_state=self._peer.joined,
-        )
-        self._state.topology = check_topology(sync.topology) if sync.topology else self._state.topology
-        if lr_scheduler is not None:
-            self._state.register("lr_scheduler", lr_scheduler)
-        run_dir = (
-            env.RUN_DIR.get() if monitoring.run_dir is None else monitoring.run_dir
-        ) or None  # "": none
-        store = self._peer.job_store
-        self._reporter = Reporter(
-            run_dir, monitoring.log_every, lead=self._leads, write_status=store.write_status
-        )
-        self._fire = for_worker(store, lambda: (self._peer.rank, self._peer.worker_id))
-        self._control = ControlChannel(self._peer, self._membership, self._signals)
+        sampler = ElasticSampler(len(dataset), seed=data.seed, shuffle=data.shuffle)  # type: ignore[arg-type]
         fetch = BatchFetcher(dataset, data.collate_fn, data.device, data.load_ahead)
-        self._engine = StepEngine(
+        self._batches = Batches(fetch, sampler, max_steps)
+        run_dir = env.RUN_DIR.get() if monitoring.run_dir is None else monitoring.run_dir
+        self._reporter = Reporter(
+            run_dir or None, monitoring.log_every, lead=self._leads, write_status=peer.job_store.write_status
+        )
+        parts = WorkerParts.build(
             model,
             optimizer,
-            lr_scheduler,
-            fetch,
-            self._sampler,
-            self._peer,
-            self._membership,
-            self._control,
-            self.monitors,
-            self._check_consensus,
-            self._fire,
-            max_steps,
+            self.strategy,
+            peer,
+            callbacks=Callbacks(
+                self._cluster_changed, self._check_consensus, lambda: self.strategy.exact, self.request_stop
+            ),
+            monitors=self.monitors,
+            reporter=self._reporter,
+            data=DataShape(sampler.num_samples, batch_size),
+            parts={"gns": self.monitors, "adaptation": self._adaptation},
+            lr_scheduler=lr_scheduler,
+            ahead=self._batches,
+            recovery_timeout=faults.recovery_timeout,
+            checkpoint=faults.checkpoint,
         )
-        self._engine.use(self.strategy)
-        timeout = env.RECOVERY_TIMEOUT.get() if faults.recovery_timeout is None else faults.recovery_timeout
-        self._transitions = Transitions(
-            self._peer,
-            self._membership,
-            self._state,
-            self._reporter,
-            self._fire,
-            timeout,
-            changed=self._cluster_changed,
-        )
+        self._membership, self._state, self._signals = parts.membership, parts.state, parts.signals
+        self._control, self._engine = parts.control, parts.engine
+        self._transitions, self._durable = parts.transitions, parts.durable
+        if sync.topology:
+            self._state.topology = check_topology(sync.topology)
         self._phases = Phases(
-            store,
-            self._peer,
+            peer.job_store,
+            peer,
             self._membership,
             self._engine,
+            self._batches,
             self._control,
             self._transitions,
             self._signals,
             committed=self._after_commit,
         )
         self._state.register("phases", self._phases)
-        self._durable = Checkpointer(
-            effective(faults.checkpoint, Checkpoint.from_env()),
-            self._state,
-            self._peer,
-            lambda: self.strategy.exact,
-            self.request_stop,
+        self._decisions = Decisions(
+            self._adaptation, self._state, self._reporter, optimizer, lr_scheduler, peer, sampler.num_samples
         )
         self._durable.resume()
 
@@ -170,7 +143,7 @@ class Job:
 
     @property
     def done(self) -> bool:
-        """Whether training has ended: ``max_steps`` or ``epochs`` reached, or a stop agreed by every worker."""
+        """Whether training has ended: ``max_steps`` or ``epochs`` reached, or a stop every worker agreed."""
         return self._stop_agreed or self.options.done(self.progress.step, self.progress.epoch)
 
     @property
@@ -210,8 +183,29 @@ class Job:
         """What each membership change cost (reason, versions, sizes, step, seconds)."""
         return self._transitions.records
 
+    @property
+    def has_state(self) -> bool:
+        """Whether this worker holds training state: False on a joiner until it is admitted and synced."""
+        return self._state.has_state
+
+    def state_dict(self) -> dict[str, Any]:
+        """taiji's training state as of the last committed step: where the data stands, the batch size,
+        the optimizer, the LR scheduler, the monitors' and policies' state; not the model's parameters
+        (``model.state_dict()``). What a framework's own checkpoint carries of taiji's."""
+        if not self._state.has_state:
+            raise ConfigError(
+                "this worker holds no training state yet: it joins, and is synced when admitted"
+            )
+        return self._state.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load ``state_dict()``'s output, before the first step (every worker of the job loads it)."""
+        if self._started:
+            raise ConfigError("load a Job's state before iterating it: a running Job's state is its peers'")
+        self._state.load_state_dict(state)
+
     def request_stop(self) -> None:
-        """Stop after this step, every worker at one boundary (rides the control message); any worker may ask."""
+        """Stop after this step, every worker at one boundary (rides the control message); any worker asks."""
         self._signals.stop_requested = True
         if not self._peer.elastic or self._peer.size == 1:
             self._stop_agreed = True
@@ -232,7 +226,7 @@ class Job:
         self.strategy.detach()
         self._membership.close()
 
-    def __enter__(self) -> "Job":
+    def __enter__(self) -> Job:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -271,7 +265,9 @@ class Job:
             elif not self.strategy.lockstep:
                 yield from self._phases.run(self._plan_phase(), self.progress.step)
             else:
-                attempt = self._engine.begin(self.progress, self._adaptation.digest)
+                attempt = self._engine.begin(
+                    self._batches.attempt(self.progress, self._peer.view, self._adaptation.digest)
+                )
                 step = yield from self._engine.offer(attempt)
                 outcome = self._engine.finish(attempt)
                 if isinstance(outcome, Failed):
@@ -294,7 +290,7 @@ class Job:
         return plan_phase(
             self._phases.next_index,
             self.progress,
-            self._sampler.num_samples,
+            self._batches.num_samples,
             options.epochs,
             options.max_steps,
             options.sync_every,
@@ -347,7 +343,8 @@ class Job:
 
     def _adopt(self, attempt: Attempt, step: Step) -> None:
         """The peers committed the step this worker's attempt failed at; the sync brought their state
-        (its decisions too): one commit everywhere — its row and on_commit here too (DESIGN §6)."""
+        (its decisions too): one commit everywhere — its row and on_commit here too
+        (docs/design.md#invariants)."""
         attempt.stats = stats = self.monitors.stats
         log.info(
             "step %d was committed by its peers while this worker's attempt failed: adopted", attempt.index
@@ -363,44 +360,14 @@ class Job:
     # -- decisions ----------------------------------------------------------------------------
 
     def _decide(self, hooks: list[str]) -> Plan:
-        if not self._adaptation.policies:
-            return Plan()  # the Context costs microseconds a step: build it only for policies
-        context = self._context()
-        plan = self._adaptation.decide(hooks, context, lead=self._leads())
-        self._apply(plan, context)
-        return plan
-
-    def _apply(self, plan: Plan, context: Context) -> None:
-        """The one place where decisions take effect, identically on every worker."""
-        lead = self._leads()
-        for event in policy_events(plan, context, lead):
-            self._reporter.on(event)
-        if plan.batch_size is not None:
-            self._state.set_batch_size(plan.batch_size)
-        if plan.lr_factor != 1.0:
-            scale_lr(self.optimizer, self.lr_scheduler, plan.lr_factor)
+        plan = self._decisions.decide(hooks, self.strategy_name, self.strategies)
         if plan.strategy is not None:
             self._pending_strategy = plan.strategy  # after any transition at this boundary
-        if plan.topology is not None:  # from the next step's buckets on (this one's are done)
-            self._state.topology = plan.topology
-            self._peer.comm.set_topology(plan.topology)
-        if plan.resize is not None and lead:
-            self._peer.propose_size(plan.resize, source=f"policy {who(plan, Resize)}")
-        if plan.stop is not None:
-            if lead:
-                log.info("policy %s stops training at step %d: %s", who(plan, Stop), context.step, plan.stop)
-            self._stop_agreed = True
+        self._stop_agreed = self._stop_agreed or plan.stop is not None
+        return plan
 
     def _context(self) -> Context:
-        return self._adaptation.context(
-            self.progress,
-            self._sampler.num_samples,
-            self._peer.view,
-            self._lr(),
-            self.strategy_name,
-            self.strategies,
-            self._state.topology,
-        )
+        return self._decisions.context(self.strategy_name, self.strategies)
 
     def _check_consensus(self, digests: Sequence[float], step: int) -> None:
         self._adaptation.check(digests, step, self._peer.comm)
@@ -447,5 +414,5 @@ class Job:
 
     def _snapshot(self) -> Snapshot:
         view, p, position = self._peer.view, self.progress, self._state.position
-        end = self.options.samples_to_train(self._sampler.num_samples, p.step, position, p.sampler.batch_size)
+        end = self.options.samples_to_train(self._batches.num_samples, p.step, position, p.sampler.batch_size)
         return Snapshot(p.step, p.epoch, p.sampler.batch_size, view.version, view.size, position, end)

@@ -39,13 +39,13 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="taiji-heartbeat", daemon=True)
 
     @staticmethod
-    def on_this_host(worker_id: str, interval: float) -> "Heartbeat | None":
+    def on_this_host(worker_id: str, interval: float) -> Heartbeat | None:
         """Started, beating into the file its launcher or agent reads (``TAIJI_BEAT_DIR``); None
         where nothing reads one (a worker no taiji launcher started)."""
         where = env.BEAT_DIR.get()
         return Heartbeat(LocalBeats(Path(where)), worker_id, interval).start() if where else None
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         self._thread.start()
         return self
 

@@ -289,7 +289,7 @@ class ElasticMembership(_PeerMembership):
         _watching.discard(self)
 
 
-_watching: "weakref.WeakSet[ElasticMembership]" = weakref.WeakSet()
+_watching: weakref.WeakSet[ElasticMembership] = weakref.WeakSet()
 
 
 @atexit.register

@@ -36,20 +36,16 @@ from typing import Any
 
 import torch
 
-from .. import env
+from ..checkpoint.config import Checkpoint
 from ..errors import CommError, ConfigError
 from ..monitor.monitors import Monitors
 from ..strategies.sync_sgd import SyncSGD
-from . import faults
-from .checkpointing import Checkpoint, Checkpointer, effective
-from .control import ControlChannel, Signals
-from .engine import Failed, StepEngine
-from .membership import membership_for
+from .engine import Failed
 from .peer import Peer, default_peer
 from .reporting import Reporter
-from .state import TrainState
 from .step import Attempt
-from .transitions import LeftCluster, Transitions, leave
+from .transitions import LeftCluster, leave
+from .worker import Callbacks, WorkerParts
 
 log = logging.getLogger(__name__)
 
@@ -70,41 +66,26 @@ class Optimizer:
         checkpoint: Checkpoint | None = None,
     ):
         self.optimizer, self.model = optimizer, model
-        peer = peer or default_peer()
-        self._peer, self._membership = peer, membership_for(peer)
+        self._peer = peer = peer or default_peer()
         self.sync = (sync or SyncSGD()).attach(model, lambda: peer.comm)
-        self._state = TrainState(model, optimizer, 1, 1, self.sync.name, {}, has_state=peer.joined)
-        store = peer.job_store
-        self._fire = faults.for_worker(store, lambda: (peer.rank, peer.worker_id))
-        timeout = env.RECOVERY_TIMEOUT.get() if recovery_timeout is None else recovery_timeout
-        reporter = Reporter(None, 0, lead=lambda: False, write_status=lambda status: None)
-        self._transitions = Transitions(
-            peer, self._membership, self._state, reporter, self._fire, timeout, changed=self._cluster_changed
-        )
-        self._engine = StepEngine(
+        parts = WorkerParts.build(
             model,
             optimizer,
-            None,
-            None,
-            None,
+            self.sync,
             peer,
-            self._membership,
-            ControlChannel(peer, self._membership, Signals()),
-            Monitors(every=0),
-            _no_decisions,
-            self._fire,
-            clear_grads=False,
+            callbacks=Callbacks(
+                self._cluster_changed, _no_decisions, exact=lambda: True, request_stop=lambda: None
+            ),
+            monitors=Monitors(every=0),
+            reporter=Reporter(None, 0, lead=lambda: False, write_status=lambda status: None),
+            clear_grads=False,  # the user's loop clears them itself
+            recovery_timeout=recovery_timeout,
+            checkpoint=checkpoint,
         )
-        self._engine.use(self.sync)
+        self._membership, self._state, self._fire = parts.membership, parts.state, parts.fire
+        self._engine, self._transitions, self._durable = parts.engine, parts.transitions, parts.durable
         self._attempt: Attempt | None = None  # the step zero_grad began
         self._entered = False
-        self._durable = Checkpointer(
-            effective(checkpoint, Checkpoint.from_env()),
-            self._state,
-            peer,
-            exact=lambda: True,
-            request_stop=lambda: None,
-        )
         self._durable.resume()
 
     @property

@@ -13,8 +13,9 @@ accepted for one release, with a DeprecationWarning naming the new place (``grou
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 
@@ -32,7 +33,7 @@ class DataOptions:
     seed: int = 0  # the shuffle's seed (every worker's permutation)
     shuffle: bool = True  # a new permutation every epoch
     collate_fn: Callable[[list], Any] | None = None  # items -> batch (default: torch's)
-    device: "torch.device | str | None" = None  # where batches go (None: where the items are)
+    device: torch.device | str | None = None  # where batches go (None: where the items are)
     load_ahead: bool = True  # load the next batch during the allreduce
 
 
@@ -51,16 +52,14 @@ class FaultOptions:
     """How the Job survives failures."""
 
     recovery_timeout: float | None = None  # seconds to wait for a new cluster (None: TAIJI_RECOVERY_TIMEOUT)
-    checkpoint: "Checkpoint | None" = (
-        None  # durable checkpoints (None: `taiji run --checkpoint-dir`, if given)
-    )
+    checkpoint: Checkpoint | None = None  # durable checkpoints (None: `taiji run --checkpoint-dir`, if given)
 
 
 @dataclass(frozen=True)
 class SyncOptions:
     """How the workers' models are kept in step, beyond ``strategy=``."""
 
-    strategies: "Mapping[str, Strategy] | None" = None  # the ones SetStrategy may switch to, by name
+    strategies: Mapping[str, Strategy] | None = None  # the ones SetStrategy may switch to, by name
     sync_every: int | None = None  # decoupled strategies meet every this many samples (None: an epoch)
     topology: str | None = None  # the allreduce plan (None: `taiji run --topology`, else ring)
 

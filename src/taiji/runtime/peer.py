@@ -6,8 +6,9 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch.distributed as dist
 
@@ -34,7 +35,7 @@ class PeerOptions:
     topology: str = "ring"  # the grad channel's allreduce plan at the start (comm/topology.py)
 
     @staticmethod
-    def from_env() -> "PeerOptions":
+    def from_env() -> PeerOptions:
         return PeerOptions(env.TIMEOUT.get(), env.DEBUG_COLLECTIVES.get(), env.TOPOLOGY.get())
 
 
@@ -238,13 +239,13 @@ class Peer:
             self.comm.close()
 
     @staticmethod
-    def solo(options: PeerOptions = PeerOptions()) -> "Peer":
+    def solo(options: PeerOptions = PeerOptions()) -> Peer:
         """A one-worker job with no launcher: the same code path, no network."""
         config = spec.initial([spec.WorkerSpec("solo")])
         return Peer(dist.HashStore(), None, "solo", config, options)
 
     @staticmethod
-    def from_env(options: PeerOptions | None = None) -> "Peer":
+    def from_env(options: PeerOptions | None = None) -> Peer:
         """Join the job whose store and identity the launcher put in the environment."""
         options = options or PeerOptions.from_env()
         job_id, worker_id = env.JOB_ID.get(), env.WORKER_ID.get()

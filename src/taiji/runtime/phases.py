@@ -1,4 +1,4 @@
-"""Where a cluster change's time goes: ``Phases`` keeps the seconds between named marks.
+"""Where a cluster change's time goes: ``PhaseClock`` keeps the seconds between named marks.
 
 A recovery's phases, in order: ``failed`` (the failed attempt began -> its failure surfaced here),
 ``config`` (-> the launcher's next config is known), ``switch`` (-> the old groups are torn down
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 
-class Phases:
+class PhaseClock:
     def __init__(self, started: float):
         self.started = self.last = started
         self.seconds: dict[str, float] = {}

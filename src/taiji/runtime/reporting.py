@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..metrics.runlog import PAUSE_EVENT, RunLog, last_recorded_step
 
@@ -61,7 +62,7 @@ class StepCommitted:
     topology: str = ""
 
     @staticmethod
-    def of(attempt: Any, where: Snapshot, monitors: Any, lr: float | None) -> "StepCommitted":
+    def of(attempt: Any, where: Snapshot, monitors: Any, lr: float | None) -> StepCommitted:
         """From a committed Attempt and the monitors after it."""
         stats, gns = attempt.stats, monitors.gns
         return StepCommitted(

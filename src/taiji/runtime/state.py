@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -45,7 +45,7 @@ class Progress:
         return {"step": self.step, **asdict(self.sampler)}
 
     @staticmethod
-    def from_json(data: dict) -> "Progress":
+    def from_json(data: dict) -> Progress:
         return Progress(
             step=int(data["step"]),
             sampler=SamplerState(
@@ -67,16 +67,6 @@ def choose_source(steps: list[int]) -> int:
     return steps.index(best)
 
 
-_by_model: "weakref.WeakKeyDictionary[torch.nn.Module, TrainState]" = weakref.WeakKeyDictionary()
-
-
-def train_state_of(model: torch.nn.Module) -> "TrainState | None":
-    """The TrainState last built over ``model`` (by a Job or taiji.Optimizer), or None: for an entry
-    point that keeps it inside a framework's own checkpoint (integrations/), through its
-    ``state_dict``/``load_state_dict``."""
-    return _by_model.get(model)
-
-
 class TrainState:
     """The replicated training state (see module doc)."""
 
@@ -90,7 +80,6 @@ class TrainState:
         parts: Mapping[str, Stateful],
         has_state: bool = True,
     ):
-        _by_model[model] = self
         self.model = model
         self.optimizer = optimizer
         self.num_samples = num_samples

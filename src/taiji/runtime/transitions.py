@@ -12,13 +12,14 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 from ..cluster.spec import ClusterConfig
 from ..errors import CommError
 from .membership import Membership
 from .peer import Member
-from .phases import Phases
+from .phases import PhaseClock
 from .reporting import Event, Paused, Reporter
 from .state import TrainState
 
@@ -60,7 +61,7 @@ class Transitions:
     def enter(self) -> None:
         """Join (a joiner), build the groups and sync; the run log's ``start`` event, with the
         seconds each took (``phases``: ``admitted``, ``groups``, ``sync``)."""
-        phases = Phases(time.perf_counter())
+        phases = PhaseClock(time.perf_counter())
         if not self.peer.joined:
             self.fire("boot", self.state.progress.step)
             self.peer.transition(self.membership.join(self.recovery_timeout))
@@ -89,9 +90,13 @@ class Transitions:
         )
 
     def to(
-        self, config: ClusterConfig, reason: str, started: float | None = None, phases: Phases | None = None
+        self,
+        config: ClusterConfig,
+        reason: str,
+        started: float | None = None,
+        phases: PhaseClock | None = None,
     ) -> None:
-        phases = phases or Phases(time.perf_counter() if started is None else started)
+        phases = phases or PhaseClock(time.perf_counter() if started is None else started)
         before = self.peer.view
         self._switch(config)
         switched = phases.mark("switch")
@@ -169,7 +174,7 @@ class Transitions:
         """A collective failed: nothing was committed here. Move to the launcher's next config.
         ``since``: when the failed attempt began (perf_counter): training stood still from then
         on, and that is the recovery time recorded."""
-        phases = Phases(time.perf_counter() if since is None else since)
+        phases = PhaseClock(time.perf_counter() if since is None else since)
         phases.mark("failed")
         log.warning(
             "step %d failed (%s); waiting for a new cluster config",
@@ -180,7 +185,7 @@ class Transitions:
         phases.mark("config")
         self.to(config, reason="failure", phases=phases)
 
-    def sync(self, force: bool, phases: Phases | None = None) -> None:
+    def sync(self, force: bool, phases: PhaseClock | None = None) -> None:
         """Build the current version's groups and sync the TrainState on them; while that fails,
         recover and try again."""
         while True:

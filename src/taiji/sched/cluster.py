@@ -10,10 +10,10 @@ policy bug surfaces as a :class:`PolicyError` instead of oversubscribed GPUs.
 from __future__ import annotations
 
 import dataclasses
-
 import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 from taiji.errors import ConfigError, TaijiError
 
@@ -69,7 +69,7 @@ class Cluster:
             )
 
     @classmethod
-    def parse(cls, text: str) -> "Cluster":
+    def parse(cls, text: str) -> Cluster:
         """``"16x4"`` → 16 hosts with 4 GPUs each; ``"16x4x8"``: and 8 server CPU slots each."""
         try:
             parts = [int(part) for part in text.lower().split("x")]

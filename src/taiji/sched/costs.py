@@ -52,7 +52,8 @@ class ResizeCost:
 SYSTEMS: dict[str, ResizeCost] = {
     # Pollux's simulator: every reallocation is a checkpoint-restart of 30 s.
     "restart": ResizeCost(start=30.0, grow=30.0, shrink=30.0, move=30.0),
-    # taiji in place: grow ~0.03 s, shrink ~0.01 s (SCHEDULER.md §4.1); a move is shrink + grow.
+    # taiji in place: grow ~0.03 s, shrink ~0.01 s (docs/reference/scheduler-model.md#resize-costs);
+    # a move is shrink + grow.
     # Starting a job is taken as a grow [I: not measured separately].
     # A suspended taiji job resumes through a new launcher: boot, load the checkpoint [I: taken as
     # the restart from a checkpoint measured on this kind of machine, ~5 s, benchmarks/README.md's

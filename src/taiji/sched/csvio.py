@@ -10,10 +10,11 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Union
 
 from taiji.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """Fidelity check: our Tiresias, Optimus and Pollux-like policies on Pollux's workloads against the
-results Pollux's artifact published, job by job (SCHEDULER.md §3.1; 16 nodes × 4 GPUs, 60 s rounds,
-a 30 s restart for every reallocation — the settings of those runs).
+results Pollux's artifact published, job by job (docs/reference/scheduler-model.md#pollux; 16 nodes × 4 GPUs,
+60 s rounds, a 30 s restart for every reallocation — the settings of those runs).
 
 The reference is the artifact's per-job JCTs at load 1.0 (``data/results/<policy>-1.0.json.gz``,
 provenance in ``data/README.md``): Pollux's simulator reproduces them exactly for Tiresias and
@@ -24,14 +24,16 @@ import functools
 import gzip
 import json
 import logging
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from taiji.errors import ConfigError
+from taiji.sched.costs import SYSTEMS
 from taiji.sched.csvio import data_root
 from taiji.sched.policies import FIDELITY_MODES, make_policy
-from taiji.sched.sim import SYSTEMS, SimConfig, SimResult, simulate
+from taiji.sched.sim import SimConfig, simulate
+from taiji.sched.simresult import SimResult
 from taiji.sched.workload import POLLUX_WORKLOADS, pollux_workload
 
 logger = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ def agreement(result: SimResult, published: Mapping[str, float]) -> dict[str, fl
     log_ratio = np.log(ours / theirs)
     submits = [r.submit_time for r in done]
     ours_makespan = makespan(submits, [r.end_time for r in done])
-    theirs_makespan = makespan(submits, [s + t for s, t in zip(submits, theirs)])
+    theirs_makespan = makespan(submits, [s + t for s, t in zip(submits, theirs, strict=False)])
     return {
         "avg_jct_s": round(float(ours.mean()), 1),
         "published_avg_jct_s": round(float(theirs.mean()), 1),

@@ -28,8 +28,9 @@ whatever its noise scale (``(φ+B0)/(φ+B0)``) and the policies see throughput, 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Live jobs as the simulator's policies see them (pure): a step-time model fitted online to what
 a running taiji job measured, turned into an :class:`~taiji.sched.model.Application`, so that the
-live scheduler runs the very policy code the simulator runs (SCHEDULER.md §4.5).
+live scheduler runs the very policy code the simulator runs (docs/design.md#cluster-scheduler).
 
 The model of one global step at batch ``B`` on ``n`` workers over ``h`` hosts (local batch B/n):
 
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -40,7 +40,7 @@ from scipy.optimize import nnls
 from ..errors import ConfigError
 from .cluster import Allocation
 from .model import Application, Curve, Validation
-from .sim import JobView
+from .policy import JobView
 from .workload import LIVE, JobSpec
 
 PRIOR_WEIGHT = 1e-3  # of the prior rows against one measurement (relative errors are ~1)

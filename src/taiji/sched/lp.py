@@ -1,4 +1,5 @@
-"""PCRR's LP: the time-indexed packing/covering relaxation of weighted completion time (SCHEDULER.md §2.4, §4.2).
+"""PCRR's LP: the time-indexed packing/covering relaxation of weighted completion time
+(docs/reference/scheduler-model.md#packing-covering, docs/reference/scheduler-model.md#pcrr).
 
 Plain frozen inputs (hosts, jobs with a few candidate configurations, a horizon of slots), one sparse LP
 solved by HiGHS through SciPy, and a frozen solution: the fraction of each slot each job runs each

@@ -1,6 +1,7 @@
 """Application models for the cluster scheduler: measured ground truth and analytic forms.
 
-Three kinds of model live here (SCHEDULER.md §3.1, §4.1; tags as there):
+Three kinds of model live here (docs/reference/scheduler-model.md#speed-models; tags as in
+docs/reference/scheduler-model.md#sources):
 
 * :class:`Application` — ground truth built from Pollux's measured traces (shipped in
   ``taiji/sched/data``, Apache-2.0, see the README there). Step and sync time come from
@@ -28,8 +29,8 @@ import bisect
 import functools
 import logging
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 

@@ -42,9 +42,9 @@ to redo anyway. Anything else ended it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Sequence
 
 from ..errors import ConfigError
 

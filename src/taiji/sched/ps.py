@@ -1,5 +1,6 @@
 """Parameter-server (PS) jobs for the scheduler simulator: the paper family's speed model with
-locality, DL2's refined per-worker model, and DL2's per-model constants (SCHEDULER.md §2.2).
+locality, DL2's refined per-worker model, and DL2's per-model constants
+(docs/reference/scheduler-model.md#speed-models).
 
 A PS job trains with ``W`` workers (one GPU each) and ``S = ⌈W/γ⌉`` parameter servers (CPU slots,
 ``cpus_per_server`` each); the scheduler picks workers, the servers follow (the tightest form of
@@ -12,8 +13,8 @@ Speed models (``PsSettings.model``):
   (compute, push the gradient, pull the parameters), asynchronously, so a job makes ``W/θ``
   mini-batches per second; ``b`` is the intra-host bandwidth when all workers and servers share
   one host (locality), the inter-host bandwidth otherwise.
-* ``dl2`` [C, DL2's ``scheduler/job.py`` as summarised in SCHEDULER.md §2.2]: per worker on host n,
-  ``intra = b_int / max(ps_n, wk_n)``; ``inter = b_ext`` if all servers are on n, else
+* ``dl2`` [C, DL2's ``scheduler/job.py``, docs/reference/scheduler-model.md#speed-models]: per worker on host
+  n, ``intra = b_int / max(ps_n, wk_n)``; ``inter = b_ext`` if all servers are on n, else
   ``min(b_ext/(S − ps_n), b_ext/(W − min_{server hosts m} wk_m))``; one iteration takes
   ``τ + max(2(g/S)/inter, 2(g/S)/intra)`` and the job advances ``W / max_workers(t_iter)``
   mini-batches per second (the slowest worker paces a synchronous job). As summarised there, a
@@ -30,8 +31,8 @@ would on an empty cluster": on the workers' host when they share one, else besid
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from taiji.errors import ConfigError
 
@@ -53,8 +54,8 @@ class PsModelSpec:
     server_cpus: int
 
 
-# DL2's table (SCHEDULER.md §2.2). Workers are scheduled as one GPU each here whatever their
-# (cpu, gpu) row says: the simulator's hosts count GPUs and server CPUs only [I].
+# DL2's table (docs/reference/scheduler-model.md#speed-models). Workers are scheduled as one GPU each here
+# whatever their (cpu, gpu) row says: the simulator's hosts count GPUs and server CPUs only [I].
 DL2_MODELS: dict[str, PsModelSpec] = {
     spec.name: spec
     for spec in (

@@ -12,8 +12,8 @@ policy, as they did live, whatever their true speeds.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from .live import Measured, policy_application, seconds_per_sample, typical
 from .model import Application

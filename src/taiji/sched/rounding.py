@@ -1,11 +1,11 @@
 """PCRR's rounding: from the LP's fractions to one configuration (or none) per job for the next slot.
 
-Steps (SCHEDULER.md §2.5, §4.2): α-point order → randomized rounding of the first slot → waiting jobs
-the scheduler cannot tell apart served first come, first served (:func:`first_come_among_equals`) → hysteresis
-(keep a running job's configuration unless the change is worth more than its resize cost) → greedy
-placement in that order with repair (capacity is never exceeded; a running job the repair would change
-is kept instead when its whole resize costs the first slot more) → work-conserving fill of leftover GPUs.
-Everything is a pure function of (problem, LP solution, seed).
+Steps (docs/reference/scheduler-model.md#rounding, docs/reference/scheduler-model.md#pcrr): α-point order →
+randomized rounding of the first slot → waiting jobs the scheduler cannot tell apart served first come, first
+served (:func:`first_come_among_equals`) → hysteresis (keep a running job's configuration unless the change is
+worth more than its resize cost) → greedy placement in that order with repair (capacity is never exceeded; a
+running job the repair would change is kept instead when its whole resize costs the first slot more) →
+work-conserving fill of leftover GPUs. Everything is a pure function of (problem, LP solution, seed).
 """
 
 from __future__ import annotations

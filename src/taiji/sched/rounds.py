@@ -22,8 +22,8 @@ round asks for the rest). A job that ended (gone from ``holds``) frees everythin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from ..errors import ConfigError
 

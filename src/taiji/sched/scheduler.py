@@ -14,11 +14,13 @@ shrinks first, grows after. A job the policy gives no slot stays queued.
 suspensions per hour), else kept at its minimum. A suspended job waits like a queued one and
 resumes from its checkpoint (``--resume auto``) at whatever size and on whatever host a later round
 gives it. Its slots are free only once its launcher is gone. A waiting job of a higher ``priority``
-class suspends lower ones when that lets its ``min_np`` start (:func:`~taiji.sched.preemption.priority_victims`).
-Each job's suspend/resume cost is measured (checkpoint stall + boot + load until its first step); until one
-is, it is a typical job's, else the job's own measured boot (launch to first step), else a typical boot. A job *starts on one host* (its launcher's, the ``home``
-the policy gave the most workers) and grows onto others by placed resizes in later rounds, so its
-``min_np`` must fit one host. A host that is down offers no slots: the policy does not see it.
+class suspends lower ones when that lets its ``min_np`` start
+(:func:`~taiji.sched.preemption.priority_victims`). Each job's suspend/resume cost is measured
+(checkpoint stall + boot + load until its first step); until one is, it is a typical job's, else the
+job's own measured boot (launch to first step), else a typical boot. A job *starts on one host* (its
+launcher's, the ``home`` the policy gave the most workers) and grows onto others by placed resizes in
+later rounds, so its ``min_np`` must fit one host. A host that is down offers no slots: the policy
+does not see it.
 
 The state is plain data (``to_json``/``from_json``): a restarted daemon loads it and re-adopts
 the jobs whose launchers still run.
@@ -29,110 +31,28 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
 
 from ..errors import ConfigError
 from .cluster import Cluster
 from .goodput import BatchStats, batch_range
-from .live import Measured, live_view, policy_application, seconds_per_sample, typical
+from .live import live_view, policy_application, seconds_per_sample, typical
+from .livejob import ENDED, LiveJob, Observed, last_start, seconds_left, size_key
+from .policy import Policy
 from .preemption import Running, SuspendRules, may_suspend, priority_victims
 from .rounds import Ask, Change, Rounds
-from .sim import Policy
 
 log = logging.getLogger(__name__)
 
-ENDED = ("finished", "failed", "cancelled")
 KEEP_MEASUREMENTS = 8  # recent step times kept per size
 KEEP_ROUNDS = 1800  # the times of the latest rounds that ran the policy (a replay's rounds)
 GUESS_BATCH = 128  # a queued job's batch and work are unknown until it reports them
 # (the work from `submit --work` if given; else a typical job's)
 GUESS_SAMPLES = 60000
 GUESS_SECONDS_PER_SAMPLE = 1e-3
-
-
-@dataclass
-class LiveJob:
-    """One submitted job as the daemon knows it."""
-
-    id: str
-    name: str
-    command: list[str]
-    min_np: int
-    max_np: int
-    requested: int  # what a rigid policy (FIFO) runs it at
-    weight: float
-    submitted: float
-    cwd: str = ""  # where it was submitted (its command runs there)
-    work_hint: int = 0  # samples to train, as the submitter guessed (until the job reports its own)
-    state: str = "queued"  # queued | running | suspended | finished | failed | cancelled
-    reason: str = ""
-    size: int = 0  # workers it runs now (its launcher says)
-    version: int = 0
-    step: int = 0
-    batch_size: int = 0
-    position: int = 0  # samples trained
-    end: int = 0  # the position where it will be done (0: not reported yet)
-    samples_per_s: float = 0.0
-    placement: list[int] = field(default_factory=list)  # workers per host (empty: none yet)
-    home: int = -1  # the host its launcher runs on (-1: not started)
-    started: float | None = None
-    ended: float | None = None
-    measured: dict[str, list[float]] = field(default_factory=dict)  # workers -> recent step seconds
-    allocations: list[tuple[float, int]] = field(default_factory=list)  # (time, workers) as observed
-    priority: int = 0  # its class: a higher one's arrival may suspend it
-    preemptible: bool = True  # False: never suspended (`submit --no-preempt`)
-    checkpoint_dir: str = ""  # where it checkpoints (what it resumes from)
-    checkpoint_every: str = ""
-    resumed: float | None = None  # when its launcher last started
-    launches: list[float] = field(default_factory=list)  # when each of its launchers started
-    suspending: float | None = None  # when it was asked to suspend (its launcher still runs)
-    stopped_at: int = -1  # the step it stopped at, while suspended (its latest checkpoint)
-    suspensions: list[float] = field(default_factory=list)  # when it was suspended
-    stall: float | None = None  # its last suspension's stall, until the resume's cost is measured
-    costs: list[float] = field(default_factory=list)  # measured suspend + resume seconds
-    boots: list[float] = field(default_factory=list)  # measured launch -> first step seconds
-    booting: bool = False  # its launcher (re)started and it has not reported a step yet
-    growing: float | None = None  # when a grow was asked of it, until its new workers are seen
-    joins: list[float] = field(default_factory=list)  # measured grow ask -> new workers seen seconds
-    stalls: list[float] = field(default_factory=list)  # measured suspend ask -> launcher gone seconds
-    max_batch: int = 0  # `submit --max-batch`: it adapts its batch up to this (0: not said)
-    init_batch: int = 0  # its run log's first batch (B0), 0 until read
-    largest_batch: int = 0  # the largest batch its run log shows
-    noise_scale: float | None = None  # its run log's latest gradient noise scale (samples)
-
-    @property
-    def active(self) -> bool:
-        return self.state not in ENDED
-
-    def measurements(self) -> list[Measured]:
-        """Its step times at its current batch (a goodput job's earlier batches are other models)."""
-        return [
-            Measured(n, 1, statistics.median(times))
-            for (n, b), times in ((size_key(k, self.batch_size), v) for k, v in self.measured.items())
-            if times and b == self.batch_size
-        ]
-
-    def stats(self) -> BatchStats | None:
-        if not self.init_batch:
-            return None
-        return BatchStats(
-            self.init_batch, self.batch_size or self.init_batch, self.largest_batch, self.noise_scale
-        )
-
-
-@dataclass(frozen=True)
-class Observed:
-    """One read of a running job's launcher (its ``taiji status``)."""
-
-    size: int
-    version: int
-    step: int = 0
-    batch_size: int = 0
-    position: int = 0
-    end: int = 0
-    samples_per_s: float = 0.0
-    placement: tuple[int, ...] = ()  # workers per host (empty: all on its home host)
+DEFAULT_RULES = SuspendRules()  # when to suspend a job, unless the daemon is told otherwise
 
 
 class Scheduler:
@@ -142,7 +62,7 @@ class Scheduler:
         policy: Policy,
         shrink_timeout: float = 30.0,
         hosts: int = 1,
-        rules: SuspendRules = SuspendRules(),
+        rules: SuspendRules = DEFAULT_RULES,
     ):
         if slots < 1 or hosts < 1:
             raise ConfigError(f"the scheduler needs at least one host with one slot, got {hosts} x {slots}")
@@ -241,7 +161,7 @@ class Scheduler:
         if job.booting and not (fresh and seen.size) and len(job.placement) == len(placement):
             # no step yet since it (re)started: a worker a shrink took out of its cluster is still a
             # process booting, and leaves only at the first step boundary; its slot is not free yet
-            placement = [max(a, b) for a, b in zip(placement, job.placement)]
+            placement = [max(a, b) for a, b in zip(placement, job.placement, strict=False)]
         job.placement = placement
         if (
             job.booting and fresh and seen.size and job.resumed is not None
@@ -260,7 +180,8 @@ class Scheduler:
         job.position, job.end, job.samples_per_s = seen.position, seen.end or job.end, seen.samples_per_s
 
     def read_run_log(self, job_id: str, stats: BatchStats | None) -> None:
-        """What its run log says of its batch and gradient noise (:func:`~taiji.sched.goodput.batch_stats`)."""
+        """What its run log says of its batch and gradient noise
+        (:func:`~taiji.sched.goodput.batch_stats`)."""
         job = self.jobs[job_id]
         if stats is None or not job.active:
             return
@@ -456,7 +377,7 @@ class Scheduler:
             used = [
                 sum(max(holds[j][h], targets.get(j, holds[j])[h]) for j in holds) for h in range(self.hosts)
             ]
-            free = [max(0, cap - u) for cap, u in zip(self.rounds.slots, used)]
+            free = [max(0, cap - u) for cap, u in zip(self.rounds.slots, used, strict=False)]
             found = priority_victims(job.min_np, job.priority, free, running)
             if not found:
                 continue
@@ -478,9 +399,9 @@ class Scheduler:
         self.jobs[job_id].growing = None
 
     def view_of(self, job: LiveJob, now: float | None = None, live: list[int] | None = None):  # noqa: ANN202
-        """What the policy sees of ``job`` (a sim.JobView): its fitted model, goodput (its batch range and
-        noise scale, :mod:`~taiji.sched.goodput`), work, progress, suspend cost and its placement on
-        the ``live`` hosts (default: all)."""
+        """What the policy sees of ``job`` (a :class:`~taiji.sched.policy.JobView`): its fitted model,
+        goodput (its batch range and noise scale, :mod:`~taiji.sched.goodput`), work, progress, suspend
+        cost and its placement on the ``live`` hosts (default: all)."""
         measured = job.measurements()
         batch = job.batch_size or self._typical(lambda j: j.batch_size, GUESS_BATCH)
         init, largest = batch_range(job.stats(), batch, job.max_batch)
@@ -510,7 +431,9 @@ class Scheduler:
         held = self.holds().get(job.id, (0,) * self.hosts)
         placement = tuple(held[h] for h in live) if any(held[h] for h in live) else None
         held = job.allocations + ([(now, 0)] if now is not None and job.allocations else [])
-        attained = sum((b[0] - a[0]) * a[1] for a, b in zip(held, held[1:]))  # worker-seconds so far
+        attained = sum(
+            (b[0] - a[0]) * a[1] for a, b in zip(held, held[1:], strict=False)
+        )  # worker-seconds so far
         return live_view(
             app,
             job.submitted,
@@ -565,24 +488,6 @@ class Scheduler:
             self.jobs[job.id] = job
         for job_id, (target, reserve, shrink) in data.get("asked", {}).items():
             self.rounds.asked[job_id] = Ask(tuple(target), tuple(reserve), bool(shrink))
-
-
-def size_key(key: str, batch: int) -> tuple[int, int]:
-    """(workers, batch) of a key of ``LiveJob.measured``: ``"N@B"`` (``"N"`` in an older state: ``batch``)."""
-    size, _, at = key.partition("@")
-    return int(size), int(at) if at else batch
-
-
-def seconds_left(job: LiveJob) -> float:
-    """Seconds ``job`` still trains at its present speed (infinite until it reported its end and speed)."""
-    if not job.end or job.samples_per_s <= 0:
-        return math.inf
-    return max(0, job.end - job.position) / job.samples_per_s
-
-
-def last_start(job: LiveJob, now: float) -> float:
-    """When ``job`` last (re)started (``now`` if it never did)."""
-    return job.resumed if job.resumed is not None else job.started if job.started is not None else now
 
 
 def clamp(

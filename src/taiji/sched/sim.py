@@ -5,13 +5,14 @@ default as in Pollux). Between events every job's progress is integrated exactly
 is constant within an epoch for a fixed allocation (:mod:`taiji.sched.model`), so its completion
 time is known when its allocation is set and a completion is an exact event, not a round-off.
 
-**Plugging in a policy.** A policy is any object with a ``name`` and
+**Plugging in a policy.** A policy (:class:`~taiji.sched.policy.Policy`) is any object with a
+``name`` and
 
     allocate(now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Mapping[str, Allocation]
 
 called at every round (and, with ``SimConfig.reschedule_on_events``, also right after arrivals
 and completions). ``jobs`` are the active jobs (arrived, not finished, not rejected) in submission
-order, each a frozen :class:`JobView`: the spec (requested replicas and batch), the
+order, each a frozen :class:`~taiji.sched.policy.JobView`: the spec (requested replicas and batch), the
 job's :class:`~taiji.sched.model.Application` or :class:`~taiji.sched.ps.PsApplication` (ground
 truth for oracle policies; with ``SimConfig.estimation_error`` a copy whose speeds are off by a
 seeded per-job factor, while progress is still integrated with the true speeds), the progress made and
@@ -74,32 +75,27 @@ at every allocation change and completion, so progress stays exact.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
-import bisect
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
 
 from taiji.errors import ConfigError
 from taiji.sched.cluster import Allocation, Cluster, PolicyError, at_least
-from taiji.sched.costs import SYSTEMS, ResizeCost, resize_cost  # noqa: F401  (the cost model, re-exported)
-from taiji.sched.model import AnyApplication, Application, advance, time_to_finish
+from taiji.sched.costs import SYSTEMS, ResizeCost, resize_cost
+from taiji.sched.model import Application, time_to_finish
+from taiji.sched.policy import Policy
 from taiji.sched.preemption import SuspendRules, may_suspend
 from taiji.sched.ps import PsSettings
+from taiji.sched.simjob import DaemonView, SimJob
+from taiji.sched.simresult import JobRecord, SimResult
 from taiji.sched.trail import Trail
-from taiji.sched.simjob import DaemonView, JobView, SimJob  # noqa: F401  (JobView re-exported)
-from taiji.sched.simresult import JobRecord, SimResult  # noqa: F401  (re-exported)
 from taiji.sched.workload import JobSpec, application_of, estimated
 
 logger = logging.getLogger(__name__)
 SHRINK_TIMEOUT_S = 30.0  # as the live Rounds': a round's grows go ahead without a shrink that never landed
-
-
-class Policy(Protocol):
-    name: str
-
-    def allocate(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Mapping[str, Allocation]: ...
 
 
 @dataclass(frozen=True)
@@ -223,7 +219,8 @@ class _Engine:
         )
 
     def _round_after(self, now: float) -> float:
-        """The first round after ``now``: the next of ``round_times``, else every ``interval_s`` (after the last of them)."""
+        """The first round after ``now``: the next of ``round_times``, else every ``interval_s``
+        (after the last of them)."""
         times, interval = self.config.round_times, self.config.interval_s
         if bisect.bisect_right(times, now) < len(times):
             return times[bisect.bisect_right(times, now)]
@@ -348,7 +345,9 @@ class _Engine:
         gone = tuple(
             a - min(a, b)
             for a, b in zip(
-                job.allocation.placement, new.placement if new else (0,) * len(job.allocation.placement)
+                job.allocation.placement,
+                new.placement if new else (0,) * len(job.allocation.placement),
+                strict=False,
             )
         )
         if until > self.now and any(gone):
@@ -459,7 +458,8 @@ class _Engine:
         return own[min(len(job.suspensions), len(own) - 1)] if own else self.config.resize
 
     def _rule_cost(self, job: SimJob) -> float:
-        """A job's suspend/resume cost as the live rules see it: its resume once any resumed, else its boot."""
+        """A job's suspend/resume cost as the live rules see it: its resume once any resumed, else
+        its boot."""
         cost = self._cost(job)
         return (cost.resume_s if cost.suspend is None else cost.suspend) if self.resumed_any else cost.boot_s
 
@@ -502,14 +502,17 @@ class _Engine:
             sum(a.placement[h] for name, a in answer.items() if name != job.spec.name)
             for h in range(len(wanted.placement))
         ]
-        after = tuple(min(n, max(0, cap - u)) for n, u in zip(wanted.placement, used))
+        after = tuple(min(n, max(0, cap - u)) for n, u in zip(wanted.placement, used, strict=False))
         held = job.allocation.placement if job.allocation is not None else (0,) * len(after)
         if (
             job.allocation is None and sum(after) < dict(self.config.min_replicas).get(job.spec.name, 1)
-        ) or not any(a > h for a, h in zip(after, held)):
+        ) or not any(a > h for a, h in zip(after, held, strict=False)):
             return None
         return dataclasses.replace(
-            wanted, placement=tuple(max(a, min(h, n)) for a, h, n in zip(after, held, wanted.placement))
+            wanted,
+            placement=tuple(
+                max(a, min(h, n)) for a, h, n in zip(after, held, wanted.placement, strict=False)
+            ),
         )
 
     def _retime_all(self) -> None:
@@ -549,7 +552,7 @@ class _Engine:
 
 def fewer(a: Allocation, b: Allocation) -> bool:
     """``a`` has fewer workers than ``b`` on some host."""
-    return any(x < y for x, y in zip(a.placement, b.placement))
+    return any(x < y for x, y in zip(a.placement, b.placement, strict=False))
 
 
 def simulate(specs: Sequence[JobSpec], policy: Policy, config: SimConfig = SimConfig()) -> SimResult:

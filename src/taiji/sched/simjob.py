@@ -1,44 +1,25 @@
-"""One job as the simulator (:mod:`taiji.sched.sim`) sees it: what a policy is shown
-(:class:`JobView`, and as a live daemon saw it, :class:`DaemonView`) and the mutable state whose
-progress is integrated exactly between events (:class:`SimJob`, never handed to a policy)."""
+"""One job as the simulator (:mod:`taiji.sched.sim`) sees it: the mutable state whose progress is
+integrated exactly between events (:class:`SimJob`, never handed to a policy), what a policy is shown
+of it (a :class:`~taiji.sched.policy.JobView`) and, in a replay, how a live daemon saw it
+(:class:`DaemonView`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from taiji.sched.cluster import Allocation
 from taiji.sched.model import AnyApplication, advance, time_to_finish
+from taiji.sched.policy import JobView
 from taiji.sched.trail import Trail
 from taiji.sched.workload import JobSpec
 
 
-@dataclass(frozen=True)
-class JobView:
-    """What a policy sees of one active job."""
-
-    spec: JobSpec
-    app: AnyApplication  # the policy's model of the job: ground truth unless estimation error is on
-    progress: float  # statistical progress made (PS jobs: mini-batches)
-    attained_gpu_s: float  # GPU-seconds held so far (Tiresias' attained service)
-    allocation: Allocation | None  # current allocation, None when waiting
-    restarts: int  # allocation changes that cost a pause
-    peak_replicas: int = 0  # most GPUs held at once so far (what has been "profiled")
-    weight: float = 1.0  # its weight in a weighted objective (PCRR's); live jobs' `submit --weight`
-    suspend_cost_s: float | None = None  # its measured suspend + resume seconds (live); None: the system's
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def remaining_progress(self) -> float:
-        return self.app.target_progress - self.progress
-
-
 class DaemonView(Protocol):
-    """What a live daemon's policy saw of a job before its first step (a replay's: :mod:`taiji.sched.replay`)."""
+    """What a live daemon's policy saw of a job before its first step (a replay's:
+    :mod:`taiji.sched.replay`)."""
 
     def guess(self, name: str, measured: Sequence[str]) -> AnyApplication:
         """``name``'s model given the jobs (``measured``) that had made a step."""

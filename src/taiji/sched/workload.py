@@ -21,9 +21,9 @@ import dataclasses
 import logging
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -227,7 +227,7 @@ def _draw_mix(rng: np.random.Generator, mix: tuple[tuple[str, int, int, int], ..
 
 
 # Workers a PS job asks for, and epochs it trains (uniform, inclusive) [I: DL2's trace draws
-# both at random; its exact ranges are not in SCHEDULER.md].
+# both at random; its exact ranges are not documented].
 PS_WORKER_CHOICES = (1, 2, 4, 8)
 PS_EPOCHS = (10, 60)
 PS_NOMINAL_BATCH = 32

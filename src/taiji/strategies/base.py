@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ContextManager, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import ContextManager, Protocol, runtime_checkable
 
 import torch
 
@@ -72,7 +73,7 @@ class Strategy(ABC):
             )
 
     @abstractmethod
-    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "Strategy":
+    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> Strategy:
         """Bind to ``model``; ``comm`` gives the communicator of the current cluster version."""
 
     @abstractmethod

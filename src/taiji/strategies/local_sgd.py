@@ -72,7 +72,7 @@ class LocalSGD(Strategy):
         """Whether a sync point takes the plain weighted average (``outer_lr`` 1, no outer momentum)."""
         return self.outer_lr == 1.0 and self.outer_momentum == 0.0
 
-    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "LocalSGD":
+    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> LocalSGD:
         self._comm_source = resolve_comm_source(comm)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:

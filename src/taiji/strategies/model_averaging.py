@@ -44,9 +44,7 @@ class ModelAveraging(Strategy):
         self._averaging = False
         self._ready = False
 
-    def attach(
-        self, model: torch.nn.Module, comm: CommSource | Communicator | None = None
-    ) -> "ModelAveraging":
+    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> ModelAveraging:
         self._comm_source = resolve_comm_source(comm)
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import random
+
 import torch
 
 from ..cluster import auth
+from ..cluster.spec import ClusterView
 from ..comm.communicator import Communicator
 from ..comm.p2p import BackgroundFetcher, ModelStore, Snapshot
 from ..errors import CommError, ConfigError, StoreError, TaijiError
-from ..cluster.spec import ClusterView
 from .base import CommSource, Directory, Strategy
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,7 @@ class PairAveraging(Strategy):
         self.skipped = 0  # fetches that failed (peer gone) and were skipped
         self.weights = 0.0  # sum of the weights the peers' models got (weights / averaged: the mean)
 
-    def attach(
-        self, model: torch.nn.Module, comm: CommSource | Communicator | None = None
-    ) -> "PairAveraging":
+    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> PairAveraging:
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
             raise ConfigError("PairAveraging: the model has no parameters that require gradients")

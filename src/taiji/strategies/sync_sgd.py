@@ -20,8 +20,8 @@ import contextlib
 import logging
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 FIRST_BUCKET_MB = 1.0  # small first bucket so communication starts early (as DDP does)
 
 # two strategies hooked onto one model would each send every gradient
-_attached_models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_attached_models: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 @dataclass
@@ -136,7 +136,7 @@ class SyncSGD(Strategy):
 
     # -- setup ------------------------------------------------------------------------
 
-    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> "SyncSGD":
+    def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> SyncSGD:
         if self._hooks:
             raise TaijiError("this SyncSGD is already attached to a model; create one per model")
         if model in _attached_models:

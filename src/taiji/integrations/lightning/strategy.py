@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero_only
@@ -63,9 +64,9 @@ class TaijiStrategy(ParallelStrategy):
         strategy: Strategy | None = None,
         batch_size: int | None = None,
         seed: int = 0,
-        monitoring: "taiji.MonitorOptions | None" = None,
-        faults: "taiji.FaultOptions | None" = None,
-        sync: "taiji.SyncOptions | None" = None,
+        monitoring: taiji.MonitorOptions | None = None,
+        faults: taiji.FaultOptions | None = None,
+        sync: taiji.SyncOptions | None = None,
         on_commit: Callable[[Any], None] | None = None,
         **lightning: Any,
     ):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import taiji
 from transformers import TrainerCallback
+
+import taiji
 
 from ..loop import FrameworkLoop, step_metrics
 

@@ -34,8 +34,9 @@ import collections
 import contextlib
 import logging
 import os
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from transformers import Trainer, TrainingArguments
@@ -159,9 +160,9 @@ class TaijiTrainer(Trainer):
         policies: Sequence[Policy] = (),
         strategy: Strategy | None = None,
         shuffle: bool = True,
-        monitoring: "taiji.MonitorOptions | None" = None,
-        faults: "taiji.FaultOptions | None" = None,
-        sync: "taiji.SyncOptions | None" = None,
+        monitoring: taiji.MonitorOptions | None = None,
+        faults: taiji.FaultOptions | None = None,
+        sync: taiji.SyncOptions | None = None,
         on_commit: Callable[[Any], None] | None = None,
         **kwargs: Any,
     ):

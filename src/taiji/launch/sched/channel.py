@@ -19,7 +19,8 @@ import logging
 import secrets
 import socket
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ...errors import AuthError, ConfigError, StoreError
 from ..control_socket import read_line
@@ -70,7 +71,7 @@ class RequestServer:
         while not self._closed.is_set():
             try:
                 conn, peer = self._sock.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             # a thread per connection: a request may wait (a cancel, until its job is gone) while
             # others, the agents' polls among them, are answered

@@ -12,11 +12,11 @@
     taiji sched simulate --workload pollux:6 --policy pcrr,tiresias  # the simulator (taiji.sched.cli)
 
 The daemon shares ``--slots`` worker slots (cores) — or the slots of every host in ``--hosts``, each
-driven by its ``taiji sched agent``, or of every node of a Ray cluster (``--ray``) — among elastic taiji jobs: every ``--round``
-seconds it runs the same policy code as ``taiji sched simulate`` on models fitted to what each job
-measured, and resizes running jobs in place — shrinks first, grows once the shrinks landed, so the
-slots are never oversubscribed. Clients find it through ``--state-dir`` (default ``~/.taiji/sched``)
-and sign their requests with the secret there.
+driven by its ``taiji sched agent``, or of every node of a Ray cluster (``--ray``) — among elastic
+taiji jobs: every ``--round`` seconds it runs the same policy code as ``taiji sched simulate`` on
+models fitted to what each job measured, and resizes running jobs in place — shrinks first, grows
+once the shrinks landed, so the slots are never oversubscribed. Clients find it through
+``--state-dir`` (default ``~/.taiji/sched``) and sign their requests with the secret there.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ...errors import ConfigError, TaijiError
-from .. import metrics_http
 from ...sched.preemption import SuspendRules
+from .. import metrics_http
 from .channel import ask
 
 PROG = "taiji sched"
@@ -322,11 +323,11 @@ def format_status(reply: dict[str, Any]) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     held = sum(job.get("size", 0) for job in reply.get("jobs", []) if job["state"] == "running")
     slots, up = int(reply.get("slots", 0)), reply.get("up") or [True] * len(names)
     down = [
-        name for name, is_up in zip(names, up) if not is_up and name
+        name for name, is_up in zip(names, up, strict=False) if not is_up and name
     ]  # ("": a Ray pool's seat no node took)
     lines.append(
         f"{held}/{slots * sum(1 for u in up if u)} slots in use on {sum(1 for u in up if u)} host(s)"
@@ -347,7 +348,7 @@ def _hosts_of(job: dict[str, Any], names: list[str]) -> str:
     placement = job.get("placement") or []
     if job["state"] != "running" or not any(placement):
         return "-" if job["state"] != "running" or len(names) > 1 else names[0]
-    return ",".join(f"{name}={n}" for name, n in zip(names, placement) if n)
+    return ",".join(f"{name}={n}" for name, n in zip(names, placement, strict=False) if n)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -359,14 +360,15 @@ def main(argv: Sequence[str]) -> int:
             return 2
         return simulate_main(list(argv))
     args = build_parser().parse_args(list(argv))
-    from .daemon import daemon_address, read_secret, run_daemon, state_dir
+    from .daemon import run_daemon
+    from .statedir import daemon_address, read_secret, state_dir
 
     directory = state_dir(args.state_dir)
     try:
         if args.command == "serve":
-            from ...sched.scheduler import Scheduler
+            from ...sched.costs import SYSTEMS
             from ...sched.policies import make_policy
-            from ...sched.sim import SYSTEMS
+            from ...sched.scheduler import Scheduler
 
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -377,7 +379,7 @@ def main(argv: Sequence[str]) -> int:
                     raise ConfigError(
                         "--ray and --hosts: the hosts are a Ray cluster's nodes or a file's, not both"
                     )
-                from ..ray_hosts import config_of
+                from ..hosts.ray.nodes import config_of
                 from .ray_jobs import open_pool
 
                 hosts = open_pool(
@@ -471,6 +473,7 @@ def main(argv: Sequence[str]) -> int:
 def plot_state(directory: Path, output: str | None) -> Path:
     """Each job's observed workers over time (seconds since the first submission)."""
     import json
+
     from ...sched.plots import plot_allocations
 
     try:

@@ -1,10 +1,6 @@
-"""``taiji sched serve``: the live scheduler daemon (effects around :mod:`taiji.sched.scheduler`: processes and sockets live in launch/).
-
-Files under the state directory (default ``$TAIJI_HOME/sched``, i.e. ``~/.taiji/sched``):
-``secret`` (0600; what clients sign requests with), ``daemon.json`` (the address and pid of the
-running daemon), ``state.json`` (every job and outstanding ask, rewritten after each change) and
-``jobs/<id>/`` (each job's launcher log, run directory and, unless ``submit --checkpoint-dir``
-named another, its checkpoints).
+"""``taiji sched serve``: the live scheduler daemon (effects around :mod:`taiji.sched.scheduler`:
+processes and sockets live in launch/). Its files are in its state directory
+(:mod:`~taiji.launch.sched.statedir`).
 
 Each job runs under its own ``taiji run -np N --min-np A --max-np B --job-id sched-<id>`` in a
 session of its own — on this host, or on the host an agent runs (``--hosts``; the
@@ -35,59 +31,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ... import env
 from ...cluster.auth import new_secret, write_secret_file
 from ...errors import ConfigError, LaunchError, StoreError, TaijiError
 from ...metrics.prometheus import sched_families
-from ...metrics.runlog import EVENTS_FILE, METRICS_FILE, read_jsonl_ends
+from ...metrics.runlog import METRICS_FILE, read_jsonl_ends
 from ...sched.goodput import batch_stats
+from ...sched.livejob import Observed
+from ...sched.preemption import suspension_of
+from ...sched.rounds import Change
+from ...sched.scheduler import Scheduler
 from ..checkpoint_cli import EXIT_RESUMABLE, EXIT_STOPPED_UNSAVED
-from ...sched.scheduler import Observed, Scheduler
 from ..metrics_http import MetricsConfig, MetricsServer
 from .channel import RequestServer
-from .hosts import CHECKPOINT_GRACE_S, STOP_GRACE_S, AgentHosts, JobHosts, LocalHost, launcher_id
-from ...sched.rounds import Change
-from ...sched.preemption import suspension_of
+from .hosts import CHECKPOINT_GRACE_S, STOP_GRACE_S, AgentHosts, JobHosts, LocalHost
+from .launcher import latest_checkpoint, launcher_args, outcome_of_adopted
+from .statedir import job_dir, read_secret, running_daemon_pid, write_atomically
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.5
 RESEND_S = 2.0  # an ask the job has not reached is sent again this often (a launcher may refuse one)
-
-
-def state_dir(path: str | None = None) -> Path:
-    return Path(path) if path else Path(env.HOME.get() or Path.home() / ".taiji") / "sched"
-
-
-def read_secret(directory: Path) -> bytes:
-    path = directory / "secret"
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except (OSError, ValueError):
-        raise StoreError(
-            f"cannot read the scheduler's secret {path}: is a daemon set up here "
-            f"(`taiji sched serve`), and is --state-dir right?"
-        ) from None
-
-
-def daemon_address(directory: Path) -> str:
-    try:
-        return str(json.loads((directory / "daemon.json").read_text())["address"])
-    except (OSError, ValueError, KeyError):
-        raise StoreError(
-            f"no scheduler daemon is running for {directory} (no daemon.json); start one "
-            f"with `taiji sched serve --slots N`"
-        ) from None
-
-
-def running_daemon_pid(directory: Path) -> int | None:
-    """The pid in ``daemon.json`` if that process still runs (a SIGKILLed daemon leaves the file)."""
-    try:
-        pid = int(json.loads((directory / "daemon.json").read_text())["pid"])
-        os.kill(pid, 0)
-        return pid
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 class Daemon:
@@ -151,7 +114,7 @@ class Daemon:
             server.close()
             lock.close()
             raise ConfigError(str(exc)) from None
-        _write_atomically(
+        write_atomically(
             self.dir / "daemon.json", json.dumps({"address": server.address, "pid": os.getpid()})
         )
         log.info(
@@ -240,7 +203,7 @@ class Daemon:
                 if not self.hosts.running(job.id) and not (
                     job.suspending is not None and self._resumable(job.id, EXIT_RESUMABLE, now)
                 ):
-                    self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
+                    self._ended_with(now, job.id, *outcome_of_adopted(self._job_dir(job.id)))
                 continue  # starting up, or busy: read again next tick
             progress = status.get("progress") or {}
             self.joining[job.id] = len(status.get("joiners", []))
@@ -318,7 +281,8 @@ class Daemon:
                 self._save()  # a daemon killed now knows the job is on its way out
                 self.hosts.signal(job.id, signal.SIGTERM)
                 log.info(
-                    "job %s (%s): suspending (a final checkpoint at its next step, then its %d slot(s) are free)",
+                    "job %s (%s): suspending (a final checkpoint at its next step, then its %d slot(s) "
+                    "are free)",
                     job.id,
                     job.name,
                     job.size,
@@ -372,34 +336,18 @@ class Daemon:
     def _where(self, placement: tuple[int, ...]) -> str:
         if len(placement) == 1:
             return ""
-        return "placed " + ",".join(f"{a}={n}" for a, n in zip(self.hosts.addresses, placement) if n) + " "
+        return (
+            "placed "
+            + ",".join(f"{a}={n}" for a, n in zip(self.hosts.addresses, placement, strict=False) if n)
+            + " "
+        )
 
     def _launch(self, now: float, job_id: str, placement: tuple[int, ...]) -> None:
         job = self.sched.jobs[job_id]
         home = next(h for h, n in enumerate(placement) if n)
         where = self._job_dir(job_id)
         where.mkdir(parents=True, exist_ok=True)
-        run_args = [
-            "-np",
-            str(placement[home]),
-            "--min-np",
-            str(job.min_np),
-            "--max-np",
-            str(job.max_np),
-            "--job-id",
-            launcher_id(job_id),
-            "--run-dir",
-            str(where / "run"),
-            "--checkpoint-dir",
-            job.checkpoint_dir,
-            "--resume",
-            "auto",
-            "--checkpoint-grace",
-            f"{self.checkpoint_grace:g}",
-            *(["--checkpoint-every", job.checkpoint_every] if job.checkpoint_every else []),
-            "--",
-            *job.command,
-        ]
+        run_args = launcher_args(job, placement[home], where, self.checkpoint_grace)
         resuming = job.state == "suspended"
         try:
             self.hosts.launch(job_id, home, run_args, job.cwd, where / "launcher.log")
@@ -531,21 +479,10 @@ class Daemon:
                 self._ended_with(time.time(), job_id, "cancelled")
             self._save()
 
-    def _outcome_of_adopted(self, job_id: str) -> tuple[str, str]:
-        """A re-adopted job's launcher is gone: it finished if its run log says it ended."""
-        events = self._job_dir(job_id) / "run" / EVENTS_FILE
-        try:
-            ended = any(
-                json.loads(line).get("kind") == "end" for line in events.read_text().splitlines() if line
-            )
-        except (OSError, ValueError):
-            ended = False
-        return ("finished", "") if ended else ("failed", "its launcher is gone and its run log has no end")
-
     # -- state ----------------------------------------------------------------------------------
 
     def _job_dir(self, job_id: str) -> Path:
-        return self.dir / "jobs" / job_id
+        return job_dir(self.dir, job_id)
 
     def _load(self) -> None:
         path = self.dir / "state.json"
@@ -556,7 +493,7 @@ class Daemon:
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError(
                 f"cannot read the saved scheduler state {path} ({exc}); move it away to start afresh"
-            )
+            ) from exc
         now = time.time()
         for job in [j for j in self.sched.jobs.values() if j.state == "running"]:
             self.hosts.adopt(job.id, max(job.home, 0))
@@ -568,32 +505,13 @@ class Daemon:
                     " (suspending)" if job.suspending is not None else "",
                 )
             elif job.suspending is None or not self._resumable(job.id, EXIT_RESUMABLE):
-                self._ended_with(now, job.id, *self._outcome_of_adopted(job.id))
+                self._ended_with(now, job.id, *outcome_of_adopted(self._job_dir(job.id)))
 
     def _save(self) -> None:
         if not self._dirty:
             return
-        _write_atomically(self.dir / "state.json", json.dumps(self.sched.to_json()))
+        write_atomically(self.dir / "state.json", json.dumps(self.sched.to_json()))
         self._dirty = False
-
-
-def latest_checkpoint(directory: str) -> int | None:
-    """The step of the latest complete checkpoint in ``directory`` (None: none, or unreadable)."""
-    if not directory:
-        return None
-    from ...checkpoint.storage import Storage
-
-    try:
-        return Storage(directory).listing().latest
-    except (OSError, TaijiError, ValueError) as exc:
-        log.warning("cannot list the checkpoints in %s (%s)", directory, exc)
-        return None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)  # readers never see half a file
 
 
 def run_daemon(

@@ -1,6 +1,6 @@
 """The Ray actor that holds one scheduled job's launcher on its home node (`taiji sched serve --ray`).
 
-It is launch/ray_agent.py's per-node actor (the child in a session of its own, the secret on its
+It is launch/hosts/ray/agent.py's per-node actor (the child in a session of its own, the secret on its
 stdin, dying with the actor and with the node's raylet) running `taiji run` instead of `taiji
 join`, plus what the daemon asks of a launcher on another machine: its status and a placed
 resize (through the launcher's control socket on this node) and its store's address (for the
@@ -14,12 +14,13 @@ from typing import Any
 
 from ...errors import StoreError
 from .. import control_socket, registry
-from ..ray_agent import RayHostAgent
+from ..hosts.ray.agent import RayHostAgent
 from .hosts import launcher_id, launcher_status, launcher_store
 
 
 class RaySchedLauncher(RayHostAgent):
-    """``run`` (inherited) starts the launcher; ``report`` and ``control`` run beside it (a threaded actor)."""
+    """``run`` (inherited) starts the launcher; ``report`` and ``control`` run beside it (a threaded
+    actor)."""
 
     def report(self, job_id: str) -> dict[str, Any]:
         """The launcher's exit code (None: running or not started), status and store address."""

@@ -9,7 +9,7 @@ job runs in a Ray actor pinned to its node (``NodeAffinitySchedulingStrategy``, 
 - its launcher (`taiji run --nproc-per-node SLOTS --no-grow-on-join ...`, the same arguments as on
   any host) in :class:`~taiji.launch.sched.ray_actor.RaySchedLauncher` on the job's home node;
 - on each other node a placed resize names, before the resize is sent, the job's per-node agent
-  actor of `taiji run --ray` (launch/ray_agent.py: `taiji join`, dying with its node's raylet,
+  actor of `taiji run --ray` (launch/hosts/ray/agent.py: `taiji join`, dying with its node's raylet,
   so a node's loss closes the tether and the launcher drops the host at once).
 
 The actors take no Ray resources (the scheduler counts slots: ``--slots`` per node, which a node
@@ -28,13 +28,14 @@ import logging
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ... import env
 from ...errors import ConfigError, StoreError
-from ..ray_hosts import RayConfig, connect, node_demand, unfit_reason
+from ..hosts.ray.nodes import RayConfig, connect, node_demand, unfit_reason
 from .hosts import JOIN_WINDOW_S, TAIJI, job_secret, launcher_id
 from .ray_pool import Pool, pool_slots, seat_changes, seat_name, seat_nodes
 
@@ -279,8 +280,8 @@ class RayJobHosts:
             return False
 
     def _join(self, job_id: str, seat: int, store: str) -> None:
-        """The job's agent on ``seat``'s node: launch/ray_agent.py's actor running `taiji join`."""
-        from ..ray_agent import RayHostAgent
+        """The job's agent on ``seat``'s node: launch/hosts/ray/agent.py's actor running `taiji join`."""
+        from ..hosts.ray.agent import RayHostAgent
 
         address = seat_name(self.seats, seat)
         argv = TAIJI + [

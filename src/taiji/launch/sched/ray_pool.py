@@ -12,8 +12,9 @@ takes a seat that comes up, a node removed (its raylet gone) takes its seat down
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

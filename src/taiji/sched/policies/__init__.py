@@ -1,8 +1,10 @@
-"""Scheduling policies for :mod:`taiji.sched.sim` (each implements ``sim.Policy``)."""
+"""Scheduling policies for the simulator and the live scheduler (each implements
+:class:`~taiji.sched.policy.Policy`)."""
 
 from __future__ import annotations
 
 from taiji.errors import ConfigError
+from taiji.sched.costs import ResizeCost
 from taiji.sched.policies.common import FIDELITY_MODES, check_fidelity
 from taiji.sched.policies.drf import ElasticDrf
 from taiji.sched.policies.fifo import Fifo
@@ -11,7 +13,6 @@ from taiji.sched.policies.pcrr import Pcrr, horizon_slots
 from taiji.sched.policies.pollux import PolluxLike
 from taiji.sched.policies.srtf import SrtfOracle
 from taiji.sched.policies.tiresias import AUTO, Tiresias
-from taiji.sched.sim import ResizeCost
 
 POLICIES = {
     "fifo": Fifo,
@@ -33,7 +34,7 @@ def make_policy(
 ):
     """A policy by name (``fifo``, ``drf``, ``tiresias``, ``optimus``, ``pollux``, ``srtf``, ``pcrr``).
 
-    ``resize``: the simulated system's resize cost (``sim.SYSTEMS[...]``, the same as
+    ``resize``: the simulated system's resize cost (``costs.SYSTEMS[...]``, the same as
     ``SimConfig.resize``), for the policies that weigh a change against it: ``pcrr`` (LP and
     hysteresis) and ``pollux`` (its restart factor, charged the largest pause). The simulator does
     not tell policies what a change costs, so without it both assume a 30 s restart.

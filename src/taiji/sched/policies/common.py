@@ -14,11 +14,11 @@ epoch's progress and the batch's statistical efficiency.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from taiji.errors import ConfigError
 from taiji.sched.cluster import PLACERS, Allocation, Cluster, Placer, pack, place_all
-from taiji.sched.sim import JobView
+from taiji.sched.policy import JobView
 
 FIDELITY_MODES = ("taiji", "pollux")
 

@@ -9,12 +9,12 @@ earlier submission) until GPUs run out or every job holds the most it can use
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from taiji.sched.cluster import Allocation, Cluster
 from taiji.sched.policies.common import place_by_count
-from taiji.sched.sim import JobView
+from taiji.sched.policy import JobView
 
 
 def fair_counts(capacity: int, caps: Sequence[int]) -> list[int]:
@@ -40,7 +40,9 @@ class ElasticDrf:
     def allocate(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Mapping[str, Allocation]:
         caps = [min(job.app.max_useful_replicas(job.spec.batch_size), cluster.total_gpus) for job in jobs]
         counts = fair_counts(cluster.total_gpus, caps)
-        wanted = [(job.name, count, job.spec.batch_size) for job, count in zip(jobs, counts) if count]
+        wanted = [
+            (job.name, count, job.spec.batch_size) for job, count in zip(jobs, counts, strict=False) if count
+        ]
         # bigger shares first: they are the hardest to place without spreading
         wanted.sort(key=lambda item: -item[1])
         return place_by_count(cluster, jobs, wanted)

@@ -6,12 +6,12 @@ job submitted after it, even ones that would fit. Running jobs are never disturb
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from taiji.sched.cluster import Allocation, Cluster
 from taiji.sched.policies.common import gang_in_order
-from taiji.sched.sim import JobView
+from taiji.sched.policy import JobView
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Optimus with oracle speed and convergence knowledge (Peng et al., EuroSys'18; as Pollux runs it).
 
 The batch size stays at the job's request. Every active job first gets one GPU (Optimus starts a
-job at its minimum, SCHEDULER.md §3.7) in submission order while GPUs last; then GPUs go one at
-a time to the job whose remaining time drops the most from one more GPU (marginal gain per unit of
+job at its minimum, docs/reference/scheduler-model.md#optimus) in submission order while GPUs last; then GPUs
+go one at a time to the job whose remaining time drops the most from one more GPU (marginal gain per unit of
 resource), until no GPU is left or no job gains. Speed is estimated for a consolidated placement of
 the candidate count; the actual placement keeps a job's hosts when its count holds.
 
@@ -17,13 +17,13 @@ In ``pollux`` mode jobs are placed fewest GPUs first, each on the hosts with the
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from taiji.sched.cluster import Allocation, Cluster, packed_shape
 from taiji.sched.model import Application, iteration_time, time_to_finish, trace_iterations
 from taiji.sched.policies.common import check_fidelity, place_by_count, placer_for
-from taiji.sched.sim import JobView
+from taiji.sched.policy import JobView
 
 
 def remaining_iterations(app: Application, batch_size: int, progress: float) -> float:

@@ -1,7 +1,7 @@
-"""PCRR on the simulator: the packing/covering LP with randomized rounding (SCHEDULER.md §4.2) as a
-:class:`~taiji.sched.sim.Policy`.
+"""PCRR on the simulator: the packing/covering LP with randomized rounding
+(docs/reference/scheduler-model.md#pcrr) as a :class:`~taiji.sched.policy.Policy`.
 
-Every round this adapter turns the active :class:`~taiji.sched.sim.JobView` s into an
+Every round this adapter turns the active :class:`~taiji.sched.policy.JobView` s into an
 :class:`~taiji.sched.lp.Problem`, lets :func:`~taiji.sched.rounding.decide` solve the LP and round it
 (α-point order, seeded rounding of the first slot, repair, work-conserving fill) and turns the chosen
 placements back into :class:`~taiji.sched.cluster.Allocation` s.
@@ -11,11 +11,11 @@ placements back into :class:`~taiji.sched.cluster.Allocation` s.
 up to the GPUs per host and the host's GPUs less each of those (1, 2, 3, 4 on a 4-GPU host),
 *internal* (one host, the consolidated rate); and multiples of a host (2, 4,
 8, … hosts) as *external* configurations at the rate of full hosts; plus the job's cap when the powers
-of two skip it. The small ones are flexible too ([I], a simplification of §4.2's "internal on each of
-the ≤3 emptiest hosts"): the LP only counts them against the cluster's aggregate capacity, and the
-rounding's placer puts them on the fullest single host that holds them (best fit), so they stay
-internal unless the cluster is too fragmented. Fixed-host candidates for every job would mostly point
-at the few hosts free *now*, which hides from the LP exactly the GPUs it frees by shrinking others.
+of two skip it. The small ones are flexible too ([I], a simplification of internal candidates fixed on each of
+the ≤3 emptiest hosts, docs/reference/scheduler-model.md#pcrr): the LP only counts them against the cluster's
+aggregate capacity, and the rounding's placer puts them on the fullest single host that holds them (best fit),
+so they stay internal unless the cluster is too fragmented. Fixed-host candidates for every job would mostly
+point at the few hosts free *now*, which hides from the LP exactly the GPUs it frees by shrinking others.
 
 **Rates and batch** (an oracle, as Optimus and the Pollux-like baseline use): work is the job's remaining
 statistical progress; a configuration's rate is that work over the exact time to finish on its shape.
@@ -34,7 +34,7 @@ a job of 10 s finished "in the first slot" whether it ran now or behind a long r
 the sticky rounding kept the long one whole round after round (it was never suspended).
 
 **Resize cost**: the simulator does not tell a policy what a change costs, so it is a constructor field
-(``resize``, one of :data:`~taiji.sched.sim.SYSTEMS`; ``make_policy("pcrr", resize)``); the LP and
+(``resize``, one of :data:`~taiji.sched.costs.SYSTEMS`; ``make_policy("pcrr", resize)``); the LP and
 the fill charge a running job κ × the largest of its grow/shrink/move pauses for a change. Pass the
 same system as ``SimConfig.resize``.
 
@@ -74,29 +74,31 @@ and a PS job whose servers find no CPUs waits that round [I: the paper's LP has 
 **Estimation error**: rates come from the job's model as the simulator shows it (``JobView.app``), so
 with ``SimConfig.estimation_error`` PCRR plans with perturbed speeds like every other oracle policy.
 
-**Not modelled**: interference between distributed jobs, and Pollux-like's limit of twice the GPUs a job has held (PCRR may give a new job many GPUs at once).
+**Not modelled**: interference between distributed jobs, and Pollux-like's limit of twice the GPUs a
+job has held (PCRR may give a new job many GPUs at once).
 
 **Determinism**: the rounding's seed is derived from ``seed`` and the round's time (plus
 ``seed_clock``: a replay of a live run gives the run's start, so each of its rounds draws what the
-daemon's round at that time drew), so a run is a pure function of (workload, settings, seed). No LP time limit is set by default, because a limit would make
-decisions depend on the machine's speed.
+daemon's round at that time drew), so a run is a pure function of (workload, settings, seed). No LP
+time limit is set by default, because a limit would make decisions depend on the machine's speed.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 
 from taiji.errors import ConfigError
 from taiji.sched.cluster import Allocation, Cluster, packed_shape, with_servers
+from taiji.sched.costs import SYSTEMS, ResizeCost
 from taiji.sched.lp import Config, Horizon, Host, Job, Problem
 from taiji.sched.model import Application, canonical_placement, progress_rate
+from taiji.sched.policy import JobView
 from taiji.sched.rounding import decide
-from taiji.sched.sim import SYSTEMS, JobView, ResizeCost
 
 BATCH_GRID_POINTS = 12  # candidate total batch sizes per GPU count (geometric)
 HORIZON_S = 7680.0  # the LP's horizon by default: 60, 60, 120, … 3840 s (~2.1 h in all)
@@ -182,7 +184,8 @@ def horizon_slots(first_s: float, total_s: float = HORIZON_S) -> int:
 
 @dataclass(frozen=True)
 class RoundStats:
-    """One decision, for the decision-time and LP-size metrics (SCHEDULER.md §4.4)."""
+    """One decision, for the decision-time and LP-size metrics
+    (docs/reference/scheduler-model.md#experiments)."""
 
     now: float
     jobs: int
@@ -239,7 +242,7 @@ class Pcrr:
             keep_share=self.keep_share,
         )
         chosen: dict[str, Allocation] = {}
-        for view, assignment in zip(jobs, schedule.assignments):
+        for view, assignment in zip(jobs, schedule.assignments, strict=False):
             if assignment.config is None:
                 continue
             counts = [0] * cluster.num_hosts

@@ -1,12 +1,12 @@
 """A Pollux-like goodput optimiser: GPUs and batch sizes chosen together for goodput.
 
-What follows Pollux (OSDI'21; SCHEDULER.md §3.1) [C]: each job's batch size is re-chosen every
-round for the best goodput (throughput × statistical efficiency) at its GPU count, with gradient
-accumulation allowed; the cluster-wide objective is the power mean with p = −1 of the jobs'
-speedups (i.e. minimise Σ 1/speedup, which strongly favours giving every job something); a job
-may hold at most ``min(2 × the most GPUs it has held, 64, max_batch / min_local_bsz)`` GPUs
-(Pollux only trusts its model up to twice what it has profiled); and changes are discounted by
-Pollux's restart factor ``max(age − δ·restarts, 0) / (age + δ)``.
+What follows Pollux (OSDI'21; docs/reference/scheduler-model.md#pollux) [C]: each job's batch size is
+re-chosen every round for the best goodput (throughput × statistical efficiency) at its GPU count, with
+gradient accumulation allowed; the cluster-wide objective is the power mean with p = −1 of the jobs' speedups
+(i.e. minimise Σ 1/speedup, which strongly favours giving every job something); a job may hold at most
+``min(2 × the most GPUs it has held, 64, max_batch / min_local_bsz)`` GPUs (Pollux only trusts its model up to
+twice what it has profiled); and changes are discounted by Pollux's restart factor
+``max(age − δ·restarts, 0) / (age + δ)``.
 
 What is ours [I]: the search is a deterministic greedy instead of NSGA-II (every job gets one GPU
 in order, running jobs first, then GPUs go to the largest reduction of Σ 1/speedup per GPU,
@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import functools
 import heapq
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 
 from taiji.sched.cluster import Allocation, Cluster, packed_shape
 from taiji.sched.model import Application, progress_rate
 from taiji.sched.policies.common import place_by_count
-from taiji.sched.sim import JobView
+from taiji.sched.policy import JobView
 
 MAX_GPUS_PER_JOB = 64
 BATCH_CHOICES = 16  # geometric grid of candidate total batch sizes per GPU count

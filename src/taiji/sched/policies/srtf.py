@@ -6,13 +6,13 @@ placement, requested batch) and run all-or-nothing in that order, preempting the
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from taiji.sched.cluster import Allocation, Cluster, packed_shape
 from taiji.sched.model import time_to_finish
 from taiji.sched.policies.common import gang_in_order
-from taiji.sched.sim import JobView
+from taiji.sched.policy import JobView
 
 
 def remaining_at_request(job: JobView, cluster: Cluster) -> float:

@@ -24,13 +24,13 @@ one. Sizes are re-read every round (a live job's model improves as it is measure
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from taiji.sched.cluster import Allocation, Cluster
 from taiji.sched.model import progress_rate
 from taiji.sched.policies.common import check_fidelity, gang_in_order, placer_for
-from taiji.sched.sim import JobView
+from taiji.sched.policy import JobView
 
 SIXTEEN_GPU_HOURS = 16 * 3600.0
 AUTO = "auto"  # the threshold named so on the command line and in make_policy

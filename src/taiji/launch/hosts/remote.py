@@ -2,8 +2,8 @@
 the events they bring.
 
 An agent registers in the store (``hosts/N``), gets an ``AgentChannel`` (signed orders out, events
-back: launch/agent_channel.py), beats (a lease in etcd, a counter in a TCP store) and holds a
-tether to the controller (launch/tether.py) whose closing says at once that it is gone. The
+back: launch/hosts/agent_channel.py), beats (a lease in etcd, a counter in a TCP store) and holds a
+tether to the controller (launch/hosts/tether.py) whose closing says at once that it is gone. The
 ``Driver`` turns the controller's decisions into orders here (``spawn``, ``kill``, ``refuse``,
 ``release``) and feeds the controller what this part reports (``events``); launch/takeover.py
 builds one from a running job's store for the agent that takes the job over.
@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from ..cluster import controller as ctl
-from ..cluster.follow import PrefixFollower
-from ..cluster.store import JobStore
-from ..errors import LaunchError, StoreError
+from ...cluster import controller as ctl
+from ...cluster.follow import PrefixFollower
+from ...cluster.store import JobStore
+from ...errors import LaunchError, StoreError
+from ..supervisor import describe_exit
 from . import agent_channel
 from .agent_channel import AgentChannel
-from .supervisor import describe_exit
 from .tether import TetherServer
 
 
@@ -166,7 +166,8 @@ class RemoteHosts:
                     )
                 )
         for address, channel in list(self.agents.items()):
-            # where the agents' keys are watched, each tick (a local look: that watch may run behind the doorbell's)
+            # where the agents' keys are watched, each tick (a local look: that watch may run behind
+            # the doorbell's)
             for event in channel.new_events() if rang or self.watched is not None else []:
                 op = event.get("op")
                 if op == "exit":

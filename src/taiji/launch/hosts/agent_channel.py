@@ -22,7 +22,7 @@ Keys (under the job's prefix), each record sealed with the job secret (cluster/a
   once their count moved), reading a summary from the store itself only once the watch has shown
   it unchanged for ``CONFIRM_AFTER_S`` (a watch that runs behind must not pass for a silent
   agent); on a TCP store (no leases, no watches) it reads each host's summary per look.
-Besides these keys, each agent holds a tether to the controller (launch/tether.py): a TCP
+Besides these keys, each agent holds a tether to the controller (launch/hosts/tether.py): a TCP
 connection whose closing says at once that the process at the other end is gone.
 Each registration has a session of its own, so an agent that joins again at the same address
 never replays an earlier agent's orders.
@@ -38,12 +38,12 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from ..cluster import beats
-from ..cluster.controller import Bounds
-from ..cluster.follow import KeyFollower, PrefixFollower
-from ..cluster.store import JobStore
-from ..errors import StoreError
-from .worker_env import WorkerSettings
+from ...cluster import beats
+from ...cluster.controller import Bounds
+from ...cluster.follow import KeyFollower, PrefixFollower
+from ...cluster.store import JobStore
+from ...errors import StoreError
+from ..worker_env import WorkerSettings
 
 SPEC = "job/spec"
 BOUNDS = "job/bounds"
@@ -82,7 +82,7 @@ def publish_controller(
 ) -> None:
     """Who runs the controller now. ``survivable``: the store outlives that host (an etcd cluster
     of the user's), so an agent may take over when its beat stops. ``tether``: where agents hold
-    their tether to it (launch/tether.py)."""
+    their tether to it (launch/hosts/tether.py)."""
     job.put_record(
         CONTROLLER,
         {"host": address, "pid": int(pid), "slots": int(slots), "survivable": survivable, "tether": tether},
@@ -129,7 +129,7 @@ def registrations_after(job: JobStore, seen: int) -> tuple[int, list[dict]]:
     return job.enrolled_after(REGISTRATIONS, seen)
 
 
-def stop_agents(channels: dict[str, "AgentChannel"], wait: float, say) -> None:
+def stop_agents(channels: dict[str, AgentChannel], wait: float, say) -> None:
     """Tell every agent the job is over and wait (up to ``wait`` seconds) until each says bye."""
     waiting = {}
     for address, channel in channels.items():

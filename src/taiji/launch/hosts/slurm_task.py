@@ -25,17 +25,16 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
-from .. import env
-from ..cluster.auth import read_secret_file, write_secret_file
-from ..comm.addresses import interface_address
-from ..errors import ConfigError, LaunchError, StoreError
+from ... import env
+from ...cluster.auth import read_secret_file, write_secret_file
+from ...comm.addresses import interface_address
+from ...errors import ConfigError, LaunchError, StoreError
+from ..options import JoinConfig, RunConfig
 from . import slurm
-from .checkpoint_cli import EXIT_RESUMABLE
-from .options import JoinConfig, RunConfig
 
 POLL_SECONDS = 0.1
 RECORD, SECRET = "job.json", "secret"
@@ -187,8 +186,8 @@ def requeue(allocation: slurm.Allocation, say: Callable[[str], None]) -> bool:
         )
         return False
     say(
-        f"requeueing Slurm job {allocation.job} (`scontrol requeue`): it resumes from its checkpoint when Slurm "
-        "starts it again (Slurm holds a requeued job for about two minutes first: its BeginTime)"
+        f"requeueing Slurm job {allocation.job} (`scontrol requeue`): it resumes from its checkpoint when "
+        "Slurm starts it again (Slurm holds a requeued job for about two minutes first: its BeginTime)"
     )
     try:
         done = subprocess.run(
@@ -213,26 +212,25 @@ def run_task(
     cfg: RunConfig,
     allocation: slurm.Allocation,
     run_job: Callable[[RunConfig, Callable[[str, bytes], None]], int],
-    requeue_on_notice: bool = False,
+    join: Callable[[JoinConfig], int],
+    requeue_on: int | None = None,
 ) -> int:
-    """Task 0: the launcher (``run_job`` with a callback that publishes the handover; with
-    ``requeue_on_notice``, a stop on a notice with a complete checkpoint requeues the Slurm job);
-    any other task: its node's agent, once the handover of this step is there."""
+    """Task 0: the launcher (``run_job`` with a callback that publishes the handover; when it exits
+    ``requeue_on``, a stop on a notice with a complete checkpoint, it requeues the Slurm job); any
+    other task: its node's agent (``join``), once the handover of this step is there."""
     handover = Handover(shared_dir(allocation), allocation.job)
     cfg = replace(cfg, hosts_from="slurm")
     if allocation.launches:
         code = _launch(cfg, allocation, handover, run_job)
-        if code == EXIT_RESUMABLE and requeue_on_notice:
+        if requeue_on is not None and code == requeue_on:
             requeue(allocation, lambda text: print(f"taiji: {text}", flush=True))
         return code
-    from .agent import Agent  # torch loads while the launcher starts
-
     record, secret = handover.wait(
         lambda r: same_run(r, allocation),
         cfg.join_timeout,
         f"launcher of Slurm job {allocation.job} step {allocation.step or '-'}",
     )
-    return Agent(
+    return join(
         JoinConfig(
             job_id=str(record["job"]),
             store_url=str(record["store"]),
@@ -242,7 +240,7 @@ def run_task(
             grace=cfg.grace,
             job_notice=True,
         )
-    ).run()
+    )
 
 
 def _launch(

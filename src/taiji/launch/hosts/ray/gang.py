@@ -7,7 +7,7 @@ host, STRICT_SPREAD (every bundle on a node of its own), bundle 0 pinned to the 
 group or none of it, so the job never holds part of a gang while it waits for the rest; a
 cluster with an autoscaler sees the pending group as demand and adds nodes for it. Once it is
 placed, each bundle's node gets the job's agent actor, inside the bundle. Ray is imported only
-by the caller (launch/ray_hosts.py); this module takes the ``ray`` module as an argument.
+by the caller (launch/hosts/ray/nodes.py); this module takes the ``ray`` module as an argument.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The launcher stays the job's controller (and runs its own ``--nproc-per-node`` workers); on every
 other Ray node where the job has room to grow, one actor per (job, node) runs the unchanged agent
-(`taiji join`, launch/ray_agent.py) with that node's address. Each actor reserves its node's
+(`taiji join`, launch/hosts/ray/agent.py) with that node's address. Each actor reserves its node's
 slots in Ray resources (``--ray-cpus-per-worker``/``--ray-gpus-per-worker`` x slots) and is pinned
 to its node; a node added to the cluster later gets an actor too (the job grows onto it), and an
 actor that cannot be placed yet waits for Ray (its autoscaler) instead of failing. A node's loss
@@ -28,10 +28,10 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import env
-from ..errors import ConfigError
-from .options import RunConfig
-from .worker_env import forwarded_environment
+from .... import env
+from ....errors import ConfigError
+from ...options import RunConfig
+from ...worker_env import forwarded_environment
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class RayHosts:
         self.demand = node_demand(ray_cfg, cfg.nproc_per_node)
         self.wanted = hosts_wanted(cfg)
         self.gang_hosts = max(cfg.min_hosts - 1, 0)  # --nnodes MIN's other hosts: placed all or nothing
-        self.gang: Any = None  # launch/ray_gang.py's Gang, made once the driver serves
+        self.gang: Any = None  # launch/hosts/ray/gang.py's Gang, made once the driver serves
         self.actors: dict[str, tuple[Any, Any, str]] = {}  # node id -> (actor, its run() ref, address)
         self.tried: set[str] = set()  # nodes whose agent ended: not placed on again
         self._stop = threading.Event()
@@ -273,7 +273,7 @@ class RayHosts:
         self._say = driver.say
         self._ask_autoscaler()
         if self.gang_hosts:
-            from .ray_gang import Gang
+            from .gang import Gang
 
             pinned = any(
                 f"node:{self.cfg.host}" in node.get("Resources", {})
@@ -326,7 +326,8 @@ class RayHosts:
     def _place(self, driver, node: dict, bundle: int | None = None) -> None:
         """The job's agent actor on ``node``: in the gang's ``bundle``, or pinned to the node."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        from .ray_agent import RayHostAgent
+
+        from .agent import RayHostAgent
 
         node_id, address = node["NodeID"], node["NodeManagerAddress"]
         strategy = (

@@ -14,10 +14,11 @@ import argparse
 import os
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ..errors import StoreError
-from . import registry
+from ...errors import StoreError
+from .. import registry
 
 POLL_SECONDS = 0.05
 
@@ -79,8 +80,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"taiji drain: the agent of job {entry.job} (pid {entry.pid}) had already exited")
         return 0
     print(
-        f"taiji drain: asked the agent of job {entry.job} on {entry.host} (pid {entry.pid}) to leave: its workers "
-        "leave at the next step boundary",
+        f"taiji drain: asked the agent of job {entry.job} on {entry.host} (pid {entry.pid}) to leave: "
+        "its workers leave at the next step boundary",
         flush=True,
     )
     if args.wait <= 0:

@@ -12,28 +12,56 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections import Counter
 import threading
 import time
 import uuid
+from collections import Counter
+from typing import Protocol
 
-from ..cluster.controller import Bounds
-from ..cluster.store import JobStore, connect_job
-from ..errors import AuthError, LaunchError, StoreError
-from . import agent_channel, registry
-from .options import JoinConfig
-from .supervisor import Supervisor, WorkerProcess, describe_exit
+from ...cluster.controller import Bounds
+from ...cluster.store import JobStore, connect_job
+from ...errors import AuthError, LaunchError, StoreError
+from .. import registry
+from ..options import JoinConfig
+from ..supervisor import Supervisor, WorkerProcess, describe_exit
+from ..worker_env import WorkerSettings, worker_env
+from . import agent_channel
 from .tether import Tether, answers
-from .worker_env import WorkerSettings, worker_env
 
 TICK_SECONDS = 0.02
 BEAT_SECONDS = 0.25
 TETHER_RETRY_S = 2.0
 
 
+class Controller(Protocol):
+    """The job's controller this agent became by winning the election."""
+
+    def resume(self, reason: str) -> int:
+        """Serve the job from where its dead controller left it, until the job ends; the exit code."""
+        ...
+
+
+class TakeOver(Protocol):
+    """How an agent takes a job over when its controller is gone (the store outlives the launcher's
+    host): if this agent wins the election against the controller of term ``seen``, the controller
+    it becomes. The job's room makes that controller (a driver); `taiji join`'s entry point hands
+    its takeover to the agent, so that this room never imports the job's."""
+
+    def __call__(
+        self,
+        cfg: JoinConfig,
+        job: JobStore,
+        settings: WorkerSettings,
+        sup: Supervisor,
+        secret: bytes,
+        seen: bytes,
+    ) -> Controller | None: ...
+
+
 class Agent:
-    def __init__(self, cfg: JoinConfig, output=None):
+    def __init__(self, cfg: JoinConfig, take_over: TakeOver, output=None):
         self.cfg = cfg
+        self._takeover = take_over
         self.sup = Supervisor(output=output, prefix=f"{cfg.host} ")
         self.job: JobStore | None = None
         self.channel: agent_channel.AgentChannel | None = None
@@ -231,8 +259,6 @@ class Agent:
 
     def _take_over(self, reason: str) -> int | None:
         """Become the job's controller if this agent wins the election; its exit code if it did."""
-        from .takeover import take_over
-
         assert self.job is not None and self.settings is not None
         if self.job.is_done():  # training is over: the controller went as the job ended, nothing to take
             self.say(
@@ -241,18 +267,19 @@ class Agent:
             )
             self._stop_workers()
             return 0
-        won = take_over(self.cfg, self.job, self.settings, self.sup, self.cfg.secret, self._owner_seen)
-        if won is None:
+        controller = self._takeover(
+            self.cfg, self.job, self.settings, self.sup, self.cfg.secret, self._owner_seen
+        )
+        if controller is None:
             # another agent won: give it time to beat, and judge the term it runs under next
             self._controller_heard = time.monotonic()
             self._owner_seen = agent_channel.owner(self.job)
             return None
-        driver, lost, missed = won
         self._done.set()  # the driver's loop talks to the store from here on
         if self._tether is not None:
             self._tether.close()
             self._tether = None
-        return driver.resume(lost, reason, missed)
+        return controller.resume(reason)
 
     def _drain(self, name: str) -> bool:
         """A preemption notice (SIGTERM): ask for a shrink placed off this host, so its workers leave
@@ -348,7 +375,8 @@ class Agent:
                             self.sup.kill(str(command["id"]))
                         elif op == "refuse":
                             self.say(
-                                f"refused by the job's controller: {command.get('reason')}; nothing was started"
+                                f"refused by the job's controller: {command.get('reason')}; "
+                                "nothing was started"
                             )
                             return 2
                         elif op == "stop":

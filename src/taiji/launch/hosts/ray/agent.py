@@ -11,7 +11,7 @@ the node lets a process raise its priority (else it is said once: start the node
 ``RAY_worker_niceness=0``). A detached actor (a job whose store outlives the launcher: its
 agents must outlive the launcher to take over) has nobody left to end it once the launcher is
 gone: it ends itself when its agent has exited. Ray is imported only inside the actor, for that;
-launch/ray_hosts.py wraps the class as an actor.
+launch/hosts/ray/nodes.py wraps the class as an actor.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import os
 import select
 import subprocess
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
-from .. import env
-from .supervisor import die_with_parent
+from .... import env
+from ...supervisor import die_with_parent
 
 log = logging.getLogger(__name__)
 

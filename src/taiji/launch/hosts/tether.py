@@ -33,11 +33,11 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from ..cluster import auth
-from ..errors import AuthError, LaunchError
+from ...cluster import auth
+from ...errors import AuthError, LaunchError
 
 log = logging.getLogger(__name__)
 

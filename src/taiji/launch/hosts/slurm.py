@@ -3,7 +3,7 @@
 
 `taiji run --slurm` runs as one task per node (``srun --ntasks-per-node 1``): task 0
 (``SLURM_PROCID``) becomes the launcher, every other task an agent of its node
-(launch/slurm_task.py). ``--nnodes`` comes from the step's node count, each node's address from
+(launch/hosts/slurm_task.py). ``--nnodes`` comes from the step's node count, each node's address from
 its name in the node list.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
-from .. import env
-from ..errors import ConfigError
+from ... import env
+from ...errors import ConfigError
 
 OUTSIDE = (
     "--slurm needs a Slurm allocation ({var} is not set): start it with "
