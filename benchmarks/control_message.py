@@ -4,11 +4,11 @@ sum-allreduce of the sums and a slot per worker), at 2 to 32 workers on loopback
 
 Each size runs its workers as threads of this process, one gloo process group each (a process
 per worker would not fit this machine; at 64 its 128 gloo threads keep two cores busy for over
-ten minutes), so the collective's time is measured with every worker issuing it together; the decode (``agree`` of the gathered rows against ``agree_compact``
-of the summed message) is timed apart on one thread, as each worker does it alone. A row is the
-message's cost per step: collective + decode, in milliseconds. ``crossover_workers``: the first
-size where the compact message costs less (None: none measured, and ``TAIJI_CONTROL_COMPACT_AT``
-stays 0, off).
+ten minutes), so the collective's time is measured with every worker issuing it together; the decode
+(``agree`` of the gathered rows against ``agree_compact`` of the summed message) is timed apart on one thread,
+as each worker does it alone. A row is the message's cost per step: collective + decode, in milliseconds.
+``crossover_workers``: the first size where the compact message costs less (None: none measured, and
+``TAIJI_CONTROL_COMPACT_AT`` stays 0, off).
 
     .venv/bin/python benchmarks/control_message.py --quick
 """

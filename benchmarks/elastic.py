@@ -36,9 +36,9 @@ and is killed with its session (and any worker torchrun started) and reaped in `
 
 The pieces: ``_elastic_taiji.py``, ``_elastic_torchrun.py`` and ``_elastic_torchft.py`` run the sides,
 the harness's ``taiji_harness/elastic_runs.py`` holds what they share (the step logs, a launched job),
-``elastic_analysis.py`` turns step-log records into figures (pure functions, unit-tested), ``elastic_report.py`` turns
-the repetitions' figures into the table and the result line. This file is the command line and
-the order of the runs.
+``elastic_analysis.py`` turns step-log records into figures (pure functions, unit-tested),
+``elastic_report.py`` turns the repetitions' figures into the table and the result line. This file is the
+command line and the order of the runs.
 
     .venv/bin/python benchmarks/elastic.py --quick      # one repetition: 4-5 min on 2 busy cores
     .venv/bin/python benchmarks/elastic.py              # 3 repetitions + extras: about 28 min on 2 busy cores

@@ -7,7 +7,8 @@ would (two half-batches of 64: the small batches; their mean: the big one), grou
 gradients into SyncSGD's buckets, and feeds four noise-scale estimators from the same
 gradients every step: exact norms, taiji's (1/17 of a bucket in chunks that move on each step:
 ``parts(step)``), the same with 1/33 (cheaper), and the fixed 1/16 chunks taiji used before
-(``parts(0)`` every step). At every checkpoint it compares each sampled estimate with the exact one (|log ratio|).
+(``parts(0)`` every step). At every checkpoint it compares each sampled estimate with the exact one
+(|log ratio|).
 
     .venv/bin/python benchmarks/gns_sampling.py --quick   # 150 steps, ~1 min
     .venv/bin/python benchmarks/gns_sampling.py           # 400 steps

@@ -211,9 +211,11 @@ def main(argv=None) -> None:
                 for side in interleaved(["taiji", "ddp"], rep):
                     result[side] = run_side(framework, side, args, root / f"{framework}-{side}-{rep}")
                     print(
-                        f"# rep {rep} {framework:9s} {side:5s} {result[side]['samples_per_s']:8.1f} samples/s "
-                        f"({result[side]['step_ms']:.1f} ms/step, {result[side]['cpu_ms_per_sample']:.2f} CPU ms "
-                        f"per sample, run {result[side]['wall_s']:.0f} s, "
+                        f"# rep {rep} {framework:9s} {side:5s} "
+                        f"{result[side]['samples_per_s']:8.1f} samples/s "
+                        f"({result[side]['step_ms']:.1f} ms/step, "
+                        f"{result[side]['cpu_ms_per_sample']:.2f} CPU ms per sample, "
+                        f"run {result[side]['wall_s']:.0f} s, "
                         f"load {os.getloadavg()[0]:.1f})",
                         file=sys.stderr,
                         flush=True,

@@ -603,7 +603,7 @@ def torchrun_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, e
             hit = fault()
             try:
                 first = wait_for(
-                    lambda: _after(r0(), hit, size),
+                    lambda hit=hit, size=size: _after(r0(), hit, size),
                     log,
                     alive,
                     min(deadline, time.monotonic() + args.fault_wait),
@@ -619,7 +619,7 @@ def torchrun_faults(args: argparse.Namespace, hosts: EmulatedHosts, out: Path, e
                 }
                 break
             wait_for(
-                lambda: len(_after(r0(), hit, size)) >= args.settle,
+                lambda hit=hit, size=size: len(_after(r0(), hit, size)) >= args.settle,
                 log,
                 alive,
                 deadline,

@@ -15,8 +15,8 @@ the same command is started again and stops at the first step committed after it
 
 Rows: the same size (2 -> 2) and another size (2 -> 3; taiji reshards the 2-writer checkpoint,
 torchrun's single file loads at any size), each with its sides' phases (``phases()``: medians of
-the slowest worker's phases, the workers' CPU seconds, and taiji's run-log figures). Each repetition kills and resumes both sides, in an
-order alternating between repetitions; the figure is the median.
+the slowest worker's phases, the workers' CPU seconds, and taiji's run-log figures). Each repetition kills and
+resumes both sides, in an order alternating between repetitions; the figure is the median.
 
     .venv/bin/python benchmarks/resume.py --quick     # 2 repetitions
     .venv/bin/python benchmarks/resume.py             # 5 repetitions

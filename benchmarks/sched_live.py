@@ -396,7 +396,7 @@ def job_events(state: Path, job_id: str) -> list[dict]:
 def oversubscribed(timelines: dict[str, list[tuple[float, int]]], slots: int) -> int:
     """Instants (change points) at which the jobs' workers together exceed ``slots`` (all hosts)."""
     holding, count = {}, 0
-    for t, job, n in sorted((t, job, n) for job, steps in timelines.items() for t, n in steps):
+    for _t, job, n in sorted((t, job, n) for job, steps in timelines.items() for t, n in steps):
         holding[job] = n
         count += sum(holding.values()) > slots
     return count
@@ -413,8 +413,9 @@ def logged_oversubscribed(run: dict[str, Any], addresses: list[str], slots_per_h
 
 def samples_audit(run: dict[str, Any]) -> dict[str, Any]:
     """Exactly-once across suspensions, per job, from the sample indices every worker process of
-    every launcher it had logged (``_sched_job.py``; :func:`~taiji_harness.elastic_analysis.exactly_once_audit`):
-    no sample committed twice in an epoch, none drawn for a step never committed, none left out."""
+    every launcher it had logged (``_sched_job.py``;
+    :func:`~taiji_harness.elastic_analysis.exactly_once_audit`): no sample committed twice in an epoch, none
+    drawn for a step never committed, none left out."""
     jobs = {}
     for job in run["jobs"]:
         records = [

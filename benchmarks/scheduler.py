@@ -46,8 +46,8 @@ speeds; it applies to every simulated row.
   stand-in for Pollux's NSGA-II, so its row is a comparison without a target. The baselines PCRR is
   compared with run in taiji's default mode.
 
-    .venv/bin/python benchmarks/scheduler.py --quick    # workload 6; tiresias, optimus, pollux, pcrr; ablation
-    .venv/bin/python benchmarks/scheduler.py            # workloads 1-8 at loads 0.5/1.0/2.0, every baseline
+    .venv/bin/python benchmarks/scheduler.py --quick   # workload 6; tiresias, optimus, pollux, pcrr; ablation
+    .venv/bin/python benchmarks/scheduler.py           # workloads 1-8 at loads 0.5/1.0/2.0, every baseline
 """
 
 from __future__ import annotations
@@ -506,7 +506,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     reconstructed_loads = [load for load in args.loads if load != PUBLISHED_LOAD]
     if reconstructed_loads:
         print(
-            f"# loads {', '.join(f'{load:g}x' for load in reconstructed_loads)}: Pollux's sets are not shipped; "
+            f"# loads {', '.join(f'{load:g}x' for load in reconstructed_loads)}: "
+            "Pollux's sets are not shipped; "
             f"ran reconstructed workloads (seeded synthetic, round(160·load) jobs in 8 h)",
             flush=True,
         )
@@ -535,7 +536,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, check in checked.items():
         print(
             f"fidelity {name:>9}: ours {check['ours']:7.0f} s, published {check['published']:7.0f} s, "
-            f"deviation {check['deviation']:+.1%}; per job mean |ln ratio| {check['mean_abs_log_ratio']:.3f}, "
+            f"deviation {check['deviation']:+.1%}; "
+            f"per job mean |ln ratio| {check['mean_abs_log_ratio']:.3f}, "
             f"within ±25% {check['within_25pct']:.0%}; p99 {check['p99_deviation']:+.1%}, "
             f"makespan {check['makespan_deviation']:+.1%}"
         )

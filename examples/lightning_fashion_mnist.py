@@ -2,8 +2,10 @@
 
     taiji run -np 2 --max-np 3 python examples/lightning_fashion_mnist.py --resize 100:3 300:2 --gns
     python examples/lightning_fashion_mnist.py --max-steps 200       # one worker, the same script
-    taiji run -np 2 python examples/lightning_fashion_mnist.py --checkpoint-every 100   # Lightning's ModelCheckpoint
-    taiji run -np 3 python examples/lightning_fashion_mnist.py --checkpoint-every 100 --resume last  # ... resumed
+    # Lightning's ModelCheckpoint:
+    taiji run -np 2 python examples/lightning_fashion_mnist.py --checkpoint-every 100
+    # ... resumed:
+    taiji run -np 3 python examples/lightning_fashion_mnist.py --checkpoint-every 100 --resume last
 
 The LightningModule is plain Lightning; ``TaijiStrategy`` makes each training batch one global step
 of an elastic job: the DataLoader's batch_size is the *global* batch, every worker trains on its

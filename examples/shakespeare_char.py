@@ -6,8 +6,8 @@
 
 ``--policy`` (comma-separated): gns (the global batch follows the gradient noise scale, the
 learning rate follows the batch by --lr-rule), goodput (the batch goes where measured samples/s
-times statistical efficiency is highest: on CPUs it mostly stays small), schedule (``--resize STEP:SIZE``), throughput
-(add workers while each adds >= 10% samples/s), none. ``--strategy`` sync_sgd | model_averaging
+times statistical efficiency is highest: on CPUs it mostly stays small), schedule (``--resize STEP:SIZE``),
+throughput (add workers while each adds >= 10% samples/s), none. ``--strategy`` sync_sgd | model_averaging
 | pair_averaging | local_sgd. Rank 0 reports validation loss and perplexity after every epoch (and at the
 end) and samples a few lines of text at the end.
 

@@ -55,7 +55,8 @@ STORE_URL = EnvVar(
     "TAIJI_STORE_URL",
     "",
     str,
-    "the job store as a URL (etcd:// or, with TLS, etcds://HOST:PORT,...); empty: the TCPStore at STORE_HOST:STORE_PORT",
+    "the job store as a URL (etcd:// or, with TLS, etcds://HOST:PORT,...); "
+    "empty: the TCPStore at STORE_HOST:STORE_PORT",
 )
 ETCD_CA = EnvVar(
     "TAIJI_ETCD_CA",

@@ -427,7 +427,8 @@ def summary(r: dict) -> str:
     return (
         f"{r['hosts']} simulated hosts: start {f('start_s', '.2f')} s, steady {f('ops_per_s', '.0f')} ops/s, "
         f"launcher CPU {f('launcher_cpu', '.2f')} cores (etcd {f('etcd_cpu', '.2f')}, simulated hosts "
-        f"{f('sim_cpu', '.2f')}), host loss {f('loss_s', '.3f')} s (the first host {f('loss_first_s', '.3f')} s), "
+        f"{f('sim_cpu', '.2f')}), host loss {f('loss_s', '.3f')} s "
+        f"(the first host {f('loss_first_s', '.3f')} s), "
         f"grow of {r['grown']} {f('grow_s', '.2f')} s" + (f"; {r['error']}" if r.get("error") else "")
     )
 

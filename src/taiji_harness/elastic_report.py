@@ -34,10 +34,10 @@ def resize_rows(
     rows = []
     for i, (case, kind) in enumerate(CHANGES):
 
-        def taiji(key: str) -> float | None:
+        def taiji(key: str, i: int = i) -> float | None:
             return median_over(taiji_runs, "changes", i, key)
 
-        def anchor(key: str) -> float | None:
+        def anchor(key: str, i: int = i) -> float | None:
             return median_over(anchor_runs, "changes", i, key)
 
         broadcast = anchor("broadcast_s")
@@ -72,7 +72,9 @@ def resize_rows(
                 rounded(taiji("step_ms_before"), 1),
                 rounded(taiji("step_ms_after"), 1),
             ],
-            anchor_kind="torchrun restart path: SIGTERM the job, start it at the new size from the checkpoint",
+            anchor_kind=(
+                "torchrun restart path: SIGTERM the job, start it at the new size from the checkpoint"
+            ),
             anchor_request_to_first_step_s=rounded(anchor("request_to_first_step_s"), 3),
             anchor_without_agent_boot_s=rounded(anchor("without_agent_boot_s"), 3),
             ratio_without_agent_boot=rounded(
@@ -173,7 +175,6 @@ def torchft_rows(
     """taiji beside torchft in one kill-and-join run each (and DDP's steady state). Each row names
     what torchft could not complete, with its error, and carries torchrun's figure of the same
     case (``torchrun_s``) where the benchmark measures one."""
-    done = [run for run in torchft_runs if "error" not in run]
     errors = [run["error"] for run in torchft_runs if "error" in run]
     version = next((run["version"] for run in torchft_runs if run.get("version")), None)
 

@@ -120,7 +120,11 @@ def steady_commits(
     deadline = time.monotonic() + args.timeout
     for mark, count in (("warm", args.warm), ("end", args.warm + args.steps)):
         wait_for(
-            lambda: len(log.select("commit", worker="w0")) >= count, log, [job], deadline, f"{count} steps"
+            lambda count=count: len(log.select("commit", worker="w0")) >= count,
+            log,
+            [job],
+            deadline,
+            f"{count} steps",
         )
         at(mark)
     job.session.wait(max(deadline - time.monotonic(), 1.0))

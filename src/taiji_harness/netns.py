@@ -136,7 +136,9 @@ class EmulatedHosts:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
-            raise AssertionError(f"{argv} on host {i} did not finish within {timeout}s:\n{out}\n{err}")
+            raise AssertionError(
+                f"{argv} on host {i} did not finish within {timeout}s:\n{out}\n{err}"
+            ) from None
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def pids(self, i: int) -> list[int]:

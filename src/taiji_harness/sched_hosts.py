@@ -193,4 +193,4 @@ class SchedOnHosts:
         for agent in self.agents.values():
             assert agent.wait(30) == 0
         for i in range(self.hosts.n):
-            wait_for(lambda: not self.hosts.pids(i), 30, f"every process on host {i} to exit")
+            wait_for(lambda i=i: not self.hosts.pids(i), 30, f"every process on host {i} to exit")

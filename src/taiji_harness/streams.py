@@ -6,8 +6,8 @@ and no two timing-sensitive tests ever run together.
 
     python -m taiji_harness.streams [pytest options and paths]
 
-The main stream (the pure tests first) prints as it runs; the waiting stream's output goes to a file named at the start
-and is printed once both end. The exit status is the first failing stream's (pytest's "no tests
+The main stream (the pure tests first) prints as it runs; the waiting stream's output goes to a file named at
+the start and is printed once both end. The exit status is the first failing stream's (pytest's "no tests
 collected", 5, counts as success for a stream when the other ran tests)."""
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def taiji_run(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"`taiji run` did not finish within {timeout}s:\n{out}\n{err}")
+        raise AssertionError(f"`taiji run` did not finish within {timeout}s:\n{out}\n{err}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -277,7 +277,7 @@ def classification_data(n: int):
     return TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g))
 
 
-# -- what a process tree listens on (issue 15: servers bind only the address they are given) --------
+# -- what a process tree listens on: servers bind only the address they are given ---------------------
 
 
 def _descendants(pid: int) -> list[int]:
@@ -388,7 +388,7 @@ def actions_of(actions, kind):
     return [a for a in actions if isinstance(a, kind)]
 
 
-# -- jobs across emulated hosts (taiji_harness/netns.py; issue 15) --------------------------------------
+# -- jobs across emulated hosts (taiji_harness/netns.py) -----------------------------------------------
 
 
 class HostsJob:

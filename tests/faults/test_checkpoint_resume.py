@@ -91,7 +91,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_all(proc)
-        raise AssertionError("the launcher did not finish in time")
+        raise AssertionError("the launcher did not finish in time") from None
     return out
 
 

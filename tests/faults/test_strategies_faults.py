@@ -1,5 +1,6 @@
 """Every non-lockstep strategy survives grow, shrink and a crash with exactly-once data (real
-processes, tests/scripts/elastic_train.py). Strategies with ranks as threads: tests/unit/test_strategies.py."""
+processes, tests/scripts/elastic_train.py). Strategies with ranks as threads:
+tests/unit/test_strategies.py."""
 
 import json
 

@@ -454,7 +454,8 @@ def test_first_failure_stops_the_others_and_reports_the_root_cause(procs):
     after = (launcher.stdout + launcher.stderr).split(report[0], 1)[1]
     tail = [int(m.group(1)) for m in re.finditer(r"^\s*r1 line (\d{3})$", after, re.MULTILINE)]
     assert len(tail) >= 5 and tail == list(range(tail[0], 100)) and tail[0] > 0, (
-        f"expected the last lines of rank 1's output after the report, got lines {tail}\n{launcher.describe()}"
+        f"expected the last lines of rank 1's output after the report, got lines {tail}\n"
+        f"{launcher.describe()}"
     )
     assert launcher.lines_of_rank(1)[-1] == "r1 line 099", launcher.describe()
     assert_all_dead(launcher, running, "the launcher should have stopped every worker and its process group")
@@ -562,7 +563,8 @@ def test_signal_to_launcher_stops_all_workers(procs, signum):
     assert signum.name in launcher.stdout + launcher.stderr, "the launcher should say why it stops the job"
     # killed after the grace period: not before, and not after the default 5 s either
     assert grace <= stubborn_died_after < grace + 3.5, (
-        f"rank 1 died {stubborn_died_after:.2f}s after {signum.name}, expected {grace}s later\n{launcher.describe()}"
+        f"rank 1 died {stubborn_died_after:.2f}s after {signum.name}, expected {grace}s later\n"
+        f"{launcher.describe()}"
     )
 
 
@@ -599,7 +601,8 @@ def test_workers_die_when_the_launcher_is_sigkilled(procs):
         f"rank 0 outlived the SIGKILLed launcher: PR_SET_PDEATHSIG did not fire\n{launcher.describe()}"
     )
     assert running["worker-1"].wait_dead(DEATH_WAIT), (
-        f"rank 1 outlived the SIGKILLed launcher: taiji.init()'s launcher watchdog did not fire\n{launcher.describe()}"
+        f"rank 1 outlived the SIGKILLed launcher: taiji.init()'s launcher watchdog did not fire\n"
+        f"{launcher.describe()}"
     )
     assert running["grandchild-1"].wait_dead(DEATH_WAIT), (
         f"rank 1's child outlived the SIGKILLed launcher\n{launcher.describe()}"

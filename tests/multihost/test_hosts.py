@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def _no_process_left(hosts: EmulatedHosts, *indices: int) -> None:
     for i in indices:
-        wait_for(lambda: not hosts.pids(i), 30, f"every process on host {i} to exit")
+        wait_for(lambda i=i: not hosts.pids(i), 30, f"every process on host {i} to exit")
 
 
 def test_grow_onto_a_second_host_then_a_third_and_shrink_off_the_newest(hosts3, tmp_path):
@@ -178,14 +178,20 @@ def test_an_agent_killed_at_many_points_of_a_step_every_survivor_commits_the_sam
         job.wait_log(f"cluster v{2 * cycle + 2}: 4 worker(s)")
         seen = len(job.commits())
         wait_for(
-            lambda: any(r["size"] == 4 for r in job.commits()[seen:]), 60, "a step committed at 4 workers"
+            lambda seen=seen: any(r["size"] == 4 for r in job.commits()[seen:]),
+            60,
+            "a step committed at 4 workers",
         )
         time.sleep(offset / 1000)  # where in the step the kill lands (not a synchronisation)
         killed = time.time()
         job.agents[1].send_signal(signal.SIGKILL)
         job.agents[1].wait(timeout=30)
         job.wait_log(f"cluster v{2 * cycle + 3}: 2 worker(s)")
-        wait_for(lambda: any(r["time"] > killed and r["size"] == 2 for r in job.commits()), 60, "a step at 2")
+        wait_for(
+            lambda killed=killed: any(r["time"] > killed and r["size"] == 2 for r in job.commits()),
+            60,
+            "a step at 2",
+        )
         assert job.resumed_after(killed, 2) < 1.5, job.log()[-3000:]
     job.join(1, 2)
     assert job.finish() == 0, job.log()[-4000:]

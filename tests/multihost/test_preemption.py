@@ -58,4 +58,4 @@ def test_sigterm_to_an_agent_is_a_planned_shrink_off_its_host(hosts3, tmp_path):
     result = check_invariants(tmp_path, 16)
     assert result["sizes"] == [2, 4, 2], result
     for i in (0, 1):
-        wait_for(lambda: not hosts3.pids(i), 30, f"every process on host {i} to exit")
+        wait_for(lambda i=i: not hosts3.pids(i), 30, f"every process on host {i} to exit")

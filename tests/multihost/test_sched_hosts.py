@@ -73,11 +73,12 @@ def test_a_killed_daemon_readopts_and_a_silent_host_leaves_the_pool(on_hosts):
     assert s.daemon.wait(60) == 0, s.log("daemon")
     assert s.ended(job, "cancelled")
     # (the cut-off host's join stops its workers once the job's store is out of reach:
-    # test_hosts.py::test_link_down_the_host_is_dropped_and_its_workers_stop; stopping its agent stops the rest)
+    # test_hosts.py::test_link_down_the_host_is_dropped_and_its_workers_stop;
+    # stopping its agent stops the rest)
     for i in (0, 1, 2):
         s.agents[i].send_signal(signal.SIGTERM)
         assert s.agents[i].wait(30) == 0
-        wait_for(lambda: not s.hosts.pids(i), 30, f"every process on host {i} to exit")
+        wait_for(lambda i=i: not s.hosts.pids(i), 30, f"every process on host {i} to exit")
 
 
 @pytest.mark.timeout(600)

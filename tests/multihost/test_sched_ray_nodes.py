@@ -104,7 +104,7 @@ def _run(s: SchedOnHosts, hosts: EmulatedHosts, out: Path, temp: str) -> None:
     s.sched("stop")
     assert s.daemon.wait(60) == 0, s.log("daemon")
     for i in range(3):  # every launcher, agent and worker is gone (the Ray nodes end with the hosts)
-        wait_for(lambda: not _job_processes(hosts, i), 60, f"no job's process left on host {i}")
+        wait_for(lambda i=i: not _job_processes(hosts, i), 60, f"no job's process left on host {i}")
 
 
 def _home_of(hosts: EmulatedHosts, job_dir: Path) -> int | None:
@@ -166,6 +166,6 @@ def test_a_job_whose_home_ray_node_is_lost_resumes_from_its_checkpoint_on_the_no
             s.sched("stop")
             assert s.daemon.wait(60) == 0, s.log("daemon")
             for i in range(2):
-                wait_for(lambda: not _job_processes(hosts, i), 60, f"no job's process left on host {i}")
+                wait_for(lambda i=i: not _job_processes(hosts, i), 60, f"no job's process left on host {i}")
         finally:
             print(s.log("daemon"))

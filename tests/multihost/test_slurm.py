@@ -256,8 +256,8 @@ def test_the_guides_sbatch_script_requeues_after_a_notice_though_a_node_was_lost
         stopped_at = Storage(str(out / "ckpt")).listing().latest
         assert stopped_at is not None and stopped_at == committed_steps(out, "w0"), stopped_at
         (out / "steps").write_text(str(stopped_at + 3))
-        # released at once, not after the ~2 min Slurm holds it, but only once the first run has left its nodes: a
-        # job started while they still end its steps is killed by Slurm ("Job credential revoked")
+        # released at once, not after the ~2 min Slurm holds it, but only once the first run has left its
+        # nodes: a job started while they still end its steps is killed by Slurm ("Job credential revoked")
         wait_for(
             lambda: all(_node_state(slurm3, node) == "IDLE" for node in ("n0", "n1")),
             120,

@@ -1,6 +1,7 @@
 """A Lightning Trainer on TaijiStrategy, used by tests/integration/test_integrations_procs.py.
 
-    taiji run -np N --max-np M ... -- python lightning_train.py OUT --steps S --batch B [--resize STEP:SIZE ...]
+    taiji run -np N --max-np M ... -- python lightning_train.py OUT --steps S --batch B \
+        [--resize STEP:SIZE ...]
     python lightning_train.py OUT --steps S --batch B --plain     # Lightning's own single-process run
     python lightning_train.py OUT --steps S --batch B --compare   # both, one after the other
     ... lightning_train.py OUT --checkpoint-every K CKPT_DIR      # ModelCheckpoint every K steps

@@ -530,7 +530,8 @@ def test_resume_phases_follow_the_slowest_worker_and_sum_every_workers_cpu(tmp_p
         ]
     ) == {"load": 0.5}
     (tmp_path / "events.jsonl").write_text(
-        '{"kind": "start", "phases": {"groups": 9.0}}\n{"kind": "start", "phases": {"groups": 1.5, "sync": 0.25}}\n'
+        '{"kind": "start", "phases": {"groups": 9.0}}\n'
+        '{"kind": "start", "phases": {"groups": 1.5, "sync": 0.25}}\n'
         '{"kind": "resume", "load_s": 0.125}\n'
     )
     assert resume.run_log_phases(tmp_path) == {

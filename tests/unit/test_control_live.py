@@ -36,8 +36,10 @@ def test_etcd_ops_counts_unary_calls_and_stream_messages_only():
             'grpc_type="bidi_stream"} 9',
             'grpc_server_msg_sent_total{grpc_method="Watch",grpc_service="etcdserverpb.Watch",'
             'grpc_type="bidi_stream"} 40',
-            'grpc_server_msg_sent_total{grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"} 120',
-            'grpc_server_started_total{grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"} 121',
+            'grpc_server_msg_sent_total{grpc_method="Range",grpc_service="etcdserverpb.KV",'
+            'grpc_type="unary"} 120',
+            'grpc_server_started_total{grpc_method="Range",grpc_service="etcdserverpb.KV",'
+            'grpc_type="unary"} 121',
         ]
     )
     assert live.etcd_ops(text) == 120 + 35 + 40

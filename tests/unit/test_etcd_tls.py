@@ -129,7 +129,7 @@ def tls_etcd(tmp_path_factory):
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError((where / "etcd.log").read_text()[-2000:])
+                    raise AssertionError((where / "etcd.log").read_text()[-2000:]) from None
                 threading.Event().wait(0.1)
         yield where, port
     finally:

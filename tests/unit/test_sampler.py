@@ -12,7 +12,7 @@ def test_shards_tile_the_span_and_differ_by_at_most_one(lo, length, size):
     hi = lo + length
     spans = [shard(lo, hi, r, size) for r in range(size)]
     assert spans[0][0] == lo and spans[-1][1] == hi
-    for (a, b), (c, _) in zip(spans, spans[1:]):
+    for (_a, b), (c, _) in zip(spans, spans[1:]):
         assert b == c
     sizes = [b - a for a, b in spans]
     assert max(sizes) - min(sizes) <= 1

@@ -285,7 +285,8 @@ def test_decision_time_for_100_active_jobs_is_under_a_second():
         times.append(time.perf_counter() - started)
     size = schedule.lp.size
     print(
-        f"\nPCRR decision, 100 jobs × 4 configs × 8 slots ({size['variables']} variables, {size['rows']} rows, "
+        "\nPCRR decision, 100 jobs × 4 configs × 8 slots "
+        f"({size['variables']} variables, {size['rows']} rows, "
         f"{size['nonzeros']} nonzeros): best {min(times):.3f} s, LP {schedule.lp.solve_s:.3f} s"
     )
     assert schedule.lp.optimal

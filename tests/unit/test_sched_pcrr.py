@@ -250,7 +250,8 @@ def test_decision_time_for_100_active_jobs_is_under_a_second():
 
 
 def _waiting(name, work, arrival, weight=1.0, gpus=(1, 2), speed=1.0):
-    """A job that waits, with candidates of ``gpus`` workers and ``work / speed`` seconds to finish at its best."""
+    """A job that waits, with candidates of ``gpus`` workers and ``work / speed`` seconds to finish at its
+    best."""
     return Job(
         name, work, tuple(Config.external(g, speed * g / max(gpus)) for g in gpus), weight, arrival=arrival
     )

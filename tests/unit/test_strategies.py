@@ -40,7 +40,7 @@ def test_model_averaging_applies_alpha_towards_the_live_mean_every_k_steps():
 
     h0, h1 = run_threads(2, body)
     for step in range(4):
-        for (b0, g0, a0), (b1, g1, a1) in [(h0[step], h1[step]), (h1[step], h0[step])]:
+        for (b0, g0, a0), (b1, _g1, _a1) in [(h0[step], h1[step]), (h1[step], h0[step])]:
             for w, g, after, w_other in zip(b0, g0, a0, b1):
                 expected = w - lr * g
                 if step % every == 0:

@@ -25,7 +25,9 @@ def test_two_threads_waiting_reap_each_worker_once():
             reported: list[str] = []
             errors: list[BaseException] = []
 
-            def waiter() -> None:
+            def waiter(
+                sup: Supervisor = sup, reported: list[str] = reported, errors: list[BaseException] = errors
+            ) -> None:
                 try:
                     while sup.running():
                         exited, _ = sup.wait(timeout=5.0)

@@ -146,7 +146,9 @@ def test_the_last_bucket_carries_every_workers_control_row_exactly():
             for strategy, net in ((sync, model), (reference, plain)):
                 net.zero_grad(set_to_none=True)
                 strategy.begin_step(0.5, measure_norms=True)
-                carrying = strategy is sync and strategy.carry(width, lambda: row_of(peer.rank, width))
+                carrying = strategy is sync and strategy.carry(
+                    width, lambda width=width: row_of(peer.rank, width)
+                )
                 net(x * width).square().sum().backward()  # other gradients each time
                 strategy.synchronize()
                 if strategy is sync:

@@ -1,5 +1,5 @@
-"""Checking and loading checkpoints (``locate.find`` finds them): into a Job at any size, into a plain script's
-model (``load_checkpoint``), or into one ``torch.save`` file (``export``).
+"""Checking and loading checkpoints (``locate.find`` finds them): into a Job at any size, into a plain
+script's model (``load_checkpoint``), or into one ``torch.save`` file (``export``).
 
 Every refusal says which checkpoint, what is wrong and what to do; nothing is written."""
 

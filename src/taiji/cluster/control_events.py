@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from . import spec
 
@@ -90,19 +89,19 @@ class Tick:
     pass
 
 
-Event = Union[
-    Proposal,
-    WorkerReady,
-    WorkerExited,
-    FailureReported,
-    FatalReported,
-    JobDone,
-    Beat,
-    HostJoined,
-    HostBeat,
-    HostLost,
-    Tick,
-]
+Event = (
+    Proposal
+    | WorkerReady
+    | WorkerExited
+    | FailureReported
+    | FatalReported
+    | JobDone
+    | Beat
+    | HostJoined
+    | HostBeat
+    | HostLost
+    | Tick
+)
 
 
 # -- actions ----------------------------------------------------------------------------
@@ -150,4 +149,4 @@ class Finish:
     failed_worker: str | None = None
 
 
-Action = Union[Spawn, Kill, Publish, Log, RefuseHost, Finish]
+Action = Spawn | Kill | Publish | Log | RefuseHost | Finish

@@ -3,10 +3,11 @@
 docs/reference/many-hosts-notes.md#etcd-client).
 
 ``EtcdKV`` gives etcd the semantics taiji relies on from ``torch.distributed.TCPStore`` (cluster/kv.py's
-``KeyValue``): blocking ``get``/``wait`` with a timeout, compare-and-set (a transaction on the key's value, or on
-its absence), atomic ``add`` (a transaction on the key's modification revision, retried on a race), and leases and
-watches besides. ``EtcdC10dStore`` (cluster/etcd_store.py) wraps it as a ``torch.distributed.Store`` so gloo's
-rendezvous runs on the same etcd. Waits poll with a short backoff: a worker's config watcher and a group's rendezvous wait seldom and briefly.
+``KeyValue``): blocking ``get``/``wait`` with a timeout, compare-and-set (a transaction on the key's value, or
+on its absence), atomic ``add`` (a transaction on the key's modification revision, retried on a race), and
+leases and watches besides. ``EtcdC10dStore`` (cluster/etcd_store.py) wraps it as a
+``torch.distributed.Store`` so gloo's rendezvous runs on the same etcd. Waits poll with a short backoff: a
+worker's config watcher and a group's rendezvous wait seldom and briefly.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ class EtcdKV:
                     hint = ""
                     if self.url.startswith("etcd://") and "without response" in str(exc):
                         hint = (
-                            f" (an etcd that serves TLS hangs up on plain HTTP like this: if it does, write the "
+                            " (an etcd that serves TLS hangs up on plain HTTP like this: "
+                            "if it does, write the "
                             f"store as {self.url.replace('etcd://', 'etcds://', 1)})"
                         )
                     raise StoreError(f"etcd at {self.url} did not answer {path}: {exc}{hint}") from None
@@ -328,7 +330,8 @@ class EtcdKV:
         return bool(self._txn([_holds(k, v) for k, v in expected.items()], success, []).get("succeeded"))
 
     def add(self, key: str, amount: int) -> int:
-        """Atomic add (``amount`` 0: a read); a lost race answers the key as it is now: one round trip a retry."""
+        """Atomic add (``amount`` 0: a read); a lost race answers the key as it is now: one round trip a
+        retry."""
         kv = self._range(key)
         while True:
             current = int(_unb64(kv.get("value", "")) or b"0") if kv else 0
@@ -394,8 +397,9 @@ class EtcdKV:
 
     def changes(self, key: str, stop: threading.Event) -> Iterator[bytes | None]:
         """The key's value now (None: absent), then its value at every change (None: deleted), until ``stop``.
-        One streaming watch, reopened from the last revision it saw when idle for ``WATCH_REOPEN_S`` (so a stop
-        is noticed) or when the connection broke: no change is missed. Use a connection of its own (``another()``)."""
+        One streaming watch, reopened from the last revision it saw when idle for ``WATCH_REOPEN_S`` (so a
+        stop is noticed) or when the connection broke: no change is missed. Use a connection of its own
+        (``another()``)."""
         return (value for _, value in self._follow({"key": _b64(key)}, stop))
 
     def changes_under(self, prefix: str, stop: threading.Event) -> Iterator[tuple[str, bytes | None]]:
@@ -510,7 +514,8 @@ class EtcdKV:
 
     def another(self) -> EtcdKV:
         """The same cluster on a connection of its own, presenting this one's token (no new authentication:
-        etcd 3.4 holds its write lock while it checks a password with bcrypt; many at once stall writes for seconds)."""
+        etcd 3.4 holds its write lock while it checks a password with bcrypt; many at once stall writes for
+        seconds)."""
         return EtcdKV(self.url, self._timeout, self._credentials, self._login)
 
     @property

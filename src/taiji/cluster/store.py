@@ -106,7 +106,8 @@ class JobStore:
         return self.signer.seal(self.key(name), record) if self.signer else json.dumps(record)
 
     def get_record(self, name: str, raw: bytes | None = None) -> dict:
-        """Read a control record (``raw``: as read already); AuthError if it is not sealed with this job's secret."""
+        """Read a control record (``raw``: as read already); AuthError if it is not sealed with this job's
+        secret."""
         raw = self.get(name) if raw is None else raw
         return self.signer.open(self.key(name), raw) if self.signer else unsealed(raw)
 
@@ -186,7 +187,8 @@ class JobStore:
     def read_config(
         self, version: int | None = None, wait: float = 0.0, raw: bytes | None = None
     ) -> ClusterConfig:
-        """Config ``version`` (``raw``: as read already; None: the latest, ``wait``: once one is published)."""
+        """Config ``version`` (``raw``: as read already; None: the latest, ``wait``: once one is
+        published)."""
         if version is None:
             if wait > 0:  # the latest once one is published (`taiji run` starts workers before it publishes)
                 self.wait_for_version(1, wait)
@@ -243,7 +245,8 @@ class JobStore:
         return self.records_after("proposal", seen)
 
     def append_record(self, stream: str, record: dict, ring: bool = True) -> int:
-        """Append ``record`` to the numbered ``stream`` (``stream/1``, ``stream/2``, ...); ``ring``: for the launcher."""
+        """Append ``record`` to the numbered ``stream`` (``stream/1``, ``stream/2``, ...); ``ring``: for the
+        launcher."""
         seq = self.add(f"{stream}/seq", 1)
         self.put_record(f"{stream}/{seq}", record)
         if ring:
@@ -352,19 +355,22 @@ class JobStore:
 
     def ring(self) -> None:
         """Say that something the launcher reacts to was written (after writing it). Where the doorbell is
-        watched (etcd), a fresh token: an add there is a compare-and-set that every ringer racing it retries."""
+        watched (etcd), a fresh token: an add there is a compare-and-set that every ringer racing it
+        retries."""
         if self.can_watch:
             return self.set("doorbell", _bell_token())
         self.add("doorbell", 1)
 
     def follow_doorbell(self) -> KeyFollower | None:
-        """Where the store can watch (etcd): the doorbell followed by a thread of its own (a tick reads a variable)."""
+        """Where the store can watch (etcd): the doorbell followed by a thread of its own (a tick reads a
+        variable)."""
         from .follow import KeyFollower
 
         return KeyFollower(self.another_connection(), "doorbell") if self.can_watch else None
 
     def doorbell(self) -> int:
-        """The doorbell: while it stays put, nothing the launcher reacts to was written (one read, no poll of all)."""
+        """The doorbell: while it stays put, nothing the launcher reacts to was written
+        (one read, no poll of all)."""
         return self.add("doorbell", 0)
 
     def is_done(self) -> bool:
@@ -415,8 +421,8 @@ def host_store(
 
 def open_store(url: str, timeout: float = 60.0, credentials: tuple[str, str] | None = None) -> dist.Store:
     """A client of the job store at ``url``: ``tcp://HOST:PORT`` (the launcher's TCPStore) or
-    ``etcd://HOST:PORT[,HOST:PORT...]`` (``etcds://``: TLS) (as the job's etcd user when ``credentials`` are given);
-    both are ``torch.distributed.Store``s (gloo rendezvous)."""
+    ``etcd://HOST:PORT[,HOST:PORT...]`` (``etcds://``: TLS) (as the job's etcd user when ``credentials`` are
+    given); both are ``torch.distributed.Store``s (gloo rendezvous)."""
     from .etcd import is_etcd_url
 
     if is_etcd_url(url):

@@ -29,10 +29,10 @@ def collective_error(
             (line.strip() for line in text.splitlines() if "Duplicate GPU" in line), text.splitlines()[0]
         )
         return ConfigError(
-            f"{where(rank, version)} {op} on channel '{channel}': NCCL refused the group ({detail}). NCCL needs "
-            "one GPU per worker: for several workers on one GPU run `taiji run --cuda-backend gloo`; else give "
-            "each worker its own device (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before building "
-            "the model)."
+            f"{where(rank, version)} {op} on channel '{channel}': NCCL refused the group ({detail}). "
+            "NCCL needs one GPU per worker: for several workers on one GPU run "
+            "`taiji run --cuda-backend gloo`; else give each worker its own device "
+            "(torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before building the model)."
         )
     kind = failure_kind(exc)
     if kind is CollectiveTimeout:

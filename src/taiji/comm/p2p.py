@@ -35,7 +35,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import torch
 
@@ -434,7 +433,7 @@ def fetch(
         connection.close()
 
 
-FetchResult = Union[Snapshot, None, Exception]
+FetchResult = Snapshot | None | Exception
 
 
 class BackgroundFetcher:

@@ -3,7 +3,8 @@
 A Unix socket next to the job's registry entry (owner-only permissions), one JSON request line
 and one JSON reply line per connection. The launcher answers from a thread: ``status`` returns
 the snapshot its driver last published, ``resize`` queues a proposal that the driver writes to
-the job store's proposals (the one inbox of resizes) at its next tick. Standard library only, so that the CLI side never loads torch.
+the job store's proposals (the one inbox of resizes) at its next tick. Standard library only, so that the CLI
+side never loads torch.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Events (resizes, failures, recoveries, policy decisions) are vertical lines across all panels,
 labelled in a narrow band above them; pauses (``job.pause()``) are shaded spans. The batch panel
 shows the decided batch size, with an epoch's short last batch as a marker, not a change of size.
-``timeline`` computes what is drawn, as data; ``plot_run`` draws it. The figure is drawn with matplotlib's object API on an
-Agg canvas: no pyplot, so the caller's global backend (a notebook's, say) is neither needed
+``timeline`` computes what is drawn, as data; ``plot_run`` draws it. The figure is drawn with matplotlib's
+object API on an Agg canvas: no pyplot, so the caller's global backend (a notebook's, say) is neither needed
 nor changed.
 """
 

@@ -7,8 +7,8 @@ scheduler's ``state.json``-shaped record becomes the scheduler's. Nothing here i
 client's metric objects and serves them.
 
 Names follow Prometheus's conventions: a ``taiji_`` prefix, base units in the name (``_seconds``),
-``_total`` for counters, one ``job_id`` label on every job series (not ``job``: Prometheus gives that label to the scrape target) (and ``host`` / ``state`` /
-``kind`` / ``reason`` where a family is split).
+``_total`` for counters, one ``job_id`` label on every job series (not ``job``: Prometheus gives that label to
+the scrape target) (and ``host`` / ``state`` / ``kind`` / ``reason`` where a family is split).
 """
 
 from __future__ import annotations
@@ -138,7 +138,10 @@ _PROGRESS = (
     (
         "checkpoint_stall_s",
         "taiji_job_checkpoint_stall_seconds",
-        "What taking the last checkpoint held rank 0's training loop (staging; the write is in the background)",
+        (
+            "What taking the last checkpoint held rank 0's training loop "
+            "(staging; the write is in the background)"
+        ),
         1.0,
     ),
     (

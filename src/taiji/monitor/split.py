@@ -12,13 +12,15 @@ loss) pays no full pass over the bucket.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 import torch
 
 
 def split_backward(
-    losses: torch.Tensor, params: Sequence[torch.nn.Parameter], no_sync: Callable[[], ContextManager[None]]
+    losses: torch.Tensor,
+    params: Sequence[torch.nn.Parameter],
+    no_sync: Callable[[], AbstractContextManager[None]],
 ) -> float:
     """Backward ``losses.mean()`` as two halves; return the mean |g|² of the two half-batch
     gradients. ``no_sync`` keeps the strategy from synchronising after the first half."""

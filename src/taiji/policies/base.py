@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import Any
 
 from ..errors import TaijiError
 
@@ -65,7 +65,7 @@ class Stop:
     reason: str = ""
 
 
-Decision = Union[Resize, SetBatchSize, ScaleLR, SetStrategy, SetTopology, Stop]
+Decision = Resize | SetBatchSize | ScaleLR | SetStrategy | SetTopology | Stop
 """What a policy may return: one of the decisions above (every worker applies it at the same step)."""
 DECISION_TYPES = (Resize, SetBatchSize, ScaleLR, SetStrategy, SetTopology, Stop)
 
@@ -121,7 +121,7 @@ class PolicyError(TaijiError):
 
 HOOKS = ("before_train", "before_epoch", "before_step", "after_step", "after_epoch", "after_train")
 
-HookResult = Union[Decision, Iterable[Decision], None]
+HookResult = Decision | Iterable[Decision] | None
 
 
 class Policy:

@@ -3,8 +3,8 @@
 Conflict rule (documented in the README): policies run in the order given, and each sees the
 Context as changed by the decisions of the policies before it at this boundary. So
 
-* ``SetBatchSize``, ``Resize``, ``SetStrategy`` and ``SetTopology``: the last policy to decide wins (it saw the
-  earlier value);
+* ``SetBatchSize``, ``Resize``, ``SetStrategy`` and ``SetTopology``: the last policy to decide wins (it saw
+  the earlier value);
 * ``ScaleLR`` factors multiply (an LR rule after a batch-size policy scales for the new batch);
 * ``Stop`` is final: once any policy stops, training ends at this boundary whatever follows.
 

@@ -211,7 +211,8 @@ class Peer:
 
     def _connection(self, name: str) -> dist.Store:
         """The store on a connection of its own, made once per ``name``: ``side``, where a version's
-        second group meets beside its first; ``ahead<n>``, where groups built ahead meet (``_connections``)."""
+        second group meets beside its first; ``ahead<n>``, where groups built ahead meet
+        (``_connections``)."""
         if name not in self._clones:  # (the clone, kept alive: a store written in Python must outlive
             self._clones[name] = (
                 kept := self._rendezvous.clone(),

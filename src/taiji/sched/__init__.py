@@ -1,5 +1,5 @@
 """taiji's cluster scheduler: trace-driven models, workloads, an event-driven simulator and
-policies (docs/design.md#cluster-scheduler, docs/reference/scheduler-model.md; issue #11).
+policies (docs/design.md#cluster-scheduler, docs/reference/scheduler-model.md).
 
 - :mod:`taiji.sched.model` — application ground truth from Pollux's measured traces (step time by
   placement and batch, statistical efficiency from the gradient noise scale), goodput, Pollux's

@@ -2,9 +2,9 @@
 
 An :class:`Allocation` gives a job a number of GPUs (workers) on each host (a tuple as long as the
 cluster has hosts), the total batch size it trains with, and for a parameter-server job its servers
-per host and the CPU slots each server takes (hosts have ``cpus_per_host`` CPU slots for servers). :meth:`Cluster.check` is the one place that
-decides whether a set of allocations fits; the simulator calls it on every policy answer, so a
-policy bug surfaces as a :class:`PolicyError` instead of oversubscribed GPUs.
+per host and the CPU slots each server takes (hosts have ``cpus_per_host`` CPU slots for servers).
+:meth:`Cluster.check` is the one place that decides whether a set of allocations fits; the simulator calls it
+on every policy answer, so a policy bug surfaces as a :class:`PolicyError` instead of oversubscribed GPUs.
 """
 
 from __future__ import annotations

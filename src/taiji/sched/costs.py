@@ -22,7 +22,8 @@ class ResizeCost:
     boot: float | None = (
         None  # launch -> first step, what the live rules count before any resume; None: ``start``
     )
-    join: float = 0.0  # a grow's new workers train this long after it (after ``grow``): the job trains at its old size meanwhile
+    join: float = 0.0  # a grow's new workers train this long after it (after ``grow``): the job trains
+    # at its old size meanwhile
     stall: float = (
         0.0  # its suspension frees its slots this long after it is asked (the checkpoint, the exit):
     )

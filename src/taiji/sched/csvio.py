@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Union
 
 from taiji.errors import ConfigError
 
@@ -23,7 +22,7 @@ try:  # Python >= 3.11; importlib.abc keeps it until 3.13 for 3.10
 except ImportError:  # pragma: no cover
     from importlib.abc import Traversable
 
-Source = Union[str, Path, Traversable]
+Source = str | Path | Traversable
 
 
 @dataclass(frozen=True)

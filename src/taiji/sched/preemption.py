@@ -29,7 +29,8 @@ the job's measured suspend + resume, ``lp.py``; these rules are the safety net f
 without its ``--min-np`` may suspend running, preemptible jobs of lower classes, but only if that
 frees enough slots *on one host* for its ``--min-np`` (a job starts on one host; gang-aware: a
 preemption that would not let it start suspends nobody). :func:`priority_victims` picks the fewest
-such jobs (then the lowest classes, the fewest workers, the latest started). The hysteresis holds for them too.
+such jobs (then the lowest classes, the fewest workers, the latest started).
+The hysteresis holds for them too.
 
 **How a launcher's exit leaves its job** (:func:`suspension_of`): it stopped on the daemon's notice
 with a checkpoint (exit 75), or its home host was lost and a checkpoint exists: suspended at that

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ContextManager, Protocol, runtime_checkable
+from contextlib import AbstractContextManager
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -29,7 +30,7 @@ class SupportsNoSync(Protocol):
     """A strategy that can accumulate gradients locally for a while (micro-batches, the
     one-worker two-half GNS split) and synchronise only on the last backward."""
 
-    def no_sync(self) -> ContextManager[None]: ...
+    def no_sync(self) -> AbstractContextManager[None]: ...
 
 
 @runtime_checkable
