@@ -2,7 +2,13 @@
 
 A third side runs the same SyncSGD inside ``taiji.Job`` (the loop users run: sampler, the
 per-step control message with monitors, commit); its figures are ``taiji_job_loop`` and
-``ratio_job_loop`` (DDP time / Job time).
+``ratio_job_loop`` (DDP time / Job time). A fourth runs ``taiji.Optimizer`` around a plain loop (the
+user's own loop made elastic): ``taiji_optimizer`` and ``ratio_optimizer``.
+
+With ``--nproc 1`` the anchor is the plain PyTorch loop, and two more rows per model say what taiji
+costs a one-worker run in CPU time per step, where host overhead shows (``--models tiny``: a 3-layer
+MLP of ~1.5 ms a step): "1 worker: Job loop vs a plain PyTorch loop, CPU ms per step" and the same
+for ``taiji.Optimizer`` (docs/design.md#performance-targets: ≤ 1.03×).
 
 Two worker processes (one compute thread each, gloo over loopback). Every worker builds,
 from one seeded initialisation, a DDP-wrapped model (its default 25 MiB buckets with a 1 MiB
@@ -17,6 +23,7 @@ benchmark cannot be timing a no-op.
 
     .venv/bin/python benchmarks/throughput.py --quick      # <= 90 s
     .venv/bin/python benchmarks/throughput.py              # more repetitions
+    .venv/bin/python benchmarks/throughput.py --quick --nproc 1 --models tiny   # one worker's tax
 
 On a GPU (``--device cuda``, recorded as its own variant): the workers share the one GPU, so both
 sides' groups are gloo (NCCL refuses two ranks on one device; taiji's through
@@ -49,12 +56,15 @@ from taiji_harness.bench import (
 )
 
 BUCKET_MB = 25
+TAX_TARGET = 1.03  # one worker: at most this many times a plain loop's CPU per step
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (<= 90 s in all)")
-    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn", "resnet18"])
+    parser.add_argument(
+        "--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn", "resnet18", "tiny"]
+    )
     parser.add_argument(
         "--device", default="cpu", choices=["cpu", "cuda"], help="where models and batches live"
     )
@@ -105,6 +115,11 @@ def build_model(name: str):
             nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)
         )
         return model, (1024,), 64
+    if name == "tiny":  # ~0.4M parameters, ~1.5 ms a step on one core: the host's overhead shows
+        model = nn.Sequential(
+            nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
+        return model, (256,), 64
     # a small CIFAR-sized conv net, ~1.1M parameters: compute-bound rather than comm-bound
     model = nn.Sequential(
         nn.Conv2d(3, 32, 3, padding=1),
@@ -178,7 +193,7 @@ def bench_model(name: str, args, comm) -> dict:
         for _ in range(4)
     ]
     batches = [(x.to(device), y.to(device)) for x, y in host_batches]
-    cursor = {"taiji": 0, "anchor": 0, "job": 0}  # every side walks the same batch sequence
+    cursor = {"taiji": 0, "anchor": 0, "job": 0, "own": 0}  # every side walks the same batch sequence
 
     # the same SyncSGD inside the full training loop users run (taiji.Job: sampler, control
     # message with monitors, commit); its data set holds the same batches in the same order
@@ -199,6 +214,10 @@ def bench_model(name: str, args, comm) -> dict:
         peer=job_peer,
     )
     job_steps = iter(job)
+    # taiji.Optimizer around the user's own loop (its own job: one Peer per entry point)
+    own_model = copy.deepcopy(base)
+    own_peer = elastic_peer(rank, n, args.port, f"throughput-own-{name}")
+    own = taiji.Optimizer(torch.optim.SGD(own_model.parameters(), lr=0.01), own_model, peer=own_peer)
 
     def taiji_step(x, y) -> None:
         sync.begin_step(1.0 / n)  # equal shares of the global batch
@@ -217,7 +236,12 @@ def bench_model(name: str, args, comm) -> dict:
         bx, by = step.batch
         step.backward(F.cross_entropy(job_model(bx), by))
 
-    sides = {"taiji": taiji_step, "anchor": ddp_step, "job": job_step}
+    def own_step(x, y) -> None:
+        own.zero_grad()
+        F.cross_entropy(own_model(x), y).backward()
+        assert own.step(), "a step of a fault-free run failed"
+
+    sides = {"taiji": taiji_step, "anchor": ddp_step, "job": job_step, "own": own_step}
     cpu_times: dict[str, list[float]] = {side: [] for side in sides}
 
     def next_step(side: str) -> None:
@@ -256,12 +280,15 @@ def bench_model(name: str, args, comm) -> dict:
     sync.detach()
     job_steps.close()
     job_peer.close()
+    own.close()
+    own_peer.close()
 
     samples = args.steps * batch * n
     rate = {side: samples / median(times[side]) for side in sides}
     params = sum(p.numel() for p in base.parameters())
     on = "" if device.type == "cpu" else ", cuda" + (" (one GPU shared through gloo)" if n > 1 else "")
-    return contract_row(
+    cpu_ms = {side: round(median(cpu_times[side]) * 1e3, 3) for side in sides}
+    row = contract_row(
         f"{name} {params / 1e6:.1f}M params, batch {batch}/worker x{n}{on}, samples/s"
         + ("" if n > 1 else " vs a plain PyTorch loop"),
         round(rate["taiji"], 1),
@@ -271,10 +298,13 @@ def bench_model(name: str, args, comm) -> dict:
         ratio_of_medians=round(rate["taiji"] / rate["anchor"], 3),
         taiji_job_loop=round(rate["job"], 1),
         ratio_job_loop=round(paired_ratio(times["job"], times["anchor"]), 3),
+        taiji_optimizer=round(rate["own"], 1),
+        ratio_optimizer=round(paired_ratio(times["own"], times["anchor"]), 3),
         samples_per_s_spread={side: spread((samples / t for t in times[side]), 1) for side in sides},
-        taiji_cpu_ms_per_step=round(median(cpu_times["taiji"]) * 1e3, 2),
-        anchor_cpu_ms_per_step=round(median(cpu_times["anchor"]) * 1e3, 2),
-        job_cpu_ms_per_step=round(median(cpu_times["job"]) * 1e3, 2),
+        taiji_cpu_ms_per_step=cpu_ms["taiji"],
+        anchor_cpu_ms_per_step=cpu_ms["anchor"],
+        job_cpu_ms_per_step=cpu_ms["job"],
+        optimizer_cpu_ms_per_step=cpu_ms["own"],
         params=params,
         taiji_buckets=taiji_buckets,
         ddp_bucket_cap_bytes=ddp_model.bucket_bytes_cap if n > 1 else None,
@@ -286,11 +316,30 @@ def bench_model(name: str, args, comm) -> dict:
         malloc_tuned=allocator.applied(),
         max_abs_diff_taiji_vs_ddp=drift,
     )
+    if n > 1:
+        return [row]
+    # one worker: what the Job loop and taiji.Optimizer cost the plain loop, per step, in CPU time
+    # (medians of the timed blocks; the paired ratio of each block's CPU time to its neighbour's)
+    taxes = [
+        contract_row(
+            f"1 worker: {label} vs a plain PyTorch loop, CPU ms per step ({name}{on})",
+            cpu_ms[side],
+            cpu_ms["anchor"],
+            higher_is_better=False,
+            ratio=paired_ratio(cpu_times[side], cpu_times["anchor"]),
+            target=f"<= {TAX_TARGET}x the plain loop's",
+            target_met=paired_ratio(cpu_times[side], cpu_times["anchor"]) >= 1 / TAX_TARGET,
+            reps=args.reps,
+            steps_per_rep=args.steps,
+        )
+        for label, side in (("Job loop", "job"), ("taiji.Optimizer", "own"))
+    ]
+    return [row, *taxes]
 
 
 def worker(args: argparse.Namespace) -> None:
     with side_by_side_groups(args) as comm:
-        rows = [bench_model(name, args, comm) for name in args.models]
+        rows = [row for name in args.models for row in bench_model(name, args, comm)]
     print_result("throughput", rows, record=False)
 
 
@@ -320,7 +369,10 @@ def main(argv=None) -> None:
     started = time.monotonic()
     result = run_workers(os.path.abspath(__file__), args.nproc, passthrough, args.timeout)
     print(f"# {args.nproc} processes: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
-    variant = {"variant": f"cuda-x{args.nproc}"} if args.device == "cuda" else {}
+    if args.device == "cuda":
+        variant = {"variant": f"cuda-x{args.nproc}"}
+    else:  # the committed two-worker figures are the plain name's; another size is its own variant
+        variant = {} if args.nproc == 2 else {"variant": f"x{args.nproc}"}
     print_result(
         "throughput",
         result["rows"],

@@ -209,6 +209,17 @@ def _node_state(slurm3, node: str) -> str:
     return next((f.split("=", 1)[1] for f in out.split() if f.startswith("State=")), "")
 
 
+def _job_steps_left(slurm3, host: int) -> int:
+    """slurmstepd processes on ``host``: a job's steps still ending there (the node may say IDLE already)."""
+    left = 0
+    for pid in slurm3.hosts.pids(host):
+        try:
+            left += b"slurmstepd" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+    return left
+
+
 def _job_field(slurm3, job: str, name: str) -> str:
     out = slurm3.run(0, ["scontrol", "-o", "show", "job", job]).stdout
     return next((f.split("=", 1)[1] for f in out.split() if f.startswith(f"{name}=")), "")
@@ -250,6 +261,7 @@ def test_the_guides_sbatch_script_requeues_after_a_notice_though_a_node_was_lost
             120,
             "the launcher to requeue its job",
         )
+        requeued = time.time()
         assert _job_field(slurm3, job, "Reason") == "BeginTime", _job_field(
             slurm3, job, "Reason"
         )  # slurm.md says so
@@ -257,9 +269,15 @@ def test_the_guides_sbatch_script_requeues_after_a_notice_though_a_node_was_lost
         assert stopped_at is not None and stopped_at == committed_steps(out, "w0"), stopped_at
         (out / "steps").write_text(str(stopped_at + 3))
         # released at once, not after the ~2 min Slurm holds it, but only once the first run has left its
-        # nodes: a job started while they still end its steps is killed by Slurm ("Job credential revoked")
+        # nodes and its second has passed: else Slurm kills the new run ("Job credential revoked")
         wait_for(
-            lambda: all(_node_state(slurm3, node) == "IDLE" for node in ("n0", "n1")),
+            lambda: (
+                all(_node_state(slurm3, node) == "IDLE" for node in ("n0", "n1"))
+                and not any(_job_steps_left(slurm3, host) for host in (0, 1))
+                # slurmd revokes the old run's credential with a time in whole seconds: a new one
+                # issued within that same second counts as revoked too
+                and time.time() >= int(requeued) + 2
+            ),
             120,
             "the first run's nodes to finish its steps",
         )

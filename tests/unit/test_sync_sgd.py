@@ -1,8 +1,11 @@
 """SyncSGD: bucketing, exact averaging with unequal slices, and equivalence with 1 worker (ranks as
 threads). The same equivalence across launched processes: tests/integration/test_sync_sgd_procs.py."""
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import taiji
 from taiji.errors import ConfigError, TaijiError
@@ -186,3 +189,24 @@ def test_no_carry_where_the_bucket_cannot_hold_a_row_exactly():
     assert solo.carry(13, lambda: [0.0] * 13) is False  # one worker: nothing to gather
     with pytest.raises(TaijiError, match="carried"):
         solo.carried()
+
+
+def test_one_worker_does_no_communication_work_and_trains_as_a_plain_loop():
+    """A Job of one worker: SyncSGD's hooks are off, gradients stay autograd's (no bucket copy, no
+    collective), and the model follows a plain PyTorch loop exactly."""
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    plain = copy.deepcopy(model)
+    opt, plain_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, plain))
+    job = taiji.Job(model, opt, data, 8, peer=Peer.solo(), data=taiji.DataOptions(shuffle=False))
+    for step in job:
+        assert not job.strategy.hooked, "a one-worker Job runs no gradient hook"
+        x, y = step.batch
+        step.backward(F.cross_entropy(model(x), y))
+        plain_opt.zero_grad()
+        F.cross_entropy(plain(x), y).backward()
+        plain_opt.step()
+    assert job.progress.step == 4 and job.gns is not None
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)

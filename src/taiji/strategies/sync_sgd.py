@@ -12,6 +12,13 @@ The last bucket can carry the step's control message (``carry``): a float32 buck
 tail of one zeroed slot per worker, each worker writes its float64 row there as float32 pieces
 (``comm.transfer.float32_pieces``), and the bucket's sum is then every worker's row exactly.
 One collective a step, not two.
+
+**One worker: no communication work.** With a single worker there is nothing to average: a step
+begun on a one-worker communicator leaves the gradients where autograd put them (no hook copies,
+no bucket, no collective) and only scales them by the share and measures their norms when asked.
+Inside a Job (or ``taiji.Optimizer``) the hooks themselves are removed while the cluster has one
+worker (``cluster_changed``) and put back at the boundary where a second worker is admitted, before
+its first step.
 """
 
 from __future__ import annotations
@@ -27,11 +34,12 @@ import numpy as np
 import torch
 
 from .. import env
+from ..cluster.spec import ClusterView
 from ..comm.communicator import Communicator, Handle
 from ..comm.transfer import FLOAT32_PIECES, float32_pieces, float64_from_pieces
 from ..errors import ConfigError, TaijiError
 from ..monitor.norms import BucketNorm, Part, sum_of_parts
-from .base import CommSource, Strategy, resolve_comm_source
+from .base import CommSource, Directory, Strategy, resolve_comm_source
 
 log = logging.getLogger(__name__)
 
@@ -133,11 +141,13 @@ class SyncSGD(Strategy):
         self._model: torch.nn.Module | None = None
         self._carrying: tuple[int, Callable[[], list[float]]] | None = None  # (width, row_of) this step
         self._carried: list[list[float]] | None = None
+        self._params: list[torch.nn.Parameter] = []
+        self._solo = False  # this step's communicator has one worker: nothing to send
 
     # -- setup ------------------------------------------------------------------------
 
     def attach(self, model: torch.nn.Module, comm: CommSource | Communicator | None = None) -> SyncSGD:
-        if self._hooks:
+        if self._model is not None:
             raise TaijiError("this SyncSGD is already attached to a model; create one per model")
         if model in _attached_models:
             raise TaijiError(
@@ -170,17 +180,38 @@ class SyncSGD(Strategy):
                 for j, p in enumerate(members):
                     self._where[p] = (len(self._buckets), j)
                 self._buckets.append(bucket)
-        for p in params:
-            self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+        self._params = params
+        self._hook()
         self._model = model
         _attached_models.add(model)
         log.debug("SyncSGD: %d parameters in %d buckets", len(params), len(self._buckets))
         return self
 
-    def detach(self) -> None:
+    def _hook(self) -> None:
+        if not self._hooks:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
+
+    def _unhook(self) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+
+    @property
+    def hooked(self) -> bool:
+        """Whether the gradient hooks are in place (not while a Job's cluster has one worker)."""
+        return bool(self._hooks)
+
+    def cluster_changed(self, view: ClusterView, directory: Directory | None = None) -> None:
+        if self._model is None:
+            return
+        if view.size > 1:
+            self._hook()
+        else:
+            self._unhook()
+
+    def detach(self) -> None:
+        self._unhook()
+        self._params = []
         if self._model is not None:
             _attached_models.discard(self._model)
             self._model = None
@@ -198,6 +229,7 @@ class SyncSGD(Strategy):
         if self._active:
             self.abort_step()
         self._comm = self._comm_source()
+        self._solo = self._comm.size == 1
         self._weight = float(weight)
         self._step = step
         self._measure_norms = measure_norms
@@ -262,6 +294,9 @@ class SyncSGD(Strategy):
                 f"SyncSGD: parameter {self._param_names.get(param, '?')} received a second gradient "
                 "in one step. Wrap all but the last backward of an accumulation in `with sync.no_sync():`."
             )
+        if self._solo:  # one worker: the gradient stays where autograd put it
+            bucket.ready[j] = True
+            return
         if bucket.handle is not None:
             raise TaijiError("SyncSGD: a gradient arrived for a bucket already sent")
         slot = bucket.slices[j]
@@ -311,6 +346,11 @@ class SyncSGD(Strategy):
         """Send every bucket not sent yet (unused parameters contribute zero); no waiting."""
         if not self._active:  # no gradient and no begin_step: contribute zeros so peers don't wait
             self.begin_step(0.0)
+        if self._solo:
+            if self._next_launch == 0:
+                self._next_launch = len(self._buckets)
+                self._scale_and_measure_alone()
+            return
         for bucket in self._buckets[self._next_launch :]:
             for j, ready in enumerate(bucket.ready):
                 if not ready:  # unused here (or an empty local batch): contribute zero
@@ -332,6 +372,8 @@ class SyncSGD(Strategy):
     def synchronize(self) -> None:
         try:
             self.launch_all()
+            if self._solo:
+                return
             if self._measure_norms:
                 self._global_parts = []
             for bucket in self._buckets:
@@ -348,6 +390,18 @@ class SyncSGD(Strategy):
                 self._carried = float64_from_pieces(rows).tolist()
         finally:
             self._active = False
+
+    def _scale_and_measure_alone(self) -> None:
+        """One worker's gradient is the average: scaled by its share, its norm measured if asked."""
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if self._weight != 1.0:  # (a Job's one worker holds the whole batch: 1.0)
+            for g in grads:
+                g.mul_(self._weight)
+        if self._measure_norms:
+            started = time.perf_counter()
+            total = sum((g.detach().float().square().sum() for g in grads), torch.zeros(()))
+            self._local_parts = self._global_parts = [(total, 1.0)]
+            self.norm_seconds += time.perf_counter() - started
 
     def abort_step(self) -> None:
         self._active = False

@@ -32,13 +32,14 @@ from typing import Any, Protocol
 from ...cluster import auth
 from ...errors import ConfigError, StoreError
 from .. import control_socket, registry
+from ..options import CheckpointFlags
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 HOST_TIMEOUT_S = 10.0
 FENCE_S = 30.0  # an agent that has not reached the daemon this long stops its launchers
-CHECKPOINT_GRACE_S = 60.0  # taiji run's --checkpoint-grace (the daemon passes it to every job)
+CHECKPOINT_GRACE_S = CheckpointFlags.grace  # taiji run's --checkpoint-grace default (the daemon passes it on)
 JOIN_WINDOW_S = 10.0  # a join ordered this recently counts as under way (its agent reports it next poll)
 TAIJI = [sys.executable, "-m", "taiji.launch.cli"]
 
